@@ -1,0 +1,64 @@
+"""The shared benchmark workload: table ``t10`` and 300,000 changes.
+
+3,000 transactions of 100 changes each (60 inserts, 30 updates, 10 deletes), generated
+server-side so that building it takes seconds, not minutes.
+"""
+
+from __future__ import annotations
+
+import contextlib
+
+import psycopg2
+
+T10_DDL = """
+CREATE TABLE IF NOT EXISTS t10 (
+    id bigint PRIMARY KEY,
+    c_int integer,
+    c_bigint bigint,
+    c_text text,
+    c_numeric numeric(12, 2),
+    c_ts timestamptz,
+    c_bool boolean,
+    c_label text,
+    c_double double precision,
+    c_date date
+)
+"""
+
+_WORKLOAD = """
+DO $$
+DECLARE
+    i integer;
+BEGIN
+    FOR i IN 0 .. {transactions} - 1 LOOP
+        INSERT INTO t10
+        SELECT g, g % 1000, g::bigint * 1000003, 'row ' || lpad(g::text, 16, '0'),
+               (g % 100000) / 100.0, timestamptz '2024-01-01 00:00:00+00' + g * interval '1 second',
+               g % 2 = 0, 'label-' || (g % 97), g / 7.0, date '2024-01-01' + (g % 365)
+        FROM generate_series(i * 60 + 1, i * 60 + 60) AS g;
+        UPDATE t10 SET c_int = c_int + 1, c_label = 'updated', c_double = c_double * 2
+        WHERE id BETWEEN greatest(i - 1, 0) * 60 + 1 AND greatest(i - 1, 0) * 60 + 30;
+        DELETE FROM t10
+        WHERE id BETWEEN greatest(i - 1, 0) * 60 + 31 AND greatest(i - 1, 0) * 60 + 40;
+        COMMIT;
+    END LOOP;
+END
+$$
+"""
+
+
+def create_table(dsn: str) -> None:
+    """Create ``t10`` (and nothing else)."""
+    with contextlib.closing(psycopg2.connect(dsn)) as conn:
+        conn.autocommit = True
+        with conn.cursor() as cur:
+            cur.execute(T10_DDL)
+
+
+def run_workload(dsn: str, transactions: int = 3000) -> int:
+    """Apply *transactions* transactions of 100 changes; returns the number of changes."""
+    with contextlib.closing(psycopg2.connect(dsn)) as conn:
+        conn.autocommit = True
+        with conn.cursor() as cur:
+            cur.execute(_WORKLOAD.format(transactions=int(transactions)))
+    return transactions * 100

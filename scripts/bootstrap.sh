@@ -1,0 +1,29 @@
+#!/usr/bin/env bash
+# Installs what tidemark needs on a fresh machine: uv, the locked Python environment,
+# and (if missing) PostgreSQL server binaries. Safe to run repeatedly.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+if ! command -v uv >/dev/null 2>&1; then
+    python3 -m pip install --quiet --disable-pip-version-check uv \
+        || python3 -m pip install --quiet --user uv
+    export PATH="$HOME/.local/bin:$PATH"
+fi
+
+have_pg() {
+    for d in "${TIDEMARK_PG_BINDIR:-}" "$(pg_config --bindir 2>/dev/null || true)" /usr/lib/postgresql/*/bin; do
+        [ -n "$d" ] && [ -x "$d/initdb" ] && [ -x "$d/pg_ctl" ] && return 0
+    done
+    return 1
+}
+if ! have_pg; then
+    if [ "$(id -u)" = "0" ] && command -v apt-get >/dev/null 2>&1; then
+        echo "installing PostgreSQL server binaries with apt-get" >&2
+        apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq postgresql >/dev/null
+    else
+        echo "PostgreSQL server binaries (initdb, pg_ctl) are missing: install postgresql-15" >&2
+        exit 1
+    fi
+fi
+
+uv sync --frozen --quiet

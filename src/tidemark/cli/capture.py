@@ -1,0 +1,147 @@
+"""``tidemark capture``: stream change events as Debezium JSON lines to stdout."""
+
+from __future__ import annotations
+
+import contextlib
+import gc
+import logging
+import signal
+import sys
+from types import FrameType
+from typing import Any
+
+import click
+
+from tidemark.offsets.file import FileOffsetStore
+from tidemark.offsets.memory import MemoryOffsetStore
+from tidemark.offsets.store import OffsetStore
+from tidemark.serde.debezium_json import DebeziumJsonOptions, DebeziumJsonSerializer
+from tidemark.source.postgres import session
+from tidemark.source.postgres.config import (
+    DecimalHandlingMode,
+    PostgresSourceConfig,
+    SnapshotMode,
+    TimePrecisionMode,
+)
+from tidemark.source.postgres.connector import PostgresConnector
+
+log = logging.getLogger(__name__)
+
+
+class _StopFlag:
+    """Set by SIGINT/SIGTERM: finish the batch in hand, save the offset, exit."""
+
+    def __init__(self) -> None:
+        self.stop = False
+
+    def __call__(self, signum: int, frame: FrameType | None) -> None:
+        self.stop = True
+
+
+def _current_insert_lsn(dsn: str) -> int:
+    with contextlib.closing(session.connect(dsn)) as conn, session.cursor(conn) as cur:
+        cur.execute("SELECT (pg_current_wal_insert_lsn() - '0/0')::bigint")
+        return int(cur.fetchone()[0])
+
+
+@click.command()
+@click.option("--dsn", envvar="TIDEMARK_DSN", required=True,
+              help="libpq connection string or URI (or $TIDEMARK_DSN, to keep secrets out "
+                   "of the process list).")
+@click.option("--table", "tables", multiple=True,
+              help="schema.table to capture (repeatable; a regular expression matches "
+                   "several). Default: all tables.")
+@click.option("--exclude-table", "exclude", multiple=True, help="Regex of tables to skip.")
+@click.option("--slot", default="tidemark", show_default=True, help="Replication slot.")
+@click.option("--publication", default="tidemark_publication", show_default=True)
+@click.option("--snapshot-mode", type=click.Choice([m.value for m in SnapshotMode]),
+              default=SnapshotMode.INITIAL.value, show_default=True)
+@click.option("--offsets", type=click.Path(dir_okay=False),
+              help="Offsets file: resume from it and save progress to it.")
+@click.option("--stop-at-end", is_flag=True,
+              help="Exit once everything committed before the start is delivered.")
+@click.option("--max-events", type=click.IntRange(min=1), help="Stop after N events.")
+@click.option("--transaction-metadata", is_flag=True,
+              help="Add the transaction block and BEGIN/END records.")
+@click.option("--tombstones/--no-tombstones", default=True, show_default=True,
+              help="Emit a null-value record after each delete, as Debezium does.")
+@click.option("--topic-prefix", default="tidemark", show_default=True,
+              help="source.name of the events (Debezium's topic.prefix).")
+@click.option("--decimal-handling-mode", type=click.Choice([m.value for m in DecimalHandlingMode]),
+              default=DecimalHandlingMode.PRECISE.value, show_default=True)
+@click.option("--time-precision-mode", type=click.Choice([m.value for m in TimePrecisionMode]),
+              default=TimePrecisionMode.ADAPTIVE.value, show_default=True)
+@click.option("--heartbeat-interval-ms", type=click.IntRange(min=0), default=10_000,
+              show_default=True)
+def capture(dsn: str, tables: tuple[str, ...], exclude: tuple[str, ...], slot: str,
+            publication: str, snapshot_mode: str, offsets: str | None, stop_at_end: bool,
+            max_events: int | None, transaction_metadata: bool, tombstones: bool,
+            topic_prefix: str, decimal_handling_mode: str, time_precision_mode: str,
+            heartbeat_interval_ms: int) -> None:
+    """Capture changes and write one JSON object per line: {"key": …, "value": …}.
+
+    Key and value are what Debezium's PostgreSQL connector emits through Kafka Connect's
+    JsonConverter (schemas.enable=false). Ctrl-C or SIGTERM stops after the current
+    batch and saves the offset.
+    """
+    values: dict[str, Any] = {
+        "dsn": dsn, "table_include_list": list(tables), "table_exclude_list": list(exclude),
+        "slot_name": slot, "publication_name": publication, "snapshot_mode": snapshot_mode,
+        "provide_transaction_metadata": transaction_metadata, "topic_prefix": topic_prefix,
+        "decimal_handling_mode": decimal_handling_mode,
+        "time_precision_mode": time_precision_mode,
+        "heartbeat_interval_ms": heartbeat_interval_ms,
+    }
+    config = PostgresSourceConfig.from_mapping(values)
+    store: OffsetStore = FileOffsetStore(offsets) if offsets else MemoryOffsetStore()
+    serializer = DebeziumJsonSerializer(DebeziumJsonOptions(
+        topic_prefix=topic_prefix,
+        decimal_handling_mode=config.decimal_handling_mode,
+        time_precision_mode=config.time_precision_mode,
+        tombstones_on_delete=tombstones,
+        transaction_metadata=transaction_metadata,
+    ))
+    flag = _StopFlag()
+    signal.signal(signal.SIGINT, flag)
+    signal.signal(signal.SIGTERM, flag)
+    connector = PostgresConnector(config)
+    stop_at = _current_insert_lsn(config.dsn) if stop_at_end else None
+    connector.start(store.load(connector.partition), stop_at_lsn=stop_at)
+    # Everything allocated so far lives for the whole run; keep the collector off it.
+    gc.freeze()
+    out = sys.stdout.buffer
+    delivered = 0
+    try:
+        while not flag.stop:
+            batch = connector.poll()
+            records = batch.records
+            offset = batch.offset
+            done = batch.finished
+            if max_events is not None and records:
+                remaining = max_events - delivered
+                events = 0
+                for cut, record in enumerate(records):  # noqa: B007
+                    if not hasattr(record, "op"):
+                        continue
+                    events += 1
+                    if events > remaining:
+                        records = records[:cut]
+                        offset = None  # the batch was not delivered whole
+                        done = True
+                        break
+                delivered += min(events, remaining)
+                done = done or delivered >= max_events
+            if records:
+                try:
+                    out.write(serializer.encode_lines(records))
+                    out.flush()
+                except BrokenPipeError:
+                    log.info("stdout closed; stopping")
+                    break
+            if offset is not None:
+                store.save(connector.partition, offset)
+                connector.commit(offset)
+            if done:
+                break
+    finally:
+        connector.stop()

@@ -1,0 +1,42 @@
+"""The ``tidemark`` command."""
+
+from __future__ import annotations
+
+import logging
+import sys
+
+import click
+
+from tidemark import __version__
+from tidemark.cli.capture import capture
+from tidemark.cli.demo import demo
+from tidemark.errors import TidemarkError
+
+
+@click.group()
+@click.version_option(__version__, prog_name="tidemark")
+@click.option("--log-level", default="WARNING", show_default=True,
+              type=click.Choice(["DEBUG", "INFO", "WARNING", "ERROR"], case_sensitive=False),
+              help="Logging level (logs go to stderr).")
+def cli(log_level: str) -> None:
+    """tidemark: change data capture for Python and Apache Spark."""
+    logging.basicConfig(level=log_level.upper(), stream=sys.stderr,
+                        format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+
+
+cli.add_command(capture)
+cli.add_command(demo)
+
+
+def main() -> None:
+    """Entry point: run the CLI, turning tidemark errors into one clear line and exit 2."""
+    try:
+        cli(standalone_mode=False)
+    except click.exceptions.Abort:
+        sys.exit(130)
+    except click.ClickException as err:
+        err.show()
+        sys.exit(err.exit_code)
+    except TidemarkError as err:
+        click.echo(f"error: {err}", err=True)
+        sys.exit(2)

@@ -1,0 +1,258 @@
+"""The change event: Debezium's envelope, as immutable Python objects.
+
+A :class:`ChangeEvent` is what every connector produces and every runtime (the
+embedded engine, ``tidemark capture``, the Spark source) consumes. It mirrors
+Debezium's record — ``op``, ``before``, ``after``, ``source``, ``transaction`` and the
+record key — and adds what Debezium leaves out: the commit LSN and commit timestamp of
+the event's transaction, on every event.
+
+Row values are kept in the source's wire form and converted on access, so that a
+runtime which only re-serializes events (``tidemark capture``) never builds Python
+objects it does not need. ``before``/``after``/``key`` return native Python values
+(``int``, ``Decimal``, ``datetime`` …); an unchanged TOASTed column that the source did
+not send is :data:`UNAVAILABLE`, never ``None``.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+from collections.abc import Callable, Sequence
+from enum import StrEnum
+from typing import Any, Final
+
+import msgspec
+
+from typing import TypeAlias
+
+
+class Unavailable:
+    """Type of :data:`UNAVAILABLE`; a singleton that survives pickling."""
+
+    __slots__ = ()
+    _instance: Unavailable | None = None
+
+    def __new__(cls) -> Unavailable:
+        if cls._instance is None:
+            cls._instance = super().__new__(cls)
+        return cls._instance
+
+    def __repr__(self) -> str:
+        return "UNAVAILABLE"
+
+    def __reduce__(self) -> str:
+        return "UNAVAILABLE"
+
+    def __bool__(self) -> bool:
+        return False
+
+
+#: A column value the source did not send (PostgreSQL: an unchanged TOASTed value).
+#: Debezium writes ``__debezium_unavailable_value`` in its place; Python code sees this
+#: marker, never ``None``, so "unknown" cannot be mistaken for SQL NULL.
+UNAVAILABLE: Final = Unavailable()
+
+#: A column value as a source sent it: text, binary, SQL NULL, or not sent.
+WireValue: TypeAlias = str | bytes | None | Unavailable
+WireTuple: TypeAlias = tuple[WireValue, ...]
+
+
+class Op(StrEnum):
+    """Debezium operation codes."""
+
+    CREATE = "c"
+    UPDATE = "u"
+    DELETE = "d"
+    READ = "r"  # a snapshot row
+    TRUNCATE = "t"
+    MESSAGE = "m"  # a logical decoding message
+
+
+class SnapshotMarker(StrEnum):
+    """Values of ``source.snapshot`` (Debezium's ``SnapshotRecord``)."""
+
+    FALSE = "false"
+    TRUE = "true"
+    FIRST = "first"
+    FIRST_IN_DATA_COLLECTION = "first_in_data_collection"
+    LAST_IN_DATA_COLLECTION = "last_in_data_collection"
+    LAST = "last"
+    INCREMENTAL = "incremental"
+
+
+class TableId(msgspec.Struct, frozen=True, gc=False):
+    """A table's schema-qualified name."""
+
+    schema: str
+    table: str
+
+    def __str__(self) -> str:
+        return f"{self.schema}.{self.table}"
+
+    @classmethod
+    def parse(cls, text: str, default_schema: str = "public") -> TableId:
+        """Parse ``schema.table`` (or ``table`` in *default_schema*)."""
+        schema, dot, table = text.partition(".")
+        if not dot:
+            return cls(default_schema, schema)
+        return cls(schema, table)
+
+
+class Column(msgspec.Struct, frozen=True, gc=False):
+    """A column of a captured table, as the source described it."""
+
+    name: str
+    type_oid: int
+    type_modifier: int
+    type_name: str
+    is_key: bool
+    parse: Callable[[str], Any]
+
+
+class TableSchema(msgspec.Struct, frozen=True, gc=False):
+    """One version of a table's columns; a new object after every schema change.
+
+    ``key_indexes`` are the positions of the record-key columns: the primary key, or
+    the replica identity index, or empty when the table has neither (no key).
+    """
+
+    table: TableId
+    columns: tuple[Column, ...]
+    key_indexes: tuple[int, ...]
+    replica_identity: str
+    version: int = 0
+
+    @property
+    def column_names(self) -> tuple[str, ...]:
+        return tuple(c.name for c in self.columns)
+
+    @property
+    def key_names(self) -> tuple[str, ...]:
+        return tuple(self.columns[i].name for i in self.key_indexes)
+
+    def to_python(self, values: WireTuple | None) -> dict[str, Any] | None:
+        """Convert a wire tuple to ``{column: native value}``."""
+        if values is None:
+            return None
+        row: dict[str, Any] = {}
+        for col, raw in zip(self.columns, values, strict=True):
+            if raw is None or raw is UNAVAILABLE:
+                row[col.name] = raw
+            elif isinstance(raw, bytes):
+                row[col.name] = raw
+            else:
+                row[col.name] = col.parse(raw)  # type: ignore[arg-type]
+        return row
+
+    def key_of(self, values: WireTuple | None) -> dict[str, Any] | None:
+        """The record key (``{key column: value}``) of a wire tuple, or None if keyless."""
+        if values is None or not self.key_indexes:
+            return None
+        out: dict[str, Any] = {}
+        for i in self.key_indexes:
+            raw = values[i]
+            col = self.columns[i]
+            out[col.name] = col.parse(raw) if isinstance(raw, str) else raw
+        return out
+
+
+class SourceInfo(msgspec.Struct, frozen=True, gc=False):
+    """Where an event came from: Debezium's ``source`` block.
+
+    ``lsn`` is the LSN of the change itself, ``commit_lsn`` that of its transaction's
+    commit record; ``ts_us`` is the commit time (µs since the Unix epoch). For snapshot
+    rows ``lsn`` is the slot's consistent point and ``ts_us`` the snapshot start.
+    """
+
+    connector: str
+    name: str
+    db: str
+    schema: str
+    table: str
+    ts_us: int
+    snapshot: SnapshotMarker
+    txid: int | None
+    lsn: int | None
+    last_commit_lsn: int | None
+    xmin: int | None = None
+    origin: str | None = None
+
+
+class TransactionInfo(msgspec.Struct, frozen=True, gc=False):
+    """The event's place in its transaction plus the transaction's commit position.
+
+    ``id`` follows Debezium's PostgreSQL form ``"<txid>:<lsn>"``. ``total_order`` counts
+    events in the transaction from 1; ``data_collection_order`` counts them per table.
+    """
+
+    id: str
+    total_order: int
+    data_collection_order: int
+    commit_lsn: int
+    commit_ts_us: int
+
+
+class ChangeEvent(msgspec.Struct, frozen=True, gc=False):
+    """One row change (or truncate, or logical message), Debezium's envelope.
+
+    ``schema`` describes the row tuples; ``raw_before``/``raw_after`` hold the wire values.
+    Use :attr:`before`, :attr:`after` and :attr:`key` for native Python values.
+    ``ts_us`` is when tidemark processed the event (Debezium's top-level ``ts_ms``).
+    ``message_prefix``/``message_content`` are set for ``op == "m"`` only.
+    """
+
+    op: Op
+    schema: TableSchema | None
+    raw_before: WireTuple | None
+    raw_after: WireTuple | None
+    source: SourceInfo
+    transaction: TransactionInfo | None
+    ts_us: int
+    message_prefix: str | None = None
+    message_content: bytes | None = None
+
+    @property
+    def table(self) -> TableId:
+        return TableId(self.source.schema, self.source.table)
+
+    @property
+    def before(self) -> dict[str, Any] | None:
+        """The row before the change (native values), or None."""
+        return self.schema.to_python(self.raw_before) if self.schema else None
+
+    @property
+    def after(self) -> dict[str, Any] | None:
+        """The row after the change (native values), or None."""
+        return self.schema.to_python(self.raw_after) if self.schema else None
+
+    @property
+    def key(self) -> dict[str, Any] | None:
+        """The record key: primary key / replica identity columns and values."""
+        if self.schema is None:
+            return None
+        row = self.raw_after if self.op != Op.DELETE else self.raw_before
+        return self.schema.key_of(row)
+
+    @property
+    def commit_lsn(self) -> int | None:
+        """LSN of the commit record of the event's transaction (None for snapshot rows)."""
+        return self.transaction.commit_lsn if self.transaction else None
+
+    @property
+    def commit_ts(self) -> dt.datetime:
+        """Commit time of the event's transaction (snapshot time for snapshot rows)."""
+        us = self.transaction.commit_ts_us if self.transaction else self.source.ts_us
+        return dt.datetime.fromtimestamp(us / 1_000_000, tz=dt.UTC)
+
+
+class TransactionBoundary(msgspec.Struct, frozen=True, gc=False):
+    """A BEGIN or END record of the transaction-metadata stream.
+
+    ``event_count`` and ``data_collections`` (``(table, count)`` pairs) are set on END.
+    """
+
+    status: str
+    id: str
+    ts_us: int
+    commit_lsn: int
+    event_count: int | None = None
+    data_collections: Sequence[tuple[str, int]] | None = None

@@ -1,0 +1,58 @@
+"""A JSON file of offsets, replaced atomically on every save."""
+
+from __future__ import annotations
+
+import os
+import tempfile
+from pathlib import Path
+
+import msgspec
+
+from tidemark.errors import ConfigError
+from tidemark.offsets.store import Offset
+
+
+class FileOffsetStore:
+    """Offsets of all partitions in one JSON file ``{key: offset}``.
+
+    Each save writes a temporary file in the same directory, fsyncs it and renames it
+    over the old one, so the file is always either the old or the new version.
+    """
+
+    def __init__(self, path: str | os.PathLike[str]) -> None:
+        self.path = Path(path)
+        self._offsets: dict[str, Offset] = {}
+        if self.path.exists():
+            try:
+                data = msgspec.json.decode(self.path.read_bytes())
+            except msgspec.DecodeError as err:
+                raise ConfigError("offsets", f"{self.path} is not a tidemark offsets file "
+                                  f"(invalid JSON: {err})") from None
+            if not isinstance(data, dict):
+                raise ConfigError("offsets", f"{self.path} is not a tidemark offsets file "
+                                  "(expected a JSON object)")
+            self._offsets = data
+        elif not self.path.parent.exists():
+            raise ConfigError("offsets", f"directory {self.path.parent} does not exist")
+
+    def load(self, key: str) -> Offset | None:
+        return self._offsets.get(key)
+
+    def save(self, key: str, offset: Offset) -> None:
+        self._offsets[key] = dict(offset)
+        data = msgspec.json.encode(self._offsets)
+        fd, tmp = tempfile.mkstemp(prefix=f".{self.path.name}.", dir=self.path.parent)
+        try:
+            with os.fdopen(fd, "wb") as fh:
+                fh.write(data)
+                fh.flush()
+                os.fsync(fh.fileno())
+            os.replace(tmp, self.path)
+        except BaseException:
+            Path(tmp).unlink(missing_ok=True)
+            raise
+        dir_fd = os.open(self.path.parent, os.O_RDONLY)
+        try:
+            os.fsync(dir_fd)
+        finally:
+            os.close(dir_fd)

@@ -1,0 +1,25 @@
+"""The offset store interface."""
+
+from __future__ import annotations
+
+from typing import Any, Protocol, TypeAlias
+
+#: A source position: a JSON-able mapping (PostgreSQL: ``{"lsn": …, "snapshot_completed": …}``).
+Offset: TypeAlias = dict[str, Any]
+
+
+class OffsetStore(Protocol):
+    """Keeps one offset per partition key (one per task or stream).
+
+    Contract: :meth:`save` returns only once the offset is durable (a crash right after
+    it must not lose it); :meth:`load` is a key lookup, never a scan of history.
+    Implementations need not be thread-safe; one writer per key.
+    """
+
+    def load(self, key: str) -> Offset | None:
+        """The last saved offset of *key*, or None."""
+        ...
+
+    def save(self, key: str, offset: Offset) -> None:
+        """Durably replace the offset of *key*."""
+        ...

@@ -1,0 +1,196 @@
+"""Configuration of the PostgreSQL connector, validated when it is built.
+
+Keys follow Debezium's PostgreSQL connector where one exists, with ``_`` instead of
+``.`` (``decimal_handling_mode`` for ``decimal.handling.mode``), so that a Debezium user
+recognises them. Every invalid value raises :class:`tidemark.errors.ConfigError` naming
+the key and what it accepts.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Mapping
+from enum import StrEnum
+from typing import Any
+
+import msgspec
+import psycopg2.extensions
+
+from tidemark.errors import ConfigError, unknown_key_error
+
+
+class SnapshotMode(StrEnum):
+    """When to take the initial snapshot (Debezium's ``snapshot.mode``)."""
+
+    INITIAL = "initial"  # snapshot once, when no offset exists, then stream
+    NO_DATA = "no_data"  # never snapshot rows; stream from the slot
+    INITIAL_ONLY = "initial_only"  # snapshot, then stop without streaming
+    WHEN_NEEDED = "when_needed"  # like initial, and again if the offset is unusable
+
+
+class DecimalHandlingMode(StrEnum):
+    """How ``numeric``/``decimal``/``money`` values are represented."""
+
+    PRECISE = "precise"
+    STRING = "string"
+    DOUBLE = "double"
+
+
+class TimePrecisionMode(StrEnum):
+    """How ``time``/``timestamp`` values are represented (Debezium's names)."""
+
+    ADAPTIVE = "adaptive"
+    ADAPTIVE_TIME_MICROSECONDS = "adaptive_time_microseconds"
+    CONNECT = "connect"
+
+
+_IDENTIFIER = re.compile(r"[a-z_][a-z0-9_]{0,62}")
+
+
+class PostgresSourceConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
+    """Settings of one PostgreSQL capture.
+
+    Build it with :meth:`from_mapping` (validates and names bad keys) or directly.
+    """
+
+    dsn: str
+    """libpq connection string or URI of the database to capture."""
+    table_include_list: tuple[str, ...] = ()
+    """Tables to capture: ``schema.table`` names or regular expressions matched against
+    the whole ``schema.table``; empty means every table with a primary key or replica
+    identity in the database's non-system schemas."""
+    table_exclude_list: tuple[str, ...] = ()
+    """Regular expressions of ``schema.table`` names to leave out."""
+    slot_name: str = "tidemark"
+    """Logical replication slot (created if missing)."""
+    publication_name: str = "tidemark_publication"
+    """Publication (created for the captured tables if missing; missing tables added)."""
+    snapshot_mode: SnapshotMode = SnapshotMode.INITIAL
+    heartbeat_interval_ms: int = 10_000
+    """How often an idle stream confirms the server's position so the slot advances
+    while the captured tables are quiet (0 turns heartbeats off)."""
+    heartbeat_action_query: str | None = None
+    """SQL run on every heartbeat, e.g. an UPDATE of a heartbeat table, for databases
+    with no traffic of their own whose slot would otherwise hold WAL written elsewhere."""
+    decimal_handling_mode: DecimalHandlingMode = DecimalHandlingMode.PRECISE
+    time_precision_mode: TimePrecisionMode = TimePrecisionMode.ADAPTIVE
+    topic_prefix: str = "tidemark"
+    """Debezium's ``topic.prefix``: the ``source.name`` of every event."""
+    provide_transaction_metadata: bool = False
+    """Add the ``transaction`` block to events and BEGIN/END transaction records."""
+    status_interval_ms: int = 10_000
+    """How often standby status updates are sent to the server."""
+    max_batch_messages: int = 10_000
+    """Largest number of replication messages handed on together."""
+    reconnect_max_attempts: int = 10
+    """Attempts to reconnect after the replication connection drops (0: never)."""
+    reconnect_backoff_ms: int = 500
+    """First delay between reconnect attempts; doubles up to 30 s."""
+    snapshot_fetch_size: int = 10_000
+    """Rows fetched per round trip while snapshotting."""
+    drop_slot_on_stop: bool = False
+
+    def __post_init__(self) -> None:
+        try:
+            psycopg2.extensions.parse_dsn(self.dsn)
+        except psycopg2.ProgrammingError as err:
+            raise ConfigError(
+                "dsn",
+                "not a valid libpq connection string "
+                f"({_first_line(err)}); expected e.g. 'host=db port=5432 dbname=app "
+                "user=cdc' or 'postgresql://cdc@db:5432/app'",
+            ) from None
+        for key in ("slot_name", "publication_name"):
+            value = getattr(self, key)
+            if not _IDENTIFIER.fullmatch(value):
+                raise ConfigError(
+                    key,
+                    f"{value!r} is not a valid name: use 1-63 lower-case letters, digits and "
+                    "underscores, starting with a letter or underscore",
+                )
+        for key in ("table_include_list", "table_exclude_list"):
+            for pattern in getattr(self, key):
+                try:
+                    re.compile(pattern)
+                except re.error as err:
+                    raise ConfigError(key, f"{pattern!r} is not a valid regular expression: "
+                                      f"{err}") from None
+        for key in ("heartbeat_interval_ms", "reconnect_max_attempts"):
+            if getattr(self, key) < 0:
+                raise ConfigError(key, f"must be >= 0, got {getattr(self, key)}")
+        for key in ("status_interval_ms", "max_batch_messages", "snapshot_fetch_size",
+                    "reconnect_backoff_ms"):
+            if getattr(self, key) <= 0:
+                raise ConfigError(key, f"must be > 0, got {getattr(self, key)}")
+
+    @classmethod
+    def from_mapping(cls, values: Mapping[str, Any], section: str = "") -> PostgresSourceConfig:
+        """Build from a plain mapping (a TOML table, CLI options), naming any bad key."""
+        allowed = set(cls.__struct_fields__)
+        for key in values:
+            if key not in allowed:
+                raise unknown_key_error(section, key, allowed)
+        if "dsn" not in values:
+            raise ConfigError(f"{section}.dsn" if section else "dsn",
+                              "required: the connection string of the database to capture")
+        try:
+            return msgspec.convert(dict(values), cls, str_keys=True)
+        except msgspec.ValidationError as err:
+            raise _config_error_from(err, section) from None
+
+    def __repr__(self) -> str:
+        fields = ", ".join(
+            f"{name}={getattr(self, name)!r}" for name in self.__struct_fields__ if name != "dsn"
+        )
+        return f"PostgresSourceConfig(dsn={self.redacted_dsn()!r}, {fields})"
+
+    def redacted_dsn(self) -> str:
+        """The DSN with any password removed, safe for logs and error messages."""
+        return redact_dsn(self.dsn)
+
+    @property
+    def database(self) -> str:
+        """The database name the DSN connects to (libpq's default: the user name)."""
+        params = psycopg2.extensions.parse_dsn(self.dsn)
+        return params.get("dbname") or params.get("user") or "postgres"
+
+
+def redact_dsn(dsn: str) -> str:
+    """Return *dsn* as ``key=value`` pairs without its password."""
+    try:
+        params = psycopg2.extensions.parse_dsn(dsn)
+    except psycopg2.ProgrammingError:
+        return "<unparseable connection string>"
+    return " ".join(f"{k}={v}" for k, v in params.items() if k != "password")
+
+
+def _first_line(err: BaseException) -> str:
+    # libpq's messages can echo the offending string; the DSN may hold a password.
+    text = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
+    return re.sub(r"password\s*=\s*\S+", "password=***", text)
+
+
+def _config_error_from(err: msgspec.ValidationError, section: str) -> ConfigError:
+    # msgspec reports "Expected `int`, got `str` - at `$.heartbeat_interval_ms`";
+    # turn it into "<key>: expected int, got str" with the key up front.
+    message = str(err)
+    match = re.search(r" - at `\$\.?([^`]*)`", message)
+    key = match.group(1) if match else "config"
+    if match:
+        message = message[: match.start()]
+    enum_match = re.search(r"Invalid enum value '([^']*)'", message)
+    if enum_match:
+        choices = _enum_choices(key.split("[")[0])
+        message = f"{enum_match.group(1)!r} is not allowed; choose one of {choices}"
+    full_key = f"{section}.{key}" if section else key
+    return ConfigError(full_key, message.replace("`", ""))
+
+
+def _enum_choices(key: str) -> str:
+    enums: dict[str, type[StrEnum]] = {
+        "snapshot_mode": SnapshotMode,
+        "decimal_handling_mode": DecimalHandlingMode,
+        "time_precision_mode": TimePrecisionMode,
+    }
+    enum = enums.get(key)
+    return ", ".join(e.value for e in enum) if enum else "the documented values"

@@ -1,0 +1,315 @@
+"""The PostgreSQL connector: prerequisites, slot, snapshot, then the change stream.
+
+Use it as ``start(offset)``, then ``poll()`` repeatedly, handing each batch on and
+calling ``commit(batch.offset)`` once the batch is durable downstream; ``stop()`` at
+the end. The slot is confirmed only up to committed offsets, so a crash anywhere
+loses nothing: the next start resumes from the last committed offset (at-least-once;
+the transactions after it may be delivered again).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import time
+from collections.abc import Iterator
+from typing import Any
+
+import msgspec
+
+from tidemark.errors import SourceError, SourceUnavailableError, TransientError
+from tidemark.event import TableId
+from tidemark.offsets.store import Offset
+from tidemark.source.postgres import catalog, session, slot
+from tidemark.source.postgres.change_builder import ChangeEventBuilder, Record
+from tidemark.source.postgres.config import PostgresSourceConfig, SnapshotMode
+from tidemark.source.postgres.pgoutput import lsn_to_str
+from tidemark.source.postgres.replication import ReplicationStream
+from tidemark.source.postgres.snapshot import begin_snapshot, snapshot_events
+
+log = logging.getLogger(__name__)
+
+_MAX_BACKOFF_S = 30.0
+
+
+class SourceBatch(msgspec.Struct, frozen=True):
+    """Records polled from the source, and the offset to commit once they are durable.
+
+    ``offset`` is None when the batch does not move the resume position (for example it
+    ends inside a transaction). ``finished`` is set on the last batch when the capture
+    was asked to stop at a position (``stop_at_lsn``) or runs ``initial_only``.
+    """
+
+    records: list[Record]
+    offset: Offset | None
+    finished: bool = False
+
+
+class PostgresConnector:
+    """Captures changes of one PostgreSQL database."""
+
+    def __init__(self, config: PostgresSourceConfig) -> None:
+        self.config = config
+        self.tables: list[TableId] = []
+        self.database = ""
+        self._catalog_conn: Any = None
+        self._stream: ReplicationStream | None = None
+        self._builder: ChangeEventBuilder | None = None
+        self._batches: Iterator[SourceBatch] | None = None
+        self._stop_at: int | None = None
+        self._keys: dict[TableId, tuple[str, ...]] = {}
+        self._type_names: dict[int, str] = {}
+        self._stopped = False
+
+    @property
+    def partition(self) -> str:
+        """The offset key of this capture: one per database and slot."""
+        return f"postgres/{self.database or self.config.database}/{self.config.slot_name}"
+
+    # -- lifecycle -------------------------------------------------------------------
+    def start(self, offset: Offset | None = None, *, stop_at_lsn: int | None = None) -> None:
+        """Check prerequisites, prepare publication and slot, decide about the snapshot.
+
+        *stop_at_lsn*: finish once everything committed before this LSN is delivered.
+        """
+        cfg = self.config
+        conn = self._catalog_conn = session.connect(cfg.dsn)
+        catalog.check_wal_level(conn)
+        catalog.check_replication_privilege(conn)
+        self.database = catalog.current_database(conn)
+        self.tables = catalog.resolve_tables(conn, cfg.table_include_list, cfg.table_exclude_list)
+        if not self.tables:
+            raise SourceError("no tables to capture: table_include_list matched nothing "
+                              "after table_exclude_list")
+        self._keys = catalog.primary_keys(conn, self.tables)
+        catalog.warn_about_keyless(conn, self.tables, self._keys)
+        self._stop_at = stop_at_lsn
+        if cfg.snapshot_mode == SnapshotMode.INITIAL_ONLY:
+            if offset and offset.get("snapshot_completed"):
+                self._batches = iter([SourceBatch([], offset, finished=True)])
+            else:
+                self._batches = self._snapshot_only()
+            return
+        slot.ensure_publication(conn, cfg.publication_name, self.tables)
+        existing = self._wait_for_slot()
+        self._batches = self._run(offset, existing)
+
+    def poll(self) -> SourceBatch:
+        """The next batch (possibly empty when the source is idle for a moment)."""
+        if self._batches is None:
+            raise SourceError("poll() called before start()")
+        try:
+            return next(self._batches)
+        except StopIteration:
+            return SourceBatch([], None, finished=True)
+
+    def commit(self, offset: Offset) -> None:
+        """*offset* (from a polled batch) is durably handed on: release WAL up to it."""
+        lsn = offset.get("lsn")
+        if self._stream is not None and isinstance(lsn, int) and offset.get("snapshot_completed"):
+            self._stream.confirm(lsn)
+
+    def stop(self) -> None:
+        """Close the stream and connections (offsets already committed stay)."""
+        if self._stopped:
+            return
+        self._stopped = True
+        if self._stream is not None:
+            self._stream.close()
+            self._stream = None
+        if self._catalog_conn is not None:
+            if self.config.drop_slot_on_stop:
+                with contextlib.suppress(Exception):
+                    slot.drop_slot(self._catalog_conn, self.config.slot_name)
+            with contextlib.suppress(Exception):
+                self._catalog_conn.close()
+            self._catalog_conn = None
+
+    # -- helpers ---------------------------------------------------------------------
+    def _wait_for_slot(self) -> slot.SlotInfo | None:
+        """The existing slot (validated), waiting out a previous holder that is exiting."""
+        delay = self.config.reconnect_backoff_ms / 1000
+        attempts = 0
+        while True:
+            info = slot.get_slot(self._catalog_conn, self.config.slot_name)
+            if info is None:
+                return None
+            try:
+                slot.validate_slot(info, self.database)
+                return info
+            except slot.SlotInUseError:
+                attempts += 1
+                if attempts > self.config.reconnect_max_attempts:
+                    raise
+                log.info("slot %s is still active (PID %s); retrying in %.1fs",
+                         info.name, info.active_pid, delay)
+                time.sleep(delay)
+                delay = min(delay * 2, 5.0)
+
+    def _key_columns(self, table: TableId) -> tuple[str, ...] | None:
+        if table not in self._keys:
+            self._keys.update(catalog.primary_keys(self._catalog_conn, [table]))
+        return self._keys.get(table)
+
+    def _type_name(self, oid: int) -> str:
+        if oid not in self._type_names:
+            self._type_names.update(catalog.type_names(self._catalog_conn, [oid]))
+        return self._type_names.get(oid, str(oid))
+
+    def _snapshot(self, snapshot_name: str | None, lsn: int) -> Iterator[SourceBatch]:
+        cfg = self.config
+        conn = session.connect(cfg.dsn, application_name="tidemark-snapshot")
+        try:
+            txid = begin_snapshot(conn, snapshot_name)
+            schemas = [catalog.table_schema(conn, t, self._keys.get(t)) for t in self.tables]
+            started = time.time_ns() // 1000
+            log.info("snapshot of %d tables at %s started", len(schemas), lsn_to_str(lsn))
+            for events in snapshot_events(
+                conn, schemas, topic_prefix=cfg.topic_prefix, database=self.database,
+                lsn=lsn, txid=txid, ts_us=started, fetch_size=cfg.snapshot_fetch_size,
+            ):
+                yield SourceBatch(list(events), None)
+            conn.rollback()
+        finally:
+            conn.close()
+
+    def _snapshot_only(self) -> Iterator[SourceBatch]:
+        with contextlib.closing(session.connect(self.config.dsn)) as conn, \
+                session.cursor(conn) as cur:
+            cur.execute("SELECT (pg_current_wal_lsn() - '0/0')::bigint")
+            lsn = int(cur.fetchone()[0])
+        yield from self._snapshot(None, lsn)
+        yield SourceBatch([], {"lsn": lsn, "snapshot_completed": True}, finished=True)
+
+    def _run(self, offset: Offset | None, existing: slot.SlotInfo | None) -> Iterator[SourceBatch]:
+        cfg = self.config
+        mode = cfg.snapshot_mode
+        completed = bool(offset and offset.get("snapshot_completed"))
+        start_lsn = int(offset["lsn"]) if offset and "lsn" in offset else 0
+        stream = ReplicationStream(cfg.dsn, cfg.slot_name, cfg.publication_name,
+                                   status_interval_s=cfg.status_interval_ms / 1000)
+        if existing is None:
+            if offset and completed:
+                if mode != SnapshotMode.WHEN_NEEDED:
+                    raise SourceError(
+                        f"replication slot {cfg.slot_name!r} is gone but the offsets say "
+                        f"capture had reached {lsn_to_str(start_lsn)}: changes since then "
+                        "are lost; use snapshot_mode=when_needed to re-snapshot, or reset "
+                        "the offsets"
+                    )
+                log.warning("slot %s is missing: taking a new snapshot (when_needed)",
+                            cfg.slot_name)
+            stream.connect()
+            consistent, snapshot_name = stream.create_slot()
+            log.info("created replication slot %s at %s", cfg.slot_name, lsn_to_str(consistent))
+            start_lsn = consistent
+            if mode == SnapshotMode.NO_DATA:
+                stream.close()
+            else:
+                # The exported snapshot lives until the slot's connection is used again;
+                # import it (begin_snapshot) before that connection is closed.
+                snapshots = self._snapshot(snapshot_name, consistent)
+                first = next(snapshots, None)
+                stream.close()
+                if first is not None:
+                    yield first
+                    yield from snapshots
+            yield SourceBatch([], {"lsn": start_lsn, "snapshot_completed": True})
+        else:
+            slot_lsn = existing.confirmed_flush_lsn or 0
+            needs_snapshot = not completed and mode in (SnapshotMode.INITIAL,
+                                                        SnapshotMode.WHEN_NEEDED)
+            if completed and mode == SnapshotMode.WHEN_NEEDED and start_lsn < slot_lsn:
+                log.warning("offset %s is behind slot %s at %s: re-snapshotting (when_needed)",
+                            lsn_to_str(start_lsn), cfg.slot_name, lsn_to_str(slot_lsn))
+                needs_snapshot = True
+            if needs_snapshot:
+                # No exported snapshot is available for an existing slot: a snapshot taken
+                # now overlaps the stream from the slot's position, so rows changed in
+                # between arrive twice (at-least-once), never zero times.
+                yield from self._snapshot(None, slot_lsn)
+                start_lsn = slot_lsn
+                yield SourceBatch([], {"lsn": start_lsn, "snapshot_completed": True})
+            start_lsn = max(start_lsn, slot_lsn)
+        self._stream = stream
+        yield from self._stream_changes(stream, start_lsn)
+
+    def _stream_changes(self, stream: ReplicationStream, start_lsn: int) -> Iterator[SourceBatch]:
+        cfg = self.config
+        builder = self._builder = ChangeEventBuilder(
+            topic_prefix=cfg.topic_prefix, database=self.database,
+            key_columns=self._key_columns, type_name=self._type_name,
+            transaction_metadata=cfg.provide_transaction_metadata,
+        )
+        resume = start_lsn
+        self._open_with_retry(stream, resume)
+        heartbeat_s = cfg.heartbeat_interval_ms / 1000
+        last_heartbeat = time.monotonic()
+        committed = start_lsn
+        while True:
+            try:
+                messages = stream.read_batch(cfg.max_batch_messages, 0.2)
+            except SourceUnavailableError as err:
+                log.warning("%s; reconnecting from %s", err, lsn_to_str(resume))
+                stream.close()
+                builder.in_transaction = False
+                self._open_with_retry(stream, resume)
+                continue
+            now_us = time.time_ns() // 1000
+            records = builder.process(messages, now_us) if messages else []
+            if builder.last_end_lsn is not None and builder.last_end_lsn > resume:
+                resume = builder.last_end_lsn
+            finished = False
+            if not messages and not builder.in_transaction:
+                # Idle: everything sent so far is handed on, so the server's position is a
+                # safe resume point; confirming it lets the slot advance past WAL written
+                # for tables we do not capture.
+                server = stream.wal_end
+                if heartbeat_s and time.monotonic() - last_heartbeat >= heartbeat_s:
+                    last_heartbeat = time.monotonic()
+                    self._heartbeat_action()
+                    if server > resume:
+                        resume = server
+                if self._stop_at is not None:
+                    if max(server, resume) >= self._stop_at:
+                        finished = True
+                    else:
+                        stream.request_keepalive()
+            offset = None
+            if resume > committed or finished:
+                offset = {"lsn": resume, "snapshot_completed": True}
+                committed = resume
+            if records or offset is not None:
+                yield SourceBatch(records, offset, finished)
+            else:
+                yield SourceBatch([], None)
+            if finished:
+                return
+
+    def _heartbeat_action(self) -> None:
+        query = self.config.heartbeat_action_query
+        if not query:
+            return
+        try:
+            with session.cursor(self._catalog_conn) as cur:
+                cur.execute(query)
+        except Exception as err:  # a failing heartbeat must not stop capture
+            log.warning("heartbeat_action_query failed: %s", str(err).strip().splitlines()[0])
+
+    def _open_with_retry(self, stream: ReplicationStream, lsn: int) -> None:
+        delay = self.config.reconnect_backoff_ms / 1000
+        attempt = 0
+        while True:
+            try:
+                stream.connect()
+                stream.start(lsn)
+                return
+            except TransientError as err:
+                stream.close()
+                attempt += 1
+                if attempt > self.config.reconnect_max_attempts:
+                    raise
+                log.warning("cannot stream yet (%s); retry %d/%d in %.1fs", err, attempt,
+                            self.config.reconnect_max_attempts, delay)
+                time.sleep(delay)
+                delay = min(delay * 2, _MAX_BACKOFF_S)

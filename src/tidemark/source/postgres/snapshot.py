@@ -1,0 +1,123 @@
+"""The initial snapshot: every captured row as a read (``r``) event.
+
+Rows are read inside one REPEATABLE READ transaction — importing the snapshot the slot
+exported when it was created, when there is one — so the snapshot and the stream that
+follows meet exactly at the slot's consistent point. Values are fetched as the text
+the type output functions print (the same text pgoutput sends), so one set of
+converters handles snapshot and stream rows alike.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Iterator, Sequence
+from typing import Any
+
+import psycopg2.extensions
+from psycopg2 import sql
+
+from tidemark.event import ChangeEvent, Op, SnapshotMarker, SourceInfo, TableSchema
+from tidemark.source.postgres.change_builder import CONNECTOR_NAME
+
+log = logging.getLogger(__name__)
+
+
+def _as_text(value: str | None, _cur: Any) -> str | None:
+    return value
+
+
+def begin_snapshot(conn: psycopg2.extensions.connection, snapshot_name: str | None) -> int:
+    """Open the snapshot transaction on *conn*; returns its transaction id."""
+    conn.autocommit = False
+    with conn.cursor() as cur:
+        cur.execute("BEGIN ISOLATION LEVEL REPEATABLE READ READ ONLY")
+        if snapshot_name:
+            cur.execute("SET TRANSACTION SNAPSHOT %s", (snapshot_name,))
+        cur.execute("SELECT txid_current_if_assigned(), "
+                    "txid_snapshot_xmin(txid_current_snapshot())")
+        assigned, xmin = cur.fetchone()
+    return int(assigned or xmin)
+
+
+def read_rows(
+    conn: psycopg2.extensions.connection, schema: TableSchema, fetch_size: int
+) -> Iterator[list[tuple[str | None, ...]]]:
+    """The table's rows as text tuples, in chunks of *fetch_size* (server-side cursor)."""
+    oids = sorted({c.type_oid for c in schema.columns})
+    as_text = psycopg2.extensions.new_type(tuple(oids), "TIDEMARK_TEXT", _as_text)
+    psycopg2.extensions.register_type(as_text, conn)
+    query = sql.SQL("SELECT {} FROM {}.{}").format(
+        sql.SQL(", ").join(sql.Identifier(c.name) for c in schema.columns),
+        sql.Identifier(schema.table.schema),
+        sql.Identifier(schema.table.table),
+    )
+    with conn.cursor(name=f"tidemark_snapshot_{schema.table.table[:40]}") as cur:
+        cur.itersize = fetch_size
+        cur.execute(query)
+        while True:
+            rows = cur.fetchmany(fetch_size)
+            if not rows:
+                return
+            yield rows
+
+
+def snapshot_events(
+    conn: psycopg2.extensions.connection,
+    schemas: Sequence[TableSchema],
+    *,
+    topic_prefix: str,
+    database: str,
+    lsn: int,
+    txid: int,
+    ts_us: int,
+    fetch_size: int,
+) -> Iterator[list[ChangeEvent]]:
+    """Read (``r``) events for every row of *schemas*, in chunks.
+
+    ``source.snapshot`` is ``first`` on the very first event, ``last`` on the very last,
+    ``first_in_data_collection``/``last_in_data_collection`` at each table's edges, and
+    ``true`` in between, as in Debezium. One event is held back so the last can be
+    marked.
+    """
+    pending: ChangeEvent | None = None
+    first_overall = True
+    for t_index, schema in enumerate(schemas):
+        first_in_table = True
+        count = 0
+        for rows in read_rows(conn, schema, fetch_size):
+            out: list[ChangeEvent] = []
+            for row in rows:
+                if pending is not None:
+                    out.append(pending)
+                marker = SnapshotMarker.TRUE
+                if first_overall:
+                    marker = SnapshotMarker.FIRST
+                elif first_in_table:
+                    marker = SnapshotMarker.FIRST_IN_DATA_COLLECTION
+                first_overall = first_in_table = False
+                pending = _read_event(schema, row, marker, topic_prefix, database, lsn, txid,
+                                      ts_us)
+                count += 1
+            if out:
+                yield out
+        if pending is not None and count and t_index < len(schemas) - 1 \
+                and pending.source.snapshot == SnapshotMarker.TRUE:
+            pending = _with_marker(pending, SnapshotMarker.LAST_IN_DATA_COLLECTION)
+        log.info("snapshot of %s: %d rows", schema.table, count)
+    if pending is not None:
+        yield [_with_marker(pending, SnapshotMarker.LAST)]
+
+
+def _read_event(schema: TableSchema, row: tuple[str | None, ...], marker: SnapshotMarker,
+                prefix: str, database: str, lsn: int, txid: int, ts_us: int) -> ChangeEvent:
+    source = SourceInfo(CONNECTOR_NAME, prefix, database, schema.table.schema,
+                        schema.table.table, ts_us, marker, txid, lsn, None)
+    return ChangeEvent(Op.READ, schema, None, row, source, None, ts_us)
+
+
+def _with_marker(event: ChangeEvent, marker: SnapshotMarker) -> ChangeEvent:
+    s = event.source
+    source = SourceInfo(s.connector, s.name, s.db, s.schema, s.table, s.ts_us, marker,
+                        s.txid, s.lsn, s.last_commit_lsn, s.xmin, s.origin)
+    return ChangeEvent(event.op, event.schema, None, event.raw_after, source, None,
+                       event.ts_us)

@@ -1,0 +1,1 @@
+"""Helpers for testing tidemark applications: a private PostgreSQL cluster and more."""

@@ -1,0 +1,312 @@
+"""A private, throw-away PostgreSQL cluster for tests, the demo and benchmarks.
+
+``initdb`` and ``postgres`` refuse to run as root, and CI runs as root, so when the
+current user is root the cluster is created and run as an unprivileged OS user
+(``tidemark-pg`` by default, created with ``useradd`` if missing). The cluster listens
+on 127.0.0.1 on a free port, has ``wal_level=logical`` and password authentication
+(scram-sha-256) for TCP connections, and lives in a temporary directory removed by
+:meth:`PostgresCluster.stop`.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import os
+import pwd
+import secrets
+import shutil
+import socket
+import subprocess
+import tempfile
+import time
+from collections.abc import Iterator, Mapping
+from pathlib import Path
+from types import TracebackType
+
+import psycopg2
+import psycopg2.extensions
+
+from tidemark.errors import TidemarkError
+
+log = logging.getLogger(__name__)
+
+DEFAULT_OS_USER = "tidemark-pg"
+_KNOWN_BINDIRS = [f"/usr/lib/postgresql/{v}/bin" for v in (17, 16, 15, 14, 13)]
+
+DEFAULT_SETTINGS: Mapping[str, str] = {
+    "wal_level": "logical",
+    "max_replication_slots": "32",
+    "max_wal_senders": "32",
+    "max_connections": "200",
+    # Durability of a throw-away cluster is irrelevant; speed is not.
+    "fsync": "off",
+    "full_page_writes": "off",
+    "synchronous_commit": "off",
+    "shared_buffers": "256MB",
+    "max_wal_size": "4GB",
+    "log_min_messages": "warning",
+    "logical_decoding_work_mem": "64MB",
+}
+
+
+class PostgresNotInstalledError(TidemarkError):
+    """No PostgreSQL server binaries (initdb, pg_ctl, postgres) could be found."""
+
+
+class PostgresStartError(TidemarkError):
+    """The private cluster could not be initialised or started."""
+
+
+def find_bindir(explicit: str | None = None) -> Path:
+    """Locate the directory holding ``initdb``, ``pg_ctl`` and ``postgres``.
+
+    Looks at *explicit*, ``$TIDEMARK_PG_BINDIR``, ``pg_config --bindir`` and the
+    Debian/Ubuntu locations, newest version first.
+    """
+    candidates: list[str] = []
+    if explicit:
+        candidates.append(explicit)
+    if env := os.environ.get("TIDEMARK_PG_BINDIR"):
+        candidates.append(env)
+    if shutil.which("pg_config"):
+        with contextlib.suppress(OSError, subprocess.CalledProcessError):
+            out = subprocess.run(
+                ["pg_config", "--bindir"], capture_output=True, text=True, check=True
+            )
+            candidates.append(out.stdout.strip())
+    candidates.extend(_KNOWN_BINDIRS)
+    for cand in candidates:
+        path = Path(cand)
+        if all((path / exe).is_file() for exe in ("initdb", "pg_ctl", "postgres")):
+            return path
+    raise PostgresNotInstalledError(
+        "PostgreSQL server binaries (initdb, pg_ctl, postgres) were not found in "
+        f"{', '.join(dict.fromkeys(candidates))}. Install them (Debian: "
+        "`apt-get install postgresql-15`) or set TIDEMARK_PG_BINDIR to their directory."
+    )
+
+
+def free_port() -> int:
+    """Return a TCP port on 127.0.0.1 that was free a moment ago."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.bind(("127.0.0.1", 0))
+        port: int = sock.getsockname()[1]
+        return port
+
+
+def _ensure_os_user(name: str) -> pwd.struct_passwd:
+    try:
+        return pwd.getpwnam(name)
+    except KeyError:
+        pass
+    useradd = shutil.which("useradd") or "/usr/sbin/useradd"
+    subprocess.run(
+        [useradd, "--system", "--no-create-home", "--shell", "/usr/sbin/nologin", name],
+        check=True,
+        capture_output=True,
+    )
+    return pwd.getpwnam(name)
+
+
+class PostgresCluster:
+    """A private PostgreSQL cluster in a temporary directory.
+
+    Use as a context manager, or call :meth:`start` and :meth:`stop`. The superuser is
+    ``postgres`` with a random password; :meth:`dsn` builds connection strings.
+    """
+
+    def __init__(
+        self,
+        *,
+        bindir: str | None = None,
+        settings: Mapping[str, str] | None = None,
+        os_user: str = DEFAULT_OS_USER,
+        base_dir: str | None = None,
+    ) -> None:
+        self.bindir = find_bindir(bindir)
+        self.settings = {**DEFAULT_SETTINGS, **(settings or {})}
+        self.superuser = "postgres"
+        self.password = secrets.token_urlsafe(12)
+        self.host = "127.0.0.1"
+        self.port = 0
+        self._os_user = os_user
+        self._base_dir = base_dir
+        self._tmp: Path | None = None
+        self._uid: int | None = None
+        self._gid: int | None = None
+
+    # -- lifecycle ---------------------------------------------------------------
+    @property
+    def datadir(self) -> Path:
+        if self._tmp is None:
+            raise PostgresStartError("the cluster has not been started")
+        return self._tmp / "data"
+
+    def start(self) -> PostgresCluster:
+        """Run initdb and start the server; returns self once it accepts connections."""
+        if os.geteuid() == 0:
+            user = _ensure_os_user(self._os_user)
+            self._uid, self._gid = user.pw_uid, user.pw_gid
+        self._tmp = Path(tempfile.mkdtemp(prefix="tidemark-pg-", dir=self._base_dir))
+        if self._uid is not None and self._gid is not None:
+            os.chown(self._tmp, self._uid, self._gid)
+        pwfile = self._tmp / "pwfile"
+        pwfile.write_text(self.password + "\n")
+        if self._uid is not None and self._gid is not None:
+            os.chown(pwfile, self._uid, self._gid)
+        pwfile.chmod(0o600)
+        self._run(
+            [
+                str(self.bindir / "initdb"),
+                "-D", str(self.datadir),
+                "-U", self.superuser,
+                "--pwfile", str(pwfile),
+                "--auth-host=scram-sha-256",
+                "--auth-local=trust",
+                "-E", "UTF8",
+                "--locale=C",
+                "--no-sync",
+            ]
+        )  # fmt: skip
+        pwfile.unlink()
+        last_error = ""
+        for _attempt in range(5):
+            self.port = free_port()
+            conf = {
+                **self.settings,
+                "listen_addresses": "'127.0.0.1'",
+                "port": str(self.port),
+                "unix_socket_directories": f"'{self._tmp}'",
+            }
+            with (self.datadir / "postgresql.auto.conf").open("w") as fh:
+                for key, value in conf.items():
+                    fh.write(f"{key} = {value}\n")
+            try:
+                self._run(
+                    [
+                        str(self.bindir / "pg_ctl"),
+                        "-D", str(self.datadir),
+                        "-l", str(self._tmp / "server.log"),
+                        "-w", "-t", "60",
+                        "start",
+                    ]
+                )  # fmt: skip
+                log.info("private PostgreSQL started on %s:%d", self.host, self.port)
+                return self
+            except PostgresStartError as err:
+                last_error = str(err)
+        self.stop()
+        raise PostgresStartError(f"could not start PostgreSQL: {last_error}")
+
+    def stop(self) -> None:
+        """Stop the server (fast shutdown) and delete its directory."""
+        if self._tmp is None:
+            return
+        if (self.datadir / "postmaster.pid").exists():
+            with contextlib.suppress(PostgresStartError):
+                self._run(
+                    [str(self.bindir / "pg_ctl"), "-D", str(self.datadir), "-m", "fast",
+                     "-w", "stop"]
+                )  # fmt: skip
+        shutil.rmtree(self._tmp, ignore_errors=True)
+        self._tmp = None
+
+    def __enter__(self) -> PostgresCluster:
+        return self.start()
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self.stop()
+
+    def server_log(self) -> str:
+        """The server's log so far (for diagnosing failures)."""
+        path = self.datadir / "server.log"
+        return path.read_text(errors="replace") if path.exists() else ""
+
+    # -- connections -------------------------------------------------------------
+    def dsn(self, dbname: str = "postgres", user: str | None = None,
+            password: str | None = None) -> str:
+        """A libpq connection string for *dbname* (superuser unless *user* is given)."""
+        user = user or self.superuser
+        if password is None and user == self.superuser:
+            password = self.password
+        parts = [f"host={self.host}", f"port={self.port}", f"dbname={dbname}", f"user={user}"]
+        if password is not None:
+            parts.append(f"password={password}")
+        return " ".join(parts)
+
+    def connect(self, dbname: str = "postgres") -> psycopg2.extensions.connection:
+        """An autocommit superuser connection to *dbname*."""
+        conn = psycopg2.connect(self.dsn(dbname))
+        conn.autocommit = True
+        return conn
+
+    def create_database(self, name: str) -> str:
+        """Create database *name* and return its DSN."""
+        with contextlib.closing(self.connect()) as conn, conn.cursor() as cur:
+            cur.execute(f'CREATE DATABASE "{name}"')
+        return self.dsn(name)
+
+    def drop_database(self, name: str) -> None:
+        """Drop *name*, first dropping its replication slots and ending its sessions."""
+        with contextlib.closing(self.connect()) as conn, conn.cursor() as cur:
+            for _ in range(50):
+                cur.execute(
+                    "SELECT pg_terminate_backend(active_pid) FROM pg_replication_slots "
+                    "WHERE database = %s AND active_pid IS NOT NULL", (name,)
+                )
+                cur.execute(
+                    "SELECT pg_terminate_backend(pid) FROM pg_stat_activity "
+                    "WHERE datname = %s AND pid <> pg_backend_pid()", (name,)
+                )
+                try:
+                    cur.execute(
+                        "SELECT pg_drop_replication_slot(slot_name) FROM pg_replication_slots "
+                        "WHERE database = %s", (name,)
+                    )
+                    break
+                except psycopg2.errors.ObjectInUse:
+                    time.sleep(0.1)
+            cur.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+
+    @contextlib.contextmanager
+    def database(self, name: str) -> Iterator[str]:
+        """A fresh database for the duration of a ``with`` block; yields its DSN."""
+        dsn = self.create_database(name)
+        try:
+            yield dsn
+        finally:
+            self.drop_database(name)
+
+    # -- helpers -----------------------------------------------------------------
+    def _run(self, argv: list[str]) -> None:
+        def demote() -> None:
+            if self._gid is not None and self._uid is not None:
+                os.setgroups([])
+                os.setgid(self._gid)
+                os.setuid(self._uid)
+
+        env = {k: v for k, v in os.environ.items() if not k.startswith("PG")}
+        env["LC_ALL"] = "C"
+        proc = subprocess.run(
+            argv,
+            capture_output=True,
+            text=True,
+            preexec_fn=demote if self._uid is not None else None,  # noqa: PLW1509
+            env=env,
+            cwd=str(self._tmp) if self._tmp else None,
+            check=False,
+        )
+        if proc.returncode != 0:
+            tail = ""
+            if self._tmp is not None and (self._tmp / "server.log").exists():
+                tail = (self._tmp / "server.log").read_text(errors="replace")[-2000:]
+            raise PostgresStartError(
+                f"{Path(argv[0]).name} failed with exit code {proc.returncode}: "
+                f"{proc.stderr.strip() or proc.stdout.strip()}\n{tail}".strip()
+            )
