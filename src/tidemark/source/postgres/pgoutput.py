@@ -20,6 +20,7 @@ Reference: https://www.postgresql.org/docs/15/protocol-logicalrep-message-format
 
 from __future__ import annotations
 
+import re
 import struct
 from collections.abc import Callable
 from typing import Final, TypeAlias
@@ -320,6 +321,7 @@ def _parse_tuple_reference(r: _Reader) -> TupleData:
 
 _TupleParser: TypeAlias = Callable[[bytes, "str | None", int], tuple[TupleData, int]]
 _TUPLE_PARSERS: dict[int, _TupleParser] = {}
+_MAX_COLUMNS: Final = 1600
 
 
 def _make_tuple_parser(ncols: int) -> _TupleParser:
@@ -370,6 +372,11 @@ def _parse_tuple(data: bytes, text: str | None, pos: int, name: str) -> tuple[Tu
         (ncols,) = _u16(data, pos)
         parser = _TUPLE_PARSERS.get(ncols)
         if parser is None:
+            # Every column takes at least one byte; a count the message cannot hold is
+            # corrupt, and must not make us compile (and cache) a parser for it.
+            # PostgreSQL tables have at most 1600 columns.
+            if ncols > len(data) - pos - 2 or ncols > _MAX_COLUMNS:
+                raise _Bad
             parser = _TUPLE_PARSERS[ncols] = _make_tuple_parser(ncols)
         return parser(data, text, pos + 2)
     except (_Bad, IndexError, struct.error, UnicodeDecodeError):
@@ -637,8 +644,10 @@ def lsn_to_str(lsn: int) -> str:
 
 def str_to_lsn(text: str) -> int:
     """Parse ``16/B374D848`` into an integer LSN."""
-    try:
-        high, low = text.split("/")
-        return (int(high, 16) << 32) | int(low, 16)
-    except ValueError as err:
-        raise ValueError(f"not an LSN: {text!r} (expected the form 16/B374D848)") from err
+    match = _LSN_TEXT.fullmatch(text)
+    if match is None:
+        raise ValueError(f"not an LSN: {text!r} (expected the form 16/B374D848)")
+    return (int(match.group(1), 16) << 32) | int(match.group(2), 16)
+
+
+_LSN_TEXT: Final = re.compile(r"([0-9A-Fa-f]{1,8})/([0-9A-Fa-f]{1,8})")

@@ -1,0 +1,5 @@
+"""``python -m tidemark``: the same as the ``tidemark`` command."""
+
+from tidemark.cli.main import main
+
+main()

@@ -1,0 +1,70 @@
+"""Shared fixtures: one private PostgreSQL per test session, a fresh database per test.
+
+Nothing here skips: if PostgreSQL cannot start, every test that needs it errors.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import itertools
+from collections.abc import Iterator
+from typing import Any
+
+import psycopg2
+import pytest
+
+from tidemark.testing.postgres import PostgresCluster
+
+_counter = itertools.count()
+
+
+class Database:
+    """A fresh database of the session cluster, with small SQL helpers."""
+
+    def __init__(self, cluster: PostgresCluster, name: str) -> None:
+        self.cluster = cluster
+        self.name = name
+        self.dsn = cluster.dsn(name)
+
+    def execute(self, *statements: str, params: Any = None) -> None:
+        """Run statements in one transaction."""
+        with contextlib.closing(psycopg2.connect(self.dsn)) as conn:
+            with conn, conn.cursor() as cur:
+                for sql in statements:
+                    cur.execute(sql, params)
+
+    def autocommit(self, *statements: str) -> None:
+        """Run each statement in its own transaction."""
+        with contextlib.closing(psycopg2.connect(self.dsn)) as conn:
+            conn.autocommit = True
+            with conn.cursor() as cur:
+                for sql in statements:
+                    cur.execute(sql)
+
+    def query(self, sql: str, params: Any = None) -> list[tuple[Any, ...]]:
+        with contextlib.closing(psycopg2.connect(self.dsn)) as conn, conn.cursor() as cur:
+            cur.execute(sql, params)
+            return list(cur.fetchall())
+
+    def scalar(self, sql: str, params: Any = None) -> Any:
+        return self.query(sql, params)[0][0]
+
+    def insert_lsn(self) -> int:
+        """The current WAL insert position: everything committed so far is before it."""
+        return int(self.scalar("SELECT (pg_current_wal_insert_lsn() - '0/0')::bigint"))
+
+
+@pytest.fixture(scope="session")
+def pg_cluster() -> Iterator[PostgresCluster]:
+    with PostgresCluster() as cluster:
+        yield cluster
+
+
+@pytest.fixture
+def db(pg_cluster: PostgresCluster) -> Iterator[Database]:
+    name = f"t{next(_counter)}"
+    pg_cluster.create_database(name)
+    try:
+        yield Database(pg_cluster, name)
+    finally:
+        pg_cluster.drop_database(name)

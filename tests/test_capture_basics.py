@@ -1,0 +1,152 @@
+"""Capture on a real PostgreSQL: every op type, keys, transactions."""
+
+from __future__ import annotations
+
+from conftest import Database
+
+from capture_helpers import as_json, drain, events, make_connector
+from tidemark.event import UNAVAILABLE, Op, SnapshotMarker
+
+
+def test_every_op_type(db: Database) -> None:
+    db.execute("CREATE TABLE t (id int PRIMARY KEY, name text)",
+               "INSERT INTO t VALUES (1, 'snap')")
+    conn = make_connector(db.dsn, "public.t")
+    conn.start()
+    try:
+        snap = events(drain(conn, db.insert_lsn()))
+        assert [(e.op, e.after) for e in snap] == [(Op.READ, {"id": 1, "name": "snap"})]
+        assert snap[0].source.snapshot == SnapshotMarker.LAST
+        db.autocommit(
+            "INSERT INTO t VALUES (2, 'two')",
+            "UPDATE t SET name = 'deux' WHERE id = 2",
+            "DELETE FROM t WHERE id = 1",
+            "SELECT pg_logical_emit_message(true, 'pfx', 'body')",
+            "TRUNCATE t",
+        )
+        got = events(drain(conn, db.insert_lsn()))
+    finally:
+        conn.stop()
+    assert [e.op for e in got] == [Op.CREATE, Op.UPDATE, Op.DELETE, Op.MESSAGE, Op.TRUNCATE]
+    create, update, delete, message, truncate = got
+    assert create.after == {"id": 2, "name": "two"} and create.key == {"id": 2}
+    assert update.before is None and update.after == {"id": 2, "name": "deux"}
+    assert delete.before == {"id": 1, "name": None} and delete.key == {"id": 1}
+    assert message.message_prefix == "pfx" and message.message_content == b"body"
+    assert truncate.table.table == "t" and truncate.before is None and truncate.after is None
+    lines = as_json(got)
+    assert lines[0]["key"] == {"id": 2}
+    assert list(lines[0]["value"]) == ["before", "after", "source", "transaction", "op",
+                                       "ts_ms", "ts_us", "ts_ns"]
+    assert list(lines[0]["value"]["source"]) == [
+        "version", "connector", "name", "ts_ms", "snapshot", "db", "sequence", "ts_us",
+        "ts_ns", "schema", "table", "txId", "lsn", "xmin", "origin", "origin_lsn"]
+    assert lines[2]["value"]["op"] == "d" and lines[3] == {"key": {"id": 1}, "value": None}
+    assert lines[4]["key"] == {"prefix": "pfx"}
+    assert list(lines[4]["value"]) == ["op", "ts_ms", "source", "transaction", "message"]
+    assert lines[4]["value"]["message"] == {"prefix": "pfx", "content": "Ym9keQ=="}
+    assert lines[5]["key"] is None and lines[5]["value"]["op"] == "t"
+
+
+def test_primary_key_update_is_delete_then_create(db: Database) -> None:
+    db.execute("CREATE TABLE t (id int PRIMARY KEY, v text)")
+    conn = make_connector(db.dsn, "public.t", snapshot_mode="no_data")
+    conn.start()
+    try:
+        drain(conn, db.insert_lsn())
+        db.autocommit("INSERT INTO t VALUES (1, 'a')", "UPDATE t SET id = 2 WHERE id = 1")
+        got = events(drain(conn, db.insert_lsn()))
+    finally:
+        conn.stop()
+    assert [(e.op, e.key) for e in got] == [
+        (Op.CREATE, {"id": 1}), (Op.DELETE, {"id": 1}), (Op.CREATE, {"id": 2})]
+    assert got[2].after == {"id": 2, "v": "a"}
+
+
+def test_replica_identity_full_before_images(db: Database) -> None:
+    db.execute("CREATE TABLE t (id int PRIMARY KEY, v text, n int)",
+               "ALTER TABLE t REPLICA IDENTITY FULL")
+    conn = make_connector(db.dsn, "public.t", snapshot_mode="no_data")
+    conn.start()
+    try:
+        drain(conn, db.insert_lsn())
+        db.autocommit("INSERT INTO t VALUES (1, 'a', 1)", "UPDATE t SET v = 'b' WHERE id = 1",
+                      "UPDATE t SET id = 5 WHERE id = 1", "DELETE FROM t WHERE id = 5")
+        got = events(drain(conn, db.insert_lsn()))
+    finally:
+        conn.stop()
+    assert [e.op for e in got] == [Op.CREATE, Op.UPDATE, Op.DELETE, Op.CREATE, Op.DELETE]
+    assert got[1].before == {"id": 1, "v": "a", "n": 1}
+    assert got[1].after == {"id": 1, "v": "b", "n": 1}
+    assert got[2].before == {"id": 1, "v": "b", "n": 1} and got[3].key == {"id": 5}
+    assert got[4].before == {"id": 5, "v": "b", "n": 1}
+
+
+def test_unchanged_toast_is_marked_not_null(db: Database) -> None:
+    db.execute("CREATE TABLE t (id int PRIMARY KEY, big text, n int)",
+               "ALTER TABLE t ALTER COLUMN big SET STORAGE EXTERNAL")
+    conn = make_connector(db.dsn, "public.t", snapshot_mode="no_data")
+    conn.start()
+    big = "x" * 100_000
+    try:
+        drain(conn, db.insert_lsn())
+        db.execute("INSERT INTO t VALUES (1, %s, 1)", params=(big,))
+        db.autocommit("UPDATE t SET n = 2 WHERE id = 1")
+        got = events(drain(conn, db.insert_lsn()))
+    finally:
+        conn.stop()
+    assert got[0].after == {"id": 1, "big": big, "n": 1}
+    assert got[1].after is not None
+    assert got[1].after["big"] is UNAVAILABLE and got[1].after["n"] == 2
+    line = as_json([got[1]])[0]
+    assert line["value"]["after"]["big"] == "__debezium_unavailable_value"
+
+
+def test_multi_statement_transaction_order_and_commit_lsn(db: Database) -> None:
+    db.execute("CREATE TABLE a (id int PRIMARY KEY)", "CREATE TABLE b (id int PRIMARY KEY)")
+    conn = make_connector(db.dsn, "public.a", "public.b", snapshot_mode="no_data",
+                          provide_transaction_metadata=True)
+    conn.start()
+    try:
+        drain(conn, db.insert_lsn())
+        db.execute("INSERT INTO a VALUES (1)", "INSERT INTO b VALUES (1)",
+                   "INSERT INTO a VALUES (2)", "UPDATE b SET id = 2")
+        records = drain(conn, db.insert_lsn())
+    finally:
+        conn.stop()
+    got = events(records)
+    assert [(e.table.table, e.op) for e in got] == [
+        ("a", Op.CREATE), ("b", Op.CREATE), ("a", Op.CREATE), ("b", Op.DELETE), ("b", Op.CREATE)]
+    assert [e.transaction.total_order for e in got if e.transaction] == [1, 2, 3, 4, 5]
+    assert [e.transaction.data_collection_order for e in got if e.transaction] == [1, 1, 2, 2, 3]
+    commit_lsns = {e.commit_lsn for e in got}
+    assert len(commit_lsns) == 1 and next(iter(commit_lsns)) >= max(e.source.lsn or 0 for e in got)
+    assert len({e.source.txid for e in got}) == 1
+    lines = as_json(records, transaction_metadata=True)
+    assert lines[0]["value"]["status"] == "BEGIN"
+    end = lines[-1]["value"]
+    assert end["status"] == "END" and end["event_count"] == 5
+    assert sorted((d["data_collection"], d["event_count"]) for d in end["data_collections"]) \
+        == [("public.a", 2), ("public.b", 3)]
+    tx = lines[1]["value"]["transaction"]
+    assert list(tx) == ["id", "total_order", "data_collection_order", "commit_lsn",
+                        "commit_ts_ms", "commit_ts_us"]
+    assert tx["commit_lsn"] == got[0].commit_lsn
+
+
+def test_alter_table_add_column_mid_stream(db: Database) -> None:
+    db.execute("CREATE TABLE t (id int PRIMARY KEY, a text)")
+    conn = make_connector(db.dsn, "public.t", snapshot_mode="no_data")
+    conn.start()
+    try:
+        drain(conn, db.insert_lsn())
+        db.autocommit("INSERT INTO t VALUES (1, 'x')", "ALTER TABLE t ADD COLUMN b int",
+                      "INSERT INTO t VALUES (2, 'y', 7)", "UPDATE t SET b = 8 WHERE id = 1")
+        got = events(drain(conn, db.insert_lsn()))
+    finally:
+        conn.stop()
+    assert got[0].after == {"id": 1, "a": "x"}
+    assert got[1].after == {"id": 2, "a": "y", "b": 7}
+    assert got[2].after == {"id": 1, "a": "x", "b": 8}
+    assert got[0].schema is not None and got[1].schema is not None
+    assert got[1].schema.version == got[0].schema.version + 1
