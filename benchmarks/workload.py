@@ -1,7 +1,8 @@
 """The shared benchmark workload: table ``t10`` and 300,000 changes.
 
-3,000 transactions of 100 changes each (60 inserts, 30 updates, 10 deletes), generated
-server-side so that building it takes seconds, not minutes.
+3,000 transactions of 100 changes each: 60 inserts, then 30 updates and 10 deletes of
+rows inserted by the same transaction (so every transaction has exactly 100 changes),
+generated server-side so that building it takes seconds, not minutes.
 """
 
 from __future__ import annotations
@@ -37,9 +38,8 @@ BEGIN
                g % 2 = 0, 'label-' || (g % 97), g / 7.0, date '2024-01-01' + (g % 365)
         FROM generate_series(i * 60 + 1, i * 60 + 60) AS g;
         UPDATE t10 SET c_int = c_int + 1, c_label = 'updated', c_double = c_double * 2
-        WHERE id BETWEEN greatest(i - 1, 0) * 60 + 1 AND greatest(i - 1, 0) * 60 + 30;
-        DELETE FROM t10
-        WHERE id BETWEEN greatest(i - 1, 0) * 60 + 31 AND greatest(i - 1, 0) * 60 + 40;
+        WHERE id BETWEEN i * 60 + 1 AND i * 60 + 30;
+        DELETE FROM t10 WHERE id BETWEEN i * 60 + 31 AND i * 60 + 40;
         COMMIT;
     END LOOP;
 END

@@ -28,10 +28,9 @@ class Database:
 
     def execute(self, *statements: str, params: Any = None) -> None:
         """Run statements in one transaction."""
-        with contextlib.closing(psycopg2.connect(self.dsn)) as conn:
-            with conn, conn.cursor() as cur:
-                for sql in statements:
-                    cur.execute(sql, params)
+        with contextlib.closing(psycopg2.connect(self.dsn)) as conn, conn, conn.cursor() as cur:
+            for sql in statements:
+                cur.execute(sql, params)
 
     def autocommit(self, *statements: str) -> None:
         """Run each statement in its own transaction."""

@@ -2,9 +2,8 @@
 
 from __future__ import annotations
 
-from conftest import Database
-
 from capture_helpers import as_json, drain, events, make_connector
+from conftest import Database
 from tidemark.event import UNAVAILABLE, Op, SnapshotMarker
 
 

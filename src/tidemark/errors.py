@@ -49,7 +49,9 @@ class DecodeError(TerminalError):
     """
 
     def __init__(self, message_type: str, offset: int, reason: str) -> None:
-        super().__init__(f"cannot decode pgoutput {message_type} message at byte {offset}: {reason}")
+        super().__init__(
+            f"cannot decode pgoutput {message_type} message at byte {offset}: {reason}"
+        )
         self.message_type = message_type
         self.offset = offset
         self.reason = reason

@@ -18,11 +18,9 @@ from __future__ import annotations
 import datetime as dt
 from collections.abc import Callable, Sequence
 from enum import StrEnum
-from typing import Any, Final
+from typing import Any, Final, TypeAlias
 
 import msgspec
-
-from typing import TypeAlias
 
 
 class Unavailable:
@@ -52,7 +50,7 @@ class Unavailable:
 UNAVAILABLE: Final = Unavailable()
 
 #: A column value as a source sent it: text, binary, SQL NULL, or not sent.
-WireValue: TypeAlias = str | bytes | None | Unavailable
+WireValue: TypeAlias = str | bytes | Unavailable | None
 WireTuple: TypeAlias = tuple[WireValue, ...]
 
 
@@ -135,9 +133,7 @@ class TableSchema(msgspec.Struct, frozen=True, gc=False):
             return None
         row: dict[str, Any] = {}
         for col, raw in zip(self.columns, values, strict=True):
-            if raw is None or raw is UNAVAILABLE:
-                row[col.name] = raw
-            elif isinstance(raw, bytes):
+            if raw is None or raw is UNAVAILABLE or isinstance(raw, bytes):
                 row[col.name] = raw
             else:
                 row[col.name] = col.parse(raw)  # type: ignore[arg-type]
@@ -191,11 +187,31 @@ class TransactionInfo(msgspec.Struct, frozen=True, gc=False):
     commit_ts_us: int
 
 
+class SourceContext(msgspec.Struct, frozen=True, gc=False):
+    """What every event of one transaction (or one snapshot) shares.
+
+    ``tx_id``/``commit_lsn`` are None for snapshot rows and non-transactional messages.
+    Sharing one object per transaction keeps per-event allocation small.
+    """
+
+    connector: str
+    name: str
+    db: str
+    ts_us: int
+    txid: int | None
+    last_commit_lsn: int | None
+    tx_id: str | None = None
+    commit_lsn: int | None = None
+    origin: str | None = None
+
+
 class ChangeEvent(msgspec.Struct, frozen=True, gc=False):
     """One row change (or truncate, or logical message), Debezium's envelope.
 
     ``schema`` describes the row tuples; ``raw_before``/``raw_after`` hold the wire values.
-    Use :attr:`before`, :attr:`after` and :attr:`key` for native Python values.
+    Use :attr:`before`, :attr:`after` and :attr:`key` for native Python values, and
+    :attr:`source`/:attr:`transaction` for Debezium's blocks. ``lsn`` is the change's
+    own position; ``total_order``/``collection_order`` its place in the transaction.
     ``ts_us`` is when tidemark processed the event (Debezium's top-level ``ts_ms``).
     ``message_prefix``/``message_content`` are set for ``op == "m"`` only.
     """
@@ -204,15 +220,35 @@ class ChangeEvent(msgspec.Struct, frozen=True, gc=False):
     schema: TableSchema | None
     raw_before: WireTuple | None
     raw_after: WireTuple | None
-    source: SourceInfo
-    transaction: TransactionInfo | None
+    context: SourceContext
+    lsn: int | None
+    total_order: int
+    collection_order: int
     ts_us: int
+    snapshot: SnapshotMarker = SnapshotMarker.FALSE
     message_prefix: str | None = None
     message_content: bytes | None = None
 
     @property
     def table(self) -> TableId:
-        return TableId(self.source.schema, self.source.table)
+        return self.schema.table if self.schema is not None else TableId("", "")
+
+    @property
+    def source(self) -> SourceInfo:
+        """Debezium's ``source`` block."""
+        c = self.context
+        table = self.table
+        return SourceInfo(c.connector, c.name, c.db, table.schema, table.table, c.ts_us,
+                          self.snapshot, c.txid, self.lsn, c.last_commit_lsn, None, c.origin)
+
+    @property
+    def transaction(self) -> TransactionInfo | None:
+        """The event's place in its transaction; None for snapshot rows."""
+        c = self.context
+        if c.tx_id is None or c.commit_lsn is None or not self.total_order:
+            return None
+        return TransactionInfo(c.tx_id, self.total_order, self.collection_order,
+                               c.commit_lsn, c.ts_us)
 
     @property
     def before(self) -> dict[str, Any] | None:
@@ -235,13 +271,12 @@ class ChangeEvent(msgspec.Struct, frozen=True, gc=False):
     @property
     def commit_lsn(self) -> int | None:
         """LSN of the commit record of the event's transaction (None for snapshot rows)."""
-        return self.transaction.commit_lsn if self.transaction else None
+        return self.context.commit_lsn
 
     @property
     def commit_ts(self) -> dt.datetime:
         """Commit time of the event's transaction (snapshot time for snapshot rows)."""
-        us = self.transaction.commit_ts_us if self.transaction else self.source.ts_us
-        return dt.datetime.fromtimestamp(us / 1_000_000, tz=dt.UTC)
+        return dt.datetime.fromtimestamp(self.context.ts_us / 1_000_000, tz=dt.UTC)
 
 
 class TransactionBoundary(msgspec.Struct, frozen=True, gc=False):

@@ -7,11 +7,13 @@ import gc
 import logging
 import signal
 import sys
+import time
 from types import FrameType
 from typing import Any
 
 import click
 
+from tidemark.event import ChangeEvent
 from tidemark.offsets.file import FileOffsetStore
 from tidemark.offsets.memory import MemoryOffsetStore
 from tidemark.offsets.store import OffsetStore
@@ -111,6 +113,8 @@ def capture(dsn: str, tables: tuple[str, ...], exclude: tuple[str, ...], slot: s
     gc.freeze()
     out = sys.stdout.buffer
     delivered = 0
+    events_out = 0
+    started = time.monotonic()
     try:
         while not flag.stop:
             batch = connector.poll()
@@ -120,8 +124,8 @@ def capture(dsn: str, tables: tuple[str, ...], exclude: tuple[str, ...], slot: s
             if max_events is not None and records:
                 remaining = max_events - delivered
                 events = 0
-                for cut, record in enumerate(records):  # noqa: B007
-                    if not hasattr(record, "op"):
+                for cut, record in enumerate(records):
+                    if not isinstance(record, ChangeEvent):
                         continue
                     events += 1
                     if events > remaining:
@@ -138,6 +142,7 @@ def capture(dsn: str, tables: tuple[str, ...], exclude: tuple[str, ...], slot: s
                 except BrokenPipeError:
                     log.info("stdout closed; stopping")
                     break
+                events_out += sum(1 for r in records if isinstance(r, ChangeEvent))
             if offset is not None:
                 store.save(connector.partition, offset)
                 connector.commit(offset)
@@ -145,3 +150,6 @@ def capture(dsn: str, tables: tuple[str, ...], exclude: tuple[str, ...], slot: s
                 break
     finally:
         connector.stop()
+        elapsed = time.monotonic() - started
+        log.info("delivered %d change events in %.3f s (%.0f events/s)", events_out, elapsed,
+                 events_out / elapsed if elapsed > 0 else 0.0)

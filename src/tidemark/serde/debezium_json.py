@@ -16,7 +16,9 @@ of whatever it last saw — and the ``transaction`` block ends with ``commit_lsn
 from __future__ import annotations
 
 import datetime as dt
+import json.encoder as json_encoder
 import logging
+from base64 import b64encode
 from collections.abc import Callable, Iterable
 from typing import Any, Final
 
@@ -28,6 +30,7 @@ from tidemark.event import (
     ChangeEvent,
     Column,
     Op,
+    SnapshotMarker,
     TableSchema,
     TransactionBoundary,
 )
@@ -48,58 +51,6 @@ _TS_NEG_INFINITY_US: Final = -9223372036832400000
 
 
 # -- the JSON shapes ---------------------------------------------------------------------
-class _Source(msgspec.Struct, gc=False):
-    version: str
-    connector: str
-    name: str
-    ts_ms: int
-    snapshot: str
-    db: str
-    sequence: str | None
-    ts_us: int
-    ts_ns: int
-    schema: str
-    table: str
-    txId: int | None  # noqa: N815 - Debezium's field name
-    lsn: int | None
-    xmin: int | None
-    origin: str | None
-    origin_lsn: int | None
-
-
-class _Transaction(msgspec.Struct, gc=False):
-    id: str
-    total_order: int
-    data_collection_order: int
-    commit_lsn: int
-    commit_ts_ms: int
-    commit_ts_us: int
-
-
-class _Envelope(msgspec.Struct, gc=False):
-    before: Any
-    after: Any
-    source: _Source
-    transaction: _Transaction | None
-    op: str
-    ts_ms: int
-    ts_us: int
-    ts_ns: int
-
-
-class _Message(msgspec.Struct, gc=False):
-    prefix: str
-    content: bytes
-
-
-class _MessageEnvelope(msgspec.Struct, gc=False):
-    op: str
-    ts_ms: int
-    source: _Source
-    transaction: _Transaction | None
-    message: _Message
-
-
 class _DataCollection(msgspec.Struct, gc=False):
     data_collection: str
     event_count: int
@@ -111,11 +62,6 @@ class _TransactionValue(msgspec.Struct, gc=False):
     event_count: int | None
     data_collections: list[_DataCollection] | None
     ts_ms: int
-
-
-class _Line(msgspec.Struct, gc=False):
-    key: Any
-    value: Any
 
 
 # -- per-type value converters (text -> JSON value) -------------------------------------
@@ -253,21 +199,23 @@ class _Mapping:
     ``inline`` is a Python expression template over ``{v}``, the column's text value.
     """
 
-    __slots__ = ("convert", "inline", "placeholder")
+    __slots__ = ("convert", "fragment", "inline", "placeholder")
 
     def __init__(self, *, inline: str | None = None,
                  convert: Callable[[str], Any] | None = None,
+                 fragment: Callable[[str], str] | None = None,
                  placeholder: Any = UNAVAILABLE_PLACEHOLDER) -> None:
         self.inline = inline
         self.convert = convert
+        self.fragment = fragment  # text -> JSON text directly, for the hottest types
         self.placeholder = placeholder
 
     def as_function(self) -> Callable[[str], Any]:
         if self.convert is not None:
             return self.convert
         assert self.inline is not None
-        fn = eval(f"lambda v: {self.inline.format(v='v')}",  # noqa: S307
-                  {"_float_value": _float_value})  # noqa: S307
+        fn = eval(f"lambda v: {self.inline.format(v='v')}",
+                  {"_float_value": _float_value})
         return fn  # type: ignore[no-any-return]
 
 
@@ -310,7 +258,7 @@ def column_mapping(column: Column, options: DebeziumJsonOptions) -> _Mapping:
             return _Mapping(convert=_numeric_string if oid == pgt.NUMERIC_OID
                             else lambda v: str(pgt.parse_money(v)))
         if mode == DecimalHandlingMode.DOUBLE:
-            return _Mapping(convert=(lambda v: _float_value(v)) if oid == pgt.NUMERIC_OID
+            return _Mapping(convert=_float_value if oid == pgt.NUMERIC_OID
                             else lambda v: float(pgt.parse_money(v)))
         if oid == pgt.MONEY_OID:
             return _Mapping(convert=_money_decimal)
@@ -319,24 +267,30 @@ def column_mapping(column: Column, options: DebeziumJsonOptions) -> _Mapping:
         scale = (typmod - 4) & 0xFFFF
         if scale > 0x7FFF:  # PostgreSQL 15 allows negative scales
             scale -= 0x10000
-        return _Mapping(convert=_fixed_scale_decimal(scale, column.name))
+        convert = _fixed_scale_decimal(scale, column.name)
+
+        def decimal_fragment(text: str) -> str:
+            value = convert(text)
+            return "null" if value is None else '"' + b64encode(value).decode() + '"'
+
+        return _Mapping(convert=convert, fragment=decimal_fragment)
     if oid == pgt.DATE_OID:
-        return _Mapping(convert=_date_days)
+        return _Mapping(convert=_date_days, fragment=lambda v: str(_date_days(v)))
     precision = typmod if typmod >= 0 else 6
+    time_mode = options.time_precision_mode
     if oid == pgt.TIME_OID:
-        mode = options.time_precision_mode
-        if mode == TimePrecisionMode.CONNECT or (
-            mode == TimePrecisionMode.ADAPTIVE and precision <= 3
+        if time_mode == TimePrecisionMode.CONNECT or (
+            time_mode == TimePrecisionMode.ADAPTIVE and precision <= 3
         ):
             return _Mapping(convert=lambda v: pgt.time_to_micros(v) // 1000)
         return _Mapping(convert=pgt.time_to_micros)
     if oid == pgt.TIMESTAMP_OID:
-        mode = options.time_precision_mode
-        if mode == TimePrecisionMode.CONNECT or precision <= 3:
+        if time_mode == TimePrecisionMode.CONNECT or precision <= 3:
             return _Mapping(convert=_timestamp_millis)
         return _Mapping(convert=_timestamp_micros)
     if oid == pgt.TIMESTAMPTZ_OID:
-        return _Mapping(convert=_zoned_timestamp(precision))
+        zoned = _zoned_timestamp(precision)
+        return _Mapping(convert=zoned, fragment=lambda v: '"' + zoned(v) + '"')
     if oid == pgt.TIMETZ_OID:
         return _Mapping(convert=_zoned_time)
     if oid == pgt.INTERVAL_OID:
@@ -349,64 +303,124 @@ def column_mapping(column: Column, options: DebeziumJsonOptions) -> _Mapping:
     return _Mapping(inline="{v}")
 
 
-RowConverter = Callable[[tuple[Any, ...]], dict[str, Any]]
+RowConverter = Callable[[tuple[Any, ...]], str]
+
+_escape: Callable[[str], str] = json_encoder.encode_basestring
+
+
+def _json_fragment(value: Any) -> str:
+    """A converted column value as JSON text."""
+    cls = value.__class__
+    if cls is bytes:
+        return '"' + b64encode(value).decode() + '"'
+    if cls is int:
+        return str(value)
+    if cls is str:
+        return _escape(value)
+    if value is None:
+        return "null"
+    return msgspec.json.encode(value).decode()
+
+
+def _fragment_converter(mapping: _Mapping) -> tuple[str | None, Any]:
+    """(inline JSON-text template over {v}, or None and a text -> JSON-text function)."""
+    if mapping.inline == "int({v})":
+        return "{v}", None  # PostgreSQL's integer text is valid JSON as it is
+    if mapping.inline == '{v} == "t"':
+        return "('true' if {v} == 't' else 'false')", None
+    if mapping.inline == "_float_value({v})":
+        return "({v} if {v}[-1] < ':' else '\"' + {v} + '\"')", None
+    if mapping.inline == "{v}":
+        return "_escape({v})", None
+    if mapping.fragment is not None:
+        return None, mapping.fragment
+    convert = mapping.convert
+    assert convert is not None
+    return None, lambda v: _json_fragment(convert(v))
 
 
 def compile_row_converter(
     columns: Iterable[Column], options: DebeziumJsonOptions, only: Iterable[int] | None = None
 ) -> RowConverter:
-    """Generate ``tuple of wire values -> {column: JSON value}`` for a table schema.
+    """Generate ``tuple of wire values -> JSON object text`` for a table schema.
 
-    Straight-line code per schema: a generic per-column loop spends most of its time
-    in interpreter overhead, and this runs for every row of every event.
+    Straight-line code per schema that writes JSON text directly: a generic per-column
+    loop, or building dicts for an encoder, costs more than everything else on the
+    capture path, and this runs for every row of every event.
     """
     columns = list(columns)
     indexes = list(range(len(columns))) if only is None else list(only)
-    namespace: dict[str, Any] = {"_UNAVAILABLE": UNAVAILABLE, "_float_value": _float_value}
+    namespace: dict[str, Any] = {"_UNAVAILABLE": UNAVAILABLE, "_escape": _escape}
     unpack = ", ".join(f"v{i}" for i in range(len(columns)))
     lines = ["def convert(r):", f"    {unpack}{',' if len(columns) == 1 else ''} = r"]
-    entries = []
-    for i in indexes:
+    parts = []
+    for n, i in enumerate(indexes):
         mapping = column_mapping(columns[i], options)
-        namespace[f"p{i}"] = mapping.placeholder
-        if mapping.inline is not None:
-            expr = mapping.inline.format(v=f"v{i}")
+        namespace[f"p{i}"] = _json_fragment(mapping.placeholder)
+        template, function = _fragment_converter(mapping)
+        if template is not None:
+            expr = template.format(v=f"v{i}")
         else:
-            namespace[f"c{i}"] = mapping.convert
+            namespace[f"c{i}"] = function
             expr = f"c{i}(v{i})"
-        entries.append(
-            f"        {columns[i].name!r}: ({expr} if v{i}.__class__ is str else "
-            f"(None if v{i} is None else p{i} if v{i} is _UNAVAILABLE else v{i})),"
+        name = _escape(columns[i].name)
+        separator = "," if n else ""
+        lines.append(
+            f"    f{i} = {expr} if v{i}.__class__ is str else "
+            f"('null' if v{i} is None else p{i} if v{i} is _UNAVAILABLE else _bin(v{i}, {i}))"
         )
-    lines.append("    return {")
-    lines.extend(entries)
-    lines.append("    }")
+        parts.append(f"{separator}{name}:" + "{f" + str(i) + "}")
+    namespace["_bin"] = _binary_value(columns, options)
+    body = "".join(parts).replace("\\", "\\\\").replace("'", "\\'")
+    lines.append("    return f'{{" + body + "}}'")
     if not columns:
-        lines = ["def convert(r):", "    return {}"]
-    exec("\n".join(lines), namespace)  # noqa: S102 - generated from our own template
+        lines = ["def convert(r):", "    return '{}'"]
+    exec("\n".join(lines), namespace)
     convert: RowConverter = namespace["convert"]
     return convert
 
 
+def _binary_value(columns: list[Column], options: DebeziumJsonOptions) -> Callable[[Any, int], str]:
+    # Binary-format values only come from sources that request binary transfer; they
+    # are the raw bytes of the value and are emitted as Debezium emits bytes.
+    def convert(value: Any, index: int) -> str:
+        if isinstance(value, bytes):
+            return '"' + b64encode(value).decode() + '"'
+        return _json_fragment(value)
+
+    return convert
+
+
 class _Codec:
-    __slots__ = ("key", "row")
+    __slots__ = ("key", "row", "source_head", "source_tail")
 
     def __init__(self, schema: TableSchema, options: DebeziumJsonOptions) -> None:
         self.row = compile_row_converter(schema.columns, options)
         self.key = (compile_row_converter(schema.columns, options, schema.key_indexes)
                     if schema.key_indexes else None)
+        self.source_tail = (f',"schema":{_escape(schema.table.schema)},'
+                            f'"table":{_escape(schema.table.table)},')
+
+
+_OP_CODES: Final = {op: op.value for op in Op}
 
 
 class DebeziumJsonSerializer:
     """Serializes change events to Debezium JSON lines ``{"key": …, "value": …}``.
 
-    One serializer per stream: it caches a generated converter per table schema.
+    One serializer per stream: it caches a generated converter per table schema. The
+    JSON text is written directly (no intermediate objects) because this is the hot
+    path of ``tidemark capture``.
     """
 
     def __init__(self, options: DebeziumJsonOptions | None = None) -> None:
         self.options = options or DebeziumJsonOptions()
         self._codecs: dict[int, tuple[TableSchema, _Codec]] = {}
         self._encoder = msgspec.json.Encoder()
+        self._message_tail = ',"schema":"","table":"",'
+        self._metadata = self.options.transaction_metadata
+        self._parts_context: object = None
+        self._parts: dict[tuple[str, SnapshotMarker], tuple[str, str, str]] = {}
 
     def _codec(self, schema: TableSchema) -> _Codec:
         entry = self._codecs.get(id(schema))
@@ -415,70 +429,103 @@ class DebeziumJsonSerializer:
             self._codecs[id(schema)] = entry
         return entry[1]
 
-    def _source(self, event: ChangeEvent) -> _Source:
-        s = event.source
-        sequence = (None if s.lsn is None and s.last_commit_lsn is None else
-                    f'[{_quoted(s.last_commit_lsn)},{_quoted(s.lsn)}]')
-        return _Source(
-            SOURCE_VERSION, s.connector, s.name, s.ts_us // 1000, s.snapshot.value, s.db,
-            sequence, s.ts_us, s.ts_us * 1000, s.schema, s.table, s.txid, s.lsn, s.xmin,
-            s.origin, None,
-        )
+    def _source(self, event: ChangeEvent, tail: str) -> str:
+        """The ``source`` block; only the LSN differs between events of a transaction,
+        so the rest is built once per (transaction, table, snapshot marker)."""
+        context = event.context
+        lsn = event.lsn
+        if context is not self._parts_context:
+            self._parts_context = context
+            self._parts.clear()
+        parts = self._parts.get((tail, event.snapshot))
+        if parts is None:
+            parts = self._parts[(tail, event.snapshot)] = self._source_parts(event, tail)
+        head, middle, end = parts
+        if lsn is None:
+            return f'{head}null{middle}null{end}'.replace('"[null,\\"null\\"]"', "null")
+        return f"{head}{lsn}{middle}{lsn}{end}"
 
-    def _transaction(self, event: ChangeEvent) -> _Transaction | None:
+    @staticmethod
+    def _source_parts(event: ChangeEvent, tail: str) -> tuple[str, str, str]:
+        c = event.context
+        ts = c.ts_us
+        last = "null" if c.last_commit_lsn is None else f'\\"{c.last_commit_lsn}\\"'
+        head = (
+            f'{{"version":"{SOURCE_VERSION}","connector":{_escape(c.connector)},'
+            f'"name":{_escape(c.name)},"ts_ms":{ts // 1000},'
+            f'"snapshot":"{event.snapshot.value}","db":{_escape(c.db)},'
+            f'"sequence":"[{last},\\"'
+        )
+        middle = (f'\\"]","ts_us":{ts},"ts_ns":{ts * 1000}{tail}'
+                  f'"txId":{_null(c.txid)},"lsn":')
+        origin = "null" if c.origin is None else _escape(c.origin)
+        end = f',"xmin":null,"origin":{origin},"origin_lsn":null}}'
+        return head, middle, end
+
+    def _transaction(self, event: ChangeEvent) -> str:
         t = event.transaction
         if t is None or not self.options.transaction_metadata:
-            return None
-        return _Transaction(t.id, t.total_order, t.data_collection_order, t.commit_lsn,
-                            t.commit_ts_us // 1000, t.commit_ts_us)
+            return "null"
+        return (f'{{"id":{_escape(t.id)},"total_order":{t.total_order},'
+                f'"data_collection_order":{t.data_collection_order},'
+                f'"commit_lsn":{t.commit_lsn},"commit_ts_ms":{t.commit_ts_us // 1000},'
+                f'"commit_ts_us":{t.commit_ts_us}}}')
 
-    def key_and_value(self, event: ChangeEvent) -> tuple[Any, Any]:
-        """The JSON-ready key and value objects of one event."""
+    def key_and_value(self, event: ChangeEvent) -> tuple[str, str]:
+        """The key and value of one event as JSON texts (``"null"`` for none)."""
         ts = event.ts_us
         if event.op == Op.MESSAGE:
-            return {"prefix": event.message_prefix}, _MessageEnvelope(
-                "m", ts // 1000, self._source(event), self._transaction(event),
-                _Message(event.message_prefix or "", event.message_content or b""),
+            content = b64encode(event.message_content or b"").decode()
+            prefix = _escape(event.message_prefix or "")
+            return f'{{"prefix":{prefix}}}', (
+                f'{{"op":"m","ts_ms":{ts // 1000},'
+                f'"source":{self._source(event, self._message_tail)},'
+                f'"transaction":{self._transaction(event)},'
+                f'"message":{{"prefix":{prefix},"content":"{content}"}}}}'
             )
         schema = event.schema
         assert schema is not None
         codec = self._codec(schema)
-        before = None if event.raw_before is None else codec.row(event.raw_before)
-        after = None if event.raw_after is None else codec.row(event.raw_after)
-        key = None
-        if codec.key is not None and event.op != Op.TRUNCATE:
-            key_row = event.raw_before if event.op == Op.DELETE else event.raw_after
+        before = "null" if event.raw_before is None else codec.row(event.raw_before)
+        after = "null" if event.raw_after is None else codec.row(event.raw_after)
+        op = _OP_CODES[event.op]
+        key = "null"
+        if codec.key is not None and op != "t":
+            key_row = event.raw_before if op == "d" else event.raw_after
             if key_row is not None:
                 key = codec.key(key_row)
-        value = _Envelope(before, after, self._source(event), self._transaction(event),
-                          event.op.value, ts // 1000, ts, ts * 1000)
+        value = (f'{{"before":{before},"after":{after},'
+                 f'"source":{self._source(event, codec.source_tail)},'
+                 f'"transaction":{self._transaction(event) if self._metadata else "null"},'
+                 f'"op":"{op}",'
+                 f'"ts_ms":{ts // 1000},"ts_us":{ts},"ts_ns":{ts * 1000}}}')
         return key, value
 
     def encode_lines(self, records: Iterable[ChangeEvent | TransactionBoundary]) -> bytes:
         """Encode records as newline-terminated JSON lines (tombstones included)."""
-        encode = self._encoder.encode
-        out: list[bytes] = []
+        out: list[str] = []
         append = out.append
+        key_and_value = self.key_and_value
         tombstones = self.options.tombstones_on_delete
         metadata = self.options.transaction_metadata
         for record in records:
-            if isinstance(record, TransactionBoundary):
+            if record.__class__ is TransactionBoundary:
                 if metadata:
-                    append(encode(_Line({"id": record.id}, _transaction_value(record))))
+                    assert isinstance(record, TransactionBoundary)
+                    value = self._encoder.encode(_transaction_value(record)).decode()
+                    append(f'{{"key":{{"id":{_escape(record.id)}}},"value":{value}}}\n')
                 continue
-            key, value = self.key_and_value(record)
-            append(encode(_Line(key, value)))
-            if tombstones and record.op == Op.DELETE and key is not None:
-                append(encode(_Line(key, None)))
-        if not out:
-            return b""
-        out.append(b"")
-        return b"\n".join(out)
+            assert isinstance(record, ChangeEvent)
+            key, value = key_and_value(record)
+            append(f'{{"key":{key},"value":{value}}}\n')
+            if tombstones and key != "null" and record.op is Op.DELETE:
+                append(f'{{"key":{key},"value":null}}\n')
+        return "".join(out).encode()
 
     def encode(self, event: ChangeEvent) -> bytes:
         """One event as a single JSON object ``{"key": …, "value": …}``."""
         key, value = self.key_and_value(event)
-        return self._encoder.encode(_Line(key, value))
+        return f'{{"key":{key},"value":{value}}}'.encode()
 
 
 def _transaction_value(record: TransactionBoundary) -> _TransactionValue:
@@ -489,5 +536,5 @@ def _transaction_value(record: TransactionBoundary) -> _TransactionValue:
                              record.ts_us // 1000)
 
 
-def _quoted(lsn: int | None) -> str:
-    return "null" if lsn is None else f'"{lsn}"'
+def _null(value: int | None) -> str:
+    return "null" if value is None else str(value)

@@ -297,7 +297,7 @@ class PostgresCluster:
             argv,
             capture_output=True,
             text=True,
-            preexec_fn=demote if self._uid is not None else None,  # noqa: PLW1509
+            preexec_fn=demote if self._uid is not None else None,
             env=env,
             cwd=str(self._tmp) if self._tmp else None,
             check=False,

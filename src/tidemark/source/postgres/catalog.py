@@ -99,7 +99,8 @@ def resolve_tables(
             if not matches:
                 raise SourceError(
                     f"no table in database {database!r} matches the include pattern "
-                    f"{entry!r}"
+                    f"'{entry}': patterns are regular expressions matched against the whole "
+                    "schema.table name; fix the pattern in the table include list"
                 )
         chosen.extend(m for m in matches if m not in chosen)
     excluded = [re.compile(p) for p in exclude]

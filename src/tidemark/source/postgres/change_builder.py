@@ -22,12 +22,10 @@ from tidemark.event import (
     ChangeEvent,
     Column,
     Op,
-    SnapshotMarker,
-    SourceInfo,
+    SourceContext,
     TableId,
     TableSchema,
     TransactionBoundary,
-    TransactionInfo,
     WireTuple,
 )
 from tidemark.source.postgres import pgoutput
@@ -77,14 +75,11 @@ class ChangeEventBuilder:
         self._type_names: dict[int, str] = {}
         # open transaction
         self.in_transaction = False
-        self._xid = 0
-        self._commit_lsn = 0
-        self._commit_ts = 0
         self._tx_id = ""
         self._total = 0
         self._per_table: dict[TableId, int] = {}
-        self._origin: str | None = None
         self._last_commit_lsn: int | None = None
+        self._context = SourceContext(CONNECTOR_NAME, topic_prefix, database, 0, None, None)
         #: End LSN of the last transaction whose Commit has been processed: the position
         #: a resumed stream starts from once everything up to here is handed on.
         self.last_end_lsn: int | None = None
@@ -170,13 +165,12 @@ class ChangeEventBuilder:
 
     def _on_begin(self, msg: pgoutput.Begin, out: list[Record], now_us: int) -> None:
         self.in_transaction = True
-        self._xid = msg.xid
-        self._commit_lsn = msg.final_lsn
-        self._commit_ts = msg.commit_ts
         self._tx_id = f"{msg.xid}:{msg.final_lsn}"
         self._total = 0
         self._per_table = {}
-        self._origin = None
+        self._context = SourceContext(CONNECTOR_NAME, self._prefix, self._database,
+                                      msg.commit_ts, msg.xid, self._last_commit_lsn,
+                                      self._tx_id, msg.final_lsn)
         if self._metadata:
             out.append(TransactionBoundary("BEGIN", self._tx_id, msg.commit_ts, msg.final_lsn))
 
@@ -203,7 +197,9 @@ class ChangeEventBuilder:
         elif isinstance(msg, pgoutput.LogicalMessage):
             out.append(self._message_event(msg, now_us))
         elif isinstance(msg, pgoutput.Origin):
-            self._origin = msg.name
+            c = self._context
+            self._context = SourceContext(c.connector, c.name, c.db, c.ts_us, c.txid,
+                                          c.last_commit_lsn, c.tx_id, c.commit_lsn, msg.name)
         else:
             # Stream* messages only arrive when streaming was requested, which the
             # connector never does; getting one means the protocol state is confused.
@@ -216,29 +212,19 @@ class ChangeEventBuilder:
         self._total += 1
         order = self._per_table.get(table, 0) + 1
         self._per_table[table] = order
-        source = SourceInfo(
-            CONNECTOR_NAME, self._prefix, self._database, table.schema, table.table,
-            self._commit_ts, SnapshotMarker.FALSE, self._xid, lsn, self._last_commit_lsn,
-            None, self._origin,
-        )
-        tx = TransactionInfo(self._tx_id, self._total, order, self._commit_lsn,
-                             self._commit_ts)
-        return ChangeEvent(op, schema, before, after, source, tx, now_us)
+        return ChangeEvent(op, schema, before, after, self._context, lsn, self._total, order,
+                           now_us)
 
     def _message_event(self, msg: pgoutput.LogicalMessage, now_us: int) -> ChangeEvent:
-        transactional = msg.transactional and self.in_transaction
-        source = SourceInfo(
-            CONNECTOR_NAME, self._prefix, self._database, "", "",
-            self._commit_ts if transactional else now_us, SnapshotMarker.FALSE,
-            self._xid if transactional else None, msg.lsn, self._last_commit_lsn,
-        )
-        tx = None
-        if transactional:
+        if msg.transactional and self.in_transaction:
             self._total += 1
-            tx = TransactionInfo(self._tx_id, self._total, self._total, self._commit_lsn,
-                                 self._commit_ts)
-        return ChangeEvent(Op.MESSAGE, None, None, None, source, tx, now_us,
-                           msg.prefix, msg.content)
+            return ChangeEvent(Op.MESSAGE, None, None, None, self._context, msg.lsn,
+                               self._total, self._total, now_us, message_prefix=msg.prefix,
+                               message_content=msg.content)
+        context = SourceContext(CONNECTOR_NAME, self._prefix, self._database, now_us, None,
+                                self._last_commit_lsn)
+        return ChangeEvent(Op.MESSAGE, None, None, None, context, msg.lsn, 0, 0, now_us,
+                           message_prefix=msg.prefix, message_content=msg.content)
 
 
 def _key_changed(schema: TableSchema, old: WireTuple, new: WireTuple) -> bool:

@@ -165,8 +165,10 @@ def redact_dsn(dsn: str) -> str:
 
 
 def _first_line(err: BaseException) -> str:
-    # libpq's messages can echo the offending string; the DSN may hold a password.
+    # libpq's messages can echo the offending string (a whole URI, a percent-encoded
+    # token); the DSN may hold a password, so nothing quoted from it is kept.
     text = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
+    text = re.sub(r'"[^"]*"?', '"…"', text)
     return re.sub(r"password\s*=\s*\S+", "password=***", text)
 
 

@@ -268,8 +268,7 @@ class PostgresConnector:
                 if heartbeat_s and time.monotonic() - last_heartbeat >= heartbeat_s:
                     last_heartbeat = time.monotonic()
                     self._heartbeat_action()
-                    if server > resume:
-                        resume = server
+                    resume = max(resume, server)
                 if self._stop_at is not None:
                     if max(server, resume) >= self._stop_at:
                         finished = True

@@ -351,18 +351,19 @@ def _make_tuple_parser(ncols: int) -> _TupleParser:
             "        n = _u32(data, pos + 1)[0]; pos += 5",
             f"        {v} = data[pos:pos + n]; pos += n",
             "    else:",
-            "        raise _Bad",
+            "        raise _BadTupleError",
         ]
-    lines.append("    if pos > len(data): raise _Bad")
+    lines.append("    if pos > len(data): raise _BadTupleError")
     lines.append(f"    return ({', '.join(names)}{',' if ncols == 1 else ''}), pos")
-    namespace: dict[str, object] = {"_u32": _u32, "_UNCHANGED": UNCHANGED_TOAST, "_Bad": _Bad}
-    exec("\n".join(lines), namespace)  # noqa: S102 - generated from trusted template only
-    parser = namespace["parse"]
-    assert callable(parser)
-    return parser  # type: ignore[return-value]
+    namespace: dict[str, object] = {
+        "_u32": _u32, "_UNCHANGED": UNCHANGED_TOAST, "_BadTupleError": _BadTupleError,
+    }
+    exec("\n".join(lines), namespace)
+    parser: _TupleParser = namespace["parse"]  # type: ignore[assignment]
+    return parser
 
 
-class _Bad(Exception):
+class _BadTupleError(Exception):
     """Raised inside generated parsers; the reference parser then locates the fault."""
 
 
@@ -376,10 +377,10 @@ def _parse_tuple(data: bytes, text: str | None, pos: int, name: str) -> tuple[Tu
             # corrupt, and must not make us compile (and cache) a parser for it.
             # PostgreSQL tables have at most 1600 columns.
             if ncols > len(data) - pos - 2 or ncols > _MAX_COLUMNS:
-                raise _Bad
+                raise _BadTupleError
             parser = _TUPLE_PARSERS[ncols] = _make_tuple_parser(ncols)
         return parser(data, text, pos + 2)
-    except (_Bad, IndexError, struct.error, UnicodeDecodeError):
+    except (_BadTupleError, IndexError, struct.error, UnicodeDecodeError):
         # The reference parser raises the precise DecodeError; were it to accept the
         # data after all, its result is as good as the fast path's.
         r = _Reader(data, name, pos)

@@ -19,7 +19,7 @@ import psycopg2.extras
 
 from tidemark.errors import SourceError, SourceUnavailableError
 from tidemark.source.postgres import session
-from tidemark.source.postgres.pgoutput import lsn_to_str
+from tidemark.source.postgres.pgoutput import lsn_to_str, str_to_lsn
 from tidemark.source.postgres.slot import SlotInUseError
 
 log = logging.getLogger(__name__)
@@ -67,8 +67,6 @@ class ReplicationStream:
                 f"cannot create replication slot {self._slot!r}: {_first_line(err)}"
             ) from None
         _name, consistent, snapshot, _plugin = self._cur.fetchone()
-        from tidemark.source.postgres.pgoutput import str_to_lsn
-
         return str_to_lsn(consistent), str(snapshot)
 
     def start(self, start_lsn: int) -> None:
@@ -135,8 +133,7 @@ class ReplicationStream:
 
     def confirm(self, lsn: int) -> None:
         """Everything before *lsn* is durably handed on; tell the server (throttled)."""
-        if lsn > self._confirmed:
-            self._confirmed = lsn
+        self._confirmed = max(self._confirmed, lsn)
         self._maybe_send_status()
 
     def request_keepalive(self) -> None:

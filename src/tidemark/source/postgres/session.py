@@ -44,7 +44,7 @@ def connect(dsn: str, *, replication: bool = False,
     if replication:
         kwargs["connection_factory"] = psycopg2.extras.LogicalReplicationConnection
     try:
-        conn = psycopg2.connect(dsn, **kwargs)
+        conn: psycopg2.extensions.connection = psycopg2.connect(dsn, **kwargs)
     except psycopg2.OperationalError as err:
         raise classify_connect_error(dsn, err) from None
     if not replication:

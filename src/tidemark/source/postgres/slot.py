@@ -130,7 +130,7 @@ def ensure_publication(
                 log.info("added %s to publication %s", ", ".join(map(str, missing)), name)
         except psycopg2.errors.InsufficientPrivilege as err:
             raise SourceError(
-                f"cannot create or alter publication {name!r}: {err.pgerror.strip()}; "
+                f"cannot create or alter publication {name!r}: {(err.pgerror or '').strip()}; "
                 "create it as the tables' owner (CREATE PUBLICATION ... FOR TABLE ...) or "
                 "grant ownership"
             ) from None

@@ -16,13 +16,13 @@ from typing import Any
 import psycopg2.extensions
 from psycopg2 import sql
 
-from tidemark.event import ChangeEvent, Op, SnapshotMarker, SourceInfo, TableSchema
+from tidemark.event import ChangeEvent, Op, SnapshotMarker, SourceContext, TableSchema
 from tidemark.source.postgres.change_builder import CONNECTOR_NAME
 
 log = logging.getLogger(__name__)
 
 
-def _as_text(value: str | None, _cur: Any) -> str | None:
+def _as_text(value: str | bytes | None, _cur: Any) -> str | bytes | None:
     return value
 
 
@@ -35,7 +35,9 @@ def begin_snapshot(conn: psycopg2.extensions.connection, snapshot_name: str | No
             cur.execute("SET TRANSACTION SNAPSHOT %s", (snapshot_name,))
         cur.execute("SELECT txid_current_if_assigned(), "
                     "txid_snapshot_xmin(txid_current_snapshot())")
-        assigned, xmin = cur.fetchone()
+        row = cur.fetchone()
+    assert row is not None
+    assigned, xmin = row
     return int(assigned or xmin)
 
 
@@ -81,6 +83,7 @@ def snapshot_events(
     """
     pending: ChangeEvent | None = None
     first_overall = True
+    context = SourceContext(CONNECTOR_NAME, topic_prefix, database, ts_us, txid, None)
     for t_index, schema in enumerate(schemas):
         first_in_table = True
         count = 0
@@ -95,29 +98,19 @@ def snapshot_events(
                 elif first_in_table:
                     marker = SnapshotMarker.FIRST_IN_DATA_COLLECTION
                 first_overall = first_in_table = False
-                pending = _read_event(schema, row, marker, topic_prefix, database, lsn, txid,
-                                      ts_us)
+                pending = ChangeEvent(Op.READ, schema, None, row, context, lsn, 0, 0, ts_us,
+                                      marker)
                 count += 1
             if out:
                 yield out
         if pending is not None and count and t_index < len(schemas) - 1 \
-                and pending.source.snapshot == SnapshotMarker.TRUE:
+                and pending.snapshot == SnapshotMarker.TRUE:
             pending = _with_marker(pending, SnapshotMarker.LAST_IN_DATA_COLLECTION)
         log.info("snapshot of %s: %d rows", schema.table, count)
     if pending is not None:
         yield [_with_marker(pending, SnapshotMarker.LAST)]
 
 
-def _read_event(schema: TableSchema, row: tuple[str | None, ...], marker: SnapshotMarker,
-                prefix: str, database: str, lsn: int, txid: int, ts_us: int) -> ChangeEvent:
-    source = SourceInfo(CONNECTOR_NAME, prefix, database, schema.table.schema,
-                        schema.table.table, ts_us, marker, txid, lsn, None)
-    return ChangeEvent(Op.READ, schema, None, row, source, None, ts_us)
-
-
 def _with_marker(event: ChangeEvent, marker: SnapshotMarker) -> ChangeEvent:
-    s = event.source
-    source = SourceInfo(s.connector, s.name, s.db, s.schema, s.table, s.ts_us, marker,
-                        s.txid, s.lsn, s.last_commit_lsn, s.xmin, s.origin)
-    return ChangeEvent(event.op, event.schema, None, event.raw_after, source, None,
-                       event.ts_us)
+    return ChangeEvent(event.op, event.schema, None, event.raw_after, event.context,
+                       event.lsn, 0, 0, event.ts_us, marker)
