@@ -149,3 +149,23 @@ def test_alter_table_add_column_mid_stream(db: Database) -> None:
     assert got[2].after == {"id": 1, "a": "x", "b": 8}
     assert got[0].schema is not None and got[1].schema is not None
     assert got[1].schema.version == got[0].schema.version + 1
+
+
+def test_default_identity_delete_uses_debezium_fallbacks_for_not_null_columns(
+    db: Database,
+) -> None:
+    db.execute("CREATE TABLE t (id int PRIMARY KEY, name text NOT NULL, active bool NOT NULL, "
+               "n int NOT NULL, note text)")
+    conn = make_connector(db.dsn, "public.t", snapshot_mode="no_data")
+    conn.start()
+    try:
+        drain(conn, db.insert_lsn())
+        db.autocommit("INSERT INTO t VALUES (1, 'a', true, 5, 'x')", "DELETE FROM t")
+        got = events(drain(conn, db.insert_lsn()))
+    finally:
+        conn.stop()
+    # Python sees what the server sent: only the key.
+    assert got[1].before == {"id": 1, "name": None, "active": None, "n": None, "note": None}
+    # Debezium's JSON: NOT NULL columns get the type's fallback, nullable ones null.
+    assert as_json(got)[1]["value"]["before"] == {
+        "id": 1, "name": "", "active": False, "n": 0, "note": None}

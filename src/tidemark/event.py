@@ -104,6 +104,7 @@ class Column(msgspec.Struct, frozen=True, gc=False):
     type_name: str
     is_key: bool
     parse: Callable[[str], Any]
+    nullable: bool = True
 
 
 class TableSchema(msgspec.Struct, frozen=True, gc=False):

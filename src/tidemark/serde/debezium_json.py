@@ -199,13 +199,15 @@ class _Mapping:
     ``inline`` is a Python expression template over ``{v}``, the column's text value.
     """
 
-    __slots__ = ("convert", "fragment", "inline", "placeholder")
+    __slots__ = ("convert", "fallback", "fragment", "inline", "placeholder")
 
     def __init__(self, *, inline: str | None = None,
                  convert: Callable[[str], Any] | None = None,
                  fragment: Callable[[str], str] | None = None,
-                 placeholder: Any = UNAVAILABLE_PLACEHOLDER) -> None:
+                 placeholder: Any = UNAVAILABLE_PLACEHOLDER, fallback: str = '""') -> None:
         self.inline = inline
+        # JSON text Debezium substitutes when a NOT NULL column has no value.
+        self.fallback = fallback
         self.convert = convert
         self.fragment = fragment  # text -> JSON text directly, for the hottest types
         self.placeholder = placeholder
@@ -245,25 +247,27 @@ def column_mapping(column: Column, options: DebeziumJsonOptions) -> _Mapping:
         ).as_function()
         is_textual = element_oid not in _INT_TYPES | _FLOAT_TYPES | {pgt.BOOL_OID}
         placeholder: Any = [UNAVAILABLE_PLACEHOLDER] if is_textual else list(_PLACEHOLDER_BYTES)
-        return _Mapping(convert=lambda v: pgt.parse_array(v, element), placeholder=placeholder)
+        return _Mapping(convert=lambda v: pgt.parse_array(v, element), placeholder=placeholder,
+                        fallback="[]")
     if oid in _INT_TYPES:
-        return _Mapping(inline="int({v})")
+        return _Mapping(inline="int({v})", fallback="0")
     if oid in _FLOAT_TYPES:
-        return _Mapping(inline="_float_value({v})")
+        return _Mapping(inline="_float_value({v})", fallback="0.0")
     if oid == pgt.BOOL_OID:
-        return _Mapping(inline='{v} == "t"')
+        return _Mapping(inline='{v} == "t"', fallback="false")
     if oid in (pgt.NUMERIC_OID, pgt.MONEY_OID):
         mode = options.decimal_handling_mode
         if mode == DecimalHandlingMode.STRING:
             return _Mapping(convert=_numeric_string if oid == pgt.NUMERIC_OID
-                            else lambda v: str(pgt.parse_money(v)))
+                            else lambda v: str(pgt.parse_money(v)), fallback='"0"')
         if mode == DecimalHandlingMode.DOUBLE:
             return _Mapping(convert=_float_value if oid == pgt.NUMERIC_OID
-                            else lambda v: float(pgt.parse_money(v)))
+                            else lambda v: float(pgt.parse_money(v)), fallback="0.0")
         if oid == pgt.MONEY_OID:
-            return _Mapping(convert=_money_decimal)
+            return _Mapping(convert=_money_decimal, fallback='"AA=="')
         if typmod < 4:  # no declared precision/scale
-            return _Mapping(convert=_variable_scale_decimal(column.name))
+            return _Mapping(convert=_variable_scale_decimal(column.name),
+                            fallback='{"scale":0,"value":"AA=="}')
         scale = (typmod - 4) & 0xFFFF
         if scale > 0x7FFF:  # PostgreSQL 15 allows negative scales
             scale -= 0x10000
@@ -273,30 +277,31 @@ def column_mapping(column: Column, options: DebeziumJsonOptions) -> _Mapping:
             value = convert(text)
             return "null" if value is None else '"' + b64encode(value).decode() + '"'
 
-        return _Mapping(convert=convert, fragment=decimal_fragment)
+        return _Mapping(convert=convert, fragment=decimal_fragment, fallback='"AA=="')
     if oid == pgt.DATE_OID:
-        return _Mapping(convert=_date_days, fragment=lambda v: str(_date_days(v)))
+        return _Mapping(convert=_date_days, fragment=lambda v: str(_date_days(v)), fallback="0")
     precision = typmod if typmod >= 0 else 6
     time_mode = options.time_precision_mode
     if oid == pgt.TIME_OID:
         if time_mode == TimePrecisionMode.CONNECT or (
             time_mode == TimePrecisionMode.ADAPTIVE and precision <= 3
         ):
-            return _Mapping(convert=lambda v: pgt.time_to_micros(v) // 1000)
-        return _Mapping(convert=pgt.time_to_micros)
+            return _Mapping(convert=lambda v: pgt.time_to_micros(v) // 1000, fallback="0")
+        return _Mapping(convert=pgt.time_to_micros, fallback="0")
     if oid == pgt.TIMESTAMP_OID:
         if time_mode == TimePrecisionMode.CONNECT or precision <= 3:
-            return _Mapping(convert=_timestamp_millis)
-        return _Mapping(convert=_timestamp_micros)
+            return _Mapping(convert=_timestamp_millis, fallback="0")
+        return _Mapping(convert=_timestamp_micros, fallback="0")
     if oid == pgt.TIMESTAMPTZ_OID:
         zoned = _zoned_timestamp(precision)
-        return _Mapping(convert=zoned, fragment=lambda v: '"' + zoned(v) + '"')
+        return _Mapping(convert=zoned, fragment=lambda v: '"' + zoned(v) + '"',
+                        fallback='"' + zoned("1970-01-01 00:00:00+00") + '"')
     if oid == pgt.TIMETZ_OID:
         return _Mapping(convert=_zoned_time)
     if oid == pgt.INTERVAL_OID:
         if options.interval_handling_mode == "string":
-            return _Mapping(convert=_interval_string)
-        return _Mapping(convert=_interval_micros)
+            return _Mapping(convert=_interval_string, fallback='"PT0S"')
+        return _Mapping(convert=_interval_micros, fallback="0")
     if oid == pgt.BYTEA_OID:
         return _Mapping(convert=_bytea, placeholder=_PLACEHOLDER_BYTES)
     # text, varchar, char, uuid, json, jsonb, xml, inet, enums and other types: the text.
@@ -365,9 +370,12 @@ def compile_row_converter(
             expr = f"c{i}(v{i})"
         name = _escape(columns[i].name)
         separator = "," if n else ""
+        # Debezium writes a type's fallback value, not null, for a NOT NULL column that
+        # has no value: the non-key columns of a delete under REPLICA IDENTITY DEFAULT.
+        namespace[f"n{i}"] = "null" if columns[i].nullable else mapping.fallback
         lines.append(
             f"    f{i} = {expr} if v{i}.__class__ is str else "
-            f"('null' if v{i} is None else p{i} if v{i} is _UNAVAILABLE else _bin(v{i}, {i}))"
+            f"(n{i} if v{i} is None else p{i} if v{i} is _UNAVAILABLE else _bin(v{i}, {i}))"
         )
         parts.append(f"{separator}{name}:" + "{f" + str(i) + "}")
     namespace["_bin"] = _binary_value(columns, options)

@@ -130,6 +130,19 @@ def primary_keys(
         return {TableId(s, t): tuple(cols) for s, t, cols in cur.fetchall()}
 
 
+def not_null_columns(conn: psycopg2.extensions.connection, table: TableId) -> frozenset[str]:
+    """Names of the table's NOT NULL columns."""
+    with cursor(conn) as cur:
+        cur.execute(
+            "SELECT a.attname FROM pg_attribute a JOIN pg_class c ON c.oid = a.attrelid "
+            "JOIN pg_namespace n ON n.oid = c.relnamespace "
+            "WHERE n.nspname = %s AND c.relname = %s AND a.attnum > 0 AND a.attnotnull "
+            "AND NOT a.attisdropped",
+            (table.schema, table.table),
+        )
+        return frozenset(name for (name,) in cur.fetchall())
+
+
 def type_names(conn: psycopg2.extensions.connection, oids: Iterable[int]) -> dict[int, str]:
     """``format_type`` names of the given type OIDs (``integer``, ``numeric(12,2)`` …)."""
     oids = sorted(set(oids))
@@ -148,7 +161,7 @@ def table_schema(
     with cursor(conn) as cur:
         cur.execute(
             "SELECT a.attname, a.atttypid, a.atttypmod, format_type(a.atttypid, NULL), "
-            "c.relreplident "
+            "c.relreplident, a.attnotnull "
             "FROM pg_attribute a JOIN pg_class c ON c.oid = a.attrelid "
             "JOIN pg_namespace n ON n.oid = c.relnamespace "
             "WHERE n.nspname = %s AND c.relname = %s AND a.attnum > 0 "
@@ -161,8 +174,8 @@ def table_schema(
     key = tuple(key or ())
     columns = tuple(
         Column(name, int(oid), int(typmod), str(tname), name in key,
-               python_parser(int(oid), int(typmod)))
-        for name, oid, typmod, tname, _ in rows
+               python_parser(int(oid), int(typmod)), not notnull)
+        for name, oid, typmod, tname, _, notnull in rows
     )
     names = [c.name for c in columns]
     return TableSchema(table, columns, tuple(names.index(k) for k in key), str(rows[0][4]))

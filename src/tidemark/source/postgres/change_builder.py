@@ -52,8 +52,9 @@ class ChangeEventBuilder:
     """Stateful converter of pgoutput messages to change events.
 
     ``key_columns(table)`` returns the table's primary-key columns (or None);
-    ``type_name(oid)`` its type's name. Both are asked only when a Relation message
-    arrives, i.e. once per table and after DDL.
+    ``not_null_columns(table)`` its NOT NULL columns; ``type_name(oid)`` a type's name.
+    They are asked only when a Relation message arrives, i.e. once per table and after
+    DDL.
     """
 
     def __init__(
@@ -63,12 +64,14 @@ class ChangeEventBuilder:
         database: str,
         key_columns: Callable[[TableId], tuple[str, ...] | None],
         type_name: Callable[[int], str],
+        not_null_columns: Callable[[TableId], frozenset[str]] = lambda table: frozenset(),
         transaction_metadata: bool = False,
     ) -> None:
         self._prefix = topic_prefix
         self._database = database
         self._key_columns = key_columns
         self._type_name = type_name
+        self._not_null_columns = not_null_columns
         self._metadata = transaction_metadata
         self._relations: dict[int, TableSchema] = {}
         self._versions: dict[TableId, int] = {}
@@ -105,13 +108,14 @@ class ChangeEventBuilder:
             key = tuple(i for i, c in enumerate(msg.columns) if c.is_key)
         else:
             key = ()
+        not_null = self._not_null_columns(table)
         version = self._versions.get(table, -1) + 1
         self._versions[table] = version
         columns = tuple(
             Column(
                 c.name, c.type_oid, c.type_modifier,
                 self._type_names.get(c.type_oid) or self._type_name(c.type_oid),
-                i in key, python_parser(c.type_oid, c.type_modifier),
+                i in key, python_parser(c.type_oid, c.type_modifier), c.name not in not_null,
             )
             for i, c in enumerate(msg.columns)
         )

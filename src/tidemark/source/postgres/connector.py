@@ -239,6 +239,7 @@ class PostgresConnector:
         builder = self._builder = ChangeEventBuilder(
             topic_prefix=cfg.topic_prefix, database=self.database,
             key_columns=self._key_columns, type_name=self._type_name,
+            not_null_columns=lambda table: catalog.not_null_columns(self._catalog_conn, table),
             transaction_metadata=cfg.provide_transaction_metadata,
         )
         resume = start_lsn
