@@ -96,7 +96,12 @@ class TableId(msgspec.Struct, frozen=True, gc=False):
 
 
 class Column(msgspec.Struct, frozen=True, gc=False):
-    """A column of a captured table, as the source described it."""
+    """A column of a captured table, as the source described it.
+
+    ``type_name`` is the source's name of the type (``numeric(12,2)``, ``mood[]``);
+    ``type_oid`` is the built-in type whose text form it shares and by which values are
+    decoded (a domain's base type; ``text`` for enums; ``text[]`` for arrays of enums).
+    """
 
     name: str
     type_oid: int

@@ -110,9 +110,28 @@ def _variable_scale_decimal(column: str) -> Callable[[str], Any]:
     return convert
 
 
+_SPECIAL_NUMERIC_NAMES: Final = {
+    "NaN": "NAN", "Infinity": "POSITIVE_INFINITY", "-Infinity": "NEGATIVE_INFINITY",
+}
+
+
 def _numeric_string(text: str) -> str:
-    special = {"NaN": "NAN", "Infinity": "POSITIVE_INFINITY", "-Infinity": "NEGATIVE_INFINITY"}
-    return special.get(text, text)
+    """Java's ``BigDecimal.toString()`` of a numeric, as Debezium's string mode emits it.
+
+    Plain notation unless the adjusted exponent is below -6 (``0.0000001`` -> ``1E-7``,
+    ``0.000000100`` -> ``1.00E-7``).
+    """
+    special = _SPECIAL_NUMERIC_NAMES.get(text)
+    if special is not None:
+        return special
+    sign = "-" if text.startswith("-") else ""
+    whole, _, frac = text.lstrip("-").partition(".")
+    digits = (whole + frac).lstrip("0") or "0"
+    adjusted = len(digits) - 1 - len(frac)
+    if adjusted >= -6:
+        return text
+    mantissa = digits[0] + ("." + digits[1:] if len(digits) > 1 else "")
+    return f"{sign}{mantissa}E{adjusted}"
 
 
 def _money_decimal(text: str) -> bytes:
@@ -120,7 +139,23 @@ def _money_decimal(text: str) -> bytes:
     return unscaled_bytes(int(value.scaleb(2)))
 
 
+_DATE_CACHE_SIZE: Final = 4096
+_date_cache: dict[str, int] = {}
+
+
 def _date_days(text: str) -> int:
+    # Dates repeat heavily in real tables (order dates, birthdays); a bounded memo
+    # makes the common case a dict lookup.
+    days = _date_cache.get(text)
+    if days is None:
+        days = _date_days_uncached(text)
+        if len(_date_cache) >= _DATE_CACHE_SIZE:
+            _date_cache.clear()
+        _date_cache[text] = days
+    return days
+
+
+def _date_days_uncached(text: str) -> int:
     if text == "infinity":
         return _DATE_POS_INFINITY
     if text == "-infinity":
@@ -427,14 +462,19 @@ class DebeziumJsonSerializer:
         self._encoder = msgspec.json.Encoder()
         self._message_tail = ',"schema":"","table":"",'
         self._metadata = self.options.transaction_metadata
+        self._last_schema: TableSchema | None = None
+        self._last_codec: _Codec = None  # type: ignore[assignment]
         self._parts_context: object = None
         self._parts: dict[tuple[str, SnapshotMarker], tuple[str, str, str]] = {}
 
     def _codec(self, schema: TableSchema) -> _Codec:
+        if schema is self._last_schema:
+            return self._last_codec
         entry = self._codecs.get(id(schema))
         if entry is None or entry[0] is not schema:
             entry = (schema, _Codec(schema, self.options))
             self._codecs[id(schema)] = entry
+        self._last_schema, self._last_codec = entry
         return entry[1]
 
     def _source(self, event: ChangeEvent, tail: str) -> str:

@@ -16,10 +16,17 @@ import psycopg2.extensions
 from tidemark.errors import SourceError
 from tidemark.event import Column, TableId, TableSchema
 from tidemark.source.postgres.session import cursor
-from tidemark.source.postgres.types import python_parser
+from tidemark.source.postgres.types import (
+    ARRAY_ELEMENT_OID,
+    TEXT_ARRAY_OID,
+    TEXT_OID,
+    python_parser,
+)
 
 log = logging.getLogger(__name__)
 
+BUILTIN_OIDS = frozenset(ARRAY_ELEMENT_OID) | frozenset(ARRAY_ELEMENT_OID.values())
+ARRAY_OID_OF = {element: array for array, element in ARRAY_ELEMENT_OID.items()}
 _SYSTEM_SCHEMAS = ("pg_catalog", "information_schema", "pg_toast")
 _REGEX_META = re.compile(r"[\\^$.|?*+()\[\]{}]")
 
@@ -143,15 +150,40 @@ def not_null_columns(conn: psycopg2.extensions.connection, table: TableId) -> fr
         return frozenset(name for (name,) in cur.fetchall())
 
 
-def type_names(conn: psycopg2.extensions.connection, oids: Iterable[int]) -> dict[int, str]:
-    """``format_type`` names of the given type OIDs (``integer``, ``numeric(12,2)`` …)."""
-    oids = sorted(set(oids))
-    if not oids:
-        return {}
+def type_info(conn: psycopg2.extensions.connection, oid: int) -> tuple[str, int]:
+    """(name, decoding OID) of a type.
+
+    The decoding OID is the built-in type whose text form the type shares: a domain
+    decodes as its base type, an enum as text, an array of either as an array of that
+    (``mood[]`` as ``text[]``). Built-in types decode as themselves.
+    """
     with cursor(conn) as cur:
-        cur.execute("SELECT oid, format_type(oid, NULL) FROM pg_type WHERE oid = ANY(%s)",
-                    (oids,))
-        return {int(oid): str(name) for oid, name in cur.fetchall()}
+        cur.execute(
+            "WITH RECURSIVE base(oid, depth) AS ("
+            "  SELECT %s::oid, 0"
+            "  UNION ALL SELECT t.typbasetype, b.depth + 1 FROM base b"
+            "  JOIN pg_type t ON t.oid = b.oid WHERE t.typtype = 'd' AND b.depth < 10) "
+            "SELECT format_type(%s::oid, NULL), t.oid, t.typtype, t.typcategory, t.typelem, "
+            "e.typtype, e.typbasetype "
+            "FROM base b JOIN pg_type t ON t.oid = b.oid "
+            "LEFT JOIN pg_type e ON e.oid = t.typelem "
+            "ORDER BY b.depth DESC LIMIT 1",
+            (oid, oid),
+        )
+        row = cur.fetchone()
+    if row is None:
+        return str(oid), oid
+    name, base, typtype, category, element, element_type, element_base = row
+    if int(base) in BUILTIN_OIDS:
+        return str(name), int(base)
+    if category == "A" and element:
+        if element_type == "d" and int(element_base) in BUILTIN_OIDS:
+            array = ARRAY_OID_OF.get(int(element_base))
+            if array is not None:
+                return str(name), array
+        return str(name), TEXT_ARRAY_OID
+    del typtype  # enums, ranges, composites and extension types decode as their text
+    return str(name), TEXT_OID
 
 
 def table_schema(
@@ -172,9 +204,10 @@ def table_schema(
     if not rows:
         raise SourceError(f"table {table} not found (was it dropped?)")
     key = tuple(key or ())
+    decoding = {int(oid): type_info(conn, int(oid))[1] for _, oid, *_ in rows}
     columns = tuple(
-        Column(name, int(oid), int(typmod), str(tname), name in key,
-               python_parser(int(oid), int(typmod)), not notnull)
+        Column(name, decoding[int(oid)], int(typmod), str(tname), name in key,
+               python_parser(decoding[int(oid)], int(typmod)), not notnull)
         for name, oid, typmod, tname, _, notnull in rows
     )
     names = [c.name for c in columns]

@@ -52,7 +52,8 @@ class ChangeEventBuilder:
     """Stateful converter of pgoutput messages to change events.
 
     ``key_columns(table)`` returns the table's primary-key columns (or None);
-    ``not_null_columns(table)`` its NOT NULL columns; ``type_name(oid)`` a type's name.
+    ``not_null_columns(table)`` its NOT NULL columns; ``type_info(oid)`` a type's name and
+    the built-in type it decodes as (see :func:`catalog.type_info`).
     They are asked only when a Relation message arrives, i.e. once per table and after
     DDL.
     """
@@ -63,19 +64,18 @@ class ChangeEventBuilder:
         topic_prefix: str,
         database: str,
         key_columns: Callable[[TableId], tuple[str, ...] | None],
-        type_name: Callable[[int], str],
+        type_info: Callable[[int], tuple[str, int]],
         not_null_columns: Callable[[TableId], frozenset[str]] = lambda table: frozenset(),
         transaction_metadata: bool = False,
     ) -> None:
         self._prefix = topic_prefix
         self._database = database
         self._key_columns = key_columns
-        self._type_name = type_name
+        self._type_info = type_info
         self._not_null_columns = not_null_columns
         self._metadata = transaction_metadata
         self._relations: dict[int, TableSchema] = {}
         self._versions: dict[TableId, int] = {}
-        self._type_names: dict[int, str] = {}
         # open transaction
         self.in_transaction = False
         self._tx_id = ""
@@ -111,13 +111,13 @@ class ChangeEventBuilder:
         not_null = self._not_null_columns(table)
         version = self._versions.get(table, -1) + 1
         self._versions[table] = version
+        infos = [self._type_info(c.type_oid) for c in msg.columns]
         columns = tuple(
             Column(
-                c.name, c.type_oid, c.type_modifier,
-                self._type_names.get(c.type_oid) or self._type_name(c.type_oid),
-                i in key, python_parser(c.type_oid, c.type_modifier), c.name not in not_null,
+                c.name, decoding, c.type_modifier, name, i in key,
+                python_parser(decoding, c.type_modifier), c.name not in not_null,
             )
-            for i, c in enumerate(msg.columns)
+            for i, (c, (name, decoding)) in enumerate(zip(msg.columns, infos, strict=True))
         )
         old = self._relations.get(msg.relation_id)
         self._relations[msg.relation_id] = TableSchema(
@@ -193,7 +193,7 @@ class ChangeEventBuilder:
         if isinstance(msg, pgoutput.Relation):
             self._on_relation(msg)
         elif isinstance(msg, pgoutput.Type):
-            self._type_names[msg.type_oid] = f"{msg.namespace}.{msg.name}"
+            pass  # type_info() reads names from the catalog, which also knows domains
         elif isinstance(msg, pgoutput.Truncate):
             for relation_id in msg.relation_ids:
                 out.append(self._event(Op.TRUNCATE, self.schema_for(relation_id), None, None,

@@ -58,7 +58,7 @@ class PostgresConnector:
         self._batches: Iterator[SourceBatch] | None = None
         self._stop_at: int | None = None
         self._keys: dict[TableId, tuple[str, ...]] = {}
-        self._type_names: dict[int, str] = {}
+        self._type_infos: dict[int, tuple[str, int]] = {}
         self._stopped = False
 
     @property
@@ -151,10 +151,11 @@ class PostgresConnector:
             self._keys.update(catalog.primary_keys(self._catalog_conn, [table]))
         return self._keys.get(table)
 
-    def _type_name(self, oid: int) -> str:
-        if oid not in self._type_names:
-            self._type_names.update(catalog.type_names(self._catalog_conn, [oid]))
-        return self._type_names.get(oid, str(oid))
+    def _type_info(self, oid: int) -> tuple[str, int]:
+        info = self._type_infos.get(oid)
+        if info is None:
+            info = self._type_infos[oid] = catalog.type_info(self._catalog_conn, oid)
+        return info
 
     def _snapshot(self, snapshot_name: str | None, lsn: int) -> Iterator[SourceBatch]:
         cfg = self.config
@@ -238,7 +239,7 @@ class PostgresConnector:
         cfg = self.config
         builder = self._builder = ChangeEventBuilder(
             topic_prefix=cfg.topic_prefix, database=self.database,
-            key_columns=self._key_columns, type_name=self._type_name,
+            key_columns=self._key_columns, type_info=self._type_info,
             not_null_columns=lambda table: catalog.not_null_columns(self._catalog_conn, table),
             transaction_metadata=cfg.provide_transaction_metadata,
         )
