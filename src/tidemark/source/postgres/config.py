@@ -79,7 +79,7 @@ class PostgresSourceConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unk
     provide_transaction_metadata: bool = False
     """Add the ``transaction`` block to events and BEGIN/END transaction records."""
     status_interval_ms: int = 10_000
-    """How often standby status updates are sent to the server."""
+    """How often standby status updates are sent to the server (at least 1000)."""
     max_batch_messages: int = 10_000
     """Largest number of replication messages handed on together."""
     reconnect_max_attempts: int = 10
@@ -118,8 +118,11 @@ class PostgresSourceConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unk
         for key in ("heartbeat_interval_ms", "reconnect_max_attempts"):
             if getattr(self, key) < 0:
                 raise ConfigError(key, f"must be >= 0, got {getattr(self, key)}")
-        for key in ("status_interval_ms", "max_batch_messages", "snapshot_fetch_size",
-                    "reconnect_backoff_ms"):
+        if self.status_interval_ms < 1000:
+            raise ConfigError("status_interval_ms",
+                              f"must be >= 1000 (whole seconds on the wire), "
+                              f"got {self.status_interval_ms}")
+        for key in ("max_batch_messages", "snapshot_fetch_size", "reconnect_backoff_ms"):
             if getattr(self, key) <= 0:
                 raise ConfigError(key, f"must be > 0, got {getattr(self, key)}")
 

@@ -217,13 +217,12 @@ class PostgresConnector:
                     yield from snapshots
             yield SourceBatch([], {"lsn": start_lsn, "snapshot_completed": True})
         else:
+            # The slot may be ahead of the offset without anything being lost: psycopg2
+            # confirms the server's position on keepalives once everything received has
+            # been confirmed. So only a missing slot counts as "offset unusable".
             slot_lsn = existing.confirmed_flush_lsn or 0
             needs_snapshot = not completed and mode in (SnapshotMode.INITIAL,
                                                         SnapshotMode.WHEN_NEEDED)
-            if completed and mode == SnapshotMode.WHEN_NEEDED and start_lsn < slot_lsn:
-                log.warning("offset %s is behind slot %s at %s: re-snapshotting (when_needed)",
-                            lsn_to_str(start_lsn), cfg.slot_name, lsn_to_str(slot_lsn))
-                needs_snapshot = True
             if needs_snapshot:
                 # No exported snapshot is available for an existing slot: a snapshot taken
                 # now overlaps the stream from the slot's position, so rows changed in
@@ -252,10 +251,17 @@ class PostgresConnector:
             try:
                 messages = stream.read_batch(cfg.max_batch_messages, 0.2)
             except SourceUnavailableError as err:
-                log.warning("%s; reconnecting from %s", err, lsn_to_str(resume))
                 stream.close()
+                if cfg.reconnect_max_attempts == 0:
+                    raise
+                # Resume from what the caller has committed, not from what was handed on:
+                # psycopg2 confirms the server's position on its first keepalive after a
+                # (re)connect, so starting further on would confirm uncommitted changes.
+                # The transactions in between are delivered again (at-least-once).
+                restart = max(stream.confirmed_lsn, start_lsn)
+                log.warning("%s; reconnecting from %s", err, lsn_to_str(restart))
                 builder.in_transaction = False
-                self._open_with_retry(stream, resume)
+                self._open_with_retry(stream, restart)
                 continue
             now_us = time.time_ns() // 1000
             records = builder.process(messages, now_us) if messages else []
@@ -274,6 +280,7 @@ class PostgresConnector:
                 if self._stop_at is not None:
                     if max(server, resume) >= self._stop_at:
                         finished = True
+                        resume = max(resume, server)
                     else:
                         stream.request_keepalive()
             offset = None
@@ -298,6 +305,7 @@ class PostgresConnector:
             log.warning("heartbeat_action_query failed: %s", str(err).strip().splitlines()[0])
 
     def _open_with_retry(self, stream: ReplicationStream, lsn: int) -> None:
+        """Open the stream, retrying transient failures up to reconnect_max_attempts."""
         delay = self.config.reconnect_backoff_ms / 1000
         attempt = 0
         while True:

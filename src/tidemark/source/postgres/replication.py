@@ -70,10 +70,13 @@ class ReplicationStream:
         return str_to_lsn(consistent), str(snapshot)
 
     def start(self, start_lsn: int) -> None:
-        """Start streaming changes committed at or after *start_lsn* (0: the slot's)."""
+        """Start streaming changes committed at or after *start_lsn* (0: the slot's).
+
+        The confirmed position is not touched: after a reconnect the stream may resume
+        past what the caller has committed, but only :meth:`confirm` moves the slot.
+        """
         if self._conn is None:
             self.connect()
-        self._confirmed = start_lsn
         try:
             self._cur.start_replication(
                 slot_name=self._slot,
