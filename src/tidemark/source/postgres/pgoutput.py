@@ -319,7 +319,7 @@ def _parse_tuple_reference(r: _Reader) -> TupleData:
     return tuple(values)
 
 
-_TupleParser: TypeAlias = Callable[[bytes, "str | None", int], tuple[TupleData, int]]
+_TupleParser: TypeAlias = Callable[[bytes, str, int], tuple[TupleData, int]]
 _TUPLE_PARSERS: dict[int, _TupleParser] = {}
 _MAX_COLUMNS: Final = 1600
 
@@ -328,11 +328,12 @@ def _make_tuple_parser(ncols: int) -> _TupleParser:
     """Generate straight-line code parsing a tuple of *ncols* columns.
 
     A generic per-column loop spends most of its time in interpreter overhead; code
-    unrolled per column count is several times faster. When the whole message is
-    ASCII (the common case) the caller passes it decoded once as *text*, so byte
-    offsets are character offsets and values are plain slices of it.
+    unrolled per column count is several times faster. The caller passes the message
+    decoded once as latin-1 *text* (one character per byte, so byte offsets are
+    character offsets) and text values are plain slices of it; for a message that is
+    not pure ASCII the caller re-decodes those slices as UTF-8.
     """
-    lines = ["def parse(data, text, pos):"]
+    lines = ["def parse(data, text, pos, _u32=_u32):"]
     names = []
     for i in range(ncols):
         v = f"v{i}"
@@ -340,9 +341,8 @@ def _make_tuple_parser(ncols: int) -> _TupleParser:
         lines += [
             "    k = data[pos]",
             "    if k == 116:",
-            "        n = _u32(data, pos + 1)[0]; pos += 5",
-            f"        {v} = text[pos:pos + n] if text is not None "
-            "else data[pos:pos + n].decode(); pos += n",
+            "        end = pos + 5 + _u32(data, pos + 1)[0]",
+            f"        {v} = text[pos + 5:end]; pos = end",
             "    elif k == 110:",
             f"        {v} = None; pos += 1",
             "    elif k == 117:",
@@ -367,10 +367,13 @@ class _BadTupleError(Exception):
     """Raised inside generated parsers; the reference parser then locates the fault."""
 
 
-def _parse_tuple(data: bytes, text: str | None, pos: int, name: str) -> tuple[TupleData, int]:
-    """Parse TupleData at *pos*; fast generated path, exact errors via the reference."""
+def _parse_tuple(data: bytes, text: str, pos: int, name: str) -> tuple[TupleData, int]:
+    """Parse TupleData at *pos*; fast generated path, exact errors via the reference.
+
+    *text* is ``data.decode("latin-1")``; see :func:`_latin1`.
+    """
     try:
-        (ncols,) = _u16(data, pos)
+        ncols = (data[pos] << 8) | data[pos + 1]
         parser = _TUPLE_PARSERS.get(ncols)
         if parser is None:
             # Every column takes at least one byte; a count the message cannot hold is
@@ -379,7 +382,11 @@ def _parse_tuple(data: bytes, text: str | None, pos: int, name: str) -> tuple[Tu
             if ncols > len(data) - pos - 2 or ncols > _MAX_COLUMNS:
                 raise _BadTupleError
             parser = _TUPLE_PARSERS[ncols] = _make_tuple_parser(ncols)
-        return parser(data, text, pos + 2)
+        values, end = parser(data, text, pos + 2)
+        if not data.isascii():
+            values = tuple(v.encode("latin-1").decode() if v.__class__ is str else v
+                           for v in values)
+        return values, end
     except (_BadTupleError, IndexError, struct.error, UnicodeDecodeError):
         # The reference parser raises the precise DecodeError; were it to accept the
         # data after all, its result is as good as the fast path's.
@@ -388,10 +395,10 @@ def _parse_tuple(data: bytes, text: str | None, pos: int, name: str) -> tuple[Tu
         return values, r.pos
 
 
-def _ascii_text(data: bytes) -> str | None:
-    # One decode per message instead of one per value; only valid when byte offsets
-    # equal character offsets, i.e. the message is pure ASCII.
-    return data.decode("ascii") if data.isascii() else None
+def _latin1(data: bytes) -> str:
+    # One decode per message instead of one per value: latin-1 maps every byte to one
+    # character, so the tuple parser can slice values out by byte offsets.
+    return data.decode("latin-1")
 
 
 # -- one function per message type ------------------------------------------------------
@@ -475,7 +482,7 @@ def parse_insert(data: bytes, in_stream: bool = False) -> Insert:
     relation_id = _u32(data, pos)[0]
     if data[pos + 4] != 0x4E:  # 'N'
         raise DecodeError("Insert", pos + 4, f"expected 'N', got {data[pos + 4:pos + 5]!r}")
-    new, end = _parse_tuple(data, _ascii_text(data), pos + 5, "Insert")
+    new, end = _parse_tuple(data, data.decode("latin-1"), pos + 5, "Insert")
     _expect_end(data, end, "Insert")
     return Insert(xid, relation_id, new)
 
@@ -492,7 +499,7 @@ def parse_update(data: bytes, in_stream: bool = False) -> Update:
         xid, pos = None, 1
     relation_id = _u32(data, pos)[0]
     pos += 4
-    text = _ascii_text(data)
+    text = _latin1(data)
     kind = data[pos]
     old_kind: str | None = None
     old: TupleData | None = None
@@ -524,7 +531,7 @@ def parse_delete(data: bytes, in_stream: bool = False) -> Delete:
     kind = data[pos]
     if kind not in (0x4B, 0x4F):
         raise DecodeError("Delete", pos, f"expected 'K' or 'O', got {bytes([kind])!r}")
-    old, end = _parse_tuple(data, _ascii_text(data), pos + 1, "Delete")
+    old, end = _parse_tuple(data, _latin1(data), pos + 1, "Delete")
     _expect_end(data, end, "Delete")
     return Delete(xid, relation_id, chr(kind), old)
 
