@@ -220,41 +220,29 @@ class _Reader:
             raise self.fail(f"truncated: {what} needs {n} bytes, "
                             f"{len(self.data) - self.pos} left")
 
+    def _int(self, unpack: Callable[[bytes, int], tuple[int]], size: int, what: str) -> int:
+        self.need(size, what)
+        (value,) = unpack(self.data, self.pos)
+        self.pos += size
+        return int(value)
+
     def u8(self, what: str) -> int:
-        self.need(1, what)
-        value: int = self.data[self.pos]
-        self.pos += 1
-        return value
+        return self._int(_u8, 1, what)
 
     def u16(self, what: str) -> int:
-        self.need(2, what)
-        (value,) = _u16(self.data, self.pos)
-        self.pos += 2
-        return int(value)
+        return self._int(_u16, 2, what)
 
     def u32(self, what: str) -> int:
-        self.need(4, what)
-        (value,) = _u32(self.data, self.pos)
-        self.pos += 4
-        return int(value)
+        return self._int(_u32, 4, what)
 
     def i32(self, what: str) -> int:
-        self.need(4, what)
-        (value,) = _i32(self.data, self.pos)
-        self.pos += 4
-        return int(value)
+        return self._int(_i32, 4, what)
 
     def u64(self, what: str) -> int:
-        self.need(8, what)
-        (value,) = _u64(self.data, self.pos)
-        self.pos += 8
-        return int(value)
+        return self._int(_u64, 8, what)
 
     def i64(self, what: str) -> int:
-        self.need(8, what)
-        (value,) = _i64(self.data, self.pos)
-        self.pos += 8
-        return int(value)
+        return self._int(_i64, 8, what)
 
     def cstring(self, what: str) -> str:
         end = self.data.find(b"\x00", self.pos)
