@@ -29,6 +29,8 @@ from tidemark.source.postgres.connector import PostgresConnector
 
 log = logging.getLogger(__name__)
 
+_WRITE_SLICE = 1000
+
 
 class _StopFlag:
     """Set by SIGINT/SIGTERM: finish the batch in hand, save the offset, exit."""
@@ -137,7 +139,10 @@ def capture(dsn: str, tables: tuple[str, ...], exclude: tuple[str, ...], slot: s
                 done = done or delivered >= max_events
             if records:
                 try:
-                    out.write(serializer.encode_lines(records))
+                    # Encode in slices: a whole batch would be two ~6 MB buffers per
+                    # batch, and faulting in that fresh memory every time costs ~10%.
+                    for start in range(0, len(records), _WRITE_SLICE):
+                        out.write(serializer.encode_lines(records[start:start + _WRITE_SLICE]))
                     out.flush()
                 except BrokenPipeError:
                     log.info("stdout closed; stopping")
