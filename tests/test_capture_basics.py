@@ -169,3 +169,21 @@ def test_default_identity_delete_uses_debezium_fallbacks_for_not_null_columns(
     # Debezium's JSON: NOT NULL columns get the type's fallback, nullable ones null.
     assert as_json(got)[1]["value"]["before"] == {
         "id": 1, "name": "", "active": False, "n": 0, "note": None}
+
+
+def test_column_names_are_data_not_code(db: Database) -> None:
+    names = ['}', 'q"\\{', "a{b}", "{len(chr(65)*3)}", "v0", "class", "naïve", "it's"]
+    columns = ", ".join('"' + n.replace('"', '""') + '" text' for n in names)
+    db.execute(f"CREATE TABLE t (id int PRIMARY KEY, {columns})")
+    conn = make_connector(db.dsn, "public.t", snapshot_mode="no_data")
+    conn.start()
+    try:
+        drain(conn, db.insert_lsn())
+        placeholders = ", ".join(["%s"] * len(names))
+        db.execute(f"INSERT INTO t VALUES (1, {placeholders})", params=names)
+        got = events(drain(conn, db.insert_lsn()))
+    finally:
+        conn.stop()
+    expected = {"id": 1, **{n: n for n in names}}
+    assert got[0].after == expected
+    assert as_json(got)[0]["value"]["after"] == expected

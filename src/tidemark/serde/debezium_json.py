@@ -438,7 +438,6 @@ def compile_row_converter(
             namespace[f"c{i}"] = function
             expr = f"c{i}(v{i})"
         name = _escape(columns[i].name)
-        separator = "," if n else ""
         # Debezium writes a type's fallback value, not null, for a NOT NULL column that
         # has no value: the non-key columns of a delete under REPLICA IDENTITY DEFAULT.
         namespace[f"n{i}"] = "null" if columns[i].nullable else mapping.fallback
@@ -446,10 +445,12 @@ def compile_row_converter(
             f"    f{i} = {expr} if v{i}.__class__ is str else "
             f"(n{i} if v{i} is None else p{i} if v{i} is _UNAVAILABLE else _bin(v{i}, {i}))"
         )
-        parts.append(f"{separator}{name}:" + "{f" + str(i) + "}")
+        # Column names are data, never code: the literal JSON text around each value
+        # lives in a variable of the generated function's namespace.
+        namespace[f"k{i}"] = ("{" if n == 0 else ",") + name + ":"
+        parts.append("{k" + str(i) + "}{f" + str(i) + "}")
     namespace["_bin"] = _binary_value(columns, options)
-    body = "".join(parts).replace("\\", "\\\\").replace("'", "\\'")
-    lines.append("    return f'{{" + body + "}}'")
+    lines.append('    return f"' + "".join(parts) + '}}"')
     if not columns:
         lines = ["def convert(r):", "    return '{}'"]
     exec("\n".join(lines), namespace)
