@@ -462,11 +462,9 @@ def test_without_heartbeats_the_offset_does_not_advance(db: Database) -> None:
     idle = _busy_uncaptured_table(db, heartbeat_ms=0, settle_s=2.5)
     assert idle.offset_after == idle.offset_before, \
         "an offset was emitted without heartbeats or captured changes"
-    # NB the slot itself is not pinned: psycopg2 forwards the flush position it reports to
-    # the end of WAL given in server keepalives once everything received has been
-    # confirmed (psycopg2 pqpath.c, keepalive handling), so it advances regardless of
-    # heartbeats. It is the saved offset that lags behind the slot.
-    assert idle.slot_after > idle.offset_after
+    # Without heartbeats the slot stays where the committed offset is, holding all the
+    # WAL written for the uncaptured table since: the reason heartbeats exist.
+    assert idle.slot_after <= idle.offset_after < idle.wal_after_writes
 
 
 def test_when_needed_does_not_resnapshot_after_a_clean_stop(db: Database) -> None:
@@ -778,3 +776,54 @@ def test_stop_at_end_and_max_events(
     few = captures("few", "--offsets", str(fresh), "--max-events", "7")
     assert few.wait() == 0, few.stderr()
     assert [ln["value"]["op"] for ln in few.lines()] == ["r"] * 7
+
+
+@pytest.mark.slow
+def test_keepalives_never_confirm_received_but_uncommitted_transactions(db: Database) -> None:
+    """A transaction (D) that began before a committed one (E) and commits after another
+    (C) must not let the slot be confirmed past C while C is delivered but uncommitted.
+
+    (psycopg2's replication cursor did exactly that on server keepalives sent in the
+    middle of D; a crash then lost C for good.)
+    """
+    db.execute("CREATE TABLE t (id serial PRIMARY KEY, tag text, pad text)")
+    # Frequent keepalives from the server: half of wal_sender_timeout.
+    dsn = db.dsn + " options='-c wal_sender_timeout=4s'"
+    conn = make_connector(dsn, "public.t", slot_name="sk", snapshot_mode="no_data",
+                          heartbeat_interval_ms=0, status_interval_ms=1000,
+                          max_batch_messages=10_000_000)
+    conn.start(None)
+    long_tx = psycopg2.connect(db.dsn)
+    try:
+        drain(conn, db.insert_lsn())
+        with long_tx.cursor() as cur:
+            cur.execute("INSERT INTO t (tag, pad) SELECT 'D', repeat('p', 200) "
+                        "FROM generate_series(1, 100000)")
+        db.autocommit("INSERT INTO t (tag) VALUES ('E')")
+        e_offset = None
+        e_end = db.insert_lsn()
+        while e_offset is None or e_offset["lsn"] < e_end - 200:
+            batch = conn.poll()
+            e_offset = batch.offset or e_offset
+        time.sleep(1.1)  # let the status interval pass so the confirmation is sent
+        conn.commit(e_offset)
+        db.autocommit("INSERT INTO t (tag) VALUES ('C')")
+        c_commit = db.insert_lsn()
+        long_tx.commit()
+        time.sleep(3.0)  # a slow consumer: the server sends keepalives meanwhile
+        conn.poll()  # C and part of D are received, nothing more is committed
+        time.sleep(2.5)
+        slot = db.scalar("SELECT (confirmed_flush_lsn - '0/0')::bigint FROM "
+                         "pg_replication_slots WHERE slot_name = 'sk'")
+        assert slot < c_commit, "the slot was confirmed past a delivered but uncommitted C"
+    finally:
+        conn.stop()  # a crash as far as offsets go: nothing after E was committed
+        long_tx.close()
+    restarted = make_connector(db.dsn, "public.t", slot_name="sk", snapshot_mode="no_data")
+    restarted.start(e_offset)
+    try:
+        tags = [e.after["tag"] for e in events(drain(restarted, db.insert_lsn()))
+                if e.after is not None]
+    finally:
+        restarted.stop()
+    assert "C" in tags and tags.count("D") == 100_000

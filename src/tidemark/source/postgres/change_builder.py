@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable, Sequence
-from typing import Protocol
 
 from tidemark.errors import DecodeError
 from tidemark.event import (
@@ -36,16 +35,6 @@ log = logging.getLogger(__name__)
 CONNECTOR_NAME = "postgresql"
 
 Record = ChangeEvent | TransactionBoundary
-
-
-class WalMessage(Protocol):
-    """A replication message: psycopg2's ``ReplicationMessage`` has these attributes."""
-
-    @property
-    def payload(self) -> bytes: ...
-
-    @property
-    def data_start(self) -> int: ...
 
 
 class ChangeEventBuilder:
@@ -128,43 +117,43 @@ class ChangeEventBuilder:
                      ", ".join(c.name for c in columns))
 
     # -- the main loop --------------------------------------------------------------
-    def process(self, messages: Sequence[WalMessage], now_us: int) -> list[Record]:
-        """Convert a batch of replication messages; returns the records in order."""
+    def process(self, messages: Sequence[tuple[bytes, int]], now_us: int) -> list[Record]:
+        """Convert a batch of ``(pgoutput payload, data_start LSN)`` pairs; returns the
+        records in order."""
         out: list[Record] = []
         append = out.append
         relations = self._relations
-        for message in messages:
-            data = message.payload
+        for data, lsn in messages:
             kind = data[0] if data else 0
             if kind == 0x49:  # Insert
                 ins = pgoutput.parse_insert(data)
                 schema = relations.get(ins.relation_id) or self.schema_for(ins.relation_id)
-                append(self._event(Op.CREATE, schema, None, ins.new, message.data_start,
+                append(self._event(Op.CREATE, schema, None, ins.new, lsn,
                                    now_us))
             elif kind == 0x55:  # Update
                 upd = pgoutput.parse_update(data)
                 schema = relations.get(upd.relation_id) or self.schema_for(upd.relation_id)
                 old = upd.old
                 if old is not None and _key_changed(schema, old, upd.new):
-                    append(self._event(Op.DELETE, schema, old, None, message.data_start,
+                    append(self._event(Op.DELETE, schema, old, None, lsn,
                                        now_us))
                     append(self._event(Op.CREATE, schema, None, upd.new,
-                                       message.data_start, now_us))
+                                       lsn, now_us))
                 else:
                     before = old if upd.old_kind == "O" else None
                     append(self._event(Op.UPDATE, schema, before, upd.new,
-                                       message.data_start, now_us))
+                                       lsn, now_us))
             elif kind == 0x44:  # Delete
                 dele = pgoutput.parse_delete(data)
                 schema = relations.get(dele.relation_id) or self.schema_for(dele.relation_id)
-                append(self._event(Op.DELETE, schema, dele.old, None, message.data_start,
+                append(self._event(Op.DELETE, schema, dele.old, None, lsn,
                                    now_us))
             elif kind == 0x42:  # Begin
                 self._on_begin(pgoutput.parse_begin(data), out, now_us)
             elif kind == 0x43:  # Commit
                 self._on_commit(pgoutput.parse_commit(data), out, now_us)
             else:
-                self._on_other(pgoutput.decode_message(data), message.data_start, out, now_us)
+                self._on_other(pgoutput.decode_message(data), lsn, out, now_us)
         return out
 
     def _on_begin(self, msg: pgoutput.Begin, out: list[Record], now_us: int) -> None:

@@ -1,36 +1,59 @@
 """The streaming replication connection: reads pgoutput messages, confirms positions.
 
-This is the only module that does replication I/O. It hands messages on in batches
-(a list per call, up to ``max_messages``) because per-message hand-offs cost more than
-the decoding, and it reports to the server (standby status update) only positions the
-caller says are durably handed on — that is the at-least-once contract.
+This is the only module that does replication I/O. It speaks the streaming
+replication sub-protocol itself, over libpq's COPY BOTH through psycopg's low-level
+``pq`` layer, because the position reported to the server decides what a restart can
+recover: it must be exactly what the caller has committed, never more. (psycopg2's
+replication cursor moves its reported flush position forward by itself on server
+keepalives whenever the last received message starts below the last confirmed LSN —
+true in the middle of any transaction that began before an already-committed one —
+which confirms transactions the caller has received but not yet committed.)
+
+Messages are handed on in batches of ``(payload, data_start)`` pairs because
+per-message hand-offs cost more than decoding.
+
+Protocol reference: https://www.postgresql.org/docs/15/protocol-replication.html
 """
 
 from __future__ import annotations
 
 import logging
 import select
+import struct
 import time
-from typing import Any
+from typing import Final
 
-import psycopg2
-import psycopg2.extensions
-import psycopg2.extras
+import psycopg
+from psycopg import pq
+from psycopg.conninfo import conninfo_to_dict, make_conninfo
 
 from tidemark.errors import SourceError, SourceUnavailableError
-from tidemark.source.postgres import session
-from tidemark.source.postgres.pgoutput import lsn_to_str, str_to_lsn
+from tidemark.source.postgres.pgoutput import PG_EPOCH_OFFSET_US, lsn_to_str, str_to_lsn
+from tidemark.source.postgres.session import SESSION_SETTINGS, classify_connect_message
 from tidemark.source.postgres.slot import SlotInUseError
 
 log = logging.getLogger(__name__)
+
+#: One replication message: the pgoutput payload and the WAL position it starts at.
+WalMessage = tuple[bytes, int]
+
+_XLOG_HEADER: Final = struct.Struct(">QQq")  # dataStart, walEnd, sendTime
+_KEEPALIVE: Final = struct.Struct(">QqB")  # walEnd, sendTime, replyRequested
+_STATUS: Final = struct.Struct(">cQQQqB")  # 'r', write, flush, apply, clock, reply
+_XLOG_DATA: Final = 0x77  # 'w'
+_KEEPALIVE_TYPE: Final = 0x6B  # 'k'
+
+
+def _now_pg_us() -> int:
+    return time.time_ns() // 1000 - PG_EPOCH_OFFSET_US
 
 
 class ReplicationStream:
     """A pgoutput stream from a logical replication slot.
 
-    ``read_batch`` returns psycopg2 ``ReplicationMessage`` objects (``payload`` bytes and
-    ``data_start`` LSN). ``confirm(lsn)`` records that everything before *lsn* has been
-    durably handed on; the server may then recycle that WAL.
+    ``read_batch`` returns ``(payload, data_start)`` pairs. ``confirm(lsn)`` records that
+    everything before *lsn* has been durably handed on; only then may the server recycle
+    that WAL. Nothing else moves the position reported to the server.
     """
 
     def __init__(self, dsn: str, slot: str, publication: str, *,
@@ -39,16 +62,32 @@ class ReplicationStream:
         self._slot = slot
         self._publication = publication
         self._status_interval = status_interval_s
-        self._conn: Any = None
-        self._cur: Any = None
+        self._conn: pq.abc.PGconn | None = None
+        self._streaming = False
         self._confirmed = 0
+        self._server_wal_end = 0
         self._last_status = 0.0
 
-    # -- slot creation (before streaming) ---------------------------------------------
+    # -- connection and slot creation ---------------------------------------------------
     def connect(self) -> None:
         """Open the replication connection (does not start streaming yet)."""
-        self._conn = session.connect(self._dsn, replication=True)
-        self._cur = self._conn.cursor()
+        params = conninfo_to_dict(self._dsn)
+        options = f"{params.get('options') or ''} {SESSION_SETTINGS}".strip()
+        conninfo = make_conninfo(self._dsn, replication="database", options=options,
+                                 application_name="tidemark",
+                                 connect_timeout=params.get("connect_timeout") or 10)
+        conn = pq.PGconn.connect(conninfo.encode())
+        if conn.status != pq.ConnStatus.OK:
+            message = conn.get_error_message()
+            conn.finish()
+            raise classify_connect_message(self._dsn, message)
+        self._conn = conn
+        self._streaming = False
+
+    def _require(self) -> pq.abc.PGconn:
+        if self._conn is None:
+            raise SourceUnavailableError("the replication connection is closed")
+        return self._conn
 
     def create_slot(self) -> tuple[int, str]:
         """Create the slot, exporting its snapshot; returns (consistent LSN, snapshot name).
@@ -56,82 +95,100 @@ class ReplicationStream:
         The snapshot stays importable (``SET TRANSACTION SNAPSHOT``) until this
         connection runs another command, so import it before :meth:`start`.
         """
-        try:
-            self._cur.execute(
-                f'CREATE_REPLICATION_SLOT "{self._slot}" LOGICAL pgoutput EXPORT_SNAPSHOT'
-            )
-        except psycopg2.errors.DuplicateObject:
-            raise SourceError(f"replication slot {self._slot!r} already exists") from None
-        except psycopg2.Error as err:
-            raise SourceError(
-                f"cannot create replication slot {self._slot!r}: {_first_line(err)}"
-            ) from None
-        _name, consistent, snapshot, _plugin = self._cur.fetchone()
-        return str_to_lsn(consistent), str(snapshot)
+        conn = self._require()
+        # The slot name was validated as a plain identifier by the config.
+        result = conn.exec_(
+            f'CREATE_REPLICATION_SLOT "{self._slot}" LOGICAL pgoutput EXPORT_SNAPSHOT'.encode()
+        )
+        if result.status != pq.ExecStatus.TUPLES_OK:
+            message = _result_error(result)
+            if "already exists" in message:
+                raise SourceError(f"replication slot {self._slot!r} already exists")
+            raise SourceError(f"cannot create replication slot {self._slot!r}: {message}")
+        consistent = (result.get_value(0, 1) or b"").decode()
+        snapshot = (result.get_value(0, 2) or b"").decode()
+        return str_to_lsn(consistent), snapshot
 
     def start(self, start_lsn: int) -> None:
-        """Start streaming changes committed at or after *start_lsn* (0: the slot's).
-
-        The confirmed position is not touched: after a reconnect the stream may resume
-        past what the caller has committed, but only :meth:`confirm` moves the slot.
-        """
+        """Start streaming transactions that commit at or after *start_lsn* (0: the
+        slot's confirmed position). Does not change the confirmed position."""
         if self._conn is None:
             self.connect()
-        try:
-            self._cur.start_replication(
-                slot_name=self._slot,
-                decode=False,
-                start_lsn=start_lsn,
-                options={"proto_version": "1", "publication_names": self._publication,
-                         "messages": "true"},
-                status_interval=self._status_interval,
-            )
-        except psycopg2.errors.ObjectInUse as err:
-            raise SlotInUseError(
-                f"replication slot {self._slot!r} is active in another process: "
-                f"{_first_line(err)}"
-            ) from None
-        except psycopg2.errors.UndefinedObject as err:
-            raise SourceError(f"cannot stream from slot {self._slot!r}: "
-                              f"{_first_line(err)}") from None
-        except psycopg2.OperationalError as err:
-            raise SourceUnavailableError(f"replication connection failed: "
-                                         f"{_first_line(err)}") from None
+        conn = self._require()
+        command = (
+            f'START_REPLICATION SLOT "{self._slot}" LOGICAL {lsn_to_str(start_lsn)} '
+            f"(proto_version '1', publication_names '{self._publication}', messages 'true')"
+        )
+        result = conn.exec_(command.encode())
+        if result.status != pq.ExecStatus.COPY_BOTH:
+            message = _result_error(result)
+            sqlstate = (result.error_field(pq.DiagnosticField.SQLSTATE) or b"").decode()
+            if sqlstate == "55006":  # object_in_use
+                raise SlotInUseError(
+                    f"replication slot {self._slot!r} is active in another process: {message}"
+                )
+            if sqlstate and not sqlstate.startswith(("08", "57")):
+                raise SourceError(f"cannot stream from slot {self._slot!r}: {message}")
+            raise SourceUnavailableError(f"replication connection failed: {message}")
+        conn.nonblocking = 1
+        self._streaming = True
+        self._last_status = time.monotonic()
         log.info("streaming from slot %s at %s", self._slot, lsn_to_str(start_lsn))
 
     # -- streaming -----------------------------------------------------------------------
-    def read_batch(self, max_messages: int, timeout_s: float) -> list[Any]:
+    def read_batch(self, max_messages: int, timeout_s: float) -> list[WalMessage]:
         """Up to *max_messages* messages; waits at most *timeout_s* for the first."""
-        cur = self._cur
-        read = cur.read_message
-        batch: list[Any] = []
+        conn = self._require()
+        get = conn.get_copy_data
+        unpack_header = _XLOG_HEADER.unpack_from
+        batch: list[WalMessage] = []
+        append = batch.append
+        waited = False
         try:
             while len(batch) < max_messages:
-                msg = read()
-                if msg is None:
-                    if batch or timeout_s <= 0:
-                        break
-                    ready = select.select([self._conn], [], [], timeout_s)[0]
-                    timeout_s = 0
-                    if not ready:
-                        break
-                    continue
-                batch.append(msg)
+                size, data = get(1)
+                if size == 0:  # nothing complete in libpq's buffer: read the socket once
+                    conn.consume_input()
+                    size, data = get(1)
+                    if size == 0:
+                        if batch or waited or timeout_s <= 0:
+                            break
+                        waited = True
+                        select.select([conn.socket], [], [], timeout_s)
+                        continue
+                if size < 0:
+                    raise self._broken(conn)  # the server ended COPY
+                kind = data[0]
+                if kind == _XLOG_DATA:
+                    append((bytes(data[25:]), unpack_header(data, 1)[0]))
+                elif kind == _KEEPALIVE_TYPE:
+                    wal_end, _, reply = _KEEPALIVE.unpack_from(data, 1)
+                    self._server_wal_end = max(self._server_wal_end, wal_end)
+                    if reply:
+                        self._send_status(reply=False)
             self._maybe_send_status()
-        except psycopg2.OperationalError as err:
-            raise SourceUnavailableError(f"replication stream broke: {_first_line(err)}") \
-                from None
-        except psycopg2.DatabaseError as err:
-            raise _classify_stream_error(err, self._slot) from None
+        except psycopg.OperationalError as err:
+            raise self._broken(conn, str(err)) from None
         return batch
+
+    def _broken(self, conn: pq.abc.PGconn, detail: str = "") -> Exception:
+        message = detail or conn.get_error_message() or "the server ended the stream"
+        result = conn.get_result()
+        if result is not None and result.status == pq.ExecStatus.FATAL_ERROR:
+            message = _result_error(result)
+            sqlstate = (result.error_field(pq.DiagnosticField.SQLSTATE) or b"").decode()
+            if sqlstate and not sqlstate.startswith(("08", "57")):
+                return SourceError(f"replication stream failed: {message}")
+        return SourceUnavailableError(f"replication stream broke: {message.strip()}")
 
     @property
     def wal_end(self) -> int:
-        """The server's WAL position as of its last message or keepalive."""
-        return int(self._cur.wal_end) if self._cur is not None else 0
+        """The server's sent position as of its last keepalive."""
+        return self._server_wal_end
 
     @property
     def confirmed_lsn(self) -> int:
+        """The position last confirmed to the server (what the caller committed)."""
         return self._confirmed
 
     def confirm(self, lsn: int) -> None:
@@ -148,39 +205,34 @@ class ReplicationStream:
             self._send_status(reply=False)
 
     def _send_status(self, reply: bool) -> None:
-        if self._cur is None:
+        conn = self._conn
+        if conn is None or not self._streaming:
             return
+        lsn = self._confirmed
+        message = _STATUS.pack(b"r", lsn, lsn, lsn, _now_pg_us(), 1 if reply else 0)
         try:
-            self._cur.send_feedback(write_lsn=self._confirmed, flush_lsn=self._confirmed,
-                                    apply_lsn=self._confirmed, reply=reply, force=True)
-        except psycopg2.Error as err:
-            raise SourceUnavailableError(f"replication stream broke: {_first_line(err)}") \
-                from None
+            conn.put_copy_data(message)
+            conn.flush()
+        except psycopg.OperationalError as err:
+            raise self._broken(conn, str(err)) from None
         self._last_status = time.monotonic()
 
     def close(self) -> None:
         """Send a final status update (best effort) and close the connection."""
-        if self._conn is None:
+        conn = self._conn
+        if conn is None:
             return
         try:
-            if self._cur is not None and self._confirmed:
-                self._cur.send_feedback(flush_lsn=self._confirmed, write_lsn=self._confirmed,
-                                        apply_lsn=self._confirmed, force=True)
-        except psycopg2.Error:
+            if self._streaming and self._confirmed:
+                self._send_status(reply=False)
+        except (SourceError, SourceUnavailableError):
             pass  # the connection is going away anyway
-        try:
-            self._conn.close()
         finally:
             self._conn = None
-            self._cur = None
+            self._streaming = False
+            conn.finish()
 
 
-def _first_line(err: BaseException) -> str:
-    text = str(err).strip()
-    return text.splitlines()[0] if text else type(err).__name__
-
-
-def _classify_stream_error(err: psycopg2.DatabaseError, slot: str) -> Exception:
-    if isinstance(err, psycopg2.errors.ObjectInUse):
-        return SlotInUseError(f"replication slot {slot!r} is active in another process")
-    return SourceError(f"replication stream failed: {_first_line(err)}")
+def _result_error(result: pq.abc.PGresult) -> str:
+    text = (result.error_message or b"").decode(errors="replace").strip()
+    return text.splitlines()[0] if text else str(result.status)

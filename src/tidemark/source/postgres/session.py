@@ -12,7 +12,6 @@ from typing import Any
 
 import psycopg2
 import psycopg2.extensions
-import psycopg2.extras
 
 from tidemark.errors import SourceError, SourceUnavailableError
 from tidemark.source.postgres.config import redact_dsn
@@ -28,9 +27,8 @@ def _options(dsn: str) -> str:
     return f"{existing} {SESSION_SETTINGS}".strip()
 
 
-def connect(dsn: str, *, replication: bool = False,
-            application_name: str = "tidemark") -> psycopg2.extensions.connection:
-    """Open a connection (a logical replication one if *replication*).
+def connect(dsn: str, *, application_name: str = "tidemark") -> psycopg2.extensions.connection:
+    """Open an autocommit connection with tidemark's session settings.
 
     Connection failures become :class:`SourceUnavailableError` (the server could not be
     reached: retrying may help) or :class:`SourceError` (authentication or a missing
@@ -41,20 +39,22 @@ def connect(dsn: str, *, replication: bool = False,
         "application_name": application_name,
         "connect_timeout": psycopg2.extensions.parse_dsn(dsn).get("connect_timeout", "10"),
     }
-    if replication:
-        kwargs["connection_factory"] = psycopg2.extras.LogicalReplicationConnection
     try:
         conn: psycopg2.extensions.connection = psycopg2.connect(dsn, **kwargs)
     except psycopg2.OperationalError as err:
         raise classify_connect_error(dsn, err) from None
-    if not replication:
-        conn.autocommit = True
+    conn.autocommit = True
     return conn
 
 
 def classify_connect_error(dsn: str, err: psycopg2.OperationalError) -> Exception:
     """Turn a libpq connection error into a tidemark error without secrets."""
-    message = str(err).strip()
+    return classify_connect_message(dsn, str(err))
+
+
+def classify_connect_message(dsn: str, message: str) -> Exception:
+    """Turn libpq's connection error text into a tidemark error without secrets."""
+    message = message.strip() or "connection failed"
     safe = redact_dsn(dsn)
     lowered = message.lower()
     if "password authentication failed" in lowered or "no password supplied" in lowered:
