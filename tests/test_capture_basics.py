@@ -187,3 +187,51 @@ def test_column_names_are_data_not_code(db: Database) -> None:
     expected = {"id": 1, **{n: n for n in names}}
     assert got[0].after == expected
     assert as_json(got)[0]["value"]["after"] == expected
+
+
+def test_only_captured_tables_stream_even_from_a_wider_publication(db: Database) -> None:
+    db.execute("CREATE TABLE t1 (id int PRIMARY KEY)", "CREATE TABLE t2 (id int PRIMARY KEY)",
+               "CREATE PUBLICATION everything FOR ALL TABLES")
+    conn = make_connector(db.dsn, "public.t1", snapshot_mode="no_data",
+                          publication_name="everything")
+    conn.start()
+    try:
+        drain(conn, db.insert_lsn())
+        db.autocommit("INSERT INTO t2 VALUES (1)", "INSERT INTO t1 VALUES (1)",
+                      "TRUNCATE t2")
+        got = events(drain(conn, db.insert_lsn()))
+    finally:
+        conn.stop()
+    assert [(e.table.table, e.op) for e in got] == [("t1", Op.CREATE)]
+
+
+def test_full_identity_update_fills_unchanged_toast_from_the_old_row(db: Database) -> None:
+    db.execute("CREATE TABLE t (id int PRIMARY KEY, big text, n int)",
+               "ALTER TABLE t ALTER COLUMN big SET STORAGE EXTERNAL",
+               "ALTER TABLE t REPLICA IDENTITY FULL")
+    conn = make_connector(db.dsn, "public.t", snapshot_mode="no_data")
+    conn.start()
+    big = "y" * 100_000
+    try:
+        drain(conn, db.insert_lsn())
+        db.execute("INSERT INTO t VALUES (1, %s, 1)", params=(big,))
+        db.autocommit("UPDATE t SET n = 2 WHERE id = 1")
+        got = events(drain(conn, db.insert_lsn()))
+    finally:
+        conn.stop()
+    assert got[1].after == {"id": 1, "big": big, "n": 2}
+
+
+def test_partitioned_table_has_one_name_in_snapshot_and_stream(db: Database) -> None:
+    db.execute("CREATE TABLE m (id int PRIMARY KEY) PARTITION BY RANGE (id)",
+               "CREATE TABLE m1 PARTITION OF m FOR VALUES FROM (0) TO (100)",
+               "INSERT INTO m VALUES (1)")
+    conn = make_connector(db.dsn, "public.m")
+    conn.start()
+    try:
+        drain(conn, db.insert_lsn())
+        db.autocommit("INSERT INTO m VALUES (2)")
+        got = events(drain(conn, db.insert_lsn()))
+    finally:
+        conn.stop()
+    assert {e.table.table for e in got} == {"m"}

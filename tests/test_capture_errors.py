@@ -292,3 +292,30 @@ def test_password_never_logged(db: Database, caplog: pytest.LogCaptureFixture) -
     assert _SECRET not in str(config)
     assert "cdc" in repr(config) and "app" in repr(config)  # the rest is still shown
 
+
+
+def test_every_secret_dsn_parameter_is_redacted() -> None:
+    config = PostgresSourceConfig(dsn="host=db user=u password=pw1 sslpassword=pw2")
+    for text in (repr(config), config.redacted_dsn(), str(config.__rich_repr__())):
+        assert "pw1" not in text and "pw2" not in text
+
+
+def test_failed_start_leaves_no_connection_open(db: Database) -> None:
+    conn = make_connector(db.dsn, "public.nope")
+    with pytest.raises(SourceError):
+        conn.start()
+    open_sessions = db.scalar("SELECT count(*) FROM pg_stat_activity "
+                              "WHERE application_name LIKE 'tidemark%%'")
+    assert open_sessions == 0
+
+
+def test_stop_during_snapshot_ends_the_snapshot_transaction(db: Database) -> None:
+    db.execute("CREATE TABLE t (id int PRIMARY KEY)",
+               "INSERT INTO t SELECT generate_series(1, 50000)")
+    conn = make_connector(db.dsn, "public.t", snapshot_fetch_size=1000)
+    conn.start()
+    conn.poll()  # part of the snapshot
+    conn.stop()
+    left = db.scalar("SELECT count(*) FROM pg_stat_activity "
+                     "WHERE application_name LIKE 'tidemark%%'")
+    assert left == 0

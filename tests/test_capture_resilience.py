@@ -27,6 +27,7 @@ from conftest import Database
 from tidemark.errors import ConfigError, SourceError, SourceUnavailableError
 from tidemark.event import ChangeEvent, Op, SnapshotMarker
 from tidemark.source.postgres.connector import PostgresConnector
+from tidemark.testing.postgres import PostgresCluster
 
 SLOT = "tidemark"
 
@@ -827,3 +828,43 @@ def test_keepalives_never_confirm_received_but_uncommitted_transactions(db: Data
     finally:
         restarted.stop()
     assert "C" in tags and tags.count("D") == 100_000
+
+
+@pytest.mark.slow
+def test_survives_a_server_restart() -> None:
+
+
+    with PostgresCluster() as cluster:
+        dsn = cluster.create_database("restart")
+        with contextlib.closing(psycopg2.connect(dsn)) as setup:
+            setup.autocommit = True
+            with setup.cursor() as cur:
+                cur.execute("CREATE TABLE t (id int PRIMARY KEY)")
+        # A fast shutdown waits for the walsender's client to confirm all it was sent,
+        # or for wal_sender_timeout; this capture is not polling during the restart.
+        conn = make_connector(dsn + " options='-c wal_sender_timeout=2s'", "public.t",
+                              snapshot_mode="no_data", reconnect_backoff_ms=200)
+        conn.start()
+
+        def write(*ids: int) -> int:
+            with contextlib.closing(psycopg2.connect(dsn)) as c:
+                c.autocommit = True
+                with c.cursor() as cur:
+                    for i in ids:
+                        cur.execute("INSERT INTO t VALUES (%s)", (i,))
+                    cur.execute("SELECT (pg_current_wal_insert_lsn() - '0/0')::bigint")
+                    return int(cur.fetchone()[0])
+
+        try:
+            drain(conn, write())  # creates the slot
+            got = events(drain(conn, write(1, 2)))
+            cluster.restart()
+            # A new column after the restart makes the connector read the catalog again.
+            with contextlib.closing(psycopg2.connect(dsn)) as c:
+                c.autocommit = True
+                with c.cursor() as cur:
+                    cur.execute("ALTER TABLE t ADD COLUMN note text")
+            got += events(drain(conn, write(3, 4)))
+        finally:
+            conn.stop()
+    assert sorted({e.after["id"] for e in got if e.after}) == [1, 2, 3, 4]

@@ -431,3 +431,23 @@ def test_unchanged_toasted_bytea_and_arrays_are_placeholders(db: Database) -> No
                108, 97, 98, 108, 101, 95, 118, 97, 108, 117, 101],
     }
     assert base64.b64decode(update_json["b"]) == PLACEHOLDER.encode() == bytes(update_json["ia"])
+
+
+def test_ranges_in_snapshot_and_stream_and_negative_scale(db: Database) -> None:
+    db.execute("CREATE TABLE r (id int PRIMARY KEY, span int4range, when_ tstzrange, "
+               "hundreds numeric(5, -2))",
+               "INSERT INTO r VALUES (1, '[1,5)', '[2024-01-01,2024-02-01)', 12345)")
+    conn = make_connector(db.dsn, "public.r")
+    conn.start()
+    try:
+        got = events(drain(conn, db.insert_lsn()))
+        db.autocommit("INSERT INTO r VALUES (2, '[2,3)', NULL, 500)")
+        got += events(drain(conn, db.insert_lsn()))
+    finally:
+        conn.stop()
+    rows = [line["value"]["after"] for line in as_json(got)]
+    assert rows[0]["span"] == "[1,5)" and rows[1]["span"] == "[2,3)"
+    assert rows[0]["when_"].startswith("[\"2024-01-01 00:00:00+00\"")
+    # numeric(5,-2): 12345 is stored as 12300, scale -2 -> unscaled 123
+    assert rows[0]["hundreds"] == base64.b64encode(bytes([123])).decode()
+    assert rows[1]["hundreds"] == base64.b64encode(bytes([5])).decode()

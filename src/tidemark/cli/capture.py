@@ -110,7 +110,7 @@ def capture(dsn: str, tables: tuple[str, ...], exclude: tuple[str, ...], slot: s
     signal.signal(signal.SIGTERM, flag)
     connector = PostgresConnector(config)
     stop_at = _current_insert_lsn(config.dsn) if stop_at_end else None
-    connector.start(store.load(connector.partition), stop_at_lsn=stop_at)
+    connector.start(store=store, stop_at_lsn=stop_at)
     # Everything allocated so far lives for the whole run; keep the collector off it.
     gc.freeze()
     out = sys.stdout.buffer

@@ -341,9 +341,8 @@ def column_mapping(column: Column, options: DebeziumJsonOptions) -> _Mapping:
         if typmod < 4:  # no declared precision/scale
             return _Mapping(convert=_variable_scale_decimal(column.name),
                             fallback='{"scale":0,"value":"AA=="}')
-        scale = (typmod - 4) & 0xFFFF
-        if scale > 0x7FFF:  # PostgreSQL 15 allows negative scales
-            scale -= 0x10000
+        # PostgreSQL 15 stores the scale as an 11-bit signed number (it may be negative).
+        scale = (((typmod - 4) & 0x7FF) ^ 1024) - 1024
         convert = _fixed_scale_decimal(scale, column.name)
         return _Mapping(convert=convert, fragment=_decimal_fragment(scale, convert),
                         fallback='"AA=="')

@@ -199,6 +199,11 @@ class PostgresCluster:
         self.stop()
         raise PostgresStartError(f"could not start PostgreSQL: {last_error}")
 
+    def restart(self) -> None:
+        """Restart the server (fast shutdown): every connection is cut."""
+        self._run([str(self.bindir / "pg_ctl"), "-D", str(self.datadir), "-m", "fast",
+                   "-l", str(self.datadir.parent / "server.log"), "-w", "restart"])
+
     def stop(self) -> None:
         """Stop the server (fast shutdown) and delete its directory."""
         if self._tmp is None:

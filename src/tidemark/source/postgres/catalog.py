@@ -90,7 +90,9 @@ def resolve_tables(
     database = current_database(conn)
     chosen: list[TableId] = []
     if not include:
-        chosen = list(existing)
+        # Publishing a table without a key would make PostgreSQL refuse its UPDATEs and
+        # DELETEs; only tables named explicitly are captured regardless.
+        chosen = _keyed_tables(conn, existing)
     for entry in include:
         if not _REGEX_META.search(entry.replace(".", "", 1)):
             table = TableId.parse(entry)
@@ -112,6 +114,20 @@ def resolve_tables(
         chosen.extend(m for m in matches if m not in chosen)
     excluded = [re.compile(p) for p in exclude]
     return [t for t in chosen if not any(p.fullmatch(str(t)) for p in excluded)]
+
+
+def _keyed_tables(conn: psycopg2.extensions.connection,
+                  tables: list[TableId]) -> list[TableId]:
+    """The tables with a primary key or a replica identity other than DEFAULT/NOTHING."""
+    with cursor(conn) as cur:
+        cur.execute(
+            "SELECT n.nspname, c.relname FROM pg_class c "
+            "JOIN pg_namespace n ON n.oid = c.relnamespace "
+            "WHERE c.relreplident IN ('f', 'i') OR EXISTS ("
+            "  SELECT 1 FROM pg_index i WHERE i.indrelid = c.oid AND i.indisprimary)"
+        )
+        keyed = {TableId(s, t) for s, t in cur.fetchall()}
+    return [t for t in tables if t in keyed]
 
 
 def primary_keys(

@@ -18,6 +18,7 @@ from collections.abc import Callable, Sequence
 
 from tidemark.errors import DecodeError
 from tidemark.event import (
+    UNAVAILABLE,
     ChangeEvent,
     Column,
     Op,
@@ -54,6 +55,7 @@ class ChangeEventBuilder:
         database: str,
         key_columns: Callable[[TableId], tuple[str, ...] | None],
         type_info: Callable[[int], tuple[str, int]],
+        captured: frozenset[TableId] | None = None,
         not_null_columns: Callable[[TableId], frozenset[str]] = lambda table: frozenset(),
         transaction_metadata: bool = False,
     ) -> None:
@@ -61,6 +63,10 @@ class ChangeEventBuilder:
         self._database = database
         self._key_columns = key_columns
         self._type_info = type_info
+        # A publication may send more than we capture (FOR ALL TABLES, shared, or
+        # left over from an earlier include list); those relations are skipped.
+        self._captured = captured
+        self._skipped: set[int] = set()
         self._not_null_columns = not_null_columns
         self._metadata = transaction_metadata
         self._relations: dict[int, TableSchema] = {}
@@ -77,11 +83,14 @@ class ChangeEventBuilder:
         self.last_end_lsn: int | None = None
 
     # -- schemas --------------------------------------------------------------------
-    def schema_for(self, relation_id: int) -> TableSchema:
-        """The current schema of a relation announced by a Relation message."""
+    def schema_for(self, relation_id: int) -> TableSchema | None:
+        """The current schema of a relation announced by a Relation message (None for a
+        relation that is published but not captured)."""
         try:
             return self._relations[relation_id]
         except KeyError:
+            if relation_id in self._skipped:
+                return None
             raise DecodeError(
                 "change", 0,
                 f"relation {relation_id} was used before its Relation message",
@@ -89,14 +98,14 @@ class ChangeEventBuilder:
 
     def _on_relation(self, msg: pgoutput.Relation) -> None:
         table = TableId(msg.namespace, msg.name)
+        if self._captured is not None and table not in self._captured:
+            self._skipped.add(msg.relation_id)
+            return
+        self._skipped.discard(msg.relation_id)
         pk = self._key_columns(table)
         names = [c.name for c in msg.columns]
-        if pk and all(k in names for k in pk):
-            key = tuple(names.index(k) for k in pk)
-        elif msg.replica_identity == pgoutput.REPLICA_IDENTITY_INDEX:
-            key = tuple(i for i, c in enumerate(msg.columns) if c.is_key)
-        else:
-            key = ()
+        # No primary key, no record key: as in Debezium, and as the snapshot does.
+        key = tuple(names.index(k) for k in pk) if pk and all(k in names for k in pk) else ()
         not_null = self._not_null_columns(table)
         version = self._versions.get(table, -1) + 1
         self._versions[table] = version
@@ -128,11 +137,15 @@ class ChangeEventBuilder:
             if kind == 0x49:  # Insert
                 ins = pgoutput.parse_insert(data)
                 schema = relations.get(ins.relation_id) or self.schema_for(ins.relation_id)
+                if schema is None:
+                    continue
                 append(self._event(Op.CREATE, schema, None, ins.new, lsn,
                                    now_us))
             elif kind == 0x55:  # Update
                 upd = pgoutput.parse_update(data)
                 schema = relations.get(upd.relation_id) or self.schema_for(upd.relation_id)
+                if schema is None:
+                    continue
                 old = upd.old
                 if old is not None and _key_changed(schema, old, upd.new):
                     append(self._event(Op.DELETE, schema, old, None, lsn,
@@ -140,12 +153,21 @@ class ChangeEventBuilder:
                     append(self._event(Op.CREATE, schema, None, upd.new,
                                        lsn, now_us))
                 else:
-                    before = old if upd.old_kind == "O" else None
-                    append(self._event(Op.UPDATE, schema, before, upd.new,
-                                       lsn, now_us))
+                    new = upd.new
+                    before = None
+                    if upd.old_kind == "O" and old is not None:
+                        before = old
+                        if UNAVAILABLE in new:
+                            # REPLICA IDENTITY FULL sent the old row: an unchanged TOASTed
+                            # value is known, so use it (as Debezium does).
+                            new = tuple(o if n is UNAVAILABLE else n
+                                        for o, n in zip(old, new, strict=True))
+                    append(self._event(Op.UPDATE, schema, before, new, lsn, now_us))
             elif kind == 0x44:  # Delete
                 dele = pgoutput.parse_delete(data)
                 schema = relations.get(dele.relation_id) or self.schema_for(dele.relation_id)
+                if schema is None:
+                    continue
                 append(self._event(Op.DELETE, schema, dele.old, None, lsn,
                                    now_us))
             elif kind == 0x42:  # Begin
@@ -185,8 +207,9 @@ class ChangeEventBuilder:
             pass  # type_info() reads names from the catalog, which also knows domains
         elif isinstance(msg, pgoutput.Truncate):
             for relation_id in msg.relation_ids:
-                out.append(self._event(Op.TRUNCATE, self.schema_for(relation_id), None, None,
-                                       lsn, now_us))
+                schema = self.schema_for(relation_id)
+                if schema is not None:
+                    out.append(self._event(Op.TRUNCATE, schema, None, None, lsn, now_us))
         elif isinstance(msg, pgoutput.LogicalMessage):
             out.append(self._message_event(msg, now_us))
         elif isinstance(msg, pgoutput.Origin):

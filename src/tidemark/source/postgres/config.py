@@ -147,6 +147,11 @@ class PostgresSourceConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unk
         )
         return f"PostgresSourceConfig(dsn={self.redacted_dsn()!r}, {fields})"
 
+    def __rich_repr__(self) -> list[tuple[str, Any]]:
+        return [("dsn", self.redacted_dsn())] + [
+            (name, getattr(self, name)) for name in self.__struct_fields__ if name != "dsn"
+        ]
+
     def redacted_dsn(self) -> str:
         """The DSN with any password removed, safe for logs and error messages."""
         return redact_dsn(self.dsn)
@@ -159,12 +164,12 @@ class PostgresSourceConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unk
 
 
 def redact_dsn(dsn: str) -> str:
-    """Return *dsn* as ``key=value`` pairs without its password."""
+    """Return *dsn* as ``key=value`` pairs without any secret (password, sslpassword …)."""
     try:
         params = psycopg2.extensions.parse_dsn(dsn)
     except psycopg2.ProgrammingError:
         return "<unparseable connection string>"
-    return " ".join(f"{k}={v}" for k, v in params.items() if k != "password")
+    return " ".join(f"{k}={v}" for k, v in params.items() if "password" not in k)
 
 
 def _first_line(err: BaseException) -> str:

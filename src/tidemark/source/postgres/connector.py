@@ -12,14 +12,15 @@ from __future__ import annotations
 import contextlib
 import logging
 import time
-from collections.abc import Iterator
-from typing import Any
+from collections.abc import Callable, Iterator
+from typing import Any, TypeVar
 
 import msgspec
+import psycopg2
 
 from tidemark.errors import SourceError, SourceUnavailableError, TransientError
 from tidemark.event import TableId
-from tidemark.offsets.store import Offset
+from tidemark.offsets.store import Offset, OffsetStore
 from tidemark.source.postgres import catalog, session, slot
 from tidemark.source.postgres.change_builder import ChangeEventBuilder, Record
 from tidemark.source.postgres.config import PostgresSourceConfig, SnapshotMode
@@ -28,6 +29,7 @@ from tidemark.source.postgres.replication import ReplicationStream
 from tidemark.source.postgres.snapshot import begin_snapshot, snapshot_events
 
 log = logging.getLogger(__name__)
+_T = TypeVar("_T")
 
 _MAX_BACKOFF_S = 30.0
 
@@ -63,20 +65,35 @@ class PostgresConnector:
 
     @property
     def partition(self) -> str:
-        """The offset key of this capture: one per database and slot."""
-        return f"postgres/{self.database or self.config.database}/{self.config.slot_name}"
+        """The offset key of this capture: one per database and slot (after start())."""
+        if not self.database:
+            raise SourceError("the offset key is known only after start()")
+        return f"postgres/{self.database}/{self.config.slot_name}"
 
     # -- lifecycle -------------------------------------------------------------------
-    def start(self, offset: Offset | None = None, *, stop_at_lsn: int | None = None) -> None:
+    def start(self, offset: Offset | None = None, *, store: OffsetStore | None = None,
+              stop_at_lsn: int | None = None) -> None:
         """Check prerequisites, prepare publication and slot, decide about the snapshot.
 
+        The resume position is *offset*, or what *store* holds under :attr:`partition`
+        (known once connected: it names the database actually connected to).
         *stop_at_lsn*: finish once everything committed before this LSN is delivered.
         """
+        try:
+            self._start(offset, store, stop_at_lsn)
+        except BaseException:
+            self.stop()
+            raise
+
+    def _start(self, offset: Offset | None, store: OffsetStore | None,
+               stop_at_lsn: int | None) -> None:
         cfg = self.config
         conn = self._catalog_conn = session.connect(cfg.dsn)
         catalog.check_wal_level(conn)
         catalog.check_replication_privilege(conn)
         self.database = catalog.current_database(conn)
+        if offset is None and store is not None:
+            offset = store.load(self.partition)
         self.tables = catalog.resolve_tables(conn, cfg.table_include_list, cfg.table_exclude_list)
         if not self.tables:
             raise SourceError("no tables to capture: table_include_list matched nothing "
@@ -114,6 +131,8 @@ class PostgresConnector:
         if self._stopped:
             return
         self._stopped = True
+        if self._batches is not None and hasattr(self._batches, "close"):
+            self._batches.close()  # ends an unfinished snapshot's transaction
         if self._stream is not None:
             self._stream.close()
             self._stream = None
@@ -146,15 +165,33 @@ class PostgresConnector:
                 time.sleep(delay)
                 delay = min(delay * 2, 5.0)
 
+    def _catalog(self, query: Callable[[Any], _T]) -> _T:
+        """Run a catalog query, reconnecting once if the connection was lost (the
+        server restarted, or an idle connection was cut)."""
+        for attempt in (1, 2):
+            try:
+                if self._catalog_conn is None or self._catalog_conn.closed:
+                    self._catalog_conn = session.connect(self.config.dsn)
+                return query(self._catalog_conn)
+            except (psycopg2.OperationalError, psycopg2.InterfaceError) as err:
+                with contextlib.suppress(Exception):
+                    self._catalog_conn.close()
+                self._catalog_conn = None
+                if attempt == 2:
+                    raise SourceUnavailableError(
+                        f"catalog connection failed: {str(err).strip().splitlines()[0]}"
+                    ) from None
+        raise AssertionError("unreachable")
+
     def _key_columns(self, table: TableId) -> tuple[str, ...] | None:
         if table not in self._keys:
-            self._keys.update(catalog.primary_keys(self._catalog_conn, [table]))
+            self._keys.update(self._catalog(lambda c: catalog.primary_keys(c, [table])))
         return self._keys.get(table)
 
     def _type_info(self, oid: int) -> tuple[str, int]:
         info = self._type_infos.get(oid)
         if info is None:
-            info = self._type_infos[oid] = catalog.type_info(self._catalog_conn, oid)
+            info = self._type_infos[oid] = self._catalog(lambda c: catalog.type_info(c, oid))
         return info
 
     def _snapshot(self, snapshot_name: str | None, lsn: int) -> Iterator[SourceBatch]:
@@ -239,7 +276,9 @@ class PostgresConnector:
         builder = self._builder = ChangeEventBuilder(
             topic_prefix=cfg.topic_prefix, database=self.database,
             key_columns=self._key_columns, type_info=self._type_info,
-            not_null_columns=lambda table: catalog.not_null_columns(self._catalog_conn, table),
+            captured=frozenset(self.tables),
+            not_null_columns=lambda table: self._catalog(
+                lambda c: catalog.not_null_columns(c, table)),
             transaction_metadata=cfg.provide_transaction_metadata,
         )
         resume = start_lsn
@@ -298,9 +337,12 @@ class PostgresConnector:
         query = self.config.heartbeat_action_query
         if not query:
             return
-        try:
-            with session.cursor(self._catalog_conn) as cur:
+        def run(conn: Any) -> None:
+            with session.cursor(conn) as cur:
                 cur.execute(query)
+
+        try:
+            self._catalog(run)
         except Exception as err:  # a failing heartbeat must not stop capture
             log.warning("heartbeat_action_query failed: %s", str(err).strip().splitlines()[0])
 

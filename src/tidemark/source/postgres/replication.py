@@ -192,13 +192,24 @@ class ReplicationStream:
         return self._confirmed
 
     def confirm(self, lsn: int) -> None:
-        """Everything before *lsn* is durably handed on; tell the server (throttled)."""
+        """Everything before *lsn* is durably handed on; tell the server (throttled).
+
+        Best effort: if the connection is broken the next :meth:`read_batch` says so,
+        and the position is reported again after reconnecting.
+        """
         self._confirmed = max(self._confirmed, lsn)
-        self._maybe_send_status()
+        try:
+            self._maybe_send_status()
+        except SourceUnavailableError as err:
+            log.debug("status update not sent: %s", err)
 
     def request_keepalive(self) -> None:
-        """Ask the server for a keepalive now, so :attr:`wal_end` becomes current."""
-        self._send_status(reply=True)
+        """Ask the server for a keepalive now, so :attr:`wal_end` becomes current
+        (best effort, like :meth:`confirm`)."""
+        try:
+            self._send_status(reply=True)
+        except SourceUnavailableError as err:
+            log.debug("keepalive request not sent: %s", err)
 
     def _maybe_send_status(self) -> None:
         if time.monotonic() - self._last_status >= self._status_interval:

@@ -101,8 +101,11 @@ def ensure_publication(
             if row is None:
                 if not tables:
                     raise SourceError(f"no tables to capture for publication {name!r}")
+                # Partitioned tables publish under their own name, as the snapshot
+                # reads them, not under each partition's.
                 cur.execute(
-                    sql.SQL("CREATE PUBLICATION {} FOR TABLE {}").format(
+                    sql.SQL("CREATE PUBLICATION {} FOR TABLE {} "
+                            "WITH (publish_via_partition_root = true)").format(
                         sql.Identifier(name), table_list
                     )
                 )

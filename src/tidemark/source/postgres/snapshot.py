@@ -45,7 +45,9 @@ def read_rows(
     conn: psycopg2.extensions.connection, schema: TableSchema, fetch_size: int
 ) -> Iterator[list[tuple[str | None, ...]]]:
     """The table's rows as text tuples, in chunks of *fetch_size* (server-side cursor)."""
-    oids = sorted({c.type_oid for c in schema.columns})
+    # Every type psycopg2 would convert (ranges, json, arrays …) must come back as the
+    # text its output function prints, like pgoutput sends it.
+    oids = sorted(set(psycopg2.extensions.string_types) | {c.type_oid for c in schema.columns})
     as_text = psycopg2.extensions.new_type(tuple(oids), "TIDEMARK_TEXT", _as_text)
     psycopg2.extensions.register_type(as_text, conn)
     query = sql.SQL("SELECT {} FROM {}.{}").format(
