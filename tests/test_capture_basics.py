@@ -235,3 +235,13 @@ def test_partitioned_table_has_one_name_in_snapshot_and_stream(db: Database) -> 
     finally:
         conn.stop()
     assert {e.table.table for e in got} == {"m"}
+
+
+def test_drop_slot_on_stop(db: Database) -> None:
+    db.execute("CREATE TABLE t (id int PRIMARY KEY)")
+    conn = make_connector(db.dsn, "public.t", snapshot_mode="no_data", slot_name="dropme",
+                          drop_slot_on_stop=True)
+    conn.start()
+    drain(conn, db.insert_lsn())
+    conn.stop()
+    assert db.query("SELECT 1 FROM pg_replication_slots WHERE slot_name = 'dropme'") == []

@@ -16,12 +16,18 @@ class FileOffsetStore:
     """Offsets of all partitions in one JSON file ``{key: offset}``.
 
     Each save writes a temporary file in the same directory, fsyncs it and renames it
-    over the old one, so the file is always either the old or the new version.
+    over the old one, so the file is always either the old or the new version. A save
+    re-reads the file first, so captures sharing one file keep each other's keys
+    (each key has a single writer).
     """
 
     def __init__(self, path: str | os.PathLike[str]) -> None:
         self.path = Path(path)
-        self._offsets: dict[str, Offset] = {}
+        self._offsets = self._read()
+        if not self.path.exists() and not self.path.parent.exists():
+            raise ConfigError("offsets", f"directory {self.path.parent} does not exist")
+
+    def _read(self) -> dict[str, Offset]:
         if self.path.exists():
             try:
                 data = msgspec.json.decode(self.path.read_bytes())
@@ -31,14 +37,14 @@ class FileOffsetStore:
             if not isinstance(data, dict):
                 raise ConfigError("offsets", f"{self.path} is not a tidemark offsets file "
                                   "(expected a JSON object)")
-            self._offsets = data
-        elif not self.path.parent.exists():
-            raise ConfigError("offsets", f"directory {self.path.parent} does not exist")
+            return data
+        return {}
 
     def load(self, key: str) -> Offset | None:
         return self._offsets.get(key)
 
     def save(self, key: str, offset: Offset) -> None:
+        self._offsets = self._read()
         self._offsets[key] = dict(offset)
         data = msgspec.json.encode(self._offsets)
         fd, tmp = tempfile.mkstemp(prefix=f".{self.path.name}.", dir=self.path.parent)

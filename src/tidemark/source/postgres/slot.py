@@ -8,6 +8,7 @@ every later one.
 from __future__ import annotations
 
 import logging
+import time
 from collections.abc import Sequence
 
 import psycopg2.extensions
@@ -76,14 +77,25 @@ def validate_slot(slot: SlotInfo, database: str) -> None:
         )
 
 
-def drop_slot(conn: psycopg2.extensions.connection, name: str) -> None:
-    """Drop the slot if it exists and is not active."""
+def drop_slot(conn: psycopg2.extensions.connection, name: str, wait_s: float = 10.0) -> None:
+    """Drop the slot once no process holds it (a closing walsender may, briefly)."""
+    deadline = time.monotonic() + wait_s
     with cursor(conn) as cur:
-        cur.execute(
-            "SELECT pg_drop_replication_slot(slot_name) FROM pg_replication_slots "
-            "WHERE slot_name = %s AND active_pid IS NULL",
-            (name,),
-        )
+        while True:
+            cur.execute("SELECT active_pid FROM pg_replication_slots WHERE slot_name = %s",
+                        (name,))
+            row = cur.fetchone()
+            if row is None:
+                return
+            if row[0] is None:
+                cur.execute("SELECT pg_drop_replication_slot(%s)", (name,))
+                log.info("dropped replication slot %s", name)
+                return
+            if time.monotonic() > deadline:
+                log.warning("replication slot %s is still held by PID %s; not dropped",
+                            name, row[0])
+                return
+            time.sleep(0.1)
 
 
 def ensure_publication(
