@@ -77,11 +77,15 @@ def _current_insert_lsn(dsn: str) -> int:
               default=TimePrecisionMode.ADAPTIVE.value, show_default=True)
 @click.option("--heartbeat-interval-ms", type=click.IntRange(min=0), default=10_000,
               show_default=True)
+@click.option("--offset-flush-interval-ms", type=click.IntRange(min=0), default=1_000,
+              show_default=True,
+              help="Save the offset at most this often (0: after every batch). A crash "
+                   "redelivers at most what came after the last save.")
 def capture(dsn: str, tables: tuple[str, ...], exclude: tuple[str, ...], slot: str,
             publication: str, snapshot_mode: str, offsets: str | None, stop_at_end: bool,
             max_events: int | None, transaction_metadata: bool, tombstones: bool,
             topic_prefix: str, decimal_handling_mode: str, time_precision_mode: str,
-            heartbeat_interval_ms: int) -> None:
+            heartbeat_interval_ms: int, offset_flush_interval_ms: int) -> None:
     """Capture changes and write one JSON object per line: {"key": …, "value": …}.
 
     Key and value are what Debezium's PostgreSQL connector emits through Kafka Connect's
@@ -117,6 +121,16 @@ def capture(dsn: str, tables: tuple[str, ...], exclude: tuple[str, ...], slot: s
     delivered = 0
     events_out = 0
     started = time.monotonic()
+    flush_every = offset_flush_interval_ms / 1000
+    pending: dict[str, Any] | None = None
+    last_save = 0.0
+
+    def save(offset: dict[str, Any]) -> None:
+        nonlocal last_save
+        store.save(connector.partition, offset)
+        connector.commit(offset)
+        last_save = time.monotonic()
+
     try:
         while not flag.stop:
             batch = connector.poll()
@@ -149,10 +163,14 @@ def capture(dsn: str, tables: tuple[str, ...], exclude: tuple[str, ...], slot: s
                     break
                 events_out += sum(1 for r in records if isinstance(r, ChangeEvent))
             if offset is not None:
-                store.save(connector.partition, offset)
-                connector.commit(offset)
+                pending = offset
+            if pending is not None and (done or time.monotonic() - last_save >= flush_every):
+                save(pending)
+                pending = None
             if done:
                 break
+        if pending is not None:  # stopped by a signal: everything written is flushed
+            save(pending)
     finally:
         connector.stop()
         elapsed = time.monotonic() - started

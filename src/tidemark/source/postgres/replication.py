@@ -42,6 +42,8 @@ _KEEPALIVE: Final = struct.Struct(">QqB")  # walEnd, sendTime, replyRequested
 _STATUS: Final = struct.Struct(">cQQQqB")  # 'r', write, flush, apply, clock, reply
 _XLOG_DATA: Final = 0x77  # 'w'
 _KEEPALIVE_TYPE: Final = 0x6B  # 'k'
+_GATHER_S: Final = 0.05
+_GATHER_PAUSE_S: Final = 0.002
 
 
 def _now_pg_us() -> int:
@@ -144,17 +146,28 @@ class ReplicationStream:
         batch: list[WalMessage] = []
         append = batch.append
         waited = False
+        # Keep reading while the socket has data at hand (up to _GATHER_S), so batches
+        # are large: per-batch costs downstream (flushes, offset saves) are high.
+        gather_until = time.monotonic() + _GATHER_S
+        sock = conn.socket
         try:
             while len(batch) < max_messages:
                 size, data = get(1)
-                if size == 0:  # nothing complete in libpq's buffer: read the socket once
+                if size == 0:  # nothing complete in libpq's buffer: read the socket
                     conn.consume_input()
                     size, data = get(1)
                     if size == 0:
-                        if batch or waited or timeout_s <= 0:
+                        if batch:
+                            # A busy stream never pauses for 2 ms; an idle one returns
+                            # what it has after at most that.
+                            if time.monotonic() < gather_until and \
+                                    select.select([sock], [], [], _GATHER_PAUSE_S)[0]:
+                                continue
+                            break
+                        if waited or timeout_s <= 0:
                             break
                         waited = True
-                        select.select([conn.socket], [], [], timeout_s)
+                        select.select([sock], [], [], timeout_s)
                         continue
                 if size < 0:
                     raise self._broken(conn)  # the server ended COPY
