@@ -1,0 +1,1 @@
+"""The embedded engine: parallel record processing with safe offset commits."""

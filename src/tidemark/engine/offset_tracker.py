@@ -1,0 +1,74 @@
+"""The contiguous offset tracker: which offset is safe to commit.
+
+Records are numbered in source order as they are handed to workers (``track``) and
+completed in any order (``complete``). The committable position is the offset of the
+highest record whose predecessors have all completed — never beyond a record still in
+flight, so a crash redelivers only records after it (at-least-once), and the number of
+redelivered records is bounded by how many may be in flight at once.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Hashable
+from typing import Generic, TypeVar
+
+T = TypeVar("T", bound=Hashable)
+
+
+class OffsetTracker(Generic[T]):
+    """Tracks in-flight records and yields the highest contiguous completed offset.
+
+    Each tracked record carries the source offset to commit once it and everything
+    before it are processed (for a database source: the resume position after the
+    record's transaction, or None for records that do not move it). Thread-safe:
+    workers call :meth:`complete` concurrently.
+    """
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._next_seq = 0  # sequence number of the next tracked record
+        self._done_upto = 0  # every record with seq < this has completed
+        self._completed: set[int] = set()  # completed records at or after _done_upto
+        self._offsets: dict[int, T] = {}  # records that carry an offset, by seq
+        self._committable: T | None = None
+
+    def track(self, offset: T | None = None) -> int:
+        """Register the next record (in source order); returns its sequence number."""
+        with self._lock:
+            seq = self._next_seq
+            self._next_seq += 1
+            if offset is not None:
+                self._offsets[seq] = offset
+            return seq
+
+    def complete(self, seq: int) -> None:
+        """Mark record *seq* processed; advances the committable offset if contiguous."""
+        with self._lock:
+            if seq < self._done_upto or seq >= self._next_seq or seq in self._completed:
+                raise ValueError(f"record {seq} is not in flight")
+            self._completed.add(seq)
+            while self._done_upto in self._completed:
+                self._completed.remove(self._done_upto)
+                offset = self._offsets.pop(self._done_upto, None)
+                if offset is not None:
+                    self._committable = offset
+                self._done_upto += 1
+
+    @property
+    def committable(self) -> T | None:
+        """The offset whose predecessors have all completed (None: nothing yet)."""
+        with self._lock:
+            return self._committable
+
+    @property
+    def in_flight(self) -> int:
+        """Records tracked but not yet counted as contiguously complete."""
+        with self._lock:
+            return self._next_seq - self._done_upto
+
+    def take_committable(self) -> T | None:
+        """The committable offset if it changed since the last call, else None."""
+        with self._lock:
+            offset, self._committable = self._committable, None
+            return offset
