@@ -2,17 +2,21 @@
 
 from __future__ import annotations
 
+import copy
+
 from tidemark.offsets.store import Offset
 
 
 class MemoryOffsetStore:
-    """Offsets in a dict; lost when the process ends."""
+    """Offsets in a dict; lost when the process ends. Loads and saves copy, so a caller
+    changing an offset it holds never changes the stored one."""
 
     def __init__(self) -> None:
         self.offsets: dict[str, Offset] = {}
 
     def load(self, key: str) -> Offset | None:
-        return self.offsets.get(key)
+        offset = self.offsets.get(key)
+        return copy.deepcopy(offset) if offset is not None else None
 
     def save(self, key: str, offset: Offset) -> None:
-        self.offsets[key] = dict(offset)
+        self.offsets[key] = copy.deepcopy(offset)

@@ -1,0 +1,70 @@
+"""Two offset stores with a defined precedence: a local one and a remote one."""
+
+from __future__ import annotations
+
+from types import TracebackType
+
+from tidemark.offsets.store import Offset, OffsetStore
+
+
+class LayeredOffsetStore:
+    """Offsets kept in a *local* store and a *remote* store.
+
+    Precedence:
+
+    * :meth:`load` reads *local* first. Only when *local* has no offset for the key does
+      it read *remote*; a value found there is saved to *local* (so the next load is
+      local) and returned.
+    * :meth:`save` writes *local*, then *remote*; it returns only when both are durable.
+
+    Why: the local store (a file or SQLite on this machine) is fast, and it is
+    authoritative for this process, because this process is the only writer of its keys
+    and saves there first, so local is never behind remote. The remote store (a
+    PostgreSQL table) survives the loss of the machine: a capture restarted on a fresh
+    machine, whose local store is empty, resumes from the remote copy.
+
+    Durability: when :meth:`save` returns, the offset is durable in both stores (each
+    store's own contract). If the remote write fails the error propagates and the local
+    store is one save ahead of the remote; that is safe because local wins on load, and
+    the next successful save brings the remote up to date. A local store restored from
+    an old backup would win over a newer remote; delete it to resume from the remote.
+    """
+
+    def __init__(self, local: OffsetStore, remote: OffsetStore) -> None:
+        self.local = local
+        self.remote = remote
+
+    def load(self, key: str) -> Offset | None:
+        """The local offset of *key*; else the remote one, copied to local; else None."""
+        offset = self.local.load(key)
+        if offset is not None:
+            return offset
+        offset = self.remote.load(key)
+        if offset is not None:
+            self.local.save(key, offset)
+        return offset
+
+    def save(self, key: str, offset: Offset) -> None:
+        """Durably save *offset* locally, then remotely."""
+        self.local.save(key, offset)
+        self.remote.save(key, offset)
+
+    def close(self) -> None:
+        """Close both stores (those that have a ``close``), remote last."""
+        try:
+            _close(self.local)
+        finally:
+            _close(self.remote)
+
+    def __enter__(self) -> LayeredOffsetStore:
+        return self
+
+    def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
+                 tb: TracebackType | None) -> None:
+        self.close()
+
+
+def _close(store: OffsetStore) -> None:
+    close = getattr(store, "close", None)
+    if callable(close):
+        close()
