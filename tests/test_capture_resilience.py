@@ -48,7 +48,8 @@ def slot_state(db: Database, name: str = SLOT) -> tuple[int | None, int] | None:
     """(active_pid, confirmed_flush_lsn) of the slot, or None if it does not exist."""
     rows = db.query("SELECT active_pid, (confirmed_flush_lsn - '0/0')::bigint "
                     "FROM pg_replication_slots WHERE slot_name = %s", (name,))
-    return (rows[0][0], int(rows[0][1])) if rows else None
+    # A slot still being created has no confirmed position yet: not there for our purposes.
+    return (rows[0][0], int(rows[0][1])) if rows and rows[0][1] is not None else None
 
 
 def slot_names(db: Database) -> list[str]:
