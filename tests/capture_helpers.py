@@ -46,3 +46,17 @@ def as_json(records: list[Any], **options: Any) -> list[dict[str, Any]]:
     serializer = DebeziumJsonSerializer(DebeziumJsonOptions(**options))
     data = serializer.encode_lines(records)
     return [msgspec.json.decode(line) for line in data.splitlines()]
+
+
+def stream_changes(db: Any, tables: list[str], *statements: str,
+                   **settings: Any) -> list[ChangeEvent]:
+    """Change events of *statements* (each its own transaction), streamed from a new
+    slot on *tables* (no snapshot unless *settings* ask for one)."""
+    connector = make_connector(db.dsn, *tables, **{"snapshot_mode": "no_data", **settings})
+    connector.start()
+    try:
+        drain(connector, db.insert_lsn())
+        db.autocommit(*statements)
+        return events(drain(connector, db.insert_lsn()))
+    finally:
+        connector.stop()

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from capture_helpers import as_json, drain, events, make_connector
+from capture_helpers import as_json, drain, events, make_connector, stream_changes
 from conftest import Database
 from tidemark.event import UNAVAILABLE, Op, SnapshotMarker
 
@@ -49,14 +49,8 @@ def test_every_op_type(db: Database) -> None:
 
 def test_primary_key_update_is_delete_then_create(db: Database) -> None:
     db.execute("CREATE TABLE t (id int PRIMARY KEY, v text)")
-    conn = make_connector(db.dsn, "public.t", snapshot_mode="no_data")
-    conn.start()
-    try:
-        drain(conn, db.insert_lsn())
-        db.autocommit("INSERT INTO t VALUES (1, 'a')", "UPDATE t SET id = 2 WHERE id = 1")
-        got = events(drain(conn, db.insert_lsn()))
-    finally:
-        conn.stop()
+    got = stream_changes(db, ["public.t"], "INSERT INTO t VALUES (1, 'a')",
+                         "UPDATE t SET id = 2 WHERE id = 1")
     assert [(e.op, e.key) for e in got] == [
         (Op.CREATE, {"id": 1}), (Op.DELETE, {"id": 1}), (Op.CREATE, {"id": 2})]
     assert got[2].after == {"id": 2, "v": "a"}
@@ -65,15 +59,9 @@ def test_primary_key_update_is_delete_then_create(db: Database) -> None:
 def test_replica_identity_full_before_images(db: Database) -> None:
     db.execute("CREATE TABLE t (id int PRIMARY KEY, v text, n int)",
                "ALTER TABLE t REPLICA IDENTITY FULL")
-    conn = make_connector(db.dsn, "public.t", snapshot_mode="no_data")
-    conn.start()
-    try:
-        drain(conn, db.insert_lsn())
-        db.autocommit("INSERT INTO t VALUES (1, 'a', 1)", "UPDATE t SET v = 'b' WHERE id = 1",
-                      "UPDATE t SET id = 5 WHERE id = 1", "DELETE FROM t WHERE id = 5")
-        got = events(drain(conn, db.insert_lsn()))
-    finally:
-        conn.stop()
+    got = stream_changes(db, ["public.t"], "INSERT INTO t VALUES (1, 'a', 1)",
+                         "UPDATE t SET v = 'b' WHERE id = 1", "UPDATE t SET id = 5 WHERE id = 1",
+                         "DELETE FROM t WHERE id = 5")
     assert [e.op for e in got] == [Op.CREATE, Op.UPDATE, Op.DELETE, Op.CREATE, Op.DELETE]
     assert got[1].before == {"id": 1, "v": "a", "n": 1}
     assert got[1].after == {"id": 1, "v": "b", "n": 1}
@@ -135,15 +123,9 @@ def test_multi_statement_transaction_order_and_commit_lsn(db: Database) -> None:
 
 def test_alter_table_add_column_mid_stream(db: Database) -> None:
     db.execute("CREATE TABLE t (id int PRIMARY KEY, a text)")
-    conn = make_connector(db.dsn, "public.t", snapshot_mode="no_data")
-    conn.start()
-    try:
-        drain(conn, db.insert_lsn())
-        db.autocommit("INSERT INTO t VALUES (1, 'x')", "ALTER TABLE t ADD COLUMN b int",
-                      "INSERT INTO t VALUES (2, 'y', 7)", "UPDATE t SET b = 8 WHERE id = 1")
-        got = events(drain(conn, db.insert_lsn()))
-    finally:
-        conn.stop()
+    got = stream_changes(db, ["public.t"], "INSERT INTO t VALUES (1, 'x')",
+                         "ALTER TABLE t ADD COLUMN b int", "INSERT INTO t VALUES (2, 'y', 7)",
+                         "UPDATE t SET b = 8 WHERE id = 1")
     assert got[0].after == {"id": 1, "a": "x"}
     assert got[1].after == {"id": 2, "a": "y", "b": 7}
     assert got[2].after == {"id": 1, "a": "x", "b": 8}
@@ -156,14 +138,8 @@ def test_default_identity_delete_uses_debezium_fallbacks_for_not_null_columns(
 ) -> None:
     db.execute("CREATE TABLE t (id int PRIMARY KEY, name text NOT NULL, active bool NOT NULL, "
                "n int NOT NULL, note text)")
-    conn = make_connector(db.dsn, "public.t", snapshot_mode="no_data")
-    conn.start()
-    try:
-        drain(conn, db.insert_lsn())
-        db.autocommit("INSERT INTO t VALUES (1, 'a', true, 5, 'x')", "DELETE FROM t")
-        got = events(drain(conn, db.insert_lsn()))
-    finally:
-        conn.stop()
+    got = stream_changes(db, ["public.t"], "INSERT INTO t VALUES (1, 'a', true, 5, 'x')",
+                         "DELETE FROM t")
     # Python sees what the server sent: only the key.
     assert got[1].before == {"id": 1, "name": None, "active": None, "n": None, "note": None}
     # Debezium's JSON: NOT NULL columns get the type's fallback, nullable ones null.
@@ -192,16 +168,9 @@ def test_column_names_are_data_not_code(db: Database) -> None:
 def test_only_captured_tables_stream_even_from_a_wider_publication(db: Database) -> None:
     db.execute("CREATE TABLE t1 (id int PRIMARY KEY)", "CREATE TABLE t2 (id int PRIMARY KEY)",
                "CREATE PUBLICATION everything FOR ALL TABLES")
-    conn = make_connector(db.dsn, "public.t1", snapshot_mode="no_data",
-                          publication_name="everything")
-    conn.start()
-    try:
-        drain(conn, db.insert_lsn())
-        db.autocommit("INSERT INTO t2 VALUES (1)", "INSERT INTO t1 VALUES (1)",
-                      "TRUNCATE t2")
-        got = events(drain(conn, db.insert_lsn()))
-    finally:
-        conn.stop()
+    got = stream_changes(db, ["public.t1"], "INSERT INTO t2 VALUES (1)",
+                         "INSERT INTO t1 VALUES (1)", "TRUNCATE t2",
+                         publication_name="everything")
     assert [(e.table.table, e.op) for e in got] == [("t1", Op.CREATE)]
 
 

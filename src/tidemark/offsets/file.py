@@ -9,7 +9,7 @@ from pathlib import Path
 import msgspec
 
 from tidemark.errors import ConfigError
-from tidemark.offsets.store import Offset
+from tidemark.offsets.store import Offset, decode_json_object
 
 
 class FileOffsetStore:
@@ -29,15 +29,8 @@ class FileOffsetStore:
 
     def _read(self) -> dict[str, Offset]:
         if self.path.exists():
-            try:
-                data = msgspec.json.decode(self.path.read_bytes())
-            except msgspec.DecodeError as err:
-                raise ConfigError("offsets", f"{self.path} is not a tidemark offsets file "
-                                  f"(invalid JSON: {err})") from None
-            if not isinstance(data, dict):
-                raise ConfigError("offsets", f"{self.path} is not a tidemark offsets file "
-                                  "(expected a JSON object)")
-            return data
+            return decode_json_object(self.path.read_bytes(),
+                                      f"{self.path} (not a tidemark offsets file)")
         return {}
 
     def load(self, key: str) -> Offset | None:

@@ -11,7 +11,7 @@ from types import TracebackType
 import msgspec
 
 from tidemark.errors import ConfigError
-from tidemark.offsets.store import Offset
+from tidemark.offsets.store import Offset, decode_json_object
 
 TABLE = "tidemark_offsets"
 
@@ -97,15 +97,7 @@ class SqliteOffsetStore:
             row = self._connection().execute(LOAD_SQL, (key,)).fetchone()
         if row is None:
             return None
-        try:
-            offset = msgspec.json.decode(row[0])
-        except msgspec.DecodeError as err:
-            raise ConfigError("offsets", f"{self.path}: the offset of {key!r} is not valid "
-                              f"JSON ({err})") from None
-        if not isinstance(offset, dict):
-            raise ConfigError("offsets", f"{self.path}: the offset of {key!r} is not a "
-                              "JSON object")
-        return offset
+        return decode_json_object(row[0], f"{self.path}: the offset of {key!r}")
 
     def save(self, key: str, offset: Offset) -> None:
         """Replace the offset of *key*; durable (WAL fsynced) when this returns."""

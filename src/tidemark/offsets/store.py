@@ -4,8 +4,23 @@ from __future__ import annotations
 
 from typing import Any, Protocol, TypeAlias
 
+import msgspec
+
+from tidemark.errors import ConfigError
+
 #: A source position: a JSON-able mapping (PostgreSQL: ``{"lsn": …, "snapshot_completed": …}``).
 Offset: TypeAlias = dict[str, Any]
+
+
+def decode_json_object(data: bytes | str, what: str) -> dict[str, Any]:
+    """Decode stored JSON that must be an object; *what* names it in the error."""
+    try:
+        value = msgspec.json.decode(data)
+    except msgspec.DecodeError as err:
+        raise ConfigError("offsets", f"{what} is not valid JSON ({err})") from None
+    if not isinstance(value, dict):
+        raise ConfigError("offsets", f"{what} is not a JSON object")
+    return value
 
 
 class OffsetStore(Protocol):
