@@ -2,6 +2,12 @@
 
 from __future__ import annotations
 
+import json
+import os
+import subprocess
+import sys
+import time
+
 from capture_helpers import as_json, drain, events, make_connector, stream_changes
 from conftest import Database
 from tidemark.event import UNAVAILABLE, Op, SnapshotMarker
@@ -214,3 +220,43 @@ def test_drop_slot_on_stop(db: Database) -> None:
     drain(conn, db.insert_lsn())
     conn.stop()
     assert db.query("SELECT 1 FROM pg_replication_slots WHERE slot_name = 'dropme'") == []
+
+
+def test_heartbeat_action_query_runs_while_idle(db: Database) -> None:
+    db.execute("CREATE TABLE t (id int PRIMARY KEY)",
+               "CREATE TABLE heartbeat (id int PRIMARY KEY, beats int)",
+               "INSERT INTO heartbeat VALUES (1, 0)")
+    conn = make_connector(db.dsn, "public.t", snapshot_mode="no_data",
+                          heartbeat_interval_ms=200,
+                          heartbeat_action_query="UPDATE heartbeat SET beats = beats + 1")
+    conn.start()
+    try:
+        deadline = time.monotonic() + 5
+        while time.monotonic() < deadline and db.scalar("SELECT beats FROM heartbeat") < 3:
+            batch = conn.poll()
+            if batch.offset is not None:
+                conn.commit(batch.offset)
+    finally:
+        conn.stop()
+    assert db.scalar("SELECT beats FROM heartbeat") >= 3
+
+
+def test_cli_transaction_metadata_prefix_and_decimal_mode(db: Database) -> None:
+    db.execute("CREATE TABLE t (id int PRIMARY KEY, price numeric(8, 2))")
+    env = {**os.environ, "TIDEMARK_DSN": db.dsn}
+    argv = [sys.executable, "-m", "tidemark", "capture", "--table", "public.t",
+            "--snapshot-mode", "no_data", "--transaction-metadata", "--topic-prefix", "shop",
+            "--decimal-handling-mode", "string", "--stop-at-end"]
+    subprocess.run(argv, env=env, check=True, capture_output=True, timeout=60)  # the slot
+    db.execute("INSERT INTO t VALUES (1, 9.50)", "INSERT INTO t VALUES (2, 0.25)")
+    done = subprocess.run(argv, env=env, check=True, capture_output=True, timeout=60)
+    lines = [json.loads(line) for line in done.stdout.splitlines()]
+    assert [ln["value"].get("status") for ln in lines] == ["BEGIN", None, None, "END"]
+    begin, first, second, end = lines
+    assert end["value"]["event_count"] == 2 and begin["key"] == {"id": begin["value"]["id"]}
+    assert first["value"]["source"]["name"] == "shop"
+    assert [first["value"]["after"]["price"], second["value"]["after"]["price"]] == \
+        ["9.50", "0.25"]
+    tx = first["value"]["transaction"]
+    assert tx["id"] == begin["value"]["id"] == end["value"]["id"]
+    assert (tx["total_order"], second["value"]["transaction"]["total_order"]) == (1, 2)
