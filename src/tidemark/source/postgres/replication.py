@@ -99,8 +99,8 @@ class ReplicationStream:
         """
         conn = self._require()
         # The slot name was validated as a plain identifier by the config.
-        result = conn.exec_(
-            f'CREATE_REPLICATION_SLOT "{self._slot}" LOGICAL pgoutput EXPORT_SNAPSHOT'.encode()
+        result = self._exec(
+            conn, f'CREATE_REPLICATION_SLOT "{self._slot}" LOGICAL pgoutput EXPORT_SNAPSHOT'
         )
         if result.status != pq.ExecStatus.TUPLES_OK:
             message = _result_error(result)
@@ -121,7 +121,7 @@ class ReplicationStream:
             f'START_REPLICATION SLOT "{self._slot}" LOGICAL {lsn_to_str(start_lsn)} '
             f"(proto_version '1', publication_names '{self._publication}', messages 'true')"
         )
-        result = conn.exec_(command.encode())
+        result = self._exec(conn, command)
         if result.status != pq.ExecStatus.COPY_BOTH:
             message = _result_error(result)
             sqlstate = (result.error_field(pq.DiagnosticField.SQLSTATE) or b"").decode()
@@ -136,6 +136,15 @@ class ReplicationStream:
         self._streaming = True
         self._last_status = time.monotonic()
         log.info("streaming from slot %s at %s", self._slot, lsn_to_str(start_lsn))
+
+    @staticmethod
+    def _exec(conn: pq.abc.PGconn, command: str) -> pq.abc.PGresult:
+        try:
+            return conn.exec_(command.encode())
+        except psycopg.OperationalError as err:
+            raise SourceUnavailableError(
+                f"replication connection failed: {str(err).strip()}"
+            ) from None
 
     # -- streaming -----------------------------------------------------------------------
     def read_batch(self, max_messages: int, timeout_s: float) -> list[WalMessage]:
