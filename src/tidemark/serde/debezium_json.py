@@ -442,13 +442,15 @@ def compile_row_converter(
         namespace[f"n{i}"] = "null" if columns[i].nullable else mapping.fallback
         lines.append(
             f"    f{i} = {expr} if v{i}.__class__ is str else "
-            f"(n{i} if v{i} is None else p{i} if v{i} is _UNAVAILABLE else _bin(v{i}, {i}))"
+            f"(n{i} if v{i} is None else p{i} if v{i} is _UNAVAILABLE else _bin(v{i}))"
         )
         # Column names are data, never code: the literal JSON text around each value
         # lives in a variable of the generated function's namespace.
         namespace[f"k{i}"] = ("{" if n == 0 else ",") + name + ":"
         parts.append("{k" + str(i) + "}{f" + str(i) + "}")
-    namespace["_bin"] = _binary_value(columns, options)
+    # Binary-format values (only from sources that request binary transfer) are raw
+    # bytes, emitted as Debezium emits bytes: base64.
+    namespace["_bin"] = _json_fragment
     lines.append('    return f"' + "".join(parts) + '}}"')
     if not columns:
         lines = ["def convert(r):", "    return '{}'"]
@@ -457,19 +459,8 @@ def compile_row_converter(
     return convert
 
 
-def _binary_value(columns: list[Column], options: DebeziumJsonOptions) -> Callable[[Any, int], str]:
-    # Binary-format values only come from sources that request binary transfer; they
-    # are the raw bytes of the value and are emitted as Debezium emits bytes.
-    def convert(value: Any, index: int) -> str:
-        if isinstance(value, bytes):
-            return '"' + b64encode(value).decode() + '"'
-        return _json_fragment(value)
-
-    return convert
-
-
 class _Codec:
-    __slots__ = ("key", "row", "source_head", "source_tail")
+    __slots__ = ("key", "row", "source_tail")
 
     def __init__(self, schema: TableSchema, options: DebeziumJsonOptions) -> None:
         self.row = compile_row_converter(schema.columns, options)
