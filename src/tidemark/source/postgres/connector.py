@@ -64,7 +64,6 @@ class PostgresConnector:
         self.database = ""
         self._catalog_conn: Any = None
         self._stream: ReplicationStream | None = None
-        self._builder: ChangeEventBuilder | None = None
         self._batches: Iterator[SourceBatch] | None = None
         self._stop_at: int | None = None
         self._keys: dict[TableId, tuple[str, ...]] = {}
@@ -287,7 +286,7 @@ class PostgresConnector:
 
     def _stream_changes(self, stream: ReplicationStream, start_lsn: int) -> Iterator[SourceBatch]:
         cfg = self.config
-        builder = self._builder = ChangeEventBuilder(
+        builder = ChangeEventBuilder(
             topic_prefix=cfg.topic_prefix, database=self.database,
             key_columns=self._key_columns, type_info=self._type_info,
             captured=frozenset(self.tables),
