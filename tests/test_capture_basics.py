@@ -7,6 +7,7 @@ import os
 import subprocess
 import sys
 import time
+from typing import Any
 
 from capture_helpers import as_json, drain, events, make_connector, stream_changes
 from conftest import Database
@@ -75,9 +76,10 @@ def test_replica_identity_full_before_images(db: Database) -> None:
     assert got[4].before == {"id": 5, "v": "b", "n": 1}
 
 
-def test_unchanged_toast_is_marked_not_null(db: Database) -> None:
+def _update_beside_a_toasted_value(db: Database, *setup: str) -> tuple[str, list[Any]]:
+    """Insert a row with a 100 kB TOASTed text, then update another column."""
     db.execute("CREATE TABLE t (id int PRIMARY KEY, big text, n int)",
-               "ALTER TABLE t ALTER COLUMN big SET STORAGE EXTERNAL")
+               "ALTER TABLE t ALTER COLUMN big SET STORAGE EXTERNAL", *setup)
     conn = make_connector(db.dsn, "public.t", snapshot_mode="no_data")
     conn.start()
     big = "x" * 100_000
@@ -85,9 +87,13 @@ def test_unchanged_toast_is_marked_not_null(db: Database) -> None:
         drain(conn, db.insert_lsn())
         db.execute("INSERT INTO t VALUES (1, %s, 1)", params=(big,))
         db.autocommit("UPDATE t SET n = 2 WHERE id = 1")
-        got = events(drain(conn, db.insert_lsn()))
+        return big, events(drain(conn, db.insert_lsn()))
     finally:
         conn.stop()
+
+
+def test_unchanged_toast_is_marked_not_null(db: Database) -> None:
+    big, got = _update_beside_a_toasted_value(db)
     assert got[0].after == {"id": 1, "big": big, "n": 1}
     assert got[1].after is not None
     assert got[1].after["big"] is UNAVAILABLE and got[1].after["n"] == 2
@@ -181,19 +187,7 @@ def test_only_captured_tables_stream_even_from_a_wider_publication(db: Database)
 
 
 def test_full_identity_update_fills_unchanged_toast_from_the_old_row(db: Database) -> None:
-    db.execute("CREATE TABLE t (id int PRIMARY KEY, big text, n int)",
-               "ALTER TABLE t ALTER COLUMN big SET STORAGE EXTERNAL",
-               "ALTER TABLE t REPLICA IDENTITY FULL")
-    conn = make_connector(db.dsn, "public.t", snapshot_mode="no_data")
-    conn.start()
-    big = "y" * 100_000
-    try:
-        drain(conn, db.insert_lsn())
-        db.execute("INSERT INTO t VALUES (1, %s, 1)", params=(big,))
-        db.autocommit("UPDATE t SET n = 2 WHERE id = 1")
-        got = events(drain(conn, db.insert_lsn()))
-    finally:
-        conn.stop()
+    big, got = _update_beside_a_toasted_value(db, "ALTER TABLE t REPLICA IDENTITY FULL")
     assert got[1].after == {"id": 1, "big": big, "n": 2}
 
 

@@ -118,8 +118,7 @@ def capture(dsn: str, tables: tuple[str, ...], exclude: tuple[str, ...], slot: s
     # Everything allocated so far lives for the whole run; keep the collector off it.
     gc.freeze()
     out = sys.stdout.buffer
-    delivered = 0
-    events_out = 0
+    delivered = 0  # change events written
     started = time.monotonic()
     flush_every = offset_flush_interval_ms / 1000
     pending: dict[str, Any] | None = None
@@ -137,20 +136,16 @@ def capture(dsn: str, tables: tuple[str, ...], exclude: tuple[str, ...], slot: s
             records = batch.records
             offset = batch.offset
             done = batch.finished
-            if max_events is not None and records:
+            if max_events is not None:
                 remaining = max_events - delivered
                 events = 0
                 for cut, record in enumerate(records):
-                    if not isinstance(record, ChangeEvent):
-                        continue
-                    events += 1
-                    if events > remaining:
-                        records = records[:cut]
-                        offset = None  # the batch was not delivered whole
-                        done = True
-                        break
-                delivered += min(events, remaining)
-                done = done or delivered >= max_events
+                    if isinstance(record, ChangeEvent):
+                        events += 1
+                        if events > remaining:
+                            records = records[:cut]
+                            offset = None  # the batch was not delivered whole
+                            break
             if records:
                 try:
                     # Encode in slices of ~65 kB: larger buffers are mmapped or trimmed
@@ -162,7 +157,8 @@ def capture(dsn: str, tables: tuple[str, ...], exclude: tuple[str, ...], slot: s
                 except BrokenPipeError:
                     log.info("stdout closed; stopping")
                     break
-                events_out += sum(1 for r in records if isinstance(r, ChangeEvent))
+                delivered += sum(1 for r in records if isinstance(r, ChangeEvent))
+                done = done or (max_events is not None and delivered >= max_events)
             if offset is not None:
                 pending = offset
             if pending is not None and (done or time.monotonic() - last_save >= flush_every):
@@ -175,5 +171,5 @@ def capture(dsn: str, tables: tuple[str, ...], exclude: tuple[str, ...], slot: s
     finally:
         connector.stop()
         elapsed = time.monotonic() - started
-        log.info("delivered %d change events in %.3f s (%.0f events/s)", events_out, elapsed,
-                 events_out / elapsed if elapsed > 0 else 0.0)
+        log.info("delivered %d change events in %.3f s (%.0f events/s)", delivered, elapsed,
+                 delivered / elapsed if elapsed > 0 else 0.0)
