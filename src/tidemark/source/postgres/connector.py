@@ -154,25 +154,34 @@ class PostgresConnector:
             self._catalog_conn = None
 
     # -- helpers ---------------------------------------------------------------------
-    def _wait_for_slot(self) -> slot.SlotInfo | None:
-        """The existing slot (validated), waiting out a previous holder that is exiting."""
+    def _retrying(self, action: Callable[[], _T], *, max_delay_s: float) -> _T:
+        """Run *action*, retrying transient failures with exponential backoff up to
+        reconnect_max_attempts times."""
         delay = self.config.reconnect_backoff_ms / 1000
-        attempts = 0
+        attempt = 0
         while True:
-            info = slot.get_slot(self._catalog_conn, self.config.slot_name)
-            if info is None:
-                return None
             try:
-                slot.validate_slot(info, self.database)
-                return info
-            except slot.SlotInUseError:
-                attempts += 1
-                if attempts > self.config.reconnect_max_attempts:
+                return action()
+            except TransientError as err:
+                attempt += 1
+                if attempt > self.config.reconnect_max_attempts:
                     raise
-                log.info("slot %s is still active (PID %s); retrying in %.1fs",
-                         info.name, info.active_pid, delay)
+                log.warning("%s; retry %d/%d in %.1fs", err, attempt,
+                            self.config.reconnect_max_attempts, delay)
                 time.sleep(delay)
-                delay = min(delay * 2, 5.0)
+                delay = min(delay * 2, max_delay_s)
+
+    def _wait_for_slot(self) -> slot.SlotInfo | None:
+        """The existing slot (validated), waiting out a previous holder that is exiting
+        (briefly: a walsender whose client died goes away within seconds)."""
+
+        def existing() -> slot.SlotInfo | None:
+            info = slot.get_slot(self._catalog_conn, self.config.slot_name)
+            if info is not None:
+                slot.validate_slot(info, self.database)
+            return info
+
+        return self._retrying(existing, max_delay_s=5.0)
 
     def _catalog(self, query: Callable[[Any], _T]) -> _T:
         """Run a catalog query, reconnecting once if the connection was lost (the
@@ -361,19 +370,13 @@ class PostgresConnector:
 
     def _open_with_retry(self, stream: ReplicationStream, lsn: int) -> None:
         """Open the stream, retrying transient failures up to reconnect_max_attempts."""
-        delay = self.config.reconnect_backoff_ms / 1000
-        attempt = 0
-        while True:
+
+        def open_stream() -> None:
             try:
                 stream.connect()
                 stream.start(lsn)
-                return
-            except TransientError as err:
+            except TransientError:
                 stream.close()
-                attempt += 1
-                if attempt > self.config.reconnect_max_attempts:
-                    raise
-                log.warning("cannot stream yet (%s); retry %d/%d in %.1fs", err, attempt,
-                            self.config.reconnect_max_attempts, delay)
-                time.sleep(delay)
-                delay = min(delay * 2, _MAX_BACKOFF_S)
+                raise
+
+        self._retrying(open_stream, max_delay_s=_MAX_BACKOFF_S)
