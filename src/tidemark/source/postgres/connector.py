@@ -276,9 +276,9 @@ class PostgresConnector:
                     yield from snapshots
             yield SourceBatch([], {"lsn": start_lsn, "snapshot_completed": True})
         else:
-            # The slot may be ahead of the offset without anything being lost: psycopg2
-            # confirms the server's position on keepalives once everything received has
-            # been confirmed. So only a missing slot counts as "offset unusable".
+            # The slot may be ahead of the offset without anything being lost (an offset
+            # saved but confirmed later, or a heartbeat position confirmed before its
+            # save), so only a missing slot counts as "offset unusable".
             slot_lsn = existing.confirmed_flush_lsn or 0
             needs_snapshot = not completed and mode in (SnapshotMode.INITIAL,
                                                         SnapshotMode.WHEN_NEEDED)
@@ -307,7 +307,7 @@ class PostgresConnector:
         self._open_with_retry(stream, resume)
         heartbeat_s = cfg.heartbeat_interval_ms / 1000
         last_heartbeat = time.monotonic()
-        committed = start_lsn
+        emitted = start_lsn  # the last offset handed on in a batch
         while True:
             try:
                 messages = stream.read_batch(cfg.max_batch_messages, 0.2)
@@ -316,9 +316,8 @@ class PostgresConnector:
                 if cfg.reconnect_max_attempts == 0:
                     raise
                 # Resume from what the caller has committed, not from what was handed on:
-                # psycopg2 confirms the server's position on its first keepalive after a
-                # (re)connect, so starting further on would confirm uncommitted changes.
-                # The transactions in between are delivered again (at-least-once).
+                # batches after it may still be in the caller's hands and lost with it,
+                # so the transactions in between are delivered again (at-least-once).
                 restart = max(stream.confirmed_lsn, start_lsn)
                 log.warning("%s; reconnecting from %s", err, lsn_to_str(restart))
                 builder.in_transaction = False
@@ -345,13 +344,10 @@ class PostgresConnector:
                     else:
                         stream.request_keepalive()
             offset = None
-            if resume > committed or finished:
+            if resume > emitted or finished:
                 offset = {"lsn": resume, "snapshot_completed": True}
-                committed = resume
-            if records or offset is not None:
-                yield SourceBatch(records, offset, finished)
-            else:
-                yield SourceBatch([], None)
+                emitted = resume
+            yield SourceBatch(records, offset, finished)
             if finished:
                 return
 
