@@ -112,9 +112,7 @@ def _decimal_fragment(scale: int, convert: Callable[[str], Any]) -> Callable[[st
             if value is None:
                 return "null"
             return '"' + b2a_base64(value, newline=False).decode() + '"'
-        unscaled = int(whole + frac)
-        magnitude = unscaled if unscaled >= 0 else ~unscaled
-        raw = unscaled.to_bytes((magnitude.bit_length() >> 3) + 1, "big", signed=True)
+        raw = unscaled_bytes(int(whole + frac))
         return '"' + b2a_base64(raw, newline=False).decode() + '"'
 
     return fragment

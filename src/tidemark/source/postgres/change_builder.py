@@ -73,7 +73,6 @@ class ChangeEventBuilder:
         self._versions: dict[TableId, int] = {}
         # open transaction
         self.in_transaction = False
-        self._tx_id = ""
         self._total = 0
         self._per_table: dict[TableId, int] = {}
         self._last_commit_lsn: int | None = None
@@ -180,19 +179,19 @@ class ChangeEventBuilder:
 
     def _on_begin(self, msg: pgoutput.Begin, out: list[Record], now_us: int) -> None:
         self.in_transaction = True
-        self._tx_id = f"{msg.xid}:{msg.final_lsn}"
+        tx_id = f"{msg.xid}:{msg.final_lsn}"
         self._total = 0
         self._per_table = {}
         self._context = SourceContext(CONNECTOR_NAME, self._prefix, self._database,
                                       msg.commit_ts, msg.xid, self._last_commit_lsn,
-                                      self._tx_id, msg.final_lsn)
+                                      tx_id, msg.final_lsn)
         if self._metadata:
-            out.append(TransactionBoundary("BEGIN", self._tx_id, msg.commit_ts, msg.final_lsn))
+            out.append(TransactionBoundary("BEGIN", tx_id, msg.commit_ts, msg.final_lsn))
 
     def _on_commit(self, msg: pgoutput.Commit, out: list[Record], now_us: int) -> None:
         if self._metadata:
             out.append(TransactionBoundary(
-                "END", self._tx_id, msg.commit_ts, msg.commit_lsn, self._total,
+                "END", self._context.tx_id or "", msg.commit_ts, msg.commit_lsn, self._total,
                 tuple((str(t), n) for t, n in self._per_table.items()),
             ))
         self.in_transaction = False
