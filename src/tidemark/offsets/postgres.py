@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import re
 from collections.abc import Callable
 from types import TracebackType
 from typing import Any, TypeVar
@@ -15,18 +14,10 @@ from psycopg2 import sql
 
 from tidemark.errors import ConfigError, SourceUnavailableError, TerminalError
 from tidemark.offsets.store import Offset
-from tidemark.source.postgres.config import redact_dsn
+from tidemark.source.postgres.config import check_identifier, redact_dsn
 from tidemark.source.postgres.session import connect, cursor
 
-_IDENTIFIER = re.compile(r"[a-z_][a-z0-9_]{0,62}")
 _T = TypeVar("_T")
-
-
-def _identifier(key: str, value: str) -> str:
-    if not isinstance(value, str) or not _IDENTIFIER.fullmatch(value):
-        raise ConfigError(key, f"{value!r} is not a valid name: use 1-63 lower-case letters, "
-                          "digits and underscores, not starting with a digit")
-    return value
 
 
 def _first_line(err: BaseException) -> str:
@@ -55,8 +46,8 @@ class PostgresOffsetStore:
 
     def __init__(self, dsn: str, table: str = "tidemark_offsets",
                  schema: str = "public") -> None:
-        self.table = _identifier("offsets.table", table)
-        self.schema = _identifier("offsets.schema", schema)
+        self.table = check_identifier("offsets.table", table)
+        self.schema = check_identifier("offsets.schema", schema)
         self._dsn = dsn
         self._name = sql.Identifier(self.schema, self.table)
         self._load_sql = sql.SQL('SELECT "offset"::text FROM {} WHERE key = %s').format(

@@ -101,13 +101,7 @@ class PostgresSourceConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unk
                 "user=cdc' or 'postgresql://cdc@db:5432/app'",
             ) from None
         for key in ("slot_name", "publication_name"):
-            value = getattr(self, key)
-            if not _IDENTIFIER.fullmatch(value):
-                raise ConfigError(
-                    key,
-                    f"{value!r} is not a valid name: use 1-63 lower-case letters, digits and "
-                    "underscores, starting with a letter or underscore",
-                )
+            check_identifier(key, getattr(self, key))
         for key in ("table_include_list", "table_exclude_list"):
             for pattern in getattr(self, key):
                 try:
@@ -161,6 +155,18 @@ class PostgresSourceConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unk
         """The database name the DSN connects to (libpq's default: the user name)."""
         params = psycopg2.extensions.parse_dsn(self.dsn)
         return params.get("dbname") or params.get("user") or "postgres"
+
+
+def check_identifier(key: str, value: object) -> str:
+    """Return *value* if it is a plain PostgreSQL name safe to put in SQL, else raise a
+    ConfigError naming *key* and the allowed form."""
+    if not isinstance(value, str) or not _IDENTIFIER.fullmatch(value):
+        raise ConfigError(
+            key,
+            f"{value!r} is not a valid name: use 1-63 lower-case letters, digits and "
+            "underscores, starting with a letter or underscore",
+        )
+    return value
 
 
 def redact_dsn(dsn: str) -> str:

@@ -29,7 +29,7 @@ from psycopg.conninfo import conninfo_to_dict, make_conninfo
 
 from tidemark.errors import SourceError, SourceUnavailableError
 from tidemark.source.postgres.pgoutput import PG_EPOCH_OFFSET_US, lsn_to_str, str_to_lsn
-from tidemark.source.postgres.session import SESSION_SETTINGS, classify_connect_message
+from tidemark.source.postgres.session import classify_connect_message, session_options
 from tidemark.source.postgres.slot import SlotInUseError
 
 log = logging.getLogger(__name__)
@@ -74,8 +74,8 @@ class ReplicationStream:
     def connect(self) -> None:
         """Open the replication connection (does not start streaming yet)."""
         params = conninfo_to_dict(self._dsn)
-        options = f"{params.get('options') or ''} {SESSION_SETTINGS}".strip()
-        conninfo = make_conninfo(self._dsn, replication="database", options=options,
+        conninfo = make_conninfo(self._dsn, replication="database",
+                                 options=session_options(self._dsn),
                                  application_name="tidemark",
                                  connect_timeout=params.get("connect_timeout") or 10)
         conn = pq.PGconn.connect(conninfo.encode())

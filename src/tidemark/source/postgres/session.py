@@ -22,7 +22,8 @@ SESSION_SETTINGS = (
 )
 
 
-def _options(dsn: str) -> str:
+def session_options(dsn: str) -> str:
+    """The DSN's own ``options`` followed by tidemark's session settings."""
     existing = psycopg2.extensions.parse_dsn(dsn).get("options", "")
     return f"{existing} {SESSION_SETTINGS}".strip()
 
@@ -35,7 +36,7 @@ def connect(dsn: str, *, application_name: str = "tidemark") -> psycopg2.extensi
     database: it will not), with the password never in the message.
     """
     kwargs: dict[str, Any] = {
-        "options": _options(dsn),
+        "options": session_options(dsn),
         "application_name": application_name,
         "connect_timeout": psycopg2.extensions.parse_dsn(dsn).get("connect_timeout", "10"),
     }
