@@ -297,3 +297,7 @@ class TransactionBoundary(msgspec.Struct, frozen=True, gc=False):
     commit_lsn: int
     event_count: int | None = None
     data_collections: Sequence[tuple[str, int]] | None = None
+
+
+#: What a source task emits: row changes, and BEGIN/END records of the transaction stream.
+Record = ChangeEvent | TransactionBoundary

@@ -10,10 +10,9 @@ redelivered records is bounded by how many may be in flight at once.
 from __future__ import annotations
 
 import threading
-from collections.abc import Hashable
 from typing import Generic, TypeVar
 
-T = TypeVar("T", bound=Hashable)
+T = TypeVar("T")
 
 
 class OffsetTracker(Generic[T]):

@@ -23,6 +23,14 @@ def decode_json_object(data: bytes | str, what: str) -> dict[str, Any]:
     return value
 
 
+class OffsetReader(Protocol):
+    """Read access to saved offsets, by partition key."""
+
+    def load(self, key: str) -> Offset | None:
+        """The last saved offset of *key*, or None."""
+        ...
+
+
 class OffsetStore(Protocol):
     """Keeps one offset per partition key (one per task or stream).
 

@@ -596,6 +596,11 @@ class DebeziumJsonSerializer:
         key, value = self.key_and_value(event)
         return f'{{"key":{key},"value":{value}}}'.encode()
 
+    def boundary_key_and_value(self, record: TransactionBoundary) -> tuple[str, str]:
+        """The key and value of a transaction BEGIN/END record as JSON texts."""
+        return (f'{{"id":{_escape(record.id)}}}',
+                self._encoder.encode(_transaction_value(record)).decode())
+
 
 def _transaction_value(record: TransactionBoundary) -> _TransactionValue:
     collections = None

@@ -22,6 +22,7 @@ from tidemark.event import (
     ChangeEvent,
     Column,
     Op,
+    Record,
     SourceContext,
     TableId,
     TableSchema,
@@ -35,7 +36,6 @@ log = logging.getLogger(__name__)
 
 CONNECTOR_NAME = "postgresql"
 
-Record = ChangeEvent | TransactionBoundary
 
 
 class ChangeEventBuilder:

@@ -16,7 +16,8 @@ from typing import Any
 import msgspec
 import psycopg2.extensions
 
-from tidemark.errors import ConfigError, unknown_key_error
+from tidemark.config_mapping import struct_from_mapping
+from tidemark.errors import ConfigError
 
 
 class SnapshotMode(StrEnum):
@@ -123,17 +124,9 @@ class PostgresSourceConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unk
     @classmethod
     def from_mapping(cls, values: Mapping[str, Any], section: str = "") -> PostgresSourceConfig:
         """Build from a plain mapping (a TOML table, CLI options), naming any bad key."""
-        allowed = set(cls.__struct_fields__)
-        for key in values:
-            if key not in allowed:
-                raise unknown_key_error(section, key, allowed)
-        if "dsn" not in values:
-            raise ConfigError(f"{section}.dsn" if section else "dsn",
-                              "required: the connection string of the database to capture")
-        try:
-            return msgspec.convert(dict(values), cls, str_keys=True)
-        except msgspec.ValidationError as err:
-            raise _config_error_from(err, section) from None
+        return struct_from_mapping(
+            cls, values, section,
+            required={"dsn": "the connection string of the database to capture"})
 
     def __repr__(self) -> str:
         fields = ", ".join(
@@ -184,29 +177,3 @@ def _first_line(err: BaseException) -> str:
     text = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
     text = re.sub(r'"[^"]*"?', '"…"', text)
     return re.sub(r"password\s*=\s*\S+", "password=***", text)
-
-
-def _config_error_from(err: msgspec.ValidationError, section: str) -> ConfigError:
-    # msgspec reports "Expected `int`, got `str` - at `$.heartbeat_interval_ms`";
-    # turn it into "<key>: expected int, got str" with the key up front.
-    message = str(err)
-    match = re.search(r" - at `\$\.?([^`]*)`", message)
-    key = match.group(1) if match else "config"
-    if match:
-        message = message[: match.start()]
-    enum_match = re.search(r"Invalid enum value '([^']*)'", message)
-    if enum_match:
-        choices = _enum_choices(key.split("[")[0])
-        message = f"{enum_match.group(1)!r} is not allowed; choose one of {choices}"
-    full_key = f"{section}.{key}" if section else key
-    return ConfigError(full_key, message.replace("`", ""))
-
-
-def _enum_choices(key: str) -> str:
-    enums: dict[str, type[StrEnum]] = {
-        "snapshot_mode": SnapshotMode,
-        "decimal_handling_mode": DecimalHandlingMode,
-        "time_precision_mode": TimePrecisionMode,
-    }
-    enum = enums.get(key)
-    return ", ".join(e.value for e in enum) if enum else "the documented values"

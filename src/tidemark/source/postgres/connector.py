@@ -17,14 +17,14 @@ import time
 from collections.abc import Callable, Iterator
 from typing import TYPE_CHECKING, Any, TypeVar
 
-import msgspec
 import psycopg2
 
 from tidemark.errors import SourceError, SourceUnavailableError, TransientError
 from tidemark.event import TableId
-from tidemark.offsets.store import Offset, OffsetStore
+from tidemark.offsets.store import Offset, OffsetReader
+from tidemark.source.batch import SourceBatch
 from tidemark.source.postgres import catalog, session, slot
-from tidemark.source.postgres.change_builder import ChangeEventBuilder, Record
+from tidemark.source.postgres.change_builder import ChangeEventBuilder
 from tidemark.source.postgres.config import PostgresSourceConfig, SnapshotMode
 from tidemark.source.postgres.pgoutput import lsn_to_str
 from tidemark.source.postgres.snapshot import begin_snapshot, snapshot_events
@@ -40,19 +40,6 @@ _T = TypeVar("_T")
 _REPLICATION_MODULE = "tidemark.source.postgres.replication"
 
 _MAX_BACKOFF_S = 30.0
-
-
-class SourceBatch(msgspec.Struct, frozen=True):
-    """Records polled from the source, and the offset to commit once they are durable.
-
-    ``offset`` is None when the batch does not move the resume position (for example it
-    ends inside a transaction). ``finished`` is set on the last batch when the capture
-    was asked to stop at a position (``stop_at_lsn``) or runs ``initial_only``.
-    """
-
-    records: list[Record]
-    offset: Offset | None
-    finished: bool = False
 
 
 class PostgresConnector:
@@ -78,7 +65,7 @@ class PostgresConnector:
         return f"postgres/{self.database}/{self.config.slot_name}"
 
     # -- lifecycle -------------------------------------------------------------------
-    def start(self, offset: Offset | None = None, *, store: OffsetStore | None = None,
+    def start(self, offset: Offset | None = None, *, store: OffsetReader | None = None,
               stop_at_lsn: int | None = None) -> None:
         """Check prerequisites, prepare publication and slot, decide about the snapshot.
 
@@ -94,7 +81,7 @@ class PostgresConnector:
             self.stop()
             raise
 
-    def _start(self, offset: Offset | None, store: OffsetStore | None,
+    def _start(self, offset: Offset | None, store: OffsetReader | None,
                stop_at_lsn: int | None) -> None:
         cfg = self.config
         conn = self._catalog_conn = session.connect(cfg.dsn)

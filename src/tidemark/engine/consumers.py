@@ -1,0 +1,55 @@
+"""What the engine delivers records to: the consumer and processor interfaces."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from concurrent.futures import Executor
+from typing import Protocol, runtime_checkable
+
+from tidemark.engine.converters import ConvertedRecord
+from tidemark.engine.records import ChangeRecord
+
+
+class BatchCommitter(Protocol):
+    """Given to :meth:`ChangeConsumer.handle_batch` with each batch."""
+
+    def mark_batch_finished(self) -> None:
+        """The batch is processed: its offset may be committed now, before
+        ``handle_batch`` returns (returning does the same)."""
+        ...
+
+
+@runtime_checkable
+class ChangeConsumer(Protocol):
+    """Delivery mode ``batch``: one call per polled batch, after the whole batch has
+    been transformed and converted (in parallel, in the worker pool)."""
+
+    def handle_batch(self, records: list[ConvertedRecord], committer: BatchCommitter) -> None:
+        ...
+
+
+#: Delivery modes ``ordered``, ``async`` and ``per_key``: one call per record.
+RecordConsumer = Callable[[ConvertedRecord], None]
+
+
+class ProcessorContext(Protocol):
+    """What a :class:`RecordProcessor` may use."""
+
+    @property
+    def executor(self) -> Executor:
+        """The engine's worker pool."""
+        ...
+
+    def convert(self, records: Sequence[ChangeRecord]) -> list[ConvertedRecord]:
+        """Run the engine's transforms and converter over *records* (in parallel)."""
+        ...
+
+
+@runtime_checkable
+class RecordProcessor(Protocol):
+    """Full control of processing (advanced use): the engine hands over each polled
+    batch untransformed; when :meth:`process` returns, the batch counts as processed
+    and its offset may be committed. Batches come one at a time, in source order."""
+
+    def process(self, records: list[ChangeRecord], context: ProcessorContext) -> None:
+        ...

@@ -1,0 +1,417 @@
+"""The four delivery modes (and the processor mode): how records reach consumers.
+
+Every mode cuts a polled batch into *units* (the whole batch, a chunk, the records of one
+worker), registers the units in source order with the :class:`OffsetTracker` — the
+batch's offset rides on its last unit — and completes a unit once every consumer has
+processed it. The tracker then yields the highest offset whose predecessors are all
+done, whatever order units finish in. A :class:`Capacity` bounds the records handed on
+but not yet processed, so a slow consumer slows the reader (backpressure), memory stays
+bounded, and a crash redelivers at most that many records beyond the saved offset.
+"""
+
+from __future__ import annotations
+
+import logging
+import queue
+import threading
+import time
+from abc import ABC, abstractmethod
+from collections.abc import Callable, Sequence
+from concurrent.futures import Executor, ThreadPoolExecutor
+from typing import Any
+
+from tidemark.engine.consumers import ChangeConsumer, RecordConsumer, RecordProcessor
+from tidemark.engine.converters import ConvertedRecord, Converter
+from tidemark.engine.offset_tracker import OffsetTracker
+from tidemark.engine.records import ChangeRecord, routing_key
+from tidemark.engine.transforms import Transform, apply_transforms
+from tidemark.offsets.store import Offset
+
+log = logging.getLogger(__name__)
+
+# Below this many records per worker, splitting a batch for the pool costs more in
+# thread hand-offs than it gains.
+_MIN_CHUNK = 512
+_WAIT_SLICE_S = 0.1
+
+
+class CancelledError(Exception):
+    """Waiting was abandoned because the task is stopping or has failed."""
+
+
+class FailureHolder:
+    """The first error raised by any worker of a task."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self.error: BaseException | None = None
+        self.changed = threading.Event()
+
+    def set(self, error: BaseException) -> None:
+        with self._lock:
+            if self.error is None:
+                self.error = error
+        self.changed.set()
+
+    def raise_if_failed(self) -> None:
+        if self.error is not None:
+            raise self.error
+
+
+class Capacity:
+    """Counts records in flight and makes the reader wait above the limit."""
+
+    def __init__(self, limit: int, cancelled: Callable[[], bool]) -> None:
+        self.limit = limit
+        self._in_flight = 0
+        self._changed = threading.Condition()
+        self._cancelled = cancelled
+
+    @property
+    def in_flight(self) -> int:
+        with self._changed:
+            return self._in_flight
+
+    def acquire(self, n: int) -> None:
+        """Wait until *n* more records fit (a batch larger than the limit is let in
+        alone, so that it cannot wait forever)."""
+        with self._changed:
+            while self._in_flight and self._in_flight + n > self.limit:
+                if self._cancelled():
+                    raise CancelledError
+                self._changed.wait(_WAIT_SLICE_S)
+            self._in_flight += n
+
+    def release(self, n: int) -> None:
+        with self._changed:
+            self._in_flight -= n
+            self._changed.notify_all()
+
+    def wait_empty(self, timeout_s: float | None, stop_early: Callable[[], bool]) -> bool:
+        """Wait until nothing is in flight; False on timeout or when *stop_early*."""
+        deadline = None if timeout_s is None else time.monotonic() + timeout_s
+        with self._changed:
+            while self._in_flight:
+                if stop_early():
+                    return False
+                remaining = _WAIT_SLICE_S if deadline is None else min(
+                    _WAIT_SLICE_S, deadline - time.monotonic())
+                if remaining <= 0:
+                    return False
+                self._changed.wait(remaining)
+            return True
+
+
+class Unit:
+    """A part of a batch that completes when all its consumers are done with it."""
+
+    __slots__ = ("lock", "pending", "seq", "size")
+
+    def __init__(self, seq: int, size: int, pending: int) -> None:
+        self.seq = seq
+        self.size = size
+        self.pending = pending
+        self.lock = threading.Lock()
+
+
+class Pipeline:
+    """Transforms then converter, over a list of records, optionally in parallel."""
+
+    def __init__(self, transforms: Sequence[Transform], converter: Converter,
+                 executor: Executor | None, workers: int) -> None:
+        self.transforms = tuple(transforms)
+        self.converter = converter
+        self.executor = executor
+        self.workers = workers
+
+    def convert(self, records: Sequence[ChangeRecord]) -> list[ConvertedRecord]:
+        """Transforms and converter in the calling thread."""
+        if self.transforms:
+            records = apply_transforms(self.transforms, records)
+        return self.converter.convert(records)
+
+    def convert_parallel(self, records: Sequence[ChangeRecord]) -> list[ConvertedRecord]:
+        """Transforms and converter over chunks in the worker pool, results in order."""
+        n = len(records)
+        if self.executor is None or self.workers < 2 or n < 2 * _MIN_CHUNK:
+            return self.convert(records)
+        size = max(_MIN_CHUNK, -(-n // self.workers))
+        chunks = [records[i:i + size] for i in range(0, n, size)]
+        out: list[ConvertedRecord] = []
+        for part in self.executor.map(self.convert, chunks):
+            out.extend(part)
+        return out
+
+
+class _Lane:
+    """A worker thread that runs items of one queue in order."""
+
+    _STOP = object()
+
+    def __init__(self, name: str, run: Callable[[Any], None], failure: FailureHolder) -> None:
+        self._queue: queue.SimpleQueue[Any] = queue.SimpleQueue()
+        self._run = run
+        self._failure = failure
+        self._stopping = False
+        self.thread = threading.Thread(target=self._loop, name=name, daemon=True)
+        self.thread.start()
+
+    def put(self, item: Any) -> None:
+        self._queue.put(item)
+
+    def _loop(self) -> None:
+        while True:
+            item = self._queue.get()
+            if item is self._STOP or self._stopping:
+                return
+            try:
+                self._run(item)
+            except BaseException as err:
+                self._failure.set(err)
+                return
+
+    def stop(self, discard: bool) -> None:
+        """Finish queued items (or, with *discard*, only the one in hand), then end."""
+        self._stopping = discard
+        self._queue.put(self._STOP)
+
+
+class Delivery(ABC):
+    """Hands batches to consumers in one mode and tracks their completion."""
+
+    def __init__(self, pipeline: Pipeline, tracker: OffsetTracker[Offset],
+                 capacity: Capacity, failure: FailureHolder, name: str) -> None:
+        self.pipeline = pipeline
+        self.tracker = tracker
+        self.capacity = capacity
+        self.failure = failure
+        self.name = name
+        self.flush_requested = threading.Event()
+        self._lanes: list[_Lane] = []
+
+    def dispatch(self, records: list[ChangeRecord], offset: Offset | None) -> None:
+        """Hand on one polled batch (waits while too many records are in flight)."""
+        if not records:
+            if offset is not None:  # moves the offset only, e.g. a heartbeat
+                self.tracker.complete(self.tracker.track(offset))
+            return
+        self.capacity.acquire(len(records))
+        self._dispatch(records, offset)
+
+    @abstractmethod
+    def _dispatch(self, records: list[ChangeRecord], offset: Offset | None) -> None: ...
+
+    def _unit(self, size: int, offset: Offset | None, consumers: int) -> Unit:
+        return Unit(self.tracker.track(offset), size, consumers)
+
+    def complete(self, unit: Unit) -> None:
+        """One consumer is done with *unit*; the last one completes it."""
+        with unit.lock:
+            unit.pending -= 1
+            if unit.pending:
+                return
+        self.tracker.complete(unit.seq)
+        self.capacity.release(unit.size)
+
+    def _lane(self, label: str, run: Callable[[Any], None]) -> _Lane:
+        lane = _Lane(f"{self.name}-{label}", run, self.failure)
+        self._lanes.append(lane)
+        return lane
+
+    def close(self, discard: bool) -> None:
+        """End the worker threads: after the queued work, or (*discard*) at once."""
+        for lane in self._lanes:
+            lane.stop(discard)
+
+
+class _Committer:
+    """The BatchCommitter of one (batch, consumer)."""
+
+    __slots__ = ("_delivery", "_done", "_unit")
+
+    def __init__(self, delivery: Delivery, unit: Unit) -> None:
+        self._delivery = delivery
+        self._unit = unit
+        self._done = False
+
+    def mark_batch_finished(self) -> None:
+        if not self._done:
+            self._done = True
+            self._delivery.complete(self._unit)
+            self._delivery.flush_requested.set()
+
+
+class BatchDelivery(Delivery):
+    """(a) ``handle_batch(records, committer)`` per batch, each consumer in its own
+    worker (several consumers of one stream run in parallel; P3)."""
+
+    def __init__(self, consumers: Sequence[ChangeConsumer], **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        self._consumer_lanes = [
+            self._lane(f"batch{i}", self._runner(consumer)) for i, consumer in enumerate(consumers)
+        ]
+
+    def _runner(self, consumer: ChangeConsumer) -> Callable[[Any], None]:
+        def run(item: tuple[Unit, list[ConvertedRecord]]) -> None:
+            unit, converted = item
+            committer = _Committer(self, unit)
+            consumer.handle_batch(converted, committer)
+            committer.mark_batch_finished()
+        return run
+
+    def _dispatch(self, records: list[ChangeRecord], offset: Offset | None) -> None:
+        converted = self.pipeline.convert_parallel(records)
+        unit = self._unit(len(records), offset, len(self._consumer_lanes))
+        for lane in self._consumer_lanes:
+            lane.put((unit, converted))
+
+
+class OrderedDelivery(Delivery):
+    """(b) one call per record in source order (one worker per consumer)."""
+
+    def __init__(self, consumers: Sequence[RecordConsumer], **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        self._consumer_lanes = [
+            self._lane(f"ordered{i}", self._runner(consumer))
+            for i, consumer in enumerate(consumers)
+        ]
+
+    def _runner(self, consumer: RecordConsumer) -> Callable[[Any], None]:
+        def run(item: tuple[Unit, list[ConvertedRecord]]) -> None:
+            unit, converted = item
+            for record in converted:
+                consumer(record)
+            self.complete(unit)
+        return run
+
+    def _dispatch(self, records: list[ChangeRecord], offset: Offset | None) -> None:
+        converted = self.pipeline.convert_parallel(records)
+        unit = self._unit(len(records), offset, len(self._consumer_lanes))
+        for lane in self._consumer_lanes:
+            lane.put((unit, converted))
+
+
+class AsyncDelivery(Delivery):
+    """(c) one call per record, run concurrently by the worker pool: no order at all.
+    Each chunk is transformed, converted and consumed by one worker."""
+
+    def __init__(self, consumers: Sequence[RecordConsumer], executor: ThreadPoolExecutor,
+                 workers: int, **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        self._consumers = tuple(consumers)
+        self._executor = executor
+        self._workers = workers
+        self._stopped = False
+
+    def _dispatch(self, records: list[ChangeRecord], offset: Offset | None) -> None:
+        # Small chunks so that slow records spread over all workers; a few per worker.
+        size = max(1, min(256, len(records) // (self._workers * 4)))
+        starts = range(0, len(records), size)
+        last = starts[-1]
+        for start in starts:
+            chunk = records[start:start + size]
+            unit = self._unit(len(chunk), offset if start == last else None,
+                              len(self._consumers))
+            self._executor.submit(self._convert_and_consume, unit, chunk)
+
+    def _convert_and_consume(self, unit: Unit, chunk: list[ChangeRecord]) -> None:
+        if self._stopped or self.failure.error is not None:
+            return
+        try:
+            converted = self.pipeline.convert(chunk)
+            for consumer in self._consumers[1:]:
+                self._executor.submit(self._consume, consumer, unit, converted)
+            self._consume(self._consumers[0], unit, converted)
+        except BaseException as err:
+            self.failure.set(err)
+
+    def _consume(self, consumer: RecordConsumer, unit: Unit,
+                 converted: list[ConvertedRecord]) -> None:
+        if self._stopped or self.failure.error is not None:
+            return
+        try:
+            for record in converted:
+                consumer(record)
+            self.complete(unit)
+        except BaseException as err:
+            self.failure.set(err)
+
+    def close(self, discard: bool) -> None:
+        self._stopped = discard
+        super().close(discard)
+
+
+class PerKeyDelivery(Delivery):
+    """(d) records with the same key (or table) always go to the same worker, in order;
+    different keys run in parallel. Each consumer has its own set of workers."""
+
+    def __init__(self, consumers: Sequence[RecordConsumer], workers: int, by_table: bool,
+                 **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        self._by_table = by_table
+        self._workers = workers
+        self._consumer_count = len(consumers)
+        self._lanes_by_worker: list[list[_Lane]] = [
+            [self._lane(f"key{w}.{c}", self._runner(consumer))
+             for c, consumer in enumerate(consumers)]
+            for w in range(workers)
+        ]
+
+    def _runner(self, consumer: RecordConsumer) -> Callable[[Any], None]:
+        def run(item: tuple[Unit, list[ConvertedRecord]]) -> None:
+            unit, converted = item
+            for record in converted:
+                consumer(record)
+            self.complete(unit)
+        return run
+
+    def _dispatch(self, records: list[ChangeRecord], offset: Offset | None) -> None:
+        workers = self._workers
+        groups: list[list[ChangeRecord]] = [[] for _ in range(workers)]
+        by_table = self._by_table
+        for record in records:
+            groups[hash(routing_key(record.event, by_table)) % workers].append(record)
+        used = [w for w in range(workers) if groups[w]]
+        executor = self.pipeline.executor
+        if executor is not None and self.pipeline.workers > 1 and len(records) >= 2 * _MIN_CHUNK:
+            converted = list(executor.map(self.pipeline.convert, [groups[w] for w in used]))
+        else:
+            converted = [self.pipeline.convert(groups[w]) for w in used]
+        for i, worker in enumerate(used):
+            unit = self._unit(len(groups[worker]), offset if i == len(used) - 1 else None,
+                              self._consumer_count)
+            for lane in self._lanes_by_worker[worker]:
+                lane.put((unit, converted[i]))
+
+
+class _Context:
+    """The ProcessorContext the engine gives a RecordProcessor."""
+
+    def __init__(self, pipeline: Pipeline, executor: Executor) -> None:
+        self._pipeline = pipeline
+        self._executor = executor
+
+    @property
+    def executor(self) -> Executor:
+        return self._executor
+
+    def convert(self, records: Sequence[ChangeRecord]) -> list[ConvertedRecord]:
+        return self._pipeline.convert_parallel(records)
+
+
+class ProcessorDelivery(Delivery):
+    """A RecordProcessor takes each batch as polled and does all the processing."""
+
+    def __init__(self, processor: RecordProcessor, executor: Executor, **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        context = _Context(self.pipeline, executor)
+
+        def run(item: tuple[Unit, list[ChangeRecord]]) -> None:
+            unit, records = item
+            processor.process(records, context)
+            self.complete(unit)
+
+        self._processor_lane = self._lane("processor", run)
+
+    def _dispatch(self, records: list[ChangeRecord], offset: Offset | None) -> None:
+        self._processor_lane.put((self._unit(len(records), offset, 1), records))

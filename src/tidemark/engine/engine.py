@@ -1,0 +1,370 @@
+"""The embedded engine: runs a connector's tasks and delivers their records.
+
+    engine = Engine(connector, consumer=print_record,
+                    config=EngineConfig(delivery_mode="per_key"),
+                    offset_store=FileOffsetStore("offsets.json"))
+    engine.run()          # blocks; close() from another thread (or a signal) stops it
+
+Lifecycle (E2): CREATING → INITIALIZING → CREATING_TASKS → STARTING_TASKS →
+POLLING_TASKS → STOPPING → STOPPED, through the one guarded setter of
+:class:`EngineState`. Each task runs in a worker thread of its own; a task that fails
+stops the others gracefully and :meth:`Engine.run` raises its error. A stop requested
+while tasks are starting waits until every task has started or failed, so that nothing
+a task opened (a replication slot, a connection) is left behind. Restart = a new engine.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from collections.abc import Callable, Mapping, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any, TypeVar
+
+import msgspec
+
+from tidemark.engine.config import DeliveryMode, EngineConfig, KeyBy
+from tidemark.engine.consumers import ChangeConsumer, RecordConsumer, RecordProcessor
+from tidemark.engine.converters import Converter, DebeziumJsonConverter
+from tidemark.engine.delivery import (
+    AsyncDelivery,
+    BatchDelivery,
+    CancelledError,
+    Capacity,
+    Delivery,
+    FailureHolder,
+    OrderedDelivery,
+    PerKeyDelivery,
+    Pipeline,
+    ProcessorDelivery,
+)
+from tidemark.engine.offset_tracker import OffsetTracker
+from tidemark.engine.spi import SourceConnector, SourceTask
+from tidemark.engine.state import EngineState, IllegalStateError, State
+from tidemark.engine.task_runner import TaskRunner
+from tidemark.engine.transforms import Transform
+from tidemark.errors import ConfigError, TerminalError
+from tidemark.offsets.memory import MemoryOffsetStore
+from tidemark.offsets.store import Offset, OffsetStore
+
+log = logging.getLogger(__name__)
+_T = TypeVar("_T")
+
+Consumer = ChangeConsumer | RecordConsumer | RecordProcessor
+
+
+class EngineCallbacks(msgspec.Struct, frozen=True, kw_only=True):
+    """Optional notifications of the connector's and tasks' lifecycle."""
+
+    connector_started: Callable[[], None] | None = None
+    connector_stopped: Callable[[], None] | None = None
+    task_started: Callable[[int], None] | None = None
+    task_stopped: Callable[[int], None] | None = None
+
+
+class TaskTimeoutError(TerminalError):
+    """A task did not start or stop within ``task_management_timeout_ms``."""
+
+
+class Engine:
+    """Runs a :class:`SourceConnector` and delivers its records to consumers.
+
+    *consumer* is, by delivery mode: ``batch`` — an object with
+    ``handle_batch(records, committer)``; ``ordered``/``async``/``per_key`` — a callable
+    taking one record; or a :class:`RecordProcessor` (any mode: it takes over). A list of
+    consumers runs them in parallel on the same records; offsets are committed once all
+    have processed a record (P3).
+    """
+
+    def __init__(self, connector: SourceConnector, consumer: Consumer | Sequence[Consumer], *,
+                 config: EngineConfig | Mapping[str, Any] | None = None,
+                 transforms: Sequence[Transform] = (),
+                 converter: Converter | None = None,
+                 offset_store: OffsetStore | None = None,
+                 callbacks: EngineCallbacks | None = None) -> None:
+        if config is None:
+            config = EngineConfig()
+        elif not isinstance(config, EngineConfig):
+            config = EngineConfig.from_mapping(config)
+        self.config = config
+        self.connector = connector
+        self._consumers = _consumer_list(consumer, config.delivery_mode)
+        self._transforms = tuple(transforms)
+        self._converter = converter or DebeziumJsonConverter()
+        self._store = offset_store or MemoryOffsetStore()
+        self._callbacks = callbacks or EngineCallbacks()
+        self._state = EngineState()
+        self._store_lock = threading.Lock()
+        self._runners: list[TaskRunner] = []
+        self._executors: list[ThreadPoolExecutor] = []
+        self._wake = threading.Event()
+        self._run_lock = threading.Lock()
+        self._running = False
+        self.error: BaseException | None = None
+
+    @property
+    def state(self) -> State:
+        return self._state.current
+
+    @property
+    def tasks(self) -> list[SourceTask]:
+        """The tasks (once created)."""
+        return [runner.task for runner in self._runners]
+
+    # -- public lifecycle ------------------------------------------------------------
+    def run(self) -> None:
+        """Run until every task has finished, :meth:`close` is called, or a task fails
+        (then its error is raised, after the other tasks have stopped)."""
+        with self._run_lock:
+            self._state.require_running()
+            if self._running or self._state.current is not State.CREATING:
+                raise IllegalStateError("the engine is already running; create a new one")
+            self._running = True
+        try:
+            self._run()
+        finally:
+            self._shutdown()
+        if self.error is not None:
+            raise self.error
+
+    def close(self, timeout_s: float | None = None) -> None:
+        """Stop: drain in-flight records (``polling_shutdown_timeout_ms``), save offsets,
+        stop the tasks (``task_management_timeout_ms``). Returns once STOPPED; safe to
+        call more than once."""
+        moved = self._state.request_stop()
+        self._wake.set()
+        for runner in self._runners:
+            runner.stopping.set()
+        with self._run_lock:
+            running = self._running
+        if not running:
+            if moved:
+                self._state.transition(State.STOPPING, State.STOPPED)
+            return
+        if timeout_s is None:
+            cfg = self.config
+            timeout_s = (cfg.polling_shutdown_timeout_ms + 2 * cfg.task_management_timeout_ms
+                         ) / 1000 + 5
+        self._state.wait_for(State.STOPPED, timeout_s=timeout_s)
+
+    def __enter__(self) -> Engine:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def run_with_task(self, fn: Callable[[SourceTask], _T], timeout_s: float = 60) -> list[_T]:
+        """Testing interface: once the tasks poll, call *fn* with each running task and
+        return the results. Starts the engine in a background thread if it is not
+        running yet; the engine keeps running (close it when done)."""
+        with self._run_lock:
+            running = self._running
+        if not running and self._state.current is State.CREATING:
+            threading.Thread(target=self._run_quietly, name="tidemark-engine",
+                             daemon=True).start()
+        if not self._state.wait_for(State.POLLING_TASKS, State.STOPPING, State.STOPPED,
+                                    timeout_s=timeout_s):
+            raise TaskTimeoutError(f"tasks were not polling within {timeout_s}s")
+        if self._state.current is not State.POLLING_TASKS:
+            raise IllegalStateError(f"engine is {self._state.current.name}, not polling"
+                                    + (f": {self.error}" if self.error else ""))
+        return [fn(runner.task) for runner in self._runners]
+
+    def _run_quietly(self) -> None:
+        try:
+            self.run()
+        except BaseException as err:  # kept in self.error for the test to read
+            log.debug("engine stopped with %r", err)
+
+    # -- the run ---------------------------------------------------------------------
+    def _advance(self, expected: State, new: State) -> bool:
+        """Move to *new*; False if a stop request got there first."""
+        try:
+            self._state.transition(expected, new)
+            return True
+        except IllegalStateError:
+            if self._state.current is State.STOPPING:
+                return False
+            raise
+
+    def _run(self) -> None:
+        cfg = self.config
+        try:
+            if not self._advance(State.CREATING, State.INITIALIZING):
+                return
+            task_configs = self.connector.task_configs(cfg.tasks_max)
+            if not task_configs:
+                raise ConfigError("tasks_max", f"connector {self.connector.name} has no work")
+            if len(task_configs) > cfg.tasks_max:
+                raise ConfigError("tasks_max", f"connector {self.connector.name} made "
+                                  f"{len(task_configs)} tasks, more than tasks_max="
+                                  f"{cfg.tasks_max}")
+            if self._callbacks.connector_started:
+                self._callbacks.connector_started()
+            if not self._advance(State.INITIALIZING, State.CREATING_TASKS):
+                return
+            self._runners = [self._runner(i, self.connector.create_task(task_config))
+                             for i, task_config in enumerate(task_configs)]
+            if not self._advance(State.CREATING_TASKS, State.STARTING_TASKS):
+                return
+            self._start_tasks()
+            if self._state.stop_requested:
+                self._state.transition(State.STARTING_TASKS, State.STOPPING)
+                return
+            self._state.transition(State.STARTING_TASKS, State.POLLING_TASKS)
+            self._poll_tasks()
+        except BaseException as err:
+            self.error = self.error or err
+
+    def _runner(self, index: int, task: SourceTask) -> TaskRunner:
+        def make_delivery(tracker: OffsetTracker[Offset], capacity: Capacity,
+                          failure: FailureHolder) -> Delivery:
+            return self._delivery(index, tracker, capacity, failure)
+        return TaskRunner(index, task, self.config, self._store, self._store_lock,
+                          make_delivery)
+
+    def _delivery(self, index: int, tracker: OffsetTracker[Offset], capacity: Capacity,
+                  failure: FailureHolder) -> Delivery:
+        cfg = self.config
+        workers = cfg.workers
+        executor = ThreadPoolExecutor(workers, thread_name_prefix=f"tidemark-task{index}-worker")
+        self._executors.append(executor)
+        pipeline = Pipeline(self._transforms, self._converter, executor, workers)
+        common: dict[str, Any] = {"pipeline": pipeline, "tracker": tracker,
+                                  "capacity": capacity, "failure": failure,
+                                  "name": f"tidemark-task{index}"}
+        consumers: Any = self._consumers
+        if isinstance(consumers[0], RecordProcessor):
+            return ProcessorDelivery(consumers[0], executor, **common)
+        mode = cfg.delivery_mode
+        if mode is DeliveryMode.BATCH:
+            return BatchDelivery(consumers, **common)
+        if mode is DeliveryMode.ORDERED:
+            return OrderedDelivery(consumers, **common)
+        if mode is DeliveryMode.ASYNC:
+            return AsyncDelivery(consumers, executor, workers, **common)
+        return PerKeyDelivery(consumers, workers, cfg.key_by is KeyBy.TABLE, **common)
+
+    def _start_tasks(self) -> None:
+        """Start every task in parallel and wait for all of them to finish starting
+        (or failing), even when one fails early: a task still starting may be opening a
+        slot, and stopping it half-way could leak it."""
+        timeout_s = self.config.task_management_timeout_ms / 1000
+        errors: list[BaseException] = []
+
+        def start(runner: TaskRunner) -> None:
+            try:
+                runner.start(self._store)
+                if self._callbacks.task_started:
+                    self._callbacks.task_started(runner.index)
+            except CancelledError:
+                pass  # close() while it was retrying: not an error
+            except BaseException as err:
+                errors.append(err)
+
+        threads = [threading.Thread(target=start, args=(r,), name=f"tidemark-start{r.index}",
+                                    daemon=True) for r in self._runners]
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join(timeout_s)
+            if thread.is_alive():
+                errors.append(TaskTimeoutError(
+                    f"a task did not start within task_management_timeout_ms="
+                    f"{self.config.task_management_timeout_ms}"))
+                break
+        if errors:
+            raise errors[0]
+
+    def _poll_tasks(self) -> None:
+        """Run each task's poll loop in its own worker until all finish, one fails, or
+        a stop is requested."""
+        def run(runner: TaskRunner) -> None:
+            runner.run()
+            self._wake.set()
+
+        for runner in self._runners:
+            runner.failure.changed = self._wake  # any task's failure wakes the engine
+            threading.Thread(target=run, args=(runner,), name=f"tidemark-task{runner.index}",
+                             daemon=True).start()
+        while True:
+            self._wake.wait()
+            self._wake.clear()
+            for runner in self._runners:
+                if runner.failure.error is not None:
+                    failed = runner.failure.error
+                    log.error("task %d failed: %s; stopping the other tasks", runner.index,
+                              failed)
+                    self.error = failed
+                    return
+            if self._state.current is not State.POLLING_TASKS:
+                return  # close() was called
+            if all(runner.finished for runner in self._runners):
+                return
+
+    def _shutdown(self) -> None:
+        """STOPPING → STOPPED: drain, save offsets, stop tasks, release workers."""
+        cfg = self.config
+        if self._state.current is not State.STOPPING:
+            self._state.request_stop()
+            if self._state.current is State.STARTING_TASKS:
+                self._state.transition(State.STARTING_TASKS, State.STOPPING)
+        for runner in self._runners:
+            runner.stopping.set()
+        drain_s = 0.0 if self.error is not None else cfg.polling_shutdown_timeout_ms / 1000
+        stoppers = []
+        for runner in self._runners:
+            thread = threading.Thread(target=self._stop_runner, args=(runner, drain_s),
+                                      name=f"tidemark-stop{runner.index}", daemon=True)
+            thread.start()
+            stoppers.append(thread)
+        for thread in stoppers:
+            thread.join(drain_s + cfg.task_management_timeout_ms / 1000)
+            if thread.is_alive():
+                log.error("a task did not stop within task_management_timeout_ms=%d",
+                          cfg.task_management_timeout_ms)
+        for executor in self._executors:
+            executor.shutdown(wait=False, cancel_futures=True)
+        if self._callbacks.connector_stopped and self._state.current is State.STOPPING:
+            try:
+                self._callbacks.connector_stopped()
+            except Exception as err:
+                log.warning("connector_stopped callback failed: %s", err)
+        self._state.transition(State.STOPPING, State.STOPPED)
+
+    def _stop_runner(self, runner: TaskRunner, drain_s: float) -> None:
+        if runner.started:
+            runner.drain(drain_s)
+        else:
+            runner.delivery.close(discard=True)
+        try:
+            runner.task.stop()
+        except Exception as err:
+            log.warning("task %d did not stop cleanly: %s", runner.index, err)
+        if runner.started and self._callbacks.task_stopped:
+            self._callbacks.task_stopped(runner.index)
+
+
+def _consumer_list(consumer: Consumer | Sequence[Consumer],
+                   mode: DeliveryMode) -> list[Consumer]:
+    consumers: list[Consumer] = (list(consumer) if isinstance(consumer, (list, tuple))
+                                 else [consumer])  # type: ignore[list-item]
+    if not consumers:
+        raise ConfigError("consumer", "give at least one consumer")
+    if any(isinstance(c, RecordProcessor) for c in consumers):
+        if len(consumers) > 1:
+            raise ConfigError("consumer", "a RecordProcessor takes over all processing; "
+                              "give it alone")
+        return consumers
+    if mode is DeliveryMode.BATCH:
+        for c in consumers:
+            if not isinstance(c, ChangeConsumer):
+                raise ConfigError("delivery_mode", "'batch' needs consumers with "
+                                  "handle_batch(records, committer); for a function taking "
+                                  "one record use 'ordered', 'async' or 'per_key'")
+    else:
+        for c in consumers:
+            if not callable(c):
+                raise ConfigError("delivery_mode", f"{mode.value!r} needs callables taking "
+                                  "one record; for handle_batch consumers use 'batch'")
+    return consumers

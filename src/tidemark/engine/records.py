@@ -1,0 +1,72 @@
+"""The record as it moves through the engine: a source record plus what transforms set."""
+
+from __future__ import annotations
+
+from enum import StrEnum
+
+import msgspec
+
+from tidemark.event import ChangeEvent, Op, Record
+
+
+class DeleteHandling(StrEnum):
+    """What a flattened delete becomes (Debezium's ``delete.handling.mode`` of
+    ``ExtractNewRecordState``)."""
+
+    DROP = "drop"  # no record
+    TOMBSTONE = "tombstone"  # the key with a null value
+    REWRITE = "rewrite"  # the before row plus "__deleted": "true"
+
+
+class Flatten(msgspec.Struct, frozen=True, gc=False):
+    """Deliver the row state instead of the envelope (set by ExtractNewRecordState).
+
+    ``add_fields`` are envelope fields copied into the row as ``__<field>``: ``op``,
+    ``table``, ``schema``, ``db``, ``lsn``, ``txId``, ``source_ts_ms``, ``ts_ms``.
+    """
+
+    delete_handling: DeleteHandling = DeleteHandling.DROP
+    add_fields: tuple[str, ...] = ()
+
+
+class ChangeRecord(msgspec.Struct, gc=False):
+    """A source record on its way to the consumer.
+
+    ``destination`` names where it goes (Debezium's topic: ``<prefix>.<schema>.<table>``
+    by default; a Route transform changes it). ``flatten`` is set when the consumer
+    should get the new row state rather than the change envelope.
+    """
+
+    event: Record
+    destination: str
+    flatten: Flatten | None = None
+
+    @classmethod
+    def of(cls, record: Record) -> ChangeRecord:
+        return cls(record, default_destination(record))
+
+
+def default_destination(record: Record) -> str:
+    """Debezium's topic name for *record*."""
+    if not isinstance(record, ChangeEvent):
+        return "transaction"
+    if record.op is Op.MESSAGE or record.schema is None:
+        return f"{record.context.name}.message"
+    table = record.schema.table
+    return f"{record.context.name}.{table.schema}.{table.table}"
+
+
+def routing_key(record: Record, by_table: bool) -> object:
+    """What decides the worker of *record* in per-key delivery: the table and the key's
+    wire values, or the table alone (also for keyless tables)."""
+    if not isinstance(record, ChangeEvent):
+        return record.id
+    schema = record.schema
+    if schema is None:
+        return record.message_prefix
+    if by_table or not schema.key_indexes:
+        return schema.table
+    row = record.raw_before if record.op is Op.DELETE else record.raw_after
+    if row is None:
+        return schema.table
+    return (schema.table, *(row[i] for i in schema.key_indexes))

@@ -1,0 +1,69 @@
+"""The connector SPI: what a source must provide to run on the engine.
+
+A :class:`SourceConnector` turns its configuration into up to ``tasks_max`` task
+configurations (the PostgreSQL connector: one per database); each becomes a
+:class:`SourceTask`, which the engine runs in a worker of its own. A task polls batches
+of records with the offset to resume from after them; the engine calls
+:meth:`SourceTask.commit` with an offset only once every record up to it has been
+processed by the consumer and the offset has been saved.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any, Protocol
+
+from tidemark.offsets.store import Offset, OffsetReader
+from tidemark.source.batch import SourceBatch
+
+TaskConfig = Mapping[str, Any]
+
+
+class SourceTask(Protocol):
+    """One independently running part of a capture (one database, one stream group).
+
+    ``start`` and ``poll`` may raise :class:`tidemark.errors.TransientError` for failures
+    worth retrying: the engine then calls the same method again after a backoff, so a
+    task must stay usable after raising one.
+    """
+
+    @property
+    def partition(self) -> str:
+        """The offset key of this task (valid once started)."""
+        ...
+
+    def start(self, offsets: OffsetReader) -> None:
+        """Connect and position the task at its saved offset (looked up in *offsets*)."""
+        ...
+
+    def poll(self) -> SourceBatch:
+        """The next batch; may be empty when the source is idle, and should return within
+        about a second so that the engine can notice a stop request."""
+        ...
+
+    def commit(self, offset: Offset) -> None:
+        """*offset* is saved and everything before it processed: the source may release
+        what it holds up to there (a replication slot confirms the LSN)."""
+        ...
+
+    def stop(self) -> None:
+        """Release connections and resources; called once, also after a failed start."""
+        ...
+
+
+class SourceConnector(Protocol):
+    """A configured source that splits its work into tasks."""
+
+    @property
+    def name(self) -> str:
+        """A short name for logs and errors."""
+        ...
+
+    def task_configs(self, tasks_max: int) -> list[TaskConfig]:
+        """Up to *tasks_max* task configurations (raise ConfigError if the work cannot be
+        split that few ways)."""
+        ...
+
+    def create_task(self, config: TaskConfig) -> SourceTask:
+        """A new, not yet started task for one of :meth:`task_configs`' entries."""
+        ...

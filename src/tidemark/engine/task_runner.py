@@ -1,0 +1,141 @@
+"""One task's worker: start it, poll it, hand batches on, save and commit offsets.
+
+Offsets are saved to the store first and then confirmed to the task (for PostgreSQL:
+the slot is told it may release WAL), so that a crash between the two only repeats
+records, never loses them. Retriable errors (:class:`TransientError`) of start, poll and
+commit are retried in place with exponential backoff, up to ``errors_max_retries``.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections.abc import Callable
+from typing import TypeVar
+
+from tidemark.engine.config import EngineConfig
+from tidemark.engine.delivery import CancelledError, Capacity, Delivery, FailureHolder
+from tidemark.engine.offset_tracker import OffsetTracker
+from tidemark.engine.records import ChangeRecord
+from tidemark.engine.spi import SourceTask
+from tidemark.errors import TransientError
+from tidemark.offsets.store import Offset, OffsetReader, OffsetStore
+
+log = logging.getLogger(__name__)
+_T = TypeVar("_T")
+_IDLE_WAIT_S = 0.05
+
+
+class TaskRunner:
+    """Runs one :class:`SourceTask` in the engine (its ``run`` is the task's worker)."""
+
+    def __init__(self, index: int, task: SourceTask, config: EngineConfig,
+                 store: OffsetStore, store_lock: threading.Lock,
+                 make_delivery: Callable[[OffsetTracker[Offset], Capacity, FailureHolder],
+                                         Delivery]) -> None:
+        self.index = index
+        self.task = task
+        self.config = config
+        self._store = store
+        self._store_lock = store_lock
+        self.stopping = threading.Event()
+        self.failure = FailureHolder()
+        self.tracker: OffsetTracker[Offset] = OffsetTracker()
+        self.capacity = Capacity(config.max_in_flight, self._cancelled)
+        self.delivery = make_delivery(self.tracker, self.capacity, self.failure)
+        self.finished = False
+        self.started = False
+        self._last_flush = time.monotonic()
+        self._committed: Offset | None = None
+
+    def _cancelled(self) -> bool:
+        return self.stopping.is_set() or self.failure.error is not None
+
+    # -- retries ---------------------------------------------------------------------
+    def retrying(self, action: Callable[[], _T], what: str) -> _T:
+        """Run *action*, retrying TransientError with backoff (stops early on stop)."""
+        cfg = self.config
+        delay = cfg.errors_retry_delay_initial_ms / 1000
+        attempt = 0
+        while True:
+            try:
+                return action()
+            except TransientError as err:
+                attempt += 1
+                if 0 <= cfg.errors_max_retries < attempt:
+                    raise
+                limit = "∞" if cfg.errors_max_retries < 0 else str(cfg.errors_max_retries)
+                log.warning("task %d: %s failed (%s); retry %d/%s in %.1fs", self.index, what,
+                            err, attempt, limit, delay)
+                if self.stopping.wait(delay):
+                    raise CancelledError from err
+                delay = min(delay * 2, cfg.errors_retry_delay_max_ms / 1000)
+
+    # -- lifecycle -------------------------------------------------------------------
+    def start(self, offsets: OffsetReader) -> None:
+        self.retrying(lambda: self.task.start(offsets), "start")
+        self.started = True
+
+    def run(self) -> None:
+        """Poll until finished, stopped or failed; errors end up in ``failure``."""
+        try:
+            self._poll_loop()
+        except CancelledError:
+            pass
+        except BaseException as err:
+            self.failure.set(err)
+
+    def _poll_loop(self) -> None:
+        task = self.task
+        delivery = self.delivery
+        while not self.stopping.is_set():
+            self.failure.raise_if_failed()
+            batch = self.retrying(task.poll, "poll")
+            if batch.records or batch.offset is not None:
+                delivery.dispatch([ChangeRecord.of(r) for r in batch.records], batch.offset)
+            self.flush(force=delivery.flush_requested.is_set())
+            if batch.finished:
+                self._finish()
+                return
+            if not batch.records:
+                self.stopping.wait(_IDLE_WAIT_S)
+
+    def _finish(self) -> None:
+        """The source has nothing more: wait for the consumers, save the last offset."""
+        while not self.capacity.wait_empty(None, self._cancelled):
+            self.failure.raise_if_failed()
+            if self.stopping.is_set():
+                return
+        self.failure.raise_if_failed()
+        self.flush(force=True)
+        self.finished = True
+
+    def flush(self, force: bool = False) -> None:
+        """Save and commit the committable offset if the flush interval has passed."""
+        now = time.monotonic()
+        if not force and now - self._last_flush < self.config.offset_flush_interval_ms / 1000:
+            return
+        self.delivery.flush_requested.clear()
+        self._last_flush = now
+        offset = self.tracker.take_committable()
+        if offset is None:
+            return
+        with self._store_lock:
+            self._store.save(self.task.partition, offset)
+        self._committed = offset
+        self.retrying(lambda: self.task.commit(offset), "commit")
+
+    def drain(self, timeout_s: float) -> None:
+        """After a stop request: let in-flight records finish for up to *timeout_s*,
+        save what is committable, end the workers."""
+        drained = timeout_s > 0 and self.capacity.wait_empty(
+            timeout_s, lambda: self.failure.error is not None)
+        if not drained and self.capacity.in_flight:
+            log.info("task %d: stopping with %d records in flight; they will be delivered "
+                     "again after a restart", self.index, self.capacity.in_flight)
+        try:
+            self.flush(force=True)
+        except Exception as err:  # the task may be broken; the saved offset stays
+            log.warning("task %d: could not commit the last offset: %s", self.index, err)
+        self.delivery.close(discard=not drained)

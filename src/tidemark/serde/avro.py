@@ -1,0 +1,275 @@
+"""Change events as Avro (schemaless binary records, as Confluent's converter writes them
+without the registry framing), with schemas derived from the table schema.
+
+The field types follow what Debezium's AvroConverter writes for the PostgreSQL
+connector: integers as int/long, ``numeric(p, s)`` as bytes with the ``decimal`` logical
+type, dates as ``int`` days, timestamps as ``long`` micro/milliseconds, ``timestamptz``
+as an ISO string (Debezium's ZonedTimestamp), and so on. The values are taken from the
+Debezium JSON form of the same event, so both converters always agree on content.
+Field names that Avro does not allow (a space, a dash) are adjusted the way Debezium's
+``field.name.adjustment.mode=avro`` does: invalid characters become ``_``.
+"""
+
+from __future__ import annotations
+
+import base64
+import io
+import re
+from collections.abc import Callable
+from typing import Any
+
+import fastavro
+import msgspec
+
+from tidemark.event import ChangeEvent, Column, TableSchema
+from tidemark.serde.debezium_json import DebeziumJsonOptions
+from tidemark.source.postgres import types as pgt
+from tidemark.source.postgres.config import DecimalHandlingMode, TimePrecisionMode
+
+AvroType = Any  # an Avro schema fragment (str, dict or list)
+
+_INVALID = re.compile(r"[^A-Za-z0-9_]")
+_FLATTEN_FIELD_TYPES: dict[str, str] = {
+    "op": "string", "table": "string", "schema": "string", "db": "string",
+    "lsn": "long", "txId": "long", "source_ts_ms": "long", "ts_ms": "long",
+}
+
+
+def avro_name(name: str) -> str:
+    """*name* with characters Avro does not allow replaced by ``_``."""
+    adjusted = _INVALID.sub("_", name)
+    return adjusted if adjusted and not adjusted[0].isdigit() else f"_{adjusted}"
+
+
+def column_type(column: Column, options: DebeziumJsonOptions) -> AvroType:
+    """The Avro type Debezium gives *column* (not yet made nullable)."""
+    oid, typmod = column.type_oid, column.type_modifier
+    element_oid = pgt.ARRAY_ELEMENT_OID.get(oid)
+    if element_oid is not None:
+        element = Column(column.name, element_oid, typmod, "", False, str)
+        return {"type": "array", "items": ["null", column_type(element, options)]}
+    if oid in (pgt.INT2_OID, pgt.INT4_OID):
+        return "int"
+    if oid in (pgt.INT8_OID, pgt.OID_OID):
+        return "long"
+    if oid == pgt.FLOAT4_OID:
+        return "float"
+    if oid == pgt.FLOAT8_OID:
+        return "double"
+    if oid == pgt.BOOL_OID:
+        return "boolean"
+    if oid in (pgt.NUMERIC_OID, pgt.MONEY_OID):
+        mode = options.decimal_handling_mode
+        if mode == DecimalHandlingMode.STRING:
+            return "string"
+        if mode == DecimalHandlingMode.DOUBLE:
+            return "double"
+        if oid == pgt.MONEY_OID:
+            return {"type": "bytes", "logicalType": "decimal", "precision": 38, "scale": 2}
+        if typmod < 4:
+            return {"type": "record", "name": "VariableScaleDecimal",
+                    "namespace": "io.debezium.data",
+                    "fields": [{"name": "scale", "type": "int"},
+                               {"name": "value", "type": "bytes"}]}
+        precision = ((typmod - 4) >> 16) & 0xFFFF
+        scale = (((typmod - 4) & 0x7FF) ^ 1024) - 1024
+        return {"type": "bytes", "logicalType": "decimal", "precision": precision,
+                "scale": max(scale, 0)}
+    if oid == pgt.DATE_OID:
+        return "int"
+    precision = typmod if typmod >= 0 else 6
+    time_mode = options.time_precision_mode
+    if oid == pgt.TIME_OID:
+        if time_mode == TimePrecisionMode.CONNECT or (
+                time_mode == TimePrecisionMode.ADAPTIVE and precision <= 3):
+            return "int" if time_mode == TimePrecisionMode.CONNECT else "long"
+        return "long"
+    if oid in (pgt.TIMESTAMP_OID, pgt.INTERVAL_OID):
+        if oid == pgt.INTERVAL_OID and options.interval_handling_mode == "string":
+            return "string"
+        return "long"
+    if oid == pgt.BYTEA_OID:
+        return "bytes"
+    return "string"
+
+
+def _bytes_reader(avro_type: AvroType) -> Callable[[Any], Any] | None:
+    """How to turn the JSON form of a value into what Avro writes (base64 text → bytes,
+    Java's float names → floats), or None when it is already right."""
+    if avro_type == "bytes" or (isinstance(avro_type, dict) and avro_type.get("type") == "bytes"):
+        return lambda v: v if v is None else base64.b64decode(v)
+    if isinstance(avro_type, dict) and avro_type.get("type") == "record":
+        return lambda v: v if v is None else {"scale": v["scale"],
+                                              "value": base64.b64decode(v["value"])}
+    if avro_type in ("float", "double"):
+        return lambda v: float(v) if isinstance(v, str) else v
+    if avro_type == "int":
+        return lambda v: v
+    if isinstance(avro_type, dict) and avro_type.get("type") == "array":
+        inner = _bytes_reader(avro_type["items"][1])
+        if inner is None:
+            return None
+        return lambda v: v if v is None else [inner(x) for x in v]
+    return None
+
+
+class _TableCodec:
+    """Avro schemas and value fix-ups of one table schema."""
+
+    def __init__(self, schema: TableSchema, options: DebeziumJsonOptions) -> None:
+        name = avro_name(f"{options.topic_prefix}.{schema.table.schema}.{schema.table.table}")
+        self.fields: list[tuple[str, str, Callable[[Any], Any] | None]] = []
+        row_fields: list[dict[str, Any]] = []
+        seen: set[str] = set()
+        for column in schema.columns:
+            field = avro_name(column.name)
+            while field in seen:
+                field += "_"
+            seen.add(field)
+            avro_type = column_type(column, options)
+            self.fields.append((column.name, field, _bytes_reader(avro_type)))
+            row_fields.append({"name": field, "type": ["null", avro_type], "default": None})
+        self.row_fields = row_fields
+        self.row = {"type": "record", "name": "Value", "namespace": name, "fields": row_fields}
+        self.key_names = [self.fields[i] for i in schema.key_indexes]
+        self.key = fastavro.parse_schema({
+            "type": "record", "name": "Key", "namespace": name,
+            "fields": [{"name": field, "type": ["null", column_type(schema.columns[i], options)],
+                        "default": None}
+                       for i, (_, field, _) in zip(schema.key_indexes, self.key_names,
+                                                   strict=True)]})
+        self.envelope = fastavro.parse_schema({
+            "type": "record", "name": "Envelope", "namespace": name, "fields": [
+                {"name": "before", "type": ["null", self.row], "default": None},
+                {"name": "after", "type": ["null", "Value"], "default": None},
+                {"name": "source", "type": _SOURCE},
+                {"name": "transaction", "type": ["null", _TRANSACTION], "default": None},
+                {"name": "op", "type": "string"},
+                {"name": "ts_ms", "type": ["null", "long"], "default": None},
+                {"name": "ts_us", "type": ["null", "long"], "default": None},
+                {"name": "ts_ns", "type": ["null", "long"], "default": None},
+            ]})
+        self._flat: dict[tuple[str, ...], Any] = {}
+        self._name = name
+
+    def flat_schema(self, add_fields: tuple[str, ...]) -> Any:
+        schema = self._flat.get(add_fields)
+        if schema is None:
+            extra = [{"name": f"__{f}", "type": ["null", _FLATTEN_FIELD_TYPES[f]],
+                      "default": None} for f in add_fields]
+            extra.append({"name": "__deleted", "type": ["null", "string"], "default": None})
+            schema = self._flat[add_fields] = fastavro.parse_schema({
+                "type": "record", "name": "FlatValue", "namespace": self._name,
+                "fields": self.row_fields + extra})
+        return schema
+
+    def row_value(self, row: dict[str, Any] | None) -> dict[str, Any] | None:
+        if row is None:
+            return None
+        out: dict[str, Any] = {}
+        for column, field, fix in self.fields:
+            value = row.get(column)
+            out[field] = fix(value) if fix is not None and value is not None else value
+        return out
+
+
+_SOURCE: dict[str, Any] = {
+    "type": "record", "name": "Source", "namespace": "io.debezium.connector.postgresql",
+    "fields": [
+        {"name": "version", "type": "string"},
+        {"name": "connector", "type": "string"},
+        {"name": "name", "type": "string"},
+        {"name": "ts_ms", "type": "long"},
+        {"name": "snapshot", "type": ["null", "string"], "default": None},
+        {"name": "db", "type": "string"},
+        {"name": "sequence", "type": ["null", "string"], "default": None},
+        {"name": "ts_us", "type": ["null", "long"], "default": None},
+        {"name": "ts_ns", "type": ["null", "long"], "default": None},
+        {"name": "schema", "type": "string"},
+        {"name": "table", "type": "string"},
+        {"name": "txId", "type": ["null", "long"], "default": None},
+        {"name": "lsn", "type": ["null", "long"], "default": None},
+        {"name": "xmin", "type": ["null", "long"], "default": None},
+        {"name": "origin", "type": ["null", "string"], "default": None},
+        {"name": "origin_lsn", "type": ["null", "long"], "default": None},
+    ]}
+_TRANSACTION: dict[str, Any] = {
+    "type": "record", "name": "block", "namespace": "event",
+    "fields": [
+        {"name": "id", "type": "string"},
+        {"name": "total_order", "type": "long"},
+        {"name": "data_collection_order", "type": "long"},
+        {"name": "commit_lsn", "type": ["null", "long"], "default": None},
+        {"name": "commit_ts_ms", "type": ["null", "long"], "default": None},
+        {"name": "commit_ts_us", "type": ["null", "long"], "default": None},
+    ]}
+
+
+class AvroEncoder:
+    """Encodes the Debezium JSON form of events to Avro key and value bytes.
+
+    Not thread-safe (it caches per table schema); use one per worker.
+    """
+
+    def __init__(self, options: DebeziumJsonOptions) -> None:
+        self.options = options
+        self._codecs: dict[int, tuple[TableSchema, _TableCodec]] = {}
+
+    def codec(self, schema: TableSchema) -> _TableCodec:
+        entry = self._codecs.get(id(schema))
+        if entry is None or entry[0] is not schema:
+            entry = self._codecs[id(schema)] = (schema, _TableCodec(schema, self.options))
+        return entry[1]
+
+    def key(self, event: ChangeEvent, key_json: str) -> bytes | None:
+        """The Avro key of *event* from its Debezium JSON key (None: keyless)."""
+        if key_json == "null" or event.schema is None:
+            return None
+        codec = self.codec(event.schema)
+        key = msgspec.json.decode(key_json)
+        return _write(codec.key, {
+            field: (fix(key[column]) if fix is not None and key[column] is not None
+                    else key[column])
+            for column, field, fix in codec.key_names})
+
+    def envelope(self, event: ChangeEvent, value: dict[str, Any]) -> bytes:
+        """The Avro value of *event* from its decoded Debezium JSON value."""
+        assert event.schema is not None
+        codec = self.codec(event.schema)
+        source = dict(value["source"])
+        for field in ("txId", "lsn", "xmin", "origin_lsn"):
+            if isinstance(source.get(field), str):
+                source[field] = int(source[field])
+        record = {
+            "before": codec.row_value(value.get("before")),
+            "after": codec.row_value(value.get("after")),
+            "source": source,
+            "transaction": value.get("transaction"),
+            "op": value["op"],
+            "ts_ms": value.get("ts_ms"),
+            "ts_us": value.get("ts_us"),
+            "ts_ns": value.get("ts_ns"),
+        }
+        return _write(codec.envelope, record)
+
+    def flat(self, event: ChangeEvent, row: dict[str, Any],
+             add_fields: tuple[str, ...]) -> bytes:
+        """The Avro value of a flattened row (ExtractNewRecordState)."""
+        assert event.schema is not None
+        codec = self.codec(event.schema)
+        out = codec.row_value(row) or {}
+        for field in (*(f"__{f}" for f in add_fields), "__deleted"):
+            out[field] = row.get(field)
+        return _write(codec.flat_schema(add_fields), out)
+
+
+def _write(schema: Any, record: dict[str, Any]) -> bytes:
+    buffer = io.BytesIO()
+    fastavro.schemaless_writer(buffer, schema, record)
+    return buffer.getvalue()
+
+
+def avro_schemas(schema: TableSchema, options: DebeziumJsonOptions) -> tuple[Any, Any]:
+    """The (key, value) Avro schemas of a table, for a reader of the encoded records."""
+    codec = _TableCodec(schema, options)
+    return codec.key, codec.envelope

@@ -1,0 +1,22 @@
+"""What every source task hands the engine on each poll."""
+
+from __future__ import annotations
+
+import msgspec
+
+from tidemark.event import Record
+from tidemark.offsets.store import Offset
+
+
+class SourceBatch(msgspec.Struct, frozen=True):
+    """Records polled from a source, and the offset to commit once they are durable.
+
+    ``offset`` is the resume position after the last record, or None when the batch does
+    not move it (for example it ends inside a transaction). ``finished`` is set on the
+    last batch of a bounded capture (a stop position, a snapshot-only run, a synthetic
+    source that ran out).
+    """
+
+    records: list[Record]
+    offset: Offset | None
+    finished: bool = False

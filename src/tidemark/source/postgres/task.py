@@ -1,0 +1,120 @@
+"""The PostgreSQL connector on the engine's SPI: one task per database.
+
+Several databases of one server in one configuration (``databases``) become one task
+each, the way Debezium's SQL Server connector runs a task per database. Replication
+slots are per server, so each database's slot gets the database name appended.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import psycopg2.extensions
+
+from tidemark.engine.spi import TaskConfig
+from tidemark.errors import ConfigError, TransientError
+from tidemark.offsets.store import Offset, OffsetReader
+from tidemark.source.batch import SourceBatch
+from tidemark.source.postgres.config import PostgresSourceConfig, check_identifier
+from tidemark.source.postgres.connector import PostgresConnector
+
+log = logging.getLogger(__name__)
+
+
+class PostgresTask:
+    """Captures one database; after a retriable failure the next poll reconnects from
+    the last committed offset (records after it are delivered again: at-least-once)."""
+
+    def __init__(self, config: PostgresSourceConfig) -> None:
+        self.config = config
+        self._connector: PostgresConnector | None = None
+        self._offsets: OffsetReader | None = None
+        self._committed: Offset | None = None
+        self._broken = False
+
+    @property
+    def partition(self) -> str:
+        if self._connector is None:
+            raise ConfigError("partition", "known only after start()")
+        return self._connector.partition
+
+    @property
+    def connector(self) -> PostgresConnector | None:
+        """The running capture (for tests)."""
+        return self._connector
+
+    def start(self, offsets: OffsetReader) -> None:
+        self._offsets = offsets
+        self._open(None)
+
+    def _open(self, offset: Offset | None) -> None:
+        connector = PostgresConnector(self.config)
+        self._connector = connector
+        connector.start(offset, store=self._offsets)
+
+    def poll(self) -> SourceBatch:
+        if self._connector is None:
+            raise ConfigError("poll", "start() the task first")
+        if self._broken:
+            self._reopen()
+        try:
+            return self._connector.poll()
+        except TransientError:
+            self._broken = True
+            raise
+
+    def _reopen(self) -> None:
+        assert self._connector is not None
+        with contextlib.suppress(Exception):
+            self._connector.stop()
+        resume = self._committed
+        if resume is None and self._offsets is not None:
+            with contextlib.suppress(Exception):
+                resume = self._offsets.load(self._connector.partition)
+        log.info("reconnecting capture of %s from %s", self.config.redacted_dsn(),
+                 resume or "its saved offset")
+        self._open(resume)
+        self._broken = False
+
+    def commit(self, offset: Offset) -> None:
+        self._committed = offset
+        if self._connector is not None and not self._broken:
+            self._connector.commit(offset)
+
+    def stop(self) -> None:
+        if self._connector is not None:
+            self._connector.stop()
+
+
+class PostgresSourceConnector:
+    """The engine-facing PostgreSQL connector. *config* holds the settings of
+    :class:`PostgresSourceConfig`; *databases*, if given, lists databases of the
+    server to capture, each in its own task (the DSN's database is then ignored)."""
+
+    def __init__(self, config: Mapping[str, Any], databases: Sequence[str] = ()) -> None:
+        self._base = dict(config)
+        PostgresSourceConfig.from_mapping(self._base)  # fail now, naming the bad key
+        for db in databases:
+            check_identifier("databases", db)
+        self.databases = tuple(databases)
+
+    @property
+    def name(self) -> str:
+        return "postgresql"
+
+    def task_configs(self, tasks_max: int) -> list[TaskConfig]:
+        if not self.databases:
+            return [self._base]
+        if len(self.databases) > tasks_max:
+            raise ConfigError("tasks_max", f"{len(self.databases)} databases need one task "
+                              f"each; set tasks_max to at least {len(self.databases)}")
+        slot = self._base.get("slot_name", "tidemark")
+        return [{**self._base,
+                 "dsn": psycopg2.extensions.make_dsn(self._base["dsn"], dbname=db),
+                 "slot_name": f"{slot}_{db}"} for db in self.databases]
+
+    def create_task(self, config: TaskConfig) -> PostgresTask:
+        return PostgresTask(PostgresSourceConfig.from_mapping(config))
