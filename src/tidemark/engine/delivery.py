@@ -61,11 +61,15 @@ class FailureHolder:
 class Capacity:
     """Counts records in flight and makes the reader wait above the limit."""
 
-    def __init__(self, limit: int, cancelled: Callable[[], bool]) -> None:
+    def __init__(self, limit: int, cancelled: Callable[[], bool],
+                 while_waiting: Callable[[], None] = lambda: None) -> None:
         self.limit = limit
         self._in_flight = 0
         self._changed = threading.Condition()
         self._cancelled = cancelled
+        # Called between waits (outside the lock): the reader saves offsets meanwhile,
+        # so that a long wait for a slow consumer does not hold back the saved offset.
+        self._while_waiting = while_waiting
 
     @property
     def in_flight(self) -> int:
@@ -75,12 +79,15 @@ class Capacity:
     def acquire(self, n: int) -> None:
         """Wait until *n* more records fit (a batch larger than the limit is let in
         alone, so that it cannot wait forever)."""
-        with self._changed:
-            while self._in_flight and self._in_flight + n > self.limit:
+        while True:
+            with self._changed:
+                if not self._in_flight or self._in_flight + n <= self.limit:
+                    self._in_flight += n
+                    return
                 if self._cancelled():
                     raise CancelledError
                 self._changed.wait(_WAIT_SLICE_S)
-            self._in_flight += n
+            self._while_waiting()
 
     def release(self, n: int) -> None:
         with self._changed:

@@ -42,7 +42,7 @@ class TaskRunner:
         self.stopping = threading.Event()
         self.failure = FailureHolder()
         self.tracker: OffsetTracker[Offset] = OffsetTracker()
-        self.capacity = Capacity(config.max_in_flight, self._cancelled)
+        self.capacity = Capacity(config.max_in_flight, self._cancelled, self.flush)
         self.delivery = make_delivery(self.tracker, self.capacity, self.failure)
         self.finished = False
         self.started = False
@@ -103,10 +103,11 @@ class TaskRunner:
 
     def _finish(self) -> None:
         """The source has nothing more: wait for the consumers, save the last offset."""
-        while not self.capacity.wait_empty(None, self._cancelled):
+        while not self.capacity.wait_empty(_IDLE_WAIT_S, self._cancelled):
             self.failure.raise_if_failed()
             if self.stopping.is_set():
                 return
+            self.flush(force=self.delivery.flush_requested.is_set())
         self.failure.raise_if_failed()
         self.flush(force=True)
         self.finished = True
