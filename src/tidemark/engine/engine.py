@@ -285,8 +285,9 @@ class Engine:
 
         for runner in self._runners:
             runner.failure.changed = self._wake  # any task's failure wakes the engine
-            threading.Thread(target=run, args=(runner,), name=f"tidemark-task{runner.index}",
-                             daemon=True).start()
+            runner.thread = threading.Thread(target=run, args=(runner,),
+                                             name=f"tidemark-task{runner.index}", daemon=True)
+            runner.thread.start()
         while True:
             self._wake.wait()
             self._wake.clear()
@@ -333,6 +334,15 @@ class Engine:
         self._state.transition(State.STOPPING, State.STOPPED)
 
     def _stop_runner(self, runner: TaskRunner, drain_s: float) -> None:
+        # A task is not thread-safe: wait for its poll to return before the final
+        # commit and stop (the SPI asks poll to return within about a second).
+        timeout_s = self.config.task_management_timeout_ms / 1000
+        if runner.thread is not None:
+            runner.thread.join(timeout_s)
+            if runner.thread.is_alive():
+                log.error("task %d is still in poll() after %.0fs; leaving it", runner.index,
+                          timeout_s)
+                return
         if runner.started:
             runner.drain(drain_s)
         else:

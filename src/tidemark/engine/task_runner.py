@@ -46,6 +46,7 @@ class TaskRunner:
         self.delivery = make_delivery(self.tracker, self.capacity, self.failure)
         self.finished = False
         self.started = False
+        self.thread: threading.Thread | None = None  # the poll loop's worker
         self._last_flush = time.monotonic()
         self._committed: Offset | None = None
 

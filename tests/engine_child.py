@@ -1,0 +1,86 @@
+"""A process that runs the engine for the kill/restart tests.
+
+It writes one line per delivered record to --out (the synthetic source's position, or
+the ``id`` of a PostgreSQL row) and flushes before the consumer returns, so that what is
+in the file is exactly what was processed when the process is killed. Offsets are saved
+to --offsets after every processed batch.
+"""
+
+from __future__ import annotations
+
+import argparse
+import threading
+from typing import Any
+
+from tidemark.engine.converters import ConvertedRecord, EventConverter
+from tidemark.engine.engine import Engine
+from tidemark.event import ChangeEvent
+from tidemark.offsets.file import FileOffsetStore
+from tidemark.source.postgres.task import PostgresSourceConnector
+from tidemark.source.synthetic import SyntheticConnector
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--mode", required=True)
+    parser.add_argument("--offsets", required=True)
+    parser.add_argument("--out", required=True)
+    parser.add_argument("--total", type=int, help="synthetic: records to produce")
+    parser.add_argument("--dsn", help="PostgreSQL: capture table t of this database")
+    parser.add_argument("--stop-after-id", type=int,
+                        help="PostgreSQL: stop once the row with this id (the last one "
+                             "written) came; close() then drains what is in flight")
+    parser.add_argument("--max-in-flight", type=int, default=1000)
+    args = parser.parse_args()
+
+    out = open(args.out, "a", buffering=1 << 16)  # noqa: SIM115 - lives as long as the process
+    lock = threading.Lock()
+    done = threading.Event()
+
+    def position(record: ConvertedRecord) -> int | None:
+        event = record.value
+        if not isinstance(event, ChangeEvent):
+            return None
+        if args.dsn:
+            return int(event.after["id"]) if event.after else None
+        return event.lsn
+
+    def write(records: list[ConvertedRecord]) -> None:
+        lines = [f"{p}\n" for p in map(position, records) if p is not None]
+        with lock:
+            out.write("".join(lines))
+            out.flush()
+            if args.stop_after_id and f"{args.stop_after_id}\n" in lines:
+                done.set()
+
+    class BatchSink:
+        def handle_batch(self, records: list[ConvertedRecord], committer: Any) -> None:
+            write(records)
+
+    def consume(record: ConvertedRecord) -> None:
+        write([record])
+
+    connector: Any
+    if args.dsn:
+        connector = PostgresSourceConnector({
+            "dsn": args.dsn, "table_include_list": ["public.t"], "slot_name": "kill_test",
+            "max_batch_messages": 200, "heartbeat_interval_ms": 200})
+    else:
+        connector = SyntheticConnector(total=args.total, batch_size=100)
+    engine = Engine(
+        connector, BatchSink() if args.mode == "batch" else consume,
+        config={"delivery_mode": args.mode, "worker_count": 4, "offset_flush_interval_ms": 0,
+                "max_in_flight": args.max_in_flight},
+        converter=EventConverter(), offset_store=FileOffsetStore(args.offsets))
+    if args.stop_after_id:
+        thread = threading.Thread(target=engine.run)
+        thread.start()
+        done.wait()
+        engine.close()
+        thread.join()
+    else:
+        engine.run()
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,113 @@
+"""The engine with the PostgreSQL connector: every delivery mode on a real database,
+one task per database, and a stop while tasks start that leaves no slot active and no
+connection open."""
+
+from __future__ import annotations
+
+import threading
+import time
+from typing import Any
+
+import pytest
+
+from conftest import Database
+from tidemark.engine.converters import EventConverter
+from tidemark.engine.engine import Engine
+from tidemark.engine.state import State
+from tidemark.event import ChangeEvent
+from tidemark.offsets.memory import MemoryOffsetStore
+from tidemark.source.postgres.task import PostgresSourceConnector
+from tidemark.testing.postgres import PostgresCluster
+from tidemark.testing.sink import MemorySink
+
+
+def wait_for(condition: Any, timeout_s: float, what: str) -> None:
+    deadline = time.monotonic() + timeout_s
+    while not condition():
+        assert time.monotonic() < deadline, f"timed out waiting for {what}"
+        time.sleep(0.02)
+
+
+def ids(sink: MemorySink) -> list[int]:
+    out = []
+    for record in sink.records:
+        event = record.value
+        if isinstance(event, ChangeEvent) and event.after is not None:
+            out.append(int(event.after["id"]))
+    return out
+
+
+@pytest.mark.parametrize("mode", ["batch", "ordered", "async", "per_key"])
+def test_each_mode_delivers_snapshot_and_stream(mode: str, db: Database) -> None:
+    db.execute("CREATE TABLE t (id int PRIMARY KEY, v text)",
+               "INSERT INTO t SELECT g, 'v' FROM generate_series(1, 500) g")
+    sink = MemorySink()
+    store = MemoryOffsetStore()
+    connector = PostgresSourceConnector({"dsn": db.dsn, "table_include_list": ["public.t"]})
+    engine = Engine(connector, sink, config={"delivery_mode": mode, "worker_count": 4,
+                                             "offset_flush_interval_ms": 0},
+                    converter=EventConverter(), offset_store=store)
+    thread = threading.Thread(target=engine.run, daemon=True)
+    thread.start()
+    wait_for(lambda: len(sink) >= 500, 30, "the snapshot")
+    db.execute("INSERT INTO t SELECT g, 'v' FROM generate_series(501, 1500) g")
+    wait_for(lambda: len(set(ids(sink))) >= 1500, 30, "the streamed inserts")
+    engine.close()
+    thread.join(10)
+    assert engine.state is State.STOPPED and engine.error is None
+    assert sorted(ids(sink)) == list(range(1, 1501))
+    saved = store.load(f"postgres/{db.name}/tidemark")
+    assert saved is not None and saved["snapshot_completed"]
+    confirmed = db.scalar("SELECT (confirmed_flush_lsn - '0/0')::bigint "
+                          "FROM pg_replication_slots WHERE slot_name = 'tidemark'")
+    assert confirmed == saved["lsn"], "the slot was not confirmed up to the saved offset"
+
+
+def test_one_task_per_database(pg_cluster: PostgresCluster) -> None:
+    names = ["multi_a", "multi_b"]
+    for name in names:
+        pg_cluster.create_database(name)
+    try:
+        for name in names:
+            Database(pg_cluster, name).execute(
+                "CREATE TABLE t (id int PRIMARY KEY)",
+                "INSERT INTO t SELECT generate_series(1, 100)")
+        sink = MemorySink()
+        connector = PostgresSourceConnector(
+            {"dsn": pg_cluster.dsn("postgres"), "table_include_list": ["public.t"],
+             "snapshot_mode": "initial_only", "slot_name": "multi"}, databases=names)
+        engine = Engine(connector, sink, config={"tasks_max": 2, "delivery_mode": "ordered"},
+                        converter=EventConverter())
+        engine.run()
+        by_db: dict[str, int] = {}
+        for record in sink.records:
+            event = record.value
+            if isinstance(event, ChangeEvent):
+                by_db[event.context.db] = by_db.get(event.context.db, 0) + 1
+        assert by_db == {"multi_a": 100, "multi_b": 100}
+    finally:
+        for name in names:
+            pg_cluster.drop_database(name)
+
+
+def test_close_while_starting_leaves_no_active_slot_and_no_connection(db: Database) -> None:
+    db.execute("CREATE TABLE t (id int PRIMARY KEY)",
+               "INSERT INTO t SELECT generate_series(1, 50000)")
+    connector = PostgresSourceConnector({"dsn": db.dsn, "table_include_list": ["public.t"]})
+    engine = Engine(connector, MemorySink(), config={"delivery_mode": "batch"},
+                    converter=EventConverter())
+    thread = threading.Thread(target=engine.run, daemon=True)
+    thread.start()
+    wait_for(lambda: engine.state is State.STARTING_TASKS, 30, "STARTING_TASKS")
+    engine.close()
+    thread.join(30)
+    assert engine.state is State.STOPPED and engine.error is None
+
+    def clean() -> bool:
+        active = db.scalar("SELECT count(*) FROM pg_replication_slots WHERE active")
+        connections = db.scalar(
+            "SELECT count(*) FROM pg_stat_activity WHERE application_name LIKE 'tidemark%%' "
+            "AND pid <> pg_backend_pid()")
+        return active == 0 and connections == 0
+
+    wait_for(clean, 10, "no active slot and no tidemark connection")
