@@ -13,7 +13,6 @@ import pytest
 
 from tidemark.engine.converters import ConvertedRecord, EventConverter
 from tidemark.engine.engine import Engine, EngineCallbacks
-from tidemark.engine.records import ChangeRecord
 from tidemark.engine.state import IllegalStateError, State
 from tidemark.errors import ConfigError, TransientError
 from tidemark.event import ChangeEvent
@@ -84,7 +83,7 @@ def test_per_key_mode_keeps_order_per_key_under_random_delays_and_runs_in_parall
             active[0] += 1
             active[1] = max(active[1], active[0])
         time.sleep(rng.random() / 2000)
-        event = record.record.event
+        event = record.event
         assert isinstance(event, ChangeEvent) and event.lsn is not None
         with lock:
             seen[event.key["id"] if event.key else None].append(event.lsn)
@@ -141,7 +140,7 @@ def test_committed_offset_never_passes_an_unprocessed_record(mode: str) -> None:
 
     def consumer(record: ConvertedRecord) -> None:
         time.sleep(rng.random() / 5000)
-        event = record.record.event
+        event = record.event
         assert isinstance(event, ChangeEvent) and event.lsn is not None
         if record.value is not None:
             with lock:
@@ -334,7 +333,7 @@ def test_a_record_processor_takes_over_processing() -> None:
     batches: list[int] = []
 
     class Processor:
-        def process(self, records: list[ChangeRecord], context: Any) -> None:
+        def process(self, records: list[Any], context: Any) -> None:
             converted = context.convert(records)
             batches.append(len(converted))
 

@@ -7,7 +7,7 @@ from concurrent.futures import Executor
 from typing import Protocol, runtime_checkable
 
 from tidemark.engine.converters import ConvertedRecord
-from tidemark.engine.records import ChangeRecord
+from tidemark.event import Record
 
 
 class BatchCommitter(Protocol):
@@ -40,7 +40,7 @@ class ProcessorContext(Protocol):
         """The engine's worker pool."""
         ...
 
-    def convert(self, records: Sequence[ChangeRecord]) -> list[ConvertedRecord]:
+    def convert(self, records: Sequence[Record]) -> list[ConvertedRecord]:
         """Run the engine's transforms and converter over *records* (in parallel)."""
         ...
 
@@ -51,5 +51,5 @@ class RecordProcessor(Protocol):
     batch untransformed; when :meth:`process` returns, the batch counts as processed
     and its offset may be committed. Batches come one at a time, in source order."""
 
-    def process(self, records: list[ChangeRecord], context: ProcessorContext) -> None:
+    def process(self, records: list[Record], context: ProcessorContext) -> None:
         ...

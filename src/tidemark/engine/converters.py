@@ -15,39 +15,52 @@ from typing import Any, Protocol
 
 import msgspec
 
-from tidemark.engine.records import ChangeRecord, DeleteHandling, Flatten
-from tidemark.event import ChangeEvent, Op, TransactionBoundary
+from tidemark.engine.records import (
+    ChangeRecord,
+    DeleteHandling,
+    Destinations,
+    Flatten,
+    Routed,
+    default_destination,
+)
+from tidemark.event import ChangeEvent, Op, Record
 from tidemark.serde.avro import AvroEncoder
 from tidemark.serde.debezium_json import DebeziumJsonOptions, DebeziumJsonSerializer
 
 
 class ConvertedRecord(msgspec.Struct, gc=False):
     """What a consumer receives: ``key`` and ``value`` in the converter's format (None
-    for a tombstone's value or a keyless table's key), and the record they came from."""
+    for a tombstone's value or a keyless table's key), and the event they came from
+    (after the transforms)."""
 
     destination: str
     key: Any
     value: Any
-    record: ChangeRecord
+    event: Record
 
 
 class Converter(Protocol):
-    """Turns transformed records into consumer records; may emit more records than it
-    gets (Debezium's tombstone after a delete) or fewer. Must be thread-safe."""
+    """Turns records into consumer records; may emit more records than it gets
+    (Debezium's tombstone after a delete) or fewer. A record is a :class:`ChangeRecord`
+    when a transform touched it, else the event itself (default destination, not
+    flattened). Must be thread-safe."""
 
-    def convert(self, records: Sequence[ChangeRecord]) -> list[ConvertedRecord]: ...
+    def convert(self, records: Sequence[Routed]) -> list[ConvertedRecord]: ...
 
 
 class EventConverter:
     """No serialization: the value is the event itself (``ChangeEvent`` or
     ``TransactionBoundary``), the key the event's key as a dict."""
 
-    def convert(self, records: Sequence[ChangeRecord]) -> list[ConvertedRecord]:
+    def convert(self, records: Sequence[Routed]) -> list[ConvertedRecord]:
         out = []
         for record in records:
-            event = record.event
+            if isinstance(record, ChangeRecord):
+                event, destination = record.event, record.destination
+            else:
+                event, destination = record, default_destination(record)
             key = event.key if isinstance(event, ChangeEvent) else {"id": event.id}
-            out.append(ConvertedRecord(record.destination, key, event, record))
+            out.append(ConvertedRecord(destination, key, event, event))
         return out
 
 
@@ -87,6 +100,13 @@ class _PerThread:
         return serializer
 
     @property
+    def destinations(self) -> Destinations:
+        cache: Destinations | None = getattr(self._local, "destinations", None)
+        if cache is None:
+            cache = self._local.destinations = Destinations()
+        return cache
+
+    @property
     def avro(self) -> AvroEncoder:
         encoder: AvroEncoder | None = getattr(self._local, "avro", None)
         if encoder is None:
@@ -95,39 +115,49 @@ class _PerThread:
 
 
 class DebeziumJsonConverter:
-    """Debezium JSON key and value bytes (tombstones after deletes unless turned off in
-    the options; BEGIN/END records only with ``transaction_metadata``)."""
+    """Debezium JSON key and value texts (``str``, as Debezium's engine gives with its
+    Json format); a tombstone after each delete unless turned off in the options;
+    BEGIN/END records only with ``transaction_metadata``."""
 
     def __init__(self, options: DebeziumJsonOptions | None = None) -> None:
         self.options = options or DebeziumJsonOptions()
         self._per_thread = _PerThread(self.options)
         self._encoder = msgspec.json.Encoder()
 
-    def convert(self, records: Sequence[ChangeRecord]) -> list[ConvertedRecord]:
-        serializer = self._per_thread.json
+    def convert(self, records: Sequence[Routed]) -> list[ConvertedRecord]:
+        per_thread = self._per_thread
+        serializer = per_thread.json
+        destination_of = per_thread.destinations.of
         key_and_value = serializer.key_and_value
         tombstones = self.options.tombstones_on_delete
         out: list[ConvertedRecord] = []
         append = out.append
+        delete = Op.DELETE
         for record in records:
-            event = record.event
-            if isinstance(event, TransactionBoundary):
+            flatten: Flatten | None = None
+            event: Record
+            if isinstance(record, ChangeEvent):
+                event, destination = record, destination_of(record)
+            elif isinstance(record, ChangeRecord):
+                event, destination, flatten = record.event, record.destination, record.flatten
+            else:
+                event, destination = record, default_destination(record)
+            if not isinstance(event, ChangeEvent):
                 if self.options.transaction_metadata:
                     key, value = serializer.boundary_key_and_value(event)
-                    append(ConvertedRecord(record.destination, key.encode(), value.encode(),
-                                           record))
+                    append(ConvertedRecord(destination, key, value, event))
                 continue
             key, value = key_and_value(event)
-            key_bytes = None if key == "null" else key.encode()
-            if record.flatten is not None:
-                row = _flat_row(msgspec.json.decode(value), record.flatten)
-                append(ConvertedRecord(record.destination, key_bytes,
-                                       None if row is None else self._encoder.encode(row),
-                                       record))
+            key_text = None if key == "null" else key
+            if flatten is not None:
+                row = _flat_row(msgspec.json.decode(value), flatten)
+                append(ConvertedRecord(destination, key_text,
+                                       None if row is None else
+                                       self._encoder.encode(row).decode(), event))
                 continue
-            append(ConvertedRecord(record.destination, key_bytes, value.encode(), record))
-            if tombstones and key_bytes is not None and event.op is Op.DELETE:
-                append(ConvertedRecord(record.destination, key_bytes, None, record))
+            append(ConvertedRecord(destination, key_text, value, event))
+            if tombstones and key_text is not None and event.op is delete:
+                append(ConvertedRecord(destination, key_text, None, event))
         return out
 
 
@@ -140,12 +170,13 @@ class AvroConverter:
         self.options = options or DebeziumJsonOptions()
         self._per_thread = _PerThread(self.options)
 
-    def convert(self, records: Sequence[ChangeRecord]) -> list[ConvertedRecord]:
+    def convert(self, records: Sequence[Routed]) -> list[ConvertedRecord]:
         serializer = self._per_thread.json
         avro = self._per_thread.avro
         tombstones = self.options.tombstones_on_delete
         out: list[ConvertedRecord] = []
-        for record in records:
+        for routed in records:
+            record = routed if isinstance(routed, ChangeRecord) else ChangeRecord.of(routed)
             event = record.event
             if not isinstance(event, ChangeEvent) or event.schema is None:
                 continue
@@ -157,10 +188,10 @@ class AvroConverter:
                 out.append(ConvertedRecord(
                     record.destination, key,
                     None if row is None else avro.flat(event, row, record.flatten.add_fields),
-                    record))
+                    event))
                 continue
             out.append(ConvertedRecord(record.destination, key, avro.envelope(event, value),
-                                       record))
+                                       event))
             if tombstones and key is not None and event.op is Op.DELETE:
-                out.append(ConvertedRecord(record.destination, key, None, record))
+                out.append(ConvertedRecord(record.destination, key, None, event))
         return out

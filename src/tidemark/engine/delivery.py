@@ -25,6 +25,7 @@ from tidemark.engine.converters import ConvertedRecord, Converter
 from tidemark.engine.offset_tracker import OffsetTracker
 from tidemark.engine.records import ChangeRecord, routing_key
 from tidemark.engine.transforms import Transform, apply_transforms
+from tidemark.event import Record
 from tidemark.offsets.store import Offset
 
 log = logging.getLogger(__name__)
@@ -131,13 +132,14 @@ class Pipeline:
         self.executor = executor
         self.workers = workers
 
-    def convert(self, records: Sequence[ChangeRecord]) -> list[ConvertedRecord]:
+    def convert(self, records: Sequence[Record]) -> list[ConvertedRecord]:
         """Transforms and converter in the calling thread."""
         if self.transforms:
-            records = apply_transforms(self.transforms, records)
+            return self.converter.convert(
+                apply_transforms(self.transforms, [ChangeRecord.of(r) for r in records]))
         return self.converter.convert(records)
 
-    def convert_parallel(self, records: Sequence[ChangeRecord]) -> list[ConvertedRecord]:
+    def convert_parallel(self, records: Sequence[Record]) -> list[ConvertedRecord]:
         """Transforms and converter over chunks in the worker pool, results in order."""
         n = len(records)
         if self.executor is None or self.workers < 2 or n < 2 * _MIN_CHUNK:
@@ -196,7 +198,7 @@ class Delivery(ABC):
         self.flush_requested = threading.Event()
         self._lanes: list[_Lane] = []
 
-    def dispatch(self, records: list[ChangeRecord], offset: Offset | None) -> None:
+    def dispatch(self, records: list[Record], offset: Offset | None) -> None:
         """Hand on one polled batch (waits while too many records are in flight)."""
         if not records:
             if offset is not None:  # moves the offset only, e.g. a heartbeat
@@ -206,7 +208,7 @@ class Delivery(ABC):
         self._dispatch(records, offset)
 
     @abstractmethod
-    def _dispatch(self, records: list[ChangeRecord], offset: Offset | None) -> None: ...
+    def _dispatch(self, records: list[Record], offset: Offset | None) -> None: ...
 
     def _unit(self, size: int, offset: Offset | None, consumers: int) -> Unit:
         return Unit(self.tracker.track(offset), size, consumers)
@@ -266,7 +268,7 @@ class BatchDelivery(Delivery):
             committer.mark_batch_finished()
         return run
 
-    def _dispatch(self, records: list[ChangeRecord], offset: Offset | None) -> None:
+    def _dispatch(self, records: list[Record], offset: Offset | None) -> None:
         converted = self.pipeline.convert_parallel(records)
         unit = self._unit(len(records), offset, len(self._consumer_lanes))
         for lane in self._consumer_lanes:
@@ -291,7 +293,7 @@ class OrderedDelivery(Delivery):
             self.complete(unit)
         return run
 
-    def _dispatch(self, records: list[ChangeRecord], offset: Offset | None) -> None:
+    def _dispatch(self, records: list[Record], offset: Offset | None) -> None:
         converted = self.pipeline.convert_parallel(records)
         unit = self._unit(len(records), offset, len(self._consumer_lanes))
         for lane in self._consumer_lanes:
@@ -310,7 +312,7 @@ class AsyncDelivery(Delivery):
         self._workers = workers
         self._stopped = False
 
-    def _dispatch(self, records: list[ChangeRecord], offset: Offset | None) -> None:
+    def _dispatch(self, records: list[Record], offset: Offset | None) -> None:
         # Small chunks so that slow records spread over all workers; a few per worker.
         size = max(1, min(256, len(records) // (self._workers * 4)))
         starts = range(0, len(records), size)
@@ -321,7 +323,7 @@ class AsyncDelivery(Delivery):
                               len(self._consumers))
             self._executor.submit(self._convert_and_consume, unit, chunk)
 
-    def _convert_and_consume(self, unit: Unit, chunk: list[ChangeRecord]) -> None:
+    def _convert_and_consume(self, unit: Unit, chunk: list[Record]) -> None:
         if self._stopped or self.failure.error is not None:
             return
         try:
@@ -372,12 +374,12 @@ class PerKeyDelivery(Delivery):
             self.complete(unit)
         return run
 
-    def _dispatch(self, records: list[ChangeRecord], offset: Offset | None) -> None:
+    def _dispatch(self, records: list[Record], offset: Offset | None) -> None:
         workers = self._workers
-        groups: list[list[ChangeRecord]] = [[] for _ in range(workers)]
+        groups: list[list[Record]] = [[] for _ in range(workers)]
         by_table = self._by_table
         for record in records:
-            groups[hash(routing_key(record.event, by_table)) % workers].append(record)
+            groups[hash(routing_key(record, by_table)) % workers].append(record)
         used = [w for w in range(workers) if groups[w]]
         executor = self.pipeline.executor
         if executor is not None and self.pipeline.workers > 1 and len(records) >= 2 * _MIN_CHUNK:
@@ -402,7 +404,7 @@ class _Context:
     def executor(self) -> Executor:
         return self._executor
 
-    def convert(self, records: Sequence[ChangeRecord]) -> list[ConvertedRecord]:
+    def convert(self, records: Sequence[Record]) -> list[ConvertedRecord]:
         return self._pipeline.convert_parallel(records)
 
 
@@ -413,12 +415,12 @@ class ProcessorDelivery(Delivery):
         super().__init__(**kwargs)
         context = _Context(self.pipeline, executor)
 
-        def run(item: tuple[Unit, list[ChangeRecord]]) -> None:
+        def run(item: tuple[Unit, list[Record]]) -> None:
             unit, records = item
             processor.process(records, context)
             self.complete(unit)
 
         self._processor_lane = self._lane("processor", run)
 
-    def _dispatch(self, records: list[ChangeRecord], offset: Offset | None) -> None:
+    def _dispatch(self, records: list[Record], offset: Offset | None) -> None:
         self._processor_lane.put((self._unit(len(records), offset, 1), records))

@@ -46,6 +46,27 @@ class ChangeRecord(msgspec.Struct, gc=False):
         return cls(record, default_destination(record))
 
 
+#: What reaches a converter: a record changed by a transform, or (untouched) the event.
+Routed = ChangeRecord | Record
+
+
+class Destinations:
+    """Default destinations, cached per table schema (one string per table instead of
+    one per record). Not thread-safe: one per converter thread."""
+
+    def __init__(self) -> None:
+        self._cache: dict[int, tuple[object, str, str]] = {}
+
+    def of(self, event: ChangeEvent) -> str:
+        schema = event.schema
+        entry = self._cache.get(id(schema))
+        name = event.context.name
+        if entry is None or entry[0] is not schema or entry[1] != name:
+            entry = (schema, name, default_destination(event))
+            self._cache[id(schema)] = entry
+        return entry[2]
+
+
 def default_destination(record: Record) -> str:
     """Debezium's topic name for *record*."""
     if not isinstance(record, ChangeEvent):

@@ -17,7 +17,6 @@ from typing import TypeVar
 from tidemark.engine.config import EngineConfig
 from tidemark.engine.delivery import CancelledError, Capacity, Delivery, FailureHolder
 from tidemark.engine.offset_tracker import OffsetTracker
-from tidemark.engine.records import ChangeRecord
 from tidemark.engine.spi import SourceTask
 from tidemark.errors import TransientError
 from tidemark.offsets.store import Offset, OffsetReader, OffsetStore
@@ -94,7 +93,7 @@ class TaskRunner:
             self.failure.raise_if_failed()
             batch = self.retrying(task.poll, "poll")
             if batch.records or batch.offset is not None:
-                delivery.dispatch([ChangeRecord.of(r) for r in batch.records], batch.offset)
+                delivery.dispatch(batch.records, batch.offset)
             self.flush(force=delivery.flush_requested.is_set())
             if batch.finished:
                 self._finish()

@@ -48,5 +48,5 @@ class MemorySink:
     def positions(self) -> list[int]:
         """The source ``lsn`` of every record (the position, for the synthetic source)."""
         with self._lock:
-            return [r.record.event.lsn for r in self.records  # type: ignore[union-attr,misc]
+            return [r.event.lsn for r in self.records  # type: ignore[union-attr,misc]
                     if r.value is not None]
