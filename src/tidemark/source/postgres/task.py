@@ -28,8 +28,9 @@ class PostgresTask:
     """Captures one database; after a retriable failure the next poll reconnects from
     the last committed offset (records after it are delivered again: at-least-once)."""
 
-    def __init__(self, config: PostgresSourceConfig) -> None:
+    def __init__(self, config: PostgresSourceConfig, stop_at_lsn: int | None = None) -> None:
         self.config = config
+        self._stop_at_lsn = stop_at_lsn
         self._connector: PostgresConnector | None = None
         self._offsets: OffsetReader | None = None
         self._committed: Offset | None = None
@@ -53,7 +54,7 @@ class PostgresTask:
     def _open(self, offset: Offset | None) -> None:
         connector = PostgresConnector(self.config)
         self._connector = connector
-        connector.start(offset, store=self._offsets)
+        connector.start(offset, store=self._offsets, stop_at_lsn=self._stop_at_lsn)
 
     def poll(self) -> SourceBatch:
         if self._connector is None:
@@ -92,10 +93,14 @@ class PostgresTask:
 class PostgresSourceConnector:
     """The engine-facing PostgreSQL connector. *config* holds the settings of
     :class:`PostgresSourceConfig`; *databases*, if given, lists databases of the
-    server to capture, each in its own task (the DSN's database is then ignored)."""
+    server to capture, each in its own task (the DSN's database is then ignored).
+    *stop_at_lsn*: finish once everything committed before this LSN is delivered (a
+    bounded run, like ``tidemark capture --stop-at-end``)."""
 
-    def __init__(self, config: Mapping[str, Any], databases: Sequence[str] = ()) -> None:
+    def __init__(self, config: Mapping[str, Any], databases: Sequence[str] = (),
+                 stop_at_lsn: int | None = None) -> None:
         self._base = dict(config)
+        self._stop_at_lsn = stop_at_lsn
         PostgresSourceConfig.from_mapping(self._base)  # fail now, naming the bad key
         for db in databases:
             check_identifier("databases", db)
@@ -117,4 +122,4 @@ class PostgresSourceConnector:
                  "slot_name": f"{slot}_{db}"} for db in self.databases]
 
     def create_task(self, config: TaskConfig) -> PostgresTask:
-        return PostgresTask(PostgresSourceConfig.from_mapping(config))
+        return PostgresTask(PostgresSourceConfig.from_mapping(config), self._stop_at_lsn)

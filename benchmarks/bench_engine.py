@@ -1,0 +1,208 @@
+"""Benchmark: the embedded engine.
+
+1. Engine only: synthetic connector → identity transform → Debezium JSON → null consumer,
+   records/s for 1, 2, 4, 8 workers in each delivery mode. Baseline in the same run: the
+   same source and converter in a plain loop without the engine (what the engine adds).
+2. I/O-bound consumer (1 ms per record, like a network write): 16 workers in modes
+   ``async`` (c) and ``per_key`` (d) against ``ordered`` (b).
+3. End to end on the foundation workload (300k changes): PostgreSQL → engine (batch
+   mode, Debezium JSON) → null consumer, against ``tidemark capture --stop-at-end`` to
+   /dev/null and ``pg_recvlogical`` on copies of the same slot, with peak RSS.
+
+Usage: ``uv run python benchmarks/bench_engine.py [--records 300000] [--skip-e2e]``
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import os
+import resource
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import psycopg2
+
+sys.path.insert(0, str(Path(__file__).parent))
+
+import workload
+
+from tidemark.engine.consumers import BatchCommitter
+from tidemark.engine.converters import ConvertedRecord, DebeziumJsonConverter
+from tidemark.engine.engine import Engine
+from tidemark.engine.records import ChangeRecord, Destinations
+from tidemark.offsets.memory import MemoryOffsetStore
+from tidemark.source.postgres.task import PostgresSourceConnector
+from tidemark.source.synthetic import SyntheticConnector
+from tidemark.testing.postgres import PostgresCluster
+
+MODES = ["batch", "ordered", "async", "per_key"]
+
+
+def identity(record: ChangeRecord) -> ChangeRecord:
+    return record
+
+
+class NullBatch:
+    def handle_batch(self, records: list[ConvertedRecord], committer: BatchCommitter) -> None:
+        pass
+
+
+def null_record(record: ConvertedRecord) -> None:
+    pass
+
+
+def engine_rate(mode: str, workers: int, records: int, transforms: bool = True) -> float:
+    connector = SyntheticConnector(total=records, batch_size=2048)
+    consumer: Any = NullBatch() if mode == "batch" else null_record
+    engine = Engine(connector, consumer, transforms=[identity] if transforms else [],
+                    config={"delivery_mode": mode, "worker_count": workers,
+                            "max_in_flight": 20_000})
+    started = time.perf_counter()
+    engine.run()
+    return records / (time.perf_counter() - started)
+
+
+def plain_loop_rate(records: int) -> float:
+    """The source and the converter without the engine."""
+    connector = SyntheticConnector(total=records, batch_size=2048)
+    task = connector.create_task({"index": 0})
+    task.start(MemoryOffsetStore())
+    converter = DebeziumJsonConverter()
+    destinations = Destinations()
+    started = time.perf_counter()
+    while True:
+        batch = task.poll()
+        converter.convert([identity(ChangeRecord(r, destinations.of(r)))  # type: ignore[arg-type]
+                           for r in batch.records])
+        if batch.finished:
+            break
+    return records / (time.perf_counter() - started)
+
+
+def io_bound_rate(mode: str, workers: int, records: int) -> float:
+    def slow(record: ConvertedRecord) -> None:
+        time.sleep(0.001)
+
+    connector = SyntheticConnector(total=records, batch_size=256)
+    engine = Engine(connector, slow, config={"delivery_mode": mode, "worker_count": workers})
+    started = time.perf_counter()
+    engine.run()
+    return records / (time.perf_counter() - started)
+
+
+def end_to_end(transactions: int, runs: int) -> None:
+    with PostgresCluster() as cluster:
+        dsn = cluster.create_database("bench")
+        workload.create_table(dsn)
+        with contextlib.closing(psycopg2.connect(dsn)) as conn:
+            conn.autocommit = True
+            with conn.cursor() as cur:
+                cur.execute("CREATE PUBLICATION bench_pub FOR TABLE t10")
+                cur.execute("SELECT pg_create_logical_replication_slot('main', 'pgoutput')")
+                changes = workload.run_workload(dsn, transactions)
+                cur.execute("SELECT pg_current_wal_insert_lsn()::text, "
+                            "(pg_current_wal_insert_lsn() - '0/0')::bigint")
+                end_text, end_lsn = cur.fetchone()
+                for i in range(3 * runs):
+                    cur.execute("SELECT pg_copy_logical_replication_slot('main', %s)",
+                                (f"copy_{i}",))
+        env = {**os.environ, "PGPASSWORD": cluster.password, "TIDEMARK_DSN": dsn}
+        recv = [str(Path(cluster.bindir) / "pg_recvlogical"), "-h", cluster.host, "-p",
+                str(cluster.port), "-U", cluster.superuser, "-d", "bench", "--start",
+                "-o", "proto_version=1", "-o", "publication_names=bench_pub",
+                "-f", "/dev/null", "-E", end_text, "--no-loop"]
+        print(f"\n3. end to end: {changes:,} changes (transactions of 100)")
+        print(f"{'run':<5}{'pg_recvlogical':>16}{'capture':>12}{'engine':>12}"
+              f"{'engine/capture':>16}{'engine RSS':>12}")
+        ratios = []
+        for run in range(runs):
+            rates = []
+            rss = 0
+            commands = [
+                [*recv, "--slot", f"copy_{3 * run}"],
+                [sys.executable, "-m", "tidemark", "capture", "--table", "public.t10",
+                 "--slot", f"copy_{3 * run + 1}", "--publication", "bench_pub",
+                 "--snapshot-mode", "no_data", "--stop-at-end"],
+                [sys.executable, __file__, "--e2e-child", f"copy_{3 * run + 2}",
+                 "--stop-at", str(end_lsn), "--expect", str(changes)],
+            ]
+            for argv in commands:
+                started = time.perf_counter()
+                proc = subprocess.Popen(argv, env=env, stdout=subprocess.DEVNULL)
+                _, status, usage = os.wait4(proc.pid, 0)
+                if os.waitstatus_to_exitcode(status) != 0:
+                    raise SystemExit(f"{argv[:3]} failed")
+                rates.append(changes / (time.perf_counter() - started))
+                rss = usage.ru_maxrss // 1024
+            ratios.append(rates[2] / rates[1])
+            print(f"{run + 1:<5}{rates[0]:>16,.0f}{rates[1]:>12,.0f}{rates[2]:>12,.0f}"
+                  f"{ratios[-1]:>15.2f}x{rss:>10} MB")
+        print(f"engine / capture: best {max(ratios):.2f}x, "
+              f"median {sorted(ratios)[len(ratios) // 2]:.2f}x (target >= 0.9x)")
+
+
+def e2e_child(slot: str, stop_at: int, expect: int) -> None:
+    count = [0]
+
+    class Counter:
+        def handle_batch(self, records: list[ConvertedRecord],
+                         committer: BatchCommitter) -> None:
+            count[0] += sum(1 for r in records if r.value is not None)
+
+    connector = PostgresSourceConnector(
+        {"dsn": os.environ["TIDEMARK_DSN"], "table_include_list": ["public.t10"],
+         "slot_name": slot, "publication_name": "bench_pub", "snapshot_mode": "no_data"},
+        stop_at_lsn=stop_at)
+    Engine(connector, Counter(), config={"delivery_mode": "batch", "worker_count": 1}).run()
+    if count[0] != expect:
+        raise SystemExit(f"engine delivered {count[0]} change events, expected {expect}")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--records", type=int, default=300_000)
+    parser.add_argument("--io-records", type=int, default=3_000)
+    parser.add_argument("--transactions", type=int, default=3_000)
+    parser.add_argument("--runs", type=int, default=2)
+    parser.add_argument("--skip-e2e", action="store_true")
+    parser.add_argument("--e2e-child", help=argparse.SUPPRESS)
+    parser.add_argument("--stop-at", type=int, help=argparse.SUPPRESS)
+    parser.add_argument("--expect", type=int, help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    if args.e2e_child:
+        e2e_child(args.e2e_child, args.stop_at, args.expect)
+        return
+
+    print(f"1. engine only: {args.records:,} synthetic records, identity transform, "
+          "Debezium JSON, null consumer (records/s)")
+    baseline = max(plain_loop_rate(args.records) for _ in range(2))
+    print(f"   baseline, no engine (source + transform + JSON in a loop): {baseline:,.0f}")
+    print(f"{'mode':<10}" + "".join(f"{f'{w} worker' + ('s' if w > 1 else ''):>14}"
+                                    for w in (1, 2, 4, 8)))
+    best = 0.0
+    for mode in MODES:
+        rates = [engine_rate(mode, workers, args.records) for workers in (1, 2, 4, 8)]
+        best = max(best, *rates)
+        print(f"{mode:<10}" + "".join(f"{rate:>14,.0f}" for rate in rates))
+    print(f"best: {best:,.0f} records/s = {best / baseline:.2f}x the no-engine loop "
+          "(target >= 300,000)")
+    print(f"peak RSS so far: {resource.getrusage(resource.RUSAGE_SELF).ru_maxrss // 1024} MB")
+
+    print(f"\n2. I/O-bound consumer, 1 ms per record, {args.io_records:,} records")
+    ordered = io_bound_rate("ordered", 1, args.io_records // 4)
+    print(f"   ordered (b), one consumer thread: {ordered:,.0f} records/s (baseline)")
+    for mode in ("async", "per_key"):
+        rate = io_bound_rate(mode, 16, args.io_records)
+        print(f"   {mode:<8} 16 workers: {rate:,.0f} records/s = {rate / ordered:.1f}x "
+              "(target >= 12x)")
+
+    if not args.skip_e2e:
+        end_to_end(args.transactions, args.runs)
+
+
+if __name__ == "__main__":
+    main()
