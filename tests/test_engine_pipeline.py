@@ -4,16 +4,20 @@ JSON and Avro output (Avro decoded back with its own schemas and compared to JSO
 from __future__ import annotations
 
 import base64
+import datetime as dt
 import hashlib
 import io
+from decimal import Decimal
 from typing import Any
 
 import fastavro
 import msgspec
+import pyarrow as pa
 import pytest
 
 from capture_helpers import stream_changes
 from conftest import Database
+from tidemark.engine.arrow_converter import ArrowConverter
 from tidemark.engine.converters import AvroConverter, DebeziumJsonConverter
 from tidemark.engine.records import ChangeRecord
 from tidemark.engine.transforms import (
@@ -140,3 +144,29 @@ def test_avro_decodes_to_the_same_content_as_json(changes: list[ChangeEvent]) ->
                     assert row[name] == want[name], name
             else:
                 assert row == want
+
+
+def test_arrow_change_rows_have_table_types_and_metadata(db: Database) -> None:
+    db.execute("CREATE TABLE t (id bigint PRIMARY KEY, n numeric(8,3), f float8, b bool, "
+               "d date, ts timestamptz, u uuid, j jsonb, arr int[], big text)",
+               "ALTER TABLE t ALTER COLUMN big SET STORAGE EXTERNAL")
+    events = stream_changes(
+        db, ["public.t"],
+        "INSERT INTO t VALUES (1, 1.5, 2.5, true, '2024-02-29', '2024-01-01 00:00:01+00', "
+        "'a0eebc99-9c0b-4ef8-bb6d-6bb9bd380a11', '{\"k\": 1}', '{1,2}', repeat('x', 9000))",
+        "UPDATE t SET b = false WHERE id = 1",
+        "DELETE FROM t WHERE id = 1")
+    out = ArrowConverter().convert(events)
+    assert len(out) == 1 and out[0].destination == "tidemark.public.t"
+    batch = out[0].value
+    assert batch.schema.field("n").type == pa.decimal128(8, 3)
+    assert batch.schema.field("ts").type == pa.timestamp("us", tz="UTC")
+    rows = batch.to_pylist()
+    assert [r["_op"] for r in rows] == ["c", "u", "d"]
+    first = rows[0]
+    assert first["n"] == Decimal("1.500") and first["d"] == dt.date(2024, 2, 29)
+    assert first["u"] == "a0eebc99-9c0b-4ef8-bb6d-6bb9bd380a11" and first["arr"] == [1, 2]
+    assert first["_seq"] == 1 and first["_commit_lsn"] >= first["_lsn"]
+    # The update did not touch the TOASTed text: null, and named as unavailable.
+    assert rows[1]["big"] is None and rows[1]["_unavailable"] == ["big"]
+    assert rows[2]["id"] == 1 and rows[2]["_unavailable"] == []

@@ -195,3 +195,4 @@ class AvroConverter:
             if tombstones and key is not None and event.op is Op.DELETE:
                 out.append(ConvertedRecord(record.destination, key, None, event))
         return out
+

@@ -1,0 +1,137 @@
+"""Change events as Arrow record batches of *change rows*, one batch per table schema.
+
+A change row is the table's own columns with Arrow types, plus the change's metadata:
+``_op`` (c/u/d/r/t), ``_lsn``, ``_commit_lsn``, ``_seq`` (order in the transaction, from
+1), ``_commit_ts`` (UTC), ``_txid`` and ``_unavailable`` (names of columns whose value is
+an unchanged TOASTed value: null in the row, but meaning "unchanged", not null). A delete
+carries its before image (at least the key). This is the same contract the Spark source
+emits and :mod:`tidemark.lake` applies to Delta tables, so engine output can be applied
+directly.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from decimal import Decimal
+from typing import Any
+
+import pyarrow as pa
+
+from tidemark.event import UNAVAILABLE, ChangeEvent, Column, Op, TableSchema
+from tidemark.source.postgres import types as pgt
+
+METADATA_FIELDS: tuple[pa.Field, ...] = (
+    pa.field("_op", pa.string(), nullable=False),
+    pa.field("_lsn", pa.int64()),
+    pa.field("_commit_lsn", pa.int64()),
+    pa.field("_seq", pa.int64()),
+    pa.field("_commit_ts", pa.timestamp("us", tz="UTC")),
+    pa.field("_txid", pa.int64()),
+    pa.field("_unavailable", pa.list_(pa.string())),
+)
+
+_SIMPLE: dict[int, pa.DataType] = {
+    pgt.INT2_OID: pa.int16(), pgt.INT4_OID: pa.int32(), pgt.INT8_OID: pa.int64(),
+    pgt.OID_OID: pa.int64(), pgt.FLOAT4_OID: pa.float32(), pgt.FLOAT8_OID: pa.float64(),
+    pgt.BOOL_OID: pa.bool_(), pgt.DATE_OID: pa.date32(), pgt.TIME_OID: pa.time64("us"),
+    pgt.TIMESTAMP_OID: pa.timestamp("us"), pgt.TIMESTAMPTZ_OID: pa.timestamp("us", tz="UTC"),
+    pgt.BYTEA_OID: pa.binary(),
+}
+_MAX_DECIMAL128_PRECISION = 38
+
+
+def arrow_type(column: Column) -> tuple[pa.DataType, Callable[[str], Any]]:
+    """The Arrow type of *column* and the function from its text value to what
+    ``pyarrow.array`` takes. Types without an exact Arrow counterpart (uuid, json,
+    interval, enums, numeric without declared precision) are strings of their text."""
+    oid, typmod = column.type_oid, column.type_modifier
+    element_oid = pgt.ARRAY_ELEMENT_OID.get(oid)
+    if element_oid is not None:
+        element = Column(column.name, element_oid, typmod, "", False, str)
+        element_type, _ = arrow_type(element)
+        if pa.types.is_string(element_type) and element_oid not in (pgt.TEXT_OID,
+                                                                    pgt.VARCHAR_OID):
+            return pa.list_(pa.string()), pgt.python_parser(pgt.TEXT_ARRAY_OID, -1)
+        return pa.list_(element_type), pgt.python_parser(oid, typmod)
+    simple = _SIMPLE.get(oid)
+    if simple is not None:
+        return simple, pgt.python_parser(oid, typmod)
+    if oid == pgt.NUMERIC_OID and typmod >= 4:
+        precision = ((typmod - 4) >> 16) & 0xFFFF
+        scale = (((typmod - 4) & 0x7FF) ^ 1024) - 1024
+        if 0 <= scale <= precision <= _MAX_DECIMAL128_PRECISION:
+            return pa.decimal128(precision, scale), _finite_decimal
+    return pa.string(), str
+
+
+def _finite_decimal(text: str) -> Decimal | None:
+    # NaN and infinities have no decimal128 form; they become null (as Debezium's
+    # precise mode does) rather than failing the batch.
+    value = Decimal(text)
+    return value if value.is_finite() else None
+
+
+class _TableLayout:
+    """Arrow schema and per-column conversions of one table schema."""
+
+    def __init__(self, schema: TableSchema) -> None:
+        fields = []
+        self.parsers = []
+        for column in schema.columns:
+            dtype, parse = arrow_type(column)
+            fields.append(pa.field(column.name, dtype, nullable=True))
+            self.parsers.append(parse)
+        self.names = [c.name for c in schema.columns]
+        self.schema = pa.schema([*fields, *METADATA_FIELDS])
+
+
+class ArrowChangeEncoder:
+    """Builds change-row record batches. Not thread-safe (caches per table schema)."""
+
+    def __init__(self) -> None:
+        self._layouts: dict[int, tuple[TableSchema, _TableLayout]] = {}
+
+    def layout(self, schema: TableSchema) -> _TableLayout:
+        entry = self._layouts.get(id(schema))
+        if entry is None or entry[0] is not schema:
+            entry = self._layouts[id(schema)] = (schema, _TableLayout(schema))
+        return entry[1]
+
+    def encode(self, events: Sequence[ChangeEvent]) -> pa.RecordBatch:
+        """One batch of the events, which must share one table schema."""
+        schema = events[0].schema
+        assert schema is not None
+        layout = self.layout(schema)
+        width = len(layout.names)
+        columns: list[list[Any]] = [[] for _ in range(width)]
+        ops, lsns, commits, seqs, stamps, txids, unavailable = [], [], [], [], [], [], []
+        for event in events:
+            row = event.raw_before if event.op is Op.DELETE else event.raw_after
+            missing: list[str] = []
+            if row is None:
+                for values in columns:
+                    values.append(None)
+            else:
+                for i, raw in enumerate(row):
+                    if raw is None:
+                        columns[i].append(None)
+                    elif raw is UNAVAILABLE:
+                        columns[i].append(None)
+                        missing.append(layout.names[i])
+                    else:
+                        columns[i].append(layout.parsers[i](raw) if isinstance(raw, str) else raw)
+            context = event.context
+            ops.append(event.op.value)
+            lsns.append(event.lsn)
+            commits.append(context.commit_lsn)
+            seqs.append(event.total_order or None)
+            stamps.append(context.ts_us)
+            txids.append(context.txid)
+            unavailable.append(missing)
+        arrays = [pa.array(values, type=layout.schema.field(i).type)
+                  for i, values in enumerate(columns)]
+        arrays += [pa.array(ops, pa.string()), pa.array(lsns, pa.int64()),
+                   pa.array(commits, pa.int64()), pa.array(seqs, pa.int64()),
+                   pa.array(stamps, pa.int64()).cast(pa.timestamp("us", tz="UTC")),
+                   pa.array(txids, pa.int64()), pa.array(unavailable, pa.list_(pa.string()))]
+        return pa.RecordBatch.from_arrays(arrays, schema=layout.schema)
