@@ -1,0 +1,174 @@
+"""Options of the ``tidemark`` Spark source, validated before Spark reads anything.
+
+Spark hands a Python data source its options as strings in a case-insensitive map.
+:meth:`SourceOptions.parse` turns them into one frozen, typed object or raises
+:class:`tidemark.errors.ConfigError` naming the option and what it accepts; an unknown
+option is an error (a typo such as ``maxChangePerTrigger`` would otherwise be ignored
+silently and the query would read everything in one batch).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import re
+from collections.abc import Mapping
+from enum import StrEnum
+from typing import Final
+
+import psycopg2.extensions
+
+from tidemark.errors import ConfigError
+from tidemark.event import TableId
+from tidemark.source.postgres.config import check_identifier, redact_dsn
+
+
+class OnSchemaChange(StrEnum):
+    """What a typed stream does when a table gains a column the query's schema lacks."""
+
+    FAIL = "fail"
+    """Stop the query with an error that says to restart it (the default): the restarted
+    query reads the new schema and re-reads the batch, so nothing is lost."""
+    DROP_NEW_COLUMNS = "drop_new_columns"
+    """Keep the schema the query started with; values of new columns are dropped."""
+
+
+#: Option names as users write them (Spark compares them case-insensitively).
+DSN: Final = "dsn"
+TABLES: Final = "tables"
+TABLE: Final = "table"
+SLOT: Final = "slot"
+PUBLICATION: Final = "publication"
+MAX_CHANGES_PER_TRIGGER: Final = "maxChangesPerTrigger"
+NUM_PARTITIONS: Final = "numPartitions"
+ON_SCHEMA_CHANGE: Final = "onSchemaChange"
+ARROW_BATCH_ROWS: Final = "arrowBatchRows"
+
+ALLOWED: Final = (DSN, TABLES, TABLE, SLOT, PUBLICATION, MAX_CHANGES_PER_TRIGGER,
+                  NUM_PARTITIONS, ON_SCHEMA_CHANGE, ARROW_BATCH_ROWS)
+_BY_LOWER: Final = {name.lower(): name for name in ALLOWED}
+_TABLE_NAME: Final = re.compile(r"[^.\s]+\.[^.\s]+|[^.\s]+")
+
+DEFAULT_SLOT: Final = "tidemark_spark"
+DEFAULT_PUBLICATION: Final = "tidemark_spark"
+DEFAULT_ARROW_BATCH_ROWS: Final = 65_536
+
+
+@dataclasses.dataclass(frozen=True)
+class SourceOptions:
+    """The validated options of one ``tidemark`` stream.
+
+    Picklable (plain values only): a copy travels with every partition to the
+    executors.
+    """
+
+    dsn: str
+    """libpq connection string of the captured database (never logged: see
+    :meth:`redacted_dsn`)."""
+    tables: tuple[TableId, ...]
+    """Captured tables. For a typed stream (``table`` set) this is just that table."""
+    table: TableId | None
+    """Set for a typed stream (the table's own columns); None for the envelope stream."""
+    slot: str
+    """Logical replication slot; one per streaming query (its position is the query's)."""
+    publication: str
+    """Publication for the captured tables; created, or tables added, if needed."""
+    max_changes_per_trigger: int | None
+    """Admission control: at most this many changes per micro-batch, rounded down to
+    whole transactions (at least one transaction per batch)."""
+    num_partitions: int
+    """Spark partitions per micro-batch; each decodes a slice of the batch's WAL range."""
+    on_schema_change: OnSchemaChange
+    arrow_batch_rows: int
+    """Rows per Arrow record batch handed to Spark."""
+
+    @classmethod
+    def parse(cls, raw: Mapping[str, str], *, default_partitions: int = 1) -> SourceOptions:
+        """Validate Spark's option map; every bad value raises a ConfigError naming it."""
+        values: dict[str, str] = {}
+        for key, value in raw.items():
+            name = _BY_LOWER.get(str(key).lower())
+            if name is None:
+                raise ConfigError(
+                    str(key), f"unknown option of the tidemark source; allowed options are: "
+                    f"{', '.join(ALLOWED)}"
+                )
+            values[name] = str(value)
+        dsn = values.get(DSN, "").strip()
+        if not dsn:
+            raise ConfigError(DSN, "required: the libpq connection string of the database, "
+                              "e.g. 'host=db dbname=app user=cdc'")
+        try:
+            psycopg2.extensions.parse_dsn(dsn)
+        except psycopg2.ProgrammingError:
+            raise ConfigError(DSN, "not a valid libpq connection string; expected e.g. "
+                              "'host=db port=5432 dbname=app user=cdc'") from None
+        table = _parse_table(TABLE, values[TABLE]) if TABLE in values else None
+        tables = tuple(_parse_table(TABLES, t) for t in values.get(TABLES, "").split(",")
+                       if t.strip())
+        if table is not None:
+            if tables and tables != (table,):
+                raise ConfigError(TABLES, f"a typed stream reads one table: leave out "
+                                  f"'{TABLES}' or set it to '{table}' only")
+            tables = (table,)
+        if not tables:
+            raise ConfigError(TABLES, "required: comma-separated schema.table names to "
+                              "capture (or 'table' for one typed table)")
+        if len(set(tables)) != len(tables):
+            raise ConfigError(TABLES, "names a table more than once")
+        return cls(
+            dsn=dsn,
+            tables=tables,
+            table=table,
+            slot=check_identifier(SLOT, values.get(SLOT, DEFAULT_SLOT)),
+            publication=check_identifier(PUBLICATION,
+                                         values.get(PUBLICATION, DEFAULT_PUBLICATION)),
+            max_changes_per_trigger=(_positive_int(values, MAX_CHANGES_PER_TRIGGER)
+                                     if MAX_CHANGES_PER_TRIGGER in values else None),
+            num_partitions=(_positive_int(values, NUM_PARTITIONS)
+                            if NUM_PARTITIONS in values else max(1, default_partitions)),
+            on_schema_change=_enum(values, ON_SCHEMA_CHANGE, OnSchemaChange,
+                                   OnSchemaChange.FAIL),
+            arrow_batch_rows=(_positive_int(values, ARROW_BATCH_ROWS)
+                              if ARROW_BATCH_ROWS in values else DEFAULT_ARROW_BATCH_ROWS),
+        )
+
+    def redacted_dsn(self) -> str:
+        """The DSN without its password, for logs and errors."""
+        return redact_dsn(self.dsn)
+
+    def __repr__(self) -> str:
+        # dataclass's repr would print the DSN and its password.
+        fields = ", ".join(f"{f.name}={getattr(self, f.name)!r}"
+                           for f in dataclasses.fields(self) if f.name != "dsn")
+        return f"SourceOptions(dsn={self.redacted_dsn()!r}, {fields})"
+
+
+def _parse_table(key: str, text: str) -> TableId:
+    name = text.strip()
+    if not _TABLE_NAME.fullmatch(name):
+        raise ConfigError(key, f"{text!r} is not a table name; expected schema.table, e.g. "
+                          "public.orders")
+    return TableId.parse(name)
+
+
+def _positive_int(values: Mapping[str, str], key: str) -> int:
+    text = values[key].strip()
+    try:
+        number = int(text)
+    except ValueError:
+        raise ConfigError(key, f"{text!r} is not an integer; expected a whole number > 0") \
+            from None
+    if number <= 0:
+        raise ConfigError(key, f"must be > 0, got {number}")
+    return number
+
+
+def _enum(values: Mapping[str, str], key: str, enum: type[OnSchemaChange],
+          default: OnSchemaChange) -> OnSchemaChange:
+    if key not in values:
+        return default
+    try:
+        return enum(values[key].strip().lower())
+    except ValueError:
+        raise ConfigError(key, f"{values[key]!r} is not allowed; choose one of "
+                          f"{', '.join(e.value for e in enum)}") from None
