@@ -93,37 +93,50 @@ def arrow_schema(schema: StructType) -> pa.Schema:
 
 
 class _Meta:
-    """Column lists of the change columns, shared by both sinks."""
+    """Column lists of the change columns, shared by both sinks.
 
-    __slots__ = ("commit_lsn", "commit_lsns", "commit_ts", "commit_tss", "lsns", "ops",
-                 "seqs", "txid", "txids", "unavailable", "unavailable_offsets")
+    The transaction columns (commit LSN, commit time, txid) are kept as runs, one per
+    transaction, and expanded when a batch is built: most rows share them.
+    """
+
+    __slots__ = ("lsns", "ops", "runs", "seqs", "txn", "unavailable")
 
     def __init__(self) -> None:
-        self.commit_lsn = 0
-        self.commit_ts = 0
-        self.txid = 0
+        self.txn: tuple[int, int, int] = (0, 0, 0)  # commit LSN, commit time µs, txid
         self.reset()
 
     def reset(self) -> None:
         self.ops: list[str] = []
         self.lsns: list[int] = []
-        self.commit_lsns: list[int] = []
         self.seqs: list[int] = []
-        self.commit_tss: list[int] = []
-        self.txids: list[int] = []
+        # (first row, commit LSN, commit time, txid) per transaction in the batch.
+        self.runs: list[tuple[int, int, int, int]] = [(0, *self.txn)]
         # (row index, names) for the few rows with unavailable columns.
         self.unavailable: list[tuple[int, list[str]]] = []
+
+    def begin(self, commit_lsn: int, commit_ts_us: int, xid: int) -> None:
+        self.txn = (commit_lsn, commit_ts_us, xid)
+        row = len(self.ops)
+        if self.runs[-1][0] == row:
+            self.runs[-1] = (row, *self.txn)
+        else:
+            self.runs.append((row, *self.txn))
 
     def append(self, op: str, lsn: int, seq: int) -> None:
         self.ops.append(op)
         self.lsns.append(lsn)
-        self.commit_lsns.append(self.commit_lsn)
         self.seqs.append(seq)
-        self.commit_tss.append(self.commit_ts)
-        self.txids.append(self.txid)
 
     def arrays(self, schema: pa.Schema) -> list[pa.Array]:
         n = len(self.ops)
+        ends = [r[0] for r in self.runs[1:]] + [n]
+
+        def expand(field: int) -> pa.Array:
+            values: list[int] = []
+            for run, end in zip(self.runs, ends, strict=True):
+                values += [run[field]] * (end - run[0])
+            return pa.array(values, pa.int64())
+
         offsets = [0] * (n + 1)
         names: list[str] = []
         if self.unavailable:
@@ -141,10 +154,10 @@ class _Meta:
         return [
             pa.array(self.ops, pa.string()),
             pa.array(self.lsns, pa.int64()),
-            pa.array(self.commit_lsns, pa.int64()),
+            expand(1),
             pa.array(self.seqs, pa.int64()),
-            pa.array(self.commit_tss, pa.int64()).cast(schema.field("_commit_ts").type),
-            pa.array(self.txids, pa.int64()),
+            expand(2).cast(schema.field("_commit_ts").type),
+            expand(3),
             unavailable,
         ]
 
@@ -197,10 +210,7 @@ class TypedSink:
         self.relation_names = names
 
     def begin(self, commit_lsn: int, commit_ts_us: int, xid: int) -> None:
-        meta = self.meta
-        meta.commit_lsn = commit_lsn
-        meta.commit_ts = commit_ts_us
-        meta.txid = xid
+        self.meta.begin(commit_lsn, commit_ts_us, xid)
 
     def add(self, relation_id: int, op: str, values: TupleData | None, lsn: int, seq: int,
             may_have_toast: bool, old: TupleData | None) -> None:
@@ -268,10 +278,7 @@ class EnvelopeSink:
         self.relations[rel.relation_id] = (f"{rel.namespace}.{rel.name}", names, key)
 
     def begin(self, commit_lsn: int, commit_ts_us: int, xid: int) -> None:
-        meta = self.meta
-        meta.commit_lsn = commit_lsn
-        meta.commit_ts = commit_ts_us
-        meta.txid = xid
+        self.meta.begin(commit_lsn, commit_ts_us, xid)
 
     def add(self, relation_id: int, op: str, values: TupleData | None, lsn: int, seq: int,
             may_have_toast: bool, old: TupleData | None) -> None:

@@ -23,6 +23,8 @@ Design (see :mod:`tidemark.spark.offsets` for the offset rule):
 
 from __future__ import annotations
 
+import contextlib
+import gc
 import logging
 from collections.abc import Iterator, Sequence
 from typing import Any, Final
@@ -177,7 +179,7 @@ def read_slice(options: SourceOptions, schema: StructType, lo: int,
     else:
         sink = EnvelopeSink(options.tables, options.arrow_batch_rows)
     walker = TransactionWalker(lo, hi, sink)
-    with wal.connect(options.dsn, purpose="reader") as conn, \
+    with _gc_paused(), wal.connect(options.dsn, purpose="reader") as conn, \
             wal.slot_copy_at(conn, options.slot, lo) as copy:
         for chunk in wal.peek(conn, copy, options.publication, hi):
             walker.feed(chunk)
@@ -186,3 +188,21 @@ def read_slice(options: SourceOptions, schema: StructType, lo: int,
             yield from sink.take()
     yield from sink.finish()
     log.debug("slice %s-%s: %d rows", lsn_to_str(lo), lsn_to_str(hi), walker.rows)
+
+
+@contextlib.contextmanager
+def _gc_paused() -> Iterator[None]:
+    """No cyclic garbage collection while decoding.
+
+    Decoding allocates millions of short-lived, acyclic objects (freed by reference
+    counting); in a Spark Python worker, whose heap holds pyspark, pandas and pyarrow,
+    each full collection walks all of it. Pausing the collector cut decode time by a
+    quarter to a third in measurements here.
+    """
+    was_enabled = gc.isenabled()
+    gc.disable()
+    try:
+        yield
+    finally:
+        if was_enabled:
+            gc.enable()

@@ -1,0 +1,230 @@
+"""Unit tests of the Spark source's pure parts: offsets, batch cutting, decoding to Arrow.
+
+No Spark session and no database: pgoutput messages are built with the test encoder.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import itertools
+from decimal import Decimal
+
+import pyarrow as pa
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+from pyspark.sql.types import (
+    ArrayType,
+    BooleanType,
+    DecimalType,
+    IntegerType,
+    LongType,
+    StringType,
+    StructField,
+    TimestampType,
+)
+
+from pgoutput_builders import encode_message
+from tidemark.errors import ConfigError
+from tidemark.event import UNAVAILABLE, TableId
+from tidemark.source.postgres import types as pg
+from tidemark.source.postgres.pgoutput import (
+    Begin,
+    Commit,
+    Delete,
+    Insert,
+    Relation,
+    RelationColumn,
+    Truncate,
+    Update,
+)
+from tidemark.spark.arrow_rows import EnvelopeSink, SchemaChangedError, TypedSink, typed_schema
+from tidemark.spark.decode import TransactionWalker
+from tidemark.spark.offsets import (
+    OffsetError,
+    TxnIndex,
+    TxnSummary,
+    end_for_limit,
+    from_offset,
+    split_range,
+    to_offset,
+)
+from tidemark.spark.options import OnSchemaChange, SourceOptions
+from tidemark.spark.type_mapping import spark_type
+
+TABLE = TableId("public", "a")
+REL = Relation(None, 16384, "public", "a", "d", (
+    RelationColumn("id", pg.INT4_OID, -1, True),
+    RelationColumn("amount", pg.NUMERIC_OID, (12 << 16 | 2) + 4, False),
+    RelationColumn("note", pg.TEXT_OID, -1, False),
+))
+SCHEMA = typed_schema([StructField("id", IntegerType()), StructField("amount", DecimalType(12, 2)),
+                       StructField("note", StringType())])
+
+
+# -- offsets and cutting ----------------------------------------------------------------
+def test_offsets_round_trip_and_reject_foreign_offsets() -> None:
+    assert from_offset(to_offset(0x16_B374D848)) == 0x16_B374D848
+    assert to_offset(0x16_B374D848) == {"lsn": "16/B374D848"}
+    with pytest.raises(OffsetError, match="not a tidemark offset"):
+        from_offset({"offset": 3})
+
+
+@given(st.integers(0, 2**40), st.integers(0, 10_000), st.integers(1, 16))
+def test_split_range_covers_the_range_with_adjacent_slices(start: int, length: int,
+                                                           parts: int) -> None:
+    slices = split_range(start, start + length, parts)
+    if length == 0:
+        assert slices == []
+        return
+    assert slices[0][0] == start and slices[-1][1] == start + length
+    assert all(lo < hi for lo, hi in slices)
+    assert all(a[1] == b[0] for a, b in itertools.pairwise(slices))
+    assert len(slices) == min(parts, length)
+
+
+def test_end_for_limit_takes_whole_transactions_and_at_least_one() -> None:
+    txns = [TxnSummary(100, 3), TxnSummary(200, 3), TxnSummary(300, 3)]
+    assert end_for_limit(txns, 100, 6) == 201  # two whole transactions
+    assert end_for_limit(txns, 100, 5) == 101  # the second does not fit
+    assert end_for_limit(txns, 100, 1) == 101  # a transaction over the limit still goes
+    assert end_for_limit(txns, 150, 100) == 301  # transactions before start ignored
+    assert end_for_limit(txns, 301, 100) is None
+
+
+def test_txn_index_plans_only_batches_it_can_see_whole() -> None:
+    index = TxnIndex(100, 400, [TxnSummary(100, 3), TxnSummary(200, 3), TxnSummary(300, 3)])
+    assert index.plan(100, 4) == 101  # more than the limit known: the batch is full
+    assert index.plan(201, 4) is None  # only 3 known after 201: more may come after 400
+    assert not index.covers(400)
+
+
+# -- options ----------------------------------------------------------------------------
+def test_options_unknown_key_names_it_and_the_allowed_ones() -> None:
+    with pytest.raises(ConfigError) as err:
+        SourceOptions.parse({"dsn": "host=x", "tables": "public.a", "maxChangePerTrigger": "5"})
+    assert "maxChangePerTrigger" in str(err.value)
+    assert "maxChangesPerTrigger" in str(err.value)
+
+
+@pytest.mark.parametrize(("options", "key"), [
+    ({"tables": "public.a"}, "dsn"),
+    ({"dsn": "host=x"}, "tables"),
+    ({"dsn": "host=x", "tables": "public.a", "maxchangespertrigger": "0"}, "maxChangesPerTrigger"),
+    ({"dsn": "host=x", "tables": "public.a", "slot": "Bad-Name"}, "slot"),
+    ({"dsn": "host=x", "tables": "public.a", "onSchemaChange": "ignore"}, "onSchemaChange"),
+    ({"dsn": "host=x", "table": "public.a", "tables": "public.b"}, "tables"),
+])
+def test_options_bad_values_name_the_option(options: dict[str, str], key: str) -> None:
+    with pytest.raises(ConfigError) as err:
+        SourceOptions.parse(options)
+    assert err.value.key == key
+
+
+def test_options_repr_hides_the_password() -> None:
+    options = SourceOptions.parse({"dsn": "host=x password=hunter2", "table": "public.a"})
+    assert "hunter2" not in repr(options)
+    assert options.tables == (TABLE,) and options.max_changes_per_trigger is None
+
+
+# -- decoding ---------------------------------------------------------------------------
+def _txn(commit_lsn: int, xid: int, *msgs: object) -> list[tuple[int, bytes]]:
+    begin = Begin(commit_lsn, 1_700_000_000_000_000, xid)
+    commit = Commit(0, commit_lsn, commit_lsn + 8, 1_700_000_000_000_000)
+    rows = [(commit_lsn - 100, encode_message(begin))]
+    rows += [(commit_lsn - 50 + i, encode_message(m)) for i, m in enumerate(msgs)]  # type: ignore[arg-type]
+    rows.append((commit_lsn + 8, encode_message(commit)))
+    return rows
+
+
+def _typed(lo: int, hi: int, chunks: list[list[tuple[int, bytes]]],
+           on_change: OnSchemaChange = OnSchemaChange.FAIL) -> pa.Table:
+    sink = TypedSink(TABLE, SCHEMA, 2, on_change)  # tiny batches: exercise flushing
+    walker = TransactionWalker(lo, hi, sink)
+    batches = []
+    for chunk in chunks:
+        walker.feed(chunk)
+        batches.extend(sink.take())
+    batches.extend(sink.finish())
+    return pa.Table.from_batches(batches, schema=sink.pa_schema)
+
+
+def test_walker_keeps_transactions_by_commit_lsn_and_splits_key_changes() -> None:
+    rel = [(1, encode_message(REL))]
+    t1 = _txn(1000, 7, Insert(None, REL.relation_id, ("1", "12.30", "x")),
+              Update(None, REL.relation_id, "K", ("1", None, None), ("2", "12.30", UNAVAILABLE)))
+    t2 = _txn(2000, 8, Delete(None, REL.relation_id, "K", ("2", None, None)),
+              Truncate(None, False, False, (REL.relation_id,)))
+    # t1's changes have LSNs below 950 but it commits at 1000: it belongs to [1000, 2000)
+    # in full, and to nothing below; chunks cut through the middle of a transaction.
+    messages = rel + t1 + t2
+    chunks = [messages[:3], messages[3:6], messages[6:]]
+    first = _typed(1000, 2000, chunks)
+    assert first.column("_op").to_pylist() == ["c", "d", "c"]
+    assert first.column("_seq").to_pylist() == [1, 2, 3]
+    assert first.column("id").to_pylist() == [1, 1, 2]
+    assert first.column("amount").to_pylist() == [Decimal("12.30"), None, Decimal("12.30")]
+    assert first.column("_unavailable").to_pylist() == [[], [], ["note"]]
+    assert first.column("note").to_pylist() == ["x", None, None]
+    assert set(first.column("_commit_lsn").to_pylist()) == {1000}
+    assert set(first.column("_txid").to_pylist()) == {7}
+    assert first.column("_commit_ts").type == pa.timestamp("us", tz="UTC")
+    assert first.column("_commit_ts")[0].as_py() == dt.datetime(2023, 11, 14, 22, 13, 20,
+                                                                tzinfo=dt.UTC)
+    assert _typed(0, 1000, chunks).num_rows == 0
+    second = _typed(1001, 2001, chunks)
+    assert second.column("_op").to_pylist() == ["d", "t"]
+    assert second.column("id").to_pylist() == [2, None]
+    # Replaying a range gives the same rows.
+    assert _typed(1000, 2000, [messages]).equals(first)
+
+
+def test_new_column_fails_with_restart_advice_or_is_dropped() -> None:
+    grown = Relation(None, REL.relation_id, "public", "a", "d",
+                     (*REL.columns, RelationColumn("extra", pg.INT8_OID, -1, False)))
+    messages = [(1, encode_message(grown)),
+                *_txn(1000, 7, Insert(None, REL.relation_id, ("1", "1.00", "x", "5")))]
+    with pytest.raises(SchemaChangedError, match="restart the query"):
+        _typed(0, 2000, [messages])
+    table = _typed(0, 2000, [messages], OnSchemaChange.DROP_NEW_COLUMNS)
+    assert table.column("id").to_pylist() == [1]
+
+
+def test_envelope_rows_are_json_text_maps() -> None:
+    sink = EnvelopeSink([TABLE], 100)
+    walker = TransactionWalker(0, 10_000, sink)
+    walker.feed([(1, encode_message(REL)),
+                 *_txn(1000, 7, Update(None, REL.relation_id, None, None,
+                                       ("1", None, UNAVAILABLE)))])
+    (batch,) = list(sink.finish())
+    row = batch.to_pylist()[0]
+    assert row["table"] == "public.a" and row["_op"] == "u"
+    assert row["key"] == '{"id":"1"}'
+    assert row["after"] == '{"id":"1","amount":null}'
+    assert row["_unavailable"] == ["note"]
+
+
+def test_type_mapping_and_column_conversion() -> None:
+    assert spark_type(pg.NUMERIC_OID, (40 << 16 | 2) + 4) == StringType()  # beyond Spark
+    assert spark_type(pg.NUMERIC_OID, -1) == StringType()
+    assert spark_type(pg.INT8_ARRAY_OID, -1) == ArrayType(LongType())
+    assert spark_type(pg.BOOL_OID, -1) == BooleanType()
+    assert spark_type(pg.TIMESTAMPTZ_OID, -1) == TimestampType()
+    schema = typed_schema([StructField("ts", TimestampType()), StructField("ok", BooleanType()),
+                           StructField("xs", ArrayType(LongType()))])
+    rel = Relation(None, 1, "public", "a", "d", (
+        RelationColumn("ts", pg.TIMESTAMPTZ_OID, -1, True),
+        RelationColumn("ok", pg.BOOL_OID, -1, False),
+        RelationColumn("xs", pg.INT8_ARRAY_OID, -1, False)))
+    sink = TypedSink(TABLE, schema, 100, OnSchemaChange.FAIL)
+    walker = TransactionWalker(0, 10_000, sink)
+    walker.feed([(1, encode_message(rel)),
+                 *_txn(1000, 7,
+                       Insert(None, 1, ("2024-01-02 03:04:05.5+00", "t", "{1,NULL,3}")),
+                       Insert(None, 1, ("infinity", "f", None)))])
+    (batch,) = list(sink.finish())
+    assert batch.column(0).to_pylist()[0] == dt.datetime(2024, 1, 2, 3, 4, 5, 500000,
+                                                         tzinfo=dt.UTC)
+    assert batch.column(1).to_pylist() == [True, False]
+    assert batch.column(2).to_pylist() == [[1, None, 3], None]
+    assert batch.column(0).to_pylist()[1].year == 9999  # infinity: the largest timestamp
