@@ -7,6 +7,7 @@ tests are few: each checks several guarantees of one scenario.
 from __future__ import annotations
 
 import contextlib
+import itertools
 import os
 import sys
 import time
@@ -16,10 +17,10 @@ from typing import Any
 
 import psycopg2
 import pytest
-from conftest import Database
 from pyspark.sql import DataFrame, SparkSession
 
 import tidemark.spark as ts
+from conftest import Database
 from tidemark.spark import wal
 from tidemark.spark.options import SourceOptions
 from tidemark.spark.reader import read_slice
@@ -135,7 +136,7 @@ def test_a_replayed_range_returns_the_same_rows_however_it_is_split(db: Database
     def rows(parts: int) -> list[tuple[Any, ...]]:
         width = max(1, (end - start) // parts)
         cuts = [*range(start, end, width), end]
-        return sorted((tuple(r.values()) for lo, hi in zip(cuts, cuts[1:], strict=False)
+        return sorted((tuple(r.values()) for lo, hi in itertools.pairwise(cuts)
                        for batch in read_slice(options, schema, lo, hi)
                        for r in batch.to_pylist()), key=repr)
 
@@ -222,7 +223,7 @@ def test_bad_options_and_tables_fail_at_load_with_clear_errors(
         reader = spark.readStream.format("tidemark")
         for key, value in options.items():
             reader = reader.option(key, value)
-        with pytest.raises(Exception) as err:  # noqa: PT011 - Spark wraps Python errors
+        with pytest.raises(Exception) as err:
             reader.load()
         return str(err.value)
 
