@@ -33,7 +33,7 @@ from collections.abc import Iterator, Sequence
 from typing import Any, Final
 
 import msgspec
-import pyarrow as pa  # type: ignore[import-untyped]  # pyarrow ships no type hints
+import pyarrow as pa
 from pyspark.sql.pandas.types import to_arrow_schema
 from pyspark.sql.types import (
     ArrayType,

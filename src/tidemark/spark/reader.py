@@ -30,7 +30,7 @@ from collections.abc import Iterator, Sequence
 from typing import Any, Final
 
 import psycopg
-import pyarrow as pa  # type: ignore[import-untyped]  # pyarrow ships no type hints
+import pyarrow as pa
 from pyspark.sql.datasource import DataSourceStreamReader, InputPartition
 from pyspark.sql.streaming.datasource import (
     ReadAllAvailable,

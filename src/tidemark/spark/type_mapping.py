@@ -41,8 +41,8 @@ from collections.abc import Callable, Sequence
 from decimal import Decimal
 from typing import Any, Final, TypeAlias
 
-import pyarrow as pa  # type: ignore[import-untyped]  # pyarrow ships no type hints
-import pyarrow.compute as pc  # type: ignore[import-untyped]  # pyarrow ships no type hints
+import pyarrow as pa
+import pyarrow.compute as pc
 from pyspark.sql.types import (
     ArrayType,
     BinaryType,
