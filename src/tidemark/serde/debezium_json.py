@@ -32,6 +32,7 @@ from tidemark.event import (
     Column,
     Op,
     SnapshotMarker,
+    SourceContext,
     TableSchema,
     TransactionBoundary,
 )
@@ -379,7 +380,7 @@ RowConverter = Callable[[tuple[Any, ...]], str]
 _escape: Callable[[str], str] = json_encoder.encode_basestring
 
 
-def _json_fragment(value: Any) -> str:
+def json_fragment(value: Any) -> str:
     """A converted column value as JSON text."""
     cls = value.__class__
     if cls is bytes:
@@ -407,7 +408,28 @@ def _fragment_converter(mapping: _Mapping) -> tuple[str | None, Any]:
         return None, mapping.fragment
     convert = mapping.convert
     assert convert is not None
-    return None, lambda v: _json_fragment(convert(v))
+    return None, lambda v: json_fragment(convert(v))
+
+
+#: Names that :func:`column_fragment` templates refer to; generated code using them
+#: needs these in its namespace.
+TEMPLATE_NAMES: Final[dict[str, Any]] = {"_escape": _escape}
+
+
+def column_fragment(column: Column, options: DebeziumJsonOptions
+                    ) -> tuple[str | None, Callable[[str], str] | None, str, Any]:
+    """How a column's text value becomes JSON text, for generated code.
+
+    Returns ``(template, function, null_text, placeholder)``: an inline expression
+    template over ``{v}`` (or None and a ``text -> JSON text`` function), the JSON text
+    for SQL NULL, and the value standing for an unchanged TOASTed column.
+    """
+    mapping = column_mapping(column, options)
+    template, function = _fragment_converter(mapping)
+    # Debezium writes a type's fallback value, not null, for a NOT NULL column that
+    # has no value: the non-key columns of a delete under REPLICA IDENTITY DEFAULT.
+    null_text = "null" if column.nullable else mapping.fallback
+    return template, function, null_text, mapping.placeholder
 
 
 def compile_row_converter(
@@ -426,18 +448,15 @@ def compile_row_converter(
     lines = ["def convert(r):", f"    {unpack}{',' if len(columns) == 1 else ''} = r"]
     parts = []
     for n, i in enumerate(indexes):
-        mapping = column_mapping(columns[i], options)
-        namespace[f"p{i}"] = _json_fragment(mapping.placeholder)
-        template, function = _fragment_converter(mapping)
+        template, function, null_text, placeholder = column_fragment(columns[i], options)
+        namespace[f"p{i}"] = json_fragment(placeholder)
         if template is not None:
             expr = template.format(v=f"v{i}")
         else:
             namespace[f"c{i}"] = function
             expr = f"c{i}(v{i})"
         name = _escape(columns[i].name)
-        # Debezium writes a type's fallback value, not null, for a NOT NULL column that
-        # has no value: the non-key columns of a delete under REPLICA IDENTITY DEFAULT.
-        namespace[f"n{i}"] = "null" if columns[i].nullable else mapping.fallback
+        namespace[f"n{i}"] = null_text
         lines.append(
             f"    f{i} = {expr} if v{i}.__class__ is str else "
             f"(n{i} if v{i} is None else p{i} if v{i} is _UNAVAILABLE else _bin(v{i}))"
@@ -448,7 +467,7 @@ def compile_row_converter(
         parts.append("{k" + str(i) + "}{f" + str(i) + "}")
     # Binary-format values (only from sources that request binary transfer) are raw
     # bytes, emitted as Debezium emits bytes: base64.
-    namespace["_bin"] = _json_fragment
+    namespace["_bin"] = json_fragment
     lines.append('    return f"' + "".join(parts) + '}}"')
     if not columns:
         lines = ["def convert(r):", "    return '{}'"]
@@ -509,21 +528,22 @@ class DebeziumJsonSerializer:
             self._parts.clear()
         parts = self._parts.get((tail, event.snapshot))
         if parts is None:
-            parts = self._parts[(tail, event.snapshot)] = self._source_parts(event, tail)
+            parts = self._parts[(tail, event.snapshot)] = self._source_parts(
+                context, event.snapshot, tail)
         head, middle, end = parts
         if lsn is None:
             return f'{head}null{middle}null{end}'.replace('"[null,\\"null\\"]"', "null")
         return f"{head}{lsn}{middle}{lsn}{end}"
 
     @staticmethod
-    def _source_parts(event: ChangeEvent, tail: str) -> tuple[str, str, str]:
-        c = event.context
+    def _source_parts(c: SourceContext, snapshot: SnapshotMarker,
+                      tail: str) -> tuple[str, str, str]:
         ts = c.ts_us
         last = "null" if c.last_commit_lsn is None else f'\\"{c.last_commit_lsn}\\"'
         head = (
             f'{{"version":"{SOURCE_VERSION}","connector":{_escape(c.connector)},'
             f'"name":{_escape(c.name)},"ts_ms":{ts // 1000},'
-            f'"snapshot":"{event.snapshot.value}","db":{_escape(c.db)},'
+            f'"snapshot":"{snapshot.value}","db":{_escape(c.db)},'
             f'"sequence":"[{last},\\"'
         )
         middle = (f'\\"]","ts_us":{ts},"ts_ns":{ts * 1000}{tail}'
@@ -531,6 +551,22 @@ class DebeziumJsonSerializer:
         origin = "null" if c.origin is None else _escape(c.origin)
         end = f',"xmin":null,"origin":{origin},"origin_lsn":null}}'
         return head, middle, end
+
+    def stream_line_parts(self, schema: TableSchema, context: SourceContext, op: Op,
+                          ts_us: int) -> tuple[str, str, str]:
+        """The text of a streamed row event's line around its ``source.lsn``, which
+        appears twice: ``head + lsn + middle + lsn + tail`` continues a line after
+        ``"source":`` up to and including its newline.
+
+        For :mod:`tidemark.serde.pgoutput_json`, which writes the rest of the line; only
+        without transaction metadata, where nothing else in the line varies per event.
+        """
+        if self._metadata:
+            raise ValueError("stream_line_parts is for output without transaction metadata")
+        head, middle, end = self._source_parts(context, SnapshotMarker.FALSE,
+                                               self._codec(schema).source_tail)
+        ts = (f'"ts_ms":{ts_us // 1000},"ts_us":{ts_us},"ts_ns":{ts_us * 1000}}}')
+        return head, middle, f'{end},"transaction":null,"op":"{op.value}",{ts}}}\n'
 
     def _transaction(self, event: ChangeEvent) -> str:
         t = event.transaction
@@ -575,6 +611,11 @@ class DebeziumJsonSerializer:
 
     def encode_lines(self, records: Iterable[ChangeEvent | TransactionBoundary]) -> bytes:
         """Encode records as newline-terminated JSON lines (tombstones included)."""
+        return "".join(self.text_lines(records)).encode()
+
+    def text_lines(self, records: Iterable[ChangeEvent | TransactionBoundary]) -> list[str]:
+        """One text per record that produces output: its newline-terminated JSON line,
+        followed by its tombstone line for a delete."""
         out: list[str] = []
         append = out.append
         key_and_value = self.key_and_value
@@ -583,13 +624,14 @@ class DebeziumJsonSerializer:
         for record in records:
             if isinstance(record, ChangeEvent):
                 key, value = key_and_value(record)
-                append(f'{{"key":{key},"value":{value}}}\n')
                 if tombstones and key != "null" and record.op is Op.DELETE:
-                    append(f'{{"key":{key},"value":null}}\n')
+                    append(f'{{"key":{key},"value":{value}}}\n{{"key":{key},"value":null}}\n')
+                else:
+                    append(f'{{"key":{key},"value":{value}}}\n')
             elif metadata:
                 value = self._encoder.encode(_transaction_value(record)).decode()
                 append(f'{{"key":{{"id":{_escape(record.id)}}},"value":{value}}}\n')
-        return "".join(out).encode()
+        return out
 
     def encode(self, event: ChangeEvent) -> bytes:
         """One event as a single JSON object ``{"key": …, "value": …}``."""
