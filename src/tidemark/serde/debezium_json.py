@@ -106,15 +106,27 @@ def _decimal_fragment(scale: int, convert: Callable[[str], Any]) -> Callable[[st
     The hottest converter of typical tables; PostgreSQL prints exactly ``s`` fraction
     digits for a numeric(p, s), so the unscaled value is the digits without the point.
     """
+    def general(text: str) -> str:
+        value = convert(text)  # special values, unusual scales
+        if value is None:
+            return "null"
+        return '"' + b2a_base64(value, newline=False).decode() + '"'
+
+    if scale <= 0:
+        return general
+    point = -scale - 1
+
     def fragment(text: str) -> str:
-        whole, _, frac = text.partition(".")
-        if len(frac) != scale or not text[-1].isdigit():
-            value = convert(text)  # special values, unusual scales
-            if value is None:
-                return "null"
-            return '"' + b2a_base64(value, newline=False).decode() + '"'
-        raw = unscaled_bytes(int(whole + frac))
-        return '"' + b2a_base64(raw, newline=False).decode() + '"'
+        # The common shape, checked cheaply: the point where the scale puts it, a digit
+        # last (not NaN or Infinity). Anything else takes the general conversion.
+        if len(text) > scale and text[point] == "." and "0" <= text[-1] <= "9":
+            unscaled = int(text.replace(".", "", 1))
+            # unscaled_bytes, inlined: this runs for every numeric of every row.
+            raw = unscaled.to_bytes(
+                ((unscaled if unscaled >= 0 else ~unscaled).bit_length() >> 3) + 1,
+                "big", signed=True)
+            return '"' + b2a_base64(raw, newline=False).decode() + '"'
+        return general(text)
 
     return fragment
 
@@ -162,6 +174,7 @@ def _money_decimal(text: str) -> bytes:
 
 _DATE_CACHE_SIZE: Final = 4096
 _date_cache: dict[str, int] = {}
+_date_json_cache: dict[str, str] = {}
 
 
 def _date_days(text: str) -> int:
@@ -174,6 +187,17 @@ def _date_days(text: str) -> int:
             _date_cache.clear()
         _date_cache[text] = days
     return days
+
+
+def _date_fragment(text: str) -> str:
+    """A date's epoch days as JSON text (memoized like :func:`_date_days`)."""
+    fragment = _date_json_cache.get(text)
+    if fragment is None:
+        fragment = str(_date_days_uncached(text))
+        if len(_date_json_cache) >= _DATE_CACHE_SIZE:
+            _date_json_cache.clear()
+        _date_json_cache[text] = fragment
+    return fragment
 
 
 def _date_days_uncached(text: str) -> int:
@@ -346,7 +370,7 @@ def column_mapping(column: Column, options: DebeziumJsonOptions) -> _Mapping:
         return _Mapping(convert=convert, fragment=_decimal_fragment(scale, convert),
                         fallback='"AA=="')
     if oid == pgt.DATE_OID:
-        return _Mapping(convert=_date_days, fragment=lambda v: str(_date_days(v)), fallback="0")
+        return _Mapping(convert=_date_days, fragment=_date_fragment, fallback="0")
     precision = typmod if typmod >= 0 else 6
     time_mode = options.time_precision_mode
     if oid == pgt.TIME_OID:
@@ -521,19 +545,28 @@ class DebeziumJsonSerializer:
     def _source(self, event: ChangeEvent, tail: str) -> str:
         """The ``source`` block; only the LSN differs between events of a transaction,
         so the rest is built once per (transaction, table, snapshot marker)."""
-        context = event.context
         lsn = event.lsn
-        if context is not self._parts_context:
-            self._parts_context = context
-            self._parts.clear()
-        parts = self._parts.get((tail, event.snapshot))
-        if parts is None:
-            parts = self._parts[(tail, event.snapshot)] = self._source_parts(
-                context, event.snapshot, tail)
-        head, middle, end = parts
+        head, middle, end = self._cached_source_parts(event.context, event.snapshot, tail)
         if lsn is None:
             return f'{head}null{middle}null{end}'.replace('"[null,\\"null\\"]"', "null")
         return f"{head}{lsn}{middle}{lsn}{end}"
+
+    def _cached_source_parts(self, context: SourceContext, snapshot: SnapshotMarker,
+                             tail: str) -> tuple[str, str, str]:
+        if context is not self._parts_context:
+            self._parts_context = context
+            self._parts.clear()
+        parts = self._parts.get((tail, snapshot))
+        if parts is None:
+            parts = self._parts[(tail, snapshot)] = self._source_parts(context, snapshot, tail)
+        return parts
+
+    def _ts_fields(self, ts_us: int) -> str:
+        """The top-level ``ts_*`` fields and the value's closing brace."""
+        if ts_us != self._ts:
+            self._ts = ts_us
+            self._ts_text = f'"ts_ms":{ts_us // 1000},"ts_us":{ts_us},"ts_ns":{ts_us * 1000}}}'
+        return self._ts_text
 
     @staticmethod
     def _source_parts(c: SourceContext, snapshot: SnapshotMarker,
@@ -563,9 +596,9 @@ class DebeziumJsonSerializer:
         """
         if self._metadata:
             raise ValueError("stream_line_parts is for output without transaction metadata")
-        head, middle, end = self._source_parts(context, SnapshotMarker.FALSE,
-                                               self._codec(schema).source_tail)
-        ts = (f'"ts_ms":{ts_us // 1000},"ts_us":{ts_us},"ts_ns":{ts_us * 1000}}}')
+        head, middle, end = self._cached_source_parts(context, SnapshotMarker.FALSE,
+                                                      self._codec(schema).source_tail)
+        ts = self._ts_fields(ts_us)
         return head, middle, f'{end},"transaction":null,"op":"{op.value}",{ts}}}\n'
 
     def _transaction(self, event: ChangeEvent) -> str:
@@ -600,13 +633,10 @@ class DebeziumJsonSerializer:
             key_row = event.raw_before if op == "d" else event.raw_after
             if key_row is not None:
                 key = codec.key(key_row)
-        if ts != self._ts:
-            self._ts = ts
-            self._ts_text = f'"ts_ms":{ts // 1000},"ts_us":{ts},"ts_ns":{ts * 1000}}}'
         value = (f'{{"before":{before},"after":{after},'
                  f'"source":{self._source(event, codec.source_tail)},'
                  f'"transaction":{self._transaction(event) if self._metadata else "null"},'
-                 f'"op":"{op}",{self._ts_text}')
+                 f'"op":"{op}",{self._ts_fields(ts)}')
         return key, value
 
     def encode_lines(self, records: Iterable[ChangeEvent | TransactionBoundary]) -> bytes:

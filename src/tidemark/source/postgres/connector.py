@@ -42,6 +42,7 @@ _T = TypeVar("_T")
 _REPLICATION_MODULE = "tidemark.source.postgres.replication"
 
 _MAX_BACKOFF_S = 30.0
+_FIRST_BATCH_MESSAGES = 128
 
 
 class PostgresConnector:
@@ -306,9 +307,15 @@ class PostgresConnector:
         heartbeat_s = cfg.heartbeat_interval_ms / 1000
         last_heartbeat = time.monotonic()
         emitted = start_lsn  # the last offset handed on in a batch
+        # Start with small batches so that the first events are handed on within
+        # milliseconds of the stream opening, then grow to max_batch_messages, where
+        # per-batch costs stop mattering.
+        limit = min(_FIRST_BATCH_MESSAGES, cfg.max_batch_messages)
         while True:
             try:
-                messages = stream.read_batch(cfg.max_batch_messages, 0.2)
+                messages = stream.read_batch(limit, 0.2)
+                if messages:
+                    limit = min(limit * 4, cfg.max_batch_messages)
             except SourceUnavailableError as err:
                 stream.close()
                 if cfg.reconnect_max_attempts == 0:
