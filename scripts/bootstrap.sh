@@ -31,3 +31,6 @@ fi
 # PYTHONDONTWRITEBYTECODE), which adds ~0.2 s to the start of `tidemark capture`. (A
 # compile-bytecode setting in pyproject.toml would redo the check on every `uv run`.)
 uv sync --frozen --quiet --compile-bytecode
+# tidemark's own modules too (an editable install, so not in site-packages); a module
+# edited later is simply compiled in memory again, as without this.
+uv run --frozen python -m compileall -q src >/dev/null
