@@ -268,3 +268,15 @@ def test_relation_message_replaces_the_generated_code() -> None:
     ]
     messages += [(data, 0x1000 + i) for i, data in enumerate(more)]
     assert _compare(messages).fallbacks == 0
+
+
+def test_memoized_conversions_across_ops_and_memo_resets() -> None:
+    # More distinct values than a column memo holds, each converted by an insert and
+    # then found again by an update and a delete of the same row.
+    rows: list[bytes] = []
+    for n in range(2500):
+        values = (str(n), f"row {n}", f"{n % 1500}.{n % 100:02d}")
+        rows += [encode_insert(Insert(None, 16400, values)),
+                 encode_update(Update(None, 16400, None, None, values)),
+                 encode_delete(Delete(None, 16400, "O", values))]
+    assert _compare(_transaction(*rows)).fallbacks == 0

@@ -121,10 +121,13 @@ def _decimal_fragment(scale: int, convert: Callable[[str], Any]) -> Callable[[st
         # last (not NaN or Infinity). Anything else takes the general conversion.
         if len(text) > scale and text[point] == "." and "0" <= text[-1] <= "9":
             unscaled = int(text.replace(".", "", 1))
-            # unscaled_bytes, inlined: this runs for every numeric of every row.
-            raw = unscaled.to_bytes(
-                ((unscaled if unscaled >= 0 else ~unscaled).bit_length() >> 3) + 1,
-                "big", signed=True)
+            # unscaled_bytes, inlined: this runs for every numeric of every row. With
+            # one spare bit a non-negative value's unsigned bytes are its signed ones.
+            if unscaled >= 0:
+                raw = unscaled.to_bytes((unscaled.bit_length() >> 3) + 1)
+            else:
+                raw = unscaled.to_bytes(((~unscaled).bit_length() >> 3) + 1, "big",
+                                        signed=True)
             return '"' + b2a_base64(raw, newline=False).decode() + '"'
         return general(text)
 

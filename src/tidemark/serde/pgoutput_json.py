@@ -28,6 +28,7 @@ from tidemark.serde.debezium_json import (
     column_fragment,
     json_fragment,
 )
+from tidemark.source.postgres import types as pgt
 
 #: ``line(data, text, lsn, parts)``: *text* is ``data.decode("latin-1")`` for the ASCII
 #: variant (ignored by the UTF-8 one); *parts* is what
@@ -39,6 +40,15 @@ _u32: Final = struct.Struct(">I").unpack_from
 # Byte offsets in Insert/Update/Delete messages outside a streamed block (protocol v1):
 # type (1), relation id (4), tuple kind (1), column count (2), then the columns.
 _COLUMNS_AT: Final = 8
+
+
+# Types whose text is short and whose JSON conversion is a Python function call (numeric
+# base64, timestamps, dates …), so that memoizing it pays and stays small.
+_MEMO_TYPES: Final = frozenset({
+    pgt.NUMERIC_OID, pgt.MONEY_OID, pgt.DATE_OID, pgt.TIME_OID, pgt.TIMETZ_OID,
+    pgt.TIMESTAMP_OID, pgt.TIMESTAMPTZ_OID, pgt.INTERVAL_OID,
+})
+_MEMO_SIZE: Final = 1024  # entries per column; cleared when full
 
 
 class FusedFallbackError(Exception):
@@ -59,19 +69,22 @@ class FusedCodec:
 
     def __init__(self, schema: TableSchema, options: DebeziumJsonOptions) -> None:
         self.schema = schema
-        self.insert = _compile(schema, options, "c")
-        self.update = _compile(schema, options, "u")
-        self.delete = _compile(schema, options, "d")
+        # One memo per column, shared by all six functions: an update hits the values
+        # its row's insert converted.
+        memos: list[dict[str, str]] = [{} for _ in schema.columns]
+        self.insert = _compile(schema, options, "c", memos)
+        self.update = _compile(schema, options, "u", memos)
+        self.delete = _compile(schema, options, "d", memos)
 
 
-def _compile(schema: TableSchema, options: DebeziumJsonOptions,
-             op: str) -> tuple[LineFunction, LineFunction]:
-    return (_compile_variant(schema, options, op, ascii_only=True),
-            _compile_variant(schema, options, op, ascii_only=False))
+def _compile(schema: TableSchema, options: DebeziumJsonOptions, op: str,
+             memos: list[dict[str, str]]) -> tuple[LineFunction, LineFunction]:
+    return (_compile_variant(schema, options, op, memos, ascii_only=True),
+            _compile_variant(schema, options, op, memos, ascii_only=False))
 
 
-def _compile_variant(schema: TableSchema, options: DebeziumJsonOptions, op: str, *,
-                     ascii_only: bool) -> LineFunction:
+def _compile_variant(schema: TableSchema, options: DebeziumJsonOptions, op: str,
+                     memos: list[dict[str, str]], *, ascii_only: bool) -> LineFunction:
     """Generate straight-line code for one (schema, op, text variant).
 
     Column and table names are data, never code: every piece of literal JSON text lives
@@ -95,17 +108,30 @@ def _compile_variant(schema: TableSchema, options: DebeziumJsonOptions, op: str,
         namespace[f"n{i}"] = null_text
         namespace[f"p{i}"] = json_fragment(placeholder)
         if template is not None:
-            expr = template.format(v="v")
+            convert = [f"        f{i} = {template.format(v='v')}"]
+        elif column.type_oid in _MEMO_TYPES:
+            # Values of these types repeat (an update re-sends the unchanged columns of
+            # a row, often one just inserted; amounts, dates and times recur): a small
+            # memo per column turns most conversions into one dict lookup.
+            namespace[f"c{i}"] = function
+            namespace[f"M{i}"] = memos[i]
+            convert = [
+                f"        f{i} = M{i}.get(v)",
+                f"        if f{i} is None:",
+                f"            f{i} = c{i}(v)",
+                f"            if len(M{i}) >= {_MEMO_SIZE}: M{i}.clear()",
+                f"            M{i}[v] = f{i}",
+            ]
         else:
             namespace[f"c{i}"] = function
-            expr = f"c{i}(v)"
+            convert = [f"        f{i} = c{i}(v)"]
         lines += [
             "    k = data[pos]",
             "    if k == 116:",  # 't': text value
             "        e = pos + 5 + _u32(data, pos + 1)[0]",
             f"        v = {value}",
             "        pos = e",
-            f"        f{i} = {expr}",
+            *convert,
             "    elif k == 110:",  # 'n': SQL NULL
             f"        f{i} = n{i}",
             "        pos += 1",
