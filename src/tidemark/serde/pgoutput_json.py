@@ -30,9 +30,9 @@ from tidemark.serde.debezium_json import (
 )
 from tidemark.source.postgres import types as pgt
 
-#: ``line(data, text, lsn, parts)``: *text* is ``data.decode("latin-1")`` for the ASCII
+#: ``line(data, text, lsn, parts)``: *text* is ``data.decode("ascii")`` for the ASCII
 #: variant (ignored by the UTF-8 one); *parts* is what
-#: :meth:`DebeziumJsonSerializer.stream_source_parts` returns for the event.
+#: :meth:`DebeziumJsonSerializer.stream_line_parts` returns for the event.
 LineFunction = Callable[[bytes, str, int, tuple[str, str, str]], str]
 
 _u32: Final = struct.Struct(">I").unpack_from
@@ -60,7 +60,7 @@ class FusedCodec:
 
     ``insert``, ``update`` and ``delete`` are ``(ascii, utf8)`` pairs of
     :data:`LineFunction`; the ASCII variant slices values out of the message decoded
-    as latin-1 (one character per byte), the other decodes each value as UTF-8.
+    as ASCII (one character per byte), the other decodes each value as UTF-8.
     ``update`` handles only updates without an old tuple (the key did not change and the
     replica identity is not FULL).
     """
@@ -141,7 +141,11 @@ def _compile_variant(schema: TableSchema, options: DebeziumJsonOptions, op: str,
             "    else:",  # binary values, garbage
             "        raise _Fallback",
         ]
-    lines.append("    if pos != len(data): raise _Fallback")
+    lines += [
+        "    if pos != len(data): raise _Fallback",
+        "    head, middle, tail = parts",
+        "    lsn = str(lsn)",  # once, not twice by the f-string
+    ]
 
     # The line as a sequence of literal texts and variable names.
     pieces: list[tuple[bool, str]] = []  # (is literal, text or variable name)
@@ -177,8 +181,8 @@ def _compile_variant(schema: TableSchema, options: DebeziumJsonOptions, op: str,
         literal('null,"after":')
         row()
     literal(',"source":')
-    pieces += [(False, "parts[0]"), (False, "lsn"), (False, "parts[1]"), (False, "lsn"),
-               (False, "parts[2]")]
+    pieces += [(False, "head"), (False, "lsn"), (False, "middle"), (False, "lsn"),
+               (False, "tail")]
     if op == "d" and options.tombstones_on_delete and schema.key_indexes:
         literal('{"key":')
         key()

@@ -70,10 +70,12 @@ class JsonLineBuilder:
             if entry is not None:
                 ascii_line, utf8_line, parts = entry
                 try:
-                    if data.isascii():
-                        append(ascii_line(data, data.decode("latin-1"), lsn, parts))
-                    else:
+                    try:
+                        text = data.decode("ascii")
+                    except UnicodeDecodeError:
                         append(utf8_line(data, "", lsn, parts))
+                    else:
+                        append(ascii_line(data, text, lsn, parts))
                     continue
                 except Exception:  # the general path decides what it is
                     self.fallbacks += 1
