@@ -13,7 +13,7 @@ from typing import Any
 
 import click
 
-from tidemark.event import ChangeEvent
+from tidemark.event import ChangeEvent, Record
 from tidemark.offsets.file import FileOffsetStore
 from tidemark.offsets.memory import MemoryOffsetStore
 from tidemark.offsets.store import OffsetStore
@@ -46,6 +46,21 @@ def _current_insert_lsn(dsn: str) -> int:
     with contextlib.closing(session.connect(dsn)) as conn, session.cursor(conn) as cur:
         cur.execute("SELECT (pg_current_wal_insert_lsn() - '0/0')::bigint")
         return int(cur.fetchone()[0])
+
+
+def _first_events(records: list[Record], lines: list[str], remaining: int
+                  ) -> tuple[list[Record], list[str], bool]:
+    """The records and lines up to (excluding) the change event after the first
+    *remaining* ones, and whether anything was cut. A batch holds records or lines."""
+    if len(lines) > remaining:
+        return records, lines[:remaining], True
+    events = 0
+    for cut, record in enumerate(records):
+        if isinstance(record, ChangeEvent):
+            events += 1
+            if events > remaining:
+                return records[:cut], lines, True
+    return records, lines, False
 
 
 @click.command()
@@ -112,7 +127,10 @@ def capture(dsn: str, tables: tuple[str, ...], exclude: tuple[str, ...], slot: s
     flag = _StopFlag()
     signal.signal(signal.SIGINT, flag)
     signal.signal(signal.SIGTERM, flag)
-    connector = PostgresConnector(config)
+    # Without transaction metadata every streamed event is one JSON text that the
+    # connector can make straight from the pgoutput bytes (the fast path).
+    connector = PostgresConnector(config,
+                                  json_lines=None if transaction_metadata else serializer)
     stop_at = _current_insert_lsn(config.dsn) if stop_at_end else None
     connector.start(store=store, stop_at_lsn=stop_at)
     # Everything allocated so far lives for the whole run; keep the collector off it.
@@ -134,30 +152,27 @@ def capture(dsn: str, tables: tuple[str, ...], exclude: tuple[str, ...], slot: s
         while not flag.stop:
             batch = connector.poll()
             records = batch.records
+            lines = batch.lines or []
             offset = batch.offset
             done = batch.finished
             if max_events is not None:
-                remaining = max_events - delivered
-                events = 0
-                for cut, record in enumerate(records):
-                    if isinstance(record, ChangeEvent):
-                        events += 1
-                        if events > remaining:
-                            records = records[:cut]
-                            offset = None  # the batch was not delivered whole
-                            break
-            if records:
+                records, lines, cut = _first_events(records, lines, max_events - delivered)
+                if cut:
+                    offset = None  # the batch was not delivered whole
+            if records or lines:
                 try:
                     # Encode in slices of ~65 kB: larger buffers are mmapped or trimmed
                     # back to the OS by malloc on every batch, and faulting that memory
                     # in again costs ~10% of the run.
                     for start in range(0, len(records), _WRITE_SLICE):
                         out.write(serializer.encode_lines(records[start:start + _WRITE_SLICE]))
+                    for start in range(0, len(lines), _WRITE_SLICE):
+                        out.write("".join(lines[start:start + _WRITE_SLICE]).encode())
                     out.flush()
                 except BrokenPipeError:
                     log.info("stdout closed; stopping")
                     break
-                delivered += sum(1 for r in records if isinstance(r, ChangeEvent))
+                delivered += sum(1 for r in records if isinstance(r, ChangeEvent)) + len(lines)
                 done = done or (max_events is not None and delivered >= max_events)
             if offset is not None:
                 pending = offset

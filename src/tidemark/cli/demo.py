@@ -11,7 +11,6 @@ from tidemark.serde.debezium_json import DebeziumJsonOptions, DebeziumJsonSerial
 from tidemark.source.postgres import session
 from tidemark.source.postgres.config import PostgresSourceConfig
 from tidemark.source.postgres.connector import PostgresConnector
-from tidemark.testing.postgres import PostgresCluster
 
 _SCHEMA = """
 CREATE TABLE customers (id bigint PRIMARY KEY, name text NOT NULL, email text,
@@ -34,6 +33,10 @@ _CHANGES = [
 def demo() -> None:
     """Start a private PostgreSQL, make changes, print the change events as JSON lines."""
     out = sys.stdout
+    # Imported here: the cluster helper (tempfile, shutil, secrets …) is not needed by
+    # the other commands, whose start-up time counts.
+    from tidemark.testing.postgres import PostgresCluster  # noqa: PLC0415
+
     with PostgresCluster() as cluster:
         dsn = cluster.create_database("demo")
         with contextlib.closing(session.connect(dsn)) as conn, session.cursor(conn) as cur:

@@ -32,6 +32,7 @@ from tidemark.event import (
     Column,
     Op,
     SnapshotMarker,
+    SourceContext,
     TableSchema,
     TransactionBoundary,
 )
@@ -105,15 +106,30 @@ def _decimal_fragment(scale: int, convert: Callable[[str], Any]) -> Callable[[st
     The hottest converter of typical tables; PostgreSQL prints exactly ``s`` fraction
     digits for a numeric(p, s), so the unscaled value is the digits without the point.
     """
+    def general(text: str) -> str:
+        value = convert(text)  # special values, unusual scales
+        if value is None:
+            return "null"
+        return '"' + b2a_base64(value, newline=False).decode() + '"'
+
+    if scale <= 0:
+        return general
+    point = -scale - 1
+
     def fragment(text: str) -> str:
-        whole, _, frac = text.partition(".")
-        if len(frac) != scale or not text[-1].isdigit():
-            value = convert(text)  # special values, unusual scales
-            if value is None:
-                return "null"
-            return '"' + b2a_base64(value, newline=False).decode() + '"'
-        raw = unscaled_bytes(int(whole + frac))
-        return '"' + b2a_base64(raw, newline=False).decode() + '"'
+        # The common shape, checked cheaply: the point where the scale puts it, a digit
+        # last (not NaN or Infinity). Anything else takes the general conversion.
+        if len(text) > scale and text[point] == "." and "0" <= text[-1] <= "9":
+            unscaled = int(text.replace(".", "", 1))
+            # unscaled_bytes, inlined: this runs for every numeric of every row. With
+            # one spare bit a non-negative value's unsigned bytes are its signed ones.
+            if unscaled >= 0:
+                raw = unscaled.to_bytes((unscaled.bit_length() >> 3) + 1)
+            else:
+                raw = unscaled.to_bytes(((~unscaled).bit_length() >> 3) + 1, "big",
+                                        signed=True)
+            return '"' + b2a_base64(raw, newline=False).decode() + '"'
+        return general(text)
 
     return fragment
 
@@ -161,6 +177,7 @@ def _money_decimal(text: str) -> bytes:
 
 _DATE_CACHE_SIZE: Final = 4096
 _date_cache: dict[str, int] = {}
+_date_json_cache: dict[str, str] = {}
 
 
 def _date_days(text: str) -> int:
@@ -173,6 +190,17 @@ def _date_days(text: str) -> int:
             _date_cache.clear()
         _date_cache[text] = days
     return days
+
+
+def _date_fragment(text: str) -> str:
+    """A date's epoch days as JSON text (memoized like :func:`_date_days`)."""
+    fragment = _date_json_cache.get(text)
+    if fragment is None:
+        fragment = str(_date_days_uncached(text))
+        if len(_date_json_cache) >= _DATE_CACHE_SIZE:
+            _date_json_cache.clear()
+        _date_json_cache[text] = fragment
+    return fragment
 
 
 def _date_days_uncached(text: str) -> int:
@@ -345,7 +373,7 @@ def column_mapping(column: Column, options: DebeziumJsonOptions) -> _Mapping:
         return _Mapping(convert=convert, fragment=_decimal_fragment(scale, convert),
                         fallback='"AA=="')
     if oid == pgt.DATE_OID:
-        return _Mapping(convert=_date_days, fragment=lambda v: str(_date_days(v)), fallback="0")
+        return _Mapping(convert=_date_days, fragment=_date_fragment, fallback="0")
     precision = typmod if typmod >= 0 else 6
     time_mode = options.time_precision_mode
     if oid == pgt.TIME_OID:
@@ -379,7 +407,7 @@ RowConverter = Callable[[tuple[Any, ...]], str]
 _escape: Callable[[str], str] = json_encoder.encode_basestring
 
 
-def _json_fragment(value: Any) -> str:
+def json_fragment(value: Any) -> str:
     """A converted column value as JSON text."""
     cls = value.__class__
     if cls is bytes:
@@ -407,7 +435,28 @@ def _fragment_converter(mapping: _Mapping) -> tuple[str | None, Any]:
         return None, mapping.fragment
     convert = mapping.convert
     assert convert is not None
-    return None, lambda v: _json_fragment(convert(v))
+    return None, lambda v: json_fragment(convert(v))
+
+
+#: Names that :func:`column_fragment` templates refer to; generated code using them
+#: needs these in its namespace.
+TEMPLATE_NAMES: Final[dict[str, Any]] = {"_escape": _escape}
+
+
+def column_fragment(column: Column, options: DebeziumJsonOptions
+                    ) -> tuple[str | None, Callable[[str], str] | None, str, Any]:
+    """How a column's text value becomes JSON text, for generated code.
+
+    Returns ``(template, function, null_text, placeholder)``: an inline expression
+    template over ``{v}`` (or None and a ``text -> JSON text`` function), the JSON text
+    for SQL NULL, and the value standing for an unchanged TOASTed column.
+    """
+    mapping = column_mapping(column, options)
+    template, function = _fragment_converter(mapping)
+    # Debezium writes a type's fallback value, not null, for a NOT NULL column that
+    # has no value: the non-key columns of a delete under REPLICA IDENTITY DEFAULT.
+    null_text = "null" if column.nullable else mapping.fallback
+    return template, function, null_text, mapping.placeholder
 
 
 def compile_row_converter(
@@ -426,18 +475,15 @@ def compile_row_converter(
     lines = ["def convert(r):", f"    {unpack}{',' if len(columns) == 1 else ''} = r"]
     parts = []
     for n, i in enumerate(indexes):
-        mapping = column_mapping(columns[i], options)
-        namespace[f"p{i}"] = _json_fragment(mapping.placeholder)
-        template, function = _fragment_converter(mapping)
+        template, function, null_text, placeholder = column_fragment(columns[i], options)
+        namespace[f"p{i}"] = json_fragment(placeholder)
         if template is not None:
             expr = template.format(v=f"v{i}")
         else:
             namespace[f"c{i}"] = function
             expr = f"c{i}(v{i})"
         name = _escape(columns[i].name)
-        # Debezium writes a type's fallback value, not null, for a NOT NULL column that
-        # has no value: the non-key columns of a delete under REPLICA IDENTITY DEFAULT.
-        namespace[f"n{i}"] = "null" if columns[i].nullable else mapping.fallback
+        namespace[f"n{i}"] = null_text
         lines.append(
             f"    f{i} = {expr} if v{i}.__class__ is str else "
             f"(n{i} if v{i} is None else p{i} if v{i} is _UNAVAILABLE else _bin(v{i}))"
@@ -448,7 +494,7 @@ def compile_row_converter(
         parts.append("{k" + str(i) + "}{f" + str(i) + "}")
     # Binary-format values (only from sources that request binary transfer) are raw
     # bytes, emitted as Debezium emits bytes: base64.
-    namespace["_bin"] = _json_fragment
+    namespace["_bin"] = json_fragment
     lines.append('    return f"' + "".join(parts) + '}}"')
     if not columns:
         lines = ["def convert(r):", "    return '{}'"]
@@ -502,28 +548,38 @@ class DebeziumJsonSerializer:
     def _source(self, event: ChangeEvent, tail: str) -> str:
         """The ``source`` block; only the LSN differs between events of a transaction,
         so the rest is built once per (transaction, table, snapshot marker)."""
-        context = event.context
         lsn = event.lsn
-        if context is not self._parts_context:
-            self._parts_context = context
-            self._parts.clear()
-        parts = self._parts.get((tail, event.snapshot))
-        if parts is None:
-            parts = self._parts[(tail, event.snapshot)] = self._source_parts(event, tail)
-        head, middle, end = parts
+        head, middle, end = self._cached_source_parts(event.context, event.snapshot, tail)
         if lsn is None:
             return f'{head}null{middle}null{end}'.replace('"[null,\\"null\\"]"', "null")
         return f"{head}{lsn}{middle}{lsn}{end}"
 
+    def _cached_source_parts(self, context: SourceContext, snapshot: SnapshotMarker,
+                             tail: str) -> tuple[str, str, str]:
+        if context is not self._parts_context:
+            self._parts_context = context
+            self._parts.clear()
+        parts = self._parts.get((tail, snapshot))
+        if parts is None:
+            parts = self._parts[(tail, snapshot)] = self._source_parts(context, snapshot, tail)
+        return parts
+
+    def _ts_fields(self, ts_us: int) -> str:
+        """The top-level ``ts_*`` fields and the value's closing brace."""
+        if ts_us != self._ts:
+            self._ts = ts_us
+            self._ts_text = f'"ts_ms":{ts_us // 1000},"ts_us":{ts_us},"ts_ns":{ts_us * 1000}}}'
+        return self._ts_text
+
     @staticmethod
-    def _source_parts(event: ChangeEvent, tail: str) -> tuple[str, str, str]:
-        c = event.context
+    def _source_parts(c: SourceContext, snapshot: SnapshotMarker,
+                      tail: str) -> tuple[str, str, str]:
         ts = c.ts_us
         last = "null" if c.last_commit_lsn is None else f'\\"{c.last_commit_lsn}\\"'
         head = (
             f'{{"version":"{SOURCE_VERSION}","connector":{_escape(c.connector)},'
             f'"name":{_escape(c.name)},"ts_ms":{ts // 1000},'
-            f'"snapshot":"{event.snapshot.value}","db":{_escape(c.db)},'
+            f'"snapshot":"{snapshot.value}","db":{_escape(c.db)},'
             f'"sequence":"[{last},\\"'
         )
         middle = (f'\\"]","ts_us":{ts},"ts_ns":{ts * 1000}{tail}'
@@ -531,6 +587,22 @@ class DebeziumJsonSerializer:
         origin = "null" if c.origin is None else _escape(c.origin)
         end = f',"xmin":null,"origin":{origin},"origin_lsn":null}}'
         return head, middle, end
+
+    def stream_line_parts(self, schema: TableSchema, context: SourceContext, op: Op,
+                          ts_us: int) -> tuple[str, str, str]:
+        """The text of a streamed row event's line around its ``source.lsn``, which
+        appears twice: ``head + lsn + middle + lsn + tail`` continues a line after
+        ``"source":`` up to and including its newline.
+
+        For :mod:`tidemark.serde.pgoutput_json`, which writes the rest of the line; only
+        without transaction metadata, where nothing else in the line varies per event.
+        """
+        if self._metadata:
+            raise ValueError("stream_line_parts is for output without transaction metadata")
+        head, middle, end = self._cached_source_parts(context, SnapshotMarker.FALSE,
+                                                      self._codec(schema).source_tail)
+        ts = self._ts_fields(ts_us)
+        return head, middle, f'{end},"transaction":null,"op":"{op.value}",{ts}}}\n'
 
     def _transaction(self, event: ChangeEvent) -> str:
         t = event.transaction
@@ -564,17 +636,19 @@ class DebeziumJsonSerializer:
             key_row = event.raw_before if op == "d" else event.raw_after
             if key_row is not None:
                 key = codec.key(key_row)
-        if ts != self._ts:
-            self._ts = ts
-            self._ts_text = f'"ts_ms":{ts // 1000},"ts_us":{ts},"ts_ns":{ts * 1000}}}'
         value = (f'{{"before":{before},"after":{after},'
                  f'"source":{self._source(event, codec.source_tail)},'
                  f'"transaction":{self._transaction(event) if self._metadata else "null"},'
-                 f'"op":"{op}",{self._ts_text}')
+                 f'"op":"{op}",{self._ts_fields(ts)}')
         return key, value
 
     def encode_lines(self, records: Iterable[ChangeEvent | TransactionBoundary]) -> bytes:
         """Encode records as newline-terminated JSON lines (tombstones included)."""
+        return "".join(self.text_lines(records)).encode()
+
+    def text_lines(self, records: Iterable[ChangeEvent | TransactionBoundary]) -> list[str]:
+        """One text per record that produces output: its newline-terminated JSON line,
+        followed by its tombstone line for a delete."""
         out: list[str] = []
         append = out.append
         key_and_value = self.key_and_value
@@ -583,13 +657,14 @@ class DebeziumJsonSerializer:
         for record in records:
             if isinstance(record, ChangeEvent):
                 key, value = key_and_value(record)
-                append(f'{{"key":{key},"value":{value}}}\n')
                 if tombstones and key != "null" and record.op is Op.DELETE:
-                    append(f'{{"key":{key},"value":null}}\n')
+                    append(f'{{"key":{key},"value":{value}}}\n{{"key":{key},"value":null}}\n')
+                else:
+                    append(f'{{"key":{key},"value":{value}}}\n')
             elif metadata:
                 value = self._encoder.encode(_transaction_value(record)).decode()
                 append(f'{{"key":{{"id":{_escape(record.id)}}},"value":{value}}}\n')
-        return "".join(out).encode()
+        return out
 
     def encode(self, event: ChangeEvent) -> bytes:
         """One event as a single JSON object ``{"key": …, "value": …}``."""

@@ -14,9 +14,12 @@ class SourceBatch(msgspec.Struct, frozen=True):
     ``offset`` is the resume position after the last record, or None when the batch does
     not move it (for example it ends inside a transaction). ``finished`` is set on the
     last batch of a bounded capture (a stop position, a snapshot-only run, a synthetic
-    source that ran out).
+    source that ran out). ``lines`` is set instead of ``records`` by a source asked for
+    JSON lines (the PostgreSQL connector's ``json_lines``): one Debezium JSON text per
+    change event, in order.
     """
 
     records: list[Record]
     offset: Offset | None
     finished: bool = False
+    lines: list[str] | None = None

@@ -14,7 +14,7 @@ an ``m`` event.
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 
 from tidemark.errors import DecodeError
 from tidemark.event import (
@@ -80,6 +80,16 @@ class ChangeEventBuilder:
         #: End LSN of the last transaction whose Commit has been processed: the position
         #: a resumed stream starts from once everything up to here is handed on.
         self.last_end_lsn: int | None = None
+
+    @property
+    def context(self) -> SourceContext:
+        """What the events of the open (or last) transaction share."""
+        return self._context
+
+    @property
+    def schemas(self) -> Mapping[int, TableSchema]:
+        """The current schema of each captured relation, by relation id (read-only)."""
+        return self._relations
 
     # -- schemas --------------------------------------------------------------------
     def schema_for(self, relation_id: int) -> TableSchema | None:

@@ -20,12 +20,14 @@ from typing import TYPE_CHECKING, Any, TypeVar
 import psycopg2
 
 from tidemark.errors import SourceError, SourceUnavailableError, TransientError
-from tidemark.event import TableId
+from tidemark.event import Record, TableId
 from tidemark.offsets.store import Offset, OffsetReader
+from tidemark.serde.debezium_json import DebeziumJsonSerializer
 from tidemark.source.batch import SourceBatch
 from tidemark.source.postgres import catalog, session, slot
 from tidemark.source.postgres.change_builder import ChangeEventBuilder
 from tidemark.source.postgres.config import PostgresSourceConfig, SnapshotMode
+from tidemark.source.postgres.json_lines import JsonLineBuilder
 from tidemark.source.postgres.pgoutput import lsn_to_str
 from tidemark.source.postgres.snapshot import begin_snapshot, snapshot_events
 
@@ -40,13 +42,22 @@ _T = TypeVar("_T")
 _REPLICATION_MODULE = "tidemark.source.postgres.replication"
 
 _MAX_BACKOFF_S = 30.0
+_FIRST_BATCH_MESSAGES = 128
 
 
 class PostgresConnector:
-    """Captures changes of one PostgreSQL database."""
+    """Captures changes of one PostgreSQL database.
 
-    def __init__(self, config: PostgresSourceConfig) -> None:
+    With *json_lines* (a serializer without transaction metadata), streamed changes are
+    delivered as that serializer's JSON lines (:attr:`SourceBatch.lines`), made straight
+    from the pgoutput bytes, which is about twice as fast as making change events and
+    serializing them; snapshot rows still come as records.
+    """
+
+    def __init__(self, config: PostgresSourceConfig, *,
+                 json_lines: DebeziumJsonSerializer | None = None) -> None:
         self.config = config
+        self._json_lines = json_lines
         self.tables: list[TableId] = []
         self.database = ""
         self._catalog_conn: Any = None
@@ -290,14 +301,21 @@ class PostgresConnector:
                 lambda c: catalog.not_null_columns(c, table)),
             transaction_metadata=cfg.provide_transaction_metadata,
         )
+        lines = JsonLineBuilder(builder, self._json_lines) if self._json_lines else None
         resume = start_lsn
         self._open_with_retry(stream, resume)
         heartbeat_s = cfg.heartbeat_interval_ms / 1000
         last_heartbeat = time.monotonic()
         emitted = start_lsn  # the last offset handed on in a batch
+        # Start with small batches so that the first events are handed on within
+        # milliseconds of the stream opening, then grow to max_batch_messages, where
+        # per-batch costs stop mattering.
+        limit = min(_FIRST_BATCH_MESSAGES, cfg.max_batch_messages)
         while True:
             try:
-                messages = stream.read_batch(cfg.max_batch_messages, 0.2)
+                messages = stream.read_batch(limit, 0.2)
+                if messages:
+                    limit = min(limit * 4, cfg.max_batch_messages)
             except SourceUnavailableError as err:
                 stream.close()
                 if cfg.reconnect_max_attempts == 0:
@@ -311,7 +329,12 @@ class PostgresConnector:
                 self._open_with_retry(stream, restart)
                 continue
             now_us = time.time_ns() // 1000
-            records = builder.process(messages, now_us) if messages else []
+            records: list[Record] = []
+            texts: list[str] | None = None
+            if lines is not None:
+                texts = lines.process(messages, now_us) if messages else []
+            elif messages:
+                records = builder.process(messages, now_us)
             if builder.last_end_lsn is not None and builder.last_end_lsn > resume:
                 resume = builder.last_end_lsn
             finished = False
@@ -334,7 +357,7 @@ class PostgresConnector:
             if resume > emitted or finished:
                 offset = {"lsn": resume, "snapshot_completed": True}
                 emitted = resume
-            yield SourceBatch(records, offset, finished)
+            yield SourceBatch(records, offset, finished, texts)
             if finished:
                 return
 

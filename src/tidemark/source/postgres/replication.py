@@ -37,7 +37,7 @@ log = logging.getLogger(__name__)
 #: One replication message: the pgoutput payload and the WAL position it starts at.
 WalMessage = tuple[bytes, int]
 
-_XLOG_HEADER: Final = struct.Struct(">QQq")  # dataStart, walEnd, sendTime
+_DATA_START: Final = struct.Struct(">Q")  # XLogData begins with dataStart (walEnd, sendTime)
 _KEEPALIVE: Final = struct.Struct(">QqB")  # walEnd, sendTime, replyRequested
 _STATUS: Final = struct.Struct(">cQQQqB")  # 'r', write, flush, apply, clock, reply
 _XLOG_DATA: Final = 0x77  # 'w'
@@ -151,7 +151,7 @@ class ReplicationStream:
         """Up to *max_messages* messages; waits at most *timeout_s* for the first."""
         conn = self._require()
         get = conn.get_copy_data
-        unpack_header = _XLOG_HEADER.unpack_from
+        data_start = _DATA_START.unpack_from
         batch: list[WalMessage] = []
         append = batch.append
         waited = False
@@ -182,7 +182,8 @@ class ReplicationStream:
                     raise self._broken(conn)  # the server ended COPY
                 kind = data[0]
                 if kind == _XLOG_DATA:
-                    append((bytes(data[25:]), unpack_header(data, 1)[0]))
+                    # tobytes() of a slice, not bytes(): half the cost per message.
+                    append((data[25:].tobytes(), data_start(data, 1)[0]))
                 elif kind == _KEEPALIVE_TYPE:
                     wal_end, _, reply = _KEEPALIVE.unpack_from(data, 1)
                     self._server_wal_end = max(self._server_wal_end, wal_end)

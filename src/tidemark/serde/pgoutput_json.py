@@ -1,0 +1,207 @@
+"""pgoutput row messages straight to Debezium JSON lines: the fused fast path of
+``tidemark capture``.
+
+The general path decodes a message into a tuple of wire values, wraps it in a
+:class:`~tidemark.event.ChangeEvent` and serializes that with
+:class:`~tidemark.serde.debezium_json.DebeziumJsonSerializer`. Per change that is
+several Python objects and a type check per column. Here, code generated once per
+table schema (when its Relation message arrives) goes from the bytes of an Insert, an
+Update without an old tuple, or a Delete directly to the finished JSON line — key,
+value and, for deletes, the tombstone — using the serializer's own per-type column
+converters, so the output is byte for byte the same.
+
+Anything the generated code does not expect (another column count, a binary value,
+truncated bytes, a converter that fails) raises; the caller then takes the general
+path, which emits the same text or raises the precise error.
+"""
+
+from __future__ import annotations
+
+import struct
+from collections.abc import Callable
+from typing import Any, Final
+
+from tidemark.event import TableSchema
+from tidemark.serde.debezium_json import (
+    TEMPLATE_NAMES,
+    DebeziumJsonOptions,
+    column_fragment,
+    json_fragment,
+)
+from tidemark.source.postgres import types as pgt
+
+#: ``line(data, text, lsn, parts)``: *text* is ``data.decode("ascii")`` for the ASCII
+#: variant (ignored by the UTF-8 one); *parts* is what
+#: :meth:`DebeziumJsonSerializer.stream_line_parts` returns for the event.
+LineFunction = Callable[[bytes, str, int, tuple[str, str, str]], str]
+
+_u32: Final = struct.Struct(">I").unpack_from
+
+# Byte offsets in Insert/Update/Delete messages outside a streamed block (protocol v1):
+# type (1), relation id (4), tuple kind (1), column count (2), then the columns.
+_COLUMNS_AT: Final = 8
+
+
+# Types whose text is short and whose JSON conversion is a Python function call (numeric
+# base64, timestamps, dates …), so that memoizing it pays and stays small.
+_MEMO_TYPES: Final = frozenset({
+    pgt.NUMERIC_OID, pgt.MONEY_OID, pgt.DATE_OID, pgt.TIME_OID, pgt.TIMETZ_OID,
+    pgt.TIMESTAMP_OID, pgt.TIMESTAMPTZ_OID, pgt.INTERVAL_OID,
+})
+_MEMO_SIZE: Final = 1024  # entries per column; cleared when full
+
+
+class FusedFallbackError(Exception):
+    """Raised by generated code for input it does not handle; use the general path."""
+
+
+class FusedCodec:
+    """The generated line functions of one table schema.
+
+    ``insert``, ``update`` and ``delete`` are ``(ascii, utf8)`` pairs of
+    :data:`LineFunction`; the ASCII variant slices values out of the message decoded
+    as ASCII (one character per byte), the other decodes each value as UTF-8.
+    ``update`` handles only updates without an old tuple (the key did not change and the
+    replica identity is not FULL).
+    """
+
+    __slots__ = ("delete", "insert", "schema", "update")
+
+    def __init__(self, schema: TableSchema, options: DebeziumJsonOptions) -> None:
+        self.schema = schema
+        # One memo per column, shared by all six functions: an update hits the values
+        # its row's insert converted.
+        memos: list[dict[str, str]] = [{} for _ in schema.columns]
+        self.insert = _compile(schema, options, "c", memos)
+        self.update = _compile(schema, options, "u", memos)
+        self.delete = _compile(schema, options, "d", memos)
+
+
+def _compile(schema: TableSchema, options: DebeziumJsonOptions, op: str,
+             memos: list[dict[str, str]]) -> tuple[LineFunction, LineFunction]:
+    return (_compile_variant(schema, options, op, memos, ascii_only=True),
+            _compile_variant(schema, options, op, memos, ascii_only=False))
+
+
+def _compile_variant(schema: TableSchema, options: DebeziumJsonOptions, op: str,
+                     memos: list[dict[str, str]], *, ascii_only: bool) -> LineFunction:
+    """Generate straight-line code for one (schema, op, text variant).
+
+    Column and table names are data, never code: every piece of literal JSON text lives
+    in a variable of the generated function's namespace (``L0``, ``L1`` …) and the
+    generated source contains only identifiers and numbers.
+    """
+    columns = schema.columns
+    ncols = len(columns)
+    namespace: dict[str, Any] = {
+        **TEMPLATE_NAMES,
+        "_u32": _u32, "_Fallback": FusedFallbackError, "_ncols": ncols.to_bytes(2, "big"),
+    }
+    lines = [
+        "def line(data, text, lsn, parts):",
+        f"    if data[6:{_COLUMNS_AT}] != _ncols: raise _Fallback",
+        f"    pos = {_COLUMNS_AT}",
+    ]
+    value = "text[pos + 5:e]" if ascii_only else "data[pos + 5:e].decode()"
+    for i, column in enumerate(columns):
+        template, function, null_text, placeholder = column_fragment(column, options)
+        namespace[f"n{i}"] = null_text
+        namespace[f"p{i}"] = json_fragment(placeholder)
+        if template is not None:
+            convert = [f"        f{i} = {template.format(v='v')}"]
+        elif column.type_oid in _MEMO_TYPES:
+            # Values of these types repeat (an update re-sends the unchanged columns of
+            # a row, often one just inserted; amounts, dates and times recur): a small
+            # memo per column turns most conversions into one dict lookup.
+            namespace[f"c{i}"] = function
+            namespace[f"M{i}"] = memos[i]
+            convert = [
+                f"        f{i} = M{i}.get(v)",
+                f"        if f{i} is None:",
+                f"            f{i} = c{i}(v)",
+                f"            if len(M{i}) >= {_MEMO_SIZE}: M{i}.clear()",
+                f"            M{i}[v] = f{i}",
+            ]
+        else:
+            namespace[f"c{i}"] = function
+            convert = [f"        f{i} = c{i}(v)"]
+        lines += [
+            "    k = data[pos]",
+            "    if k == 116:",  # 't': text value
+            "        e = pos + 5 + _u32(data, pos + 1)[0]",
+            f"        v = {value}",
+            "        pos = e",
+            *convert,
+            "    elif k == 110:",  # 'n': SQL NULL
+            f"        f{i} = n{i}",
+            "        pos += 1",
+            "    elif k == 117:",  # 'u': unchanged TOASTed value, not sent
+            f"        f{i} = p{i}",
+            "        pos += 1",
+            "    else:",  # binary values, garbage
+            "        raise _Fallback",
+        ]
+    lines += [
+        "    if pos != len(data): raise _Fallback",
+        "    head, middle, tail = parts",
+        "    lsn = str(lsn)",  # once, not twice by the f-string
+    ]
+
+    # The line as a sequence of literal texts and variable names.
+    pieces: list[tuple[bool, str]] = []  # (is literal, text or variable name)
+
+    def literal(text: str) -> None:
+        pieces.append((True, text))
+
+    def row() -> None:
+        if not columns:
+            literal("{}")
+            return
+        for i, column in enumerate(columns):
+            literal(("{" if i == 0 else ",") + json_fragment(column.name) + ":")
+            pieces.append((False, f"f{i}"))
+        literal("}")
+
+    def key() -> None:
+        if not schema.key_indexes:
+            literal("null")
+            return
+        for n, i in enumerate(schema.key_indexes):
+            literal(("{" if n == 0 else ",") + json_fragment(columns[i].name) + ":")
+            pieces.append((False, f"f{i}"))
+        literal("}")
+
+    literal('{"key":')
+    key()
+    literal(',"value":{"before":')
+    if op == "d":
+        row()
+        literal(',"after":null')
+    else:
+        literal('null,"after":')
+        row()
+    literal(',"source":')
+    pieces += [(False, "head"), (False, "lsn"), (False, "middle"), (False, "lsn"),
+               (False, "tail")]
+    if op == "d" and options.tombstones_on_delete and schema.key_indexes:
+        literal('{"key":')
+        key()
+        literal(',"value":null}\n')
+
+    # Merge neighbouring literals, move them into the namespace.
+    fields: list[str] = []
+    merged = False  # the last field is a literal
+    for is_literal, text in pieces:
+        if is_literal and merged:
+            namespace[fields[-1]] += text
+        elif is_literal:
+            name = f"L{len(fields)}"
+            namespace[name] = text
+            fields.append(name)
+        else:
+            fields.append(text)
+        merged = is_literal
+    lines.append("    return f'" + "".join("{" + f + "}" for f in fields) + "'")
+    exec("\n".join(lines), namespace)
+    generated: LineFunction = namespace["line"]
+    return generated
