@@ -137,6 +137,9 @@ class ApplySpec:
         """Check the spec against a batch's *schema* and decide the target's columns."""
         present = set(schema.names)
         allowed = ", ".join(schema.names)
+        if len(present) != len(schema.names):
+            twice = sorted({n for n in schema.names if schema.names.count(n) > 1})
+            raise ConfigError("change rows", f"column {twice[0]!r} appears more than once")
         for setting, names in (("keys", self.keys), ("sequence_by", self.sequence_by)):
             for name in names:
                 if name not in present:
