@@ -6,8 +6,10 @@ CHANGES`` terms, and merges the batch into a Delta table with delta-rs in one co
 :func:`changes_from_debezium_json` turns Debezium JSON change events into change rows.
 """
 
-from tidemark.lake.debezium_input import changes_from_debezium_json
+from tidemark.lake.debezium_input import changes_from_debezium_file, changes_from_debezium_json
 from tidemark.lake.delta_writer import ApplyResult, apply_changes
+from tidemark.lake.spark_input import apply_debezium_dataframe
 from tidemark.lake.spec import ApplySpec
 
-__all__ = ["ApplyResult", "ApplySpec", "apply_changes", "changes_from_debezium_json"]
+__all__ = ["ApplyResult", "ApplySpec", "apply_changes", "apply_debezium_dataframe",
+           "changes_from_debezium_file", "changes_from_debezium_json"]

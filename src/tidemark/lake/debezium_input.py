@@ -25,7 +25,8 @@ import base64
 import datetime as dt
 import decimal
 import logging
-from collections.abc import Callable, Iterable
+import os
+from collections.abc import Callable, Iterable, Iterator
 from typing import Any, Final
 
 import msgspec
@@ -174,10 +175,10 @@ def _is_placeholder(value: Any) -> bool:
     return (cls is str or cls is list) and value in _PLACEHOLDER_SHAPES
 
 
-def changes_from_debezium_json(values: Iterable[bytes | str | None],
+def changes_from_debezium_json(values: Iterable[bytes | str | dict[str, Any] | None],
                                schema: pa.Schema) -> pa.Table:
     """Change rows (:mod:`tidemark.lake.change_rows`) for the table with *schema* from
-    Debezium JSON envelope values, in input order."""
+    Debezium JSON envelope values (JSON text, or already decoded), in input order."""
     names = [f.name for f in schema if f.name not in cr.METADATA_COLUMNS]
     decoders = [_decoder(schema.field(n).type) for n in names]
     semantic_seen = False
@@ -195,7 +196,7 @@ def changes_from_debezium_json(values: Iterable[bytes | str | None],
         if value is None:
             continue  # a tombstone
         try:
-            event = decode_json(value)
+            event = value if isinstance(value, dict) else decode_json(value)
         except msgspec.DecodeError as err:
             raise DebeziumInputError(f"event {number} is not JSON: {err}") from err
         if not isinstance(event, dict):
@@ -247,3 +248,26 @@ def changes_from_debezium_json(values: Iterable[bytes | str | None],
     arrays += [pa.array(v, type=f.type) for v, f in zip(meta, cr.METADATA_FIELDS, strict=True)]
     fields = [schema.field(n) for n in names] + list(cr.METADATA_FIELDS)
     return pa.Table.from_arrays(arrays, schema=pa.schema(fields))
+
+
+def debezium_values_from_lines(lines: Iterable[bytes | str]) -> Iterator[dict[str, Any] | None]:
+    """The ``value`` of each ``{"key": …, "value": …}`` line (``tidemark capture``'s
+    output, or a Kafka topic dumped with keys); a bare envelope line is its own value."""
+    decode_json = msgspec.json.Decoder().decode
+    for number, line in enumerate(lines):
+        if not line.strip():
+            continue
+        try:
+            record = decode_json(line)
+        except msgspec.DecodeError as err:
+            raise DebeziumInputError(f"line {number + 1} is not JSON: {err}") from err
+        if isinstance(record, dict) and "value" in record and "op" not in record:
+            yield record["value"]
+        else:
+            yield record
+
+
+def changes_from_debezium_file(path: str | os.PathLike[str], schema: pa.Schema) -> pa.Table:
+    """Change rows from a file of Debezium JSON lines (e.g. ``tidemark capture`` output)."""
+    with open(path, "rb") as lines:
+        return changes_from_debezium_json(debezium_values_from_lines(lines), schema)
