@@ -126,8 +126,9 @@ def main() -> None:
         changes = build_changes(args.transactions, args.spread)
         print(json.dumps(run_contender(args.contender, changes, args.batch)))
         return
+    hits = "rows of earlier transactions" if args.spread else "rows of the same transaction"
     print(f"{args.transactions * TXN:,} changes in batches of {args.batch:,}, "
-          f"updates/deletes {'spread over earlier transactions' if args.spread else 'of rows of the same transaction'}")
+          f"updates/deletes hit {hits}")
     results: dict[str, tuple[float, int]] = {}
     for name in ("append", "scd1", "scd2"):
         argv = [sys.executable, __file__, "--contender", name, "--transactions",
