@@ -1,7 +1,7 @@
 """Property: random transactions over a few keys, split into random batches and applied in
 order (with replays of earlier batches) give the same table as applying the changes one
-at a time to a Python dict (SCD1), and the same version history as a per-change model
-(SCD2)."""
+at a time to a Python dict (SCD1), and the same version history as a per-transaction
+model (SCD2)."""
 
 from __future__ import annotations
 
@@ -99,37 +99,42 @@ def _model_scd1(txns: list[Txn]) -> list[dict[str, Any]]:
 
 
 def _model_scd2(txns: list[Txn]) -> list[tuple[Any, ...]]:
+    """One version per key and transaction holding the key's state at commit; a commit
+    that leaves every column as it was changes nothing; a truncate closes everything."""
     versions: list[dict[str, Any]] = []
     current: dict[int, dict[str, Any]] = {}
-
-    def close(version: dict[str, Any], at: int) -> None:
-        if version["start"] == at:
-            versions.remove(version)  # born and gone in one transaction
-        else:
-            version["end"] = at
-
-    for c in (c for txn in txns for c in sorted(txn, key=lambda c: c["_seq"])):
-        at = c["_commit_lsn"]
-        if c["_op"] == "t":
-            for version in current.values():
-                close(version, at)
-            current.clear()
-        elif c["_op"] == "d":
-            close(current.pop(c["id"]), at)
-        else:
-            old = current.get(c["id"])
-            image = {"name": c["name"], "body": c.get("body")}
-            if "body" in c["_unavailable"]:
-                image["body"] = old["body"] if old else None
-            if old is not None and (old["start"] == at or all(
-                    old[k] == v for k, v in image.items())):
-                old.update(image)
+    state: dict[int, dict[str, Any]] = {}
+    for txn in txns:
+        at = txn[0]["_commit_lsn"]
+        touched: set[int] = set()
+        truncated = False
+        for c in sorted(txn, key=lambda c: c["_seq"]):
+            if c["_op"] == "t":
+                state.clear()
+                truncated = True
+            elif c["_op"] == "d":
+                state.pop(c["id"])
+                touched.add(c["id"])
             else:
-                if old is not None:
-                    close(old, at)
-                new = {"id": c["id"], **image, "start": at, "end": None}
-                versions.append(new)
-                current[c["id"]] = new
+                image = {"name": c["name"], "body": c.get("body")}
+                if "body" in c["_unavailable"]:
+                    image["body"] = state[c["id"]]["body"]
+                state[c["id"]] = image
+                touched.add(c["id"])
+        if truncated:
+            for version in current.values():
+                version["end"] = at
+            current.clear()
+        for key in sorted(touched | (set(state) if truncated else set())):
+            old, new = current.get(key), state.get(key)
+            if old is not None and new is not None and all(old[k] == v for k, v in new.items()):
+                continue
+            if old is not None:
+                old["end"] = at
+                del current[key]
+            if new is not None:
+                current[key] = {"id": key, **new, "start": at, "end": None}
+                versions.append(current[key])
     return sorted(((v["id"], v["name"], v["body"], v["start"], v["end"]) for v in versions),
                   key=repr)
 

@@ -96,3 +96,11 @@ def test_a_primary_key_change_moves_the_row(tmp_path: Path) -> None:
     apply(path, rows(change("c", 10, id=1, name="a")), 0)
     apply(path, rows(change("d", 11, 1, id=1), change("c", 11, 2, id=5, name="a")), 1)
     assert history(path) == [(1, "a", None, 10, 11), (5, "a", None, 11, None)]
+
+
+def test_a_transaction_that_changes_a_row_back_makes_no_version(tmp_path: Path) -> None:
+    path = tmp_path / "t"
+    apply(path, rows(change("c", 10, id=1, name="a", body="x")), 0)
+    apply(path, rows(change("u", 11, 1, id=1, name="b", body="x"),
+                     change("u", 11, 2, id=1, name="a", body="x")), 1)
+    assert history(path) == [(1, "a", "x", 10, None)]

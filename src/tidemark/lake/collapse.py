@@ -142,20 +142,26 @@ def drop_applied(batch: PreparedBatch, sequence_by: tuple[str, ...],
     return dataclasses.replace(batch, rows=rows, truncates=truncates), dropped
 
 
+def run_starts(rows: pa.Table, columns: tuple[str, ...]) -> np.ndarray[Any, Any]:
+    """For rows sorted by *columns*: which rows start a new run of equal values."""
+    starts = np.ones(len(rows), dtype=bool)
+    if len(rows) > 1:
+        differs = np.zeros(len(rows) - 1, dtype=bool)
+        for name in columns:
+            col = rows.column(name)
+            ne = pc.not_equal(col.slice(1), col.slice(0, len(rows) - 1))
+            differs |= np.asarray(pc.fill_null(ne, True).to_numpy(zero_copy_only=False),
+                                  dtype=bool)
+        starts[1:] = differs
+    return starts
+
+
 def order_by_key(rows: pa.Table, keys: tuple[str, ...],
                  sequence_by: tuple[str, ...]) -> tuple[pa.Table, np.ndarray[Any, Any]]:
     """*rows* sorted by key then sequence, and a mask of the rows that start a key."""
     order = pc.sort_indices(rows, sort_keys=[(c, "ascending") for c in (*keys, *sequence_by)])
     rows = rows.take(order)
-    starts = np.ones(len(rows), dtype=bool)
-    if len(rows) > 1:
-        differs = np.zeros(len(rows) - 1, dtype=bool)
-        for key in keys:
-            col = rows.column(key)
-            ne = pc.not_equal(col.slice(1), col.slice(0, len(rows) - 1))
-            differs |= np.asarray(ne.to_numpy(zero_copy_only=False), dtype=bool)
-        starts[1:] = differs
-    return rows, starts
+    return rows, run_starts(rows, keys)
 
 
 def fill_kept_values(rows: pa.Table, starts: np.ndarray[Any, Any],

@@ -35,7 +35,7 @@ from tidemark.lake.collapse import (
     prepare_batch,
     sequence_after,
 )
-from tidemark.lake.scd2 import MERGE_START, plan_versions
+from tidemark.lake.scd2 import MERGE_START, latest_versions, plan_versions
 from tidemark.lake.spec import ApplySpec, ResolvedColumns
 
 log = logging.getLogger(__name__)
@@ -301,23 +301,19 @@ def _merge_scd2(table: DeltaTable, batch: PreparedBatch, spec: ApplySpec,
                 uri: str) -> tuple[dict[str, Any], int]:
     present = [f.name for f in table.schema().fields]
     wanted = [n for n in columns.data if n in present] + [cr.START_AT, cr.END_AT]
-    latest: dict[tuple[Any, ...], dict[str, Any]] = {}
+    schema = pa.schema([*_target_fields(batch.rows.schema, columns, spec),
+                        pa.field(MERGE_START, batch.rows.schema.field(spec.version_column).type)])
+    latest = schema.empty_table().select(wanted)
     if len(batch.rows):
         versions = _rows_for_keys(table, batch.rows.select(list(spec.keys)), spec.keys, wanted)
-        for row in versions.to_pylist():
-            key = tuple(row[k] for k in spec.keys)
-            known = latest.get(key)
-            if known is None or row[cr.START_AT] > known[cr.START_AT]:
-                latest[key] = row
-    plan = plan_versions(batch, spec, columns, latest)
+        latest = latest_versions(versions, spec.keys)
+    plan = plan_versions(batch, spec, columns, latest, schema)
     for name in sorted(plan.unknown_kept):
         if (uri, name) not in _warned_unknown:
             _warned_unknown.add((uri, name))
             log.warning("%s: column %r was not sent (unchanged TOASTed value) and the "
                         "target has no current row to keep it from; writing null", uri, name)
-    schema = pa.schema([*_target_fields(batch.rows.schema, columns, spec),
-                        pa.field(MERGE_START, batch.rows.schema.field(spec.version_column).type)])
-    source = pa.Table.from_pylist(plan.rows, schema=schema)
+    source = plan.rows
     merger = table.merge(
         source, predicate=f"{sql.keys_equal(spec.keys)} AND "
                           f"{sql.column('t', cr.START_AT)} = {sql.column('s', MERGE_START)}",
