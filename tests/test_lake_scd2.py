@@ -104,3 +104,22 @@ def test_a_transaction_that_changes_a_row_back_makes_no_version(tmp_path: Path) 
     apply(path, rows(change("u", 11, 1, id=1, name="b", body="x"),
                      change("u", 11, 2, id=1, name="a", body="x")), 1)
     assert history(path) == [(1, "a", "x", 10, None)]
+
+
+def test_list_columns_and_composite_keys(tmp_path: Path) -> None:
+    table = pa.schema([pa.field("a", pa.int64()), pa.field("b", pa.string()),
+                       pa.field("tags", pa.list_(pa.string())),
+                       pa.field("doc", pa.struct([pa.field("x", pa.int64())]))])
+    path = tmp_path / "t"
+    spec = ApplySpec(keys=("a", "b"), stored_as_scd_type=2)
+    apply(path, rows(change("c", 10, a=1, b="x", tags=["p"], doc={"x": 1}),
+                     change("c", 10, 2, a=1, b="y", tags=[], doc=None), table=table), 0, spec)
+    apply(path, rows(change("u", 11, a=1, b="x", unavailable=("tags",), doc={"x": 2}),
+                     change("u", 12, a=1, b="x", tags=["q"], doc={"x": 2}),
+                     change("u", 12, 2, a=1, b="y", tags=[], doc={"x": 3}), table=table), 1, spec)
+    got = read(path, "a", "b", "tags", "doc", "__START_AT", "__END_AT",
+               sort=("a", "b", "__START_AT"))
+    assert [tuple(r.values()) for r in got] == [
+        (1, "x", ["p"], {"x": 1}, 10, 11), (1, "x", ["p"], {"x": 2}, 11, 12),
+        (1, "x", ["q"], {"x": 2}, 12, None),
+        (1, "y", [], None, 10, 12), (1, "y", [], {"x": 3}, 12, None)]

@@ -28,6 +28,8 @@ log = logging.getLogger(__name__)
 
 #: Working column: true for a delete, false for an upsert.
 IS_DELETE = f"{cr.WORK_PREFIX}is_delete"
+#: Working column: a row number.
+ROW = f"{cr.WORK_PREFIX}row"
 
 
 def keep_column(index: int) -> str:
@@ -140,6 +142,19 @@ def drop_applied(batch: PreparedBatch, sequence_by: tuple[str, ...],
     truncates = tuple(t for t in batch.truncates if t > high_water)
     dropped = len(batch.rows) - len(rows) + len(batch.truncates) - len(truncates)
     return dataclasses.replace(batch, rows=rows, truncates=truncates), dropped
+
+
+def rows_with_keys(table: pa.Table, keys: pa.Table, key_names: tuple[str, ...]) -> pa.Table:
+    """The rows of *table* whose key is among the rows of *keys*.
+
+    Only keys and row numbers go through the join: Arrow's hash join cannot carry
+    list or struct columns.
+    """
+    numbered = table.select(list(key_names)).append_column(
+        ROW, pa.array(np.arange(len(table), dtype=np.int64)))
+    wanted = keys.select(list(key_names)).group_by(list(key_names)).aggregate([])
+    hits = numbered.join(wanted, list(key_names), join_type="left semi").column(ROW)
+    return table.take(pa.array(np.sort(hits.to_numpy())))
 
 
 def run_starts(rows: pa.Table, columns: tuple[str, ...]) -> np.ndarray[Any, Any]:

@@ -33,6 +33,7 @@ from tidemark.lake.collapse import (
     drop_applied,
     keep_column,
     prepare_batch,
+    rows_with_keys,
     sequence_after,
 )
 from tidemark.lake.scd2 import MERGE_START, latest_versions, plan_versions
@@ -272,7 +273,8 @@ def _warn_unknown_kept(table: DeltaTable, source: pa.Table, batch: PreparedBatch
         unknown = source.filter(source.column(keep_column(i)))
         if len(unknown) == 0:
             continue
-        found = _rows_for_keys(table, unknown.select(list(spec.keys)), spec.keys, [])
+        found = _rows_for_keys(table, unknown, spec.keys,
+                               _columns_of(source.schema, spec.keys))
         if len(found) < len(unknown):
             _warned_unknown.add((uri, name))
             log.warning("%s: column %r of %d row(s) was not sent (unchanged TOASTed value) "
@@ -280,18 +282,32 @@ def _warn_unknown_kept(table: DeltaTable, source: pa.Table, batch: PreparedBatch
                         uri, name, len(unknown) - len(found))
 
 
+def _columns_of(schema: pa.Schema, names: tuple[str, ...]) -> pa.Schema:
+    return pa.schema([schema.field(name) for name in names])
+
+
 def _rows_for_keys(table: DeltaTable, keys: pa.Table, key_names: tuple[str, ...],
-                   columns: list[str]) -> pa.Table:
-    """The target rows whose keys are in *keys* (all their versions, for SCD2)."""
-    keys = keys.group_by(list(key_names)).aggregate([])
+                   schema: pa.Schema) -> pa.Table:
+    """The target rows whose keys are in *keys* (all their versions, for SCD2), with
+    the columns of *schema*, cast to its types (delta-rs reads strings as views)."""
+    keys = keys.select(list(key_names)).group_by(list(key_names)).aggregate([])
+    dataset = table.to_pyarrow_dataset()
     where = None
     for name in key_names:
-        term = pc.field(name).isin(keys.column(name))
+        kind = dataset.schema.field(name).type
+        if not (pa.types.is_integer(kind) or pa.types.is_temporal(kind)):
+            # Pushed-down filters on strings fail against delta-rs's string-view Parquet
+            # statistics; such keys are matched after the scan (rows_with_keys).
+            continue
+        term = pc.field(name).isin(keys.column(name).cast(kind))
         where = term if where is None else where & term
-    wanted = list(dict.fromkeys([*key_names, *columns]))
-    candidates = table.to_pyarrow_dataset().to_table(filter=where, columns=wanted)
-    if len(key_names) > 1 and len(candidates):  # isin per column is a superset
-        candidates = candidates.join(keys, list(key_names), join_type="left semi")
+    wanted = list(dict.fromkeys([*key_names, *schema.names]))
+    candidates = dataset.to_table(filter=where, columns=wanted)
+    exact = where is not None and len(key_names) == 1
+    nullable = pa.schema([f.with_nullable(True) for f in schema])
+    candidates = candidates.select(schema.names).cast(nullable)
+    if not exact and len(candidates):  # isin per column is a superset
+        candidates = rows_with_keys(candidates, keys, key_names)
     return candidates
 
 
@@ -299,13 +315,12 @@ def _rows_for_keys(table: DeltaTable, keys: pa.Table, key_names: tuple[str, ...]
 def _merge_scd2(table: DeltaTable, batch: PreparedBatch, spec: ApplySpec,
                 columns: ResolvedColumns, commit: CommitProperties,
                 uri: str) -> tuple[dict[str, Any], int]:
-    present = [f.name for f in table.schema().fields]
-    wanted = [n for n in columns.data if n in present] + [cr.START_AT, cr.END_AT]
     schema = pa.schema([*_target_fields(batch.rows.schema, columns, spec),
                         pa.field(MERGE_START, batch.rows.schema.field(spec.version_column).type)])
-    latest = schema.empty_table().select(wanted)
+    stored = _columns_of(schema, (*columns.data, cr.START_AT, cr.END_AT))
+    latest = stored.empty_table()
     if len(batch.rows):
-        versions = _rows_for_keys(table, batch.rows.select(list(spec.keys)), spec.keys, wanted)
+        versions = _rows_for_keys(table, batch.rows, spec.keys, stored)
         latest = latest_versions(versions, spec.keys)
     plan = plan_versions(batch, spec, columns, latest, schema)
     for name in sorted(plan.unknown_kept):

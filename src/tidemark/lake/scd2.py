@@ -32,10 +32,12 @@ import pyarrow.compute as pc
 from tidemark.lake import change_rows as cr
 from tidemark.lake.collapse import (
     IS_DELETE,
+    ROW,
     PreparedBatch,
     fill_kept_values,
     keep_column,
     order_by_key,
+    rows_with_keys,
     run_starts,
 )
 from tidemark.lake.spec import ApplySpec, ResolvedColumns
@@ -45,7 +47,6 @@ log = logging.getLogger(__name__)
 #: Working column of the merge source: the ``__START_AT`` of the target version a row
 #: replaces, null for a new version.
 MERGE_START = f"{cr.WORK_PREFIX}merge_start"
-_ROW = f"{cr.WORK_PREFIX}row"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -99,6 +100,9 @@ def plan_versions(batch: PreparedBatch, spec: ApplySpec, columns: ResolvedColumn
 
 # -- vectorised: keys with a single version's worth of changes ------------------------------
 def _null_aware_equal(left: pa.ChunkedArray, right: pa.ChunkedArray) -> np.ndarray[Any, Any]:
+    if pa.types.is_nested(left.type):  # Arrow has no equality kernel for nested types
+        return np.array([a == b for a, b in zip(left.to_pylist(), right.to_pylist(),
+                                                strict=True)], dtype=bool)
     equal = pc.fill_null(pc.equal(left, right), False)
     both_null = pc.and_(pc.is_null(left), pc.is_null(right))
     return np.asarray(pc.or_(equal, both_null).to_numpy(zero_copy_only=False), dtype=bool)
@@ -116,11 +120,11 @@ def _plan_single_changes(rows: pa.Table, spec: ApplySpec, columns: ResolvedColum
         return VersionPlan(schema.empty_table(), 0, frozenset())
     # Pair each change with its key's latest version through row numbers, so that only
     # the keys go through the join.
-    left = rows.select(list(keys)).append_column(_ROW, pa.array(np.arange(len(rows))))
+    left = rows.select(list(keys)).append_column(ROW, pa.array(np.arange(len(rows))))
     right = latest.select(list(keys)).append_column(
-        f"{_ROW}_t", pa.array(np.arange(len(latest)), pa.int64()))
-    pairs = left.join(right, list(keys), join_type="left outer").sort_by(_ROW)
-    target_row = pairs.column(f"{_ROW}_t")
+        f"{ROW}_t", pa.array(np.arange(len(latest)), pa.int64()))
+    pairs = left.join(right, list(keys), join_type="left outer").sort_by(ROW)
+    target_row = pairs.column(f"{ROW}_t")
     has_target = _bool(pc.is_valid(target_row))
     # Unpaired changes take a row of nulls appended to the latest versions.
     nullable = pa.schema([f.with_nullable(True) for f in latest.schema])
@@ -199,7 +203,10 @@ def _fold(rows: pa.Table, spec: ApplySpec, columns: ResolvedColumns, latest: pa.
         return _FoldResult([], 0, frozenset())
     keys, seq, at = spec.keys, spec.sequence_by, spec.version_column
     data = columns.data
-    targets = {tuple(r[k] for k in keys): r for r in latest.to_pylist()} if len(latest) else {}
+    targets: dict[tuple[Any, ...], dict[str, Any]] = {}
+    if len(latest):
+        mine = rows_with_keys(latest, rows, keys)
+        targets = {tuple(r[k] for k in keys): r for r in mine.to_pylist()}
     changes = rows.to_pylist()
     truncates = batch.truncates
     at_index = seq.index(at)
