@@ -175,3 +175,20 @@ def test_composite_keys(tmp_path: Path) -> None:
     apply(path, rows(change("u", 11, a=1, b="y", v=3), change("d", 11, 2, a=1, b="x"),
                      table=table), 1, spec)
     assert read(path, "a", "b", "v", sort=("a", "b")) == [{"a": 1, "b": "y", "v": 3}]
+
+
+def test_a_timestamp_sequence_and_a_partitioned_target(tmp_path: Path) -> None:
+    path = tmp_path / "t"
+    spec = ApplySpec(keys=("id",), sequence_by=("_commit_ts",), partition_by=("name",))
+    apply(path, rows(change("c", 10, id=1, name="a"), change("c", 11, id=2, name="b")), 0, spec)
+    apply(path, rows(change("u", 12, id=1, name="a", body="x"), change("t", 13),
+                     change("c", 14, id=3, name="b")), 1, spec)
+    assert read(path, "id", "name", "body") == [{"id": 3, "name": "b", "body": None}]
+    assert DeltaTable(str(path)).metadata().partition_columns == ["name"]
+    scd2 = ApplySpec(keys=("id",), sequence_by=("_commit_ts",), stored_as_scd_type=2)
+    apply(tmp_path / "h", rows(change("c", 10, id=1, name="a"), change("c", 10, 2, id=2)), 0,
+          scd2)
+    apply(tmp_path / "h", rows(change("u", 11, id=1, name="b"), change("t", 12)), 1, scd2)
+    got = read(tmp_path / "h", "id", "__START_AT", "__END_AT", sort=("id", "__START_AT"))
+    assert [(r["id"], r["__START_AT"].second, r["__END_AT"].second) for r in got] == [
+        (1, 10, 11), (1, 11, 12), (2, 10, 12)]
