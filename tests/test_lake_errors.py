@@ -87,5 +87,12 @@ def test_duplicate_columns_are_rejected(tmp_path: Path) -> None:
         apply_changes(tmp_path / "t", batch, ApplySpec(keys=("id",)), app_id="a", version=0)
 
 
+def test_a_delete_expression_over_a_missing_column(tmp_path: Path) -> None:
+    batch = rows(change("c", 1, id=1)).drop_columns(["_op"])
+    with pytest.raises(ConfigError) as err:
+        apply_changes(tmp_path / "t", batch, ApplySpec(keys=("id",)), app_id="a", version=0)
+    assert err.value.key == "apply_as_truncates" and "_op" in str(err.value)
+
+
 def test_quote_doubles_backticks() -> None:
     assert quote("a`b c") == "`a``b c`"

@@ -20,7 +20,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.dataset as pads
 
-from tidemark.errors import TidemarkError
+from tidemark.errors import ConfigError, TidemarkError
 from tidemark.lake import change_rows as cr
 from tidemark.lake.spec import ApplySpec, ResolvedColumns
 
@@ -58,9 +58,14 @@ class ChangeRowsError(TidemarkError):
     """Change rows that break the contract (a null key, a null sequence value)."""
 
 
-def _mask(table: pa.Table, expression: pc.Expression) -> np.ndarray[Any, np.dtype[np.bool_]]:
+def _mask(table: pa.Table, expression: pc.Expression,
+          setting: str) -> np.ndarray[Any, np.dtype[np.bool_]]:
     # A projection evaluates the expression over the whole table in Arrow's engine.
-    result = pads.dataset(table).to_table(columns={"m": expression}).column("m")
+    try:
+        result = pads.dataset(table).to_table(columns={"m": expression}).column("m")
+    except (pa.ArrowInvalid, pa.ArrowNotImplementedError, pa.ArrowTypeError) as err:
+        raise ConfigError(setting, f"cannot evaluate {expression} over the change rows "
+                                   f"(columns: {', '.join(table.column_names)}): {err}") from err
     return np.asarray(pc.fill_null(result, False).to_numpy(zero_copy_only=False), dtype=bool)
 
 
@@ -85,8 +90,8 @@ def _unavailable_masks(changes: pa.Table,
 
 def prepare_batch(changes: pa.Table, spec: ApplySpec, columns: ResolvedColumns) -> PreparedBatch:
     """Classify *changes* into upserts, deletes and truncates, with keep masks."""
-    truncate = _mask(changes, spec.apply_as_truncates)
-    is_delete = _mask(changes, spec.apply_as_deletes) & ~truncate
+    truncate = _mask(changes, spec.apply_as_truncates, "apply_as_truncates")
+    is_delete = _mask(changes, spec.apply_as_deletes, "apply_as_deletes") & ~truncate
     for name in spec.sequence_by:
         if changes.column(name).null_count:
             raise ChangeRowsError(f"sequence column {name!r} holds nulls; every change needs "
