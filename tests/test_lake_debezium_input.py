@@ -19,6 +19,7 @@ from conftest import Database
 from lake_helpers import read
 from tidemark.lake import ApplySpec, apply_changes, changes_from_debezium_json
 from tidemark.lake.debezium_input import DebeziumInputError
+from tidemark.serde.arrow_changes import ArrowChangeEncoder
 
 SCHEMA = pa.schema([
     pa.field("id", pa.int32()), pa.field("price", pa.decimal128(12, 2)),
@@ -137,3 +138,27 @@ def test_round_trip_from_postgres_through_debezium_json(db: Database, tmp_path: 
                 assert have[name] != have[name]
             else:
                 assert have[name] == want[name], (want["id"], name)
+
+
+@pytest.mark.integration
+def test_engine_arrow_change_rows_apply_to_the_source_table(db: Database, tmp_path: Path) -> None:
+    """The engine's Arrow converter and apply_changes share the change-row contract."""
+    db.execute("CREATE TABLE t (id int PRIMARY KEY, price numeric(12,2), note text)",
+               "ALTER TABLE t ALTER COLUMN note SET STORAGE EXTERNAL")
+    big = "(SELECT string_agg(md5(g::text), '') FROM generate_series(1, 400) g)"
+    got = stream_changes(
+        db, ["public.t"],
+        f"INSERT INTO t VALUES (1, 1.5, {big}), (2, 2.5, 'b'), (3, 3.5, 'c')",
+        "UPDATE t SET price = 9.99 WHERE id = 1",
+        "BEGIN; DELETE FROM t WHERE id = 2; UPDATE t SET id = 30 WHERE id = 3; COMMIT")
+    changes = pa.Table.from_batches([ArrowChangeEncoder().encode(got)])
+    assert changes.column("_unavailable").to_pylist()[3] == ["note"]
+    for scd in (1, 2):
+        spec = ApplySpec(keys=("id",), stored_as_scd_type=scd)
+        apply_changes(tmp_path / str(scd), changes, spec, app_id="q", version=0)
+    expected = [dict(zip(("id", "price", "note"), r, strict=True))
+                for r in db.query("SELECT id, price, note FROM t ORDER BY id")]
+    assert read(tmp_path / "1", "id", "price", "note") == expected
+    current = [r for r in read(tmp_path / "2", "id", "price", "note", "__END_AT")
+               if r.pop("__END_AT") is None]
+    assert current == expected

@@ -27,6 +27,8 @@ from typing import Final
 
 import pyarrow as pa
 
+from tidemark.serde.arrow_changes import METADATA_FIELDS as ARROW_METADATA_FIELDS
+
 OP: Final = "_op"
 LSN: Final = "_lsn"
 COMMIT_LSN: Final = "_commit_lsn"
@@ -35,16 +37,9 @@ COMMIT_TS: Final = "_commit_ts"
 TXID: Final = "_txid"
 UNAVAILABLE: Final = "_unavailable"
 
-#: The change-metadata columns and their Arrow types, in the contract's order.
-METADATA_FIELDS: Final = (
-    pa.field(OP, pa.string()),
-    pa.field(LSN, pa.int64()),
-    pa.field(COMMIT_LSN, pa.int64()),
-    pa.field(SEQ, pa.int64()),
-    pa.field(COMMIT_TS, pa.timestamp("us", tz="UTC")),
-    pa.field(TXID, pa.int64()),
-    pa.field(UNAVAILABLE, pa.list_(pa.string())),
-)
+#: The change-metadata columns and their Arrow types, in the contract's order (one
+#: definition, shared with the engine's Arrow converter).
+METADATA_FIELDS: Final = ARROW_METADATA_FIELDS
 METADATA_COLUMNS: Final = frozenset(f.name for f in METADATA_FIELDS)
 
 #: Default ``sequence_by``: the transaction's commit LSN, then the order within it.
