@@ -10,7 +10,9 @@ import pytest
 from deltalake import DeltaTable
 
 from lake_helpers import TABLE, change, read, rows
+from tidemark.errors import ConfigError
 from tidemark.lake import ApplySpec, apply_changes
+from tidemark.lake.spec import spec_from_mapping
 
 SPEC = ApplySpec(keys=("id",))
 
@@ -192,3 +194,17 @@ def test_a_timestamp_sequence_and_a_partitioned_target(tmp_path: Path) -> None:
     got = read(tmp_path / "h", "id", "__START_AT", "__END_AT", sort=("id", "__START_AT"))
     assert [(r["id"], r["__START_AT"].second, r["__END_AT"].second) for r in got] == [
         (1, 10, 11), (1, 11, 12), (2, 10, 12)]
+
+
+def test_an_empty_batch_writes_nothing(tmp_path: Path) -> None:
+    result = apply(tmp_path / "t", rows(), 0)
+    assert result.delta_version is None and not (tmp_path / "t").exists()
+
+
+def test_spec_from_a_config_mapping() -> None:
+    spec = spec_from_mapping({"keys": ["id"], "stored_as_scd_type": 2,
+                              "track_history_except_column_list": ["body"]})
+    assert spec.keys == ("id",) and spec.track_history_except_column_list == ("body",)
+    with pytest.raises(ConfigError, match=r"apply\.keyz: unknown setting; allowed settings "
+                                          r"are: column_list"):
+        spec_from_mapping({"keyz": ["id"]})
