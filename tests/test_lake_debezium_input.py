@@ -17,6 +17,7 @@ import pytest
 from capture_helpers import as_json, stream_changes
 from conftest import Database
 from lake_helpers import read
+from tidemark.errors import ConfigError
 from tidemark.lake import ApplySpec, apply_changes, changes_from_debezium_json
 from tidemark.lake.debezium_input import DebeziumInputError
 from tidemark.serde.arrow_changes import ArrowChangeEncoder
@@ -162,3 +163,32 @@ def test_engine_arrow_change_rows_apply_to_the_source_table(db: Database, tmp_pa
     current = [r for r in read(tmp_path / "2", "id", "price", "note", "__END_AT")
                if r.pop("__END_AT") is None]
     assert current == expected
+
+
+@pytest.mark.parametrize(("mode", "value", "expected"), [
+    ("precise", "BNI=", "12.34"),      # base64 of the unscaled 1234
+    ("precise", "1234", "-26588.24"),  # digits are valid base64: the mode decides
+    ("string", "1234", "1234.00"),
+    ("string", "-0.5", "-0.50"),
+    ("double", 12.346, "12.35"),
+])
+def test_decimal_handling_modes(mode: str, value: object, expected: str) -> None:
+    schema = pa.schema([pa.field("id", pa.int32()), pa.field("price", pa.decimal128(12, 2))])
+    event = json.dumps(_envelope("c", None, {"id": 1, "price": value}, 1))
+    row = changes_from_debezium_json([event], schema, decimal_handling_mode=mode).to_pylist()[0]
+    assert row["price"] == decimal.Decimal(expected)
+
+
+def test_the_envelope_schema_says_which_decimals_are_text() -> None:
+    schema = pa.schema([pa.field("id", pa.int32()), pa.field("price", pa.decimal128(12, 2)),
+                        pa.field("cost", pa.decimal128(12, 2))])
+    envelope_schema = {"type": "struct", "fields": [{"field": "after", "type": "struct",
+                                                     "fields": [
+        {"field": "id", "type": "int32"}, {"field": "price", "type": "string"},
+        {"field": "cost", "type": "bytes", "name": "org.apache.kafka.connect.data.Decimal"}]}]}
+    value = {"schema": envelope_schema,
+             "payload": _envelope("c", None, {"id": 1, "price": "1234", "cost": "BNI="}, 1)}
+    row = changes_from_debezium_json([json.dumps(value)], schema).to_pylist()[0]
+    assert (row["price"], row["cost"]) == (decimal.Decimal("1234.00"), decimal.Decimal("12.34"))
+    with pytest.raises(ConfigError, match="decimal_handling_mode"):
+        changes_from_debezium_json([], schema, decimal_handling_mode="exact")

@@ -32,7 +32,7 @@ from typing import Any, Final
 import msgspec
 import pyarrow as pa
 
-from tidemark.errors import TerminalError
+from tidemark.errors import ConfigError, TerminalError
 from tidemark.lake import change_rows as cr
 
 log = logging.getLogger(__name__)
@@ -42,6 +42,7 @@ _PLACEHOLDER_B64: Final = base64.b64encode(PLACEHOLDER.encode()).decode()
 _PLACEHOLDER_SHAPES: Final = (PLACEHOLDER, _PLACEHOLDER_B64, [PLACEHOLDER],
                               list(PLACEHOLDER.encode()))
 _ROW_OPS: Final = frozenset("curdt")
+_DECIMAL_MODES: Final = ("precise", "string", "double")
 _EPOCH_DATE: Final = dt.date(1970, 1, 1)
 
 #: Debezium semantic type name -> the unit its integer is in (per second).
@@ -92,16 +93,20 @@ def _parse_clock(text: str, per_unit: int) -> int:
     return micros * per_unit // 1_000_000
 
 
-def _decimal_decoder(scale: int) -> Decoder:
+def _decimal_decoder(scale: int, text_is_base64: bool) -> Decoder:
     quantum = decimal.Decimal(1).scaleb(-scale)
 
     def decode(value: Any) -> decimal.Decimal | None:
         if isinstance(value, str):
-            try:  # base64 of the unscaled value (decimal.handling.mode=precise)
-                raw = base64.b64decode(value, validate=True)
-                return decimal.Decimal(int.from_bytes(raw, "big", signed=True)).scaleb(-scale)
-            except ValueError:
-                number = decimal.Decimal(value)  # string mode
+            # "1234" is valid base64 too: the mode, not the text, says which it is.
+            if text_is_base64:
+                try:  # base64 of the unscaled value (decimal.handling.mode=precise)
+                    raw = base64.b64decode(value, validate=True)
+                    return decimal.Decimal(int.from_bytes(raw, "big", signed=True)).scaleb(
+                        -scale)
+                except ValueError:
+                    pass  # not base64 at all: read it as a number
+            number = decimal.Decimal(value)
         elif isinstance(value, dict):  # VariableScaleDecimal
             raw = base64.b64decode(value["value"])
             number = decimal.Decimal(int.from_bytes(raw, "big", signed=True)).scaleb(
@@ -125,7 +130,8 @@ def _temporal(per_unit: int, semantic: str | None, parse: Callable[[str, int], A
     return decode
 
 
-def _decoder(kind: pa.DataType, semantic: str | None = None) -> Decoder:
+def _decoder(kind: pa.DataType, semantic: str | None = None,
+             decimal_mode: str = "precise") -> Decoder:
     """A function from a JSON value (never None) to what ``pa.array`` takes for *kind*."""
     if pa.types.is_floating(kind):
         return float  # also "NaN", "Infinity", "-Infinity"
@@ -134,7 +140,10 @@ def _decoder(kind: pa.DataType, semantic: str | None = None) -> Decoder:
     if pa.types.is_boolean(kind):
         return bool
     if pa.types.is_decimal(kind):
-        return _decimal_decoder(kind.scale)
+        precise = decimal_mode == "precise" if semantic is None else \
+            semantic in ("org.apache.kafka.connect.data.Decimal",
+                         "io.debezium.data.VariableScaleDecimal")
+        return _decimal_decoder(kind.scale, precise)
     if pa.types.is_string(kind) or pa.types.is_large_string(kind):
         return lambda v: v if isinstance(v, str) else msgspec.json.encode(v).decode()
     if pa.types.is_binary(kind) or pa.types.is_large_binary(kind):
@@ -149,24 +158,25 @@ def _decoder(kind: pa.DataType, semantic: str | None = None) -> Decoder:
     if pa.types.is_duration(kind):
         return _rescale(_SEMANTIC_UNITS.get(semantic or "", _ARROW_UNITS[kind.unit]), kind.unit)
     if pa.types.is_list(kind) or pa.types.is_large_list(kind):
-        element = _decoder(kind.value_type, semantic)
+        element = _decoder(kind.value_type, semantic, decimal_mode)
         return lambda v: [None if e is None else element(e) for e in v]
     if pa.types.is_struct(kind):
-        fields = [(f.name, _decoder(f.type)) for f in kind]
+        fields = [(f.name, _decoder(f.type, None, decimal_mode)) for f in kind]
         return lambda v: {n: None if v.get(n) is None else d(v[n]) for n, d in fields}
     return lambda v: v
 
 
 def _semantic_names(envelope_schema: Any) -> dict[str, str]:
-    """Column -> Debezium semantic type name, from a ``schemas.enable=true`` envelope."""
+    """Column -> Debezium semantic type name (``type:<connect type>`` for a column
+    without one), from a ``schemas.enable=true`` envelope."""
     names: dict[str, str] = {}
     for part in envelope_schema.get("fields", ()):
         if part.get("field") in ("before", "after"):
             for column in part.get("fields", ()):
-                if column.get("name"):
-                    names[column["field"]] = column["name"]
-                elif column.get("type") == "array" and (column.get("items") or {}).get("name"):
-                    names[column["field"]] = column["items"]["name"]
+                typed = column  # for an array, the elements' type decides
+                if column.get("type") == "array":
+                    typed = column.get("items") or {}
+                names[column.get("field", "")] = typed.get("name") or f"type:{typed.get('type')}"
     return names
 
 
@@ -176,11 +186,20 @@ def _is_placeholder(value: Any) -> bool:
 
 
 def changes_from_debezium_json(values: Iterable[bytes | str | dict[str, Any] | None],
-                               schema: pa.Schema) -> pa.Table:
+                               schema: pa.Schema, *,
+                               decimal_handling_mode: str = "precise") -> pa.Table:
     """Change rows (:mod:`tidemark.lake.change_rows`) for the table with *schema* from
-    Debezium JSON envelope values (JSON text, or already decoded), in input order."""
+    Debezium JSON envelope values (JSON text, or already decoded), in input order.
+
+    *decimal_handling_mode* is the connector's (``precise``: decimals are base64
+    strings; ``string``: decimal text; ``double``: numbers); the envelope schema, when
+    the events carry one, decides per column instead.
+    """
+    if decimal_handling_mode not in _DECIMAL_MODES:
+        raise ConfigError("decimal_handling_mode", f"must be one of {', '.join(_DECIMAL_MODES)}, "
+                                                   f"got {decimal_handling_mode!r}")
     names = [f.name for f in schema if f.name not in cr.METADATA_COLUMNS]
-    decoders = [_decoder(schema.field(n).type) for n in names]
+    decoders = [_decoder(schema.field(n).type, None, decimal_handling_mode) for n in names]
     semantic_seen = False
     columns: list[list[Any]] = [[] for _ in names]
     ops: list[str] = []
@@ -204,7 +223,8 @@ def changes_from_debezium_json(values: Iterable[bytes | str | dict[str, Any] | N
         if "payload" in event and "schema" in event:
             if not semantic_seen and event["schema"]:
                 semantics = _semantic_names(event["schema"])
-                decoders = [_decoder(schema.field(n).type, semantics.get(n)) for n in names]
+                decoders = [_decoder(schema.field(n).type, semantics.get(n),
+                                     decimal_handling_mode) for n in names]
                 semantic_seen = True
             event = event["payload"]
             if not isinstance(event, dict):
