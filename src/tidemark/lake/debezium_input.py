@@ -287,7 +287,9 @@ def debezium_values_from_lines(lines: Iterable[bytes | str]) -> Iterator[dict[st
             yield record
 
 
-def changes_from_debezium_file(path: str | os.PathLike[str], schema: pa.Schema) -> pa.Table:
+def changes_from_debezium_file(path: str | os.PathLike[str], schema: pa.Schema, *,
+                               decimal_handling_mode: str = "precise") -> pa.Table:
     """Change rows from a file of Debezium JSON lines (e.g. ``tidemark capture`` output)."""
     with open(path, "rb") as lines:
-        return changes_from_debezium_json(debezium_values_from_lines(lines), schema)
+        return changes_from_debezium_json(debezium_values_from_lines(lines), schema,
+                                          decimal_handling_mode=decimal_handling_mode)

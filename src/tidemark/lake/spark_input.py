@@ -28,13 +28,14 @@ class ArrowDataFrame(Protocol):
 
 def apply_debezium_dataframe(df: ArrowDataFrame, target: str | os.PathLike[str],
                              schema: pa.Schema, spec: ApplySpec, *, app_id: str, version: int,
-                             value_column: str = "value",
+                             value_column: str = "value", decimal_handling_mode: str = "precise",
                              storage_options: dict[str, str] | None = None) -> ApplyResult:
     """Apply the Debezium JSON events in *df*'s *value_column* (string or binary, in the
     DataFrame's order) to the Delta table at *target*; *schema* is the source table's
     Arrow schema. In ``foreachBatch(lambda df, batch_id: …)`` pass the query id as
     *app_id* and ``batch_id`` as *version*."""
     values = df.select(value_column).toArrow().column(0).to_pylist()
-    changes = changes_from_debezium_json(values, schema)
+    changes = changes_from_debezium_json(values, schema,
+                                         decimal_handling_mode=decimal_handling_mode)
     return apply_changes(target, changes, spec, app_id=app_id, version=version,
                          storage_options=storage_options)
