@@ -40,7 +40,8 @@ def test_changes_to_one_key_collapse_to_the_last_by_sequence(tmp_path: Path) -> 
                  change("d", 21, 2, id=2),
                  change("d", 22, 1, id=3),
                  change("c", 22, 2, id=3, name="back", body="z"))
-    apply(tmp_path / "t", batch, 0)
+    result = apply(tmp_path / "t", batch, 0)
+    assert (result.inserted, result.superseded, result.skipped) == (2, 3, 0)
     assert read(tmp_path / "t", "id", "name", "_commit_lsn", "_seq") == [
         {"id": 1, "name": "second", "_commit_lsn": 20, "_seq": 2},
         {"id": 3, "name": "back", "_commit_lsn": 22, "_seq": 2}]
@@ -141,7 +142,7 @@ def test_unordered_batches_still_never_overwrite_a_newer_row(tmp_path: Path) -> 
     result = apply(path, rows(change("u", 15, id=1, name="old"),
                               change("c", 16, id=2, name="other")), 1, spec)
     assert read(path, "id", "name") == [{"id": 1, "name": "new"}, {"id": 2, "name": "other"}]
-    assert result.updated == 0 and result.inserted == 1
+    assert (result.updated, result.inserted, result.skipped) == (0, 1, 1)
 
 
 def test_column_list_and_except_column_list(tmp_path: Path) -> None:

@@ -24,9 +24,10 @@ def history(path: Path) -> list[tuple[object, ...]]:
 
 def test_each_transaction_makes_one_version_and_delete_closes(tmp_path: Path) -> None:
     path = tmp_path / "t"
-    apply(path, rows(change("c", 10, 1, id=1, name="a", body="x"),
-                     change("u", 10, 2, id=1, name="a2", body="x"),  # same transaction
-                     change("c", 10, 3, id=2, name="b", body="y")), 0)
+    result = apply(path, rows(change("c", 10, 1, id=1, name="a", body="x"),
+                              change("u", 10, 2, id=1, name="a2", body="x"),  # same transaction
+                              change("c", 10, 3, id=2, name="b", body="y")), 0)
+    assert (result.inserted, result.superseded) == (2, 1)
     apply(path, rows(change("u", 11, id=1, name="A", body="x"),
                      change("d", 12, id=2),
                      change("u", 13, id=1, name="AA", body="x")), 1)

@@ -55,15 +55,17 @@ class ApplyResult:
     included; SCD2 closes a version by updating it and never deletes). ``skipped``
     counts changes that were not applied because the target already holds them or
     something newer (replayed, at or below the high-water mark, or older than the
-    row). ``delta_version`` is the version the batch was committed as, or None when
-    nothing was written. ``already_applied`` is true when the whole batch was a replay
-    recognised by its app transaction.
+    row); ``superseded`` those replaced by a later change of the same key in the batch
+    (SCD1), or of the same key and version (SCD2). ``delta_version`` is the version
+    the batch was committed as, or None when nothing was written. ``already_applied``
+    is true when the whole batch was a replay recognised by its app transaction.
     """
 
     inserted: int = 0
     updated: int = 0
     deleted: int = 0
     skipped: int = 0
+    superseded: int = 0
     delta_version: int | None = None
     already_applied: bool = False
 
@@ -112,10 +114,8 @@ def apply_changes(target: str | os.PathLike[str], changes: pa.Table, spec: Apply
         app_transactions=[Transaction(app_id, version)],
         custom_metadata={HIGH_WATER_KEY: _encode_high_water(spec, _high_water(batch, spec))},
     )
-    if spec.stored_as_scd_type == 1:
-        metrics, not_applied = _merge_scd1(table, batch, spec, columns, commit, uri)
-    else:
-        metrics, not_applied = _merge_scd2(table, batch, spec, columns, commit, uri)
+    merge = _merge_scd1 if spec.stored_as_scd_type == 1 else _merge_scd2
+    metrics, not_applied, superseded = merge(table, batch, spec, columns, commit, uri)
     table.update_incremental()
     inserted = int(metrics.get("num_target_rows_inserted", 0))
     updated = int(metrics.get("num_target_rows_updated", 0))
@@ -123,7 +123,8 @@ def apply_changes(target: str | os.PathLike[str], changes: pa.Table, spec: Apply
     log.debug("applied %d changes to %s: %d inserted, %d updated, %d deleted", len(changes),
               uri, inserted, updated, deleted)
     return ApplyResult(inserted=inserted, updated=updated, deleted=deleted,
-                       skipped=skipped + not_applied, delta_version=table.version())
+                       skipped=skipped + not_applied, superseded=superseded,
+                       delta_version=table.version())
 
 
 # -- the target table ---------------------------------------------------------------------
@@ -230,7 +231,9 @@ def _value(name: str, keep: dict[str, str]) -> str:
 
 def _merge_scd1(table: DeltaTable, batch: PreparedBatch, spec: ApplySpec,
                 columns: ResolvedColumns, commit: CommitProperties,
-                uri: str) -> tuple[dict[str, Any], int]:
+                uri: str) -> tuple[dict[str, Any], int, int]:
+    """One MERGE: upserts and deletes by key where the change is newer than the row,
+    and a truncate's deletes. Returns the metrics, skipped and superseded counts."""
     seq = spec.sequence_by
     rows = batch.rows
     changes = len(rows)
@@ -255,12 +258,12 @@ def _merge_scd1(table: DeltaTable, batch: PreparedBatch, spec: ApplySpec,
         merger = merger.when_not_matched_by_source_delete(
             predicate=sql.sequence_before_literal("t", seq, batch.truncates[-1]))
     metrics = merger.execute()
-    applied = (int(metrics.get("num_target_rows_inserted", 0))
+    written = (int(metrics.get("num_target_rows_inserted", 0))
                + int(metrics.get("num_target_rows_updated", 0)))
     deletes = int(pc.sum(source.column(IS_DELETE)).as_py() or 0) if len(source) else 0
-    # Changes superseded in the batch, or not newer than the target's row (deletes of
-    # absent keys are counted as applied: their effect holds).
-    return metrics, max(0, changes - applied - deletes)
+    # Upserts that wrote nothing were older than the row. (A delete that removed nothing
+    # is not counted: its key is absent either way.)
+    return metrics, max(0, len(source) - deletes - written), changes - len(source)
 
 
 def _warn_unknown_kept(table: DeltaTable, source: pa.Table, batch: PreparedBatch,
@@ -314,7 +317,10 @@ def _rows_for_keys(table: DeltaTable, keys: pa.Table, key_names: tuple[str, ...]
 # -- SCD type 2 ---------------------------------------------------------------------------
 def _merge_scd2(table: DeltaTable, batch: PreparedBatch, spec: ApplySpec,
                 columns: ResolvedColumns, commit: CommitProperties,
-                uri: str) -> tuple[dict[str, Any], int]:
+                uri: str) -> tuple[dict[str, Any], int, int]:
+    """One MERGE: new versions inserted, changed versions (closed or updated in place)
+    matched by key and ``__START_AT``, a truncate's closes. Returns the metrics,
+    skipped and superseded counts."""
     schema = pa.schema([*_target_fields(batch.rows.schema, columns, spec),
                         pa.field(MERGE_START, batch.rows.schema.field(spec.version_column).type)])
     stored = _columns_of(schema, (*columns.data, cr.START_AT, cr.END_AT))
@@ -345,4 +351,4 @@ def _merge_scd2(table: DeltaTable, batch: PreparedBatch, spec: ApplySpec,
             {sql.quote(cr.END_AT): sql.literal(first)},
             predicate=f"{sql.column('t', cr.END_AT)} IS NULL AND "
                       f"{sql.column('t', cr.START_AT)} < {sql.literal(first)}")
-    return merger.execute(), plan.skipped
+    return merger.execute(), plan.skipped, plan.superseded

@@ -51,12 +51,14 @@ MERGE_START = f"{cr.WORK_PREFIX}merge_start"
 
 @dataclasses.dataclass(frozen=True)
 class VersionPlan:
-    """The merge source rows, how many changes were skipped as already applied, and
-    the kept columns that had no value anywhere (left null)."""
+    """The merge source rows, how many changes were skipped as already applied, the
+    kept columns that had no value anywhere (left null), and how many changes were
+    folded into a later change of the same key and version value."""
 
     rows: pa.Table
     skipped: int
     unknown_kept: frozenset[str]
+    superseded: int = 0
 
 
 def latest_versions(versions: pa.Table, keys: tuple[str, ...]) -> pa.Table:
@@ -95,7 +97,8 @@ def plan_versions(batch: PreparedBatch, spec: ApplySpec, columns: ResolvedColumn
     log.debug("SCD2 plan: %d vectorised, %d folded, %d collapsed in-version", int(single.sum()),
               len(folded), collapsed)
     return VersionPlan(rows=table, skipped=vector.skipped + fold.skipped,
-                       unknown_kept=vector.unknown_kept | fold.unknown_kept)
+                       unknown_kept=vector.unknown_kept | fold.unknown_kept,
+                       superseded=collapsed)
 
 
 # -- vectorised: keys with a single version's worth of changes ------------------------------
