@@ -12,6 +12,9 @@ batches of ``--batch`` changes (whole transactions):
 * ``append``: ``write_deltalake(mode="append")`` of each batch — the baseline;
 * ``scd1`` / ``scd2``: ``apply_changes`` with ``stored_as_scd_type`` 1 / 2.
 
+Peak RSS is the whole process's; "of which writing" is its growth after the change rows
+were built (the same for every contender).
+
 Usage: ``uv run python benchmarks/bench_apply.py [--transactions 3000] [--batch 10000]``
 """
 
@@ -22,6 +25,7 @@ import datetime as dt
 import decimal
 import json
 import os
+import resource
 import subprocess
 import sys
 import tempfile
@@ -124,12 +128,14 @@ def main() -> None:
     args = parser.parse_args()
     if args.contender:
         changes = build_changes(args.transactions, args.spread)
-        print(json.dumps(run_contender(args.contender, changes, args.batch)))
+        built = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+        print(json.dumps({**run_contender(args.contender, changes, args.batch),
+                          "rss_after_build": built}))
         return
     hits = "rows of earlier transactions" if args.spread else "rows of the same transaction"
     print(f"{args.transactions * TXN:,} changes in batches of {args.batch:,}, "
           f"updates/deletes hit {hits}")
-    results: dict[str, tuple[float, int]] = {}
+    results: dict[str, tuple[float, int, int]] = {}
     for name in ("append", "scd1", "scd2"):
         argv = [sys.executable, __file__, "--contender", name, "--transactions",
                 str(args.transactions), "--batch", str(args.batch)] + (
@@ -141,13 +147,17 @@ def main() -> None:
         if status:
             raise SystemExit(f"{name} failed with status {status}")
         figures = json.loads(out)
-        results[name] = (figures["changes"] / figures["seconds"], usage.ru_maxrss * 1024)
+        peak = usage.ru_maxrss * 1024
+        results[name] = (figures["changes"] / figures["seconds"], peak,
+                         peak - figures["rss_after_build"])
     base = results["append"][0]
-    print(f"{'contender':<34}{'changes/s':>12}{'vs append':>11}{'peak RSS':>11}")
+    print(f"{'contender':<34}{'changes/s':>12}{'vs append':>11}{'peak RSS':>11}"
+          f"{'of which writing':>18}")
     labels = {"append": "write_deltalake append (baseline)", "scd1": "apply_changes SCD1",
               "scd2": "apply_changes SCD2"}
-    for name, (rate, rss) in results.items():
-        print(f"{labels[name]:<34}{rate:>12,.0f}{rate / base:>10.2f}x{rss / 2**20:>8.0f} MB")
+    for name, (rate, rss, growth) in results.items():
+        print(f"{labels[name]:<34}{rate:>12,.0f}{rate / base:>10.2f}x{rss / 2**20:>8.0f} MB"
+              f"{growth / 2**20:>15.0f} MB")
 
 
 if __name__ == "__main__":
