@@ -1,0 +1,354 @@
+"""Apply a batch of change rows to a Delta Lake table with delta-rs: :func:`apply_changes`.
+
+One batch is one Delta commit (a ``MERGE``), carrying the Delta app transaction
+``(app_id, version)`` — Spark's query id and batch id — so a replayed batch is detected
+and skipped, and the batch's highest sequence (the table's high-water mark, in the
+commit's metadata). Creating the table and adding columns for new source columns are
+separate commits before it; both are idempotent, so a crash between them and the merge
+only means the replay finds them done.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import datetime as dt
+import decimal
+import json
+import logging
+import os
+from typing import Any, Final
+
+import pyarrow as pa
+import pyarrow.compute as pc
+from deltalake import CommitProperties, DeltaTable, Field, Transaction
+from deltalake.exceptions import TableNotFoundError
+
+from tidemark.errors import ConfigError
+from tidemark.lake import change_rows as cr
+from tidemark.lake import sql
+from tidemark.lake.collapse import (
+    IS_DELETE,
+    PreparedBatch,
+    collapse_to_latest,
+    drop_applied,
+    keep_column,
+    prepare_batch,
+    rows_with_keys,
+    sequence_after,
+)
+from tidemark.lake.scd2 import MERGE_START, latest_versions, plan_versions
+from tidemark.lake.spec import ApplySpec, ResolvedColumns
+
+log = logging.getLogger(__name__)
+
+#: Commit-metadata key of the high-water mark: the highest sequence applied so far.
+HIGH_WATER_KEY: Final = "tidemark.highWater"
+
+_warned_unknown: set[tuple[str, str]] = set()
+
+
+@dataclasses.dataclass(frozen=True)
+class ApplyResult:
+    """What one :func:`apply_changes` call did.
+
+    ``inserted``/``updated``/``deleted`` count target rows (a truncate's deletes
+    included; SCD2 closes a version by updating it and never deletes). ``skipped``
+    counts changes that were not applied because the target already holds them or
+    something newer (replayed, at or below the high-water mark, or older than the
+    row); ``superseded`` those replaced by a later change of the same key in the batch
+    (SCD1), or of the same key and version (SCD2). ``delta_version`` is the version
+    the batch was committed as, or None when nothing was written. ``already_applied``
+    is true when the whole batch was a replay recognised by its app transaction.
+    """
+
+    inserted: int = 0
+    updated: int = 0
+    deleted: int = 0
+    skipped: int = 0
+    superseded: int = 0
+    delta_version: int | None = None
+    already_applied: bool = False
+
+
+def apply_changes(target: str | os.PathLike[str], changes: pa.Table, spec: ApplySpec, *,
+                  app_id: str, version: int,
+                  storage_options: dict[str, str] | None = None) -> ApplyResult:
+    """Apply one batch of change rows (see :mod:`tidemark.lake.change_rows`) to the
+    Delta table at *target*, creating it on the first batch.
+
+    ``(app_id, version)`` identify the batch (Spark: query id and batch id); versions of
+    one app id must increase. A batch whose version the table already holds for
+    *app_id* is skipped whole.
+    """
+    if not isinstance(changes, pa.Table):
+        raise ConfigError("changes", f"must be a pyarrow.Table of change rows, "
+                                     f"got {type(changes).__name__}")
+    if not isinstance(app_id, str) or not app_id:
+        raise ConfigError("app_id", "must be a non-empty string (e.g. the query id)")
+    if not isinstance(version, int) or version < 0:
+        raise ConfigError("version", f"must be a non-negative integer, got {version!r}")
+    uri = os.fspath(target)
+    columns = spec.resolve(changes.schema)
+    table = _open(uri, storage_options)
+    if table is not None:
+        done = table.transaction_version(app_id)
+        if done is not None and done >= version:
+            log.info("batch %s of %s is already in %s (it holds version %s); skipping",
+                     version, app_id, uri, done)
+            return ApplyResult(skipped=len(changes), delta_version=table.version(),
+                               already_applied=True)
+    batch = prepare_batch(changes, spec, columns)
+    skipped = 0
+    previous_high_water = None
+    if table is not None and spec.ordered_batches:
+        previous_high_water = read_high_water(table, spec, changes.schema)
+        if previous_high_water is not None:
+            batch, skipped = drop_applied(batch, spec.sequence_by, previous_high_water)
+    if len(batch.rows) == 0 and not batch.truncates:
+        return ApplyResult(skipped=skipped)
+    if table is None:
+        table = _create(uri, changes.schema, columns, spec, storage_options)
+    else:
+        table = _add_new_columns(table, changes.schema, columns, spec)
+    commit = CommitProperties(
+        app_transactions=[Transaction(app_id, version)],
+        custom_metadata={HIGH_WATER_KEY: _encode_high_water(spec, _high_water(batch, spec))},
+    )
+    merge = _merge_scd1 if spec.stored_as_scd_type == 1 else _merge_scd2
+    metrics, not_applied, superseded = merge(table, batch, spec, columns, commit, uri)
+    table.update_incremental()
+    inserted = int(metrics.get("num_target_rows_inserted", 0))
+    updated = int(metrics.get("num_target_rows_updated", 0))
+    deleted = int(metrics.get("num_target_rows_deleted", 0))
+    log.debug("applied %d changes to %s: %d inserted, %d updated, %d deleted", len(changes),
+              uri, inserted, updated, deleted)
+    return ApplyResult(inserted=inserted, updated=updated, deleted=deleted,
+                       skipped=skipped + not_applied, superseded=superseded,
+                       delta_version=table.version())
+
+
+# -- the target table ---------------------------------------------------------------------
+def _open(uri: str, storage_options: dict[str, str] | None) -> DeltaTable | None:
+    try:
+        return DeltaTable(uri, storage_options=storage_options)
+    except TableNotFoundError:
+        if os.path.isdir(uri) and os.listdir(uri) and not os.path.isdir(
+                os.path.join(uri, "_delta_log")):
+            raise ConfigError("target", f"{uri} exists and is not a Delta table") from None
+        return None
+
+
+def _target_fields(schema: pa.Schema, columns: ResolvedColumns,
+                   spec: ApplySpec) -> list[pa.Field]:
+    fields = []
+    for name in columns.data:
+        field = schema.field(name)
+        fields.append(field.with_nullable(name not in spec.keys))
+    if spec.stored_as_scd_type == 2:
+        at = schema.field(spec.version_column).type
+        fields += [pa.field(cr.START_AT, at, nullable=False), pa.field(cr.END_AT, at)]
+    return fields
+
+
+def _create(uri: str, schema: pa.Schema, columns: ResolvedColumns, spec: ApplySpec,
+            storage_options: dict[str, str] | None) -> DeltaTable:
+    log.info("creating Delta table %s (keys %s, SCD type %d)", uri, ", ".join(spec.keys),
+             spec.stored_as_scd_type)
+    return DeltaTable.create(uri, pa.schema(_target_fields(schema, columns, spec)),
+                             mode="ignore", partition_by=list(spec.partition_by) or None,
+                             storage_options=storage_options)
+
+
+def _add_new_columns(table: DeltaTable, schema: pa.Schema, columns: ResolvedColumns,
+                     spec: ApplySpec) -> DeltaTable:
+    """Schema evolution: source columns the target lacks become nullable columns
+    (existing rows read null)."""
+    present = {field.name for field in table.schema().fields}
+    new = [f for f in _target_fields(schema, columns, spec) if f.name not in present]
+    if new:
+        log.info("adding column(s) %s to %s", ", ".join(f.name for f in new), table.table_uri)
+        table.alter.add_columns([Field.from_arrow(f.with_nullable(True)) for f in new])
+        table.update_incremental()
+    return table
+
+
+# -- the high-water mark ------------------------------------------------------------------
+def _high_water(batch: PreparedBatch, spec: ApplySpec) -> tuple[Any, ...]:
+    seq = spec.sequence_by
+    candidates = list(batch.truncates)
+    if len(batch.rows):
+        top = batch.rows.select(list(seq)).sort_by([(s, "descending") for s in seq])
+        row = top.slice(0, 1).to_pylist()[0]
+        candidates.append(tuple(row[s] for s in seq))
+    return max(candidates)
+
+
+def _encode_value(value: Any) -> Any:
+    if isinstance(value, dt.datetime | dt.date):
+        return value.isoformat()
+    if isinstance(value, decimal.Decimal):
+        return str(value)
+    return value
+
+
+def _encode_high_water(spec: ApplySpec, values: tuple[Any, ...]) -> str:
+    return json.dumps({"sequence_by": list(spec.sequence_by),
+                       "values": [_encode_value(v) for v in values]})
+
+
+def read_high_water(table: DeltaTable, spec: ApplySpec,
+                    schema: pa.Schema) -> tuple[Any, ...] | None:
+    """The highest sequence applied to *table* by tidemark, from its latest commits."""
+    for limit in (1, 50):
+        commits = sorted(table.history(limit), key=lambda c: c.get("version", -1),
+                         reverse=True)
+        for commit in commits:
+            text = commit.get(HIGH_WATER_KEY)
+            if text is None:
+                continue
+            mark = json.loads(text)
+            if mark.get("sequence_by") != list(spec.sequence_by):
+                log.warning("%s was applied with sequence_by %s, now %s; ignoring its "
+                            "high-water mark", table.table_uri, mark.get("sequence_by"),
+                            list(spec.sequence_by))
+                return None
+            return tuple(
+                pa.array([value]).cast(schema.field(name).type)[0].as_py()
+                for name, value in zip(spec.sequence_by, mark["values"], strict=True)
+            )
+    return None
+
+
+# -- SCD type 1 ---------------------------------------------------------------------------
+def _value(name: str, keep: dict[str, str]) -> str:
+    """SQL for a column's new value: the source's, or the target's where kept."""
+    mask = keep.get(name)
+    if mask is None:
+        return sql.column("s", name)
+    return (f"CASE WHEN {sql.column('s', mask)} THEN {sql.column('t', name)} "
+            f"ELSE {sql.column('s', name)} END")
+
+
+def _merge_scd1(table: DeltaTable, batch: PreparedBatch, spec: ApplySpec,
+                columns: ResolvedColumns, commit: CommitProperties,
+                uri: str) -> tuple[dict[str, Any], int, int]:
+    """One MERGE: upserts and deletes by key where the change is newer than the row,
+    and a truncate's deletes. Returns the metrics, skipped and superseded counts."""
+    seq = spec.sequence_by
+    rows = batch.rows
+    changes = len(rows)
+    if batch.truncates:  # what came before the last truncate is gone anyway
+        rows = rows.filter(sequence_after(rows, seq, batch.truncates[-1]))
+    collapsed = collapse_to_latest(batch.with_rows(rows), spec.keys, seq)
+    source = collapsed.rows
+    keep = {name: keep_column(i) for i, name in enumerate(collapsed.keep_columns)}
+    if keep:
+        _warn_unknown_kept(table, source, collapsed, spec, uri)
+    newer = sql.sequence_after("s", "t", seq)
+    is_delete = sql.column("s", IS_DELETE)
+    merger = table.merge(source, predicate=sql.keys_equal(spec.keys), source_alias="s",
+                         target_alias="t", commit_properties=commit, streamed_exec=False)
+    if len(source):
+        updates = {sql.quote(n): _value(n, keep) for n in columns.data if n not in spec.keys}
+        merger = merger.when_matched_update(updates, predicate=f"NOT {is_delete} AND {newer}")
+        merger = merger.when_matched_delete(predicate=f"{is_delete} AND {newer}")
+        merger = merger.when_not_matched_insert(
+            {sql.quote(n): sql.column("s", n) for n in columns.data}, predicate=f"NOT {is_delete}")
+    if batch.truncates:
+        merger = merger.when_not_matched_by_source_delete(
+            predicate=sql.sequence_before_literal("t", seq, batch.truncates[-1]))
+    metrics = merger.execute()
+    written = (int(metrics.get("num_target_rows_inserted", 0))
+               + int(metrics.get("num_target_rows_updated", 0)))
+    deletes = int(pc.sum(source.column(IS_DELETE)).as_py() or 0) if len(source) else 0
+    # Upserts that wrote nothing were older than the row. (A delete that removed nothing
+    # is not counted: its key is absent either way.)
+    return metrics, max(0, len(source) - deletes - written), changes - len(source)
+
+
+def _warn_unknown_kept(table: DeltaTable, source: pa.Table, batch: PreparedBatch,
+                       spec: ApplySpec, uri: str) -> None:
+    """Warn (once per target and column) when a kept value has no target row to come
+    from: the column is left null."""
+    for i, name in enumerate(batch.keep_columns):
+        if (uri, name) in _warned_unknown:
+            continue
+        unknown = source.filter(source.column(keep_column(i)))
+        if len(unknown) == 0:
+            continue
+        found = _rows_for_keys(table, unknown, spec.keys,
+                               _columns_of(source.schema, spec.keys))
+        if len(found) < len(unknown):
+            _warned_unknown.add((uri, name))
+            log.warning("%s: column %r of %d row(s) was not sent (unchanged TOASTed value) "
+                        "and the target has no row to keep it from; writing null",
+                        uri, name, len(unknown) - len(found))
+
+
+def _columns_of(schema: pa.Schema, names: tuple[str, ...]) -> pa.Schema:
+    return pa.schema([schema.field(name) for name in names])
+
+
+def _rows_for_keys(table: DeltaTable, keys: pa.Table, key_names: tuple[str, ...],
+                   schema: pa.Schema) -> pa.Table:
+    """The target rows whose keys are in *keys* (all their versions, for SCD2), with
+    the columns of *schema*, cast to its types (delta-rs reads strings as views)."""
+    keys = keys.select(list(key_names)).group_by(list(key_names)).aggregate([])
+    dataset = table.to_pyarrow_dataset()
+    where = None
+    for name in key_names:
+        kind = dataset.schema.field(name).type
+        if not (pa.types.is_integer(kind) or pa.types.is_temporal(kind)):
+            # Pushed-down filters on strings fail against delta-rs's string-view Parquet
+            # statistics; such keys are matched after the scan (rows_with_keys).
+            continue
+        term = pc.field(name).isin(keys.column(name).cast(kind))
+        where = term if where is None else where & term
+    wanted = list(dict.fromkeys([*key_names, *schema.names]))
+    candidates = dataset.to_table(filter=where, columns=wanted)
+    exact = where is not None and len(key_names) == 1
+    nullable = pa.schema([f.with_nullable(True) for f in schema])
+    candidates = candidates.select(schema.names).cast(nullable)
+    if not exact and len(candidates):  # isin per column is a superset
+        candidates = rows_with_keys(candidates, keys, key_names)
+    return candidates
+
+
+# -- SCD type 2 ---------------------------------------------------------------------------
+def _merge_scd2(table: DeltaTable, batch: PreparedBatch, spec: ApplySpec,
+                columns: ResolvedColumns, commit: CommitProperties,
+                uri: str) -> tuple[dict[str, Any], int, int]:
+    """One MERGE: new versions inserted, changed versions (closed or updated in place)
+    matched by key and ``__START_AT``, a truncate's closes. Returns the metrics,
+    skipped and superseded counts."""
+    schema = pa.schema([*_target_fields(batch.rows.schema, columns, spec),
+                        pa.field(MERGE_START, batch.rows.schema.field(spec.version_column).type)])
+    stored = _columns_of(schema, (*columns.data, cr.START_AT, cr.END_AT))
+    latest = stored.empty_table()
+    if len(batch.rows):
+        versions = _rows_for_keys(table, batch.rows, spec.keys, stored)
+        latest = latest_versions(versions, spec.keys)
+    plan = plan_versions(batch, spec, columns, latest, schema)
+    for name in sorted(plan.unknown_kept):
+        if (uri, name) not in _warned_unknown:
+            _warned_unknown.add((uri, name))
+            log.warning("%s: column %r was not sent (unchanged TOASTed value) and the "
+                        "target has no current row to keep it from; writing null", uri, name)
+    source = plan.rows
+    merger = table.merge(
+        source, predicate=f"{sql.keys_equal(spec.keys)} AND "
+                          f"{sql.column('t', cr.START_AT)} = {sql.column('s', MERGE_START)}",
+        source_alias="s", target_alias="t", commit_properties=commit, streamed_exec=False)
+    target_columns = [*columns.data, cr.START_AT, cr.END_AT]
+    if len(source):
+        merger = merger.when_matched_update(
+            {sql.quote(n): sql.column("s", n) for n in target_columns if n not in spec.keys})
+        merger = merger.when_not_matched_insert(
+            {sql.quote(n): sql.column("s", n) for n in target_columns})
+    if batch.truncates:
+        first = batch.truncates[0][spec.sequence_by.index(spec.version_column)]
+        merger = merger.when_not_matched_by_source_update(
+            {sql.quote(cr.END_AT): sql.literal(first)},
+            predicate=f"{sql.column('t', cr.END_AT)} IS NULL AND "
+                      f"{sql.column('t', cr.START_AT)} < {sql.literal(first)}")
+    return merger.execute(), plan.skipped, plan.superseded
