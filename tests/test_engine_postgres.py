@@ -8,6 +8,7 @@ import threading
 import time
 from typing import Any
 
+import psycopg2
 import pytest
 
 from conftest import Database
@@ -92,14 +93,32 @@ def test_one_task_per_database(pg_cluster: PostgresCluster) -> None:
 
 def test_close_while_starting_leaves_no_active_slot_and_no_connection(db: Database) -> None:
     db.execute("CREATE TABLE t (id int PRIMARY KEY)",
-               "INSERT INTO t SELECT generate_series(1, 50000)")
-    connector = PostgresSourceConnector({"dsn": db.dsn, "table_include_list": ["public.t"]})
-    engine = Engine(connector, MemorySink(), config={"delivery_mode": "batch"},
-                    converter=EventConverter())
-    thread = threading.Thread(target=engine.run, daemon=True)
-    thread.start()
-    wait_for(lambda: engine.state is State.STARTING_TASKS, 30, "STARTING_TASKS")
-    engine.close()
+               "INSERT INTO t SELECT generate_series(1, 1000)")
+    # start() adds the table to the publication, which waits for a lock on the table:
+    # holding that lock keeps the task in start() for as long as the test wants.
+    blocker = psycopg2.connect(db.dsn)
+    try:
+        with blocker.cursor() as cur:
+            cur.execute("LOCK TABLE t IN ACCESS EXCLUSIVE MODE")
+        connector = PostgresSourceConnector({"dsn": db.dsn, "table_include_list": ["public.t"],
+                                             "slot_name": "starting_test"})
+        engine = Engine(connector, MemorySink(), config={"delivery_mode": "batch"},
+                        converter=EventConverter())
+        thread = threading.Thread(target=engine.run, daemon=True)
+        thread.start()
+        wait_for(lambda: engine.state is State.STARTING_TASKS or engine.error, 30,
+                 "STARTING_TASKS")
+        assert engine.error is None, engine.error
+        wait_for(lambda: db.scalar("SELECT count(*) FROM pg_locks WHERE NOT granted"), 30,
+                 "start() to wait for the table lock")
+        closer = threading.Thread(target=engine.close, daemon=True)
+        closer.start()
+        time.sleep(0.3)
+        assert engine.state is State.STARTING_TASKS, "close() did not wait for the start"
+    finally:
+        blocker.rollback()
+        blocker.close()
+    closer.join(30)
     thread.join(30)
     assert engine.state is State.STOPPED and engine.error is None
 
