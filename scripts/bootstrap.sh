@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Installs what tidemark needs on a fresh machine: uv, the locked Python environment,
-# and (if missing) PostgreSQL server binaries. Safe to run repeatedly.
+# and (if missing) PostgreSQL server binaries and a Java runtime for Spark. Safe to run repeatedly.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -22,6 +22,18 @@ if ! have_pg; then
         apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq postgresql >/dev/null
     else
         echo "PostgreSQL server binaries (initdb, pg_ctl) are missing: install postgresql-15" >&2
+        exit 1
+    fi
+fi
+
+# Spark (the pipeline, its tests) needs a Java runtime; 17 is what pyspark 4 supports.
+if ! command -v java >/dev/null 2>&1 && [ -z "${JAVA_HOME:-}" ]; then
+    if [ "$(id -u)" = "0" ] && command -v apt-get >/dev/null 2>&1; then
+        echo "installing a Java 17 runtime with apt-get (for Spark)" >&2
+        apt-get update -qq && DEBIAN_FRONTEND=noninteractive \
+            apt-get install -y -qq openjdk-17-jre-headless >/dev/null
+    else
+        echo "no Java runtime found: install OpenJDK 17 (Spark needs it)" >&2
         exit 1
     fi
 fi
