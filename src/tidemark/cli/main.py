@@ -10,6 +10,7 @@ import click
 from tidemark import __version__
 from tidemark.cli.capture import capture
 from tidemark.cli.demo import demo
+from tidemark.cli.run import run
 from tidemark.errors import TidemarkError
 
 
@@ -26,6 +27,7 @@ def cli(log_level: str) -> None:
 
 cli.add_command(capture)
 cli.add_command(demo)
+cli.add_command(run)
 
 
 def main() -> None:

@@ -1,0 +1,48 @@
+"""``tidemark run pipeline.toml``: run a pipeline until stopped (or caught up)."""
+
+from __future__ import annotations
+
+import signal
+import types
+
+import click
+
+from tidemark.pipeline.config import load_config
+from tidemark.pipeline.progress import BatchReport, format_report
+
+
+@click.command()
+@click.argument("config_file", type=click.Path(dir_okay=False))
+@click.option("--available-now", is_flag=True,
+              help="Read what the source has flushed now, apply it, then exit "
+                   "(overrides the file's trigger).")
+def run(config_file: str, available_now: bool) -> None:
+    """Run the pipeline in CONFIG_FILE (TOML): PostgreSQL changes into Delta tables.
+
+    Ctrl-C (or SIGTERM) stops after the batch in progress; a second one stops at once.
+    """
+    config = load_config(config_file)  # every config error before Spark starts
+    if available_now:
+        config = config.with_available_now()
+    # Imported after validation: pyspark takes a second to import.
+    from tidemark.pipeline.runner import Pipeline  # noqa: PLC0415
+
+    def show(report: BatchReport) -> None:
+        click.echo(format_report(report))
+
+    pipeline = Pipeline(config, on_batch=show)
+
+    def on_signal(signum: int, frame: types.FrameType | None) -> None:
+        if pipeline.stop_requested:
+            raise KeyboardInterrupt
+        click.echo(f"{signal.Signals(signum).name}: stopping after the current batch "
+                   "(again to stop at once)", err=True)
+        pipeline.request_stop()
+
+    signal.signal(signal.SIGINT, on_signal)
+    signal.signal(signal.SIGTERM, on_signal)
+    mode = "until caught up" if config.spark.available_now else "until Ctrl-C"
+    click.echo(f"tidemark run: {', '.join(config.tables)} -> "
+               f"{len(config.targets)} Delta table(s), {mode}", err=True)
+    pipeline.run()
+    click.echo("stopped", err=True)

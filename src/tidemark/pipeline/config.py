@@ -1,0 +1,250 @@
+"""The ``pipeline.toml`` model, validated completely before Spark starts (MISSION U2).
+
+Spark takes seconds to start and a streaming query may run for days, so every mistake a
+file can hold is found here first: TOML syntax (with the line), unknown keys (named with
+the allowed ones), a target table the source does not capture, bad ``apply_changes``
+settings, a missing or unwritable checkpoint directory, a DSN that is neither in the
+file nor in its environment variable. Each raises :class:`tidemark.errors.ConfigError`
+naming the key (``spark.checkpoint``, ``targets."public.orders".keys``).
+
+Relative paths are resolved against the directory of the file, so a pipeline directory
+can be moved or run from anywhere.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import re
+import tomllib
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Annotated, Any, Final, TypeVar
+
+import msgspec
+
+from tidemark.config_mapping import config_error_from
+from tidemark.errors import ConfigError, unknown_key_error
+from tidemark.event import TableId
+from tidemark.lake.spec import ApplySpec, spec_from_mapping
+from tidemark.spark.options import DEFAULT_PUBLICATION, DEFAULT_SLOT
+
+DEFAULT_DSN_ENV: Final = "TIDEMARK_DSN"
+_SECTIONS: Final = ("source", "spark", "targets", "changelog")
+_TABLE_NAME: Final = re.compile(r"[^.\s]+\.[^.\s]+")
+# A URI scheme (s3://, abfss://): the runner reads Spark's checkpoint files (query id,
+# batch offsets) with plain file I/O, so only local paths are supported for now.
+_URI: Final = re.compile(r"^[A-Za-z][A-Za-z0-9+.-]*://")
+
+S = TypeVar("S", bound=msgspec.Struct)
+Positive = Annotated[int, msgspec.Meta(gt=0)]
+
+
+class SourceSection(msgspec.Struct, frozen=True):
+    """``[source]``: where the changes come from (the Spark source's options)."""
+
+    dsn: str | None = None
+    dsn_env: str = DEFAULT_DSN_ENV
+    slot: str = DEFAULT_SLOT
+    publication: str = DEFAULT_PUBLICATION
+    tables: list[str] | None = None
+    max_changes_per_trigger: Positive | None = msgspec.field(
+        default=None, name="maxChangesPerTrigger")
+    num_partitions: Positive | None = msgspec.field(default=None, name="numPartitions")
+
+
+class SparkSection(msgspec.Struct, frozen=True):
+    """``[spark]``: the session and the streaming query's trigger."""
+
+    checkpoint: str
+    master: str = "local[2]"
+    app_name: str = "tidemark"
+    trigger_interval_ms: Annotated[int, msgspec.Meta(ge=0)] | None = None
+    available_now: bool = False
+    conf: dict[str, str] = msgspec.field(default_factory=dict)
+
+
+class ChangelogSection(msgspec.Struct, frozen=True):
+    """``[changelog]``: the raw change rows as Parquet, one directory per batch."""
+
+    path: str
+
+
+@dataclasses.dataclass(frozen=True)
+class Target:
+    """One ``[targets."schema.table"]`` entry: a Delta table and how changes apply."""
+
+    table: str
+    path: str
+    spec: ApplySpec
+
+
+@dataclasses.dataclass(frozen=True)
+class PipelineConfig:
+    """A validated pipeline file. ``dsn`` is resolved (file or environment); it is never
+    printed (``repr`` leaves it out)."""
+
+    dsn: str = dataclasses.field(repr=False)
+    source: SourceSection = dataclasses.field(repr=False)
+    spark: SparkSection
+    checkpoint: str
+    targets: tuple[Target, ...]
+    changelog: str | None
+    tables: tuple[str, ...]
+    """Every captured table: ``source.tables`` or, when left out, the targets' tables."""
+
+    def with_available_now(self) -> PipelineConfig:
+        """This pipeline with ``available_now = true`` (the CLI's ``--available-now``)."""
+        spark = msgspec.structs.replace(self.spark, available_now=True,
+                                        trigger_interval_ms=None)
+        return dataclasses.replace(self, spark=spark)
+
+
+def load_config(path: str | os.PathLike[str],
+                environ: Mapping[str, str] | None = None) -> PipelineConfig:
+    """Read and validate a pipeline file; raises ConfigError naming the bad key."""
+    file = Path(path)
+    try:
+        text = file.read_text(encoding="utf-8")
+    except OSError as err:
+        raise ConfigError("config", f"cannot read {file}: {err.strerror or err}") from None
+    try:
+        raw = tomllib.loads(text)
+    except tomllib.TOMLDecodeError as err:
+        # tomllib's message carries "(at line L, column C)".
+        raise ConfigError("config", f"{file} is not valid TOML: {err}") from None
+    return parse_config(raw, base=file.resolve().parent,
+                        environ=os.environ if environ is None else environ)
+
+
+def parse_config(raw: Mapping[str, Any], *, base: Path,
+                 environ: Mapping[str, str]) -> PipelineConfig:
+    """Validate an already parsed TOML document (relative paths are taken from *base*)."""
+    for key in raw:
+        if key not in _SECTIONS:
+            raise unknown_key_error("", key, _SECTIONS)
+    source = _section(SourceSection, raw.get("source", {}), "source")
+    spark = _section(SparkSection, _require(raw, "spark", "the [spark] section with "
+                                            "'checkpoint'"), "spark",
+                     required={"checkpoint": "a directory for Spark's checkpoint (offsets "
+                               "and commits of the streaming query)"})
+    if spark.available_now and spark.trigger_interval_ms is not None:
+        raise ConfigError("spark.trigger_interval_ms", "set either trigger_interval_ms "
+                          "or available_now = true, not both")
+    raw_targets = _require(raw, "targets", 'at least one [targets."schema.table"] section '
+                           "with a 'path'")
+    if not isinstance(raw_targets, Mapping) or not raw_targets:
+        raise ConfigError("targets", 'must hold [targets."schema.table"] sections')
+    targets = tuple(_target(name, values, base) for name, values in raw_targets.items())
+    tables = _tables(source, targets)
+    changelog = None
+    if "changelog" in raw:
+        section = _section(ChangelogSection, raw["changelog"], "changelog",
+                           required={"path": "a directory for the Parquet change log"})
+        changelog = _local_path(section.path, base, "changelog.path")
+    return PipelineConfig(
+        dsn=_dsn(source, environ), source=source, spark=spark,
+        checkpoint=_checkpoint(spark.checkpoint, base), targets=targets,
+        changelog=changelog, tables=tables)
+
+
+def _require(raw: Mapping[str, Any], key: str, what: str) -> Any:
+    if key not in raw:
+        raise ConfigError(key, f"required: {what}")
+    return raw[key]
+
+
+def _section(cls: type[S], values: object, section: str, *,
+                                required: Mapping[str, str] | None = None) -> S:
+    if not isinstance(values, Mapping):
+        raise ConfigError(section, f"must be a table ([{section}]), got {values!r}")
+    # The names users write (msgspec's encoded names, e.g. maxChangesPerTrigger).
+    allowed = getattr(cls, "__struct_encode_fields__", cls.__struct_fields__)
+    for key in values:
+        if key not in allowed:
+            raise unknown_key_error(section, key, allowed)
+    for key, what in (required or {}).items():
+        if key not in values:
+            raise ConfigError(f"{section}.{key}", f"required: {what}")
+    try:
+        return msgspec.convert(dict(values), cls, str_keys=True)
+    except msgspec.ValidationError as err:
+        raise config_error_from(cls, err, section) from None
+
+
+def _target(name: str, values: object, base: Path) -> Target:
+    section = f'targets."{name}"'
+    if not _TABLE_NAME.fullmatch(name):
+        raise ConfigError(section, f"{name!r} is not a table name; write "
+                          '[targets."schema.table"], e.g. [targets."public.orders"]')
+    if not isinstance(values, Mapping):
+        raise ConfigError(section, f"must be a table with 'path' and apply settings, "
+                          f"got {values!r}")
+    settings = dict(values)
+    allowed = {"path"} | {f.name for f in dataclasses.fields(ApplySpec)} - {
+        "apply_as_deletes", "apply_as_truncates"}
+    for key in settings:
+        if key not in allowed:
+            raise unknown_key_error(section, key, allowed)
+    if "path" not in settings:
+        raise ConfigError(f"{section}.path", "required: the Delta table's directory")
+    path = settings.pop("path")
+    if not isinstance(path, str) or not path:
+        raise ConfigError(f"{section}.path", f"must be a directory path, got {path!r}")
+    try:
+        spec = spec_from_mapping(settings)
+    except ConfigError as err:
+        # ApplySpec names its own setting; say which target it belongs to.
+        message = str(err).removeprefix(f"{err.key}: ")
+        raise ConfigError(f"{section}.{err.key}", message) from None
+    except TypeError as err:  # a required ApplySpec field (keys) left out
+        raise ConfigError(f"{section}.keys", f"required: the key columns ({err})") from None
+    return Target(table=str(TableId.parse(name)), path=_local_path(path, base,
+                                                                  f"{section}.path"),
+                  spec=spec)
+
+
+def _tables(source: SourceSection, targets: tuple[Target, ...]) -> tuple[str, ...]:
+    names = [t.table for t in targets]
+    if source.tables is None:
+        return tuple(names)
+    captured: list[str] = []
+    for name in source.tables:
+        if not _TABLE_NAME.fullmatch(name):
+            raise ConfigError("source.tables", f"{name!r} is not a table name; expected "
+                              "schema.table, e.g. public.orders")
+        captured.append(str(TableId.parse(name)))
+    for name in names:
+        if name not in captured:
+            raise ConfigError(f'targets."{name}"', f"table {name} is not captured: add it "
+                              f"to source.tables ({', '.join(captured)})")
+    return tuple(captured)
+
+
+def _dsn(source: SourceSection, environ: Mapping[str, str]) -> str:
+    if source.dsn:
+        return source.dsn
+    value = environ.get(source.dsn_env, "").strip()
+    if not value:
+        raise ConfigError("source.dsn", f"no connection string: set source.dsn, or the "
+                          f"environment variable {source.dsn_env} (source.dsn_env) to keep "
+                          "the password out of the file")
+    return value
+
+
+def _local_path(path: str, base: Path, key: str) -> str:
+    if _URI.match(path):
+        raise ConfigError(key, f"{path!r}: only local paths are supported")
+    return str((base / Path(path).expanduser()).resolve())
+
+
+def _checkpoint(path: str, base: Path) -> str:
+    resolved = Path(_local_path(path, base, "spark.checkpoint"))
+    try:
+        resolved.mkdir(parents=True, exist_ok=True)
+    except OSError as err:
+        raise ConfigError("spark.checkpoint", f"cannot create {resolved}: "
+                          f"{err.strerror or err}") from None
+    if not resolved.is_dir() or not os.access(resolved, os.W_OK | os.X_OK):
+        raise ConfigError("spark.checkpoint", f"{resolved} is not a writable directory")
+    return str(resolved)

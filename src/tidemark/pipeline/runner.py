@@ -1,0 +1,223 @@
+"""The streaming query of ``tidemark run``: one envelope stream, ``apply_changes`` per table.
+
+Exactly once end to end rests on three pieces that already exist, tied together here:
+
+* the source's offsets (commit LSNs) live in Spark's checkpoint and a replayed batch
+  reads exactly the same transactions (:mod:`tidemark.spark`);
+* every Delta commit carries the app transaction ``(app_id, batch_id)``, and a batch the
+  table already holds is skipped (:func:`tidemark.lake.apply_changes`);
+* ``app_id`` is stable across restarts: it is derived from the query id Spark keeps in
+  the checkpoint's ``metadata`` file (not the run id, which changes on every start), so
+  a batch replayed after a crash is recognised.
+
+The slot is advanced only after Spark commits the batch, so a crash anywhere replays the
+batch, and each Delta table either already has it (skipped) or gets it once.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import logging
+import os
+import sys
+import threading
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import psycopg
+from pyspark.errors import StreamingQueryException
+from pyspark.sql import DataFrame, SparkSession
+from pyspark.sql import functions as F  # noqa: N812 - pyspark's convention
+from pyspark.sql.streaming.query import StreamingQuery
+
+import tidemark.spark as ts
+from tidemark.errors import TerminalError
+from tidemark.lake import apply_changes
+from tidemark.pipeline.config import PipelineConfig, Target
+from tidemark.pipeline.progress import BatchReport
+from tidemark.spark import wal
+from tidemark.spark.offsets import from_offset
+
+log = logging.getLogger(__name__)
+
+_POLL_SECONDS = 0.2
+
+
+class PipelineError(TerminalError):
+    """The streaming query stopped with an error (the message is Spark's first line)."""
+
+
+def build_session(config: PipelineConfig) -> SparkSession:
+    """The SparkSession of ``[spark]`` (or the one already running in this process)."""
+    # Spark's Python workers must import this tidemark (local mode).
+    os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
+    builder = (SparkSession.builder.master(config.spark.master)
+               .appName(config.spark.app_name)
+               # The console progress bar would garble the per-batch lines.
+               .config("spark.ui.showConsoleProgress", "false"))
+    for key, value in config.spark.conf.items():
+        builder = builder.config(key, value)
+    session = builder.getOrCreate()
+    session.sparkContext.setLogLevel("ERROR")
+    return session
+
+
+class Pipeline:
+    """One ``pipeline.toml`` as a running streaming query.
+
+    ``on_batch`` is called on the driver after each batch is applied. :meth:`run`
+    blocks until the query ends: caught up (``available_now``), stopped by
+    :meth:`request_stop` (after the batch in progress), or failed.
+    """
+
+    def __init__(self, config: PipelineConfig, *, spark: SparkSession | None = None,
+                 on_batch: Callable[[BatchReport], None] | None = None) -> None:
+        self.config = config
+        self._spark = spark
+        self._on_batch = on_batch
+        self._stop = threading.Event()
+        self._query_id: str | None = None
+        self._conn: psycopg.Connection[Any] | None = None
+        self._last_commit_us: int | None = None
+
+    def request_stop(self) -> None:
+        """Stop once the batch in progress is committed (safe from a signal handler)."""
+        self._stop.set()
+
+    @property
+    def stop_requested(self) -> bool:
+        """True once :meth:`request_stop` was called."""
+        return self._stop.is_set()
+
+    def start(self) -> StreamingQuery:
+        """Start the streaming query (validating the database through the source)."""
+        spark = self._spark or build_session(self.config)
+        source = self.config.source
+        stream = ts.read_changes(
+            spark, dsn=self.config.dsn, tables=list(self.config.tables), slot=source.slot,
+            publication=source.publication,
+            max_changes_per_trigger=source.max_changes_per_trigger,
+            num_partitions=source.num_partitions)
+        writer = (stream.writeStream.foreachBatch(self._process)
+                  .option("checkpointLocation", self.config.checkpoint)
+                  .queryName(self.config.spark.app_name))
+        if self.config.spark.available_now:
+            writer = writer.trigger(availableNow=True)
+        elif self.config.spark.trigger_interval_ms is not None:
+            writer = writer.trigger(processingTime=f"{self.config.spark.trigger_interval_ms}"
+                                                   " milliseconds")
+        return writer.start()
+
+    def run(self) -> None:
+        """Run until done or stopped; raises PipelineError if the query fails."""
+        query = self.start()
+        try:
+            while query.isActive:
+                if self._stop.is_set():
+                    _stop_between_batches(query)
+                    break
+                time.sleep(_POLL_SECONDS)
+            query.awaitTermination()  # surfaces the query's failure, if any
+        except StreamingQueryException as err:
+            raise PipelineError(_first_line(err)) from None
+        finally:
+            if self._conn is not None:
+                self._conn.close()
+
+    # -- the micro-batch, on the driver ------------------------------------------------
+    def _process(self, batch: DataFrame, batch_id: int) -> None:
+        started = time.monotonic()
+        # Each table's apply is its own Spark action; persisting reads the source once.
+        batch.persist()
+        try:
+            stats = batch.groupBy("table").agg(
+                F.count(F.lit(1)).alias("n"),
+                F.max(F.unix_micros("_commit_ts")).alias("ts")).collect()
+            counts = {str(row["table"]): int(row["n"]) for row in stats}
+            newest = max((int(r["ts"]) for r in stats if r["ts"] is not None), default=None)
+            if self.config.changelog and counts:
+                self._write_changelog(batch, batch_id)
+            changes: dict[str, int] = {}
+            replayed: list[str] = []
+            for target in self.config.targets:
+                if not counts.get(target.table):
+                    changes[target.table] = 0
+                    continue
+                rows = ts.table_changes(batch, target.table).toArrow()
+                result = apply_changes(target.path, rows, target.spec,
+                                       app_id=self._app_id(target), version=batch_id)
+                changes[target.table] = 0 if result.already_applied else rows.num_rows
+                if result.already_applied:
+                    replayed.append(target.table)
+        finally:
+            batch.unpersist()
+        if newest is not None:
+            self._last_commit_us = newest
+        report = self._report(batch_id, changes, time.monotonic() - started, replayed)
+        log.info("batch %d applied: %s", batch_id, changes)
+        if self._on_batch is not None:
+            self._on_batch(report)
+
+    def _write_changelog(self, batch: DataFrame, batch_id: int) -> None:
+        # One directory per batch, overwritten on replay: a batch replayed after a crash
+        # replaces its own files instead of adding a second copy (readable as one
+        # Parquet dataset partitioned by batch_id).
+        path = Path(self.config.changelog or "") / f"batch_id={batch_id}"
+        batch.write.mode("overwrite").parquet(str(path))
+
+    def _app_id(self, target: Target) -> str:
+        if self._query_id is None:
+            self._query_id = _checkpoint_query_id(self.config.checkpoint)
+        return f"tidemark-{self._query_id}-{target.table}"
+
+    def _report(self, batch_id: int, changes: dict[str, int], seconds: float,
+                replayed: list[str]) -> BatchReport:
+        lag_bytes = 0
+        try:
+            end = _batch_end_lsn(self.config.checkpoint, batch_id)
+            if self._conn is None or self._conn.closed:
+                self._conn = wal.connect(self.config.dsn, purpose="progress")
+            lag_bytes = max(0, wal.flush_lsn(self._conn) - end)
+        except Exception as err:  # progress must never fail the batch
+            log.warning("cannot measure the lag behind the source: %s", err)
+        lag_seconds = 0.0
+        if lag_bytes and self._last_commit_us is not None:
+            lag_seconds = max(0.0, time.time() - self._last_commit_us / 1e6)
+        return BatchReport(batch_id=batch_id, changes=changes, seconds=seconds,
+                           lag_bytes=lag_bytes, lag_seconds=lag_seconds,
+                           replayed=tuple(replayed))
+
+
+def _stop_between_batches(query: StreamingQuery) -> None:
+    """Wait until no trigger is running, then stop: the last batch is committed whole.
+
+    A trigger can start between the check and ``stop()``; that batch is then interrupted,
+    which is safe (it replays on the next start) but not graceful, so the window is kept
+    small by polling often.
+    """
+    while query.isActive and query.status.get("isTriggerActive"):
+        time.sleep(0.05)
+    query.stop()
+
+
+def _checkpoint_query_id(checkpoint: str) -> str:
+    """The query id Spark stores in ``<checkpoint>/metadata`` (stable across restarts)."""
+    text = (Path(checkpoint) / "metadata").read_text(encoding="utf-8")
+    return str(json.loads(text.splitlines()[0])["id"])
+
+
+def _batch_end_lsn(checkpoint: str, batch_id: int) -> int:
+    """The batch's end offset from Spark's offset log (written before the batch runs)."""
+    lines = (Path(checkpoint) / "offsets" / str(batch_id)).read_text(
+        encoding="utf-8").splitlines()
+    return from_offset(json.loads(lines[-1]))
+
+
+def _first_line(err: BaseException) -> str:
+    with contextlib.suppress(Exception):
+        text = str(err).strip()
+        return text.splitlines()[0] if text else type(err).__name__
+    return type(err).__name__
