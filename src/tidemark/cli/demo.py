@@ -1,74 +1,203 @@
-"""``tidemark demo``: a self-contained capture demo on a private PostgreSQL."""
+"""``tidemark demo``: PostgreSQL → Spark → Delta Lake on a private cluster, end to end.
+
+Starts a private PostgreSQL, creates a small shop schema, makes changes (inserts,
+updates, a primary-key change, deletes, an update that leaves a TOASTed value unchanged,
+a large transaction), writes a ``pipeline.toml`` into a temporary directory and runs it
+with ``available_now`` twice (more changes in between), then proves every Delta table
+equals its PostgreSQL table. ``--capture`` prints the raw change events instead.
+"""
 
 from __future__ import annotations
 
 import contextlib
-import sys
+import tempfile
+from pathlib import Path
+from typing import Any
 
 import click
 
-from tidemark.serde.debezium_json import DebeziumJsonOptions, DebeziumJsonSerializer
-from tidemark.source.postgres import session
-from tidemark.source.postgres.config import PostgresSourceConfig
-from tidemark.source.postgres.connector import PostgresConnector
+from tidemark.errors import TerminalError
+
+_PUBLICATION = "demo_lake"
+_SLOT = "demo_lake"
 
 _SCHEMA = """
 CREATE TABLE customers (id bigint PRIMARY KEY, name text NOT NULL, email text,
                         balance numeric(12, 2), created timestamptz DEFAULT now());
-INSERT INTO customers VALUES (1, 'Ada', 'ada@example.com', 100.50, '2024-01-01 10:00+00'),
-                             (2, 'Grace', NULL, 0, '2024-01-02 11:30+00');
+CREATE TABLE products (id int PRIMARY KEY, name text, price numeric(10, 2), attrs jsonb,
+                       manual text);
+-- Out of line and uncompressed, so an update of another column sends the manual as
+-- "unchanged TOAST" (pgoutput leaves the value out; apply_changes keeps the target's).
+ALTER TABLE products ALTER COLUMN manual SET STORAGE EXTERNAL;
+CREATE TABLE orders (id bigint PRIMARY KEY, customer_id bigint, product_id int, qty int,
+                     status text, placed timestamptz DEFAULT now());
+CREATE PUBLICATION demo_lake FOR TABLE customers, products, orders;
 """
 
-_CHANGES = [
-    "INSERT INTO customers VALUES (3, 'Linus', 'linus@example.com', 12.34, now())",
+_ROUND_1 = [
+    "INSERT INTO customers VALUES (1, 'Ada', 'ada@example.com', 100.50), "
+    "(2, 'Grace', NULL, 0), (3, 'Linus', 'linus@example.com', 12.34)",
+    "INSERT INTO products VALUES (1, 'kettle', 39.90, '{\"color\": \"red\"}', "
+    "repeat('Boil water. ', 2000)), (2, 'teapot', 24.00, '{\"size\": [1, 2]}', 'Pour.')",
+    # A large transaction: 5,000 orders at once.
+    "INSERT INTO orders SELECT g, 1 + g % 3, 1 + g % 2, 1 + g % 5, 'new', "
+    "'2024-05-01 12:00+00'::timestamptz + g * interval '1 minute' "
+    "FROM generate_series(1, 5000) g",
     "UPDATE customers SET balance = balance + 1 WHERE id = 1",
-    "UPDATE customers SET id = 20 WHERE id = 2",
+    "UPDATE products SET price = 34.90 WHERE id = 1",          # manual: unchanged TOAST
+    "UPDATE customers SET id = 20 WHERE id = 2",               # primary-key change
     "DELETE FROM customers WHERE id = 3",
-    "SELECT pg_logical_emit_message(true, 'demo', 'hello from a transaction')",
-    "TRUNCATE customers",
+    "UPDATE orders SET status = 'paid' WHERE id % 4 = 0",
 ]
+
+_ROUND_2 = [
+    "INSERT INTO customers VALUES (4, 'Edsger', 'ewd@example.com', 7)",
+    "UPDATE orders SET status = 'shipped' WHERE status = 'paid' AND id % 8 = 0",
+    "DELETE FROM orders WHERE id > 4900",
+    "UPDATE products SET attrs = attrs || '{\"sale\": true}' WHERE id = 1",
+    "UPDATE customers SET email = 'grace@example.com' WHERE id = 20",
+]
+
+_TARGETS = {  # table -> SCD type (key: id)
+    "public.customers": 1, "public.products": 1, "public.orders": 2,
+}
+
+
+class DemoMismatchError(TerminalError):
+    """A Delta table does not equal its source table at the end of the demo."""
 
 
 @click.command()
-def demo() -> None:
-    """Start a private PostgreSQL, make changes, print the change events as JSON lines."""
-    out = sys.stdout
-    # Imported here: the cluster helper (tempfile, shutil, secrets …) is not needed by
-    # the other commands, whose start-up time counts.
+@click.option("--capture", is_flag=True,
+              help="Only print the change events of a few statements as JSON lines.")
+@click.option("--keep", is_flag=True, help="Keep the demo directory (pipeline.toml, Delta "
+                                           "tables) and print its path.")
+def demo(capture: bool, keep: bool) -> None:
+    """PostgreSQL changes into Delta Lake through Spark, on a private PostgreSQL."""
+    if capture:
+        from tidemark.cli.demo_capture import capture_demo  # noqa: PLC0415
+
+        capture_demo()
+        return
+    # Imported here: Spark and the cluster helper are slow to import, other commands
+    # should not pay for them.
     from tidemark.testing.postgres import PostgresCluster  # noqa: PLC0415
 
+    directory = Path(tempfile.mkdtemp(prefix="tidemark-demo-"))
     with PostgresCluster() as cluster:
         dsn = cluster.create_database("demo")
-        with contextlib.closing(session.connect(dsn)) as conn, session.cursor(conn) as cur:
-            cur.execute(_SCHEMA)
-        click.echo(f"# private PostgreSQL on port {cluster.port}; snapshot of 2 rows, "
-                   "then live changes:", err=True)
-        config = PostgresSourceConfig(dsn=dsn, table_include_list=("public.customers",),
-                                      provide_transaction_metadata=False)
-        connector = PostgresConnector(config)
-        serializer = DebeziumJsonSerializer(DebeziumJsonOptions())
-        connector.start()
-        try:
-            done_snapshot = False
-            while not done_snapshot:
-                batch = connector.poll()
-                out.write(serializer.encode_lines(batch.records).decode())
-                if batch.offset is not None:
-                    connector.commit(batch.offset)
-                    done_snapshot = True
-            with contextlib.closing(session.connect(dsn)) as conn, session.cursor(conn) as cur:
-                for statement in _CHANGES:
-                    click.echo(f"# {statement}", err=True)
-                    cur.execute(statement)
-                cur.execute("SELECT (pg_current_wal_insert_lsn() - '0/0')::bigint")
-                target = int(cur.fetchone()[0])
-            while True:
-                batch = connector.poll()
-                out.write(serializer.encode_lines(batch.records).decode())
-                if batch.offset is not None:
-                    connector.commit(batch.offset)
-                    if batch.offset["lsn"] >= target:
-                        break
-        finally:
-            connector.stop()
-    out.flush()
+        click.echo(f"private PostgreSQL on port {cluster.port}; demo directory {directory}")
+        _prepare(dsn)
+        config_file = _write_pipeline(directory, dsn)
+        _run_demo(dsn, config_file)
+    if not keep:
+        import shutil  # noqa: PLC0415
+
+        shutil.rmtree(directory, ignore_errors=True)
+
+
+def _prepare(dsn: str) -> None:
+    from tidemark.source.postgres import session  # noqa: PLC0415
+    from tidemark.spark import wal  # noqa: PLC0415
+
+    with contextlib.closing(session.connect(dsn)) as conn, session.cursor(conn) as cur:
+        cur.execute(_SCHEMA)
+    # The stream starts where the slot is (no initial snapshot yet), so the slot must
+    # exist before the first change.
+    with contextlib.closing(wal.connect(dsn, purpose="demo")) as replication:
+        wal.ensure_slot(replication, _SLOT)
+
+
+def _write_pipeline(directory: Path, dsn: str) -> Path:
+    targets = "".join(
+        f'\n[targets."{table}"]\npath = "lake/{table.split(".")[1]}"\nkeys = ["id"]\n'
+        f"stored_as_scd_type = {scd}\n" for table, scd in _TARGETS.items())
+    text = (f'[source]\ndsn = "{dsn}"\nslot = "{_SLOT}"\npublication = "{_PUBLICATION}"\n'
+            "maxChangesPerTrigger = 2000\n\n"
+            '[spark]\nmaster = "local[2]"\napp_name = "tidemark-demo"\n'
+            'checkpoint = "checkpoint"\navailable_now = true\n'
+            '\n[changelog]\npath = "lake/_changes"\n' + targets)
+    path = directory / "pipeline.toml"
+    path.write_text(text, encoding="utf-8")
+    return path
+
+
+def _execute(dsn: str, statements: list[str]) -> None:
+    from tidemark.source.postgres import session  # noqa: PLC0415
+
+    with contextlib.closing(session.connect(dsn)) as conn, session.cursor(conn) as cur:
+        for statement in statements:
+            click.echo(f"  sql> {statement[:90]}{'…' if len(statement) > 90 else ''}")
+            cur.execute(statement)
+
+
+def _run_demo(dsn: str, config_file: Path) -> None:
+    from tidemark.pipeline import BatchReport, format_report, load_config  # noqa: PLC0415
+    from tidemark.pipeline.runner import Pipeline, build_session  # noqa: PLC0415
+
+    config = load_config(config_file)
+    click.echo(f"pipeline file: {config_file}")
+    click.echo("starting Spark (local[2]) …")
+    spark = build_session(config)
+    totals = {"changes": 0, "seconds": 0.0}
+
+    def show(report: BatchReport) -> None:
+        totals["changes"] += report.total
+        totals["seconds"] += report.seconds
+        click.echo("  " + format_report(report))
+
+    try:
+        for number, statements in ((1, _ROUND_1), (2, _ROUND_2)):
+            click.echo(f"\nround {number}: changes in PostgreSQL")
+            _execute(dsn, statements)
+            click.echo(f"round {number}: tidemark run {config_file.name} (available_now)")
+            Pipeline(config, spark=spark, on_batch=show).run()
+    finally:
+        spark.stop()
+    rate = totals["changes"] / totals["seconds"] if totals["seconds"] else 0.0
+    click.echo(f"\napplied {totals['changes']:,} changes in {totals['seconds']:.1f} s "
+               f"({rate:,.0f} changes/s, Spark batches incl. Delta commits)")
+    _prove(dsn, config)
+
+
+def _prove(dsn: str, config: Any) -> None:
+    import pyarrow as pa  # noqa: PLC0415
+    from deltalake import DeltaTable  # noqa: PLC0415
+
+    from tidemark.pipeline.compare import compare  # noqa: PLC0415
+
+    click.echo("\nDelta tables vs PostgreSQL:")
+    mismatched = []
+    for target in config.targets:
+        scd2 = target.spec.stored_as_scd_type == 2
+        delta = DeltaTable(target.path)
+        columns = [f.name for f in pa.schema(delta.schema().to_arrow())
+                   if not f.name.startswith(("_", "__"))]
+        source, lake = compare(dsn, target.table, target.path, columns, scd2=scd2)
+        same = source == lake
+        if not same:
+            mismatched.append(target.table)
+        versions = delta.to_pyarrow_table().num_rows
+        history = f", {versions:,} SCD2 versions" if scd2 else ""
+        click.echo(f"  {target.table:18} source {len(source):5,} rows | Delta "
+                   f"{len(lake):5,} current rows{history} | "
+                   f"{'MATCH' if same else 'DIFFERENT'}")
+        if target.table == "public.customers":
+            _show_rows(columns, source, lake)
+        if target.table == "public.products":
+            manual = columns.index("manual")
+            click.echo("    products.manual after the price update (unchanged TOAST): "
+                       + ", ".join(f"id {r[0]}: {len(r[manual] or ''):,} chars"
+                                   for r in lake))
+    if mismatched:
+        raise DemoMismatchError(f"Delta differs from PostgreSQL for {', '.join(mismatched)}")
+    click.echo("\nall Delta tables equal their PostgreSQL tables")
+
+
+def _show_rows(columns: list[str], source: list[Any], lake: list[Any]) -> None:
+    shown = [c for c in columns if c != "created"]
+    index = [columns.index(c) for c in shown]
+    click.echo("    " + " | ".join(f"{c:>17}" for c in shown) + "   (Delta; source)")
+    for lake_row, source_row in zip(lake, source, strict=False):
+        cells = " | ".join(f"{lake_row[i]!s:>17}" for i in index)
+        click.echo(f"    {cells}   {'=' if lake_row == source_row else '≠'}")

@@ -23,6 +23,7 @@ import os
 import sys
 import threading
 import time
+import warnings
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -53,6 +54,9 @@ class PipelineError(TerminalError):
 def build_session(config: PipelineConfig) -> SparkSession:
     """The SparkSession of ``[spark]`` (or the one already running in this process)."""
     # Spark's Python workers must import this tidemark (local mode).
+    # pyspark 4.3 warns about pandas 3 on every mapInArrow; tidemark's Arrow path does
+    # not use pandas, so the warning would only clutter the progress lines.
+    warnings.filterwarnings("ignore", message="PySpark does not yet fully support pandas")
     os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
     builder = (SparkSession.builder.master(config.spark.master)
                .appName(config.spark.app_name)
