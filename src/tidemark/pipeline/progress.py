@@ -10,8 +10,9 @@ class BatchReport:
     """One applied micro-batch.
 
     ``lag_bytes`` is ``pg_current_wal_flush_lsn()`` minus the batch's end offset (WAL the
-    pipeline has not read yet); ``lag_seconds`` is the time since the newest commit the
-    pipeline has applied, or 0 when it has read everything flushed.
+    pipeline has not read yet, including WAL of tables it does not capture);
+    ``lag_seconds`` is the age of the newest commit the batch applied (0 for an empty
+    batch: nothing captured was waiting).
     """
 
     batch_id: int

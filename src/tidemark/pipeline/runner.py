@@ -85,7 +85,6 @@ class Pipeline:
         self._stop = threading.Event()
         self._query_id: str | None = None
         self._conn: psycopg.Connection[Any] | None = None
-        self._last_commit_us: int | None = None
 
     def request_stop(self) -> None:
         """Stop once the batch in progress is committed (safe from a signal handler)."""
@@ -158,9 +157,8 @@ class Pipeline:
                     replayed.append(target.table)
         finally:
             batch.unpersist()
-        if newest is not None:
-            self._last_commit_us = newest
-        report = self._report(batch_id, changes, time.monotonic() - started, replayed)
+        report = self._report(batch_id, changes, time.monotonic() - started, replayed,
+                              newest)
         log.info("batch %d applied: %s", batch_id, changes)
         if self._on_batch is not None:
             self._on_batch(report)
@@ -178,7 +176,7 @@ class Pipeline:
         return f"tidemark-{self._query_id}-{target.table}"
 
     def _report(self, batch_id: int, changes: dict[str, int], seconds: float,
-                replayed: list[str]) -> BatchReport:
+                replayed: list[str], newest_commit_us: int | None) -> BatchReport:
         lag_bytes = 0
         try:
             end = _batch_end_lsn(self.config.checkpoint, batch_id)
@@ -187,9 +185,13 @@ class Pipeline:
             lag_bytes = max(0, wal.flush_lsn(self._conn) - end)
         except Exception as err:  # progress must never fail the batch
             log.warning("cannot measure the lag behind the source: %s", err)
+        # The age of the newest commit this batch applied (commit to Delta, end to end).
+        # An empty batch means no captured change was committed up to its end, so the
+        # pipeline is not behind in time even if other WAL (other tables, checkpoints)
+        # makes the byte lag non-zero.
         lag_seconds = 0.0
-        if lag_bytes and self._last_commit_us is not None:
-            lag_seconds = max(0.0, time.time() - self._last_commit_us / 1e6)
+        if newest_commit_us is not None:
+            lag_seconds = max(0.0, time.time() - newest_commit_us / 1e6)
         return BatchReport(batch_id=batch_id, changes=changes, seconds=seconds,
                            lag_bytes=lag_bytes, lag_seconds=lag_seconds,
                            replayed=tuple(replayed))
