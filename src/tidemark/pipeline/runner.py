@@ -20,6 +20,7 @@ import contextlib
 import json
 import logging
 import os
+import re
 import sys
 import threading
 import time
@@ -29,7 +30,7 @@ from pathlib import Path
 from typing import Any
 
 import psycopg
-from pyspark.errors import StreamingQueryException
+from pyspark.errors import PySparkException, StreamingQueryException
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F  # noqa: N812 - pyspark's convention
 from pyspark.sql.streaming.query import StreamingQuery
@@ -98,6 +99,14 @@ class Pipeline:
     def start(self) -> StreamingQuery:
         """Start the streaming query (validating the database through the source)."""
         spark = self._spark or build_session(self.config)
+        try:
+            return self._start(spark)
+        except PySparkException as err:
+            # The source checks the database when the stream is loaded; its error comes
+            # back wrapped in a Python traceback inside a Spark exception.
+            raise PipelineError(_message(err)) from None
+
+    def _start(self, spark: SparkSession) -> StreamingQuery:
         source = self.config.source
         stream = ts.read_changes(
             spark, dsn=self.config.dsn, tables=list(self.config.tables), slot=source.slot,
@@ -125,7 +134,7 @@ class Pipeline:
                 time.sleep(_POLL_SECONDS)
             query.awaitTermination()  # surfaces the query's failure, if any
         except StreamingQueryException as err:
-            raise PipelineError(_first_line(err)) from None
+            raise PipelineError(_message(err)) from None
         finally:
             if self._conn is not None:
                 self._conn.close()
@@ -222,8 +231,15 @@ def _batch_end_lsn(checkpoint: str, batch_id: int) -> int:
     return from_offset(json.loads(lines[-1]))
 
 
-def _first_line(err: BaseException) -> str:
+_TIDEMARK_ERROR = re.compile(r"tidemark\.[\w.]*?(?:Error|Exception): (.+)")
+
+
+def _message(err: BaseException) -> str:
+    """The tidemark error inside a Spark exception's text, else its first line."""
     with contextlib.suppress(Exception):
         text = str(err).strip()
+        found = _TIDEMARK_ERROR.findall(text)
+        if found:
+            return str(found[-1]).strip()
         return text.splitlines()[0] if text else type(err).__name__
     return type(err).__name__
