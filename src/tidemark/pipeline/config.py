@@ -102,7 +102,11 @@ class PipelineConfig:
 
 def load_config(path: str | os.PathLike[str],
                 environ: Mapping[str, str] | None = None) -> PipelineConfig:
-    """Read and validate a pipeline file; raises ConfigError naming the bad key."""
+    """Read and validate a pipeline file; raises ConfigError naming the bad key.
+
+    The checkpoint directory is created if missing (that is how its writability is
+    checked before Spark starts).
+    """
     file = Path(path)
     try:
         text = file.read_text(encoding="utf-8")
