@@ -18,7 +18,8 @@ import pytest
 from capture_helpers import stream_changes
 from conftest import Database
 from tidemark.engine.arrow_converter import ArrowConverter
-from tidemark.engine.converters import AvroConverter, DebeziumJsonConverter
+from tidemark.engine.avro_converter import AvroConverter
+from tidemark.engine.converters import DebeziumJsonConverter
 from tidemark.engine.records import ChangeRecord
 from tidemark.engine.transforms import (
     ExtractNewRecordState,

@@ -7,9 +7,6 @@ import types
 
 import click
 
-from tidemark.pipeline.config import load_config
-from tidemark.pipeline.progress import BatchReport, format_report
-
 
 @click.command()
 @click.argument("config_file", type=click.Path(dir_okay=False))
@@ -21,6 +18,11 @@ def run(config_file: str, available_now: bool) -> None:
 
     Ctrl-C (or SIGTERM) stops after the batch in progress; a second one stops at once.
     """
+    # Imported here, not at the top: the pipeline pulls in pyarrow and deltalake (~0.7 s
+    # and ~100 MB), which every other command (`tidemark capture` above all) must not pay.
+    from tidemark.pipeline.config import load_config  # noqa: PLC0415
+    from tidemark.pipeline.progress import BatchReport, format_report  # noqa: PLC0415
+
     config = load_config(config_file)  # every config error before Spark starts
     if available_now:
         config = config.with_available_now()

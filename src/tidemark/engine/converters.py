@@ -1,8 +1,8 @@
 """Converters: records after the transforms → what the consumer receives.
 
 Each converter turns a list of :class:`ChangeRecord` into :class:`ConvertedRecord` s
-(destination, key, value). ``DebeziumJsonConverter`` gives JSON bytes identical to what
-Debezium's JsonConverter (``schemas.enable=false``) writes, ``AvroConverter`` Avro
+(destination, key, value). ``DebeziumJsonConverter`` gives JSON text identical to what
+Debezium's JsonConverter (``schemas.enable=false``) writes, ``AvroConverter`` (own module) Avro
 bytes, ``EventConverter`` the Python event objects untouched. Converters are called from
 several workers at once, so they keep their caches per thread.
 """
@@ -24,7 +24,6 @@ from tidemark.engine.records import (
     default_destination,
 )
 from tidemark.event import ChangeEvent, Op, Record
-from tidemark.serde.avro import AvroEncoder
 from tidemark.serde.debezium_json import DebeziumJsonOptions, DebeziumJsonSerializer
 
 
@@ -64,7 +63,7 @@ class EventConverter:
         return out
 
 
-def _flat_row(value: dict[str, Any], flatten: Flatten) -> dict[str, Any] | None:
+def flat_row(value: dict[str, Any], flatten: Flatten) -> dict[str, Any] | None:
     """The row of a flattened record from the decoded envelope (None: a tombstone)."""
     op = value["op"]
     deleted = op == "d"
@@ -84,7 +83,7 @@ def _flat_row(value: dict[str, Any], flatten: Flatten) -> dict[str, Any] | None:
     return row
 
 
-class _PerThread:
+class PerThread:
     """A serializer per worker thread (they cache per table schema and are not
     thread-safe)."""
 
@@ -106,12 +105,6 @@ class _PerThread:
             cache = self._local.destinations = Destinations()
         return cache
 
-    @property
-    def avro(self) -> AvroEncoder:
-        encoder: AvroEncoder | None = getattr(self._local, "avro", None)
-        if encoder is None:
-            encoder = self._local.avro = AvroEncoder(self.options)
-        return encoder
 
 
 class DebeziumJsonConverter:
@@ -121,7 +114,7 @@ class DebeziumJsonConverter:
 
     def __init__(self, options: DebeziumJsonOptions | None = None) -> None:
         self.options = options or DebeziumJsonOptions()
-        self._per_thread = _PerThread(self.options)
+        self._per_thread = PerThread(self.options)
         self._encoder = msgspec.json.Encoder()
 
     def convert(self, records: Sequence[Routed]) -> list[ConvertedRecord]:
@@ -150,7 +143,7 @@ class DebeziumJsonConverter:
             key, value = key_and_value(event)
             key_text = None if key == "null" else key
             if flatten is not None:
-                row = _flat_row(msgspec.json.decode(value), flatten)
+                row = flat_row(msgspec.json.decode(value), flatten)
                 append(ConvertedRecord(destination, key_text,
                                        None if row is None else
                                        self._encoder.encode(row).decode(), event))
@@ -159,40 +152,3 @@ class DebeziumJsonConverter:
             if tombstones and key_text is not None and event.op is delete:
                 append(ConvertedRecord(destination, key_text, None, event))
         return out
-
-
-class AvroConverter:
-    """Avro key and value bytes (schemaless binary; the schemas come from
-    :func:`tidemark.serde.avro.avro_schemas`). Transaction BEGIN/END records and
-    logical messages are not converted (they have no table schema)."""
-
-    def __init__(self, options: DebeziumJsonOptions | None = None) -> None:
-        self.options = options or DebeziumJsonOptions()
-        self._per_thread = _PerThread(self.options)
-
-    def convert(self, records: Sequence[Routed]) -> list[ConvertedRecord]:
-        serializer = self._per_thread.json
-        avro = self._per_thread.avro
-        tombstones = self.options.tombstones_on_delete
-        out: list[ConvertedRecord] = []
-        for routed in records:
-            record = routed if isinstance(routed, ChangeRecord) else ChangeRecord.of(routed)
-            event = record.event
-            if not isinstance(event, ChangeEvent) or event.schema is None:
-                continue
-            key_json, value_json = serializer.key_and_value(event)
-            key = avro.key(event, key_json)
-            value = msgspec.json.decode(value_json)
-            if record.flatten is not None:
-                row = _flat_row(value, record.flatten)
-                out.append(ConvertedRecord(
-                    record.destination, key,
-                    None if row is None else avro.flat(event, row, record.flatten.add_fields),
-                    event))
-                continue
-            out.append(ConvertedRecord(record.destination, key, avro.envelope(event, value),
-                                       event))
-            if tombstones and key is not None and event.op is Op.DELETE:
-                out.append(ConvertedRecord(record.destination, key, None, event))
-        return out
-

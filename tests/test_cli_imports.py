@@ -1,0 +1,17 @@
+"""The command line must start fast: loading it (as `tidemark capture` does) must not
+import the heavy libraries that only the pipeline and the Arrow converter need."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+HEAVY = ("pyarrow", "pyspark", "deltalake", "pandas", "fastavro")
+
+
+def test_loading_the_cli_imports_no_heavy_library() -> None:
+    code = ("import sys, tidemark.cli.main, tidemark.engine.engine; "
+            f"print(','.join(m for m in {HEAVY!r} if m in sys.modules))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                         check=True).stdout.strip()
+    assert out == "", f"imported at CLI start: {out}"
