@@ -256,15 +256,32 @@ class _Committer:
             self._delivery.flush_requested.set()
 
 
-class BatchDelivery(Delivery):
-    """(a) ``handle_batch(records, committer)`` per batch, each consumer in its own
-    worker (several consumers of one stream run in parallel; P3)."""
+class _WholeBatchDelivery(Delivery):
+    """Converts each batch once and hands all of it to one worker per consumer (several
+    consumers of one stream run in parallel; P3)."""
 
-    def __init__(self, consumers: Sequence[ChangeConsumer], **kwargs: Any) -> None:
+    def __init__(self, consumers: Sequence[Any], label: str, **kwargs: Any) -> None:
         super().__init__(**kwargs)
         self._consumer_lanes = [
-            self._lane(f"batch{i}", self._runner(consumer)) for i, consumer in enumerate(consumers)
+            self._lane(f"{label}{i}", self._runner(consumer))
+            for i, consumer in enumerate(consumers)
         ]
+
+    @abstractmethod
+    def _runner(self, consumer: Any) -> Callable[[Any], None]: ...
+
+    def _dispatch(self, records: list[Record], offset: Offset | None) -> None:
+        converted = self.pipeline.convert_parallel(records)
+        unit = self._unit(len(records), offset, len(self._consumer_lanes))
+        for lane in self._consumer_lanes:
+            lane.put((unit, converted))
+
+
+class BatchDelivery(_WholeBatchDelivery):
+    """(a) ``handle_batch(records, committer)`` per batch."""
+
+    def __init__(self, consumers: Sequence[ChangeConsumer], **kwargs: Any) -> None:
+        super().__init__(consumers, "batch", **kwargs)
 
     def _runner(self, consumer: ChangeConsumer) -> Callable[[Any], None]:
         def run(item: tuple[Unit, list[ConvertedRecord]]) -> None:
@@ -274,22 +291,12 @@ class BatchDelivery(Delivery):
             committer.mark_batch_finished()
         return run
 
-    def _dispatch(self, records: list[Record], offset: Offset | None) -> None:
-        converted = self.pipeline.convert_parallel(records)
-        unit = self._unit(len(records), offset, len(self._consumer_lanes))
-        for lane in self._consumer_lanes:
-            lane.put((unit, converted))
 
-
-class OrderedDelivery(Delivery):
+class OrderedDelivery(_WholeBatchDelivery):
     """(b) one call per record in source order (one worker per consumer)."""
 
     def __init__(self, consumers: Sequence[RecordConsumer], **kwargs: Any) -> None:
-        super().__init__(**kwargs)
-        self._consumer_lanes = [
-            self._lane(f"ordered{i}", self._runner(consumer))
-            for i, consumer in enumerate(consumers)
-        ]
+        super().__init__(consumers, "ordered", **kwargs)
 
     def _runner(self, consumer: RecordConsumer) -> Callable[[Any], None]:
         def run(item: tuple[Unit, list[ConvertedRecord]]) -> None:
@@ -298,12 +305,6 @@ class OrderedDelivery(Delivery):
                 consumer(record)
             self.complete(unit)
         return run
-
-    def _dispatch(self, records: list[Record], offset: Offset | None) -> None:
-        converted = self.pipeline.convert_parallel(records)
-        unit = self._unit(len(records), offset, len(self._consumer_lanes))
-        for lane in self._consumer_lanes:
-            lane.put((unit, converted))
 
 
 class AsyncDelivery(Delivery):
