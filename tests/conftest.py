@@ -7,13 +7,18 @@ from __future__ import annotations
 
 import contextlib
 import itertools
+import os
+import sys
 from collections.abc import Iterator
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import psycopg2
 import pytest
 
 from tidemark.testing.postgres import PostgresCluster
+
+if TYPE_CHECKING:
+    from pyspark.sql import SparkSession
 
 _counter = itertools.count()
 
@@ -67,3 +72,22 @@ def db(pg_cluster: PostgresCluster) -> Iterator[Database]:
         yield Database(pg_cluster, name)
     finally:
         pg_cluster.drop_database(name)
+
+
+@pytest.fixture(scope="session")
+def spark() -> Iterator[SparkSession]:
+    """One local SparkSession for every Spark test (starting one takes ~10 s), with the
+    tidemark source registered. pyspark is imported here so that tests without Spark do
+    not pay for it."""
+    from pyspark.sql import SparkSession  # noqa: PLC0415
+
+    import tidemark.spark  # noqa: PLC0415
+
+    os.environ["PYSPARK_PYTHON"] = sys.executable
+    session = (SparkSession.builder.master("local[2]").appName("tidemark-tests")
+               .config("spark.ui.enabled", "false")
+               .config("spark.sql.shuffle.partitions", "2").getOrCreate())
+    session.sparkContext.setLogLevel("ERROR")
+    tidemark.spark.register(session)
+    yield session
+    session.stop()

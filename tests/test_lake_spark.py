@@ -1,10 +1,8 @@
-"""apply_debezium_dataframe with a real local SparkSession (one test: Spark starts in ~10 s)."""
+"""apply_debezium_dataframe with a real local SparkSession (the shared session fixture)."""
 
 from __future__ import annotations
 
 import json
-import os
-import sys
 from pathlib import Path
 
 import pyarrow as pa
@@ -36,15 +34,9 @@ def test_a_file_of_capture_lines(tmp_path: Path) -> None:
 
 
 @pytest.mark.slow
-def test_apply_a_spark_dataframe_of_debezium_json(tmp_path: Path) -> None:
-    os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
-    spark = (SparkSession.builder.master("local[1]").appName("tidemark-lake-test")
-             .config("spark.ui.enabled", "false").getOrCreate())
-    try:
-        df = spark.createDataFrame([(e,) for e in EVENTS], "value string")
-        result = apply_debezium_dataframe(df, tmp_path / "t", SCHEMA, ApplySpec(keys=("id",)),
-                                          app_id="query-1", version=0)
-    finally:
-        spark.stop()
+def test_apply_a_spark_dataframe_of_debezium_json(spark: SparkSession, tmp_path: Path) -> None:
+    df = spark.createDataFrame([(e,) for e in EVENTS], "value string")
+    result = apply_debezium_dataframe(df, tmp_path / "t", SCHEMA, ApplySpec(keys=("id",)),
+                                      app_id="query-1", version=0)
     assert read(tmp_path / "t", "id", "name") == [{"id": 1, "name": "A"}]
     assert result.inserted == 1

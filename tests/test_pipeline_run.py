@@ -15,7 +15,6 @@ import sys
 import threading
 import time
 from collections import Counter
-from collections.abc import Iterator
 from pathlib import Path
 
 import psycopg2
@@ -30,17 +29,6 @@ from tidemark.pipeline.runner import Pipeline
 from tidemark.spark import wal
 
 pytestmark = pytest.mark.integration
-
-
-@pytest.fixture(scope="session")
-def spark() -> Iterator[SparkSession]:
-    os.environ["PYSPARK_PYTHON"] = sys.executable
-    session = (SparkSession.builder.master("local[2]").appName("tidemark-tests")
-               .config("spark.ui.enabled", "false")
-               .config("spark.sql.shuffle.partitions", "2").getOrCreate())
-    session.sparkContext.setLogLevel("ERROR")
-    yield session
-    session.stop()
 
 
 def _prepare(db: Database, *tables: str) -> str:

@@ -8,10 +8,7 @@ from __future__ import annotations
 
 import contextlib
 import itertools
-import os
-import sys
 import time
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -27,18 +24,6 @@ from tidemark.spark.reader import read_slice
 from tidemark.spark.source import table_spark_schema
 
 pytestmark = pytest.mark.integration
-
-
-@pytest.fixture(scope="session")
-def spark() -> Iterator[SparkSession]:
-    os.environ["PYSPARK_PYTHON"] = sys.executable
-    session = (SparkSession.builder.master("local[2]").appName("tidemark-tests")
-               .config("spark.ui.enabled", "false")
-               .config("spark.sql.shuffle.partitions", "2").getOrCreate())
-    session.sparkContext.setLogLevel("ERROR")
-    ts.register(session)
-    yield session
-    session.stop()
 
 
 def _slot_position(db: Database, slot: str) -> int:

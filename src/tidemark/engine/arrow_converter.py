@@ -7,7 +7,7 @@ import threading
 from collections.abc import Sequence
 
 from tidemark.engine.converters import ConvertedRecord
-from tidemark.engine.records import ChangeRecord, Routed, default_destination
+from tidemark.engine.records import Routed, as_change_record
 from tidemark.event import ChangeEvent
 from tidemark.serde.arrow_changes import ArrowChangeEncoder
 
@@ -27,22 +27,19 @@ class ArrowConverter:
         if encoder is None:
             encoder = self._local.encoder = ArrowChangeEncoder()
         out: list[ConvertedRecord] = []
-        run: list[ChangeEvent] = []
-        run_key: tuple[str, object] | None = None
+        run: list[ChangeEvent] = []  # consecutive events of one destination and schema
+        run_destination = ""
         for routed in records:
-            if isinstance(routed, ChangeRecord):
-                event, destination = routed.event, routed.destination
-            else:
-                event, destination = routed, default_destination(routed)
+            record = as_change_record(routed)
+            event = record.event
             if not isinstance(event, ChangeEvent) or event.schema is None:
                 continue
-            key = (destination, event.schema)
-            if run and (run_key is None or run_key[0] != key[0] or run_key[1] is not key[1]):
-                out.append(ConvertedRecord(run_key[0] if run_key else destination, None,
-                                           encoder.encode(run), run[-1]))
+            if run and (record.destination != run_destination
+                        or event.schema is not run[0].schema):
+                out.append(ConvertedRecord(run_destination, None, encoder.encode(run), run[-1]))
                 run = []
-            run_key = key
+            run_destination = record.destination
             run.append(event)
-        if run and run_key is not None:
-            out.append(ConvertedRecord(run_key[0], None, encoder.encode(run), run[-1]))
+        if run:
+            out.append(ConvertedRecord(run_destination, None, encoder.encode(run), run[-1]))
         return out

@@ -8,7 +8,7 @@ from collections.abc import Sequence
 import msgspec
 
 from tidemark.engine.converters import ConvertedRecord, PerThread, flat_row
-from tidemark.engine.records import ChangeRecord, Routed
+from tidemark.engine.records import Routed, as_change_record
 from tidemark.event import ChangeEvent, Op
 from tidemark.serde.avro import AvroEncoder
 from tidemark.serde.debezium_json import DebeziumJsonOptions
@@ -32,7 +32,7 @@ class AvroConverter:
         tombstones = self.options.tombstones_on_delete
         out: list[ConvertedRecord] = []
         for routed in records:
-            record = routed if isinstance(routed, ChangeRecord) else ChangeRecord.of(routed)
+            record = as_change_record(routed)
             event = record.event
             if not isinstance(event, ChangeEvent) or event.schema is None:
                 continue

@@ -21,6 +21,7 @@ from tidemark.engine.records import (
     Destinations,
     Flatten,
     Routed,
+    as_change_record,
     default_destination,
 )
 from tidemark.event import ChangeEvent, Op, Record
@@ -53,11 +54,9 @@ class EventConverter:
 
     def convert(self, records: Sequence[Routed]) -> list[ConvertedRecord]:
         out = []
-        for record in records:
-            if isinstance(record, ChangeRecord):
-                event, destination = record.event, record.destination
-            else:
-                event, destination = record, default_destination(record)
+        for routed in records:
+            record = as_change_record(routed)
+            event, destination = record.event, record.destination
             key = event.key if isinstance(event, ChangeEvent) else {"id": event.id}
             out.append(ConvertedRecord(destination, key, event, event))
         return out
@@ -126,6 +125,8 @@ class DebeziumJsonConverter:
         out: list[ConvertedRecord] = []
         append = out.append
         delete = Op.DELETE
+        # The hot path of the engine: unwrapped by hand (as_change_record would allocate
+        # a ChangeRecord per event), with the destination cached per table.
         for record in records:
             flatten: Flatten | None = None
             event: Record

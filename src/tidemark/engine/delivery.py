@@ -228,6 +228,16 @@ class Delivery(ABC):
         self.tracker.complete(unit.seq)
         self.capacity.release(unit.size)
 
+    def _record_runner(self, consumer: RecordConsumer) -> Callable[[Any], None]:
+        """A lane's work for a per-record consumer: each record of a unit in order, then
+        the unit is done (for this consumer)."""
+        def run(item: tuple[Unit, list[ConvertedRecord]]) -> None:
+            unit, converted = item
+            for record in converted:
+                consumer(record)
+            self.complete(unit)
+        return run
+
     def _lane(self, label: str, run: Callable[[Any], None]) -> _Lane:
         lane = _Lane(f"{self.name}-{label}", run, self.failure)
         self._lanes.append(lane)
@@ -299,12 +309,7 @@ class OrderedDelivery(_WholeBatchDelivery):
         super().__init__(consumers, "ordered", **kwargs)
 
     def _runner(self, consumer: RecordConsumer) -> Callable[[Any], None]:
-        def run(item: tuple[Unit, list[ConvertedRecord]]) -> None:
-            unit, converted = item
-            for record in converted:
-                consumer(record)
-            self.complete(unit)
-        return run
+        return self._record_runner(consumer)
 
 
 class AsyncDelivery(Delivery):
@@ -368,18 +373,10 @@ class PerKeyDelivery(Delivery):
         self._workers = workers
         self._consumer_count = len(consumers)
         self._lanes_by_worker: list[list[_Lane]] = [
-            [self._lane(f"key{w}.{c}", self._runner(consumer))
+            [self._lane(f"key{w}.{c}", self._record_runner(consumer))
              for c, consumer in enumerate(consumers)]
             for w in range(workers)
         ]
-
-    def _runner(self, consumer: RecordConsumer) -> Callable[[Any], None]:
-        def run(item: tuple[Unit, list[ConvertedRecord]]) -> None:
-            unit, converted = item
-            for record in converted:
-                consumer(record)
-            self.complete(unit)
-        return run
 
     def _dispatch(self, records: list[Record], offset: Offset | None) -> None:
         workers = self._workers

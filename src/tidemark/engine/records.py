@@ -50,6 +50,11 @@ class ChangeRecord(msgspec.Struct, gc=False):
 Routed = ChangeRecord | Record
 
 
+def as_change_record(routed: Routed) -> ChangeRecord:
+    """*routed* as a ChangeRecord (an untouched event gets its default destination)."""
+    return routed if isinstance(routed, ChangeRecord) else ChangeRecord.of(routed)
+
+
 class Destinations:
     """Default destinations, cached per table schema (one string per table instead of
     one per record). Not thread-safe: one per converter thread."""

@@ -20,6 +20,7 @@ from tidemark.engine.offset_tracker import OffsetTracker
 from tidemark.engine.spi import SourceTask
 from tidemark.errors import TransientError
 from tidemark.offsets.store import Offset, OffsetReader, OffsetStore
+from tidemark.retry import retry_transient
 
 log = logging.getLogger(__name__)
 _T = TypeVar("_T")
@@ -56,21 +57,20 @@ class TaskRunner:
     def retrying(self, action: Callable[[], _T], what: str) -> _T:
         """Run *action*, retrying TransientError with backoff (stops early on stop)."""
         cfg = self.config
-        delay = cfg.errors_retry_delay_initial_ms / 1000
-        attempt = 0
-        while True:
-            try:
-                return action()
-            except TransientError as err:
-                attempt += 1
-                if 0 <= cfg.errors_max_retries < attempt:
-                    raise
-                limit = "∞" if cfg.errors_max_retries < 0 else str(cfg.errors_max_retries)
-                log.warning("task %d: %s failed (%s); retry %d/%s in %.1fs", self.index, what,
-                            err, attempt, limit, delay)
-                if self.stopping.wait(delay):
-                    raise CancelledError from err
-                delay = min(delay * 2, cfg.errors_retry_delay_max_ms / 1000)
+        limit = "∞" if cfg.errors_max_retries < 0 else str(cfg.errors_max_retries)
+
+        def log_retry(err: TransientError, attempt: int, delay: float) -> None:
+            log.warning("task %d: %s failed (%s); retry %d/%s in %.1fs", self.index, what,
+                        err, attempt, limit, delay)
+
+        def sleep_unless_stopping(delay: float) -> None:
+            if self.stopping.wait(delay):
+                raise CancelledError
+
+        return retry_transient(action, max_retries=cfg.errors_max_retries,
+                               initial_delay_s=cfg.errors_retry_delay_initial_ms / 1000,
+                               max_delay_s=cfg.errors_retry_delay_max_ms / 1000,
+                               on_retry=log_retry, sleep=sleep_unless_stopping)
 
     # -- lifecycle -------------------------------------------------------------------
     def start(self, offsets: OffsetReader) -> None:

@@ -163,11 +163,14 @@ class _TableCodec:
                 "fields": self.row_fields + extra})
         return schema
 
-    def row_value(self, row: dict[str, Any] | None) -> dict[str, Any] | None:
+    def row_value(self, row: dict[str, Any] | None,
+                  fields: list[tuple[str, str, Callable[[Any], Any] | None]] | None = None
+                  ) -> dict[str, Any] | None:
+        """The Avro record of a Debezium JSON row (of *fields*, default all columns)."""
         if row is None:
             return None
         out: dict[str, Any] = {}
-        for column, field, fix in self.fields:
+        for column, field, fix in self.fields if fields is None else fields:
             value = row.get(column)
             out[field] = fix(value) if fix is not None and value is not None else value
         return out
@@ -226,11 +229,8 @@ class AvroEncoder:
         if key_json == "null" or event.schema is None:
             return None
         codec = self.codec(event.schema)
-        key = msgspec.json.decode(key_json)
-        return _write(codec.key, {
-            field: (fix(key[column]) if fix is not None and key[column] is not None
-                    else key[column])
-            for column, field, fix in codec.key_names})
+        return _write(codec.key,
+                      codec.row_value(msgspec.json.decode(key_json), codec.key_names) or {})
 
     def envelope(self, event: ChangeEvent, value: dict[str, Any]) -> bytes:
         """The Avro value of *event* from its decoded Debezium JSON value."""

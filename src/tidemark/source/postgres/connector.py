@@ -22,6 +22,7 @@ import psycopg2
 from tidemark.errors import SourceError, SourceUnavailableError, TransientError
 from tidemark.event import Record, TableId
 from tidemark.offsets.store import Offset, OffsetReader
+from tidemark.retry import retry_transient
 from tidemark.serde.debezium_json import DebeziumJsonSerializer
 from tidemark.source.batch import SourceBatch
 from tidemark.source.postgres import catalog, session, slot
@@ -155,19 +156,14 @@ class PostgresConnector:
     def _retrying(self, action: Callable[[], _T], *, max_delay_s: float) -> _T:
         """Run *action*, retrying transient failures with exponential backoff up to
         reconnect_max_attempts times."""
-        delay = self.config.reconnect_backoff_ms / 1000
-        attempt = 0
-        while True:
-            try:
-                return action()
-            except TransientError as err:
-                attempt += 1
-                if attempt > self.config.reconnect_max_attempts:
-                    raise
-                log.warning("%s; retry %d/%d in %.1fs", err, attempt,
-                            self.config.reconnect_max_attempts, delay)
-                time.sleep(delay)
-                delay = min(delay * 2, max_delay_s)
+        attempts = self.config.reconnect_max_attempts
+
+        def log_retry(err: TransientError, attempt: int, delay: float) -> None:
+            log.warning("%s; retry %d/%d in %.1fs", err, attempt, attempts, delay)
+
+        return retry_transient(action, max_retries=attempts,
+                               initial_delay_s=self.config.reconnect_backoff_ms / 1000,
+                               max_delay_s=max_delay_s, on_retry=log_retry)
 
     def _wait_for_slot(self) -> slot.SlotInfo | None:
         """The existing slot (validated), waiting out a previous holder that is exiting
