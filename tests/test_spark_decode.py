@@ -31,6 +31,7 @@ from tidemark.source.postgres import types as pg
 from tidemark.source.postgres.pgoutput import (
     Begin,
     Commit,
+    DecodeError,
     Delete,
     Insert,
     Relation,
@@ -38,7 +39,16 @@ from tidemark.source.postgres.pgoutput import (
     Truncate,
     Update,
 )
-from tidemark.spark.arrow_rows import EnvelopeSink, SchemaChangedError, TypedSink, typed_schema
+from tidemark.spark.arrow_rows import (
+    EnvelopeSink,
+    SchemaChangedError,
+    StructEnvelopeSink,
+    TypedSink,
+    arrow_schema,
+    struct_envelope_schema,
+    typed_rows,
+    typed_schema,
+)
 from tidemark.spark.decode import TransactionWalker
 from tidemark.spark.offsets import (
     OffsetError,
@@ -50,6 +60,7 @@ from tidemark.spark.offsets import (
     to_offset,
 )
 from tidemark.spark.options import OnSchemaChange, SourceOptions
+from tidemark.spark.tuple_columns import TupleLayoutError, decode_tuples
 from tidemark.spark.type_mapping import spark_type
 
 TABLE = TableId("public", "a")
@@ -228,3 +239,68 @@ def test_type_mapping_and_column_conversion() -> None:
     assert batch.column(1).to_pylist() == [True, False]
     assert batch.column(2).to_pylist() == [[1, None, 3], None]
     assert batch.column(0).to_pylist()[1].year == 9999  # infinity: the largest timestamp
+
+
+# -- vectorized tuple decoding ------------------------------------------------------------
+_VALUE = st.one_of(st.none(), st.just(UNAVAILABLE), st.text(max_size=40))
+
+
+@given(st.integers(1, 6).flatmap(
+    lambda n: st.lists(st.tuples(*[_VALUE] * n), min_size=1, max_size=30)))
+def test_vectorized_tuple_decoding_equals_the_message_decoder(rows: list[tuple[object, ...]]
+                                                              ) -> None:
+    ncols = len(rows[0])
+    messages = [encode_message(Update(None, 7, None, None, r)) if UNAVAILABLE in r
+                else encode_message(Insert(None, 7, r)) for r in rows]  # type: ignore[arg-type]
+    decoded = decode_tuples(messages, ncols)
+    for column in range(ncols):
+        assert decoded.arrays[column].to_pylist() == [
+            None if r[column] is UNAVAILABLE else r[column] for r in rows]
+    assert decoded.unchanged == [(i, [c for c, v in enumerate(r) if v is UNAVAILABLE])
+                                 for i, r in enumerate(rows) if UNAVAILABLE in r]
+
+
+def test_vectorized_decoding_refuses_what_does_not_fit_its_layout() -> None:
+    good = encode_message(Insert(None, 7, ("1", "x")))
+    with pytest.raises(TupleLayoutError, match="column count"):
+        decode_tuples([good], 3)
+    with pytest.raises(TupleLayoutError):
+        decode_tuples([good[:-1]], 2)  # truncated value
+    with pytest.raises(TupleLayoutError):
+        decode_tuples([good + b"\x00"], 2)  # trailing byte
+    latin1 = encode_message(Insert(None, 7, ("1", "x"))).replace(b"x", b"\xe9")
+    with pytest.raises(TupleLayoutError, match="UTF-8"):
+        decode_tuples([latin1], 2)
+
+
+def test_a_malformed_row_message_fails_with_the_decoders_exact_error() -> None:
+    bad = encode_message(Insert(None, REL.relation_id, ("1", "1.00", "x")))[:-1]
+    with pytest.raises(DecodeError, match="Insert"):
+        _typed(0, 2000, [[(1, encode_message(REL)), *_txn(1000, 7, Insert(
+            None, REL.relation_id, ("1", "1.00", "x")))[:1], (5, bad)]])
+
+
+def test_struct_envelope_rows_equal_the_typed_rows() -> None:
+    other = Relation(None, 99, "public", "b", "d", (RelationColumn("k", pg.TEXT_OID, -1, True),))
+    messages = [(1, encode_message(REL)), (2, encode_message(other)),
+                *_txn(1000, 7, Insert(None, REL.relation_id, ("1", "12.30", "x")),
+                      Insert(None, 99, ("k1",)),
+                      Update(None, REL.relation_id, "K", ("1", None, None),
+                             ("2", "12.30", UNAVAILABLE)),
+                      Update(None, REL.relation_id, None, None, ("2", "1.00", UNAVAILABLE))),
+                *_txn(2000, 8, Delete(None, REL.relation_id, "K", ("2", None, None)),
+                      Truncate(None, False, False, (REL.relation_id, 99)))]
+    typed = _typed(0, 3000, [messages])
+    schemas = {"public.a": SCHEMA, "public.b": typed_schema([StructField("k", StringType())])}
+    envelope_schema = struct_envelope_schema(schemas)
+    sink = StructEnvelopeSink(envelope_schema, schemas, 2, OnSchemaChange.FAIL)
+    walker = TransactionWalker(0, 3000, sink)
+    walker.feed(messages[:4])
+    batches = list(sink.take())
+    walker.feed(messages[4:])
+    batches += sink.finish()
+    envelope = pa.Table.from_batches(batches, schema=arrow_schema(envelope_schema))
+    assert typed_rows(envelope, "public.a").to_pylist() == typed.to_pylist()
+    assert typed.column("_op").to_pylist() == ["c", "d", "c", "u", "d", "t"]
+    assert typed.column("_unavailable").to_pylist() == [[], [], ["note"], ["note"], [], []]
+    assert typed_rows(envelope, "public.b").column("_op").to_pylist() == ["c", "t"]

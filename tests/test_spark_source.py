@@ -19,6 +19,7 @@ from pyspark.sql import DataFrame, SparkSession
 import tidemark.spark as ts
 from conftest import Database
 from tidemark.spark import wal
+from tidemark.spark.arrow_rows import typed_rows
 from tidemark.spark.options import SourceOptions
 from tidemark.spark.reader import read_slice
 from tidemark.spark.source import table_spark_schema
@@ -167,9 +168,12 @@ def test_envelope_stream_and_table_changes_give_the_typed_rows(
                "ALTER TABLE a ALTER COLUMN big SET STORAGE EXTERNAL")
     envelope = ts.read_changes(spark, dsn=db.dsn, tables=["public.a", "public.b"],
                                slot=f"e_{db.name}", publication="p_env")
+    structs = ts.read_changes(spark, dsn=db.dsn, tables=["public.a", "public.b"],
+                              slot=f"s_{db.name}", publication="p_env", row_format="struct")
     typed = ts.read_table(spark, dsn=db.dsn, table="public.a", slot=f"t_{db.name}",
                           publication="p_env")
     _run_available_now(envelope, tmp_path / "e", path=tmp_path / "none1")
+    _run_available_now(structs, tmp_path / "s", path=tmp_path / "none2")
     _run_available_now(typed, tmp_path / "t", path=tmp_path / "typed")
     db.execute("INSERT INTO a VALUES (1, 12.5, '2024-05-06 07:08:09.123456+02', "
                "'{x,\"y z\"}', repeat('L', 10000))",
@@ -177,14 +181,22 @@ def test_envelope_stream_and_table_changes_give_the_typed_rows(
     db.execute("UPDATE a SET amount = 13 WHERE id = 1")  # big stays TOASTed: unavailable
     db.execute("TRUNCATE b")
 
-    seen: dict[str, list[dict[str, Any]]] = {"envelope": [], "from_envelope": []}
+    seen: dict[str, list[dict[str, Any]]] = {"envelope": [], "from_envelope": [],
+                                             "from_structs": [], "collected": []}
 
     def split(batch: DataFrame, batch_id: int) -> None:
         seen["envelope"] += [r.asDict() for r in batch.collect()]
         seen["from_envelope"] += [r.asDict() for r in ts.table_changes(batch, "public.a")
                                   .collect()]
 
+    def split_structs(batch: DataFrame, batch_id: int) -> None:
+        seen["from_structs"] += [r.asDict() for r in ts.table_changes(batch, "public.a")
+                                 .collect()]
+        # The driver-side split of a collected batch (what `tidemark run` does).
+        seen["collected"] += typed_rows(batch.toArrow(), "public.a").to_pylist()
+
     _run_available_now(envelope, tmp_path / "e", foreach_batch=split)
+    _run_available_now(structs, tmp_path / "s", foreach_batch=split_structs)
     _run_available_now(typed, tmp_path / "t", path=tmp_path / "typed")
     direct = [r.asDict() for r in spark.read.parquet(str(tmp_path / "typed")).collect()]
 
@@ -192,6 +204,11 @@ def test_envelope_stream_and_table_changes_give_the_typed_rows(
         return r["_commit_lsn"], r["_seq"]
 
     assert sorted(direct, key=key) == sorted(seen["from_envelope"], key=key)
+    assert sorted(direct, key=key) == sorted(seen["from_structs"], key=key)
+    assert [{k: r[k] for k in ("id", "amount", "tags", "_op", "_unavailable")} for r in
+            sorted(direct, key=key)] == [
+        {k: r[k] for k in ("id", "amount", "tags", "_op", "_unavailable")}
+        for r in sorted(seen["collected"], key=key)]
     insert, update = sorted(direct, key=key)
     assert str(insert["amount"]) == "12.50" and insert["tags"] == ["x", "y z"]
     assert insert["at"].isoformat().startswith("2024-05-06")  # timestamp (UTC instant)

@@ -30,9 +30,10 @@ from pathlib import Path
 from typing import Any
 
 import psycopg
+import pyarrow as pa
+import pyarrow.compute as pc
 from pyspark.errors import PySparkException, StreamingQueryException
 from pyspark.sql import DataFrame, SparkSession
-from pyspark.sql import functions as F  # noqa: N812 - pyspark's convention
 from pyspark.sql.streaming.query import StreamingQuery
 
 import tidemark.spark as ts
@@ -41,6 +42,7 @@ from tidemark.lake import apply_changes
 from tidemark.pipeline.config import PipelineConfig, Target
 from tidemark.pipeline.progress import BatchReport
 from tidemark.spark import wal
+from tidemark.spark.arrow_rows import typed_rows
 from tidemark.spark.offsets import from_offset
 
 log = logging.getLogger(__name__)
@@ -112,7 +114,7 @@ class Pipeline:
             spark, dsn=self.config.dsn, tables=list(self.config.tables), slot=source.slot,
             publication=source.publication,
             max_changes_per_trigger=source.max_changes_per_trigger,
-            num_partitions=source.num_partitions)
+            num_partitions=source.num_partitions, row_format="struct")
         writer = (stream.writeStream.foreachBatch(self._process)
                   .option("checkpointLocation", self.config.checkpoint)
                   .queryName(self.config.spark.app_name))
@@ -142,30 +144,37 @@ class Pipeline:
     # -- the micro-batch, on the driver ------------------------------------------------
     def _process(self, batch: DataFrame, batch_id: int) -> None:
         started = time.monotonic()
-        # Each table's apply is its own Spark action; persisting reads the source once.
-        batch.persist()
+        # One Spark action brings the batch to the driver, where apply_changes runs
+        # anyway: every table's rows and the batch's statistics come from that one
+        # Arrow table. The change log is a second action, so then the source is read
+        # once into Spark's cache.
+        persisted = bool(self.config.changelog)
+        if persisted:
+            batch.persist()
         try:
-            stats = batch.groupBy("table").agg(
-                F.count(F.lit(1)).alias("n"),
-                F.max(F.unix_micros("_commit_ts")).alias("ts")).collect()
-            counts = {str(row["table"]): int(row["n"]) for row in stats}
-            newest = max((int(r["ts"]) for r in stats if r["ts"] is not None), default=None)
-            if self.config.changelog and counts:
+            if persisted:
                 self._write_changelog(batch, batch_id)
-            changes: dict[str, int] = {}
-            replayed: list[str] = []
-            for target in self.config.targets:
-                if not counts.get(target.table):
-                    changes[target.table] = 0
-                    continue
-                rows = ts.table_changes(batch, target.table).toArrow()
-                result = apply_changes(target.path, rows, target.spec,
-                                       app_id=self._app_id(target), version=batch_id)
-                changes[target.table] = 0 if result.already_applied else rows.num_rows
-                if result.already_applied:
-                    replayed.append(target.table)
+            envelope = batch.toArrow()
         finally:
-            batch.unpersist()
+            if persisted:
+                batch.unpersist()
+        counts = {str(k): int(n) for k, n in zip(
+            *_value_counts(envelope.column("table")), strict=True)}
+        # Microseconds since the epoch (the column's unit), None for an empty batch.
+        newest: int | None = pc.max(envelope.column("_commit_ts")).value
+        changes: dict[str, int] = {}
+        replayed: list[str] = []
+        for target in self.config.targets:
+            if not counts.get(target.table):
+                changes[target.table] = 0
+                continue
+            rows = typed_rows(envelope, target.table)
+            result = apply_changes(target.path, rows, target.spec,
+                                   app_id=self._app_id(target), version=batch_id)
+            changes[target.table] = 0 if result.already_applied else rows.num_rows
+            if result.already_applied:
+                replayed.append(target.table)
+        del envelope
         report = self._report(batch_id, changes, time.monotonic() - started, replayed,
                               newest)
         log.info("batch %d applied: %s", batch_id, changes)
@@ -204,6 +213,11 @@ class Pipeline:
         return BatchReport(batch_id=batch_id, changes=changes, seconds=seconds,
                            lag_bytes=lag_bytes, lag_seconds=lag_seconds,
                            replayed=tuple(replayed))
+
+
+def _value_counts(column: pa.ChunkedArray) -> tuple[list[Any], list[int]]:
+    counted = pc.value_counts(column)
+    return counted.field("values").to_pylist(), counted.field("counts").to_pylist()
 
 
 def _stop_between_batches(query: StreamingQuery) -> None:

@@ -10,7 +10,9 @@ Two ways to read, one data source (``format("tidemark")``):
   the envelope (``table``, the change columns, ``key``/``before``/``after`` as JSON).
   Every table's changes of one transaction are in the same micro-batch, so a
   ``foreachBatch`` sees transactions whole; :func:`table_changes` gives the typed view
-  of one table of it, with the same types as :func:`read_table`.
+  of one table of it, with the same types as :func:`read_table`. With
+  ``row_format="struct"`` the envelope carries each table's typed row in a struct
+  column instead of JSON text: the fast path when the consumer wants typed rows.
 
 Each streaming query needs its own replication slot (the slot's position is the query's
 progress): two typed tables read as two queries use two slots.
@@ -35,8 +37,13 @@ import pyarrow as pa
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F  # noqa: N812 - pyspark's convention
 
-from tidemark.spark.arrow_rows import META_NAMES, arrow_schema
-from tidemark.spark.source import TidemarkDataSource, envelope_table_schemas
+from tidemark.spark.arrow_rows import (
+    META_NAMES,
+    arrow_schema,
+    envelope_table_schemas,
+    is_struct_envelope,
+)
+from tidemark.spark.source import TidemarkDataSource
 from tidemark.spark.type_mapping import converter
 
 __all__ = ["TidemarkDataSource", "read_changes", "read_table", "register", "table_changes"]
@@ -86,10 +93,12 @@ def read_table(spark: SparkSession, *, dsn: str, table: str, slot: str | None = 
 def read_changes(spark: SparkSession, *, dsn: str, tables: Sequence[str],
                  slot: str | None = None, publication: str | None = None,
                  max_changes_per_trigger: int | None = None,
-                 num_partitions: int | None = None, **options: Any) -> DataFrame:
-    """The envelope change stream of several tables (see the module docstring)."""
+                 num_partitions: int | None = None, row_format: str | None = None,
+                 **options: Any) -> DataFrame:
+    """The envelope change stream of several tables (see the module docstring);
+    *row_format* is ``json`` (default) or ``struct``."""
     return _reader(spark, dsn, {"tables": ",".join(tables), "slot": slot,
-                                "publication": publication,
+                                "publication": publication, "rowFormat": row_format,
                                 "maxChangesPerTrigger": max_changes_per_trigger,
                                 "numPartitions": num_partitions, **options})
 
@@ -105,6 +114,12 @@ def table_changes(envelope: DataFrame, table: str) -> DataFrame:
     if name not in schemas:
         raise ValueError(f"table {name} is not in this stream; it has {', '.join(schemas)}")
     typed = schemas[name]
+    if is_struct_envelope(envelope.schema):
+        row = F.col("`" + name.replace("`", "``") + "`")
+        data = [row.getField(f.name).alias(f.name) for f in typed.fields
+                if f.name not in META_NAMES]
+        meta_columns = [F.col(f.name) for f in typed.fields if f.name in META_NAMES]
+        return envelope.where(F.col("table") == name).select(*data, *meta_columns)
     target = arrow_schema(typed)
     columns = [f for f in typed.fields if f.name not in META_NAMES]
     converters = [converter(f.dataType, target.field(f.name).type) for f in columns]

@@ -20,20 +20,31 @@ Two shapes (the column contract ``apply_changes`` consumes — keep names and ty
 For ``d`` the columns hold the old row as the server sent it (at least the key); for
 ``t`` all table columns are null.
 
-**Envelope** (many tables in one stream): ``table`` (``schema.table``), the same ``_op``
-… ``_txid``, then ``key``, ``before``, ``after`` as JSON objects of column name ->
-PostgreSQL's text of the value (or null), and ``_unavailable``. An unavailable column is
-absent from ``after``. :func:`tidemark.spark.table_changes` turns the envelope rows of
-one table into its typed shape with the same conversions.
+**Envelope** (many tables in one stream), in one of two row formats:
+
+* ``json`` (the default): ``table`` (``schema.table``), the same ``_op`` … ``_txid``,
+  then ``key``, ``before``, ``after`` as JSON objects of column name -> PostgreSQL's
+  text of the value (or null), and ``_unavailable``. An unavailable column is absent
+  from ``after``. Readable by anything; costs a JSON encoding per row here and a parse
+  per row in :func:`tidemark.spark.table_changes`.
+* ``struct``: ``table``, ``_op`` … ``_txid``, then **one struct column per captured
+  table**, named ``schema.table``, holding the row in that table's typed shape (its own
+  columns and types; null in the rows of other tables), and ``_unavailable``. No text
+  round trip: :func:`tidemark.spark.table_changes` just selects the struct's fields.
+  Each Arrow batch holds rows of one table, so the other tables' columns cost nothing.
+
+Rows of one table keep commit order (commit LSN, then ``_seq``) within an Arrow batch.
 """
 
 from __future__ import annotations
 
+import json
 from collections.abc import Iterator, Sequence
-from typing import Any, Final
+from typing import Any, Final, Protocol
 
 import msgspec
 import pyarrow as pa
+import pyarrow.compute as pc
 from pyspark.sql.pandas.types import to_arrow_schema
 from pyspark.sql.types import (
     ArrayType,
@@ -46,8 +57,10 @@ from pyspark.sql.types import (
 
 from tidemark.errors import TerminalError
 from tidemark.event import UNAVAILABLE, TableId
+from tidemark.source.postgres import pgoutput
 from tidemark.source.postgres.pgoutput import Relation, TupleData
 from tidemark.spark.options import OnSchemaChange
+from tidemark.spark.tuple_columns import TupleLayoutError, decode_tuples
 from tidemark.spark.type_mapping import Converter, converter
 
 #: The change columns every typed table gets after its own columns.
@@ -71,6 +84,51 @@ ENVELOPE_SCHEMA: Final = StructType([
     StructField("after", StringType(), True),
     META_FIELDS[6],
 ])
+
+
+#: Metadata key on the envelope's ``after`` (``json``) or ``table`` (``struct``) field:
+#: table name -> typed schema (JSON).
+TABLE_SCHEMAS_KEY: Final = "tidemark.table_schemas"
+
+
+def envelope_table_schemas(schema: StructType) -> dict[str, StructType]:
+    """The typed schemas an envelope stream's schema carries, by ``schema.table``."""
+    for carrier in ("after", "table"):
+        if carrier in schema.fieldNames():
+            raw = (schema[carrier].metadata or {}).get(TABLE_SCHEMAS_KEY)
+            if isinstance(raw, dict):
+                return {name: StructType.fromJson(json.loads(text))
+                        for name, text in raw.items()}
+    raise ValueError("not a tidemark envelope stream (it carries no table schemas): use "
+                     "tidemark.spark.read_changes")
+
+
+def is_struct_envelope(schema: StructType) -> bool:
+    """True for an envelope of the ``struct`` row format."""
+    return "after" not in schema.fieldNames()
+
+
+def typed_rows(envelope: pa.Table, table: str) -> pa.Table:
+    """The rows of *table* (``schema.table``) of a collected ``struct`` envelope, in the
+    table's typed shape (what :func:`tidemark.spark.table_changes` gives in Spark)."""
+    if table not in envelope.column_names:
+        raise ValueError(f"table {table} is not in this envelope")
+    rows = envelope.filter(pc.equal(envelope.column("table"), table))
+    struct = rows.column(table).combine_chunks()
+    fields = list(struct.type) if rows.num_rows else list(envelope.schema.field(table).type)
+    columns = struct.flatten() if rows.num_rows else [pa.array([], f.type) for f in fields]
+    names = [f.name for f in fields] + [f.name for f in META_FIELDS]
+    return pa.Table.from_arrays([*columns, *(rows.column(f.name) for f in META_FIELDS)],
+                                names=names)
+
+
+def struct_envelope_schema(tables: dict[str, StructType]) -> StructType:
+    """The envelope schema of the ``struct`` row format for typed *tables* (by
+    ``schema.table``, each a :func:`typed_schema`)."""
+    structs = [StructField(name, StructType([f for f in schema.fields
+                                             if f.name not in META_NAMES]), True)
+               for name, schema in tables.items()]
+    return StructType([ENVELOPE_SCHEMA["table"], *META_FIELDS[:6], *structs, META_FIELDS[6]])
 
 
 class SchemaChangedError(TerminalError):
@@ -101,8 +159,8 @@ class _Meta:
 
     __slots__ = ("lsns", "ops", "runs", "seqs", "txn", "unavailable")
 
-    def __init__(self) -> None:
-        self.txn: tuple[int, int, int] = (0, 0, 0)  # commit LSN, commit time µs, txid
+    def __init__(self, txn: tuple[int, int, int] = (0, 0, 0)) -> None:
+        self.txn = txn  # commit LSN, commit time µs, txid of the current transaction
         self.reset()
 
     def reset(self) -> None:
@@ -167,11 +225,28 @@ def _split_toast(values: TupleData, names: Sequence[str]) -> tuple[TupleData, li
     return tuple(None if v is UNAVAILABLE else v for v in values), missing
 
 
-class TypedSink:
-    """Builds record batches of one table's typed shape (see the module docstring)."""
+def _decoded(data: bytes) -> TupleData:
+    """The tuple of an Insert, Delete or new-row-only Update, decoded the slow way
+    (which raises the exact DecodeError for a malformed message)."""
+    if data[0] == 0x49:
+        return pgoutput.parse_insert(data).new
+    if data[0] == 0x55:
+        return pgoutput.parse_update(data).new
+    old = pgoutput.parse_delete(data).old
+    assert old is not None
+    return old
 
-    def __init__(self, table: TableId, schema: StructType, batch_rows: int,
-                 on_schema_change: OnSchemaChange) -> None:
+
+class TableRows:
+    """One table's pending rows in its typed shape, built into record batches.
+
+    Rows arrive either still encoded (:meth:`raw`: decoded together, vectorized, when
+    the batch is built) or decoded (:meth:`add`: key changes and rows with an old
+    tuple). A batch holding both is put back in commit order.
+    """
+
+    def __init__(self, table: TableId, schema: StructType, on_schema_change: OnSchemaChange
+                 ) -> None:
         self.table = table
         self.schema = schema
         self.pa_schema = arrow_schema(schema)
@@ -180,18 +255,22 @@ class TypedSink:
             converter(f.dataType, self.pa_schema.field(f.name).type)
             for f in schema.fields if f.name not in META_NAMES
         ]
-        self.batch_rows = batch_rows
         self.on_schema_change = on_schema_change
         self.relation_id: int | None = None
+        self.relation_key = b""  # the relation id as the 4 bytes messages carry
         self.positions: list[int] = []  # per schema column: index in the relation, or -1
         self.relation_names: tuple[str, ...] = ()
+        self.messages: list[bytes] = []
+        self.message_meta = _Meta()
         self.rows: list[TupleData | None] = []
         self.meta = _Meta()
         self.ready: list[pa.RecordBatch] = []
 
+    def __len__(self) -> int:
+        return len(self.messages) + len(self.rows)
+
     def relation(self, rel: Relation) -> None:
-        if (rel.namespace, rel.name) != (self.table.schema, self.table.table):
-            return
+        """The table's (new) column layout; rows pending in the old one are built first."""
         names = tuple(c.name for c in rel.columns)
         known = set(self.columns)
         new = [n for n in names if n not in known]
@@ -203,58 +282,220 @@ class TypedSink:
                 "(or set onSchemaChange=drop_new_columns to ignore new columns)"
             )
         positions = [names.index(c) if c in names else -1 for c in self.columns]
-        if self.rows and (positions != self.positions or rel.relation_id != self.relation_id):
-            self._flush()  # rows so far used the old layout
+        if len(self) and (positions != self.positions or rel.relation_id != self.relation_id
+                          or names != self.relation_names):
+            self.flush()
         self.relation_id = rel.relation_id
+        self.relation_key = rel.relation_id.to_bytes(4, "big")
         self.positions = positions
         self.relation_names = names
 
     def begin(self, commit_lsn: int, commit_ts_us: int, xid: int) -> None:
+        self.message_meta.begin(commit_lsn, commit_ts_us, xid)
         self.meta.begin(commit_lsn, commit_ts_us, xid)
 
-    def add(self, relation_id: int, op: str, values: TupleData | None, lsn: int, seq: int,
-            may_have_toast: bool, old: TupleData | None) -> None:
-        if relation_id != self.relation_id:
-            return
+    def raw(self, data: bytes, op: str, lsn: int, seq: int) -> None:
+        self.messages.append(data)
+        self.message_meta.append(op, lsn, seq)
+
+    def add(self, op: str, values: TupleData | None, lsn: int, seq: int,
+            may_have_toast: bool) -> None:
         if may_have_toast and values is not None and UNAVAILABLE in values:
             values, missing = _split_toast(values, self.relation_names)
             self.meta.unavailable.append(
                 (len(self.rows), [n for n in missing if n in self.columns]))
         self.rows.append(values)
         self.meta.append(op, lsn, seq)
-        if len(self.rows) >= self.batch_rows:
-            self._flush()
+
+    def take(self) -> list[pa.RecordBatch]:
+        ready, self.ready = self.ready, []
+        return ready
+
+    def flush(self) -> None:
+        """Build the pending rows into one record batch (appended to ``ready``)."""
+        parts: list[pa.RecordBatch] = []
+        if self.messages:
+            parts.append(self._from_messages())
+        if self.rows:
+            parts.append(self._from_rows())
+        if len(parts) == 2:
+            # Commit order again: a batch stays sorted as the server sent it.
+            merged = pa.Table.from_batches(parts).sort_by(
+                [("_commit_lsn", "ascending"), ("_seq", "ascending")]).combine_chunks()
+            parts = merged.to_batches()
+        self.ready.extend(parts)
+
+    def _from_messages(self) -> pa.RecordBatch:
+        messages, meta = self.messages, self.message_meta
+        self.messages = []
+        self.message_meta = _Meta(meta.txn)
+        try:
+            decoded = decode_tuples(messages, len(self.relation_names))
+        except TupleLayoutError:
+            # Decode one by one: exact errors for malformed messages, and correct rows
+            # for anything unusual that is still valid.
+            return self._build([_decoded(m) for m in messages], meta)
+        n = len(messages)
+        names = self.relation_names
+        known = set(self.columns)
+        for row, columns in decoded.unchanged:
+            meta.unavailable.append((row, [names[c] for c in columns if names[c] in known]))
+        texts: list[Any] = [decoded.arrays[p] if p >= 0 else pa.nulls(n, pa.string())
+                            for p in self.positions]
+        return self._batch(texts, meta)
+
+    def _from_rows(self) -> pa.RecordBatch:
+        rows, meta = self.rows, self.meta
+        self.rows = []
+        self.meta = _Meta(meta.txn)
+        return self._build(rows, meta)
+
+    def _build(self, rows: list[TupleData | None], meta: _Meta) -> pa.RecordBatch:
+        n = len(rows)
+        width = len(self.relation_names)
+        blank: TupleData = (None,) * width
+        full = [blank if r is None else r for r in rows]
+        by_position = list(zip(*full, strict=True)) if full else []
+        nulls: list[str | None] = [None] * n
+        texts: list[Any] = [by_position[p] if p >= 0 and width else nulls
+                            for p in self.positions]
+        return self._batch(texts, meta)
+
+    def _batch(self, texts: list[Any], meta: _Meta) -> pa.RecordBatch:
+        arrays = [convert(column) for column, convert in zip(texts, self.converters,
+                                                              strict=True)]
+        arrays.extend(meta.arrays(self.pa_schema))
+        return pa.RecordBatch.from_arrays(arrays, schema=self.pa_schema)
+
+
+class RowBatches(Protocol):
+    """What the reader needs of a sink: the finished record batches."""
 
     def take(self) -> Iterator[pa.RecordBatch]:
-        """The finished batches so far (and, with *final*, the rest)."""
+        """The batches finished so far."""
+
+    def finish(self) -> Iterator[pa.RecordBatch]:
+        """Every remaining batch (the end of the partition)."""
+
+
+class TypedSink:
+    """Builds record batches of one table's typed shape (see the module docstring)."""
+
+    def __init__(self, table: TableId, schema: StructType, batch_rows: int,
+                 on_schema_change: OnSchemaChange) -> None:
+        self.rows = TableRows(table, schema, on_schema_change)
+        self.pa_schema = self.rows.pa_schema
+        self.batch_rows = batch_rows
+
+    def relation(self, rel: Relation) -> None:
+        if (rel.namespace, rel.name) == (self.rows.table.schema, self.rows.table.table):
+            self.rows.relation(rel)
+
+    def begin(self, commit_lsn: int, commit_ts_us: int, xid: int) -> None:
+        self.rows.begin(commit_lsn, commit_ts_us, xid)
+
+    def raw(self, data: bytes, op: str, lsn: int, seq: int) -> None:
+        rows = self.rows
+        if data[1:5] == rows.relation_key:
+            rows.raw(data, op, lsn, seq)
+            if len(rows) >= self.batch_rows:
+                rows.flush()
+
+    def add(self, relation_id: int, op: str, values: TupleData | None, lsn: int, seq: int,
+            may_have_toast: bool, old: TupleData | None) -> None:
+        rows = self.rows
+        if relation_id == rows.relation_id:
+            rows.add(op, values, lsn, seq, may_have_toast)
+            if len(rows) >= self.batch_rows:
+                rows.flush()
+
+    def take(self) -> Iterator[pa.RecordBatch]:
+        """The finished batches so far."""
+        yield from self.rows.take()
+
+    def finish(self) -> Iterator[pa.RecordBatch]:
+        """Every remaining batch."""
+        if len(self.rows):
+            self.rows.flush()
+        yield from self.rows.take()
+
+
+class StructEnvelopeSink:
+    """Builds envelope batches of the ``struct`` row format (see the module docstring)."""
+
+    def __init__(self, schema: StructType, tables: dict[str, StructType], batch_rows: int,
+                 on_schema_change: OnSchemaChange) -> None:
+        self.pa_schema = arrow_schema(schema)
+        self.batch_rows = batch_rows
+        self.by_name = {name: TableRows(TableId.parse(name), typed, on_schema_change)
+                        for name, typed in tables.items()}
+        self.by_relation: dict[bytes, TableRows] = {}
+        self.by_id: dict[int, TableRows] = {}
+        self.ready: list[pa.RecordBatch] = []
+
+    def relation(self, rel: Relation) -> None:
+        key = rel.relation_id.to_bytes(4, "big")
+        rows = self.by_name.get(f"{rel.namespace}.{rel.name}")
+        if rows is None:
+            self.by_relation.pop(key, None)
+            self.by_id.pop(rel.relation_id, None)
+            return
+        rows.relation(rel)
+        self._collect(rows)
+        self.by_relation[key] = rows
+        self.by_id[rel.relation_id] = rows
+
+    def begin(self, commit_lsn: int, commit_ts_us: int, xid: int) -> None:
+        for rows in self.by_name.values():
+            rows.begin(commit_lsn, commit_ts_us, xid)
+
+    def raw(self, data: bytes, op: str, lsn: int, seq: int) -> None:
+        rows = self.by_relation.get(data[1:5])
+        if rows is not None:
+            rows.raw(data, op, lsn, seq)
+            if len(rows) >= self.batch_rows:
+                rows.flush()
+                self._collect(rows)
+
+    def add(self, relation_id: int, op: str, values: TupleData | None, lsn: int, seq: int,
+            may_have_toast: bool, old: TupleData | None) -> None:
+        rows = self.by_id.get(relation_id)
+        if rows is not None:
+            rows.add(op, values, lsn, seq, may_have_toast)
+            if len(rows) >= self.batch_rows:
+                rows.flush()
+                self._collect(rows)
+
+    def take(self) -> Iterator[pa.RecordBatch]:
         ready, self.ready = self.ready, []
         yield from ready
 
     def finish(self) -> Iterator[pa.RecordBatch]:
-        """Every remaining batch."""
-        if self.rows:
-            self._flush()
+        for rows in self.by_name.values():
+            if len(rows):
+                rows.flush()
+            self._collect(rows)
         yield from self.take()
 
-    def _flush(self) -> None:
-        n = len(self.rows)
-        width = len(self.relation_names)
-        blank: TupleData = (None,) * width
-        rows = [blank if r is None else r for r in self.rows]
-        by_position = list(zip(*rows, strict=True)) if rows else []
-        nulls: list[str | None] = [None] * n
-        arrays: list[pa.Array] = []
-        for position, convert in zip(self.positions, self.converters, strict=True):
-            texts: Any = by_position[position] if position >= 0 and width else nulls
-            arrays.append(convert(texts))
-        arrays.extend(self.meta.arrays(self.pa_schema))
-        self.ready.append(pa.RecordBatch.from_arrays(arrays, schema=self.pa_schema))
-        self.rows = []
-        self.meta.reset()
+    def _collect(self, rows: TableRows) -> None:
+        name = str(rows.table)
+        for typed in rows.take():
+            n = typed.num_rows
+            arrays: list[pa.Array] = [pa.array([name] * n, pa.string())]
+            arrays += [typed.column(m) for m in ("_op", "_lsn", "_commit_lsn", "_seq",
+                                                 "_commit_ts", "_txid")]
+            for field in self.pa_schema:
+                if field.name == name:
+                    data = typed.columns[:len(rows.columns)]
+                    arrays.append(pa.StructArray.from_arrays(data, fields=list(field.type)))
+                elif pa.types.is_struct(field.type):
+                    arrays.append(pa.nulls(n, field.type))
+            arrays.append(typed.column("_unavailable"))
+            self.ready.append(pa.RecordBatch.from_arrays(arrays, schema=self.pa_schema))
 
 
 class EnvelopeSink:
-    """Builds record batches of the envelope shape for every captured table."""
+    """Builds record batches of the ``json`` envelope shape for every captured table."""
 
     def __init__(self, tables: Sequence[TableId], batch_rows: int) -> None:
         self.wanted = {(t.schema, t.table) for t in tables}
@@ -280,6 +521,10 @@ class EnvelopeSink:
     def begin(self, commit_lsn: int, commit_ts_us: int, xid: int) -> None:
         self.meta.begin(commit_lsn, commit_ts_us, xid)
 
+    def raw(self, data: bytes, op: str, lsn: int, seq: int) -> None:
+        if int.from_bytes(data[1:5], "big") in self.relations:
+            self.add(int.from_bytes(data[1:5], "big"), op, _decoded(data), lsn, seq,
+                     op == "u", None)
     def add(self, relation_id: int, op: str, values: TupleData | None, lsn: int, seq: int,
             may_have_toast: bool, old: TupleData | None) -> None:
         rel = self.relations.get(relation_id)

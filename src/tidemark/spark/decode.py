@@ -32,6 +32,7 @@ _INSERT = 0x49
 _UPDATE = 0x55
 _DELETE = 0x44
 _TRUNCATE = 0x54
+_NEW_TUPLE = 0x4E  # 'N': an Update's tuple is its new row (no old row precedes it)
 
 
 class RowSink(Protocol):
@@ -42,6 +43,11 @@ class RowSink(Protocol):
 
     def begin(self, commit_lsn: int, commit_ts_us: int, xid: int) -> None:
         """The rows that follow belong to this transaction."""
+
+    def raw(self, data: bytes, op: str, lsn: int, seq: int) -> None:
+        """One row change still encoded: an Insert (``c``), a Delete (``d``) or an Update
+        that carries only its new row (``u``), laid out as
+        :mod:`tidemark.spark.tuple_columns` expects. Same meaning as :meth:`add`."""
 
     def add(self, relation_id: int, op: str, values: TupleData | None, lsn: int, seq: int,
             may_have_toast: bool, old: TupleData | None) -> None:
@@ -73,12 +79,29 @@ class TransactionWalker:
         # Hot loop: state in locals, stored back at the end.
         lo, hi, sink, keys = self.lo, self.hi, self.sink, self.keys
         skipping, seq, rows = self.skipping, self.seq, self.rows
-        parse_insert = pgoutput.parse_insert
         parse_update = pgoutput.parse_update
-        parse_delete = pgoutput.parse_delete
         add = sink.add
+        raw = sink.raw
         for lsn, data in chunk:
             kind = data[0]
+            if kind == _INSERT:
+                if not skipping:
+                    seq += 1
+                    rows += 1
+                    raw(data, "c", lsn, seq)
+                continue
+            if kind == _UPDATE and len(data) > 5 and data[5] == _NEW_TUPLE:
+                if not skipping:
+                    seq += 1
+                    rows += 1
+                    raw(data, "u", lsn, seq)
+                continue
+            if kind == _DELETE:
+                if not skipping:
+                    seq += 1
+                    rows += 1
+                    raw(data, "d", lsn, seq)
+                continue
             if kind == _RELATION:
                 rel = pgoutput.parse_relation(data)
                 keys[rel.relation_id] = tuple(i for i, c in enumerate(rel.columns) if c.is_key)
@@ -93,11 +116,7 @@ class TransactionWalker:
                 continue
             if skipping:
                 continue
-            if kind == _INSERT:
-                ins = parse_insert(data)
-                seq += 1
-                add(ins.relation_id, "c", ins.new, lsn, seq, False, None)
-            elif kind == _UPDATE:
+            if kind == _UPDATE:  # with an old row: the key may have changed
                 upd = parse_update(data)
                 old = upd.old
                 key = keys.get(upd.relation_id, ())
@@ -110,10 +129,6 @@ class TransactionWalker:
                 else:
                     seq += 1
                     add(upd.relation_id, "u", upd.new, lsn, seq, True, old)
-            elif kind == _DELETE:
-                dele = parse_delete(data)
-                seq += 1
-                add(dele.relation_id, "d", dele.old, lsn, seq, False, None)
             elif kind == _TRUNCATE:
                 trunc = pgoutput.parse_truncate(data)
                 for relation_id in trunc.relation_ids:

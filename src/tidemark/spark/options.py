@@ -13,7 +13,7 @@ import dataclasses
 import re
 from collections.abc import Mapping
 from enum import StrEnum
-from typing import Final
+from typing import Final, TypeVar
 
 import psycopg2.extensions
 
@@ -32,6 +32,16 @@ class OnSchemaChange(StrEnum):
     """Keep the schema the query started with; values of new columns are dropped."""
 
 
+class RowFormat(StrEnum):
+    """How an envelope stream (many tables) carries each row's values."""
+
+    JSON = "json"
+    """``key``, ``before``, ``after`` as JSON objects of PostgreSQL's text (the default)."""
+    STRUCT = "struct"
+    """One struct column per table with the row in the table's typed shape: no text
+    round trip, the fast path for :func:`tidemark.spark.table_changes`."""
+
+
 #: Option names as users write them (Spark compares them case-insensitively).
 DSN: Final = "dsn"
 TABLES: Final = "tables"
@@ -42,9 +52,10 @@ MAX_CHANGES_PER_TRIGGER: Final = "maxChangesPerTrigger"
 NUM_PARTITIONS: Final = "numPartitions"
 ON_SCHEMA_CHANGE: Final = "onSchemaChange"
 ARROW_BATCH_ROWS: Final = "arrowBatchRows"
+ROW_FORMAT: Final = "rowFormat"
 
 ALLOWED: Final = (DSN, TABLES, TABLE, SLOT, PUBLICATION, MAX_CHANGES_PER_TRIGGER,
-                  NUM_PARTITIONS, ON_SCHEMA_CHANGE, ARROW_BATCH_ROWS)
+                  NUM_PARTITIONS, ON_SCHEMA_CHANGE, ARROW_BATCH_ROWS, ROW_FORMAT)
 _BY_LOWER: Final = {name.lower(): name for name in ALLOWED}
 _TABLE_NAME: Final = re.compile(r"[^.\s]+\.[^.\s]+|[^.\s]+")
 
@@ -80,6 +91,8 @@ class SourceOptions:
     on_schema_change: OnSchemaChange
     arrow_batch_rows: int
     """Rows per Arrow record batch handed to Spark."""
+    row_format: RowFormat = RowFormat.JSON
+    """The envelope stream's row format (ignored by a typed stream)."""
 
     @classmethod
     def parse(cls, raw: Mapping[str, str], *, default_partitions: int = 1) -> SourceOptions:
@@ -130,6 +143,7 @@ class SourceOptions:
                                    OnSchemaChange.FAIL),
             arrow_batch_rows=(_positive_int(values, ARROW_BATCH_ROWS)
                               if ARROW_BATCH_ROWS in values else DEFAULT_ARROW_BATCH_ROWS),
+            row_format=_enum(values, ROW_FORMAT, RowFormat, RowFormat.JSON),
         )
 
     def redacted_dsn(self) -> str:
@@ -163,8 +177,10 @@ def _positive_int(values: Mapping[str, str], key: str) -> int:
     return number
 
 
-def _enum(values: Mapping[str, str], key: str, enum: type[OnSchemaChange],
-          default: OnSchemaChange) -> OnSchemaChange:
+E = TypeVar("E", bound=StrEnum)
+
+
+def _enum(values: Mapping[str, str], key: str, enum: type[E], default: E) -> E:
     if key not in values:
         return default
     try:

@@ -42,7 +42,12 @@ from pyspark.sql.types import StructType
 
 from tidemark.source.postgres.pgoutput import lsn_to_str
 from tidemark.spark import wal
-from tidemark.spark.arrow_rows import EnvelopeSink, TypedSink
+from tidemark.spark.arrow_rows import (
+    EnvelopeSink,
+    StructEnvelopeSink,
+    TypedSink,
+    envelope_table_schemas,
+)
 from tidemark.spark.decode import TransactionWalker
 from tidemark.spark.offsets import (
     TxnIndex,
@@ -51,7 +56,7 @@ from tidemark.spark.offsets import (
     split_range,
     to_offset,
 )
-from tidemark.spark.options import SourceOptions
+from tidemark.spark.options import RowFormat, SourceOptions
 
 log = logging.getLogger(__name__)
 
@@ -172,10 +177,13 @@ class TidemarkStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
 def read_slice(options: SourceOptions, schema: StructType, lo: int,
                hi: int) -> Iterator[pa.RecordBatch]:
     """Decode the transactions committing in ``[lo, hi)`` into record batches of *schema*."""
-    sink: TypedSink | EnvelopeSink
+    sink: TypedSink | StructEnvelopeSink | EnvelopeSink
     if options.table is not None:
         sink = TypedSink(options.table, schema, options.arrow_batch_rows,
                          options.on_schema_change)
+    elif options.row_format is RowFormat.STRUCT:
+        sink = StructEnvelopeSink(schema, envelope_table_schemas(schema),
+                                  options.arrow_batch_rows, options.on_schema_change)
     else:
         sink = EnvelopeSink(options.tables, options.arrow_batch_rows)
     walker = TransactionWalker(lo, hi, sink)

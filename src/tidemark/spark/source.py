@@ -16,9 +16,8 @@ columns.
 from __future__ import annotations
 
 import contextlib
-import json
 import os
-from typing import Any, Final
+from typing import Any
 
 from pyspark.sql.datasource import DataSource, DataSourceStreamReader
 from pyspark.sql.types import StructField, StructType
@@ -26,13 +25,18 @@ from pyspark.sql.types import StructField, StructType
 from tidemark.errors import SourceError
 from tidemark.event import TableId
 from tidemark.source.postgres import catalog, session, slot
-from tidemark.spark.arrow_rows import ENVELOPE_SCHEMA, typed_schema
-from tidemark.spark.options import SourceOptions
+from tidemark.spark.arrow_rows import (
+    ENVELOPE_SCHEMA,
+    TABLE_SCHEMAS_KEY,
+    envelope_table_schemas,
+    struct_envelope_schema,
+    typed_schema,
+)
+from tidemark.spark.options import RowFormat, SourceOptions
 from tidemark.spark.reader import TidemarkStreamReader
 from tidemark.spark.type_mapping import spark_type
 
-#: Metadata key on the envelope's ``after`` field: table name -> typed schema (JSON).
-TABLE_SCHEMAS_KEY: Final = "tidemark.table_schemas"
+__all__ = ["TidemarkDataSource", "envelope_table_schemas", "table_spark_schema"]
 
 
 class TidemarkDataSource(DataSource):
@@ -71,10 +75,14 @@ class TidemarkDataSource(DataSource):
         if options.table is not None:
             return schemas[options.table]
         metadata = {TABLE_SCHEMAS_KEY: {str(t): s.json() for t, s in schemas.items()}}
-        fields = [StructField(f.name, f.dataType, f.nullable,
-                              metadata if f.name == "after" else f.metadata)
-                  for f in ENVELOPE_SCHEMA.fields]
-        return StructType(fields)
+        if options.row_format is RowFormat.STRUCT:
+            envelope = struct_envelope_schema({str(t): s for t, s in schemas.items()})
+            carrier = "table"
+        else:
+            envelope, carrier = ENVELOPE_SCHEMA, "after"
+        return StructType([StructField(f.name, f.dataType, f.nullable,
+                                       metadata if f.name == carrier else f.metadata)
+                           for f in envelope.fields])
 
     def streamReader(self, schema: StructType) -> DataSourceStreamReader:  # noqa: N802 - pyspark API name
         return TidemarkStreamReader(self._options(), schema)
@@ -91,13 +99,3 @@ def table_spark_schema(conn: Any, table: TableId, key: tuple[str, ...]) -> Struc
         for c in described.columns
     ]
     return typed_schema(columns)
-
-
-def envelope_table_schemas(schema: StructType) -> dict[str, StructType]:
-    """The typed schemas an envelope stream's schema carries, by ``schema.table``."""
-    after = schema["after"] if "after" in schema.fieldNames() else None
-    raw = (after.metadata or {}).get(TABLE_SCHEMAS_KEY) if after is not None else None
-    if not isinstance(raw, dict):
-        raise ValueError("not a tidemark envelope stream (its 'after' column has no table "
-                         "schemas): use tidemark.spark.read_changes")
-    return {name: StructType.fromJson(json.loads(text)) for name, text in raw.items()}

@@ -64,7 +64,8 @@ from tidemark.source.postgres import types as pg
 
 log = logging.getLogger(__name__)
 
-Texts: TypeAlias = Sequence[str | None]
+#: One column's text values: a list (None = NULL) or an Arrow string array.
+Texts: TypeAlias = Sequence[str | None] | pa.StringArray
 Converter: TypeAlias = Callable[[Texts], pa.Array]
 
 _MAX_DECIMAL_PRECISION: Final = 38
@@ -141,12 +142,12 @@ def converter(dtype: DataType, arrow_type: pa.DataType) -> Converter:
     need nothing but the stream's schema.
     """
     if isinstance(dtype, StringType):
-        return lambda texts: pa.array(texts, pa.string())
+        return _strings
     if isinstance(dtype, BooleanType):
         return _bool_column
     if isinstance(dtype, BinaryType):
-        return lambda texts: pa.array([None if t is None else pg.parse_bytea(t) for t in texts],
-                                      pa.binary())
+        return lambda texts: pa.array([None if t is None else pg.parse_bytea(t)
+                                       for t in _values(texts)], pa.binary())
     if isinstance(dtype, ArrayType):
         parse_element = _element_parser(dtype.elementType)
         return lambda texts: _array_column(texts, parse_element, arrow_type)
@@ -159,19 +160,27 @@ def converter(dtype: DataType, arrow_type: pa.DataType) -> Converter:
     return lambda texts: _cast_column(texts, arrow_type, fallback, name)
 
 
+def _strings(texts: Texts) -> pa.Array:
+    return texts if isinstance(texts, pa.Array) else pa.array(texts, pa.string())
+
+
+def _values(texts: Texts) -> Sequence[str | None]:
+    return texts.to_pylist() if isinstance(texts, pa.Array) else texts
+
+
 def _bool_column(texts: Texts) -> pa.Array:
-    return pc.equal(pa.array(texts, pa.string()), "t")
+    return pc.equal(_strings(texts), "t")
 
 
 def _cast_column(texts: Texts, arrow_type: pa.DataType, parse: Callable[[str], object],
                  type_name: str) -> pa.Array:
-    strings = pa.array(texts, pa.string())
     try:
-        return strings.cast(arrow_type)
+        return _strings(texts).cast(arrow_type)
     except (pa.ArrowInvalid, pa.ArrowNotImplementedError):
         # Rare values Arrow's parsers reject ('infinity', BC dates, NaN decimals): parse
         # this column value by value instead.
-        return pa.array([_parse_or_none(t, parse, type_name) for t in texts], arrow_type)
+        return pa.array([_parse_or_none(t, parse, type_name) for t in _values(texts)],
+                        arrow_type)
 
 
 _warned: set[str] = set()
@@ -209,7 +218,7 @@ def _element_parser(element_type: DataType) -> Callable[[str], object]:
 def _array_column(texts: Texts, parse_element: Callable[[str], object],
                   arrow_type: pa.DataType) -> pa.Array:
     values: list[Any] = []
-    for text in texts:
+    for text in _values(texts):
         if text is None:
             values.append(None)
             continue
