@@ -1,17 +1,24 @@
-"""Benchmark: the tidemark Spark source at ``local[1]`` and ``local[2]``, same WAL, same run.
+"""Benchmark: the tidemark Spark source and ``tidemark run`` into Delta, at ``local[1]`` and
+``local[2]``, against ``tidemark capture`` on the same WAL in the same run.
 
 Builds the shared workload (table ``t10``, 300,000 changes in transactions of 100) in a
-private PostgreSQL after creating one logical slot, copies that slot once per run
-(``pg_copy_logical_replication_slot``) so every run reads exactly the same changes, and
-measures:
+private PostgreSQL after creating one logical slot, and copies that slot for every
+contender (``pg_copy_logical_replication_slot``) so each reads exactly the same
+changes. Measured:
 
-* the baseline: ``pg_logical_slot_peek_binary_changes`` fetched with a psycopg 3 binary
-  cursor, no decoding (what any SQL-interface reader pays before decoding);
-* the typed stream of ``t10`` into Spark's ``noop`` sink with ``Trigger.AvailableNow``,
-  at ``local[1]`` and ``local[2]`` (``numPartitions`` = Spark's default parallelism),
-  each in its own process; the time is from ``start()`` to the end of the query (Spark's
-  own start-up excluded, reported separately);
-* peak RSS of each Spark run's process tree (driver Python + JVM + Python workers).
+* the baseline: ``tidemark capture --stop-at-end`` (Debezium JSON lines to /dev/null);
+* per master, in its own process (a fresh SparkSession):
+
+  - **noop**: the typed stream of ``t10`` into Spark's ``noop`` sink;
+  - **delta**: the pipeline of ``tidemark run`` (envelope stream, ``apply_changes``
+    SCD1 into a Delta table with delta-rs), checked against PostgreSQL afterwards;
+  - **empty batch**: the time of a batch that holds no captured change;
+
+  both with ``Trigger.AvailableNow``, timed from ``start()`` to the end of the query.
+  Each process first runs the same pipeline once on a small warm-up table, as a
+  long-running pipeline is warm (JIT, Python workers); the time of Spark's start and of
+  the cold first query are printed too;
+* peak RSS of each Spark process tree (driver Python, JVM, Python workers).
 
 Usage: ``uv run python benchmarks/bench_spark_source.py [--transactions 3000] [--runs 2]``
 """
@@ -23,6 +30,7 @@ import contextlib
 import json
 import logging
 import os
+import re
 import statistics
 import subprocess
 import sys
@@ -30,36 +38,29 @@ import tempfile
 import threading
 import time
 from pathlib import Path
+from typing import Any
 
 import psutil
-from pyspark.sql import SparkSession
 
 sys.path.insert(0, str(Path(__file__).parent))
 
 import workload
 
-import tidemark.spark as ts
 from tidemark.spark import wal
 from tidemark.testing.postgres import PostgresCluster
 
 PUBLICATION = "bench_pub"
+WARM_PUBLICATION = "bench_warm"
 BASE_SLOT = "bench_base"
+WARM_SLOT = "bench_warm"
+WARM_TRANSACTIONS = 50
 
 log = logging.getLogger("bench_spark_source")
 
 
-def _copy_slot(dsn: str, name: str) -> None:
+def _copy_slot(dsn: str, source: str, name: str) -> None:
     with wal.connect(dsn, purpose="bench") as conn:
-        conn.execute("SELECT pg_copy_logical_replication_slot(%s, %s)", (BASE_SLOT, name))
-
-
-def _raw_peek(dsn: str, slot: str) -> tuple[float, int]:
-    """Seconds and rows for fetching the slot's whole content without decoding."""
-    with wal.connect(dsn, purpose="bench") as conn:
-        flush = wal.flush_lsn(conn)
-        started = time.perf_counter()
-        rows = sum(len(chunk) for chunk in wal.peek(conn, slot, PUBLICATION, flush))
-        return time.perf_counter() - started, rows
+        conn.execute("SELECT pg_copy_logical_replication_slot(%s, %s)", (source, name))
 
 
 class _PeakRss:
@@ -88,31 +89,78 @@ class _PeakRss:
         return self.peak
 
 
-def _spark_run(master: str, dsn: str, slot: str) -> dict[str, float]:
-    """One measured run (in a child process): returns rows, seconds, startup seconds."""
-    os.environ["PYSPARK_PYTHON"] = sys.executable
+# -- the child: one master, one SparkSession --------------------------------------------
+def _pipeline_config(dsn: str, table: str, slot: str, publication: str, base: Path) -> Any:
+    from tidemark.pipeline.config import parse_config
+
+    raw = {"source": {"dsn": dsn, "slot": slot, "publication": publication,
+                      "tables": [table]},
+           "spark": {"master": os.environ["BENCH_MASTER"], "checkpoint": "checkpoint",
+                     "available_now": True, "app_name": "bench"},
+           "targets": {table: {"path": "lake", "keys": ["id"]}}}
+    return parse_config(raw, base=base, environ={})
+
+
+def _run_pipeline(spark: Any, config: Any) -> tuple[float, list[dict[str, Any]]]:
+    from tidemark.pipeline.runner import Pipeline
+
     started = time.perf_counter()
-    spark = (SparkSession.builder.master(master).config("spark.ui.enabled", "false")
-             .config("spark.sql.shuffle.partitions", "2").getOrCreate())
-    spark.sparkContext.setLogLevel("ERROR")
-    stream = ts.read_table(spark, dsn=dsn, table="public.t10", slot=slot,
-                           publication=PUBLICATION)
-    startup = time.perf_counter() - started
-    with tempfile.TemporaryDirectory() as checkpoint:
+    query = Pipeline(config, spark=spark).start()
+    query.awaitTermination()
+    return time.perf_counter() - started, list(query.recentProgress)
+
+
+def _child(master: str, dsn: str, slots: dict[str, str]) -> dict[str, float]:
+    from tidemark.pipeline.compare import compare
+    from tidemark.pipeline.runner import build_session
+
+    os.environ["BENCH_MASTER"] = master
+    results: dict[str, float] = {}
+    with tempfile.TemporaryDirectory() as tmp:
+        root = Path(tmp)
         started = time.perf_counter()
-        query = (stream.writeStream.format("noop").option("checkpointLocation", checkpoint)
+        warm_config = _pipeline_config(dsn, "public.t_warm", slots["warm"], WARM_PUBLICATION,
+                                       root / "warm")
+        spark = build_session(warm_config)
+        spark.conf.set("spark.sql.shuffle.partitions", "2")
+        results["startup"] = time.perf_counter() - started
+        results["cold"], _ = _run_pipeline(spark, warm_config)
+
+        import tidemark.spark as ts
+
+        stream = ts.read_table(spark, dsn=dsn, table="public.t10", slot=slots["noop"],
+                               publication=PUBLICATION)
+        started = time.perf_counter()
+        query = (stream.writeStream.format("noop")
+                 .option("checkpointLocation", str(root / "noop"))
                  .trigger(availableNow=True).start())
         query.awaitTermination()
-        elapsed = time.perf_counter() - started
-        rows = sum(int(p["numInputRows"]) for p in query.recentProgress)
-        batches = len(query.recentProgress)
-    spark.stop()
-    return {"rows": rows, "seconds": elapsed, "startup": startup, "batches": batches}
+        results["noop_seconds"] = time.perf_counter() - started
+        results["noop_rows"] = sum(int(p["numInputRows"]) for p in query.recentProgress)
+
+        config = _pipeline_config(dsn, "public.t10", slots["delta"], PUBLICATION,
+                                  root / "delta")
+        results["delta_seconds"], progress = _run_pipeline(spark, config)
+        results["delta_rows"] = sum(int(p["numInputRows"]) for p in progress)
+        results["delta_batches"] = len(progress)
+        source, lake = compare(dsn, "public.t10", str(root / "delta" / "lake"),
+                               ["id", "c_int", "c_text", "c_label"])
+        results["delta_equal"] = float(source == lake)
+
+        # A batch with no captured change: WAL moved on, but only for another table.
+        with wal.connect(dsn, purpose="bench") as conn:
+            conn.execute("INSERT INTO t_other VALUES (DEFAULT)")
+        _, progress = _run_pipeline(spark, config)
+        empty = [p["durationMs"]["triggerExecution"] for p in progress
+                 if int(p["numInputRows"]) == 0]
+        results["empty_batch"] = (statistics.median(empty) / 1000) if empty else -1.0
+        spark.stop()
+    return results
 
 
-def _measure(master: str, dsn: str, slot: str) -> tuple[dict[str, float], int]:
+def _measure(master: str, dsn: str, slots: dict[str, str]) -> tuple[dict[str, float], int]:
     proc = subprocess.Popen(
-        [sys.executable, __file__, "--child", master, "--dsn-env", "--slot", slot],
+        [sys.executable, __file__, "--child", master, "--slots", json.dumps(slots)],
         env={**os.environ, "BENCH_DSN": dsn}, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
     )
     sampler = _PeakRss(proc.pid)
@@ -123,63 +171,113 @@ def _measure(master: str, dsn: str, slot: str) -> tuple[dict[str, float], int]:
     return json.loads(out.decode().strip().splitlines()[-1]), peak
 
 
+def _capture_rate(dsn: str, slot: str, changes: int) -> float:
+    argv = [sys.executable, "-m", "tidemark", "--log-level", "INFO", "capture", "--table",
+            "public.t10", "--slot", slot, "--publication", PUBLICATION, "--snapshot-mode",
+            "no_data", "--stop-at-end"]
+    started = time.perf_counter()
+    proc = subprocess.run(argv, env={**os.environ, "TIDEMARK_DSN": dsn},
+                          stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, check=False)
+    seconds = time.perf_counter() - started
+    err = proc.stderr.decode(errors="replace")
+    match = re.search(r"delivered (\d+) change events", err)
+    if proc.returncode != 0 or not match or int(match.group(1)) != changes:
+        raise SystemExit(f"tidemark capture failed or delivered the wrong count:\n{err}")
+    return changes / seconds
+
+
+def _prepare(dsn: str, transactions: int) -> int:
+    workload.create_table(dsn)
+    with wal.connect(dsn, purpose="bench") as conn:
+        conn.execute("CREATE TABLE t_warm (LIKE t10 INCLUDING ALL)")
+        conn.execute("CREATE TABLE t_other (id serial PRIMARY KEY)")
+        conn.execute(f"CREATE PUBLICATION {WARM_PUBLICATION} FOR TABLE t_warm")
+        conn.execute(f"CREATE PUBLICATION {PUBLICATION} FOR TABLE t10")
+        wal.ensure_slot(conn, WARM_SLOT)
+        # The warm-up table: a little of the workload's shape.
+        for i in range(WARM_TRANSACTIONS):
+            conn.execute("INSERT INTO t_warm (id, c_int, c_text, c_numeric, c_ts) "
+                         "SELECT g, g, 'w' || g, g / 10.0, now() FROM generate_series(%s::int, %s::int) g",
+                         (i * 60 + 1, i * 60 + 60))
+        wal.ensure_slot(conn, BASE_SLOT)
+    started = time.perf_counter()
+    changes = workload.run_workload(dsn, transactions)
+    log.info("workload: %d changes in %.1f s", changes, time.perf_counter() - started)
+    return changes
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--transactions", type=int, default=3000,
                         help="transactions of 100 changes (default 3000 = 300k changes)")
     parser.add_argument("--runs", type=int, default=2, help="measurements per contender")
     parser.add_argument("--child", help=argparse.SUPPRESS)
-    parser.add_argument("--dsn-env", action="store_true", help=argparse.SUPPRESS)
-    parser.add_argument("--slot", help=argparse.SUPPRESS)
+    parser.add_argument("--slots", help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.child:
-        result = _spark_run(args.child, os.environ["BENCH_DSN"], args.slot)
+        logging.basicConfig(level=logging.WARNING)
+        result = _child(args.child, os.environ["BENCH_DSN"], json.loads(args.slots))
         print(json.dumps(result))
         return
 
     logging.basicConfig(level=logging.INFO, format="%(message)s")
+    rates: dict[str, list[float]] = {"capture": []}
+    extra: dict[str, list[float]] = {}
+    peaks: dict[str, int] = {}
     with PostgresCluster() as cluster:
         dsn = cluster.create_database("bench")
-        workload.create_table(dsn)
-        with wal.connect(dsn, purpose="bench") as conn:
-            conn.execute(f"CREATE PUBLICATION {PUBLICATION} FOR TABLE t10")
-            wal.ensure_slot(conn, BASE_SLOT)
-        started = time.perf_counter()
-        changes = workload.run_workload(dsn, args.transactions)
-        log.info("workload: %d changes in %.1f s", changes, time.perf_counter() - started)
-
-        results: dict[str, list[float]] = {"peek": [], "local[1]": [], "local[2]": []}
-        peaks: dict[str, int] = {}
+        changes = _prepare(dsn, args.transactions)
         for run in range(args.runs):
-            name = f"peek_{run}"
-            _copy_slot(dsn, name)
-            seconds, rows = _raw_peek(dsn, name)
-            results["peek"].append(rows / seconds)
-            log.info("raw peek fetch: %d messages in %.2f s = %.0f/s", rows, seconds,
-                     rows / seconds)
+            _copy_slot(dsn, BASE_SLOT, f"capture_{run}")
+            rates["capture"].append(_capture_rate(dsn, f"capture_{run}", changes))
+            log.info("run %d: tidemark capture %.0f changes/s", run + 1, rates["capture"][-1])
             for master in ("local[1]", "local[2]"):
-                slot = f"run_{master[6]}_{run}"
-                _copy_slot(dsn, slot)
-                result, peak = _measure(master, dsn, slot)
-                if result["rows"] != changes:
-                    raise SystemExit(f"{master} read {result['rows']} rows, expected {changes}")
-                rate = result["rows"] / result["seconds"]
-                results[master].append(rate)
+                tag = f"{master[6]}_{run}"
+                slots = {"warm": f"warm_{tag}", "noop": f"noop_{tag}", "delta": f"delta_{tag}"}
+                _copy_slot(dsn, WARM_SLOT, slots["warm"])
+                _copy_slot(dsn, BASE_SLOT, slots["noop"])
+                _copy_slot(dsn, BASE_SLOT, slots["delta"])
+                result, peak = _measure(master, dsn, slots)
+                for kind in ("noop", "delta"):
+                    if result[f"{kind}_rows"] != changes:
+                        raise SystemExit(f"{master} {kind} read {result[f'{kind}_rows']} "
+                                         f"changes, expected {changes}")
+                if result["delta_equal"] != 1.0:
+                    raise SystemExit(f"{master}: the Delta table differs from PostgreSQL")
+                for kind in ("noop", "delta"):
+                    rates.setdefault(f"{master} {kind}", []).append(
+                        changes / result[f"{kind}_seconds"])
+                for key in ("startup", "cold", "empty_batch"):
+                    extra.setdefault(f"{master} {key}", []).append(result[key])
                 peaks[master] = max(peaks.get(master, 0), peak)
-                log.info("%s: %d changes in %.2f s = %.0f changes/s (%d batches; Spark start "
-                         "%.1f s; peak RSS %.0f MB)", master, result["rows"], result["seconds"],
-                         rate, result["batches"], result["startup"], peak / 2**20)
+                log.info("run %d %s: noop %.0f/s, delta %.0f/s (%d batches), empty batch "
+                         "%.2f s, Spark start %.1f s, cold warm-up query %.1f s, peak RSS "
+                         "%.0f MB", run + 1, master, rates[f"{master} noop"][-1],
+                         rates[f"{master} delta"][-1], result["delta_batches"],
+                         result["empty_batch"], result["startup"], result["cold"],
+                         peak / 2**20)
 
-    def fmt(rates: list[float]) -> str:
-        return f"{statistics.median(rates):,.0f}/s (runs: {', '.join(f'{r:,.0f}' for r in rates)})"
+    def fmt(values: list[float]) -> str:
+        return (f"{statistics.median(values):>9,.0f}/s  (runs: "
+                f"{', '.join(f'{v:,.0f}' for v in values)})")
 
-    print(f"raw peek fetch, no decoding: {fmt(results['peek'])} messages")
-    print(f"tidemark source local[1]:    {fmt(results['local[1]'])} changes, "
-          f"peak RSS {peaks['local[1]'] / 2**20:.0f} MB")
-    print(f"tidemark source local[2]:    {fmt(results['local[2]'])} changes, "
-          f"peak RSS {peaks['local[2]'] / 2**20:.0f} MB")
-    ratio = statistics.median(results["local[2]"]) / statistics.median(results["local[1]"])
-    print(f"local[2] / local[1]: {ratio:.2f}x")
+    capture = statistics.median(rates["capture"])
+    print(f"\n{changes:,} changes; medians of {args.runs} runs")
+    print(f"{'tidemark capture (baseline)':<30}{fmt(rates['capture'])}")
+    for master in ("local[1]", "local[2]"):
+        for kind in ("noop", "delta"):
+            name = f"{master} {kind}"
+            ratio = statistics.median(rates[name]) / capture
+            print(f"{name:<30}{fmt(rates[name])}  {ratio:.2f}x capture")
+        print(f"{master + ' empty batch':<30}"
+              f"{statistics.median(extra[f'{master} empty_batch']):>9.2f} s;  peak RSS "
+              f"{peaks[master] / 2**20:,.0f} MB;  Spark start "
+              f"{statistics.median(extra[f'{master} startup']):.1f} s, cold first query "
+              f"{statistics.median(extra[f'{master} cold']):.1f} s")
+    for kind in ("noop", "delta"):
+        ratio = (statistics.median(rates[f"local[2] {kind}"])
+                 / statistics.median(rates[f"local[1] {kind}"]))
+        print(f"local[2] / local[1] {kind}: {ratio:.2f}x")
 
 
 if __name__ == "__main__":
