@@ -46,6 +46,10 @@ sys.path.insert(0, str(Path(__file__).parent))
 
 import workload
 
+import tidemark.spark as ts
+from tidemark.pipeline.compare import compare
+from tidemark.pipeline.config import parse_config
+from tidemark.pipeline.runner import Pipeline, build_session
 from tidemark.spark import wal
 from tidemark.testing.postgres import PostgresCluster
 
@@ -91,8 +95,6 @@ class _PeakRss:
 
 # -- the child: one master, one SparkSession --------------------------------------------
 def _pipeline_config(dsn: str, table: str, slot: str, publication: str, base: Path) -> Any:
-    from tidemark.pipeline.config import parse_config
-
     raw = {"source": {"dsn": dsn, "slot": slot, "publication": publication,
                       "tables": [table]},
            "spark": {"master": os.environ["BENCH_MASTER"], "checkpoint": "checkpoint",
@@ -102,8 +104,6 @@ def _pipeline_config(dsn: str, table: str, slot: str, publication: str, base: Pa
 
 
 def _run_pipeline(spark: Any, config: Any) -> tuple[float, list[dict[str, Any]]]:
-    from tidemark.pipeline.runner import Pipeline
-
     started = time.perf_counter()
     query = Pipeline(config, spark=spark).start()
     query.awaitTermination()
@@ -111,9 +111,6 @@ def _run_pipeline(spark: Any, config: Any) -> tuple[float, list[dict[str, Any]]]
 
 
 def _child(master: str, dsn: str, slots: dict[str, str]) -> dict[str, float]:
-    from tidemark.pipeline.compare import compare
-    from tidemark.pipeline.runner import build_session
-
     os.environ["BENCH_MASTER"] = master
     results: dict[str, float] = {}
     with tempfile.TemporaryDirectory() as tmp:
@@ -125,8 +122,6 @@ def _child(master: str, dsn: str, slots: dict[str, str]) -> dict[str, float]:
         spark.conf.set("spark.sql.shuffle.partitions", "2")
         results["startup"] = time.perf_counter() - started
         results["cold"], _ = _run_pipeline(spark, warm_config)
-
-        import tidemark.spark as ts
 
         stream = ts.read_table(spark, dsn=dsn, table="public.t10", slot=slots["noop"],
                                publication=PUBLICATION)
@@ -197,8 +192,8 @@ def _prepare(dsn: str, transactions: int) -> int:
         # The warm-up table: a little of the workload's shape.
         for i in range(WARM_TRANSACTIONS):
             conn.execute("INSERT INTO t_warm (id, c_int, c_text, c_numeric, c_ts) "
-                         "SELECT g, g, 'w' || g, g / 10.0, now() FROM generate_series(%s::int, %s::int) g",
-                         (i * 60 + 1, i * 60 + 60))
+                         "SELECT g, g, 'w' || g, g / 10.0, now() "
+                         "FROM generate_series(%s::int, %s::int) g", (i * 60 + 1, i * 60 + 60))
         wal.ensure_slot(conn, BASE_SLOT)
     started = time.perf_counter()
     changes = workload.run_workload(dsn, transactions)

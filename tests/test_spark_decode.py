@@ -40,7 +40,9 @@ from tidemark.source.postgres.pgoutput import (
     Update,
 )
 from tidemark.spark.arrow_rows import (
+    PACKED_SCHEMA,
     EnvelopeSink,
+    PackedEnvelopeSink,
     SchemaChangedError,
     StructEnvelopeSink,
     TypedSink,
@@ -292,15 +294,19 @@ def test_struct_envelope_rows_equal_the_typed_rows() -> None:
                       Truncate(None, False, False, (REL.relation_id, 99)))]
     typed = _typed(0, 3000, [messages])
     schemas = {"public.a": SCHEMA, "public.b": typed_schema([StructField("k", StringType())])}
-    envelope_schema = struct_envelope_schema(schemas)
-    sink = StructEnvelopeSink(envelope_schema, schemas, 2, OnSchemaChange.FAIL)
-    walker = TransactionWalker(0, 3000, sink)
-    walker.feed(messages[:4])
-    batches = list(sink.take())
-    walker.feed(messages[4:])
-    batches += sink.finish()
-    envelope = pa.Table.from_batches(batches, schema=arrow_schema(envelope_schema))
-    assert typed_rows(envelope, "public.a").to_pylist() == typed.to_pylist()
+    for envelope_schema, kind in ((struct_envelope_schema(schemas), StructEnvelopeSink),
+                                  (PACKED_SCHEMA, PackedEnvelopeSink)):
+        sink = kind(envelope_schema, schemas, 2, OnSchemaChange.FAIL)
+        walker = TransactionWalker(0, 3000, sink)
+        walker.feed(messages[:4])
+        batches = list(sink.take())
+        walker.feed(messages[4:])
+        batches += sink.finish()
+        envelope = pa.Table.from_batches(batches, schema=arrow_schema(envelope_schema))
+        assert typed_rows(envelope, "public.a", SCHEMA).to_pylist() == typed.to_pylist()
+        assert typed_rows(envelope, "public.b", schemas["public.b"]).column(
+            "_op").to_pylist() == ["c", "t"]
+    empty = typed_rows(envelope.slice(0, 0), "public.a", SCHEMA)
+    assert empty.num_rows == 0 and empty.schema == arrow_schema(SCHEMA)
     assert typed.column("_op").to_pylist() == ["c", "d", "c", "u", "d", "t"]
     assert typed.column("_unavailable").to_pylist() == [[], [], ["note"], ["note"], [], []]
-    assert typed_rows(envelope, "public.b").column("_op").to_pylist() == ["c", "t"]

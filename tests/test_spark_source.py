@@ -19,7 +19,7 @@ from pyspark.sql import DataFrame, SparkSession
 import tidemark.spark as ts
 from conftest import Database
 from tidemark.spark import wal
-from tidemark.spark.arrow_rows import typed_rows
+from tidemark.spark.arrow_rows import envelope_table_schemas, typed_rows
 from tidemark.spark.options import SourceOptions
 from tidemark.spark.reader import read_slice
 from tidemark.spark.source import table_spark_schema
@@ -170,10 +170,13 @@ def test_envelope_stream_and_table_changes_give_the_typed_rows(
                                slot=f"e_{db.name}", publication="p_env")
     structs = ts.read_changes(spark, dsn=db.dsn, tables=["public.a", "public.b"],
                               slot=f"s_{db.name}", publication="p_env", row_format="struct")
+    packed = ts.read_changes(spark, dsn=db.dsn, tables=["public.a", "public.b"],
+                             slot=f"p_{db.name}", publication="p_env", row_format="arrow")
     typed = ts.read_table(spark, dsn=db.dsn, table="public.a", slot=f"t_{db.name}",
                           publication="p_env")
     _run_available_now(envelope, tmp_path / "e", path=tmp_path / "none1")
     _run_available_now(structs, tmp_path / "s", path=tmp_path / "none2")
+    _run_available_now(packed, tmp_path / "p", path=tmp_path / "none3")
     _run_available_now(typed, tmp_path / "t", path=tmp_path / "typed")
     db.execute("INSERT INTO a VALUES (1, 12.5, '2024-05-06 07:08:09.123456+02', "
                "'{x,\"y z\"}', repeat('L', 10000))",
@@ -182,7 +185,8 @@ def test_envelope_stream_and_table_changes_give_the_typed_rows(
     db.execute("TRUNCATE b")
 
     seen: dict[str, list[dict[str, Any]]] = {"envelope": [], "from_envelope": [],
-                                             "from_structs": [], "collected": []}
+                                             "from_structs": [], "from_packed": [],
+                                             "collected": []}
 
     def split(batch: DataFrame, batch_id: int) -> None:
         seen["envelope"] += [r.asDict() for r in batch.collect()]
@@ -192,11 +196,17 @@ def test_envelope_stream_and_table_changes_give_the_typed_rows(
     def split_structs(batch: DataFrame, batch_id: int) -> None:
         seen["from_structs"] += [r.asDict() for r in ts.table_changes(batch, "public.a")
                                  .collect()]
-        # The driver-side split of a collected batch (what `tidemark run` does).
-        seen["collected"] += typed_rows(batch.toArrow(), "public.a").to_pylist()
+
+    def split_packed(batch: DataFrame, batch_id: int) -> None:
+        seen["from_packed"] += [r.asDict() for r in ts.table_changes(batch, "public.a")
+                                .collect()]
+        # The driver-side unpacking of a collected batch (what `tidemark run` does).
+        schema = envelope_table_schemas(batch.schema)["public.a"]
+        seen["collected"] += typed_rows(batch.toArrow(), "public.a", schema).to_pylist()
 
     _run_available_now(envelope, tmp_path / "e", foreach_batch=split)
     _run_available_now(structs, tmp_path / "s", foreach_batch=split_structs)
+    _run_available_now(packed, tmp_path / "p", foreach_batch=split_packed)
     _run_available_now(typed, tmp_path / "t", path=tmp_path / "typed")
     direct = [r.asDict() for r in spark.read.parquet(str(tmp_path / "typed")).collect()]
 
@@ -205,6 +215,7 @@ def test_envelope_stream_and_table_changes_give_the_typed_rows(
 
     assert sorted(direct, key=key) == sorted(seen["from_envelope"], key=key)
     assert sorted(direct, key=key) == sorted(seen["from_structs"], key=key)
+    assert sorted(direct, key=key) == sorted(seen["from_packed"], key=key)
     assert [{k: r[k] for k in ("id", "amount", "tags", "_op", "_unavailable")} for r in
             sorted(direct, key=key)] == [
         {k: r[k] for k in ("id", "amount", "tags", "_op", "_unavailable")}

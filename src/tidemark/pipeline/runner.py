@@ -30,11 +30,11 @@ from pathlib import Path
 from typing import Any
 
 import psycopg
-import pyarrow as pa
 import pyarrow.compute as pc
 from pyspark.errors import PySparkException, StreamingQueryException
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql.streaming.query import StreamingQuery
+from pyspark.sql.types import StructType
 
 import tidemark.spark as ts
 from tidemark.errors import TerminalError
@@ -42,7 +42,7 @@ from tidemark.lake import apply_changes
 from tidemark.pipeline.config import PipelineConfig, Target
 from tidemark.pipeline.progress import BatchReport
 from tidemark.spark import wal
-from tidemark.spark.arrow_rows import typed_rows
+from tidemark.spark.arrow_rows import envelope_table_schemas, typed_rows
 from tidemark.spark.offsets import from_offset
 
 log = logging.getLogger(__name__)
@@ -88,6 +88,7 @@ class Pipeline:
         self._stop = threading.Event()
         self._query_id: str | None = None
         self._conn: psycopg.Connection[Any] | None = None
+        self._schemas: dict[str, StructType] | None = None
 
     def request_stop(self) -> None:
         """Stop once the batch in progress is committed (safe from a signal handler)."""
@@ -114,7 +115,11 @@ class Pipeline:
             spark, dsn=self.config.dsn, tables=list(self.config.tables), slot=source.slot,
             publication=source.publication,
             max_changes_per_trigger=source.max_changes_per_trigger,
-            num_partitions=source.num_partitions, row_format="struct")
+            num_partitions=source.num_partitions,
+            # Typed Arrow batches pass through Spark as opaque values: this query only
+            # collects them. The change log is written by Spark's Parquet sink, which
+            # needs real columns.
+            row_format="struct" if self.config.changelog else "arrow")
         writer = (stream.writeStream.foreachBatch(self._process)
                   .option("checkpointLocation", self.config.checkpoint)
                   .queryName(self.config.spark.app_name))
@@ -158,23 +163,26 @@ class Pipeline:
         finally:
             if persisted:
                 batch.unpersist()
-        counts = {str(k): int(n) for k, n in zip(
-            *_value_counts(envelope.column("table")), strict=True)}
+        if self._schemas is None:
+            self._schemas = envelope_table_schemas(batch.schema)
+        tables = {t.table: typed_rows(envelope, t.table, self._schemas[t.table])
+                  for t in self.config.targets}
+        del envelope
         # Microseconds since the epoch (the column's unit), None for an empty batch.
-        newest: int | None = pc.max(envelope.column("_commit_ts")).value
+        newest = max((pc.max(rows.column("_commit_ts")).value for rows in tables.values()
+                      if rows.num_rows), default=None)
         changes: dict[str, int] = {}
         replayed: list[str] = []
         for target in self.config.targets:
-            if not counts.get(target.table):
+            rows = tables.pop(target.table)
+            if not rows.num_rows:
                 changes[target.table] = 0
                 continue
-            rows = typed_rows(envelope, target.table)
             result = apply_changes(target.path, rows, target.spec,
                                    app_id=self._app_id(target), version=batch_id)
             changes[target.table] = 0 if result.already_applied else rows.num_rows
             if result.already_applied:
                 replayed.append(target.table)
-        del envelope
         report = self._report(batch_id, changes, time.monotonic() - started, replayed,
                               newest)
         log.info("batch %d applied: %s", batch_id, changes)
@@ -213,11 +221,6 @@ class Pipeline:
         return BatchReport(batch_id=batch_id, changes=changes, seconds=seconds,
                            lag_bytes=lag_bytes, lag_seconds=lag_seconds,
                            replayed=tuple(replayed))
-
-
-def _value_counts(column: pa.ChunkedArray) -> tuple[list[Any], list[int]]:
-    counted = pc.value_counts(column)
-    return counted.field("values").to_pylist(), counted.field("counts").to_pylist()
 
 
 def _stop_between_batches(query: StreamingQuery) -> None:

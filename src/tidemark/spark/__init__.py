@@ -12,7 +12,9 @@ Two ways to read, one data source (``format("tidemark")``):
   ``foreachBatch`` sees transactions whole; :func:`table_changes` gives the typed view
   of one table of it, with the same types as :func:`read_table`. With
   ``row_format="struct"`` the envelope carries each table's typed row in a struct
-  column instead of JSON text: the fast path when the consumer wants typed rows.
+  column instead of JSON text: the fast path when the consumer wants typed rows; with
+  ``row_format="arrow"`` each row is a whole Arrow batch of one table, for consumers
+  that collect batches to the driver (:func:`tidemark.spark.arrow_rows.typed_rows`).
 
 Each streaming query needs its own replication slot (the slot's position is the query's
 progress): two typed tables read as two queries use two slots.
@@ -41,7 +43,9 @@ from tidemark.spark.arrow_rows import (
     META_NAMES,
     arrow_schema,
     envelope_table_schemas,
+    is_packed_envelope,
     is_struct_envelope,
+    typed_rows,
 )
 from tidemark.spark.source import TidemarkDataSource
 from tidemark.spark.type_mapping import converter
@@ -96,7 +100,7 @@ def read_changes(spark: SparkSession, *, dsn: str, tables: Sequence[str],
                  num_partitions: int | None = None, row_format: str | None = None,
                  **options: Any) -> DataFrame:
     """The envelope change stream of several tables (see the module docstring);
-    *row_format* is ``json`` (default) or ``struct``."""
+    *row_format* is ``json`` (default), ``struct`` or ``arrow``."""
     return _reader(spark, dsn, {"tables": ",".join(tables), "slot": slot,
                                 "publication": publication, "rowFormat": row_format,
                                 "maxChangesPerTrigger": max_changes_per_trigger,
@@ -114,6 +118,12 @@ def table_changes(envelope: DataFrame, table: str) -> DataFrame:
     if name not in schemas:
         raise ValueError(f"table {name} is not in this stream; it has {', '.join(schemas)}")
     typed = schemas[name]
+    if is_packed_envelope(envelope.schema.fieldNames()):
+        def unpack(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
+            for batch in batches:
+                yield from typed_rows(pa.Table.from_batches([batch]), name, typed).to_batches()
+
+        return envelope.where(F.col("table") == name).mapInArrow(unpack, typed)
     if is_struct_envelope(envelope.schema):
         row = F.col("`" + name.replace("`", "``") + "`")
         data = [row.getField(f.name).alias(f.name) for f in typed.fields

@@ -40,6 +40,10 @@ class RowFormat(StrEnum):
     STRUCT = "struct"
     """One struct column per table with the row in the table's typed shape: no text
     round trip, the fast path for :func:`tidemark.spark.table_changes`."""
+    ARROW = "arrow"
+    """Each row carries a whole Arrow IPC batch of one table's typed rows: for consumers
+    that collect batches to the driver (``tidemark run``); see
+    :func:`tidemark.spark.arrow_rows.typed_rows`."""
 
 
 #: Option names as users write them (Spark compares them case-insensitively).

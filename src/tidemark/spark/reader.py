@@ -44,6 +44,7 @@ from tidemark.source.postgres.pgoutput import lsn_to_str
 from tidemark.spark import wal
 from tidemark.spark.arrow_rows import (
     EnvelopeSink,
+    PackedEnvelopeSink,
     StructEnvelopeSink,
     TypedSink,
     envelope_table_schemas,
@@ -181,9 +182,11 @@ def read_slice(options: SourceOptions, schema: StructType, lo: int,
     if options.table is not None:
         sink = TypedSink(options.table, schema, options.arrow_batch_rows,
                          options.on_schema_change)
-    elif options.row_format is RowFormat.STRUCT:
-        sink = StructEnvelopeSink(schema, envelope_table_schemas(schema),
-                                  options.arrow_batch_rows, options.on_schema_change)
+    elif options.row_format is not RowFormat.JSON:
+        kind = StructEnvelopeSink if options.row_format is RowFormat.STRUCT else \
+            PackedEnvelopeSink
+        sink = kind(schema, envelope_table_schemas(schema), options.arrow_batch_rows,
+                    options.on_schema_change)
     else:
         sink = EnvelopeSink(options.tables, options.arrow_batch_rows)
     walker = TransactionWalker(lo, hi, sink)

@@ -27,6 +27,7 @@ from tidemark.event import TableId
 from tidemark.source.postgres import catalog, session, slot
 from tidemark.spark.arrow_rows import (
     ENVELOPE_SCHEMA,
+    PACKED_SCHEMA,
     TABLE_SCHEMAS_KEY,
     envelope_table_schemas,
     struct_envelope_schema,
@@ -78,6 +79,8 @@ class TidemarkDataSource(DataSource):
         if options.row_format is RowFormat.STRUCT:
             envelope = struct_envelope_schema({str(t): s for t, s in schemas.items()})
             carrier = "table"
+        elif options.row_format is RowFormat.ARROW:
+            envelope, carrier = PACKED_SCHEMA, "table"
         else:
             envelope, carrier = ENVELOPE_SCHEMA, "after"
         return StructType([StructField(f.name, f.dataType, f.nullable,
