@@ -65,12 +65,28 @@ def test_null_key_and_null_sequence_are_errors(tmp_path: Path) -> None:
         apply_changes(tmp_path / "t", bad, spec, app_id="a", version=0)
 
 
-def test_target_that_is_not_a_delta_table(tmp_path: Path) -> None:
-    (tmp_path / "t").mkdir()
-    (tmp_path / "t" / "data.csv").write_text("x\n")
-    with pytest.raises(ConfigError, match="not a Delta table"):
-        apply_changes(tmp_path / "t", rows(change("c", 1, id=1)), ApplySpec(keys=("id",)),
+@pytest.mark.parametrize("kind", ["directory of other files", "file"])
+def test_target_that_is_not_a_delta_table(tmp_path: Path, kind: str) -> None:
+    target = tmp_path / "t"
+    if kind == "file":
+        target.write_text("x\n")  # delta-rs alone says "Path does not exist" here
+    else:
+        target.mkdir()
+        (target / "data.csv").write_text("x\n")
+    with pytest.raises(ConfigError) as err:
+        apply_changes(target, rows(change("c", 1, id=1)), ApplySpec(keys=("id",)),
                       app_id="a", version=0)
+    assert f"{target} " in str(err.value) and "not a Delta table" in str(err.value)
+    assert "expected a Delta table's directory, or a new or empty directory" in str(err.value)
+    assert target.is_file() if kind == "file" else sorted(target.iterdir()) == [
+        target / "data.csv"]
+
+
+def test_an_empty_directory_becomes_the_table(tmp_path: Path) -> None:
+    (tmp_path / "t").mkdir()
+    result = apply_changes(tmp_path / "t", rows(change("c", 1, id=1)),
+                           ApplySpec(keys=("id",)), app_id="a", version=0)
+    assert result.inserted == 1
 
 
 def test_reserved_column_names_are_rejected(tmp_path: Path) -> None:

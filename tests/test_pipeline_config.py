@@ -2,12 +2,17 @@
 
 from __future__ import annotations
 
+import os
+import pwd
+import shutil
+import tempfile
+import tomllib
 from pathlib import Path
 
 import pytest
 
 from tidemark.errors import ConfigError
-from tidemark.pipeline.config import load_config
+from tidemark.pipeline.config import load_config, parse_config
 
 _GOOD = """
 [source]
@@ -75,6 +80,8 @@ def _write(tmp_path: Path, text: str) -> Path:
      'targets."public.orders".sequence', "sequence_by"),
     (_GOOD.replace('path = "lake/orders"\n', ""), 'targets."public.orders".path',
      "required"),
+    (_GOOD.replace('keys = ["id"]\n', ""), 'targets."public.orders".keys',
+     "required: the key columns"),
     (_GOOD.replace('[targets."public.orders"]', '[targets."orders"]'), 'targets."orders"',
      "schema.table"),
     (_GOOD.replace('slot = "s1"', 'slot = "s1"\ntables = ["public.customers"]'),
@@ -99,3 +106,57 @@ def test_a_checkpoint_that_cannot_be_created_is_named(tmp_path: Path) -> None:
     (tmp_path / "taken").write_text("not a directory")
     err = _error(tmp_path, _GOOD.replace('"chk"', '"taken/chk"'))
     assert err.key == "spark.checkpoint"
+
+
+@pytest.mark.parametrize("kind", ["directory of other files", "file"])
+def test_a_target_path_that_is_not_a_delta_table_is_named(tmp_path: Path, kind: str) -> None:
+    # Found here, before Spark starts: the source is never read for a batch that cannot
+    # be applied.
+    target = tmp_path / "lake/orders"
+    target.parent.mkdir()
+    if kind == "file":
+        target.write_text("id,amount\n")
+    else:
+        target.mkdir()
+        (target / "orders.csv").write_text("id,amount\n")
+    err = _error(tmp_path, _GOOD)
+    assert err.key == 'targets."public.orders".path'
+    assert f"{target} " in str(err) and "not a Delta table" in str(err), str(err)
+    assert "expected a Delta table's directory, or a new or empty directory" in str(err)
+
+
+def test_a_checkpoint_directory_without_write_permission_is_named(tmp_path: Path) -> None:
+    # Root writes anywhere and CI runs as root, so the check runs in a forked child
+    # demoted to an unprivileged user, like a pipeline started by an ordinary user.
+    # pytest's tmp_path lies under a directory only its owner may enter: use /tmp.
+    base = Path(tempfile.mkdtemp(prefix="tidemark-perm-"))
+    try:
+        base.chmod(0o755)
+        (base / "chk").mkdir(mode=0o555)
+        read, write = os.pipe()
+        pid = os.fork()
+        if pid == 0:  # the child: demote, validate, report, exit without cleanup
+            try:
+                os.close(read)
+                if os.geteuid() == 0:
+                    nobody = pwd.getpwnam("nobody")
+                    os.setgroups([])
+                    os.setgid(nobody.pw_gid)
+                    os.setuid(nobody.pw_uid)
+                try:
+                    parse_config(tomllib.loads(_GOOD), base=base, environ=_ENV)
+                    outcome = "no error"
+                except ConfigError as err:
+                    outcome = f"{err.key}\n{err}"
+                os.write(write, outcome.encode())
+            finally:
+                os._exit(0)
+        os.close(write)
+        with os.fdopen(read, "rb") as pipe:
+            outcome = pipe.read().decode()
+        os.waitpid(pid, 0)
+    finally:
+        shutil.rmtree(base)
+    key, _, message = outcome.partition("\n")
+    assert key == "spark.checkpoint", outcome
+    assert f"{base / 'chk'} is not a writable directory" in message

@@ -1,12 +1,15 @@
 """``tidemark run`` on a real PostgreSQL and Spark: Delta equals the source, exactly once.
 
-Spark is slow to start: the end-to-end test shares one in-process session; only the kill
-test runs the CLI in subprocesses (a SIGKILL must hit a whole driver, JVM included).
+Spark is slow to start (about 20 s for a driver's first batch): every test shares one
+in-process session except the kill tests, which run the CLI in subprocesses (a SIGKILL
+must hit a whole driver, JVM included). The deterministic kill points are
+:mod:`tidemark.faults`.
 """
 
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import random
 import signal
@@ -17,7 +20,9 @@ import time
 from collections import Counter
 from pathlib import Path
 
+import psutil
 import psycopg2
+import pyarrow.parquet as pq
 import pytest
 from deltalake import DeltaTable
 from pyspark.sql import SparkSession
@@ -25,8 +30,10 @@ from pyspark.sql import SparkSession
 from conftest import Database
 from tidemark.pipeline import load_config
 from tidemark.pipeline.compare import compare
-from tidemark.pipeline.runner import Pipeline
+from tidemark.pipeline.progress import BatchReport
+from tidemark.pipeline.runner import Pipeline, PipelineError
 from tidemark.spark import wal
+from tidemark.spark.offsets import from_offset
 
 pytestmark = pytest.mark.integration
 
@@ -39,13 +46,27 @@ def _prepare(db: Database, *tables: str) -> str:
     return f'slot = "s_{db.name}"\npublication = "p_{db.name}"\n'
 
 
-def _pipeline_file(tmp_path: Path, source: str, spark: str) -> Path:
+def _pipeline_file(tmp_path: Path, source: str, spark: str, *,
+                   changelog: bool = True) -> Path:
+    """a (SCD1) and b (SCD2); with a change log, the batch takes Spark's column path."""
     file = tmp_path / "pipeline.toml"
     file.write_text(f"[source]\n{source}\n[spark]\ncheckpoint = \"chk\"\n{spark}\n"
                     '[targets."public.a"]\npath = "lake/a"\nkeys = ["id"]\n\n'
                     '[targets."public.b"]\npath = "lake/b"\nkeys = ["id"]\n'
-                    "stored_as_scd_type = 2\n\n[changelog]\npath = \"lake/_changes\"\n")
+                    "stored_as_scd_type = 2\n")
+    if changelog:
+        with file.open("a") as out:
+            out.write("\n[changelog]\npath = \"lake/_changes\"\n")
     return file
+
+
+def _assert_changelog_once(tmp_path: Path) -> None:
+    """No change twice in the Parquet change log (a replayed batch overwrites its own)."""
+    changelog = pq.read_table(tmp_path / "lake/_changes")
+    changes = Counter(zip(changelog.column("table").to_pylist(),
+                          changelog.column("_commit_lsn").to_pylist(),
+                          changelog.column("_seq").to_pylist(), strict=True))
+    assert changes and max(changes.values()) == 1, "a change is twice in the change log"
 
 
 def _assert_equal_to_source(db: Database, tmp_path: Path) -> int:
@@ -62,6 +83,27 @@ def _assert_equal_to_source(db: Database, tmp_path: Path) -> int:
     return history.num_rows
 
 
+def _batch_files(checkpoint: Path, log: str) -> set[int]:
+    """The batch ids in Spark's ``offsets`` or ``commits`` log."""
+    return {int(f.name) for f in (checkpoint / log).iterdir() if f.name.isdigit()}
+
+
+def _batch_end(checkpoint: Path, batch: int) -> int:
+    """A batch's end offset (LSN) from Spark's offset log."""
+    lines = (checkpoint / "offsets" / str(batch)).read_text().splitlines()
+    return from_offset(json.loads(lines[-1]))
+
+
+def _slot_lsn(db: Database) -> int:
+    return int(db.scalar("SELECT (confirmed_flush_lsn - '0/0')::bigint FROM "
+                         "pg_replication_slots WHERE slot_name = %s", (f"s_{db.name}",)))
+
+
+def _batch_lines(log: Path) -> list[str]:
+    return [line for line in log.read_text(errors="replace").splitlines()
+            if line.startswith("batch ")]
+
+
 def test_available_now_makes_delta_equal_the_source_with_scd2_history(
         spark: SparkSession, db: Database, tmp_path: Path) -> None:
     db.execute("CREATE TABLE a (id int PRIMARY KEY, v text, n numeric(10, 2))",
@@ -74,6 +116,7 @@ def test_available_now_makes_delta_equal_the_source_with_scd2_history(
                "DELETE FROM b WHERE id = 5")
     db.execute("UPDATE b SET v = 'third' WHERE id = 1")
     config = load_config(_pipeline_file(tmp_path, source, "available_now = true"))
+    flushed = int(db.scalar("SELECT (pg_current_wal_flush_lsn() - '0/0')::bigint"))
     reports = []
     Pipeline(config, spark=spark, on_batch=reports.append).run()
 
@@ -81,8 +124,12 @@ def test_available_now_makes_delta_equal_the_source_with_scd2_history(
     assert len([r for r in reports if r.total]) > 1  # maxChangesPerTrigger split it
     # b: 5 first versions, 5 second ones (id 5's closed by its delete), id 1's third.
     assert _assert_equal_to_source(db, tmp_path) == 5 + 5 + 1
-    # Caught up: only WAL without captured changes (a few records) is left behind.
-    assert reports[-1].lag_bytes < 4096 and reports[-1].lag_seconds == 0
+    # Caught up: the last batch ends at or after everything flushed before the run. The
+    # byte lag is only roughly small: it also counts WAL that the cluster's other
+    # databases and background work (autovacuum, checkpoints) write meanwhile.
+    last = max(_batch_files(tmp_path / "chk", "offsets"))
+    assert _batch_end(tmp_path / "chk", last) >= flushed
+    assert reports[-1].lag_bytes < 64 * 1024 and reports[-1].lag_seconds == 0
     assert (tmp_path / "lake/_changes").is_dir()
 
     # A second run with nothing new changes nothing.
@@ -115,10 +162,12 @@ def _writer(dsn: str, stop: threading.Event, seed: int) -> None:
             time.sleep(0.02)
 
 
-def _tidemark_run(config: Path, log: Path, *args: str) -> subprocess.Popen[bytes]:
-    env = {**os.environ, "PYSPARK_PYTHON": sys.executable}
+def _tidemark_run(config: Path, log: Path, *args: str,
+                  extra_env: dict[str, str] | None = None) -> subprocess.Popen[bytes]:
+    env = {**os.environ, "PYSPARK_PYTHON": sys.executable, **(extra_env or {})}
     with log.open("ab") as out:
-        # A new session: the SIGKILL below hits the driver and its JVM together.
+        # A new session: a SIGKILL of its process group (the tests' or tidemark.faults')
+        # hits the driver and its JVM together.
         return subprocess.Popen([sys.executable, "-m", "tidemark", "run", str(config), *args],
                                 stdout=out, stderr=subprocess.STDOUT, env=env,
                                 start_new_session=True)
@@ -164,3 +213,211 @@ def test_sigkill_mid_stream_then_restart_loses_and_doubles_nothing(
     restart = _tidemark_run(config, log, "--available-now")
     assert restart.wait(180) == 0, log.read_text(errors="replace")[-3000:]
     assert _assert_equal_to_source(db, tmp_path) > 0
+    _assert_changelog_once(tmp_path)
+
+
+# -- a SIGKILL at each point that decides exactly once (tidemark.faults) ----------------
+# Five transactions that maxChangesPerTrigger = 8 cuts into four batches (a transaction is
+# never split; the third and fourth share batch 2), each of batches 1 and 2 touching
+# both tables; more transactions follow each crash.
+_WORKLOAD = [
+    ("INSERT INTO a SELECT g, 'x' || g, g / 4.0 FROM generate_series(1, 10) g",
+     "INSERT INTO b SELECT g, 'first' FROM generate_series(1, 5) g"),
+    ("UPDATE a SET v = 'updated' WHERE id <= 3", "UPDATE b SET v = 'second'"),
+    ("UPDATE a SET id = 100 WHERE id = 4", "DELETE FROM a WHERE id = 5",
+     "DELETE FROM b WHERE id = 5"),
+    ("UPDATE b SET v = 'third' WHERE id = 1", "INSERT INTO a VALUES (11, 'y', 1)"),
+    ("UPDATE a SET n = n + 1", "DELETE FROM b WHERE id = 2"),
+]
+_AFTER_CRASHES = [
+    ("UPDATE b SET v = 'fourth' WHERE id IN (1, 3)", "DELETE FROM a WHERE id = 1"),
+    ("INSERT INTO b VALUES (2, 'back')", "UPDATE a SET v = 'late' WHERE id = 2"),
+    ("UPDATE b SET v = 'fifth' WHERE id = 4", "INSERT INTO a VALUES (12, 'z', 3)"),
+]
+
+
+def test_sigkill_at_each_exactly_once_point_then_restart_loses_and_doubles_nothing(
+        spark: SparkSession, db: Database, tmp_path: Path) -> None:
+    """A SIGKILL (a) after reading a batch, (b) after writing it to Delta, before Spark
+    commits it, (c) after Spark commits it, before the slot advances; each restart
+    resumes from the checkpoint.
+
+    The three kills are one chain, each restart being the next crash's run, and the
+    last restart runs in this process's shared session: three driver starts instead of
+    six (a driver needs about 20 s to its first batch, most of this test's time), and
+    restarts that crash again are covered too. After each kill, the checkpoint, the
+    Delta app transactions and the slot show that it landed where meant.
+    """
+    db.execute("CREATE TABLE a (id int PRIMARY KEY, v text, n numeric(10, 2))",
+               "CREATE TABLE b (id int PRIMARY KEY, v text)")
+    source = _prepare(db, "a", "b") + f'dsn = "{db.dsn}"\nmaxChangesPerTrigger = 8\n'
+    for transaction in _WORKLOAD:
+        db.execute(*transaction)
+    # Tiny batches: one core's worth of Spark starts faster, and needs no 200 shuffle
+    # partitions nor a UI.
+    spark_conf = ('master = "local[1]"\navailable_now = true\nconf = { '
+                  '"spark.ui.enabled" = "false", "spark.sql.shuffle.partitions" = "1" }')
+    # No change log: the default path of `tidemark run` (opaque Arrow rows).
+    config = _pipeline_file(tmp_path, source, spark_conf, changelog=False)
+    checkpoint = tmp_path / "chk"
+
+    def run(fault: str) -> list[str]:
+        log = tmp_path / f"run-{fault}.log"
+        proc = _tidemark_run(config, log, extra_env={"TIDEMARK_FAULT": fault})
+        assert proc.wait(180) == -signal.SIGKILL, log.read_text(errors="replace")[-3000:]
+        return _batch_lines(log)
+
+    def state() -> tuple[set[int], set[int], int | None]:
+        """Batches in the offset log and the commit log, the batch in Delta."""
+        query_id = json.loads((checkpoint / "metadata").read_text().splitlines()[0])["id"]
+        written = {DeltaTable(str(tmp_path / "lake" / t)).transaction_version(
+            f"tidemark-{query_id}-public.{t}") for t in "ab"}
+        assert len(written) == 1, f"the targets hold different batches: {written}"
+        return (_batch_files(checkpoint, "offsets"), _batch_files(checkpoint, "commits"),
+                written.pop())
+
+    # (a) Batch 1 read, nothing of it written: the slot was released up to batch 0 only.
+    lines = run("after_read:1")
+    assert [line.split(":")[0] for line in lines] == ["batch 0"]
+    assert state() == ({0, 1}, {0}, 0) and _slot_lsn(db) == _batch_end(checkpoint, 0)
+    db.execute(*_AFTER_CRASHES[0])
+
+    # (b) The restart redoes batch 1 (new to Delta: applied, not a replay), then batch 2
+    # is written to Delta and the kill comes before Spark commits it.
+    lines = run("after_write:2")
+    assert len(lines) == 1 and lines[0].startswith("batch 1: public.a +3, public.b +5 |")
+    assert state() == ({0, 1, 2}, {0, 1}, 2) and _slot_lsn(db) == _batch_end(checkpoint, 1)
+    db.execute(*_AFTER_CRASHES[1])
+
+    # (c) The restart replays batch 2, which Delta already holds (skipped by its app
+    # transaction); Spark commits it and the kill comes in the source's first commit()
+    # of this run, batch 2's, before the slot moves past batch 1.
+    lines = run("before_advance:0")
+    assert len(lines) == 1 and "(replayed, skipped: public.a, public.b)" in lines[0], lines
+    assert state() == ({0, 1, 2, 3}, {0, 1, 2}, 2) and _slot_lsn(db) == _batch_end(checkpoint, 1)
+    db.execute(*_AFTER_CRASHES[2])
+
+    # The last restart runs batch 3 (offsets logged, never run) and what came after.
+    reports: list[BatchReport] = []
+    Pipeline(load_config(config), spark=spark, on_batch=reports.append).run()
+    assert reports[0].batch_id == 3 and reports[0].total and not reports[0].replayed
+    # b's versions: 5 first, 5 second, id 1's third, ids 1 and 3's fourth, id 2's
+    # return, id 4's fifth (each (id, __START_AT) once, checked inside).
+    assert _assert_equal_to_source(db, tmp_path) == 5 + 5 + 1 + 2 + 1 + 1
+
+
+# -- a transaction of a million rows ---------------------------------------------------
+def _status_kib(pid: int) -> tuple[str, int, int]:
+    """``(Name, VmRSS, VmHWM)`` of a process, from one read of its status file (a child
+    forked but not yet exec'd still carries its parent's name and memory); a zombie has
+    no memory lines (0)."""
+    fields = dict(line.split(":", 1) for line in
+                  Path(f"/proc/{pid}/status").read_text().splitlines() if ":" in line)
+    return (fields["Name"].strip(), int(fields.get("VmRSS", "0").split()[0]),
+            int(fields.get("VmHWM", "0").split()[0]))
+
+
+class _PythonPeaks:
+    """The peak RSS of every Python process Spark runs for this process (the source's
+    runner, readers, Arrow workers), sampled until :meth:`stop`: the source's runner
+    exits with its query, taking its high-water mark along."""
+
+    def __init__(self) -> None:
+        self.kib: dict[int, int] = {}
+        self._stop = threading.Event()
+        for child in psutil.Process().children(recursive=True):
+            with contextlib.suppress(OSError):  # reused workers start from now
+                Path(f"/proc/{child.pid}/clear_refs").write_text("5")
+        self._thread = threading.Thread(target=self._sample, daemon=True)
+        self._thread.start()
+
+    def _sample(self) -> None:
+        while not self._stop.wait(0.2):
+            for child in psutil.Process().children(recursive=True):
+                with contextlib.suppress(OSError):
+                    name, _, peak = _status_kib(child.pid)
+                    if name.startswith("python"):
+                        self.kib[child.pid] = max(peak, self.kib.get(child.pid, 0))
+
+    def stop(self) -> dict[int, int]:
+        self._stop.set()
+        self._thread.join()
+        return self.kib
+
+
+def test_a_million_row_transaction_keeps_driver_memory_bounded(
+        spark: SparkSession, db: Database, tmp_path: Path) -> None:
+    # Narrow rows (an int key only) keep the cost in the source and the apply, where a
+    # transaction's size could pile up, not in moving wide values around.
+    rows = 1_000_000
+    db.execute("CREATE TABLE big (id int PRIMARY KEY)")
+    source = _prepare(db, "big") + f'dsn = "{db.dsn}"\nmaxChangesPerTrigger = 10000\n'
+    db.execute(f"INSERT INTO big SELECT generate_series(1, {rows})")
+    file = tmp_path / "pipeline.toml"
+    file.write_text(f"[source]\n{source}\n[spark]\ncheckpoint = \"chk\"\navailable_now = true\n"
+                    '[targets."public.big"]\npath = "lake/big"\nkeys = ["id"]\n')
+    reports: list[BatchReport] = []
+    # The driver is this process: its high-water mark restarts from its current size.
+    Path("/proc/self/clear_refs").write_text("5")
+    _, start_kib, _ = _status_kib(os.getpid())
+    peaks = _PythonPeaks()
+    try:
+        Pipeline(load_config(file), spark=spark, on_batch=reports.append).run()
+    finally:
+        workers = peaks.stop()
+    driver_growth = (_status_kib(os.getpid())[2] - start_kib) * 1024
+
+    # Admission control cannot split a transaction: one batch, far over the limit.
+    assert [r.total for r in reports if r.total] == [rows]
+    assert DeltaTable(str(tmp_path / "lake/big")).to_pyarrow_dataset().count_rows() == rows
+    # The driver holds the batch's rows as Arrow for the Delta merge (about 50 bytes a
+    # row here, copied a few times by the merge); as Python objects the rows alone would
+    # take over 500 bytes each.
+    assert driver_growth < 400 * rows, f"driver grew by {driver_growth >> 20} MiB"
+    # The source's processes stream: readers hand on Arrow batches of bounded size, the
+    # driver-side runner only counts changes per transaction.
+    assert workers and max(workers.values()) < 512 * 1024, workers
+
+
+# -- bad input that only shows once the query runs -------------------------------------
+def test_a_target_that_stops_being_a_delta_table_fails_the_batch_and_keeps_the_slot(
+        spark: SparkSession, db: Database, tmp_path: Path) -> None:
+    # The file check (tidemark.pipeline.config) passed; then a file took the target's
+    # place. The batch fails before Spark commits it, so the slot keeps its changes.
+    db.execute("CREATE TABLE a (id int PRIMARY KEY, v text, n numeric(10, 2))")
+    source = _prepare(db, "a") + f'dsn = "{db.dsn}"\n'
+    db.execute("INSERT INTO a SELECT g, 'x', g FROM generate_series(1, 3) g")
+    file = tmp_path / "pipeline.toml"
+    file.write_text(f"[source]\n{source}\n[spark]\ncheckpoint = \"chk\"\navailable_now = true\n"
+                    '[targets."public.a"]\npath = "lake/a"\nkeys = ["id"]\n')
+    config = load_config(file)
+    (tmp_path / "lake").mkdir()
+    (tmp_path / "lake/a").write_text("not a table")
+    slot = _slot_lsn(db)
+    with pytest.raises(PipelineError) as err:
+        Pipeline(config, spark=spark).run()
+    assert f"{tmp_path / 'lake/a'} is a file, not a Delta table" in str(err.value)
+    assert _slot_lsn(db) == slot
+    assert not _batch_files(tmp_path / "chk", "commits")
+
+    (tmp_path / "lake/a").unlink()
+    Pipeline(config, spark=spark).run()
+    source_rows, lake_rows = compare(db.dsn, "public.a", str(tmp_path / "lake/a"),
+                                     ["id", "v", "n"])
+    assert len(lake_rows) == 3 and source_rows == lake_rows
+
+
+def test_a_table_without_primary_key_fails_before_the_query_starts(
+        spark: SparkSession, db: Database, tmp_path: Path) -> None:
+    db.execute("CREATE TABLE keyless (id int, v text)")
+    file = tmp_path / "pipeline.toml"
+    file.write_text(f'[source]\ndsn = "{db.dsn}"\nslot = "s_{db.name}"\n'
+                    '[spark]\ncheckpoint = "chk"\navailable_now = true\n'
+                    '[targets."public.keyless"]\npath = "lake/k"\nkeys = ["id"]\n')
+    with pytest.raises(PipelineError, match=r"public\.keyless have no primary key.*ADD "
+                                            r"PRIMARY KEY"):
+        Pipeline(load_config(file), spark=spark).run()
+    # Nothing was started: no slot holds WAL, no checkpoint was written.
+    assert db.scalar("SELECT count(*) FROM pg_replication_slots WHERE slot_name = %s",
+                     (f"s_{db.name}",)) == 0
+    assert not any((tmp_path / "chk").iterdir())

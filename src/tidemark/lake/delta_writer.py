@@ -21,7 +21,7 @@ from typing import Any, Final
 import pyarrow as pa
 import pyarrow.compute as pc
 from deltalake import CommitProperties, DeltaTable, Field, Transaction
-from deltalake.exceptions import TableNotFoundError
+from deltalake.exceptions import DeltaError, TableNotFoundError
 
 from tidemark.errors import ConfigError
 from tidemark.lake import change_rows as cr
@@ -128,14 +128,32 @@ def apply_changes(target: str | os.PathLike[str], changes: pa.Table, spec: Apply
 
 
 # -- the target table ---------------------------------------------------------------------
+def check_target(uri: str) -> None:
+    """Raise ConfigError if the local path *uri* exists but cannot be a Delta table.
+
+    A Delta table's directory, a missing path and an empty directory are fine (the first
+    batch creates the table); a file, or a directory of other files, is not: writing a
+    table there would mix it with data that is not the table's.
+    """
+    expected = ("expected a Delta table's directory, or a new or empty directory for the "
+                "first batch to create the table in")
+    if os.path.exists(uri) and not os.path.isdir(uri):
+        raise ConfigError("target", f"{uri} is a file, not a Delta table: {expected}")
+    if os.path.isdir(uri) and os.listdir(uri) and not os.path.isdir(
+            os.path.join(uri, "_delta_log")):
+        raise ConfigError("target", f"{uri} exists and is not a Delta table (it holds files "
+                                    f"but no _delta_log): {expected}")
+
+
 def _open(uri: str, storage_options: dict[str, str] | None) -> DeltaTable | None:
     try:
         return DeltaTable(uri, storage_options=storage_options)
-    except TableNotFoundError:
-        if os.path.isdir(uri) and os.listdir(uri) and not os.path.isdir(
-                os.path.join(uri, "_delta_log")):
-            raise ConfigError("target", f"{uri} exists and is not a Delta table") from None
-        return None
+    except DeltaError as err:
+        # A plain file fails with delta-rs' "Path does not exist", which hides the cause.
+        check_target(uri)
+        if isinstance(err, TableNotFoundError):
+            return None
+        raise
 
 
 def _target_fields(schema: pa.Schema, columns: ResolvedColumns,

@@ -3,8 +3,9 @@
 Spark takes seconds to start and a streaming query may run for days, so every mistake a
 file can hold is found here first: TOML syntax (with the line), unknown keys (named with
 the allowed ones), a target table the source does not capture, bad ``apply_changes``
-settings, a missing or unwritable checkpoint directory, a DSN that is neither in the
-file nor in its environment variable. Each raises :class:`tidemark.errors.ConfigError`
+settings, a target path that holds something other than a Delta table, a missing or
+unwritable checkpoint directory, a DSN that is neither in the file nor in its
+environment variable. Each raises :class:`tidemark.errors.ConfigError`
 naming the key (``spark.checkpoint``, ``targets."public.orders".keys``).
 
 Relative paths are resolved against the directory of the file, so a pipeline directory
@@ -26,6 +27,7 @@ import msgspec
 from tidemark.config_mapping import config_error_from
 from tidemark.errors import ConfigError, unknown_key_error
 from tidemark.event import TableId
+from tidemark.lake.delta_writer import check_target
 from tidemark.lake.spec import ApplySpec, spec_from_mapping
 from tidemark.spark.options import DEFAULT_PUBLICATION, DEFAULT_SLOT
 
@@ -203,9 +205,12 @@ def _target(name: str, values: object, base: Path) -> Target:
         raise ConfigError(f"{section}.{err.key}", message) from None
     except TypeError as err:  # a required ApplySpec field (keys) left out
         raise ConfigError(f"{section}.keys", f"required: the key columns ({err})") from None
-    return Target(table=str(TableId.parse(name)), path=_local_path(path, base,
-                                                                  f"{section}.path"),
-                  spec=spec)
+    resolved = _local_path(path, base, f"{section}.path")
+    try:
+        check_target(resolved)  # here, before Spark starts and the source is read
+    except ConfigError as err:
+        raise ConfigError(f"{section}.path", str(err).removeprefix(f"{err.key}: ")) from None
+    return Target(table=str(TableId.parse(name)), path=resolved, spec=spec)
 
 
 def _tables(source: SourceSection, targets: tuple[Target, ...]) -> tuple[str, ...]:

@@ -37,6 +37,7 @@ from pyspark.sql.streaming.query import StreamingQuery
 from pyspark.sql.types import StructType
 
 import tidemark.spark as ts
+from tidemark import faults
 from tidemark.errors import TerminalError
 from tidemark.lake import apply_changes
 from tidemark.pipeline.config import PipelineConfig, Target
@@ -160,6 +161,7 @@ class Pipeline:
             if persisted:
                 self._write_changelog(batch, batch_id)
             envelope = batch.toArrow()
+            faults.crash_point("after_read", batch_id)
         finally:
             if persisted:
                 batch.unpersist()
@@ -183,6 +185,7 @@ class Pipeline:
             changes[target.table] = 0 if result.already_applied else rows.num_rows
             if result.already_applied:
                 replayed.append(target.table)
+        faults.crash_point("after_write", batch_id)
         report = self._report(batch_id, changes, time.monotonic() - started, replayed,
                               newest)
         log.info("batch %d applied: %s", batch_id, changes)

@@ -40,6 +40,7 @@ from pyspark.sql.streaming.datasource import (
 )
 from pyspark.sql.types import StructType
 
+from tidemark import faults
 from tidemark.source.postgres.pgoutput import lsn_to_str
 from tidemark.spark import wal
 from tidemark.spark.arrow_rows import (
@@ -87,6 +88,7 @@ class TidemarkStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         self._conn: psycopg.Connection[Any] | None = None
         self._index = TxnIndex()
         self._target: int | None = None  # Trigger.AvailableNow's end, once prepared
+        self._commits = 0  # commit() calls so far, for tidemark.faults
 
     def __getstate__(self) -> dict[str, Any]:
         # The driver's connection must not travel (nor fail pickling).
@@ -160,6 +162,8 @@ class TidemarkStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
     def commit(self, end: dict[str, Any]) -> None:
         """Spark has committed every batch up to *end*: release the WAL before it."""
         lsn = from_offset(end)
+        faults.crash_point("before_advance", self._commits)
+        self._commits += 1
         wal.advance_slot(self._connection(), self.options.slot, lsn)
         log.info("slot %s advanced to %s", self.options.slot, lsn_to_str(lsn))
 

@@ -1,0 +1,52 @@
+"""Crash injection for the exactly-once tests: ``TIDEMARK_FAULT=<point>:<n>``.
+
+Exactly once must survive a driver dying at any moment; the tests prove it at the three
+moments that decide it, by SIGKILL at a named point of the pipeline:
+
+* ``after_read:n`` — batch *n* has been read from the source (and cached), nothing of it
+  is in Delta yet;
+* ``after_write:n`` — batch *n* is in every Delta target, Spark has not written it to
+  the checkpoint's commit log yet;
+* ``before_advance:n`` — Spark has committed a batch, the source's ``commit()`` has not
+  advanced the slot yet. *n* counts this process's ``commit()`` calls from 0: Spark
+  calls it once per batch, in order, when it plans the next batch (on a fresh
+  checkpoint call *n* is batch *n*'s).
+
+Off unless the variable is set (a check is a cached lookup and a comparison). When it fires it
+kills the whole process group, not just the process it runs in: ``commit()`` runs in the
+Python process Spark starts for the source, and a driver crash takes the Python driver,
+its JVM and that process down together. So a pipeline run with this set must lead its
+own process group (``start_new_session=True``), or it kills its caller too.
+"""
+
+from __future__ import annotations
+
+import functools
+import logging
+import os
+import signal
+from typing import Final
+
+log = logging.getLogger(__name__)
+
+ENV: Final = "TIDEMARK_FAULT"
+POINTS: Final = ("after_read", "after_write", "before_advance")
+
+
+@functools.cache
+def _armed() -> tuple[str, int] | None:
+    spec = os.environ.get(ENV, "")
+    if not spec:
+        return None
+    point, _, number = spec.partition(":")
+    if point not in POINTS or not number.isdigit():
+        raise ValueError(f"{ENV}={spec!r}: expected <point>:<n>, the point one of "
+                         f"{', '.join(POINTS)} and n a batch number")
+    return point, int(number)
+
+
+def crash_point(point: str, n: int) -> None:
+    """SIGKILL this process group if :data:`ENV` names *point* and *n*."""
+    if _armed() == (point, n):
+        log.warning("%s=%s:%d: killing the process group", ENV, point, n)
+        os.killpg(os.getpgrp(), signal.SIGKILL)
