@@ -20,7 +20,8 @@ changes. Measured:
   Each process first runs the same pipeline once on a small warm-up table, as a
   long-running pipeline is warm (JIT, Python workers); the time of Spark's start and of
   the cold first query are printed too;
-* peak RSS of each Spark process tree (driver Python, JVM, Python workers).
+* peak memory of each Spark process: the driver's RSS (Python driver and JVM) and the
+  PSS of the whole tree (with the Python workers).
 
 Usage: ``uv run python benchmarks/bench_spark_source.py [--transactions 3000] [--runs 2]``
 """
@@ -69,12 +70,16 @@ def _copy_slot(dsn: str, source: str, name: str) -> None:
         conn.execute("SELECT pg_copy_logical_replication_slot(%s, %s)", (source, name))
 
 
-class _PeakRss:
-    """Samples the summed RSS of a process tree every 100 ms."""
+class _PeakMemory:
+    """Samples a Spark process tree every 200 ms: the driver's RSS (the Python driver and
+    its JVM) and the whole tree's PSS (driver, JVM, Python workers). PSS, not RSS, for the
+    tree: the workers are forked from one daemon and share most of their pages, which a
+    sum of RSS would count once per process."""
 
     def __init__(self, pid: int) -> None:
         self.pid = pid
-        self.peak = 0
+        self.driver = 0
+        self.tree = 0
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, daemon=True)
         self._thread.start()
@@ -82,17 +87,21 @@ class _PeakRss:
     def _run(self) -> None:
         with contextlib.suppress(psutil.Error):
             root = psutil.Process(self.pid)
-            while not self._stop.wait(0.1):
-                total = 0
+            while not self._stop.wait(0.2):
+                driver = tree = 0
                 for proc in [root, *root.children(recursive=True)]:
                     with contextlib.suppress(psutil.Error):
-                        total += proc.memory_info().rss
-                self.peak = max(self.peak, total)
+                        info = proc.memory_full_info()
+                        tree += info.pss
+                        if proc.pid == root.pid or proc.name() == "java":
+                            driver += info.rss
+                self.driver = max(self.driver, driver)
+                self.tree = max(self.tree, tree)
 
-    def stop(self) -> int:
+    def stop(self) -> tuple[int, int]:
         self._stop.set()
         self._thread.join()
-        return self.peak
+        return self.driver, self.tree
 
 
 # -- the child: one master, one SparkSession --------------------------------------------
@@ -160,12 +169,13 @@ def _child(master: str, dsn: str, slots: dict[str, str]) -> dict[str, float]:
     return results
 
 
-def _measure(master: str, dsn: str, slots: dict[str, str]) -> tuple[dict[str, float], int]:
+def _measure(master: str, dsn: str, slots: dict[str, str]
+             ) -> tuple[dict[str, float], tuple[int, int]]:
     proc = subprocess.Popen(
         [sys.executable, __file__, "--child", master, "--slots", json.dumps(slots)],
         env={**os.environ, "BENCH_DSN": dsn}, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
     )
-    sampler = _PeakRss(proc.pid)
+    sampler = _PeakMemory(proc.pid)
     out, err = proc.communicate()
     peak = sampler.stop()
     if proc.returncode != 0:
@@ -225,7 +235,7 @@ def main() -> None:
     logging.basicConfig(level=logging.INFO, format="%(message)s")
     rates: dict[str, list[float]] = {"capture": []}
     extra: dict[str, list[float]] = {}
-    peaks: dict[str, int] = {}
+    peaks: dict[str, tuple[int, int]] = {}
     with PostgresCluster() as cluster:
         dsn = cluster.create_database("bench")
         changes = _prepare(dsn, args.transactions)
@@ -253,13 +263,14 @@ def main() -> None:
                     changes / result["delta_batch_seconds"])
                 for key in ("startup", "cold", "empty_batch"):
                     extra.setdefault(f"{master} {key}", []).append(result[key])
-                peaks[master] = max(peaks.get(master, 0), peak)
+                old = peaks.get(master, (0, 0))
+                peaks[master] = (max(old[0], peak[0]), max(old[1], peak[1]))
                 log.info("run %d %s: noop %.0f/s, delta %.0f/s (%d batches), empty batch "
-                         "%.2f s, Spark start %.1f s, cold warm-up query %.1f s, peak RSS "
-                         "%.0f MB", run + 1, master, rates[f"{master} noop"][-1],
-                         rates[f"{master} delta"][-1], result["delta_batches"],
-                         result["empty_batch"], result["startup"], result["cold"],
-                         peak / 2**20)
+                         "%.2f s, Spark start %.1f s, cold warm-up query %.1f s, peak driver RSS "
+                         "%.0f MB, tree PSS %.0f MB", run + 1, master,
+                         rates[f"{master} noop"][-1], rates[f"{master} delta"][-1],
+                         result["delta_batches"], result["empty_batch"], result["startup"],
+                         result["cold"], peak[0] / 2**20, peak[1] / 2**20)
 
     def fmt(values: list[float]) -> str:
         return (f"{statistics.median(values):>9,.0f}/s  (runs: "
@@ -274,8 +285,9 @@ def main() -> None:
             ratio = statistics.median(rates[name]) / capture
             print(f"{name:<30}{fmt(rates[name])}  {ratio:.2f}x capture")
         print(f"{master + ' empty batch':<30}"
-              f"{statistics.median(extra[f'{master} empty_batch']):>9.2f} s;  peak RSS "
-              f"{peaks[master] / 2**20:,.0f} MB;  Spark start "
+              f"{statistics.median(extra[f'{master} empty_batch']):>9.2f} s;  peak driver RSS "
+              f"{peaks[master][0] / 2**20:,.0f} MB, all processes (PSS) "
+              f"{peaks[master][1] / 2**20:,.0f} MB;  Spark start "
               f"{statistics.median(extra[f'{master} startup']):.1f} s, cold first query "
               f"{statistics.median(extra[f'{master} cold']):.1f} s")
     for kind in ("noop", "delta", "delta, batch time"):
