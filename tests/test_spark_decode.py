@@ -27,6 +27,7 @@ from pyspark.sql.types import (
 from pgoutput_builders import encode_message
 from tidemark.errors import ConfigError
 from tidemark.event import UNAVAILABLE, TableId
+from tidemark.source.postgres import pgoutput
 from tidemark.source.postgres import types as pg
 from tidemark.source.postgres.pgoutput import (
     Begin,
@@ -62,7 +63,7 @@ from tidemark.spark.offsets import (
     to_offset,
 )
 from tidemark.spark.options import OnSchemaChange, SourceOptions
-from tidemark.spark.tuple_columns import TupleLayoutError, decode_tuples
+from tidemark.spark.tuple_columns import TupleLayoutError, decode_tuples, join_messages
 from tidemark.spark.type_mapping import spark_type
 
 TABLE = TableId("public", "a")
@@ -254,7 +255,7 @@ def test_vectorized_tuple_decoding_equals_the_message_decoder(rows: list[tuple[o
     ncols = len(rows[0])
     messages = [encode_message(Update(None, 7, None, None, r)) if UNAVAILABLE in r
                 else encode_message(Insert(None, 7, r)) for r in rows]  # type: ignore[arg-type]
-    decoded = decode_tuples(messages, ncols)
+    decoded = decode_tuples(*join_messages(messages), ncols)
     for column in range(ncols):
         assert decoded.arrays[column].to_pylist() == [
             None if r[column] is UNAVAILABLE else r[column] for r in rows]
@@ -265,14 +266,14 @@ def test_vectorized_tuple_decoding_equals_the_message_decoder(rows: list[tuple[o
 def test_vectorized_decoding_refuses_what_does_not_fit_its_layout() -> None:
     good = encode_message(Insert(None, 7, ("1", "x")))
     with pytest.raises(TupleLayoutError, match="column count"):
-        decode_tuples([good], 3)
+        decode_tuples(*join_messages([good]), 3)
     with pytest.raises(TupleLayoutError):
-        decode_tuples([good[:-1]], 2)  # truncated value
+        decode_tuples(*join_messages([good[:-1]]), 2)  # truncated value
     with pytest.raises(TupleLayoutError):
-        decode_tuples([good + b"\x00"], 2)  # trailing byte
+        decode_tuples(*join_messages([good + b"\x00"]), 2)  # trailing byte
     latin1 = encode_message(Insert(None, 7, ("1", "x"))).replace(b"x", b"\xe9")
     with pytest.raises(TupleLayoutError, match="UTF-8"):
-        decode_tuples([latin1], 2)
+        decode_tuples(*join_messages([latin1]), 2)
 
 
 def test_a_malformed_row_message_fails_with_the_decoders_exact_error() -> None:
@@ -310,3 +311,102 @@ def test_struct_envelope_rows_equal_the_typed_rows() -> None:
     assert empty.num_rows == 0 and empty.schema == arrow_schema(SCHEMA)
     assert typed.column("_op").to_pylist() == ["c", "d", "c", "u", "d", "t"]
     assert typed.column("_unavailable").to_pylist() == [[], [], ["note"], ["note"], [], []]
+
+
+# -- the vectorized walk against a message-by-message reference --------------------------
+OTHER = Relation(None, 99, "public", "other", "d", (RelationColumn("k", pg.TEXT_OID, -1, True),))
+_NOTE = st.one_of(st.none(), st.just(UNAVAILABLE), st.sampled_from(["x", "é", "a b", ""]))
+
+
+@st.composite
+def _change(draw: st.DrawFn) -> object:
+    """One data message of public.a (ids 1-5 so updates can change keys) or of a table
+    the stream does not capture, or a Relation message sent again mid-stream."""
+    kind = draw(st.sampled_from(["insert", "update", "key_update", "full_update", "delete",
+                                 "truncate", "other", "relation"]))
+    row = (str(draw(st.integers(1, 5))), draw(st.sampled_from(["1.00", "12.30", None])),
+           draw(_NOTE))
+    new_only = tuple(None if v is UNAVAILABLE else v for v in row)
+    rid = REL.relation_id
+    if kind == "insert":
+        return Insert(None, rid, new_only)
+    if kind == "update":
+        return Update(None, rid, None, None, row)
+    if kind == "key_update":  # the old key differs from the new one (or not)
+        return Update(None, rid, "K", (str(draw(st.integers(1, 5))), None, None), row)
+    if kind == "full_update":  # REPLICA IDENTITY FULL: the whole old row
+        return Update(None, rid, "O", (row[0], "1.00", "old"), row)
+    if kind == "delete":
+        return Delete(None, rid, "K", (row[0], None, None))
+    if kind == "truncate":
+        return Truncate(None, False, False, (rid, OTHER.relation_id))
+    if kind == "other":
+        return Insert(None, OTHER.relation_id, ("k",))
+    return REL
+
+
+def _reference(messages: list[tuple[int, bytes]], lo: int, hi: int
+               ) -> list[tuple[object, ...]]:
+    """The rows of public.a the walk must give, decoded one message at a time."""
+    rows: list[tuple[object, ...]] = []
+    keep, seq, txn = False, 0, (0, 0)
+    for lsn, data in messages:
+        kind = data[:1]
+        if kind == b"B":
+            begin = pgoutput.parse_begin(data)
+            keep, seq, txn = lo <= begin.final_lsn < hi, 0, (begin.final_lsn, begin.xid)
+            continue
+        if not keep or kind not in b"IUDT":
+            continue
+        changes: list[tuple[str, tuple[object, ...] | None, int]] = []
+        if kind == b"I":
+            ins = pgoutput.parse_insert(data)
+            changes.append(("c", ins.new, ins.relation_id))
+        elif kind == b"D":
+            dele = pgoutput.parse_delete(data)
+            changes.append(("d", dele.old, dele.relation_id))
+        elif kind == b"T":
+            changes += [("t", None, r) for r in pgoutput.parse_truncate(data).relation_ids]
+        else:
+            upd = pgoutput.parse_update(data)
+            if upd.old is not None and upd.old[0] != upd.new[0]:
+                changes += [("d", upd.old, upd.relation_id), ("c", upd.new, upd.relation_id)]
+            else:
+                changes.append(("u", upd.new, upd.relation_id))
+        for op, values, relation_id in changes:
+            seq += 1
+            if relation_id != REL.relation_id:
+                continue
+            cells = (None, None, None) if values is None else values
+            rows.append((op, *[None if v is UNAVAILABLE else v for v in cells], lsn, seq,
+                         *txn, [n for n, v in zip(("id", "amount", "note"), cells,
+                                                  strict=True) if v is UNAVAILABLE]))
+    return rows
+
+
+@given(st.lists(st.lists(_change(), max_size=8), min_size=1, max_size=8),
+       st.lists(st.integers(1, 60), max_size=6), st.integers(1, 7), st.integers(0, 9),
+       st.integers(0, 9))
+def test_vectorized_walk_equals_decoding_message_by_message(
+        txns: list[list[object]], cuts: list[int], batch_rows: int, first: int,
+        last: int) -> None:
+    messages = [(1, encode_message(REL)), (2, encode_message(OTHER))]
+    for i, changes in enumerate(txns):
+        messages += _txn(1000 * (i + 1), 100 + i, *changes)
+    lo, hi = 1000 * first, 1000 * max(first, last) + 1
+    points = sorted({0, len(messages), *(c % (len(messages) + 1) for c in cuts)})
+    chunks = [messages[a:b] for a, b in itertools.pairwise(points)]
+    sink = TypedSink(TABLE, SCHEMA, batch_rows, OnSchemaChange.FAIL)
+    walker = TransactionWalker(lo, hi, sink)
+    batches = []
+    for chunk in chunks:
+        walker.feed(chunk)
+        batches.extend(sink.take())
+    batches.extend(sink.finish())
+    assert all(b.num_rows <= batch_rows for b in batches)
+    table = pa.Table.from_batches(batches, schema=sink.pa_schema)
+    got = [(r["_op"], None if r["id"] is None else str(r["id"]),
+            None if r["amount"] is None else f"{r['amount']:.2f}", r["note"], r["_lsn"],
+            r["_seq"], r["_commit_lsn"], r["_txid"], r["_unavailable"])
+           for r in table.to_pylist()]
+    assert got == _reference(messages, lo, hi)

@@ -51,6 +51,7 @@ from collections.abc import Iterator, Sequence
 from typing import Any, Final, Protocol
 
 import msgspec
+import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 from pyspark.sql.pandas.types import to_arrow_schema
@@ -68,6 +69,7 @@ from tidemark.errors import TerminalError
 from tidemark.event import UNAVAILABLE, TableId
 from tidemark.source.postgres import pgoutput
 from tidemark.source.postgres.pgoutput import Relation, TupleData
+from tidemark.spark.decode import OP_OF_KIND, RowBlock, Txn
 from tidemark.spark.options import OnSchemaChange
 from tidemark.spark.tuple_columns import TupleLayoutError, decode_tuples
 from tidemark.spark.type_mapping import Converter, converter
@@ -191,74 +193,65 @@ def arrow_schema(schema: StructType) -> pa.Schema:
     return to_arrow_schema(schema, timezone="UTC")
 
 
+_OPS: Final = pa.array(["c", "u", "d"], pa.string())
+_OP_INDEX: Final = np.zeros(256, np.int8)
+_OP_INDEX[[0x49, 0x55, 0x44]] = [0, 1, 2]  # Insert, Update, Delete -> position in _OPS
+
+
+def _meta_arrays(schema: pa.Schema, ops: pa.Array, lsns: Any, seqs: Any, commit_lsns: Any,
+                 commit_ts: Any, xids: Any, unavailable: list[tuple[int, list[str]]]
+                 ) -> list[pa.Array]:
+    """The change columns of *n* rows (integer columns as lists or numpy arrays);
+    *unavailable* lists ``(row, column names)`` for the few rows that have any."""
+    n = len(ops)
+    if unavailable:
+        counts = np.zeros(n, np.int32)
+        names: list[str] = []
+        for row, row_names in sorted(unavailable):
+            counts[row] = len(row_names)
+            names.extend(row_names)
+        offsets = np.zeros(n + 1, np.int32)
+        np.cumsum(counts, out=offsets[1:])
+    else:
+        offsets, names = np.zeros(n + 1, np.int32), []
+    return [
+        ops,
+        pa.array(lsns, pa.int64()),
+        pa.array(commit_lsns, pa.int64()),
+        pa.array(seqs, pa.int64()),
+        pa.array(commit_ts, pa.int64()).cast(schema.field("_commit_ts").type),
+        pa.array(xids, pa.int64()),
+        pa.ListArray.from_arrays(pa.array(offsets), pa.array(names, pa.string()),
+                                 type=schema.field("_unavailable").type),
+    ]
+
+
 class _Meta:
-    """Column lists of the change columns, shared by both sinks.
+    """The change columns of rows decoded one by one, as lists."""
 
-    The transaction columns (commit LSN, commit time, txid) are kept as runs, one per
-    transaction, and expanded when a batch is built: most rows share them.
-    """
+    __slots__ = ("commit_lsns", "commit_ts", "lsns", "ops", "seqs", "unavailable", "xids")
 
-    __slots__ = ("lsns", "ops", "runs", "seqs", "txn", "unavailable")
-
-    def __init__(self, txn: tuple[int, int, int] = (0, 0, 0)) -> None:
-        self.txn = txn  # commit LSN, commit time µs, txid of the current transaction
-        self.reset()
-
-    def reset(self) -> None:
+    def __init__(self) -> None:
         self.ops: list[str] = []
         self.lsns: list[int] = []
         self.seqs: list[int] = []
-        # (first row, commit LSN, commit time, txid) per transaction in the batch.
-        self.runs: list[tuple[int, int, int, int]] = [(0, *self.txn)]
+        self.commit_lsns: list[int] = []
+        self.commit_ts: list[int] = []
+        self.xids: list[int] = []
         # (row index, names) for the few rows with unavailable columns.
         self.unavailable: list[tuple[int, list[str]]] = []
 
-    def begin(self, commit_lsn: int, commit_ts_us: int, xid: int) -> None:
-        self.txn = (commit_lsn, commit_ts_us, xid)
-        row = len(self.ops)
-        if self.runs[-1][0] == row:
-            self.runs[-1] = (row, *self.txn)
-        else:
-            self.runs.append((row, *self.txn))
-
-    def append(self, op: str, lsn: int, seq: int) -> None:
+    def append(self, op: str, lsn: int, seq: int, txn: Txn) -> None:
         self.ops.append(op)
         self.lsns.append(lsn)
         self.seqs.append(seq)
+        self.commit_lsns.append(txn.commit_lsn)
+        self.commit_ts.append(txn.commit_ts_us)
+        self.xids.append(txn.xid)
 
     def arrays(self, schema: pa.Schema) -> list[pa.Array]:
-        n = len(self.ops)
-        ends = [r[0] for r in self.runs[1:]] + [n]
-
-        def expand(field: int) -> pa.Array:
-            values: list[int] = []
-            for run, end in zip(self.runs, ends, strict=True):
-                values += [run[field]] * (end - run[0])
-            return pa.array(values, pa.int64())
-
-        offsets = [0] * (n + 1)
-        names: list[str] = []
-        if self.unavailable:
-            marks = dict(self.unavailable)
-            total = 0
-            for i in range(n):
-                row_names = marks.get(i)
-                if row_names:
-                    names.extend(row_names)
-                    total += len(row_names)
-                offsets[i + 1] = total
-        unavailable = pa.ListArray.from_arrays(pa.array(offsets, pa.int32()),
-                                               pa.array(names, pa.string()),
-                                               type=schema.field("_unavailable").type)
-        return [
-            pa.array(self.ops, pa.string()),
-            pa.array(self.lsns, pa.int64()),
-            expand(1),
-            pa.array(self.seqs, pa.int64()),
-            expand(2).cast(schema.field("_commit_ts").type),
-            expand(3),
-            unavailable,
-        ]
+        return _meta_arrays(schema, pa.array(self.ops, pa.string()), self.lsns, self.seqs,
+                            self.commit_lsns, self.commit_ts, self.xids, self.unavailable)
 
 
 def _split_toast(values: TupleData, names: Sequence[str]) -> tuple[TupleData, list[str]]:
@@ -279,18 +272,20 @@ def _decoded(data: bytes) -> TupleData:
 
 
 class TableRows:
-    """One table's pending rows in its typed shape, built into record batches.
+    """One table's pending rows in its typed shape, built into record batches of at most
+    *batch_rows* rows.
 
-    Rows arrive either still encoded (:meth:`raw`: decoded together, vectorized, when
-    the batch is built) or decoded (:meth:`add`: key changes and rows with an old
-    tuple). A batch holding both is put back in commit order.
+    Blocks of encoded rows (:meth:`rows`) are decoded on arrival, vectorized; rows
+    decoded one by one (:meth:`add`: key changes, rows with an old tuple, truncates)
+    wait as values until :meth:`flush`, which then puts everything back in commit order.
     """
 
-    def __init__(self, table: TableId, schema: StructType, on_schema_change: OnSchemaChange
-                 ) -> None:
+    def __init__(self, table: TableId, schema: StructType, on_schema_change: OnSchemaChange,
+                 batch_rows: int) -> None:
         self.table = table
         self.schema = schema
         self.pa_schema = arrow_schema(schema)
+        self.batch_rows = batch_rows
         self.columns = [f.name for f in schema.fields if f.name not in META_NAMES]
         self.converters: list[Converter] = [
             converter(f.dataType, self.pa_schema.field(f.name).type)
@@ -298,17 +293,17 @@ class TableRows:
         ]
         self.on_schema_change = on_schema_change
         self.relation_id: int | None = None
-        self.relation_key = b""  # the relation id as the 4 bytes messages carry
         self.positions: list[int] = []  # per schema column: index in the relation, or -1
         self.relation_names: tuple[str, ...] = ()
-        self.messages: list[bytes] = []
-        self.message_meta = _Meta()
-        self.rows: list[TupleData | None] = []
+        self.built: list[pa.RecordBatch] = []  # in commit order unless self.mixed
+        self.built_rows = 0
+        self.mixed = False
+        self.values: list[TupleData | None] = []
         self.meta = _Meta()
         self.ready: list[pa.RecordBatch] = []
 
     def __len__(self) -> int:
-        return len(self.messages) + len(self.rows)
+        return self.built_rows + len(self.values)
 
     def relation(self, rel: Relation) -> None:
         """The table's (new) column layout; rows pending in the old one are built first."""
@@ -323,75 +318,76 @@ class TableRows:
                 "(or set onSchemaChange=drop_new_columns to ignore new columns)"
             )
         positions = [names.index(c) if c in names else -1 for c in self.columns]
-        if len(self) and (positions != self.positions or rel.relation_id != self.relation_id
-                          or names != self.relation_names):
-            self.flush()
+        if self.values and (positions != self.positions or names != self.relation_names):
+            self._build_values()
         self.relation_id = rel.relation_id
-        self.relation_key = rel.relation_id.to_bytes(4, "big")
         self.positions = positions
         self.relation_names = names
 
-    def begin(self, commit_lsn: int, commit_ts_us: int, xid: int) -> None:
-        self.message_meta.begin(commit_lsn, commit_ts_us, xid)
-        self.meta.begin(commit_lsn, commit_ts_us, xid)
+    def rows(self, block: RowBlock) -> None:
+        """Encoded row changes of this table (see :class:`RowBlock`)."""
+        try:
+            decoded = decode_tuples(block.buf, block.starts, block.lengths,
+                                    len(self.relation_names))
+        except TupleLayoutError:
+            # One by one: exact errors for malformed messages, and correct rows for
+            # anything unusual that is still valid.
+            for i in range(len(block)):
+                op = OP_OF_KIND[int(block.kinds[i])]
+                self.add(op, _decoded(block.message(i)), int(block.lsns[i]),
+                         int(block.seqs[i]), block.txn(i), op == "u")
+            return
+        n = len(block)
+        names = self.relation_names
+        known = set(self.columns)
+        unavailable = [(row, [names[c] for c in columns if names[c] in known])
+                       for row, columns in decoded.unchanged]
+        texts: list[Any] = [decoded.arrays[p] if p >= 0 else pa.nulls(n, pa.string())
+                            for p in self.positions]
+        ops = _OPS.take(pa.array(_OP_INDEX[block.kinds]))
+        meta = _meta_arrays(self.pa_schema, ops, block.lsns, block.seqs, block.commit_lsns,
+                            block.commit_ts, block.xids, unavailable)
+        # Rows waiting as values may come before these.
+        self._append(self._batch(texts, meta), mixed=bool(self.values))
 
-    def raw(self, data: bytes, op: str, lsn: int, seq: int) -> None:
-        self.messages.append(data)
-        self.message_meta.append(op, lsn, seq)
-
-    def add(self, op: str, values: TupleData | None, lsn: int, seq: int,
+    def add(self, op: str, values: TupleData | None, lsn: int, seq: int, txn: Txn,
             may_have_toast: bool) -> None:
+        """One decoded row change (*values* None for a truncate)."""
         if may_have_toast and values is not None and UNAVAILABLE in values:
             values, missing = _split_toast(values, self.relation_names)
             self.meta.unavailable.append(
-                (len(self.rows), [n for n in missing if n in self.columns]))
-        self.rows.append(values)
-        self.meta.append(op, lsn, seq)
+                (len(self.values), [n for n in missing if n in self.columns]))
+        self.values.append(values)
+        self.meta.append(op, lsn, seq, txn)
 
     def take(self) -> list[pa.RecordBatch]:
         ready, self.ready = self.ready, []
         return ready
 
     def flush(self) -> None:
-        """Build the pending rows into one record batch (appended to ``ready``)."""
-        parts: list[pa.RecordBatch] = []
-        if self.messages:
-            parts.append(self._from_messages())
-        if self.rows:
-            parts.append(self._from_rows())
-        if len(parts) == 2:
+        """Build every pending row into record batches (appended to ``ready``)."""
+        if self.values:
+            self._build_values()
+        built, mixed = self.built, self.mixed
+        self.built, self.built_rows, self.mixed = [], 0, False
+        if mixed:
             # Commit order again: a batch stays sorted as the server sent it.
-            merged = pa.Table.from_batches(parts).sort_by(
-                [("_commit_lsn", "ascending"), ("_seq", "ascending")]).combine_chunks()
-            parts = merged.to_batches()
-        self.ready.extend(parts)
+            table = pa.Table.from_batches(built).sort_by(
+                [("_commit_lsn", "ascending"), ("_seq", "ascending")])
+            self.ready.extend(table.combine_chunks().to_batches(self.batch_rows))
+            return
+        for batch in built:
+            self.ready.extend(batch.slice(i, self.batch_rows)
+                              for i in range(0, batch.num_rows, self.batch_rows))
 
-    def _from_messages(self) -> pa.RecordBatch:
-        messages, meta = self.messages, self.message_meta
-        self.messages = []
-        self.message_meta = _Meta(meta.txn)
-        try:
-            decoded = decode_tuples(messages, len(self.relation_names))
-        except TupleLayoutError:
-            # Decode one by one: exact errors for malformed messages, and correct rows
-            # for anything unusual that is still valid.
-            return self._build([_decoded(m) for m in messages], meta)
-        n = len(messages)
-        names = self.relation_names
-        known = set(self.columns)
-        for row, columns in decoded.unchanged:
-            meta.unavailable.append((row, [names[c] for c in columns if names[c] in known]))
-        texts: list[Any] = [decoded.arrays[p] if p >= 0 else pa.nulls(n, pa.string())
-                            for p in self.positions]
-        return self._batch(texts, meta)
+    def _append(self, batch: pa.RecordBatch, *, mixed: bool) -> None:
+        self.built.append(batch)
+        self.built_rows += batch.num_rows
+        self.mixed = self.mixed or mixed
 
-    def _from_rows(self) -> pa.RecordBatch:
-        rows, meta = self.rows, self.meta
-        self.rows = []
-        self.meta = _Meta(meta.txn)
-        return self._build(rows, meta)
-
-    def _build(self, rows: list[TupleData | None], meta: _Meta) -> pa.RecordBatch:
+    def _build_values(self) -> None:
+        rows, meta = self.values, self.meta
+        self.values, self.meta = [], _Meta()
         n = len(rows)
         width = len(self.relation_names)
         blank: TupleData = (None,) * width
@@ -400,12 +396,13 @@ class TableRows:
         nulls: list[str | None] = [None] * n
         texts: list[Any] = [by_position[p] if p >= 0 and width else nulls
                             for p in self.positions]
-        return self._batch(texts, meta)
+        # Blocks built before these rows may hold later rows of the same chunk.
+        self._append(self._batch(texts, meta.arrays(self.pa_schema)), mixed=bool(self.built))
 
-    def _batch(self, texts: list[Any], meta: _Meta) -> pa.RecordBatch:
+    def _batch(self, texts: list[Any], meta: list[pa.Array]) -> pa.RecordBatch:
         arrays = [convert(column) for column, convert in zip(texts, self.converters,
                                                               strict=True)]
-        arrays.extend(meta.arrays(self.pa_schema))
+        arrays.extend(meta)
         return pa.RecordBatch.from_arrays(arrays, schema=self.pa_schema)
 
 
@@ -424,41 +421,39 @@ class TypedSink:
 
     def __init__(self, table: TableId, schema: StructType, batch_rows: int,
                  on_schema_change: OnSchemaChange) -> None:
-        self.rows = TableRows(table, schema, on_schema_change)
-        self.pa_schema = self.rows.pa_schema
+        self.table_rows = TableRows(table, schema, on_schema_change, batch_rows)
+        self.pa_schema = self.table_rows.pa_schema
         self.batch_rows = batch_rows
 
     def relation(self, rel: Relation) -> None:
-        if (rel.namespace, rel.name) == (self.rows.table.schema, self.rows.table.table):
-            self.rows.relation(rel)
+        table = self.table_rows.table
+        if (rel.namespace, rel.name) == (table.schema, table.table):
+            self.table_rows.relation(rel)
 
-    def begin(self, commit_lsn: int, commit_ts_us: int, xid: int) -> None:
-        self.rows.begin(commit_lsn, commit_ts_us, xid)
-
-    def raw(self, data: bytes, op: str, lsn: int, seq: int) -> None:
-        rows = self.rows
-        if data[1:5] == rows.relation_key:
-            rows.raw(data, op, lsn, seq)
-            if len(rows) >= self.batch_rows:
-                rows.flush()
+    def rows(self, relation_id: int, block: RowBlock) -> None:
+        table_rows = self.table_rows
+        if relation_id == table_rows.relation_id:
+            table_rows.rows(block)
 
     def add(self, relation_id: int, op: str, values: TupleData | None, lsn: int, seq: int,
-            may_have_toast: bool, old: TupleData | None) -> None:
-        rows = self.rows
-        if relation_id == rows.relation_id:
-            rows.add(op, values, lsn, seq, may_have_toast)
-            if len(rows) >= self.batch_rows:
-                rows.flush()
+            txn: Txn, may_have_toast: bool, old: TupleData | None) -> None:
+        table_rows = self.table_rows
+        if relation_id == table_rows.relation_id:
+            table_rows.add(op, values, lsn, seq, txn, may_have_toast)
 
     def take(self) -> Iterator[pa.RecordBatch]:
-        """The finished batches so far."""
-        yield from self.rows.take()
+        """The batches of *batch_rows* rows and more, between chunks: a chunk's rows
+        arrive in blocks and one by one out of commit order, so batches are built only
+        once the chunk is complete."""
+        if len(self.table_rows) >= self.batch_rows:
+            self.table_rows.flush()
+        yield from self.table_rows.take()
 
     def finish(self) -> Iterator[pa.RecordBatch]:
         """Every remaining batch."""
-        if len(self.rows):
-            self.rows.flush()
-        yield from self.rows.take()
+        if len(self.table_rows):
+            self.table_rows.flush()
+        yield from self.table_rows.take()
 
 
 class StructEnvelopeSink:
@@ -468,66 +463,59 @@ class StructEnvelopeSink:
                  on_schema_change: OnSchemaChange) -> None:
         self.pa_schema = arrow_schema(schema)
         self.batch_rows = batch_rows
-        self.by_name = {name: TableRows(TableId.parse(name), typed, on_schema_change)
+        self.by_name = {name: TableRows(TableId.parse(name), typed, on_schema_change,
+                                        batch_rows)
                         for name, typed in tables.items()}
-        self.by_relation: dict[bytes, TableRows] = {}
         self.by_id: dict[int, TableRows] = {}
         self.ready: list[pa.RecordBatch] = []
 
     def relation(self, rel: Relation) -> None:
-        key = rel.relation_id.to_bytes(4, "big")
-        rows = self.by_name.get(f"{rel.namespace}.{rel.name}")
-        if rows is None:
-            self.by_relation.pop(key, None)
+        table_rows = self.by_name.get(f"{rel.namespace}.{rel.name}")
+        if table_rows is None:
             self.by_id.pop(rel.relation_id, None)
             return
-        rows.relation(rel)
-        self._collect(rows)
-        self.by_relation[key] = rows
-        self.by_id[rel.relation_id] = rows
+        table_rows.relation(rel)
+        self.by_id[rel.relation_id] = table_rows
 
-    def begin(self, commit_lsn: int, commit_ts_us: int, xid: int) -> None:
-        for rows in self.by_name.values():
-            rows.begin(commit_lsn, commit_ts_us, xid)
-
-    def raw(self, data: bytes, op: str, lsn: int, seq: int) -> None:
-        rows = self.by_relation.get(data[1:5])
-        if rows is not None:
-            rows.raw(data, op, lsn, seq)
-            if len(rows) >= self.batch_rows:
-                rows.flush()
-                self._collect(rows)
+    def rows(self, relation_id: int, block: RowBlock) -> None:
+        table_rows = self.by_id.get(relation_id)
+        if table_rows is not None:
+            table_rows.rows(block)
 
     def add(self, relation_id: int, op: str, values: TupleData | None, lsn: int, seq: int,
-            may_have_toast: bool, old: TupleData | None) -> None:
-        rows = self.by_id.get(relation_id)
-        if rows is not None:
-            rows.add(op, values, lsn, seq, may_have_toast)
-            if len(rows) >= self.batch_rows:
-                rows.flush()
-                self._collect(rows)
+            txn: Txn, may_have_toast: bool, old: TupleData | None) -> None:
+        table_rows = self.by_id.get(relation_id)
+        if table_rows is not None:
+            table_rows.add(op, values, lsn, seq, txn, may_have_toast)
 
     def take(self) -> Iterator[pa.RecordBatch]:
+        """The batches of tables with *batch_rows* rows and more (see
+        :meth:`TypedSink.take`)."""
+        for table_rows in self.by_name.values():
+            if len(table_rows) >= self.batch_rows:
+                table_rows.flush()
+                self._collect(table_rows)
         ready, self.ready = self.ready, []
         yield from ready
 
     def finish(self) -> Iterator[pa.RecordBatch]:
-        for rows in self.by_name.values():
-            if len(rows):
-                rows.flush()
-            self._collect(rows)
-        yield from self.take()
+        for table_rows in self.by_name.values():
+            if len(table_rows):
+                table_rows.flush()
+            self._collect(table_rows)
+        ready, self.ready = self.ready, []
+        yield from ready
 
-    def _collect(self, rows: TableRows) -> None:
-        name = str(rows.table)
-        for typed in rows.take():
+    def _collect(self, table_rows: TableRows) -> None:
+        name = str(table_rows.table)
+        for typed in table_rows.take():
             n = typed.num_rows
             arrays: list[pa.Array] = [pa.array([name] * n, pa.string())]
             arrays += [typed.column(m) for m in ("_op", "_lsn", "_commit_lsn", "_seq",
                                                  "_commit_ts", "_txid")]
             for field in self.pa_schema:
                 if field.name == name:
-                    data = typed.columns[:len(rows.columns)]
+                    data = typed.columns[:len(table_rows.columns)]
                     arrays.append(pa.StructArray.from_arrays(data, fields=list(field.type)))
                 elif pa.types.is_struct(field.type):
                     arrays.append(pa.nulls(n, field.type))
@@ -542,20 +530,24 @@ _BLOB_OPTIONS: Final = pa.ipc.IpcWriteOptions(compression="zstd")
 
 
 class PackedEnvelopeSink(StructEnvelopeSink):
-    """Builds envelope batches of the ``arrow`` row format: one row per typed batch."""
+    """Builds envelope batches of the ``arrow`` row format: one row per flush of a
+    table, holding its batches as one Arrow IPC stream."""
 
-    def _collect(self, rows: TableRows) -> None:
-        name = str(rows.table)
-        for typed in rows.take():
-            sink = pa.BufferOutputStream()
-            with pa.ipc.new_stream(sink, typed.schema, options=_BLOB_OPTIONS) as writer:
-                writer.write_batch(typed)
-            data = sink.getvalue()
-            blob = pa.Array.from_buffers(pa.binary(), 1, [
-                None, pa.py_buffer(struct.pack("=ii", 0, data.size)), data])
-            self.ready.append(pa.RecordBatch.from_arrays(
-                [pa.array([name], pa.string()), pa.array([typed.num_rows], pa.int64()), blob],
-                schema=self.pa_schema))
+    def _collect(self, table_rows: TableRows) -> None:
+        batches = table_rows.take()
+        if not batches:
+            return
+        sink = pa.BufferOutputStream()
+        with pa.ipc.new_stream(sink, table_rows.pa_schema, options=_BLOB_OPTIONS) as writer:
+            for batch in batches:
+                writer.write_batch(batch)
+        data = sink.getvalue()
+        blob = pa.Array.from_buffers(pa.binary(), 1, [
+            None, pa.py_buffer(struct.pack("=ii", 0, data.size)), data])
+        rows = sum(batch.num_rows for batch in batches)
+        self.ready.append(pa.RecordBatch.from_arrays(
+            [pa.array([str(table_rows.table)], pa.string()), pa.array([rows], pa.int64()),
+             blob], schema=self.pa_schema))
 
 
 class EnvelopeSink:
@@ -582,15 +574,15 @@ class EnvelopeSink:
         key = tuple(i for i, c in enumerate(rel.columns) if c.is_key)
         self.relations[rel.relation_id] = (f"{rel.namespace}.{rel.name}", names, key)
 
-    def begin(self, commit_lsn: int, commit_ts_us: int, xid: int) -> None:
-        self.meta.begin(commit_lsn, commit_ts_us, xid)
+    def rows(self, relation_id: int, block: RowBlock) -> None:
+        if relation_id in self.relations:
+            for i in range(len(block)):
+                op = OP_OF_KIND[int(block.kinds[i])]
+                self.add(relation_id, op, _decoded(block.message(i)), int(block.lsns[i]),
+                         int(block.seqs[i]), block.txn(i), op == "u", None)
 
-    def raw(self, data: bytes, op: str, lsn: int, seq: int) -> None:
-        if int.from_bytes(data[1:5], "big") in self.relations:
-            self.add(int.from_bytes(data[1:5], "big"), op, _decoded(data), lsn, seq,
-                     op == "u", None)
     def add(self, relation_id: int, op: str, values: TupleData | None, lsn: int, seq: int,
-            may_have_toast: bool, old: TupleData | None) -> None:
+            txn: Txn, may_have_toast: bool, old: TupleData | None) -> None:
         rel = self.relations.get(relation_id)
         if rel is None:
             return
@@ -616,7 +608,7 @@ class EnvelopeSink:
         self.keys.append(key_json)
         self.befores.append(before)
         self.afters.append(after)
-        self.meta.append(op, lsn, seq)
+        self.meta.append(op, lsn, seq, txn)
         if len(self.tables) >= self.batch_rows:
             self._flush()
 
@@ -637,4 +629,4 @@ class EnvelopeSink:
                   meta[6]]
         self.ready.append(pa.RecordBatch.from_arrays(arrays, schema=self.pa_schema))
         self.tables, self.keys, self.befores, self.afters = [], [], [], []
-        self.meta.reset()
+        self.meta = _Meta()
