@@ -45,6 +45,7 @@ Rows of one table keep commit order (commit LSN, then ``_seq``) within an Arrow 
 
 from __future__ import annotations
 
+import functools
 import json
 import struct
 from collections.abc import Iterator, Sequence
@@ -193,9 +194,15 @@ def arrow_schema(schema: StructType) -> pa.Schema:
     return to_arrow_schema(schema, timezone="UTC")
 
 
-_OPS: Final = pa.array(["c", "u", "d"], pa.string())
+@functools.cache
+def _op_names() -> pa.Array:
+    # Not at import: pyarrow's first pa.array() imports pandas (0.3 s), which Spark's
+    # driver-side source process would pay at every query start for nothing.
+    return pa.array(["c", "u", "d"], pa.string())
+
+
 _OP_INDEX: Final = np.zeros(256, np.int8)
-_OP_INDEX[[0x49, 0x55, 0x44]] = [0, 1, 2]  # Insert, Update, Delete -> position in _OPS
+_OP_INDEX[[0x49, 0x55, 0x44]] = [0, 1, 2]  # Insert, Update, Delete -> position in _op_names()
 
 
 def _meta_arrays(schema: pa.Schema, ops: pa.Array, lsns: Any, seqs: Any, commit_lsns: Any,
@@ -344,7 +351,7 @@ class TableRows:
                        for row, columns in decoded.unchanged]
         texts: list[Any] = [decoded.arrays[p] if p >= 0 else pa.nulls(n, pa.string())
                             for p in self.positions]
-        ops = _OPS.take(pa.array(_OP_INDEX[block.kinds]))
+        ops = _op_names().take(pa.array(_OP_INDEX[block.kinds]))
         meta = _meta_arrays(self.pa_schema, ops, block.lsns, block.seqs, block.commit_lsns,
                             block.commit_ts, block.xids, unavailable)
         # Rows waiting as values may come before these.
