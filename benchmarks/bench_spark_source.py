@@ -12,11 +12,15 @@ changes. Measured:
   - **noop**: the typed stream of ``t10`` into Spark's ``noop`` sink;
   - **delta**: the pipeline of ``tidemark run`` (envelope stream, ``apply_changes``
     SCD1 into a Delta table with delta-rs), checked against PostgreSQL afterwards;
+  - **delta 100k**: the same with ``maxChangesPerTrigger = 100000`` (three batches);
   - **empty batch**: the time of a batch that holds no captured change;
+  - **trivial query**: a query of a one-row Python source into ``foreachBatch``:
+    Spark's own cost of starting and ending a streaming query, which every one-shot
+    figure above includes;
 
-  both with ``Trigger.AvailableNow``, timed from ``start()`` to the end of the query
-  (and for delta also by Spark's own batch time, ``triggerExecution``: what a running
-  pipeline spends per batch, without the query's start-up).
+  all with ``Trigger.AvailableNow``, timed from ``start()`` to the end of the query,
+  and for delta also by Spark's own batch time (``triggerExecution``): what a running
+  pipeline spends on these changes, without the query's start and end.
   Each process first runs the same pipeline once on a small warm-up table, as a
   long-running pipeline is warm (JIT, Python workers); the time of Spark's start and of
   the cold first query are printed too;
@@ -40,10 +44,13 @@ import sys
 import tempfile
 import threading
 import time
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import psutil
+from pyspark.sql.datasource import DataSource, DataSourceStreamReader, InputPartition
+from pyspark.sql.types import StructType
 
 sys.path.insert(0, str(Path(__file__).parent))
 
@@ -105,9 +112,13 @@ class _PeakMemory:
 
 
 # -- the child: one master, one SparkSession --------------------------------------------
-def _pipeline_config(dsn: str, table: str, slot: str, publication: str, base: Path) -> Any:
-    raw = {"source": {"dsn": dsn, "slot": slot, "publication": publication,
-                      "tables": [table]},
+def _pipeline_config(dsn: str, table: str, slot: str, publication: str, base: Path,
+                     max_changes: int | None = None) -> Any:
+    source: dict[str, Any] = {"dsn": dsn, "slot": slot, "publication": publication,
+                              "tables": [table]}
+    if max_changes is not None:
+        source["maxChangesPerTrigger"] = max_changes
+    raw = {"source": source,
            "spark": {"master": os.environ["BENCH_MASTER"], "checkpoint": "checkpoint",
                      "available_now": True, "app_name": "bench"},
            "targets": {table: {"path": "lake", "keys": ["id"]}}}
@@ -124,6 +135,46 @@ def _run_pipeline(spark: Any, config: Any) -> tuple[float, list[dict[str, Any]],
             sum(r.total for r in reports))
 
 
+class _OneRowReader(DataSourceStreamReader):
+    """A stream of one row in one batch: what any Python streaming source costs."""
+
+    def initialOffset(self) -> dict[str, int]:  # noqa: N802 - pyspark API name
+        return {"offset": 0}
+
+    def latestOffset(self) -> dict[str, int]:  # noqa: N802 - pyspark API name
+        return {"offset": 1}
+
+    def partitions(self, start: dict[str, int], end: dict[str, int]) -> list[InputPartition]:
+        return [InputPartition(0)]
+
+    def read(self, partition: InputPartition) -> Iterator[tuple[int]]:
+        yield (1,)
+
+
+class _OneRowSource(DataSource):
+    @classmethod
+    def name(cls) -> str:
+        return "bench_one_row"
+
+    def schema(self) -> str:
+        return "x int"
+
+    def streamReader(self, schema: StructType) -> DataSourceStreamReader:  # noqa: N802 - pyspark API name
+        return _OneRowReader()
+
+
+def _spark_floor(spark: Any, checkpoint: Path) -> float:
+    """Seconds of an AvailableNow query of a trivial Python source into foreachBatch
+    (collecting its one row): Spark's own cost of starting and ending a query."""
+    spark.dataSource.register(_OneRowSource)
+    started = time.perf_counter()
+    query = (spark.readStream.format("bench_one_row").load().writeStream
+             .foreachBatch(lambda batch, _: batch.collect())
+             .option("checkpointLocation", str(checkpoint)).trigger(availableNow=True).start())
+    query.awaitTermination()
+    return time.perf_counter() - started
+
+
 def _child(master: str, dsn: str, slots: dict[str, str]) -> dict[str, float]:
     os.environ["BENCH_MASTER"] = master
     results: dict[str, float] = {}
@@ -136,6 +187,8 @@ def _child(master: str, dsn: str, slots: dict[str, str]) -> dict[str, float]:
         spark.conf.set("spark.sql.shuffle.partitions", "2")
         results["startup"] = time.perf_counter() - started
         results["cold"], _, _ = _run_pipeline(spark, warm_config)
+        _spark_floor(spark, root / "floor_warm")
+        results["floor"] = _spark_floor(spark, root / "floor")
 
         stream = ts.read_table(spark, dsn=dsn, table="public.t10", slot=slots["noop"],
                                publication=PUBLICATION)
@@ -157,6 +210,17 @@ def _child(master: str, dsn: str, slots: dict[str, str]) -> dict[str, float]:
         source, lake = compare(dsn, "public.t10", str(root / "delta" / "lake"),
                                ["id", "c_int", "c_text", "c_label"])
         results["delta_equal"] = float(source == lake)
+
+        # The same changes in batches of at most 100k changes (whole transactions).
+        config_100k = _pipeline_config(dsn, "public.t10", slots["delta_100k"], PUBLICATION,
+                                       root / "delta_100k", max_changes=100_000)
+        _, progress_100k, results["delta_100k_rows"] = _run_pipeline(spark, config_100k)
+        results["delta_100k_batches"] = len(progress_100k)
+        results["delta_100k_batch_seconds"] = sum(p["durationMs"]["triggerExecution"]
+                                                  for p in progress_100k) / 1000
+        source_100k, lake_100k = compare(dsn, "public.t10", str(root / "delta_100k" / "lake"),
+                                         ["id", "c_int", "c_text", "c_label"])
+        results["delta_equal"] *= float(source_100k == lake_100k)
 
         # A batch with no captured change: WAL moved on, but only for another table.
         with wal.connect(dsn, purpose="bench") as conn:
@@ -245,12 +309,13 @@ def main() -> None:
             log.info("run %d: tidemark capture %.0f changes/s", run + 1, rates["capture"][-1])
             for master in ("local[1]", "local[2]"):
                 tag = f"{master[6]}_{run}"
-                slots = {"warm": f"warm_{tag}", "noop": f"noop_{tag}", "delta": f"delta_{tag}"}
+                slots = {"warm": f"warm_{tag}", "noop": f"noop_{tag}", "delta": f"delta_{tag}",
+                         "delta_100k": f"delta_100k_{tag}"}
                 _copy_slot(dsn, WARM_SLOT, slots["warm"])
-                _copy_slot(dsn, BASE_SLOT, slots["noop"])
-                _copy_slot(dsn, BASE_SLOT, slots["delta"])
+                for kind in ("noop", "delta", "delta_100k"):
+                    _copy_slot(dsn, BASE_SLOT, slots[kind])
                 result, peak = _measure(master, dsn, slots)
-                for kind in ("noop", "delta"):
+                for kind in ("noop", "delta", "delta_100k"):
                     if result[f"{kind}_rows"] != changes:
                         raise SystemExit(f"{master} {kind} read {result[f'{kind}_rows']} "
                                          f"changes, expected {changes}")
@@ -261,16 +326,22 @@ def main() -> None:
                         changes / result[f"{kind}_seconds"])
                 rates.setdefault(f"{master} delta, batch time", []).append(
                     changes / result["delta_batch_seconds"])
-                for key in ("startup", "cold", "empty_batch"):
+                rates.setdefault(f"{master} delta 100k, batch time", []).append(
+                    changes / result["delta_100k_batch_seconds"])
+                for key in ("startup", "cold", "empty_batch", "floor"):
                     extra.setdefault(f"{master} {key}", []).append(result[key])
                 old = peaks.get(master, (0, 0))
                 peaks[master] = (max(old[0], peak[0]), max(old[1], peak[1]))
-                log.info("run %d %s: noop %.0f/s, delta %.0f/s (%d batches), empty batch "
-                         "%.2f s, Spark start %.1f s, cold warm-up query %.1f s, peak driver RSS "
-                         "%.0f MB, tree PSS %.0f MB", run + 1, master,
+                log.info("run %d %s: noop %.0f/s, delta %.0f/s (%d batches; batch time "
+                         "%.0f/s), in %d batches of <= 100k: batch time %.0f/s, empty batch "
+                         "%.2f s, trivial query %.2f s, Spark start %.1f s, cold warm-up query "
+                         "%.1f s, peak driver RSS %.0f MB, tree PSS %.0f MB", run + 1, master,
                          rates[f"{master} noop"][-1], rates[f"{master} delta"][-1],
-                         result["delta_batches"], result["empty_batch"], result["startup"],
-                         result["cold"], peak[0] / 2**20, peak[1] / 2**20)
+                         result["delta_batches"], rates[f"{master} delta, batch time"][-1],
+                         result["delta_100k_batches"],
+                         rates[f"{master} delta 100k, batch time"][-1], result["empty_batch"],
+                         result["floor"], result["startup"], result["cold"], peak[0] / 2**20,
+                         peak[1] / 2**20)
 
     def fmt(values: list[float]) -> str:
         return (f"{statistics.median(values):>9,.0f}/s  (runs: "
@@ -278,19 +349,23 @@ def main() -> None:
 
     capture = statistics.median(rates["capture"])
     print(f"\n{changes:,} changes; medians of {args.runs} runs")
-    print(f"{'tidemark capture (baseline)':<30}{fmt(rates['capture'])}")
+    print(f"{'tidemark capture (baseline)':<34}{fmt(rates['capture'])}")
+    kinds = ("noop", "delta", "delta, batch time", "delta 100k, batch time")
     for master in ("local[1]", "local[2]"):
-        for kind in ("noop", "delta", "delta, batch time"):
+        for kind in kinds:
             name = f"{master} {kind}"
             ratio = statistics.median(rates[name]) / capture
-            print(f"{name:<30}{fmt(rates[name])}  {ratio:.2f}x capture")
-        print(f"{master + ' empty batch':<30}"
+            print(f"{name:<34}{fmt(rates[name])}  {ratio:.2f}x capture")
+        print(f"{master + ' trivial query':<34}"
+              f"{statistics.median(extra[f'{master} floor']):>9.2f} s (Spark's own start and "
+              "end of an AvailableNow query of a one-row Python source)")
+        print(f"{master + ' empty batch':<34}"
               f"{statistics.median(extra[f'{master} empty_batch']):>9.2f} s;  peak driver RSS "
               f"{peaks[master][0] / 2**20:,.0f} MB, all processes (PSS) "
               f"{peaks[master][1] / 2**20:,.0f} MB;  Spark start "
               f"{statistics.median(extra[f'{master} startup']):.1f} s, cold first query "
               f"{statistics.median(extra[f'{master} cold']):.1f} s")
-    for kind in ("noop", "delta", "delta, batch time"):
+    for kind in kinds:
         ratio = (statistics.median(rates[f"local[2] {kind}"])
                  / statistics.median(rates[f"local[1] {kind}"]))
         print(f"local[2] / local[1] {kind}: {ratio:.2f}x")
