@@ -26,6 +26,7 @@ that carry an old row (key changes, ``REPLICA IDENTITY FULL``) and truncates.
 
 from __future__ import annotations
 
+import bisect
 from collections.abc import Sequence
 from typing import Final, NamedTuple, Protocol
 
@@ -153,10 +154,11 @@ class TransactionWalker:
         n = len(chunk)
         if n == 0:
             return
-        buf, starts, lengths = join_messages([data for _, data in chunk])
+        lsn_values, messages = zip(*chunk, strict=True)  # one pass in C, not a loop
+        buf, starts, lengths = join_messages(messages)
         if int(lengths.min()) == 0:
             raise DecodeError("message", 0, "empty message")
-        lsns = np.fromiter((lsn for lsn, _ in chunk), np.int64, n)
+        lsns = np.array(lsn_values, np.int64)
         kinds = buf[starts]
         second = np.zeros(n, np.uint8)  # byte 5: an Update's first tuple kind
         long = lengths > 5
@@ -214,7 +216,8 @@ class TransactionWalker:
 
         # Deliver in order: the rows between two Relation messages, then the Relation.
         parsed = _Chunk(buf, starts, lengths, kinds, lsns, fast, weights, seq_end, txn_of,
-                        txn_commit, txn_ts, txn_xid, decoded)
+                        txn_commit, txn_ts, txn_xid, decoded,
+                        [i for i in special if not isinstance(decoded[i], Relation)])
         start = 0
         for cut in [*(i for i in special if isinstance(decoded[i], Relation)), n]:
             self._deliver(parsed, start, cut)
@@ -247,10 +250,8 @@ class TransactionWalker:
             for relation_id in np.unique(relation_ids).tolist():
                 mine = relation_ids == relation_id
                 sink.rows(int(relation_id), block if bool(mine.all()) else block.select(mine))
-        for i in range(lo, hi):
-            message = chunk.decoded.get(i)
-            if message is None or isinstance(message, Relation):
-                continue
+        for i in chunk.slow[bisect.bisect_left(chunk.slow, lo):bisect.bisect_left(chunk.slow, hi)]:
+            message = chunk.decoded[i]
             lsn = int(chunk.lsns[i])
             seq = int(chunk.seq_end[i])
             t = chunk.txn_of[i]
@@ -286,3 +287,4 @@ class _Chunk(NamedTuple):
     txn_ts: np.ndarray
     txn_xid: np.ndarray
     decoded: dict[int, object]  # the rare messages, decoded, by position
+    slow: list[int]  # positions of the rare row messages (not Relation), ascending
