@@ -421,3 +421,61 @@ def test_a_table_without_primary_key_fails_before_the_query_starts(
     assert db.scalar("SELECT count(*) FROM pg_replication_slots WHERE slot_name = %s",
                      (f"s_{db.name}",)) == 0
     assert not any((tmp_path / "chk").iterdir())
+
+
+def test_unchanged_toast_truncate_and_a_new_column_reach_delta(
+        spark: SparkSession, db: Database, tmp_path: Path) -> None:
+    db.execute("CREATE TABLE a (id int PRIMARY KEY, v text, n numeric(10, 2), big text)",
+               "ALTER TABLE a ALTER COLUMN big SET STORAGE EXTERNAL",
+               "CREATE TABLE b (id int PRIMARY KEY, v text)")
+    source = _prepare(db, "a", "b") + f'dsn = "{db.dsn}"\n'
+    config = load_config(_pipeline_file(tmp_path, source, "available_now = true",
+                                        changelog=False))
+    db.execute("INSERT INTO a SELECT g, 'x', g, repeat('big' || g, 5000) "
+               "FROM generate_series(1, 4) g",
+               "INSERT INTO b SELECT g, 'first' FROM generate_series(1, 3) g")
+    Pipeline(config, spark=spark).run()
+    # The updates leave big alone, so the server does not send it (unchanged TOAST): the
+    # target must keep its value. A truncate of b closes every current SCD2 version.
+    db.execute("UPDATE a SET v = 'updated' WHERE id <= 2", "TRUNCATE b",
+               "INSERT INTO b VALUES (9, 'after the truncate')")
+    Pipeline(config, spark=spark).run()
+    source_a, lake_a = compare(db.dsn, "public.a", str(tmp_path / "lake/a"), ["id", "v", "big"])
+    assert source_a == lake_a and len(lake_a) == 4
+    source_b, lake_b = compare(db.dsn, "public.b", str(tmp_path / "lake/b"), ["id", "v"],
+                               scd2=True)
+    assert source_b == lake_b == [(9, "after the truncate")]
+
+    # A column added while the pipeline runs: the query stops, saying to restart; the
+    # restart reads the same batch again with the column, which the target gains.
+    live_config = load_config(_pipeline_file(tmp_path, source, "trigger_interval_ms = 200",
+                                             changelog=False))
+    applied = threading.Event()
+    live = Pipeline(live_config, spark=spark,
+                    on_batch=lambda report: report.total and applied.set())
+    failures: list[PipelineError] = []
+
+    def run_live() -> None:
+        try:
+            live.run()
+        except PipelineError as err:
+            failures.append(err)
+
+    runner = threading.Thread(target=run_live)
+    runner.start()
+    try:
+        db.execute("UPDATE a SET v = 'live' WHERE id = 4")
+        assert applied.wait(120), "the running pipeline applied nothing"
+        db.execute("ALTER TABLE a ADD COLUMN note text",
+                   "UPDATE a SET note = 'n' || id WHERE id = 3")
+        runner.join(120)
+    finally:
+        live.request_stop()
+        runner.join(60)
+    assert failures and "gained column(s) note" in str(failures[0])
+    assert "restart the query" in str(failures[0])
+    Pipeline(config, spark=spark).run()
+    source_a, lake_a = compare(db.dsn, "public.a", str(tmp_path / "lake/a"),
+                               ["id", "v", "big", "note"])
+    assert source_a == lake_a
+    assert [row[3] for row in lake_a] == [None, None, "n3", None]
