@@ -63,6 +63,7 @@ from tidemark.spark.offsets import (
     to_offset,
 )
 from tidemark.spark.options import OnSchemaChange, SourceOptions
+from tidemark.spark.reader import MIN_SLICE_BYTES, TidemarkStreamReader
 from tidemark.spark.tuple_columns import TupleLayoutError, decode_tuples, join_messages
 from tidemark.spark.type_mapping import spark_type
 
@@ -95,6 +96,23 @@ def test_split_range_covers_the_range_with_adjacent_slices(start: int, length: i
     assert all(lo < hi for lo, hi in slices)
     assert all(a[1] == b[0] for a, b in itertools.pairwise(slices))
     assert len(slices) == min(parts, length)
+
+
+def test_small_batches_are_not_cut_into_partitions() -> None:
+    options = SourceOptions.parse({"dsn": "host=h", "table": "public.a"}, default_partitions=4)
+    reader = TidemarkStreamReader(options, SCHEMA)
+    start = 0x1_0000_0000
+
+    def slices(size: int) -> list[tuple[int, int]]:
+        return [(p.lo, p.hi) for p in reader.partitions(to_offset(start),
+                                                        to_offset(start + size))]
+
+    assert slices(1000) == [(start, start + 1000)]  # a connection, not four
+    assert len(slices(2 * MIN_SLICE_BYTES)) == 2
+    whole = slices(100 * MIN_SLICE_BYTES)
+    assert len(whole) == 4 and whole[0][0] == start and whole[-1][1] == start + 100 * (
+        MIN_SLICE_BYTES)
+    assert slices(0) == []
 
 
 def test_end_for_limit_takes_whole_transactions_and_at_least_one() -> None:

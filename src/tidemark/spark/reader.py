@@ -13,7 +13,7 @@ Design (see :mod:`tidemark.spark.offsets` for the offset rule):
   under ``maxChangesPerTrigger``, the end of the last whole transaction that fits, found
   by a server-side scan that returns one row per transaction and is cached for the
   following batches.
-* ``partitions(start, end)`` cuts the range into ``numPartitions`` WAL slices. Each
+* ``partitions(start, end)`` cuts the range into up to ``numPartitions`` WAL slices. Each
   ``read`` peeks its own temporary copy of the slot fast-forwarded to its slice, so the
   server-side decoding and the Python decoding of one batch both run in parallel.
 * ``commit(end)`` is the only place the slot moves (``pg_replication_slot_advance``):
@@ -64,6 +64,11 @@ log = logging.getLogger(__name__)
 
 #: Messages one admission-control scan may decode before it stops (whole transactions).
 _MIN_SCAN_ROWS: Final = 200_000
+
+#: WAL below which a batch is not cut into more partitions: each partition costs a
+#: connection, a slot copy and its fast-forward, more than decoding a few MB in
+#: parallel saves (the empty or small batches of a running pipeline).
+MIN_SLICE_BYTES: Final = 4 << 20
 
 
 class WalSlice(InputPartition):
@@ -155,8 +160,11 @@ class TidemarkStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         return end if end is not None else known_until
 
     def partitions(self, start: dict[str, Any], end: dict[str, Any]) -> Sequence[WalSlice]:
-        """``numPartitions`` equal WAL slices of the batch."""
-        slices = split_range(from_offset(start), from_offset(end), self.options.num_partitions)
+        """Up to ``numPartitions`` equal WAL slices of the batch, each at least
+        :data:`MIN_SLICE_BYTES` (one slice for a small batch)."""
+        first, last = from_offset(start), from_offset(end)
+        parts = min(self.options.num_partitions, max(1, (last - first) // MIN_SLICE_BYTES))
+        slices = split_range(first, last, parts)
         return [WalSlice(i, lo, hi) for i, (lo, hi) in enumerate(slices)]
 
     def commit(self, end: dict[str, Any]) -> None:
