@@ -9,7 +9,7 @@
    mode, Debezium JSON) → null consumer, against ``tidemark capture --stop-at-end`` to
    /dev/null and ``pg_recvlogical`` on copies of the same slot, with peak RSS.
 
-Usage: ``uv run python benchmarks/bench_engine.py [--records 300000] [--skip-e2e]``
+Usage: ``uv run python benchmarks/bench_engine.py [--records 300000] [--skip-e2e | --e2e-only]``
 """
 
 from __future__ import annotations
@@ -169,12 +169,16 @@ def main() -> None:
     parser.add_argument("--transactions", type=int, default=3_000)
     parser.add_argument("--runs", type=int, default=2)
     parser.add_argument("--skip-e2e", action="store_true")
+    parser.add_argument("--e2e-only", action="store_true", help="run only part 3")
     parser.add_argument("--e2e-child", help=argparse.SUPPRESS)
     parser.add_argument("--stop-at", type=int, help=argparse.SUPPRESS)
     parser.add_argument("--expect", type=int, help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.e2e_child:
         e2e_child(args.e2e_child, args.stop_at, args.expect)
+        return
+    if args.e2e_only:
+        end_to_end(args.transactions, args.runs)
         return
 
     print(f"1. engine only: {args.records:,} synthetic records, identity transform, "
