@@ -231,13 +231,19 @@ class ChangeEventBuilder:
             raise DecodeError(type(msg).__name__, 0,
                               "streamed transactions were not requested (protocol v1)")
 
-    def _event(self, op: Op, schema: TableSchema, before: WireTuple | None,
-               after: WireTuple | None, lsn: int, now_us: int) -> ChangeEvent:
-        table = schema.table
+    def next_orders(self, table: TableId) -> tuple[int, int]:
+        """Count one more row event of *table* in the open transaction; returns its
+        ``(total_order, collection_order)``. For builders of events that bypass
+        :meth:`process` (the fused path), so that the counts stay right for both."""
         self._total += 1
         order = self._per_table.get(table, 0) + 1
         self._per_table[table] = order
-        return ChangeEvent(op, schema, before, after, self._context, lsn, self._total, order,
+        return self._total, order
+
+    def _event(self, op: Op, schema: TableSchema, before: WireTuple | None,
+               after: WireTuple | None, lsn: int, now_us: int) -> ChangeEvent:
+        total, order = self.next_orders(schema.table)
+        return ChangeEvent(op, schema, before, after, self._context, lsn, total, order,
                            now_us)
 
     def _message_event(self, msg: pgoutput.LogicalMessage, now_us: int) -> ChangeEvent:
