@@ -135,9 +135,22 @@ class DebeziumJsonConverter:
         out: list[ConvertedRecord] = []
         append = out.append
         delete = Op.DELETE
+        last_schema: object = None  # of the last rendered event, and its destination
+        last_destination = ""
         # The hot path of the engine: unwrapped by hand (as_change_record would allocate
         # a ChangeRecord per event), with the destination cached per table.
         for record in records:
+            if type(record) is RenderedEvent:
+                # Untouched and already written (the fused path): only the destination
+                # to find, the same as the last one's in a run of one table's changes (a
+                # schema object belongs to one task, so one topic prefix).
+                if record.schema is not last_schema:
+                    last_schema, last_destination = record.schema, destination_of(record)
+                key_text = record.key_text
+                append(ConvertedRecord(last_destination, key_text, record.value_text, record))
+                if tombstones and key_text is not None and record.op is delete:
+                    append(ConvertedRecord(last_destination, key_text, None, record))
+                continue
             flatten: Flatten | None = None
             event: Record
             if isinstance(record, ChangeEvent):

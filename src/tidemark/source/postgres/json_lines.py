@@ -172,25 +172,22 @@ class RenderedEventBuilder(FusedBuilder[Record]):
 
     def _emitter(self, schema: TableSchema, op: Op) -> Emit:
         """What the generated code of (*schema*, *op*) hands its results to in the
-        current transaction and batch: makes the event, as the change builder would."""
-        next_orders = self.events.next_orders
-        table = schema.table
+        current transaction and batch: makes the event, as the change builder would,
+        counting it in the transaction's orders (kept here: entries live for one
+        transaction, the orders object too)."""
+        orders = self.events.orders
+        cell = orders.cell(schema.table)
         context = self.events.context
         now_us = self._now_us
-
         # The row is decoded from the message only if someone reads it (see RenderedEvent).
-        if op is Op.DELETE:
-            def emit(lsn: int, data: bytes, key: str | None, value: str) -> RenderedEvent:
-                total, order = next_orders(table)
-                return RenderedEvent(op, schema, PENDING, None, context, lsn, total, order,
-                                     now_us, _NOT_SNAPSHOT, None, None, key, value, data,
-                                     message_row)
-        else:
-            def emit(lsn: int, data: bytes, key: str | None, value: str) -> RenderedEvent:
-                total, order = next_orders(table)
-                return RenderedEvent(op, schema, None, PENDING, context, lsn, total, order,
-                                     now_us, _NOT_SNAPSHOT, None, None, key, value, data,
-                                     message_row)
+        before, after = (PENDING, None) if op is Op.DELETE else (None, PENDING)
+
+        def emit(lsn: int, data: bytes, key: str | None, value: str) -> RenderedEvent:
+            total = orders.total = orders.total + 1
+            order = cell[0] = cell[0] + 1
+            return RenderedEvent(op, schema, before, after, context, lsn, total, order,
+                                 now_us, _NOT_SNAPSHOT, None, None, key, value, data,
+                                 message_row)
         return emit
 
 
