@@ -3,15 +3,20 @@
 The general path (ChangeEventBuilder, then DebeziumJsonSerializer) is the reference:
 every test feeds the same pgoutput messages to both and compares the bytes, on a real
 PostgreSQL stream (every column type, every op, TOAST, FULL identity, DDL mid-stream)
-in every serializer mode, and on synthetic and malformed messages.
+in every serializer mode, and on synthetic and malformed messages. Both fused builders
+are held to it: the JSON lines of ``tidemark capture`` and the rendered events of the
+engine, whose every field must equal the general path's event and whose texts, through
+the engine's converter, must give the same records.
 """
 
 from __future__ import annotations
 
 import contextlib
+import pickle
 from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
+import msgspec
 import pytest
 
 from capture_helpers import make_connector
@@ -25,13 +30,15 @@ from pgoutput_builders import (
     encode_update,
 )
 from test_capture_types import COLUMNS, ROWS, _row_sql
+from tidemark.engine.converters import ConvertedRecord, DebeziumJsonConverter
 from tidemark.errors import DecodeError
-from tidemark.event import UNAVAILABLE, TableId
+from tidemark.event import UNAVAILABLE, ChangeEvent, Record, TableId
 from tidemark.serde.debezium_json import DebeziumJsonOptions, DebeziumJsonSerializer
+from tidemark.serde.rendered import PENDING, RenderedEvent
 from tidemark.source.postgres import catalog, session
 from tidemark.source.postgres.change_builder import ChangeEventBuilder
 from tidemark.source.postgres.config import DecimalHandlingMode, TimePrecisionMode
-from tidemark.source.postgres.json_lines import JsonLineBuilder
+from tidemark.source.postgres.json_lines import JsonLineBuilder, RenderedEventBuilder
 from tidemark.source.postgres.pgoutput import (
     Begin,
     Commit,
@@ -63,6 +70,61 @@ def _both(factory: BuilderFactory, messages: Messages, options: DebeziumJsonOpti
         for i in range(0, len(messages), batch)
     )
     return expected, got, lines
+
+
+def _rendered(factory: BuilderFactory, messages: Messages, options: DebeziumJsonOptions,
+              batch: int) -> tuple[list[Record], list[Record], RenderedEventBuilder]:
+    """(general path records, rendered-event path records, the fused builder)."""
+    events, fused = factory(), RenderedEventBuilder(factory(), DebeziumJsonSerializer(options))
+    expected: list[Record] = []
+    got: list[Record] = []
+    for i in range(0, len(messages), batch):
+        expected += events.process(messages[i:i + batch], NOW_US + i)
+        got += fused.process(messages[i:i + batch], NOW_US + i)
+    return expected, got, fused
+
+
+_EVENT_FIELDS = [f.name for f in msgspec.structs.fields(ChangeEvent)]
+
+
+def _fields(event: ChangeEvent) -> dict[str, Any]:
+    """The event's fields; a schema without its columns' parse functions (each builder
+    makes its own)."""
+    out = {name: getattr(event, name) for name in _EVENT_FIELDS}
+    if event.schema is not None:
+        out["schema"] = msgspec.structs.replace(event.schema, columns=tuple(
+            msgspec.structs.replace(c, parse=str) for c in event.schema.columns))
+    return out
+
+
+def _converted(records: list[ConvertedRecord]) -> list[tuple[str, Any, Any]]:
+    return [(r.destination, r.key, r.value) for r in records]
+
+
+def _assert_same_events(expected: list[Record], got: list[Record],
+                        options: DebeziumJsonOptions) -> int:
+    """Every rendered event equals the general path's event field by field (its row
+    decoded on access) and carries that event's key and value texts; everything else is
+    the same record. The engine's converter makes the same records of both. Returns
+    the number of rendered events."""
+    assert len(got) == len(expected)
+    serializer = DebeziumJsonSerializer(options)
+    rendered = 0
+    for fused, general in zip(got, expected, strict=True):
+        if type(fused) is RenderedEvent:
+            rendered += 1
+            assert isinstance(general, ChangeEvent)
+            assert _fields(fused) == _fields(general)
+            key, value = serializer.key_and_value(general)
+            assert (fused.key_text or "null", fused.value_text) == (key, value)
+        else:
+            assert type(fused) is type(general)
+            assert (_fields(fused) if isinstance(fused, ChangeEvent) else fused) == \
+                (_fields(general) if isinstance(general, ChangeEvent) else general)
+    # Fresh converters for both: the rendered texts are used, not re-serialized.
+    assert _converted(DebeziumJsonConverter(options).convert(got)) == \
+        _converted(DebeziumJsonConverter(options).convert(expected))
+    return rendered
 
 
 # -- a real stream ------------------------------------------------------------------------
@@ -181,6 +243,18 @@ def test_same_bytes_as_the_general_path(stream: tuple[Messages, BuilderFactory],
     assert lines.fallbacks == 0  # every row the fast path took, it finished
 
 
+@pytest.mark.integration
+@pytest.mark.parametrize("batch", [1, 7, 100_000])
+@pytest.mark.parametrize("mode", MODES)
+def test_rendered_events_equal_the_general_path(stream: tuple[Messages, BuilderFactory],
+                                                mode: dict[str, Any], batch: int) -> None:
+    messages, factory = stream
+    options = DebeziumJsonOptions(**mode)
+    expected, got, fused = _rendered(factory, messages, options, batch)
+    assert _assert_same_events(expected, got, options) > len(got) / 2
+    assert fused.fallbacks == 0
+
+
 # -- synthetic messages ---------------------------------------------------------------------
 ODD_NAME = "x}'\"; import os; os._exit(1) #{y"
 RELATION = Relation(None, 16400, "public", "t'\"", "d", (
@@ -211,12 +285,27 @@ def _outcome(run: Callable[[], bytes]) -> bytes | tuple[type, str]:
 
 
 def _compare(messages: Messages) -> JsonLineBuilder:
+    """Both fused builders against the general path; returns the line builder (whose
+    fallbacks the rendered-event builder must match)."""
     options = DebeziumJsonOptions()
     fused = JsonLineBuilder(_factory(), DebeziumJsonSerializer(options))
     expected = _outcome(lambda: DebeziumJsonSerializer(options).encode_lines(
         _factory().process(messages, NOW_US)))
     got = _outcome(lambda: "".join(fused.process(messages, NOW_US)).encode())
     assert got == expected
+    rendered = RenderedEventBuilder(_factory(), DebeziumJsonSerializer(options))
+    events: list[Record] = []
+    failure = None
+    try:
+        events = rendered.process(messages, NOW_US)
+    except (DecodeError, ValueError, UnicodeDecodeError) as err:
+        failure = type(err), str(err)
+    if isinstance(expected, tuple):
+        assert failure == expected
+    else:
+        assert failure is None
+        _assert_same_events(_factory().process(messages, NOW_US), events, options)
+    assert rendered.fallbacks == fused.fallbacks
     return fused
 
 
@@ -280,3 +369,21 @@ def test_memoized_conversions_across_ops_and_memo_resets() -> None:
                  encode_update(Update(None, 16400, None, None, values)),
                  encode_delete(Delete(None, 16400, "O", values))]
     assert _compare(_transaction(*rows)).fallbacks == 0
+
+
+def test_rendered_row_is_decoded_on_access_and_survives_pickling() -> None:
+    values = ("7", "naïve", "2.50")
+    rows = [encode_insert(Insert(None, 16400, values)),
+            encode_delete(Delete(None, 16400, "K", ("7", None, None)))]
+    fused = RenderedEventBuilder(_factory(), DebeziumJsonSerializer())
+    insert, delete = [r for r in fused.process(_transaction(*rows), NOW_US)
+                      if isinstance(r, RenderedEvent)]
+    assert insert.raw_after == values and insert.raw_before is None
+    assert delete.raw_before == ("7", None, None) and delete.raw_after is None
+    assert insert.after is not None and insert.after["id"] == 7
+    assert insert.key == {"id": 7} and delete.key == {"id": 7}
+    fresh = fused.process(_transaction(*rows), NOW_US)[0]
+    assert isinstance(fresh, RenderedEvent)
+    copy = pickle.loads(pickle.dumps(fresh))
+    assert copy.raw_after == values and copy.key_text == fresh.key_text
+    assert pickle.loads(pickle.dumps(PENDING)) is PENDING

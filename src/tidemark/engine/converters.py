@@ -26,6 +26,7 @@ from tidemark.engine.records import (
 )
 from tidemark.event import ChangeEvent, Op, Record
 from tidemark.serde.debezium_json import DebeziumJsonOptions, DebeziumJsonSerializer
+from tidemark.serde.rendered import RenderedEvent
 
 
 class ConvertedRecord(msgspec.Struct, gc=False):
@@ -109,12 +110,21 @@ class PerThread:
 class DebeziumJsonConverter:
     """Debezium JSON key and value texts (``str``, as Debezium's engine gives with its
     Json format); a tombstone after each delete unless turned off in the options;
-    BEGIN/END records only with ``transaction_metadata``."""
+    BEGIN/END records only with ``transaction_metadata``.
+
+    A :class:`RenderedEvent` already carries its texts (a source wrote them in
+    :attr:`rendered_options`, on the engine's request): they are passed through."""
 
     def __init__(self, options: DebeziumJsonOptions | None = None) -> None:
         self.options = options or DebeziumJsonOptions()
         self._per_thread = PerThread(self.options)
         self._encoder = msgspec.json.Encoder()
+
+    @property
+    def rendered_options(self) -> DebeziumJsonOptions | None:
+        """The options in which sources may pre-render events for this converter (None
+        with transaction metadata, whose per-event blocks sources do not write)."""
+        return None if self.options.transaction_metadata else self.options
 
     def convert(self, records: Sequence[Routed]) -> list[ConvertedRecord]:
         per_thread = self._per_thread
@@ -125,9 +135,22 @@ class DebeziumJsonConverter:
         out: list[ConvertedRecord] = []
         append = out.append
         delete = Op.DELETE
+        last_schema: object = None  # of the last rendered event, and its destination
+        last_destination = ""
         # The hot path of the engine: unwrapped by hand (as_change_record would allocate
         # a ChangeRecord per event), with the destination cached per table.
         for record in records:
+            if type(record) is RenderedEvent:
+                # Untouched and already written (the fused path): only the destination
+                # to find, the same as the last one's in a run of one table's changes (a
+                # schema object belongs to one task, so one topic prefix).
+                if record.schema is not last_schema:
+                    last_schema, last_destination = record.schema, destination_of(record)
+                key_text = record.key_text
+                append(ConvertedRecord(last_destination, key_text, record.value_text, record))
+                if tombstones and key_text is not None and record.op is delete:
+                    append(ConvertedRecord(last_destination, key_text, None, record))
+                continue
             flatten: Flatten | None = None
             event: Record
             if isinstance(record, ChangeEvent):
@@ -141,8 +164,11 @@ class DebeziumJsonConverter:
                     key, value = serializer.boundary_key_and_value(event)
                     append(ConvertedRecord(destination, key, value, event))
                 continue
-            key, value = key_and_value(event)
-            key_text = None if key == "null" else key
+            if type(event) is RenderedEvent:
+                key_text, value = event.key_text, event.value_text
+            else:
+                key, value = key_and_value(event)
+                key_text = None if key == "null" else key
             if flatten is not None:
                 row = flat_row(msgspec.json.decode(value), flatten)
                 append(ConvertedRecord(destination, key_text,

@@ -39,7 +39,8 @@ from tidemark.engine.delivery import (
     ProcessorDelivery,
 )
 from tidemark.engine.offset_tracker import OffsetTracker
-from tidemark.engine.spi import SourceConnector, SourceTask
+from tidemark.engine.prerender import offer_rendering, rendering_options
+from tidemark.engine.spi import SourceConnector, SourceTask, TaskConfig
 from tidemark.engine.state import EngineState, IllegalStateError, State
 from tidemark.engine.task_runner import TaskRunner
 from tidemark.engine.transforms import Transform
@@ -91,6 +92,10 @@ class Engine:
         self._consumers = _consumer_list(consumer, config.delivery_mode)
         self._transforms = tuple(transforms)
         self._converter = converter or DebeziumJsonConverter()
+        # A RecordProcessor gets the polled records themselves and may derive changed
+        # events from them, which pre-rendered texts would no longer describe.
+        self._rendering = (None if isinstance(self._consumers[0], RecordProcessor)
+                           else rendering_options(self._converter, self._transforms))
         self._store = offset_store or MemoryOffsetStore()
         self._callbacks = callbacks or EngineCallbacks()
         self._state = EngineState()
@@ -203,7 +208,7 @@ class Engine:
                 self._callbacks.connector_started()
             if not self._advance(State.INITIALIZING, State.CREATING_TASKS):
                 return
-            self._runners = [self._runner(i, self.connector.create_task(task_config))
+            self._runners = [self._runner(i, self._create_task(task_config))
                              for i, task_config in enumerate(task_configs)]
             if not self._advance(State.CREATING_TASKS, State.STARTING_TASKS):
                 return
@@ -215,6 +220,11 @@ class Engine:
             self._poll_tasks()
         except BaseException as err:
             self.error = self.error or err
+
+    def _create_task(self, task_config: TaskConfig) -> SourceTask:
+        task = self.connector.create_task(task_config)
+        offer_rendering(task, self._rendering)
+        return task
 
     def _runner(self, index: int, task: SourceTask) -> TaskRunner:
         def make_delivery(tracker: OffsetTracker[Offset], capacity: Capacity,

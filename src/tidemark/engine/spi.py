@@ -11,9 +11,10 @@ processed by the consumer and the offset has been saved.
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import Any, Protocol
+from typing import Any, Protocol, runtime_checkable
 
 from tidemark.offsets.store import Offset, OffsetReader
+from tidemark.serde.debezium_json import DebeziumJsonOptions
 from tidemark.source.batch import SourceBatch
 
 TaskConfig = Mapping[str, Any]
@@ -48,6 +49,18 @@ class SourceTask(Protocol):
 
     def stop(self) -> None:
         """Release connections and resources; called once, also after a failed start."""
+        ...
+
+
+@runtime_checkable
+class RendersDebeziumJson(Protocol):
+    """Optional for a task: it can emit row changes with their Debezium JSON already
+    written (:class:`~tidemark.serde.rendered.RenderedEvent`), cheaper than the
+    converter serializing the events. The engine asks, before ``start``, when its
+    pipeline would pass such texts through unchanged."""
+
+    def render_debezium_json(self, options: DebeziumJsonOptions) -> bool:
+        """Render in *options* from now on; False if the task declines."""
         ...
 
 

@@ -12,7 +12,7 @@ import re
 import threading
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Iterable, Sequence
-from typing import Protocol
+from typing import ClassVar, Protocol
 
 import msgspec
 
@@ -26,7 +26,13 @@ _FLATTEN_FIELDS = ("op", "table", "schema", "db", "lsn", "txId", "source_ts_ms",
 
 
 class Transform(Protocol):
-    """One step of the transformation chain."""
+    """One step of the transformation chain.
+
+    A transform that never replaces ``record.event`` (it may drop the record, change
+    its destination or flatten it) may say so with a class attribute
+    ``keeps_event = True``: with only such transforms, sources may hand the engine
+    events whose JSON they wrote already (see :mod:`tidemark.engine.prerender`).
+    """
 
     def __call__(self, record: ChangeRecord) -> ChangeRecord | None: ...
 
@@ -60,6 +66,8 @@ class Filter:
         self._ops = None if ops is None else frozenset(_checked_op(op) for op in ops)
         self._tables = None if tables is None else [_regex("tables", t) for t in tables]
 
+    keeps_event: ClassVar[bool] = True
+
     def __call__(self, record: ChangeRecord) -> ChangeRecord | None:
         event = record.event
         if not isinstance(event, ChangeEvent):
@@ -82,6 +90,8 @@ class Route:
     def __init__(self, regex: str, replacement: str) -> None:
         self._regex = _regex("regex", regex)
         self._replacement = replacement
+
+    keeps_event: ClassVar[bool] = True
 
     def __call__(self, record: ChangeRecord) -> ChangeRecord:
         match = self._regex.fullmatch(record.destination)
@@ -111,6 +121,8 @@ class ExtractNewRecordState:
                 raise ConfigError("add_fields", f"{field!r} is not an envelope field; "
                                   f"choose from {', '.join(_FLATTEN_FIELDS)}")
         self._flatten = Flatten(handling, fields)
+
+    keeps_event: ClassVar[bool] = True
 
     def __call__(self, record: ChangeRecord) -> ChangeRecord | None:
         event = record.event

@@ -588,21 +588,28 @@ class DebeziumJsonSerializer:
         end = f',"xmin":null,"origin":{origin},"origin_lsn":null}}'
         return head, middle, end
 
-    def stream_line_parts(self, schema: TableSchema, context: SourceContext, op: Op,
-                          ts_us: int) -> tuple[str, str, str]:
-        """The text of a streamed row event's line around its ``source.lsn``, which
-        appears twice: ``head + lsn + middle + lsn + tail`` continues a line after
-        ``"source":`` up to and including its newline.
+    def stream_value_parts(self, schema: TableSchema, context: SourceContext, op: Op,
+                           ts_us: int) -> tuple[str, str, str]:
+        """The text of a streamed row event's value around its ``source.lsn``, which
+        appears twice: ``head + lsn + middle + lsn + tail`` continues a value after
+        ``"source":`` up to its end.
 
-        For :mod:`tidemark.serde.pgoutput_json`, which writes the rest of the line; only
-        without transaction metadata, where nothing else in the line varies per event.
+        For :mod:`tidemark.serde.pgoutput_json`, which writes the rest of the value; only
+        without transaction metadata, where nothing else in the value varies per event.
         """
         if self._metadata:
-            raise ValueError("stream_line_parts is for output without transaction metadata")
+            raise ValueError("stream_value_parts is for output without transaction metadata")
         head, middle, end = self._cached_source_parts(context, SnapshotMarker.FALSE,
                                                       self._codec(schema).source_tail)
         ts = self._ts_fields(ts_us)
-        return head, middle, f'{end},"transaction":null,"op":"{op.value}",{ts}}}\n'
+        return head, middle, f'{end},"transaction":null,"op":"{op.value}",{ts}'
+
+    def stream_line_parts(self, schema: TableSchema, context: SourceContext, op: Op,
+                          ts_us: int) -> tuple[str, str, str]:
+        """Like :meth:`stream_value_parts`, for the whole line: the tail also closes the
+        line and includes its newline."""
+        head, middle, tail = self.stream_value_parts(schema, context, op, ts_us)
+        return head, middle, tail + "}\n"
 
     def _transaction(self, event: ChangeEvent) -> str:
         t = event.transaction

@@ -35,6 +35,15 @@ from tidemark.source.postgres import types as pgt
 #: :meth:`DebeziumJsonSerializer.stream_line_parts` returns for the event.
 LineFunction = Callable[[bytes, str, int, tuple[str, str, str]], str]
 
+#: ``emit(lsn, message, key text or None, value text)`` -> what the
+#: :data:`EventFunction` returns.
+Emit = Callable[[int, bytes, str | None, str], Any]
+
+#: ``event(data, text, lsn, (head, middle, tail, emit))``: like a
+#: :data:`LineFunction`, with the parts of :meth:`DebeziumJsonSerializer.stream_value_parts`
+#: and an *emit* that gets the message, its key text and its value text.
+EventFunction = Callable[[bytes, str, int, tuple[str, str, str, Emit]], Any]
+
 _u32: Final = struct.Struct(">I").unpack_from
 
 # Byte offsets in Insert/Update/Delete messages outside a streamed block (protocol v1):
@@ -56,39 +65,77 @@ class FusedFallbackError(Exception):
 
 
 class FusedCodec:
-    """The generated line functions of one table schema.
+    """The generated functions of one table schema.
 
-    ``insert``, ``update`` and ``delete`` are ``(ascii, utf8)`` pairs of
-    :data:`LineFunction`; the ASCII variant slices values out of the message decoded
-    as ASCII (one character per byte), the other decodes each value as UTF-8.
-    ``update`` handles only updates without an old tuple (the key did not change and the
-    replica identity is not FULL).
+    ``insert``, ``update`` and ``delete`` are ``(ascii, utf8)`` pairs of generated
+    functions; the ASCII variant slices values out of the message decoded as ASCII (one
+    character per byte), the other decodes each value as UTF-8. ``update`` handles only
+    updates without an old tuple (the key did not change and the replica identity is
+    not FULL).
+
+    Two shapes: :data:`LineFunction` (the default) returns the finished line;
+    with *events* the functions are :data:`EventFunction` s, which hand the message,
+    its key text and its value text to the ``emit`` of their *parts*.
     """
 
     __slots__ = ("delete", "insert", "schema", "update")
 
-    def __init__(self, schema: TableSchema, options: DebeziumJsonOptions) -> None:
+    def __init__(self, schema: TableSchema, options: DebeziumJsonOptions, *,
+                 events: bool = False) -> None:
         self.schema = schema
         # One memo per column, shared by all six functions: an update hits the values
         # its row's insert converted.
         memos: list[dict[str, str]] = [{} for _ in schema.columns]
-        self.insert = _compile(schema, options, "c", memos)
-        self.update = _compile(schema, options, "u", memos)
-        self.delete = _compile(schema, options, "d", memos)
+        self.insert = _compile(schema, options, "c", memos, events)
+        self.update = _compile(schema, options, "u", memos, events)
+        self.delete = _compile(schema, options, "d", memos, events)
 
 
 def _compile(schema: TableSchema, options: DebeziumJsonOptions, op: str,
-             memos: list[dict[str, str]]) -> tuple[LineFunction, LineFunction]:
-    return (_compile_variant(schema, options, op, memos, ascii_only=True),
-            _compile_variant(schema, options, op, memos, ascii_only=False))
+             memos: list[dict[str, str]], events: bool) -> tuple[Any, Any]:
+    return (_compile_variant(schema, options, op, memos, ascii_only=True, events=events),
+            _compile_variant(schema, options, op, memos, ascii_only=False, events=events))
+
+
+class _Pieces:
+    """A text as a sequence of literal texts and variable names, written as one
+    f-string whose literals live in the generated function's namespace."""
+
+    def __init__(self, namespace: dict[str, Any], prefix: str) -> None:
+        self.namespace = namespace
+        self.prefix = prefix  # of this text's literal names, unique in the namespace
+        self.items: list[tuple[bool, str]] = []  # (is literal, text or variable name)
+
+    def literal(self, text: str) -> None:
+        self.items.append((True, text))
+
+    def variable(self, name: str) -> None:
+        self.items.append((False, name))
+
+    def fstring(self) -> str:
+        """The items as an f-string expression; neighbouring literals merged into one
+        namespace variable (``L0``, ``L1`` … with ``L`` the text's prefix)."""
+        fields: list[str] = []
+        merged = False  # the last field is a literal
+        for is_literal, text in self.items:
+            if is_literal and merged:
+                self.namespace[fields[-1]] += text
+            elif is_literal:
+                name = f"{self.prefix}{len(fields)}"
+                self.namespace[name] = text
+                fields.append(name)
+            else:
+                fields.append(text)
+            merged = is_literal
+        return "f'" + "".join("{" + f + "}" for f in fields) + "'"
 
 
 def _compile_variant(schema: TableSchema, options: DebeziumJsonOptions, op: str,
-                     memos: list[dict[str, str]], *, ascii_only: bool) -> LineFunction:
-    """Generate straight-line code for one (schema, op, text variant).
+                     memos: list[dict[str, str]], *, ascii_only: bool, events: bool) -> Any:
+    """Generate straight-line code for one (schema, op, text variant, shape).
 
     Column and table names are data, never code: every piece of literal JSON text lives
-    in a variable of the generated function's namespace (``L0``, ``L1`` …) and the
+    in a variable of the generated function's namespace (``L0``, ``K0``, ``V0`` …) and the
     generated source contains only identifiers and numbers.
     """
     columns = schema.columns
@@ -98,7 +145,7 @@ def _compile_variant(schema: TableSchema, options: DebeziumJsonOptions, op: str,
         "_u32": _u32, "_Fallback": FusedFallbackError, "_ncols": ncols.to_bytes(2, "big"),
     }
     lines = [
-        "def line(data, text, lsn, parts):",
+        "def fused(data, text, lsn, parts):",
         f"    if data[6:{_COLUMNS_AT}] != _ncols: raise _Fallback",
         f"    pos = {_COLUMNS_AT}",
     ]
@@ -108,7 +155,7 @@ def _compile_variant(schema: TableSchema, options: DebeziumJsonOptions, op: str,
         namespace[f"n{i}"] = null_text
         namespace[f"p{i}"] = json_fragment(placeholder)
         if template is not None:
-            convert = [f"        f{i} = {template.format(v='v')}"]
+            convert = [f"        f{i} = {template.format(v=f'v{i}')}"]
         elif column.type_oid in _MEMO_TYPES:
             # Values of these types repeat (an update re-sends the unchanged columns of
             # a row, often one just inserted; amounts, dates and times recur): a small
@@ -116,20 +163,20 @@ def _compile_variant(schema: TableSchema, options: DebeziumJsonOptions, op: str,
             namespace[f"c{i}"] = function
             namespace[f"M{i}"] = memos[i]
             convert = [
-                f"        f{i} = M{i}.get(v)",
+                f"        f{i} = M{i}.get(v{i})",
                 f"        if f{i} is None:",
-                f"            f{i} = c{i}(v)",
+                f"            f{i} = c{i}(v{i})",
                 f"            if len(M{i}) >= {_MEMO_SIZE}: M{i}.clear()",
-                f"            M{i}[v] = f{i}",
+                f"            M{i}[v{i}] = f{i}",
             ]
         else:
             namespace[f"c{i}"] = function
-            convert = [f"        f{i} = c{i}(v)"]
+            convert = [f"        f{i} = c{i}(v{i})"]
         lines += [
             "    k = data[pos]",
             "    if k == 116:",  # 't': text value
             "        e = pos + 5 + _u32(data, pos + 1)[0]",
-            f"        v = {value}",
+            f"        v{i} = {value}",
             "        pos = e",
             *convert,
             "    elif k == 110:",  # 'n': SQL NULL
@@ -143,65 +190,58 @@ def _compile_variant(schema: TableSchema, options: DebeziumJsonOptions, op: str,
         ]
     lines += [
         "    if pos != len(data): raise _Fallback",
-        "    head, middle, tail = parts",
-        "    lsn = str(lsn)",  # once, not twice by the f-string
+        f"    head, middle, tail{', emit' if events else ''} = parts",
+        "    ls = str(lsn)",  # once, not twice by the f-string
     ]
 
-    # The line as a sequence of literal texts and variable names.
-    pieces: list[tuple[bool, str]] = []  # (is literal, text or variable name)
-
-    def literal(text: str) -> None:
-        pieces.append((True, text))
-
-    def row() -> None:
+    def row(text: _Pieces) -> None:
         if not columns:
-            literal("{}")
+            text.literal("{}")
             return
         for i, column in enumerate(columns):
-            literal(("{" if i == 0 else ",") + json_fragment(column.name) + ":")
-            pieces.append((False, f"f{i}"))
-        literal("}")
+            text.literal(("{" if i == 0 else ",") + json_fragment(column.name) + ":")
+            text.variable(f"f{i}")
+        text.literal("}")
 
-    def key() -> None:
+    def key(text: _Pieces) -> None:
         if not schema.key_indexes:
-            literal("null")
+            text.literal("null")
             return
         for n, i in enumerate(schema.key_indexes):
-            literal(("{" if n == 0 else ",") + json_fragment(columns[i].name) + ":")
-            pieces.append((False, f"f{i}"))
-        literal("}")
+            text.literal(("{" if n == 0 else ",") + json_fragment(columns[i].name) + ":")
+            text.variable(f"f{i}")
+        text.literal("}")
 
-    literal('{"key":')
-    key()
-    literal(',"value":{"before":')
-    if op == "d":
-        row()
-        literal(',"after":null')
-    else:
-        literal('null,"after":')
-        row()
-    literal(',"source":')
-    pieces += [(False, "head"), (False, "lsn"), (False, "middle"), (False, "lsn"),
-               (False, "tail")]
-    if op == "d" and options.tombstones_on_delete and schema.key_indexes:
-        literal('{"key":')
-        key()
-        literal(',"value":null}\n')
-
-    # Merge neighbouring literals, move them into the namespace.
-    fields: list[str] = []
-    merged = False  # the last field is a literal
-    for is_literal, text in pieces:
-        if is_literal and merged:
-            namespace[fields[-1]] += text
-        elif is_literal:
-            name = f"L{len(fields)}"
-            namespace[name] = text
-            fields.append(name)
+    def envelope(text: _Pieces) -> None:
+        """The value up to its end (*tail* closes it, for lines the line too)."""
+        text.literal('{"before":')
+        if op == "d":
+            row(text)
+            text.literal(',"after":null')
         else:
-            fields.append(text)
-        merged = is_literal
-    lines.append("    return f'" + "".join("{" + f + "}" for f in fields) + "'")
+            text.literal('null,"after":')
+            row(text)
+        text.literal(',"source":')
+        for name in ("head", "ls", "middle", "ls", "tail"):
+            text.variable(name)
+
+    if events:
+        key_text, value_text = _Pieces(namespace, "K"), _Pieces(namespace, "V")
+        key(key_text)
+        envelope(value_text)
+        lines.append("    return emit(lsn, data, "
+                     f"{key_text.fstring() if schema.key_indexes else 'None'}, "
+                     f"{value_text.fstring()})")
+    else:
+        line = _Pieces(namespace, "L")
+        line.literal('{"key":')
+        key(line)
+        line.literal(',"value":')
+        envelope(line)
+        if op == "d" and options.tombstones_on_delete and schema.key_indexes:
+            line.literal('{"key":')
+            key(line)
+            line.literal(',"value":null}\n')
+        lines.append(f"    return {line.fstring()}")
     exec("\n".join(lines), namespace)
-    generated: LineFunction = namespace["line"]
-    return generated
+    return namespace["fused"]

@@ -73,8 +73,7 @@ class ChangeEventBuilder:
         self._versions: dict[TableId, int] = {}
         # open transaction
         self.in_transaction = False
-        self._total = 0
-        self._per_table: dict[TableId, int] = {}
+        self._orders = TransactionOrders()
         self._last_commit_lsn: int | None = None
         self._context = SourceContext(CONNECTOR_NAME, topic_prefix, database, 0, None, None)
         #: End LSN of the last transaction whose Commit has been processed: the position
@@ -190,8 +189,7 @@ class ChangeEventBuilder:
     def _on_begin(self, msg: pgoutput.Begin, out: list[Record], now_us: int) -> None:
         self.in_transaction = True
         tx_id = f"{msg.xid}:{msg.final_lsn}"
-        self._total = 0
-        self._per_table = {}
+        self._orders = TransactionOrders()
         self._context = SourceContext(CONNECTOR_NAME, self._prefix, self._database,
                                       msg.commit_ts, msg.xid, self._last_commit_lsn,
                                       tx_id, msg.final_lsn)
@@ -201,8 +199,9 @@ class ChangeEventBuilder:
     def _on_commit(self, msg: pgoutput.Commit, out: list[Record], now_us: int) -> None:
         if self._metadata:
             out.append(TransactionBoundary(
-                "END", self._context.tx_id or "", msg.commit_ts, msg.commit_lsn, self._total,
-                tuple((str(t), n) for t, n in self._per_table.items()),
+                "END", self._context.tx_id or "", msg.commit_ts, msg.commit_lsn,
+                self._orders.total,
+                tuple((str(t), cell[0]) for t, cell in self._orders.per_table.items()),
             ))
         self.in_transaction = False
         self._last_commit_lsn = msg.commit_lsn
@@ -231,25 +230,50 @@ class ChangeEventBuilder:
             raise DecodeError(type(msg).__name__, 0,
                               "streamed transactions were not requested (protocol v1)")
 
+    @property
+    def orders(self) -> TransactionOrders:
+        """The event counts of the open transaction (a new object at every Begin). For
+        builders of events that bypass :meth:`process` (the fused path): counting in
+        it keeps the orders right for both paths."""
+        return self._orders
+
     def _event(self, op: Op, schema: TableSchema, before: WireTuple | None,
                after: WireTuple | None, lsn: int, now_us: int) -> ChangeEvent:
-        table = schema.table
-        self._total += 1
-        order = self._per_table.get(table, 0) + 1
-        self._per_table[table] = order
-        return ChangeEvent(op, schema, before, after, self._context, lsn, self._total, order,
-                           now_us)
+        orders = self._orders
+        orders.total += 1
+        cell = orders.cell(schema.table)
+        cell[0] += 1
+        return ChangeEvent(op, schema, before, after, self._context, lsn, orders.total,
+                           cell[0], now_us)
 
     def _message_event(self, msg: pgoutput.LogicalMessage, now_us: int) -> ChangeEvent:
         if msg.transactional and self.in_transaction:
-            self._total += 1
+            total = self._orders.total = self._orders.total + 1
             return ChangeEvent(Op.MESSAGE, None, None, None, self._context, msg.lsn,
-                               self._total, self._total, now_us, message_prefix=msg.prefix,
+                               total, total, now_us, message_prefix=msg.prefix,
                                message_content=msg.content)
         context = SourceContext(CONNECTOR_NAME, self._prefix, self._database, now_us, None,
                                 self._last_commit_lsn)
         return ChangeEvent(Op.MESSAGE, None, None, None, context, msg.lsn, 0, 0, now_us,
                            message_prefix=msg.prefix, message_content=msg.content)
+
+
+class TransactionOrders:
+    """How many events a transaction has had: in all (``total``) and per table (a
+    one-element list per table, so that a hot loop can keep and bump it)."""
+
+    __slots__ = ("per_table", "total")
+
+    def __init__(self) -> None:
+        self.total = 0
+        self.per_table: dict[TableId, list[int]] = {}
+
+    def cell(self, table: TableId) -> list[int]:
+        """The count of *table*'s events, as a mutable one-element list."""
+        cell = self.per_table.get(table)
+        if cell is None:
+            cell = self.per_table[table] = [0]
+        return cell
 
 
 def _key_changed(schema: TableSchema, old: WireTuple, new: WireTuple) -> bool:

@@ -28,7 +28,7 @@ from tidemark.source.batch import SourceBatch
 from tidemark.source.postgres import catalog, session, slot
 from tidemark.source.postgres.change_builder import ChangeEventBuilder
 from tidemark.source.postgres.config import PostgresSourceConfig, SnapshotMode
-from tidemark.source.postgres.json_lines import JsonLineBuilder
+from tidemark.source.postgres.json_lines import JsonLineBuilder, RenderedEventBuilder
 from tidemark.source.postgres.pgoutput import lsn_to_str
 from tidemark.source.postgres.snapshot import begin_snapshot, snapshot_events
 
@@ -52,13 +52,20 @@ class PostgresConnector:
     With *json_lines* (a serializer without transaction metadata), streamed changes are
     delivered as that serializer's JSON lines (:attr:`SourceBatch.lines`), made straight
     from the pgoutput bytes, which is about twice as fast as making change events and
-    serializing them; snapshot rows still come as records.
+    serializing them; snapshot rows still come as records. With *rendered_json* (the
+    same kind of serializer) streamed changes stay records, but the row changes carry
+    that serializer's texts (:class:`~tidemark.serde.rendered.RenderedEvent`), made the
+    same way.
     """
 
     def __init__(self, config: PostgresSourceConfig, *,
-                 json_lines: DebeziumJsonSerializer | None = None) -> None:
+                 json_lines: DebeziumJsonSerializer | None = None,
+                 rendered_json: DebeziumJsonSerializer | None = None) -> None:
+        if json_lines is not None and rendered_json is not None:
+            raise ValueError("json_lines and rendered_json exclude each other")
         self.config = config
         self._json_lines = json_lines
+        self._rendered_json = rendered_json
         self.tables: list[TableId] = []
         self.database = ""
         self._catalog_conn: Any = None
@@ -298,6 +305,8 @@ class PostgresConnector:
             transaction_metadata=cfg.provide_transaction_metadata,
         )
         lines = JsonLineBuilder(builder, self._json_lines) if self._json_lines else None
+        to_records = (RenderedEventBuilder(builder, self._rendered_json).process
+                      if self._rendered_json else builder.process)
         resume = start_lsn
         self._open_with_retry(stream, resume)
         heartbeat_s = cfg.heartbeat_interval_ms / 1000
@@ -330,7 +339,7 @@ class PostgresConnector:
             if lines is not None:
                 texts = lines.process(messages, now_us) if messages else []
             elif messages:
-                records = builder.process(messages, now_us)
+                records = to_records(messages, now_us)
             if builder.last_end_lsn is not None and builder.last_end_lsn > resume:
                 resume = builder.last_end_lsn
             finished = False

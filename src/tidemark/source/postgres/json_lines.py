@@ -1,24 +1,33 @@
-"""pgoutput messages to Debezium JSON lines, with the fused fast path for row changes.
+"""pgoutput messages to Debezium JSON, with the fused fast path for row changes.
 
-:class:`JsonLineBuilder` produces exactly the lines that
+Two builders share one hot loop (:class:`FusedBuilder`) and produce exactly what
 :class:`~tidemark.source.postgres.change_builder.ChangeEventBuilder` followed by
-:class:`~tidemark.serde.debezium_json.DebeziumJsonSerializer` produce, one text per
-change event, for consumers that only want the JSON (``tidemark capture``). Inserts,
-updates without an old tuple and deletes of captured tables go through code generated
-per table schema (:mod:`tidemark.serde.pgoutput_json`); every other message, and any
-row the generated code does not handle, goes through the change builder and the
-serializer. The change builder keeps all the stream state (schemas, the open
-transaction, the resume position) either way.
+:class:`~tidemark.serde.debezium_json.DebeziumJsonSerializer` produce:
+
+* :class:`JsonLineBuilder` — one text per change event, for consumers that only want the
+  JSON (``tidemark capture``);
+* :class:`RenderedEventBuilder` — the change events themselves, each row change a
+  :class:`~tidemark.serde.rendered.RenderedEvent` that carries its key and value texts
+  (the embedded engine, whose Debezium JSON converter passes them through).
+
+Inserts, updates without an old tuple and deletes of captured tables go through code
+generated per table schema (:mod:`tidemark.serde.pgoutput_json`); every other message,
+and any row the generated code does not handle, goes through the change builder (and,
+for lines, the serializer). The change builder keeps all the stream state (schemas, the
+open transaction and its event counts, the resume position) either way.
 """
 
 from __future__ import annotations
 
+from abc import ABC, abstractmethod
 from collections.abc import Sequence
-from typing import Final
+from typing import Any, Final, Generic, TypeVar
 
-from tidemark.event import Op
+from tidemark.event import Op, Record, SnapshotMarker, TableSchema, WireTuple
 from tidemark.serde.debezium_json import DebeziumJsonSerializer
-from tidemark.serde.pgoutput_json import FusedCodec, LineFunction
+from tidemark.serde.pgoutput_json import Emit, FusedCodec
+from tidemark.serde.rendered import PENDING, RenderedEvent
+from tidemark.source.postgres import pgoutput
 from tidemark.source.postgres.change_builder import ChangeEventBuilder
 
 # Type and tuple-kind bytes of the row messages the fused path handles: an Insert's new
@@ -28,38 +37,44 @@ _FUSED_KINDS: Final = {
     (0x44, 0x4B): Op.DELETE, (0x44, 0x4F): Op.DELETE,
 }  # fmt: skip
 _RELATION: Final = 0x52
+_NOT_SNAPSHOT: Final = SnapshotMarker.FALSE
 
-#: What the hot loop keeps per message prefix: the ASCII and UTF-8 line functions and
-#: the text around the event's LSN.
-_Hot = tuple[LineFunction, LineFunction, tuple[str, str, str]]
+_T = TypeVar("_T")
+
+#: What the hot loop keeps per message prefix: the ASCII and UTF-8 generated functions
+#: and the parts they are called with.
+_Hot = tuple[Any, Any, tuple[Any, ...]]
 
 
-class JsonLineBuilder:
-    """Stateful converter of pgoutput messages to Debezium JSON lines.
+class FusedBuilder(ABC, Generic[_T]):
+    """Stateful converter of pgoutput messages with the fused fast path for rows.
 
     Shares the stream state of *events*; without transaction metadata only (the
     ``transaction`` block is per event there, and BEGIN/END records are not events).
+    Subclasses choose the shape of the generated code and of the output.
     """
+
+    #: Generate :data:`~tidemark.serde.pgoutput_json.EventFunction` s, not lines.
+    _EVENTS: bool = False
 
     def __init__(self, events: ChangeEventBuilder, serializer: DebeziumJsonSerializer) -> None:
         if serializer.options.transaction_metadata:
-            raise ValueError("JsonLineBuilder does not support transaction metadata")
+            raise ValueError(f"{type(self).__name__} does not support transaction metadata")
         self.events = events
         self._serializer = serializer
         self._codecs: dict[int, FusedCodec] = {}  # relation id -> codec of its schema
-        # Message prefix (type, relation id, tuple kind) -> line functions and the text
-        # around the LSN; valid for one transaction and one batch (the source block and
-        # the processing time differ between them), rebuilt on first use.
+        # Message prefix (type, relation id, tuple kind) -> generated functions and their
+        # parts; valid for one transaction and one batch (the source block and the
+        # processing time differ between them), rebuilt on first use.
         self._hot: dict[bytes, _Hot | None] = {}
         self._context = events.context
         self._now_us = 0
         #: Row messages that the fused path gave up on (for tests and diagnostics).
         self.fallbacks = 0
 
-    def process(self, messages: Sequence[tuple[bytes, int]], now_us: int) -> list[str]:
-        """Convert a batch of ``(pgoutput payload, data_start LSN)`` pairs; returns one
-        text per change event (its line, and its tombstone line after a delete)."""
-        out: list[str] = []
+    def process(self, messages: Sequence[tuple[bytes, int]], now_us: int) -> list[_T]:
+        """Convert a batch of ``(pgoutput payload, data_start LSN)`` pairs, in order."""
+        out: list[_T] = []
         append = out.append
         hot = self._hot
         hot.clear()  # a new processing time
@@ -68,25 +83,34 @@ class JsonLineBuilder:
         for data, lsn in messages:
             entry = hot.get(data[:6]) or miss(data)
             if entry is not None:
-                ascii_line, utf8_line, parts = entry
+                ascii_fused, utf8_fused, parts = entry
                 try:
                     try:
                         text = data.decode("ascii")
                     except UnicodeDecodeError:
-                        append(utf8_line(data, "", lsn, parts))
+                        append(utf8_fused(data, "", lsn, parts))
                     else:
-                        append(ascii_line(data, text, lsn, parts))
+                        append(ascii_fused(data, text, lsn, parts))
                     continue
                 except Exception:  # the general path decides what it is
                     self.fallbacks += 1
             self._general(data, lsn, out)
         return out
 
-    def _general(self, data: bytes, lsn: int, out: list[str]) -> None:
+    @abstractmethod
+    def _add_general(self, records: list[Record], out: list[_T]) -> None:
+        """Append what the general path made of one message."""
+
+    @abstractmethod
+    def _parts(self, schema: TableSchema, op: Op) -> tuple[Any, ...]:
+        """The *parts* argument of the generated functions for the current transaction
+        and batch."""
+
+    def _general(self, data: bytes, lsn: int, out: list[_T]) -> None:
         events = self.events
         records = events.process(((data, lsn),), self._now_us)
         if records:
-            out += self._serializer.text_lines(records)
+            self._add_general(records, out)
         if events.context is not self._context or (data and data[0] == _RELATION):
             # A new transaction (or origin) changes the source block; a Relation
             # message may change a schema.
@@ -112,9 +136,68 @@ class JsonLineBuilder:
             return None
         codec = self._codecs.get(relation_id)
         if codec is None or codec.schema is not schema:
-            codec = self._codecs[relation_id] = FusedCodec(schema, self._serializer.options)
-        ascii_line, utf8_line = (codec.insert if op is Op.CREATE else
-                                 codec.update if op is Op.UPDATE else codec.delete)
-        parts = self._serializer.stream_line_parts(schema, self.events.context, op,
-                                                   self._now_us)
-        return ascii_line, utf8_line, parts
+            codec = self._codecs[relation_id] = FusedCodec(
+                schema, self._serializer.options, events=self._EVENTS)
+        ascii_fused, utf8_fused = (codec.insert if op is Op.CREATE else
+                                   codec.update if op is Op.UPDATE else codec.delete)
+        return ascii_fused, utf8_fused, self._parts(schema, op)
+
+
+class JsonLineBuilder(FusedBuilder[str]):
+    """pgoutput messages to Debezium JSON lines: one text per change event (its line,
+    and its tombstone line after a delete)."""
+
+    def _add_general(self, records: list[Record], out: list[str]) -> None:
+        out += self._serializer.text_lines(records)
+
+    def _parts(self, schema: TableSchema, op: Op) -> tuple[Any, ...]:
+        return self._serializer.stream_line_parts(schema, self.events.context, op,
+                                                  self._now_us)
+
+
+class RenderedEventBuilder(FusedBuilder[Record]):
+    """pgoutput messages to change events; row changes the fused path handles become
+    :class:`RenderedEvent` s carrying the serializer's key and value texts, all others
+    are the change builder's records."""
+
+    _EVENTS = True
+
+    def _add_general(self, records: list[Record], out: list[Record]) -> None:
+        out += records
+
+    def _parts(self, schema: TableSchema, op: Op) -> tuple[Any, ...]:
+        head, middle, tail = self._serializer.stream_value_parts(
+            schema, self.events.context, op, self._now_us)
+        return head, middle, tail, self._emitter(schema, op)
+
+    def _emitter(self, schema: TableSchema, op: Op) -> Emit:
+        """What the generated code of (*schema*, *op*) hands its results to in the
+        current transaction and batch: makes the event, as the change builder would,
+        counting it in the transaction's orders (kept here: entries live for one
+        transaction, the orders object too)."""
+        orders = self.events.orders
+        cell = orders.cell(schema.table)
+        context = self.events.context
+        now_us = self._now_us
+        # The row is decoded from the message only if someone reads it (see RenderedEvent).
+        before, after = (PENDING, None) if op is Op.DELETE else (None, PENDING)
+
+        def emit(lsn: int, data: bytes, key: str | None, value: str) -> RenderedEvent:
+            total = orders.total = orders.total + 1
+            order = cell[0] = cell[0] + 1
+            return RenderedEvent(op, schema, before, after, context, lsn, total, order,
+                                 now_us, _NOT_SNAPSHOT, None, None, key, value, data,
+                                 message_row)
+        return emit
+
+
+def message_row(data: bytes) -> WireTuple:
+    """The row of a message the fused path handles, decoded as the change builder
+    decodes it: an Insert's or Update's new tuple, a Delete's old tuple."""
+    kind = data[0]
+    if kind == 0x49:
+        return pgoutput.parse_insert(data).new
+    if kind == 0x55:
+        return pgoutput.parse_update(data).new
+    return pgoutput.parse_delete(data).old
+

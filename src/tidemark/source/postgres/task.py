@@ -17,6 +17,7 @@ import psycopg2.extensions
 from tidemark.engine.spi import TaskConfig
 from tidemark.errors import ConfigError, TransientError
 from tidemark.offsets.store import Offset, OffsetReader
+from tidemark.serde.debezium_json import DebeziumJsonOptions, DebeziumJsonSerializer
 from tidemark.source.batch import SourceBatch
 from tidemark.source.postgres.config import PostgresSourceConfig, check_identifier
 from tidemark.source.postgres.connector import PostgresConnector
@@ -31,6 +32,7 @@ class PostgresTask:
     def __init__(self, config: PostgresSourceConfig, stop_at_lsn: int | None = None) -> None:
         self.config = config
         self._stop_at_lsn = stop_at_lsn
+        self._rendered: DebeziumJsonOptions | None = None
         self._connector: PostgresConnector | None = None
         self._offsets: OffsetReader | None = None
         self._committed: Offset | None = None
@@ -47,12 +49,25 @@ class PostgresTask:
         """The running capture (for tests)."""
         return self._connector
 
+    def render_debezium_json(self, options: DebeziumJsonOptions) -> bool:
+        """Emit streamed row changes as :class:`~tidemark.serde.rendered.RenderedEvent` s
+        with Debezium JSON texts in *options*, made straight from the pgoutput bytes
+        (the fused path of ``tidemark capture``). Call before :meth:`start`. Declined
+        (False) with transaction metadata, whose blocks the fused path does not write."""
+        if options.transaction_metadata or self.config.provide_transaction_metadata:
+            return False
+        self._rendered = options
+        return True
+
     def start(self, offsets: OffsetReader) -> None:
         self._offsets = offsets
         self._open(None)
 
     def _open(self, offset: Offset | None) -> None:
-        connector = PostgresConnector(self.config)
+        rendered = self._rendered
+        connector = PostgresConnector(
+            self.config,
+            rendered_json=None if rendered is None else DebeziumJsonSerializer(rendered))
         self._connector = connector
         connector.start(offset, store=self._offsets, stop_at_lsn=self._stop_at_lsn)
 

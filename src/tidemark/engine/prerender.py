@@ -1,0 +1,42 @@
+"""Whether the engine's tasks may hand it pre-rendered Debezium JSON.
+
+A source that can write Debezium JSON straight from its wire format (the PostgreSQL
+task) skips most of the serializer's work; that only pays, and is only correct, when
+the pipeline would pass the texts through unchanged: the converter accepts rendered
+events (:attr:`DebeziumJsonConverter.rendered_options`) and no transform may replace an
+event (every transform declares ``keeps_event``), so the texts still describe the
+event the converter gets. Otherwise tasks emit plain change events, as before.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Sequence
+
+from tidemark.engine.converters import Converter
+from tidemark.engine.spi import RendersDebeziumJson, SourceTask
+from tidemark.engine.transforms import Transform
+from tidemark.serde.debezium_json import DebeziumJsonOptions
+
+log = logging.getLogger(__name__)
+
+
+def rendering_options(converter: Converter,
+                      transforms: Sequence[Transform]) -> DebeziumJsonOptions | None:
+    """The options tasks should render in for this pipeline, or None (do not render)."""
+    options: DebeziumJsonOptions | None = getattr(converter, "rendered_options", None)
+    if options is None:
+        return None
+    if not all(getattr(t, "keeps_event", False) for t in transforms):
+        return None
+    return options
+
+
+def offer_rendering(task: SourceTask, options: DebeziumJsonOptions | None) -> bool:
+    """Ask *task* to render in *options* if it can; True if it will."""
+    if options is None or not isinstance(task, RendersDebeziumJson):
+        return False
+    accepted = task.render_debezium_json(options)
+    log.debug("task %r %s to render Debezium JSON", task,
+              "agreed" if accepted else "declined")
+    return accepted
