@@ -170,8 +170,10 @@ def _txn(commit_lsn: int, xid: int, *msgs: object) -> list[tuple[int, bytes]]:
 
 
 def _typed(lo: int, hi: int, chunks: list[list[tuple[int, bytes]]],
-           on_change: OnSchemaChange = OnSchemaChange.FAIL) -> pa.Table:
-    sink = TypedSink(TABLE, SCHEMA, 2, on_change)  # tiny batches: exercise flushing
+           on_change: OnSchemaChange = OnSchemaChange.FAIL, batch_rows: int = 2) -> pa.Table:
+    """The typed rows of the walk (one table chunk per record batch); tiny batches by
+    default, to exercise flushing."""
+    sink = TypedSink(TABLE, SCHEMA, batch_rows, on_change)
     walker = TransactionWalker(lo, hi, sink)
     batches = []
     for chunk in chunks:
@@ -414,15 +416,8 @@ def test_vectorized_walk_equals_decoding_message_by_message(
     lo, hi = 1000 * first, 1000 * max(first, last) + 1
     points = sorted({0, len(messages), *(c % (len(messages) + 1) for c in cuts)})
     chunks = [messages[a:b] for a, b in itertools.pairwise(points)]
-    sink = TypedSink(TABLE, SCHEMA, batch_rows, OnSchemaChange.FAIL)
-    walker = TransactionWalker(lo, hi, sink)
-    batches = []
-    for chunk in chunks:
-        walker.feed(chunk)
-        batches.extend(sink.take())
-    batches.extend(sink.finish())
-    assert all(b.num_rows <= batch_rows for b in batches)
-    table = pa.Table.from_batches(batches, schema=sink.pa_schema)
+    table = _typed(lo, hi, chunks, batch_rows=batch_rows)
+    assert all(len(batch) <= batch_rows for batch in table.column("_op").chunks)
     got = [(r["_op"], None if r["id"] is None else str(r["id"]),
             None if r["amount"] is None else f"{r['amount']:.2f}", r["note"], r["_lsn"],
             r["_seq"], r["_commit_lsn"], r["_txid"], r["_unavailable"])
