@@ -266,18 +266,6 @@ def _split_toast(values: TupleData, names: Sequence[str]) -> tuple[TupleData, li
     return tuple(None if v is UNAVAILABLE else v for v in values), missing
 
 
-def _decoded(data: bytes) -> TupleData:
-    """The tuple of an Insert, Delete or new-row-only Update, decoded the slow way
-    (which raises the exact DecodeError for a malformed message)."""
-    if data[0] == 0x49:
-        return pgoutput.parse_insert(data).new
-    if data[0] == 0x55:
-        return pgoutput.parse_update(data).new
-    old = pgoutput.parse_delete(data).old
-    assert old is not None
-    return old
-
-
 class TableRows:
     """One table's pending rows in its typed shape, built into record batches of at most
     *batch_rows* rows.
@@ -341,7 +329,7 @@ class TableRows:
             # anything unusual that is still valid.
             for i in range(len(block)):
                 op = OP_OF_KIND[int(block.kinds[i])]
-                self.add(op, _decoded(block.message(i)), int(block.lsns[i]),
+                self.add(op, pgoutput.parse_row(block.message(i)), int(block.lsns[i]),
                          int(block.seqs[i]), block.txn(i), op == "u")
             return
         n = len(block)
@@ -585,7 +573,7 @@ class EnvelopeSink:
         if relation_id in self.relations:
             for i in range(len(block)):
                 op = OP_OF_KIND[int(block.kinds[i])]
-                self.add(relation_id, op, _decoded(block.message(i)), int(block.lsns[i]),
+                self.add(relation_id, op, pgoutput.parse_row(block.message(i)), int(block.lsns[i]),
                          int(block.seqs[i]), block.txn(i), op == "u", None)
 
     def add(self, relation_id: int, op: str, values: TupleData | None, lsn: int, seq: int,

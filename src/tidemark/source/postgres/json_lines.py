@@ -23,7 +23,7 @@ from abc import ABC, abstractmethod
 from collections.abc import Sequence
 from typing import Any, Final, Generic, TypeVar
 
-from tidemark.event import Op, Record, SnapshotMarker, TableSchema, WireTuple
+from tidemark.event import Op, Record, SnapshotMarker, TableSchema
 from tidemark.serde.debezium_json import DebeziumJsonSerializer
 from tidemark.serde.pgoutput_json import Emit, FusedCodec
 from tidemark.serde.rendered import PENDING, RenderedEvent
@@ -187,17 +187,5 @@ class RenderedEventBuilder(FusedBuilder[Record]):
             order = cell[0] = cell[0] + 1
             return RenderedEvent(op, schema, before, after, context, lsn, total, order,
                                  now_us, _NOT_SNAPSHOT, None, None, key, value, data,
-                                 message_row)
+                                 pgoutput.parse_row)
         return emit
-
-
-def message_row(data: bytes) -> WireTuple:
-    """The row of a message the fused path handles, decoded as the change builder
-    decodes it: an Insert's or Update's new tuple, a Delete's old tuple."""
-    kind = data[0]
-    if kind == 0x49:
-        return pgoutput.parse_insert(data).new
-    if kind == 0x55:
-        return pgoutput.parse_update(data).new
-    return pgoutput.parse_delete(data).old
-

@@ -524,6 +524,16 @@ def parse_delete(data: bytes, in_stream: bool = False) -> Delete:
     return Delete(xid, relation_id, chr(kind), old)
 
 
+def parse_row(data: bytes) -> TupleData:
+    """The row a row message carries: an Insert's or Update's new tuple, a Delete's old
+    (key or whole-row) tuple. Raises :class:`DecodeError` for anything else."""
+    if data[:1] == b"I":
+        return parse_insert(data).new
+    if data[:1] == b"U":
+        return parse_update(data).new
+    return parse_delete(data).old
+
+
 def parse_truncate(data: bytes, in_stream: bool = False) -> Truncate:
     """Parse a Truncate ('T') message."""
     _check_type(data, "T")
