@@ -9,16 +9,24 @@ import contextlib
 import itertools
 import os
 import sys
+import time
 from collections.abc import Iterator
 from typing import TYPE_CHECKING, Any
 
 import psycopg2
 import pytest
+from hypothesis import settings
 
 from tidemark.testing.postgres import PostgresCluster
 
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession
+
+# No per-example time limit: the first example of a property test runs cold code paths
+# (imports, caches), and CI machines are slow and noisy; a deadline there only makes the
+# suite flaky. Correctness, not speed, is what the properties check.
+settings.register_profile("tidemark", deadline=None)
+settings.load_profile("tidemark")
 
 _counter = itertools.count()
 
@@ -52,6 +60,18 @@ class Database:
 
     def scalar(self, sql: str, params: Any = None) -> Any:
         return self.query(sql, params)[0][0]
+
+    def settled_scalar(self, sql: str, expected: Any, timeout_s: float = 15.0) -> Any:
+        """``scalar(sql)`` once it equals *expected*, or its last value after *timeout_s*.
+
+        For what the server finishes after the client has gone (a backend exiting, a
+        slot released, a final status update applied): checked at once, it races."""
+        deadline = time.monotonic() + timeout_s
+        while True:
+            value = self.scalar(sql)
+            if value == expected or time.monotonic() > deadline:
+                return value
+            time.sleep(0.05)
 
     def insert_lsn(self) -> int:
         """The current WAL insert position: everything committed so far is before it."""

@@ -304,8 +304,9 @@ def test_failed_start_leaves_no_connection_open(db: Database) -> None:
     conn = make_connector(db.dsn, "public.nope")
     with pytest.raises(SourceError):
         conn.start()
-    open_sessions = db.scalar("SELECT count(*) FROM pg_stat_activity "
-                              "WHERE application_name LIKE 'tidemark%%'")
+    open_sessions = db.settled_scalar("SELECT count(*) FROM pg_stat_activity WHERE "
+                                      "application_name LIKE 'tidemark%%' "
+                                      "AND datname = current_database()", 0)
     assert open_sessions == 0
 
 
@@ -316,6 +317,7 @@ def test_stop_during_snapshot_ends_the_snapshot_transaction(db: Database) -> Non
     conn.start()
     conn.poll()  # part of the snapshot
     conn.stop()
-    left = db.scalar("SELECT count(*) FROM pg_stat_activity "
-                     "WHERE application_name LIKE 'tidemark%%'")
+    left = db.settled_scalar("SELECT count(*) FROM pg_stat_activity WHERE "
+                             "application_name LIKE 'tidemark%%' "
+                             "AND datname = current_database()", 0)
     assert left == 0

@@ -308,7 +308,6 @@ def test_initial_snapshot_with_concurrent_writers(db: Database) -> None:
 @pytest.mark.slow
 def test_sigkill_mid_stream_then_restart_loses_nothing(
         db: Database, tmp_path: Path, captures: Callable[..., Capture]) -> None:
-    total = 2000
     db.execute("CREATE TABLE t (id int PRIMARY KEY)")
     offsets = tmp_path / "offsets.json"
     first = captures("first", "--offsets", str(offsets), "--no-tombstones")
@@ -317,15 +316,18 @@ def test_sigkill_mid_stream_then_restart_loses_nothing(
     def insert(cur: Any, n: int) -> None:
         cur.execute("INSERT INTO t VALUES (%s)", (n + 1,))
 
-    writer = Writer(db.dsn, insert, limit=total, pause_every=20, pause_s=0.01)
+    # No limit: the writer is surely still writing at the kill, however slowly the
+    # capture runs; it is stopped a little after it.
+    writer = Writer(db.dsn, insert, pause_every=20, pause_s=0.01)
     writer.start()
     wait_for(lambda: first.count_lines() >= 300, 20, "some output of the first capture")
     first.proc.send_signal(signal.SIGKILL)
     first.proc.wait(10)
     committed_at_kill = writer.count
-    assert writer.is_alive(), "the writer had already finished: the kill was not mid-stream"
+    assert writer.is_alive(), "the writer had stopped: the kill was not mid-stream"
     saved = saved_lsn(offsets)  # what the killed process had made durable
-    assert writer.wait() == total
+    wait_for(lambda: writer.count >= committed_at_kill + 200, 20, "writes after the kill")
+    total = writer.finish()
 
     second = captures("second", "--offsets", str(offsets), "--no-tombstones", "--stop-at-end")
     assert second.wait() == 0, second.stderr()
@@ -449,7 +451,7 @@ def _busy_uncaptured_table(db: Database, heartbeat_ms: int, settle_s: float) -> 
 
 @pytest.mark.slow
 def test_heartbeat_lets_the_slot_advance_past_uncaptured_writes(db: Database) -> None:
-    idle = _busy_uncaptured_table(db, heartbeat_ms=200, settle_s=4.0)
+    idle = _busy_uncaptured_table(db, heartbeat_ms=200, settle_s=20.0)  # ends once caught up
     current = db.insert_lsn()
     assert idle.slot_after >= idle.wal_after_writes, (
         f"slot confirmed {idle.slot_after} but the WAL after the writes was at "
@@ -674,7 +676,6 @@ def test_snapshot_mode_initial_only_creates_no_slot(db: Database) -> None:
         [(Op.READ, i) for i in range(1, 6)]
     assert again.finished and again.records == []
     assert slot_names(db) == []
-    assert db.query("SELECT slot_name FROM pg_replication_slots") == []
 
 
 def test_snapshot_mode_when_needed_resnapshots_after_slot_loss(db: Database) -> None:
@@ -801,10 +802,14 @@ def test_keepalives_never_confirm_received_but_uncommitted_transactions(db: Data
         with long_tx.cursor() as cur:
             cur.execute("INSERT INTO t (tag, pad) SELECT 'D', repeat('p', 200) "
                         "FROM generate_series(1, 100000)")
+        before_e = db.insert_lsn()
         db.autocommit("INSERT INTO t (tag) VALUES ('E')")
+        # E is the only transaction committing after before_e that the stream can report
+        # (D is still open, heartbeats are off): an offset past before_e is E's.
         e_offset = None
-        e_end = db.insert_lsn()
-        while e_offset is None or e_offset["lsn"] < e_end - 200:
+        deadline = time.monotonic() + 60
+        while e_offset is None or e_offset["lsn"] <= before_e:
+            assert time.monotonic() < deadline, "E was not delivered within 60 s"
             batch = conn.poll()
             e_offset = batch.offset or e_offset
         time.sleep(1.1)  # let the status interval pass so the confirmation is sent

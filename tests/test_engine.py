@@ -214,7 +214,9 @@ def test_close_while_tasks_start_waits_for_every_task_and_leaks_nothing() -> Non
     events: list[str] = []
     callbacks = EngineCallbacks(task_started=lambda i: events.append(f"started {i}"),
                                 task_stopped=lambda i: events.append(f"stopped {i}"))
-    connector = SyntheticConnector(total=None, tasks=3, start_delay_s=0.5)
+    # Starting takes long enough that close() surely lands while tasks are starting,
+    # even on a slow machine (close() waits for the starts, then stops at once).
+    connector = SyntheticConnector(total=None, tasks=3, start_delay_s=3)
     engine = Engine(connector, MemorySink(), config=config("batch", tasks_max=3),
                     callbacks=callbacks)
     thread = run_in_thread(engine)
@@ -289,12 +291,16 @@ def test_close_drains_in_flight_records_then_saves_the_offset() -> None:
     sink = MemorySink(delay_s=0.0005)
     store = MemoryOffsetStore()
     connector = SyntheticConnector(total=None, batch_size=100)
-    engine = Engine(connector, sink, config=config("ordered", polling_shutdown_timeout_ms=10_000),
+    # A bounded in-flight count, so that draining it (0.5 ms a record) fits well within
+    # the shutdown timeout even on a slow machine.
+    engine = Engine(connector, sink, config=config("ordered", polling_shutdown_timeout_ms=60_000,
+                                                   max_in_flight=1_000),
                     offset_store=store)
     thread = run_in_thread(engine)
     wait_for(lambda: len(sink) > 300, what="some records")
     engine.close()
-    thread.join(10)
+    thread.join(70)
+    assert not thread.is_alive()
     saved = store.load(connector.created[0].partition)
     assert saved is not None
     assert sink.positions() == list(range(len(sink)))

@@ -129,7 +129,7 @@ def test_available_now_makes_delta_equal_the_source_with_scd2_history(
     # databases and background work (autovacuum, checkpoints) write meanwhile.
     last = max(_batch_files(tmp_path / "chk", "offsets"))
     assert _batch_end(tmp_path / "chk", last) >= flushed
-    assert reports[-1].lag_bytes < 64 * 1024 and reports[-1].lag_seconds == 0
+    assert reports[-1].lag_bytes < 1 << 20 and reports[-1].lag_seconds == 0
     assert (tmp_path / "lake/_changes").is_dir()
 
     # A second run with nothing new changes nothing.
@@ -186,12 +186,12 @@ def _wait_for_batches(log: Path, count: int, proc: subprocess.Popen[bytes]) -> N
 
 
 def test_sigkill_mid_stream_then_restart_loses_and_doubles_nothing(
-        db: Database, tmp_path: Path) -> None:
+        db: Database, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     db.execute("CREATE TABLE a (id int PRIMARY KEY, v text, n numeric(10, 2))",
                "CREATE TABLE b (id int PRIMARY KEY, v text)")
     source = _prepare(db, "a", "b") + "maxChangesPerTrigger = 100\n"
     config = _pipeline_file(tmp_path, source, "trigger_interval_ms = 50")
-    os.environ["TIDEMARK_DSN"] = db.dsn  # the children read the DSN from here
+    monkeypatch.setenv("TIDEMARK_DSN", db.dsn)  # the children read the DSN from here
     log = tmp_path / "run.log"
     stop = threading.Event()
     writer = threading.Thread(target=_writer, args=(db.dsn, stop, 7), daemon=True)
