@@ -134,8 +134,10 @@ def test_fused_records_equal_the_general_path(mode: str, db: Database) -> None:
     # Tombstones after deletes, per-table destinations.
     # (In per_key mode, workers deliver different keys concurrently: only each key's own
     # sequence is ordered. In async mode nothing is.)
-    sequences = [values for (_, key), values in _by_key(got).items() if key is not None] \
-        if mode == "per_key" else [[value for _, key, value in _texts(got) if key is not None]]
+    if mode == "per_key":
+        sequences = [values for (_, key), values in _by_key(got).items() if key is not None]
+    else:
+        sequences = [[value for _, key, value in _texts(got) if key is not None]]
     deletes = [(values, i) for values in sequences for i, value in enumerate(values)
                if value is not None and '"op":"d"' in value]
     assert deletes  # (a keyless table's deletes have no tombstone: left out above)

@@ -59,15 +59,12 @@ def test_each_mode_delivers_snapshot_and_stream(mode: str, db: Database) -> None
     assert sorted(ids(sink)) == list(range(1, 1501))
     saved = store.load(f"postgres/{db.name}/tidemark")
     assert saved is not None and saved["snapshot_completed"]
-
-    def confirmed() -> int:
-        return int(db.scalar("SELECT (confirmed_flush_lsn - '0/0')::bigint "
-                             "FROM pg_replication_slots WHERE slot_name = 'tidemark'"))
-
     # The final status update is sent as the connection closes; the server applies it
-    # on its own schedule, so give it time.
-    wait_for(lambda: confirmed() == saved["lsn"], 10,
-             "the slot confirmed up to the saved offset")
+    # on its own schedule.
+    confirmed = db.settled_scalar("SELECT (confirmed_flush_lsn - '0/0')::bigint "
+                                  "FROM pg_replication_slots WHERE slot_name = 'tidemark'",
+                                  saved["lsn"])
+    assert confirmed == saved["lsn"], "the slot was not confirmed up to the saved offset"
 
 
 def test_one_task_per_database(pg_cluster: PostgresCluster) -> None:
