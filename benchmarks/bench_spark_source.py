@@ -231,14 +231,14 @@ def _child(master: str, dsn: str, slots: dict[str, Any]) -> dict[str, float]:
         # code for large batches (C2 JIT threads took 0.4-1.2 s of CPU in it, on a core
         # the decoders need): it is reported apart, as "first", and the pipeline's
         # steady figure is the median of the batches after it.
-        batch_seconds = []
-        one_shot = []
+        batch_seconds: list[float] = []
+        one_shot: list[float] = []
+        counts: set[int] = set()
         for i, slot in enumerate(slots["delta"]):
             config = _pipeline_config(dsn, "public.t10", slot, PUBLICATION,
                                       root / f"delta_{i}")
             seconds, progress, rows = _run_pipeline(spark, config)
-            if rows != results.setdefault("delta_rows", rows):
-                results["delta_rows"] = -1.0
+            counts.add(rows)
             # Spark's own time for the batches, without the query's start and end, plus
             # the source's commit of the last batch (the slot advance), which a running
             # pipeline does at its next trigger and an AvailableNow query leaves to its
@@ -250,6 +250,8 @@ def _child(master: str, dsn: str, slots: dict[str, Any]) -> dict[str, float]:
             source, lake = compare(dsn, "public.t10", str(root / f"delta_{i}" / "lake"),
                                    ["id", "c_int", "c_text", "c_label"])
             results["delta_equal"] = results.get("delta_equal", 1.0) * float(source == lake)
+        # Every run must have applied every change (checked by the caller).
+        results["delta_rows"] = counts.pop() if len(counts) == 1 else -1
         results["delta_first_batch_seconds"] = batch_seconds[0]
         results["delta_batch_seconds"] = statistics.median(batch_seconds[1:])
         results["delta_seconds"] = statistics.median(one_shot[1:])
@@ -337,6 +339,8 @@ def main() -> None:
     parser.add_argument("--child", help=argparse.SUPPRESS)
     parser.add_argument("--slots", help=argparse.SUPPRESS)
     args = parser.parse_args()
+    if args.batches < 1:
+        parser.error("--batches must be at least 1")
     if args.child:
         logging.basicConfig(level=logging.WARNING)
         result = _child(args.child, os.environ["BENCH_DSN"], json.loads(args.slots))
