@@ -25,8 +25,14 @@ from tidemark.engine.records import (
     default_destination,
 )
 from tidemark.event import ChangeEvent, Op, Record
-from tidemark.serde.debezium_json import DebeziumJsonOptions, DebeziumJsonSerializer
+from tidemark.serde.debezium_json import (
+    DebeziumJsonOptions,
+    DebeziumJsonSerializer,
+    EventRenderer,
+)
 from tidemark.serde.rendered import RenderedEvent
+
+_NO_SCHEMA: object = object()
 
 
 class ConvertedRecord(msgspec.Struct, gc=False):
@@ -130,20 +136,23 @@ class DebeziumJsonConverter:
         per_thread = self._per_thread
         serializer = per_thread.json
         destination_of = per_thread.destinations.of
-        key_and_value = serializer.key_and_value
+        renderer = serializer.renderer
         tombstones = self.options.tombstones_on_delete
         out: list[ConvertedRecord] = []
         append = out.append
         delete = Op.DELETE
-        last_schema: object = None  # of the last rendered event, and its destination
+        last_schema: object = _NO_SCHEMA  # of the last event's table, and its destination
         last_destination = ""
+        render_schema: object = _NO_SCHEMA  # of the last serialized event, and its writer
+        render: EventRenderer = serializer.general_key_and_value
         # The hot path of the engine: unwrapped by hand (as_change_record would allocate
-        # a ChangeRecord per event), with the destination cached per table.
+        # a ChangeRecord per event), with the destination and the generated writer
+        # looked up once per run of one table's changes (a schema object belongs to one
+        # task, so one topic prefix), and exact type tests first: isinstance() of a
+        # msgspec struct that is not of that class costs as much as writing a row.
         for record in records:
             if type(record) is RenderedEvent:
-                # Untouched and already written (the fused path): only the destination
-                # to find, the same as the last one's in a run of one table's changes (a
-                # schema object belongs to one task, so one topic prefix).
+                # Untouched and already written (the fused path).
                 if record.schema is not last_schema:
                     last_schema, last_destination = record.schema, destination_of(record)
                 key_text = record.key_text
@@ -153,22 +162,31 @@ class DebeziumJsonConverter:
                 continue
             flatten: Flatten | None = None
             event: Record
-            if isinstance(record, ChangeEvent):
-                event, destination = record, destination_of(record)
+            if type(record) is ChangeRecord:
+                event, destination, flatten = record.event, record.destination, record.flatten
+            elif type(record) is ChangeEvent:
+                if record.schema is not last_schema:
+                    last_schema, last_destination = record.schema, destination_of(record)
+                event, destination = record, last_destination
             elif isinstance(record, ChangeRecord):
                 event, destination, flatten = record.event, record.destination, record.flatten
+            elif isinstance(record, ChangeEvent):
+                event, destination = record, destination_of(record)
             else:
                 event, destination = record, default_destination(record)
-            if not isinstance(event, ChangeEvent):
+            if type(event) is RenderedEvent:
+                key_text, value = event.key_text, event.value_text
+            elif type(event) is ChangeEvent or isinstance(event, ChangeEvent):
+                schema = event.schema
+                if schema is not render_schema:
+                    render_schema, render = schema, renderer(schema)
+                key, value = render(event)
+                key_text = None if key == "null" else key
+            else:
                 if self.options.transaction_metadata:
                     key, value = serializer.boundary_key_and_value(event)
                     append(ConvertedRecord(destination, key, value, event))
                 continue
-            if type(event) is RenderedEvent:
-                key_text, value = event.key_text, event.value_text
-            else:
-                key, value = key_and_value(event)
-                key_text = None if key == "null" else key
             if flatten is not None:
                 row = flat_row(msgspec.json.decode(value), flatten)
                 append(ConvertedRecord(destination, key_text,

@@ -23,9 +23,9 @@ from typing import Any
 from tidemark.engine.consumers import ChangeConsumer, RecordConsumer, RecordProcessor
 from tidemark.engine.converters import ConvertedRecord, Converter
 from tidemark.engine.offset_tracker import OffsetTracker
-from tidemark.engine.records import ChangeRecord, Destinations, routing_key
+from tidemark.engine.records import Destinations, routing_key
 from tidemark.engine.transforms import Transform, apply_transforms
-from tidemark.event import ChangeEvent, Record
+from tidemark.event import Record
 from tidemark.offsets.store import Offset
 
 log = logging.getLogger(__name__)
@@ -140,10 +140,8 @@ class Pipeline:
         destinations: Destinations | None = getattr(self._local, "destinations", None)
         if destinations is None:
             destinations = self._local.destinations = Destinations()
-        of = destinations.of
-        routed = [ChangeRecord(r, of(r)) if isinstance(r, ChangeEvent) else ChangeRecord.of(r)
-                  for r in records]
-        return self.converter.convert(apply_transforms(self.transforms, routed))
+        return self.converter.convert(apply_transforms(self.transforms,
+                                                       destinations.route(records)))
 
     def convert_parallel(self, records: Sequence[Record]) -> list[ConvertedRecord]:
         """Transforms and converter over chunks in the worker pool, results in order."""

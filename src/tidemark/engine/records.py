@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from enum import StrEnum
 
 import msgspec
 
 from tidemark.event import ChangeEvent, Op, Record
+from tidemark.serde.rendered import RenderedEvent
 
 
 class DeleteHandling(StrEnum):
@@ -70,6 +72,24 @@ class Destinations:
             entry = (schema, name, default_destination(event))
             self._cache[id(schema)] = entry
         return entry[2]
+
+    def route(self, records: Sequence[Record]) -> list[ChangeRecord]:
+        """*records* (one task's batch) as ChangeRecords to their default destinations,
+        looked up once per run of one table's events."""
+        out: list[ChangeRecord] = []
+        append = out.append
+        last_schema: object = append  # no schema is this
+        destination = ""
+        for record in records:
+            # Exact types first: isinstance() of a struct of another class is slow.
+            if type(record) is ChangeEvent or type(record) is RenderedEvent or isinstance(
+                    record, ChangeEvent):
+                if record.schema is not last_schema:
+                    last_schema, destination = record.schema, self.of(record)
+                append(ChangeRecord(record, destination))
+            else:
+                append(ChangeRecord(record, default_destination(record)))
+        return out
 
 
 def default_destination(record: Record) -> str:

@@ -459,6 +459,57 @@ def column_fragment(column: Column, options: DebeziumJsonOptions
     return template, function, null_text, mapping.placeholder
 
 
+def _row_code(columns: list[Column], options: DebeziumJsonOptions, namespace: dict[str, Any],
+              row: str, prefix: str) -> tuple[list[str], list[str]]:
+    """Generated statements that turn the wire tuple named *row* into one JSON text
+    fragment per column, in variables ``<prefix>f<i>``: (statements, fragment names).
+
+    Binding names (``n<i>``, ``p<i>``, ``c<i>``) go into *namespace*, shared by every
+    row of the schema that uses the same *namespace*.
+    """
+    if not columns:
+        return [], []
+    values = [f"{prefix}v{i}" for i in range(len(columns))]
+    lines = [f"{', '.join(values)}{',' if len(columns) == 1 else ''} = {row}"]
+    fragments = []
+    for i, column in enumerate(columns):
+        template, function, null_text, placeholder = column_fragment(column, options)
+        namespace[f"p{i}"] = json_fragment(placeholder)
+        namespace[f"n{i}"] = null_text
+        v = values[i]
+        if template is not None:
+            expr = template.format(v=v)
+        else:
+            namespace[f"c{i}"] = function
+            expr = f"c{i}({v})"
+        lines.append(
+            f"{prefix}f{i} = {expr} if {v}.__class__ is str else "
+            f"(n{i} if {v} is None else p{i} if {v} is _UNAVAILABLE else _bin({v}))"
+        )
+        fragments.append(f"{prefix}f{i}")
+    return lines, fragments
+
+
+def _object_template(columns: list[Column], indexes: Iterable[int], fragments: list[str],
+                     namespace: dict[str, Any], label: str) -> str:
+    """The f-string body of a JSON object of the given columns' fragments.
+
+    Column names are data, never code: the literal JSON text around each value lives
+    in a variable (``<label><i>``) of the generated function's namespace.
+    """
+    parts = []
+    for n, i in enumerate(indexes):
+        namespace[f"{label}{i}"] = ("{" if n == 0 else ",") + _escape(columns[i].name) + ":"
+        parts.append(f"{{{label}{i}}}{{{fragments[i]}}}")
+    return "".join(parts) + "}}" if parts else "{{}}"
+
+
+def _namespace() -> dict[str, Any]:
+    # Binary-format values (only from sources that request binary transfer) are raw
+    # bytes, emitted as Debezium emits bytes: base64.
+    return {"_UNAVAILABLE": UNAVAILABLE, "_escape": _escape, "_bin": json_fragment}
+
+
 def compile_row_converter(
     columns: Iterable[Column], options: DebeziumJsonOptions, only: Iterable[int] | None = None
 ) -> RowConverter:
@@ -469,49 +520,119 @@ def compile_row_converter(
     capture path, and this runs for every row of every event.
     """
     columns = list(columns)
-    indexes = list(range(len(columns))) if only is None else list(only)
-    namespace: dict[str, Any] = {"_UNAVAILABLE": UNAVAILABLE, "_escape": _escape}
-    unpack = ", ".join(f"v{i}" for i in range(len(columns)))
-    lines = ["def convert(r):", f"    {unpack}{',' if len(columns) == 1 else ''} = r"]
-    parts = []
-    for n, i in enumerate(indexes):
-        template, function, null_text, placeholder = column_fragment(columns[i], options)
-        namespace[f"p{i}"] = json_fragment(placeholder)
-        if template is not None:
-            expr = template.format(v=f"v{i}")
-        else:
-            namespace[f"c{i}"] = function
-            expr = f"c{i}(v{i})"
-        name = _escape(columns[i].name)
-        namespace[f"n{i}"] = null_text
-        lines.append(
-            f"    f{i} = {expr} if v{i}.__class__ is str else "
-            f"(n{i} if v{i} is None else p{i} if v{i} is _UNAVAILABLE else _bin(v{i}))"
-        )
-        # Column names are data, never code: the literal JSON text around each value
-        # lives in a variable of the generated function's namespace.
-        namespace[f"k{i}"] = ("{" if n == 0 else ",") + name + ":"
-        parts.append("{k" + str(i) + "}{f" + str(i) + "}")
-    # Binary-format values (only from sources that request binary transfer) are raw
-    # bytes, emitted as Debezium emits bytes: base64.
-    namespace["_bin"] = json_fragment
-    lines.append('    return f"' + "".join(parts) + '}}"')
     if not columns:
-        lines = ["def convert(r):", "    return '{}'"]
+        return lambda row: "{}"
+    indexes = list(range(len(columns))) if only is None else list(only)
+    namespace = _namespace()
+    body, fragments = _row_code(columns, options, namespace, "r", "")
+    template = _object_template(columns, indexes, fragments, namespace, "k")
+    lines = ["def convert(r):", *(f"    {line}" for line in body),
+             f'    return f"{template}"']
     exec("\n".join(lines), namespace)
     convert: RowConverter = namespace["convert"]
     return convert
 
 
-class _Codec:
-    __slots__ = ("key", "row", "source_tail")
+#: ``event -> (key JSON text or "null", value JSON text)``, as
+#: :meth:`DebeziumJsonSerializer.key_and_value` returns them.
+EventRenderer = Callable[[ChangeEvent], tuple[str, str]]
 
-    def __init__(self, schema: TableSchema, options: DebeziumJsonOptions) -> None:
+
+def compile_event_renderer(schema: TableSchema, options: DebeziumJsonOptions,
+                           source_parts: Callable[[SourceContext, SnapshotMarker],
+                                                  tuple[str, str, str]],
+                           ts_fields: Callable[[int], str],
+                           transaction: Callable[[ChangeEvent], str],
+                           general: EventRenderer) -> EventRenderer:
+    """Generate the key and value writer of one table schema's row events.
+
+    One frame per event, with the before and after rows, the key (the key columns'
+    fragments of the row already written) and the cached ``source`` block inline:
+    the per-piece functions cost more in calls than in writing JSON. The pieces that
+    change rarely come from the serializer's own code: *source_parts* (the ``source``
+    block around the LSN), *ts_fields* (the value's ``ts_*`` fields and closing brace)
+    and *transaction* (the ``transaction`` block, with transaction metadata). Events
+    without an LSN go to *general* (the reference implementation, which the tests hold
+    this code to).
+    """
+    columns = list(schema.columns)
+    namespace = _namespace()
+    # The cache between events, a list because that is the cheapest mutable cell for
+    # the generated code to read: [0] context and [1] snapshot marker of the last
+    # event, [2:5] its source block around the LSN, [5] its timestamp, [6] its ts fields.
+    state: list[Any] = [None, None, "", "", "", None, ""]
+
+    def refresh_source(context: SourceContext, snapshot: SnapshotMarker) -> None:
+        state[0:5] = [context, snapshot, *source_parts(context, snapshot)]
+
+    def refresh_ts(ts_us: int) -> None:
+        state[5:7] = [ts_us, ts_fields(ts_us)]
+
+    namespace.update(st=state, refresh_source=refresh_source, refresh_ts=refresh_ts,
+                     general=general, tx=transaction)
+    lines = [
+        "def render(e):",
+        "    lsn = e.lsn",
+        "    if lsn is None:",
+        "        return general(e)",
+        "    context = e.context",
+        "    snapshot = e.snapshot",
+        "    if context is not st[0] or snapshot is not st[1]:",
+        "        refresh_source(context, snapshot)",
+        "    ts = e.ts_us",
+        "    if ts != st[5]:",
+        "        refresh_ts(ts)",
+        "    op = e.op._value_",
+    ]
+    texts = {}
+    for name, prefix in (("after", "a"), ("before", "b")):
+        body, fragments = _row_code(columns, options, namespace, "row", prefix)
+        template = _object_template(columns, range(len(columns)), fragments, namespace, "k")
+        texts[name] = fragments
+        lines += [f"    row = e.raw_{name}",
+                  "    if row is None:",
+                  f'        {name} = "null"',
+                  "    else:",
+                  *(f"        {line}" for line in body),
+                  f'        {name} = f"{template}"']
+    if schema.key_indexes:
+        keys = schema.key_indexes
+        before_key = _object_template(columns, keys, texts["before"], namespace, "kk")
+        after_key = _object_template(columns, keys, texts["after"], namespace, "kk")
+        lines += ['    if op == "d":',
+                  f'        key = "null" if before == "null" else f"{before_key}"',
+                  '    elif op == "t" or after == "null":',
+                  '        key = "null"',
+                  "    else:",
+                  f'        key = f"{after_key}"']
+    else:
+        lines.append('    key = "null"')
+    transaction_text = "{tx(e)}" if options.transaction_metadata else "null"
+    lines.append(
+        '    return key, f\'{{"before":{before},"after":{after},"source":{st[2]}{lsn}'
+        f'{{st[3]}}{{lsn}}{{st[4]}},"transaction":{transaction_text},'
+        '"op":"{op}",{st[6]}\''
+    )
+    exec("\n".join(lines), namespace)
+    render: EventRenderer = namespace["render"]
+    return render
+
+
+class _Codec:
+    __slots__ = ("key", "render", "row", "source_tail")
+
+    def __init__(self, schema: TableSchema, serializer: DebeziumJsonSerializer) -> None:
+        options = serializer.options
         self.row = compile_row_converter(schema.columns, options)
         self.key = (compile_row_converter(schema.columns, options, schema.key_indexes)
                     if schema.key_indexes else None)
         self.source_tail = (f',"schema":{_escape(schema.table.schema)},'
                             f'"table":{_escape(schema.table.table)},')
+        tail = self.source_tail
+        self.render = compile_event_renderer(
+            schema, options,
+            lambda context, snapshot: serializer._cached_source_parts(context, snapshot, tail),
+            serializer._ts_fields, serializer._transaction, serializer.general_key_and_value)
 
 
 class DebeziumJsonSerializer:
@@ -540,7 +661,7 @@ class DebeziumJsonSerializer:
             return self._last_codec
         entry = self._codecs.get(id(schema))
         if entry is None or entry[0] is not schema:
-            entry = (schema, _Codec(schema, self.options))
+            entry = (schema, _Codec(schema, self))
             self._codecs[id(schema)] = entry
         self._last_schema, self._last_codec = entry
         return entry[1]
@@ -622,6 +743,22 @@ class DebeziumJsonSerializer:
 
     def key_and_value(self, event: ChangeEvent) -> tuple[str, str]:
         """The key and value of one event as JSON texts (``"null"`` for none)."""
+        schema = event.schema
+        if schema is None:
+            return self.general_key_and_value(event)
+        return self._codec(schema).render(event)
+
+    def renderer(self, schema: TableSchema | None) -> EventRenderer:
+        """:meth:`key_and_value` for events of *schema* (None: logical messages),
+        without looking the schema up again: for loops over one table's events."""
+        if schema is None:
+            return self.general_key_and_value
+        return self._codec(schema).render
+
+    def general_key_and_value(self, event: ChangeEvent) -> tuple[str, str]:
+        """:meth:`key_and_value` by the general code: piece by piece, for every kind
+        of event. The generated per-schema renderers take the common case; this
+        handles the rest and is what tests compare them with."""
         ts = event.ts_us
         op = event.op._value_
         if op == "m":
