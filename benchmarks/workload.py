@@ -55,6 +55,12 @@ def create_table(dsn: str) -> None:
             cur.execute(T10_DDL)
 
 
+def deletes(transactions: int) -> int:
+    """How many of the changes of :func:`run_workload` are deletes (10 per transaction;
+    each is followed by a tombstone in Debezium JSON, ``t10`` having a primary key)."""
+    return transactions * 10
+
+
 def run_workload(dsn: str, transactions: int = 3000) -> int:
     """Apply *transactions* transactions of 100 changes; returns the number of changes."""
     with contextlib.closing(psycopg2.connect(dsn)) as conn:

@@ -4,7 +4,8 @@ pgoutput (RenderedEvent) and the converter passes the texts through.
 Every test runs the same stream twice — once as the engine chooses (fused when it can),
 once with the fused path forced off by a transform that does not declare
 ``keeps_event`` — and requires the same records (destinations, keys, values, tombstones)
-and a saved offset past the stream's end, while ``record.event`` stays a correct ChangeEvent.
+and a saved offset past the stream's end, while ``record.event`` stays a correct ChangeEvent
+(also where the task made the record itself and the event is made on access).
 """
 
 from __future__ import annotations
@@ -15,7 +16,7 @@ from typing import Any
 import pytest
 
 from conftest import Database
-from tidemark.engine.converters import ConvertedRecord, DebeziumJsonConverter
+from tidemark.engine.converters import ConvertedRecord, DebeziumJsonConverter, RenderedRecord
 from tidemark.engine.engine import Engine
 from tidemark.engine.records import ChangeRecord
 from tidemark.engine.transforms import Filter, MaskField, Route, Transform
@@ -123,6 +124,11 @@ def test_fused_records_equal_the_general_path(mode: str, db: Database) -> None:
     expected, expected_offset = _run(db, "general", end, [Opaque()], mode=mode)
     assert any(type(r.event) is RenderedEvent for r in got), "the fused path was not taken"
     assert not any(type(r.event) is RenderedEvent for r in expected)
+    # With no transforms the task makes the converter's records of inserts and updates
+    # itself, except for per-key delivery (its routing reads every event's key).
+    made = [r for r in got if type(r) is RenderedRecord]
+    assert bool(made) is (mode != "per_key")
+    assert all(r.value is not None and '"op":"d"' not in r.value for r in made)
     if mode == "async":  # no order at all
         assert sorted(_texts(got), key=repr) == sorted(_texts(expected), key=repr)
     elif mode == "per_key":  # order per key only: compare each key's sequence
@@ -152,6 +158,7 @@ def test_event_keeping_transforms_keep_the_fused_path(db: Database) -> None:
     got, _ = _run(db, "fused", end, chain)
     expected, _ = _run(db, "general", end, [*chain, Opaque()])
     assert any(type(r.event) is RenderedEvent for r in got)
+    assert not any(type(r) is RenderedRecord for r in got)  # transforms take events
     assert _texts(got) == _texts(expected)
     assert all(r.destination.startswith("db.") for r in got)
     assert all(isinstance(r.event, ChangeEvent) and r.event.op in (Op.CREATE, Op.DELETE)

@@ -30,7 +30,7 @@ from pgoutput_builders import (
     encode_update,
 )
 from test_capture_types import COLUMNS, ROWS, _row_sql
-from tidemark.engine.converters import ConvertedRecord, DebeziumJsonConverter
+from tidemark.engine.converters import ConvertedRecord, DebeziumJsonConverter, RenderedRecord
 from tidemark.errors import DecodeError
 from tidemark.event import UNAVAILABLE, ChangeEvent, Record, TableId
 from tidemark.serde.debezium_json import DebeziumJsonOptions, DebeziumJsonSerializer
@@ -144,6 +144,10 @@ STATEMENTS = [
     "INSERT INTO keyless VALUES (1, 'x')",
     "UPDATE keyless SET v = 'y'",
     "DELETE FROM keyless",
+    # One transaction over two tables: total and per-table orders differ.
+    "WITH a AS (INSERT INTO plain VALUES (6, 'two tables', 2) RETURNING id), "
+    "b AS (INSERT INTO full_row SELECT id, 'with plain' FROM a RETURNING id) "
+    "INSERT INTO plain SELECT id + 1, 'and again', 3 FROM b",
     "ALTER TABLE plain ADD COLUMN extra text DEFAULT 'new'",
     "INSERT INTO plain VALUES (4, 'after DDL', 0.5)",
     "UPDATE plain SET extra = 'ümlaut' WHERE id = 4",
@@ -253,6 +257,53 @@ def test_rendered_events_equal_the_general_path(stream: tuple[Messages, BuilderF
     expected, got, fused = _rendered(factory, messages, options, batch)
     assert _assert_same_events(expected, got, options) > len(got) / 2
     assert fused.fallbacks == 0
+
+
+@pytest.mark.integration
+@pytest.mark.parametrize("batch", [1, 7, 100_000])
+@pytest.mark.parametrize("mode", MODES)
+def test_converted_records_equal_the_general_path(stream: tuple[Messages, BuilderFactory],
+                                                  mode: dict[str, Any], batch: int) -> None:
+    """The engine's converter gives the same records of a builder that makes them itself
+    (RenderedRecord) as of the general path's events, whose events they make on access."""
+    messages, factory = stream
+    options = DebeziumJsonOptions(**mode)
+    events = factory()
+    fused = RenderedEventBuilder(factory(), DebeziumJsonSerializer(options),
+                                 converted_records=True)
+    expected: list[Record] = []
+    got: list[Any] = []
+    for i in range(0, len(messages), batch):
+        expected += events.process(messages[i:i + batch], NOW_US + i)
+        got += fused.process(messages[i:i + batch], NOW_US + i)
+    made = [r for r in got if type(r) is RenderedRecord]
+    assert len(made) > len(got) / 2 and fused.fallbacks == 0
+    assert all(_EVENT_SLOT.__get__(r) is None for r in made)  # not made until read
+    records = DebeziumJsonConverter(options).convert(got)
+    reference = DebeziumJsonConverter(options).convert(expected)
+    assert _converted(records) == _converted(reference)
+    for record, general in zip(records, reference, strict=True):
+        event, general_event = record.event, general.event
+        if isinstance(general_event, ChangeEvent):
+            assert isinstance(event, ChangeEvent)
+            assert _fields(event) == _fields(general_event)
+        else:
+            assert event == general_event
+
+
+_EVENT_SLOT: Any = ConvertedRecord.__dict__["event"]
+
+
+def test_converted_record_pickles_as_the_record_it_stands_for() -> None:
+    fused = RenderedEventBuilder(_factory(), DebeziumJsonSerializer(), converted_records=True)
+    made = [r for r in fused.process(_transaction(encode_insert(Insert(
+        None, 16400, ("7", "naïve", "2.50")))), NOW_US) if type(r) is RenderedRecord]
+    assert len(made) == 1
+    copy = pickle.loads(pickle.dumps(made[0]))
+    assert type(copy) is ConvertedRecord
+    assert (copy.destination, copy.key, copy.value) == \
+        (made[0].destination, made[0].key, made[0].value)
+    assert isinstance(copy.event, RenderedEvent) and copy.event.raw_after == ("7", "naïve", "2.50")
 
 
 # -- synthetic messages ---------------------------------------------------------------------

@@ -10,8 +10,8 @@ several workers at once, so they keep their caches per thread.
 from __future__ import annotations
 
 import threading
-from collections.abc import Sequence
-from typing import Any, Protocol
+from collections.abc import Callable, Sequence
+from typing import Any, Final, Protocol
 
 import msgspec
 
@@ -44,6 +44,45 @@ class ConvertedRecord(msgspec.Struct, gc=False):
     key: Any
     value: Any
     event: Record
+
+
+_EVENT: Final[Any] = ConvertedRecord.__dict__["event"]
+
+
+class RenderedRecord(ConvertedRecord, gc=False):
+    """A :class:`ConvertedRecord` that a source made directly, as
+    :class:`DebeziumJsonConverter` would make it of a :class:`RenderedEvent` (the
+    PostgreSQL task's fused path, when the engine has no transforms): one object per
+    change instead of an event and a record, and no pass of the converter over it.
+
+    Its ``event`` is made on first access, by ``make_event`` (which the source shares
+    between the records of one table, operation and transaction) from the fields here
+    that differ per change. Never a delete: a delete is followed by its tombstone,
+    which the converter adds.
+    """
+
+    make_event: Callable[[RenderedRecord], Record] | None = None
+    lsn: int = 0
+    total_order: int = 0
+    collection_order: int = 0
+    wire: bytes = b""
+
+    @property  # type: ignore[misc]  # a lazy field
+    def event(self) -> Record:
+        event: Record | None = _EVENT.__get__(self)
+        if event is None:
+            assert self.make_event is not None
+            event = self.make_event(self)
+            _EVENT.__set__(self, event)  # memoized; racing threads store equal events
+        return event
+
+    @event.setter
+    def event(self, event: Record) -> None:
+        _EVENT.__set__(self, event)
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        # make_event is a closure: pickled, this is the plain record it stands for.
+        return ConvertedRecord, (self.destination, self.key, self.value, self.event)
 
 
 class Converter(Protocol):
@@ -119,7 +158,8 @@ class DebeziumJsonConverter:
     BEGIN/END records only with ``transaction_metadata``.
 
     A :class:`RenderedEvent` already carries its texts (a source wrote them in
-    :attr:`rendered_options`, on the engine's request): they are passed through."""
+    :attr:`rendered_options`, on the engine's request): they are passed through, and
+    so is a :class:`RenderedRecord` (the source made the record too)."""
 
     def __init__(self, options: DebeziumJsonOptions | None = None) -> None:
         self.options = options or DebeziumJsonOptions()
@@ -151,6 +191,11 @@ class DebeziumJsonConverter:
         # task, so one topic prefix), and exact type tests first: isinstance() of a
         # msgspec struct that is not of that class costs as much as writing a row.
         for record in records:
+            # Made by the source for this converter (the engine asked for them, having
+            # no transforms: they are outside the Routed types transforms see).
+            if type(record) is RenderedRecord:  # type: ignore[comparison-overlap]
+                append(record)
+                continue
             if type(record) is RenderedEvent:
                 # Untouched and already written (the fused path).
                 if record.schema is not last_schema:

@@ -39,7 +39,7 @@ from tidemark.engine.delivery import (
     ProcessorDelivery,
 )
 from tidemark.engine.offset_tracker import OffsetTracker
-from tidemark.engine.prerender import offer_rendering, rendering_options
+from tidemark.engine.prerender import converted_records, offer_rendering, rendering_options
 from tidemark.engine.spi import SourceConnector, SourceTask, TaskConfig
 from tidemark.engine.state import EngineState, IllegalStateError, State
 from tidemark.engine.task_runner import TaskRunner
@@ -96,6 +96,8 @@ class Engine:
         # events from them, which pre-rendered texts would no longer describe.
         self._rendering = (None if isinstance(self._consumers[0], RecordProcessor)
                            else rendering_options(self._converter, self._transforms))
+        self._converted_records = self._rendering is not None and converted_records(
+            self._converter, self._transforms, config.delivery_mode)
         self._store = offset_store or MemoryOffsetStore()
         self._callbacks = callbacks or EngineCallbacks()
         self._state = EngineState()
@@ -223,7 +225,7 @@ class Engine:
 
     def _create_task(self, task_config: TaskConfig) -> SourceTask:
         task = self.connector.create_task(task_config)
-        offer_rendering(task, self._rendering)
+        offer_rendering(task, self._rendering, records=self._converted_records)
         return task
 
     def _runner(self, index: int, task: SourceTask) -> TaskRunner:

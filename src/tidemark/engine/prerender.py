@@ -6,6 +6,9 @@ the pipeline would pass the texts through unchanged: the converter accepts rende
 events (:attr:`DebeziumJsonConverter.rendered_options`) and no transform may replace an
 event (every transform declares ``keeps_event``), so the texts still describe the
 event the converter gets. Otherwise tasks emit plain change events, as before.
+
+With no transforms at all, a rendering task may go one step further and make the
+converter's records itself (:func:`converted_records`).
 """
 
 from __future__ import annotations
@@ -13,7 +16,8 @@ from __future__ import annotations
 import logging
 from collections.abc import Sequence
 
-from tidemark.engine.converters import Converter
+from tidemark.engine.config import DeliveryMode
+from tidemark.engine.converters import Converter, DebeziumJsonConverter
 from tidemark.engine.spi import RendersDebeziumJson, SourceTask
 from tidemark.engine.transforms import Transform
 from tidemark.serde.debezium_json import DebeziumJsonOptions
@@ -32,11 +36,23 @@ def rendering_options(converter: Converter,
     return options
 
 
-def offer_rendering(task: SourceTask, options: DebeziumJsonOptions | None) -> bool:
-    """Ask *task* to render in *options* if it can; True if it will."""
+def converted_records(converter: Converter, transforms: Sequence[Transform],
+                      mode: DeliveryMode) -> bool:
+    """Whether rendering tasks may hand over the converter's records themselves
+    (:class:`RenderedRecord`): only with no transforms (they take events), into the
+    Debezium JSON converter itself (which passes those records on), and not with
+    per-key delivery, whose routing reads each event's key."""
+    return (not transforms and type(converter) is DebeziumJsonConverter
+            and mode != DeliveryMode.PER_KEY)
+
+
+def offer_rendering(task: SourceTask, options: DebeziumJsonOptions | None, *,
+                    records: bool = False) -> bool:
+    """Ask *task* to render in *options* if it can (with *records*, to make
+    :class:`RenderedRecord` s too); True if it will."""
     if options is None or not isinstance(task, RendersDebeziumJson):
         return False
-    accepted = task.render_debezium_json(options)
+    accepted = task.render_debezium_json(options, converted_records=records)
     log.debug("task %r %s to render Debezium JSON", task,
               "agreed" if accepted else "declined")
     return accepted

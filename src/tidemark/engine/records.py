@@ -7,7 +7,7 @@ from enum import StrEnum
 
 import msgspec
 
-from tidemark.event import ChangeEvent, Op, Record
+from tidemark.event import ChangeEvent, Op, Record, TableId
 from tidemark.serde.rendered import RenderedEvent
 
 
@@ -98,8 +98,12 @@ def default_destination(record: Record) -> str:
         return "transaction"
     if record.op is Op.MESSAGE or record.schema is None:
         return f"{record.context.name}.message"
-    table = record.schema.table
-    return f"{record.context.name}.{table.schema}.{table.table}"
+    return table_destination(record.context.name, record.schema.table)
+
+
+def table_destination(prefix: str, table: TableId) -> str:
+    """Debezium's topic name for the changes of *table* (``<prefix>.<schema>.<table>``)."""
+    return f"{prefix}.{table.schema}.{table.table}"
 
 
 def routing_key(record: Record, by_table: bool) -> object:

@@ -59,8 +59,13 @@ class RendersDebeziumJson(Protocol):
     converter serializing the events. The engine asks, before ``start``, when its
     pipeline would pass such texts through unchanged."""
 
-    def render_debezium_json(self, options: DebeziumJsonOptions) -> bool:
-        """Render in *options* from now on; False if the task declines."""
+    def render_debezium_json(self, options: DebeziumJsonOptions, *,
+                             converted_records: bool = False) -> bool:
+        """Render in *options* from now on; False if the task declines. With
+        *converted_records* (the engine has no transforms, and its converter passes
+        them on) the task may also emit
+        :class:`~tidemark.engine.converters.RenderedRecord` s, the converter's output
+        itself."""
         ...
 
 

@@ -44,6 +44,17 @@ Emit = Callable[[int, bytes, str | None, str], Any]
 #: and an *emit* that gets the message, its key text and its value text.
 EventFunction = Callable[[bytes, str, int, tuple[str, str, str, Emit]], Any]
 
+#: The *parts* of a :data:`RecordFunction`: the value parts as for an
+#: :data:`EventFunction`, then ``make_record, destination, make_event, orders, cell``.
+RecordParts = tuple[str, str, str, Callable[..., Any], str, Any, Any, list[int]]
+
+#: ``record(data, text, lsn, parts)``: like an :data:`EventFunction`, but makes the
+#: result itself, without a call to Python: ``make_record(destination, key text,
+#: value text, None, make_event, lsn, total order, table order, data)``, having counted
+#: the change in ``orders.total`` and ``cell[0]`` (the engine's converted records; see
+#: :class:`~tidemark.engine.converters.RenderedRecord`).
+RecordFunction = Callable[[bytes, str, int, RecordParts], Any]
+
 _u32: Final = struct.Struct(">I").unpack_from
 
 # Byte offsets in Insert/Update/Delete messages outside a streamed block (protocol v1):
@@ -73,28 +84,32 @@ class FusedCodec:
     updates without an old tuple (the key did not change and the replica identity is
     not FULL).
 
-    Two shapes: :data:`LineFunction` (the default) returns the finished line;
+    Three shapes: :data:`LineFunction` (the default) returns the finished line;
     with *events* the functions are :data:`EventFunction` s, which hand the message,
-    its key text and its value text to the ``emit`` of their *parts*.
+    its key text and its value text to the ``emit`` of their *parts*; with *records*
+    ``insert`` and ``update`` are :data:`RecordFunction` s (and ``delete`` an
+    EventFunction: its tombstone is the converter's to add).
     """
 
     __slots__ = ("delete", "insert", "schema", "update")
 
     def __init__(self, schema: TableSchema, options: DebeziumJsonOptions, *,
-                 events: bool = False) -> None:
+                 events: bool = False, records: bool = False) -> None:
         self.schema = schema
         # One memo per column, shared by all six functions: an update hits the values
         # its row's insert converted.
         memos: list[dict[str, str]] = [{} for _ in schema.columns]
-        self.insert = _compile(schema, options, "c", memos, events)
-        self.update = _compile(schema, options, "u", memos, events)
-        self.delete = _compile(schema, options, "d", memos, events)
+        shape = "records" if records else "events" if events else "lines"
+        self.insert = _compile(schema, options, "c", memos, shape)
+        self.update = _compile(schema, options, "u", memos, shape)
+        self.delete = _compile(schema, options, "d", memos,
+                               "events" if records else shape)
 
 
 def _compile(schema: TableSchema, options: DebeziumJsonOptions, op: str,
-             memos: list[dict[str, str]], events: bool) -> tuple[Any, Any]:
-    return (_compile_variant(schema, options, op, memos, ascii_only=True, events=events),
-            _compile_variant(schema, options, op, memos, ascii_only=False, events=events))
+             memos: list[dict[str, str]], shape: str) -> tuple[Any, Any]:
+    return (_compile_variant(schema, options, op, memos, ascii_only=True, shape=shape),
+            _compile_variant(schema, options, op, memos, ascii_only=False, shape=shape))
 
 
 class _Pieces:
@@ -131,7 +146,7 @@ class _Pieces:
 
 
 def _compile_variant(schema: TableSchema, options: DebeziumJsonOptions, op: str,
-                     memos: list[dict[str, str]], *, ascii_only: bool, events: bool) -> Any:
+                     memos: list[dict[str, str]], *, ascii_only: bool, shape: str) -> Any:
     """Generate straight-line code for one (schema, op, text variant, shape).
 
     Column and table names are data, never code: every piece of literal JSON text lives
@@ -190,7 +205,9 @@ def _compile_variant(schema: TableSchema, options: DebeziumJsonOptions, op: str,
         ]
     lines += [
         "    if pos != len(data): raise _Fallback",
-        f"    head, middle, tail{', emit' if events else ''} = parts",
+        "    head, middle, tail" + {"lines": "", "events": ", emit",
+                                   "records": ", make_record, destination, make_event, "
+                                              "orders, cell"}[shape] + " = parts",
         "    ls = str(lsn)",  # once, not twice by the f-string
     ]
 
@@ -225,13 +242,19 @@ def _compile_variant(schema: TableSchema, options: DebeziumJsonOptions, op: str,
         for name in ("head", "ls", "middle", "ls", "tail"):
             text.variable(name)
 
-    if events:
+    if shape != "lines":
         key_text, value_text = _Pieces(namespace, "K"), _Pieces(namespace, "V")
         key(key_text)
         envelope(value_text)
-        lines.append("    return emit(lsn, data, "
-                     f"{key_text.fstring() if schema.key_indexes else 'None'}, "
-                     f"{value_text.fstring()})")
+        texts = (f"{key_text.fstring() if schema.key_indexes else 'None'}, "
+                 f"{value_text.fstring()}")
+        if shape == "events":
+            lines.append(f"    return emit(lsn, data, {texts})")
+        else:
+            lines += ["    total = orders.total = orders.total + 1",
+                      "    order = cell[0] = cell[0] + 1",
+                      f"    return make_record(destination, {texts}, None, make_event, lsn, "
+                      "total, order, data)"]
     else:
         line = _Pieces(namespace, "L")
         line.literal('{"key":')

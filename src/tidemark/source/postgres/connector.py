@@ -55,17 +55,20 @@ class PostgresConnector:
     serializing them; snapshot rows still come as records. With *rendered_json* (the
     same kind of serializer) streamed changes stay records, but the row changes carry
     that serializer's texts (:class:`~tidemark.serde.rendered.RenderedEvent`), made the
-    same way.
+    same way; with *converted_records* too, inserts and updates come as the engine's
+    converted records (:class:`~tidemark.engine.converters.RenderedRecord`).
     """
 
     def __init__(self, config: PostgresSourceConfig, *,
                  json_lines: DebeziumJsonSerializer | None = None,
-                 rendered_json: DebeziumJsonSerializer | None = None) -> None:
+                 rendered_json: DebeziumJsonSerializer | None = None,
+                 converted_records: bool = False) -> None:
         if json_lines is not None and rendered_json is not None:
             raise ValueError("json_lines and rendered_json exclude each other")
         self.config = config
         self._json_lines = json_lines
         self._rendered_json = rendered_json
+        self._converted_records = converted_records
         self.tables: list[TableId] = []
         self.database = ""
         self._catalog_conn: Any = None
@@ -305,7 +308,8 @@ class PostgresConnector:
             transaction_metadata=cfg.provide_transaction_metadata,
         )
         lines = JsonLineBuilder(builder, self._json_lines) if self._json_lines else None
-        to_records = (RenderedEventBuilder(builder, self._rendered_json).process
+        to_records = (RenderedEventBuilder(builder, self._rendered_json,
+                                           converted_records=self._converted_records).process
                       if self._rendered_json else builder.process)
         resume = start_lsn
         self._open_with_retry(stream, resume)

@@ -23,6 +23,8 @@ from abc import ABC, abstractmethod
 from collections.abc import Sequence
 from typing import Any, Final, Generic, TypeVar
 
+from tidemark.engine.converters import RenderedRecord
+from tidemark.engine.records import table_destination
 from tidemark.event import Op, Record, SnapshotMarker, TableSchema
 from tidemark.serde.debezium_json import DebeziumJsonSerializer
 from tidemark.serde.pgoutput_json import Emit, FusedCodec
@@ -53,9 +55,6 @@ class FusedBuilder(ABC, Generic[_T]):
     ``transaction`` block is per event there, and BEGIN/END records are not events).
     Subclasses choose the shape of the generated code and of the output.
     """
-
-    #: Generate :data:`~tidemark.serde.pgoutput_json.EventFunction` s, not lines.
-    _EVENTS: bool = False
 
     def __init__(self, events: ChangeEventBuilder, serializer: DebeziumJsonSerializer) -> None:
         if serializer.options.transaction_metadata:
@@ -101,6 +100,9 @@ class FusedBuilder(ABC, Generic[_T]):
     def _add_general(self, records: list[Record], out: list[_T]) -> None:
         """Append what the general path made of one message."""
 
+    def _codec(self, schema: TableSchema) -> FusedCodec:
+        return FusedCodec(schema, self._serializer.options)
+
     @abstractmethod
     def _parts(self, schema: TableSchema, op: Op) -> tuple[Any, ...]:
         """The *parts* argument of the generated functions for the current transaction
@@ -136,8 +138,7 @@ class FusedBuilder(ABC, Generic[_T]):
             return None
         codec = self._codecs.get(relation_id)
         if codec is None or codec.schema is not schema:
-            codec = self._codecs[relation_id] = FusedCodec(
-                schema, self._serializer.options, events=self._EVENTS)
+            codec = self._codecs[relation_id] = self._codec(schema)
         ascii_fused, utf8_fused = (codec.insert if op is Op.CREATE else
                                    codec.update if op is Op.UPDATE else codec.delete)
         return ascii_fused, utf8_fused, self._parts(schema, op)
@@ -158,9 +159,23 @@ class JsonLineBuilder(FusedBuilder[str]):
 class RenderedEventBuilder(FusedBuilder[Record]):
     """pgoutput messages to change events; row changes the fused path handles become
     :class:`RenderedEvent` s carrying the serializer's key and value texts, all others
-    are the change builder's records."""
+    are the change builder's records.
 
-    _EVENTS = True
+    With *converted_records*, inserts and updates the fused path handles become the
+    engine's :class:`~tidemark.engine.converters.RenderedRecord` s instead: what its
+    Debezium JSON converter would make of the RenderedEvent, with the event made only
+    if someone reads it (for an engine without transforms, see
+    :mod:`tidemark.engine.prerender`).
+    """
+
+    def __init__(self, events: ChangeEventBuilder, serializer: DebeziumJsonSerializer, *,
+                 converted_records: bool = False) -> None:
+        super().__init__(events, serializer)
+        self._converted_records = converted_records
+
+    def _codec(self, schema: TableSchema) -> FusedCodec:
+        return FusedCodec(schema, self._serializer.options, events=True,
+                          records=self._converted_records)
 
     def _add_general(self, records: list[Record], out: list[Record]) -> None:
         out += records
@@ -168,6 +183,8 @@ class RenderedEventBuilder(FusedBuilder[Record]):
     def _parts(self, schema: TableSchema, op: Op) -> tuple[Any, ...]:
         head, middle, tail = self._serializer.stream_value_parts(
             schema, self.events.context, op, self._now_us)
+        if self._converted_records and op is not Op.DELETE:
+            return head, middle, tail, *self._record_parts(schema, op)
         return head, middle, tail, self._emitter(schema, op)
 
     def _emitter(self, schema: TableSchema, op: Op) -> Emit:
@@ -189,3 +206,20 @@ class RenderedEventBuilder(FusedBuilder[Record]):
                                  now_us, _NOT_SNAPSHOT, None, None, key, value, data,
                                  pgoutput.parse_row)
         return emit
+
+    def _record_parts(self, schema: TableSchema, op: Op) -> tuple[Any, ...]:
+        """The rest of a :data:`~tidemark.serde.pgoutput_json.RecordFunction`'s parts in
+        the current transaction and batch: RenderedRecords whose event, made on demand,
+        is the one :meth:`_emitter` would make."""
+        context = self.events.context
+        now_us = self._now_us
+
+        def make_event(record: RenderedRecord) -> RenderedEvent:
+            return RenderedEvent(op, schema, None, PENDING, context, record.lsn,
+                                 record.total_order, record.collection_order, now_us,
+                                 _NOT_SNAPSHOT, None, None, record.key, record.value,
+                                 record.wire, pgoutput.parse_row)
+
+        orders = self.events.orders
+        return (RenderedRecord, table_destination(context.name, schema.table), make_event,
+                orders, orders.cell(schema.table))

@@ -33,6 +33,7 @@ class PostgresTask:
         self.config = config
         self._stop_at_lsn = stop_at_lsn
         self._rendered: DebeziumJsonOptions | None = None
+        self._converted_records = False
         self._connector: PostgresConnector | None = None
         self._offsets: OffsetReader | None = None
         self._committed: Offset | None = None
@@ -49,14 +50,18 @@ class PostgresTask:
         """The running capture (for tests)."""
         return self._connector
 
-    def render_debezium_json(self, options: DebeziumJsonOptions) -> bool:
+    def render_debezium_json(self, options: DebeziumJsonOptions, *,
+                             converted_records: bool = False) -> bool:
         """Emit streamed row changes as :class:`~tidemark.serde.rendered.RenderedEvent` s
         with Debezium JSON texts in *options*, made straight from the pgoutput bytes
-        (the fused path of ``tidemark capture``). Call before :meth:`start`. Declined
-        (False) with transaction metadata, whose blocks the fused path does not write."""
+        (the fused path of ``tidemark capture``); with *converted_records*, inserts and
+        updates as :class:`~tidemark.engine.converters.RenderedRecord` s. Call before
+        :meth:`start`. Declined (False) with transaction metadata, whose blocks the fused
+        path does not write."""
         if options.transaction_metadata or self.config.provide_transaction_metadata:
             return False
         self._rendered = options
+        self._converted_records = converted_records
         return True
 
     def start(self, offsets: OffsetReader) -> None:
@@ -67,7 +72,8 @@ class PostgresTask:
         rendered = self._rendered
         connector = PostgresConnector(
             self.config,
-            rendered_json=None if rendered is None else DebeziumJsonSerializer(rendered))
+            rendered_json=None if rendered is None else DebeziumJsonSerializer(rendered),
+            converted_records=self._converted_records)
         self._connector = connector
         connector.start(offset, store=self._offsets, stop_at_lsn=self._stop_at_lsn)
 
