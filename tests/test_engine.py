@@ -249,6 +249,36 @@ def test_close_before_run_and_closing_twice() -> None:
         engine.run()
 
 
+@pytest.mark.parametrize(("delay_s", "where"), [(0.0, "task"), (0.005, "lane")])
+def test_a_quick_batch_consumer_runs_in_the_task_thread_a_slow_one_in_its_own(
+        delay_s: float, where: str) -> None:
+    """Handing each batch to another thread costs a quick consumer more than its work
+    (the two threads trade the GIL), so it runs in the task's thread while nothing is
+    queued for it; the first batch, every batch after a slow one, and batches that
+    come while the lane is still busy go to the lane."""
+    threads: list[str] = []
+    store = MemoryOffsetStore()
+
+    class Consumer:
+        def handle_batch(self, records: list[ConvertedRecord], committer: Any) -> None:
+            threads.append(threading.current_thread().name)
+            if delay_s:  # (even sleep(0) gives up the GIL, making the call slow)
+                time.sleep(delay_s)
+
+    total = 20_000 if where == "task" else 2_000
+    connector = SyntheticConnector(total=total, batch_size=100)
+    Engine(connector, Consumer(), config=config("batch"), offset_store=store).run()
+    assert len(threads) == total // 100 and "-batch0" in threads[0]
+    in_task = threads.count("tidemark-task0")
+    if where == "task":
+        # Once the lane has caught up (it waits for the GIL while the reader works).
+        assert in_task >= len(threads) // 2, threads
+        assert threads[-1] == "tidemark-task0"
+    else:
+        assert in_task == 0 and set(threads) == {threads[0]}
+    assert store.load(connector.created[0].partition) == {"position": total}
+
+
 @pytest.mark.parametrize("mode", MODES)
 def test_a_slow_consumer_holds_the_reader_back(mode: str) -> None:
     release = threading.Event()

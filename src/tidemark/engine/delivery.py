@@ -7,6 +7,12 @@ processed it. The tracker then yields the highest offset whose predecessors are 
 done, whatever order units finish in. A :class:`Capacity` bounds the records handed on
 but not yet processed, so a slow consumer slows the reader (backpressure), memory stays
 bounded, and a crash redelivers at most that many records beyond the saved offset.
+
+In the batch and ordered modes a single consumer runs in its own worker thread, so the
+reader can read ahead while it works; but a consumer whose last call returned within
+2 ms is called in the reader's thread while nothing is queued for its worker: handing
+each batch to another thread would cost more than such a call (the threads trade the
+GIL). The first call, and every call after a slower one, go to the worker.
 """
 
 from __future__ import annotations
@@ -33,6 +39,9 @@ log = logging.getLogger(__name__)
 # Below this many records per worker, splitting a batch for the pool costs more in
 # thread hand-offs than it gains.
 _MIN_CHUNK = 512
+# A lane whose last item took less than this runs the next one in the reader's thread
+# while it is idle (see _Lane): one thread hand-off costs about as much.
+_HERE_MAX_S = 0.002
 _WAIT_SLICE_S = 0.1
 
 
@@ -157,7 +166,13 @@ class Pipeline:
 
 
 class _Lane:
-    """A worker thread that runs items of one queue in order."""
+    """A worker thread that runs items of one queue in order.
+
+    An item may also run in the caller's thread (:meth:`run_here`) while the lane has
+    nothing queued or running, so the order stays the same: for work that returns
+    quickly, handing it to another thread costs more than the work, as both threads
+    then trade the GIL on every item.
+    """
 
     _STOP = object()
 
@@ -166,11 +181,29 @@ class _Lane:
         self._run = run
         self._failure = failure
         self._stopping = False
+        # Items put (counted by the one thread that puts) and finished by the lane
+        # (counted by the lane): equal when the lane is idle.
+        self._put = 0
+        self._done = 0
+        self.last_run_s = float("inf")  # how long the last item took
         self.thread = threading.Thread(target=self._loop, name=name, daemon=True)
         self.thread.start()
 
     def put(self, item: Any) -> None:
+        self._put += 1
         self._queue.put(item)
+
+    def runs_here(self) -> bool:
+        """Whether the next item should run in the caller's thread: the lane is idle
+        and its last item took less than _HERE_MAX_S (the first always goes to the
+        lane, so that a consumer that blocks does not block the caller)."""
+        return self._put == self._done and self.last_run_s < _HERE_MAX_S
+
+    def run_here(self, item: Any) -> None:
+        """Run *item* in the calling thread (errors propagate to the caller)."""
+        started = time.perf_counter()
+        self._run(item)
+        self.last_run_s = time.perf_counter() - started
 
     def _loop(self) -> None:
         while True:
@@ -178,10 +211,13 @@ class _Lane:
             if item is self._STOP or self._stopping:
                 return
             try:
+                started = time.perf_counter()
                 self._run(item)
+                self.last_run_s = time.perf_counter() - started
             except BaseException as err:
                 self._failure.set(err)
                 return
+            self._done += 1
 
     def stop(self, discard: bool) -> None:
         """Finish queued items (or, with *discard*, only the one in hand), then end."""
@@ -280,8 +316,12 @@ class _WholeBatchDelivery(Delivery):
 
     def _dispatch(self, records: list[Record], offset: Offset | None) -> None:
         converted = self.pipeline.convert_parallel(records)
-        unit = self._unit(len(records), offset, len(self._consumer_lanes))
-        for lane in self._consumer_lanes:
+        lanes = self._consumer_lanes
+        unit = self._unit(len(records), offset, len(lanes))
+        if len(lanes) == 1 and lanes[0].runs_here():
+            lanes[0].run_here((unit, converted))
+            return
+        for lane in lanes:
             lane.put((unit, converted))
 
 
