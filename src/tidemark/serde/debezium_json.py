@@ -619,13 +619,11 @@ def compile_event_renderer(schema: TableSchema, options: DebeziumJsonOptions,
 
 
 class _Codec:
-    __slots__ = ("key", "render", "row", "source_tail")
+    __slots__ = ("_converters", "options", "render", "schema", "source_tail")
 
     def __init__(self, schema: TableSchema, serializer: DebeziumJsonSerializer) -> None:
-        options = serializer.options
-        self.row = compile_row_converter(schema.columns, options)
-        self.key = (compile_row_converter(schema.columns, options, schema.key_indexes)
-                    if schema.key_indexes else None)
+        self.schema = schema
+        self.options = options = serializer.options
         self.source_tail = (f',"schema":{_escape(schema.table.schema)},'
                             f'"table":{_escape(schema.table.table)},')
         tail = self.source_tail
@@ -633,6 +631,18 @@ class _Codec:
             schema, options,
             lambda context, snapshot: serializer._cached_source_parts(context, snapshot, tail),
             serializer._ts_fields, serializer._transaction, serializer.general_key_and_value)
+        self._converters: tuple[RowConverter, RowConverter | None] | None = None
+
+    def converters(self) -> tuple[RowConverter, RowConverter | None]:
+        """The row and key converters of the general code, compiled on first use (the
+        generated renderer takes almost every event)."""
+        if self._converters is None:
+            schema, options = self.schema, self.options
+            self._converters = (
+                compile_row_converter(schema.columns, options),
+                compile_row_converter(schema.columns, options, schema.key_indexes)
+                if schema.key_indexes else None)
+        return self._converters
 
 
 class DebeziumJsonSerializer:
@@ -773,13 +783,14 @@ class DebeziumJsonSerializer:
         schema = event.schema
         assert schema is not None
         codec = self._codec(schema)
-        before = "null" if event.raw_before is None else codec.row(event.raw_before)
-        after = "null" if event.raw_after is None else codec.row(event.raw_after)
+        row, key_of = codec.converters()
+        before = "null" if event.raw_before is None else row(event.raw_before)
+        after = "null" if event.raw_after is None else row(event.raw_after)
         key = "null"
-        if codec.key is not None and op != "t":
+        if key_of is not None and op != "t":
             key_row = event.raw_before if op == "d" else event.raw_after
             if key_row is not None:
-                key = codec.key(key_row)
+                key = key_of(key_row)
         value = (f'{{"before":{before},"after":{after},'
                  f'"source":{self._source(event, codec.source_tail)},'
                  f'"transaction":{self._transaction(event) if self._metadata else "null"},'
