@@ -279,6 +279,33 @@ def test_a_quick_batch_consumer_runs_in_the_task_thread_a_slow_one_in_its_own(
     assert store.load(connector.created[0].partition) == {"position": total}
 
 
+def test_a_task_whose_thread_is_stuck_in_a_consumer_is_stopped_when_it_comes_back() -> None:
+    """close() stops waiting after task_management_timeout_ms; the task's thread, stuck
+    in a consumer called in it, stops the task itself once the consumer returns."""
+    release = threading.Event()
+    stuck = threading.Event()
+
+    class Consumer:
+        def handle_batch(self, records: list[ConvertedRecord], committer: Any) -> None:
+            if threading.current_thread().name == "tidemark-task0":
+                stuck.set()
+                release.wait()
+
+    connector = SyntheticConnector(total=None, batch_size=100)
+    engine = Engine(connector, Consumer(),
+                    config=config("batch", task_management_timeout_ms=300,
+                                  polling_shutdown_timeout_ms=0))
+    thread = run_in_thread(engine)
+    assert stuck.wait(10), "the consumer was never called in the task's thread"
+    engine.close()
+    thread.join(10)
+    assert engine.state is State.STOPPED
+    task = connector.created[0]
+    assert task.active  # still inside the consumer
+    release.set()
+    wait_for(lambda: not task.active, what="the task's thread to stop the task")
+
+
 @pytest.mark.parametrize("mode", MODES)
 def test_a_slow_consumer_holds_the_reader_back(mode: str) -> None:
     release = threading.Event()

@@ -351,9 +351,9 @@ class Engine:
         timeout_s = self.config.task_management_timeout_ms / 1000
         if runner.thread is not None:
             runner.thread.join(timeout_s)
-            if runner.thread.is_alive():
-                log.error("task %d is still in poll() after %.0fs; leaving it", runner.index,
-                          timeout_s)
+            if runner.thread.is_alive() and runner.abandon():
+                log.error("task %d is still in poll() or its consumer after %.0fs; leaving "
+                          "it to stop when it returns", runner.index, timeout_s)
                 return
         if runner.started:
             runner.drain(drain_s)

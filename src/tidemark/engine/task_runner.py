@@ -49,6 +49,9 @@ class TaskRunner:
         self.thread: threading.Thread | None = None  # the poll loop's worker
         self._last_flush = time.monotonic()
         self._committed: Offset | None = None
+        self._exit_lock = threading.Lock()
+        self._exited = False
+        self._abandoned = False
 
     def _cancelled(self) -> bool:
         return self.stopping.is_set() or self.failure.error is not None
@@ -85,6 +88,32 @@ class TaskRunner:
             pass
         except BaseException as err:
             self.failure.set(err)
+        finally:
+            with self._exit_lock:
+                self._exited = True
+                abandoned = self._abandoned
+            if abandoned:
+                self._stop_late()
+
+    def abandon(self) -> bool:
+        """The engine stops waiting for this runner's thread (stuck in a poll, or in a
+        consumer called in it): the thread stops the task itself when it gets out, so
+        its connection does not outlive the engine. False if the thread has ended
+        meanwhile (the caller then stops the task as usual)."""
+        with self._exit_lock:
+            if self._exited:
+                return False
+            self._abandoned = True
+            return True
+
+    def _stop_late(self) -> None:
+        log.warning("task %d: its thread came back after the engine stopped; stopping the "
+                    "task now", self.index)
+        self.delivery.close(discard=True)
+        try:
+            self.task.stop()
+        except Exception as err:
+            log.warning("task %d did not stop cleanly: %s", self.index, err)
 
     def _poll_loop(self) -> None:
         task = self.task
