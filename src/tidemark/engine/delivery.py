@@ -75,6 +75,7 @@ class Capacity:
                  while_waiting: Callable[[], None] = lambda: None) -> None:
         self.limit = limit
         self._in_flight = 0
+        self._wanted = 0  # what a waiting acquire needs to fit
         self._changed = threading.Condition()
         self._cancelled = cancelled
         # Called between waits (outside the lock): the reader saves offsets meanwhile,
@@ -93,16 +94,22 @@ class Capacity:
             with self._changed:
                 if not self._in_flight or self._in_flight + n <= self.limit:
                     self._in_flight += n
+                    self._wanted = 0
                     return
                 if self._cancelled():
                     raise CancelledError
+                self._wanted = n
                 self._changed.wait(_WAIT_SLICE_S)
             self._while_waiting()
 
     def release(self, n: int) -> None:
         with self._changed:
             self._in_flight -= n
-            self._changed.notify_all()
+            # Wake the reader once what it waits for fits (or nothing is in flight, for
+            # wait_empty), not at every completion: each wake-up takes the GIL from
+            # the consumers' threads.
+            if not self._in_flight or self._in_flight + self._wanted <= self.limit:
+                self._changed.notify_all()
 
     def wait_empty(self, timeout_s: float | None, stop_early: Callable[[], bool]) -> bool:
         """Wait until nothing is in flight; False on timeout or when *stop_early*."""
