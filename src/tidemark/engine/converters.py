@@ -16,6 +16,7 @@ from typing import Any, Final, Protocol
 import msgspec
 
 from tidemark.engine.records import (
+    NO_SCHEMA,
     ChangeRecord,
     DeleteHandling,
     Destinations,
@@ -31,8 +32,6 @@ from tidemark.serde.debezium_json import (
     EventRenderer,
 )
 from tidemark.serde.rendered import RenderedEvent
-
-_NO_SCHEMA: object = object()
 
 
 class ConvertedRecord(msgspec.Struct, gc=False):
@@ -181,9 +180,9 @@ class DebeziumJsonConverter:
         out: list[ConvertedRecord] = []
         append = out.append
         delete = Op.DELETE
-        last_schema: object = _NO_SCHEMA  # of the last event's table, and its destination
+        last_schema: object = NO_SCHEMA  # of the last event's table, and its destination
         last_destination = ""
-        render_schema: object = _NO_SCHEMA  # of the last serialized event, and its writer
+        render_schema: object = NO_SCHEMA  # of the last serialized event, and its writer
         render: EventRenderer = serializer.general_key_and_value
         # The hot path of the engine: unwrapped by hand (as_change_record would allocate
         # a ChangeRecord per event), with the destination and the generated writer

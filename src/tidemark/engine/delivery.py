@@ -218,9 +218,7 @@ class _Lane:
             if item is self._STOP or self._stopping:
                 return
             try:
-                started = time.perf_counter()
-                self._run(item)
-                self.last_run_s = time.perf_counter() - started
+                self.run_here(item)
             except BaseException as err:
                 self._failure.set(err)
                 return

@@ -10,6 +10,10 @@ import msgspec
 from tidemark.event import ChangeEvent, Op, Record, TableId
 from tidemark.serde.rendered import RenderedEvent
 
+#: Stands for "no table yet" where a loop caches by schema object (None is a schema
+#: value: logical messages have none).
+NO_SCHEMA: object = object()
+
 
 class DeleteHandling(StrEnum):
     """What a flattened delete becomes (Debezium's ``delete.handling.mode`` of
@@ -78,7 +82,7 @@ class Destinations:
         looked up once per run of one table's events."""
         out: list[ChangeRecord] = []
         append = out.append
-        last_schema: object = append  # no schema is this
+        last_schema: object = NO_SCHEMA
         destination = ""
         for record in records:
             # Exact types first: isinstance() of a struct of another class is slow.
