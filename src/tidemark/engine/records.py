@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Hashable, Sequence
 from enum import StrEnum
 
 import msgspec
@@ -110,17 +110,28 @@ def table_destination(prefix: str, table: TableId) -> str:
     return f"{prefix}.{table.schema}.{table.table}"
 
 
-def routing_key(record: Record, by_table: bool) -> object:
-    """What decides the worker of *record* in per-key delivery: the table and the key's
-    wire values, or the table alone (also for keyless tables)."""
-    if not isinstance(record, ChangeEvent):
+def key_routing_key(record: Record) -> Hashable:
+    """What decides the worker of *record* in per-key delivery by key: its table and key
+    values (the table alone for keyless tables, the transaction for a boundary)."""
+    if record.__class__ is not ChangeEvent and not isinstance(record, ChangeEvent):
         return record.id
     schema = record.schema
     if schema is None:
         return record.message_prefix
-    if by_table or not schema.key_indexes:
+    keys = schema.key_indexes
+    if not keys:
         return schema.table
     row = record.raw_before if record.op is Op.DELETE else record.raw_after
     if row is None:
         return schema.table
-    return (schema.table, *(row[i] for i in schema.key_indexes))
+    if len(keys) == 1:
+        return (schema.table, row[keys[0]])
+    return (schema.table, *[row[i] for i in keys])
+
+
+def table_routing_key(record: Record) -> Hashable:
+    """What decides the worker of *record* in per-key delivery by table."""
+    if record.__class__ is not ChangeEvent and not isinstance(record, ChangeEvent):
+        return record.id
+    schema = record.schema
+    return record.message_prefix if schema is None else schema.table
