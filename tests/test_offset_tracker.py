@@ -16,13 +16,17 @@ from tidemark.engine.offset_tracker import OffsetTracker
 def test_committed_offset_never_passes_an_unprocessed_record(data: st.DataObject,
                                                              count: int) -> None:
     tracker: OffsetTracker[int] = OffsetTracker()
-    # Every record carries its own position as offset, some carry none.
+    # Every entry carries its own position as offset, some carry none; an entry stands
+    # for 0-3 records.
     carries = data.draw(st.lists(st.booleans(), min_size=count, max_size=count))
-    seqs = [tracker.track(i if c else None) for i, c in enumerate(carries)]
+    sizes = data.draw(st.lists(st.integers(0, 3), min_size=count, max_size=count))
+    seqs = [tracker.track(i if c else None, n)
+            for i, (c, n) in enumerate(zip(carries, sizes, strict=True))]
     order = data.draw(st.permutations(seqs))
     done: set[int] = set()
+    passed = 0
     for seq in order:
-        tracker.complete(seq)
+        passed += tracker.complete(seq)
         done.add(seq)
         committed = tracker.committable
         if committed is not None:
@@ -34,6 +38,8 @@ def test_committed_offset_never_passes_an_unprocessed_record(data: st.DataObject
             contiguous += 1
         carried = [i for i in range(contiguous) if carries[i]]
         assert committed == (carried[-1] if carried else None)
+        # the records passed are those of the contiguous entries, each counted once
+        assert passed == sum(sizes[:contiguous])
     assert tracker.in_flight == 0
 
 

@@ -5,8 +5,9 @@ worker), registers the units in source order with the :class:`OffsetTracker` —
 batch's offset rides on its last unit — and completes a unit once every consumer has
 processed it. The tracker then yields the highest offset whose predecessors are all
 done, whatever order units finish in. A :class:`Capacity` bounds the records handed on
-but not yet processed, so a slow consumer slows the reader (backpressure), memory stays
-bounded, and a crash redelivers at most that many records beyond the saved offset.
+and not yet passed by that offset (processed or not), so a slow consumer slows the reader
+(backpressure), memory stays bounded, and a crash redelivers at most that many records
+beyond the saved offset, even when one worker lags behind the others.
 
 In the batch and ordered modes a single consumer runs in its own worker thread, so the
 reader can read ahead while it works; but a consumer whose last call returned within
@@ -248,7 +249,8 @@ class Delivery(ABC):
         """Hand on one polled batch (waits while too many records are in flight)."""
         if not records:
             if offset is not None:  # moves the offset only, e.g. a heartbeat
-                self.tracker.complete(self.tracker.track(offset))
+                # The newest entry, of no records: completing it passes none.
+                self.tracker.complete(self.tracker.track(offset, 0))
             return
         self.capacity.acquire(len(records))
         self._dispatch(records, offset)
@@ -257,7 +259,7 @@ class Delivery(ABC):
     def _dispatch(self, records: list[Record], offset: Offset | None) -> None: ...
 
     def _unit(self, size: int, offset: Offset | None, consumers: int) -> Unit:
-        return Unit(self.tracker.track(offset), size, consumers)
+        return Unit(self.tracker.track(offset, size), size, consumers)
 
     def complete(self, unit: Unit) -> None:
         """One consumer is done with *unit*; the last one completes it."""
@@ -266,8 +268,12 @@ class Delivery(ABC):
             if unit.pending:
                 return
         self._unit_finished(unit)
-        self.tracker.complete(unit.seq)
-        self.capacity.release(unit.size)
+        # A unit's records stop counting as in flight once the committable offset passes
+        # them, not when they are processed: what a crash redelivers stays within the
+        # limit even when one worker lags behind the others.
+        passed = self.tracker.complete(unit.seq)
+        if passed:
+            self.capacity.release(passed)
 
     def _unit_finished(self, unit: Unit) -> None:
         """Every consumer is done with *unit* (called before its records stop counting
@@ -455,7 +461,8 @@ class PerKeyDelivery(Delivery):
             converted = [self.pipeline.convert(group.records) for group in groups]
         last = len(groups) - 1
         for i, group in enumerate(groups):
-            unit = _KeyedUnit(self.tracker.track(offset if i == last else None),
+            unit = _KeyedUnit(self.tracker.track(offset if i == last else None,
+                                                 len(group.records)),
                               self._consumer_count, group)
             for lane in self._lanes_by_worker[group.worker]:
                 lane.put((unit, converted[i]))

@@ -3,8 +3,12 @@
 Records are numbered in source order as they are handed to workers (``track``) and
 completed in any order (``complete``). The committable position is the offset of the
 highest record whose predecessors have all completed — never beyond a record still in
-flight, so a crash redelivers only records after it (at-least-once), and the number of
-redelivered records is bounded by how many may be in flight at once.
+flight, so a crash redelivers only records after it (at-least-once). A tracked entry may
+stand for several records (a unit of a batch): :meth:`OffsetTracker.complete` says how
+many records the committable position passed, so that the engine counts a record as in
+flight until then, not merely until it is processed. Records processed after one that is
+not are redelivered after a crash too; counting them bounds the redelivered records by
+the in-flight limit even while one worker lags behind the others.
 """
 
 from __future__ import annotations
@@ -30,29 +34,39 @@ class OffsetTracker(Generic[T]):
         self._done_upto = 0  # every record with seq < this has completed
         self._completed: set[int] = set()  # completed records at or after _done_upto
         self._offsets: dict[int, T] = {}  # records that carry an offset, by seq
+        self._sizes: dict[int, int] = {}  # records each entry stands for, if not 1
         self._committable: T | None = None
 
-    def track(self, offset: T | None = None) -> int:
-        """Register the next record (in source order); returns its sequence number."""
+    def track(self, offset: T | None = None, records: int = 1) -> int:
+        """Register the next entry (in source order), standing for *records* records;
+        returns its sequence number."""
         with self._lock:
             seq = self._next_seq
             self._next_seq += 1
             if offset is not None:
                 self._offsets[seq] = offset
+            if records != 1:
+                self._sizes[seq] = records
             return seq
 
-    def complete(self, seq: int) -> None:
-        """Mark record *seq* processed; advances the committable offset if contiguous."""
+    def complete(self, seq: int) -> int:
+        """Mark entry *seq* processed; advances the committable offset if contiguous.
+        Returns how many records the contiguously completed position passed."""
         with self._lock:
             if seq < self._done_upto or seq >= self._next_seq or seq in self._completed:
                 raise ValueError(f"record {seq} is not in flight")
             self._completed.add(seq)
+            passed = 0
+            sizes = self._sizes
             while self._done_upto in self._completed:
-                self._completed.remove(self._done_upto)
-                offset = self._offsets.pop(self._done_upto, None)
+                done = self._done_upto
+                self._completed.remove(done)
+                offset = self._offsets.pop(done, None)
                 if offset is not None:
                     self._committable = offset
-                self._done_upto += 1
+                passed += sizes.pop(done, 1)
+                self._done_upto = done + 1
+            return passed
 
     @property
     def committable(self) -> T | None:
