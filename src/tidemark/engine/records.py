@@ -112,21 +112,17 @@ def table_destination(prefix: str, table: TableId) -> str:
 
 def key_routing_key(record: Record) -> Hashable:
     """What decides the worker of *record* in per-key delivery by key: its table and key
-    values (the table alone for keyless tables, the transaction for a boundary)."""
-    if record.__class__ is not ChangeEvent and not isinstance(record, ChangeEvent):
-        return record.id
-    schema = record.schema
-    if schema is None:
-        return record.message_prefix
-    keys = schema.key_indexes
-    if not keys:
-        return schema.table
-    row = record.raw_before if record.op is Op.DELETE else record.raw_after
-    if row is None:
-        return schema.table
-    if len(keys) == 1:
-        return (schema.table, row[keys[0]])
-    return (schema.table, *[row[i] for i in keys])
+    values; otherwise (keyless tables, events without a row, messages, boundaries) what
+    :func:`table_routing_key` gives."""
+    if record.__class__ is ChangeEvent or isinstance(record, ChangeEvent):
+        schema = record.schema
+        if schema is not None and (keys := schema.key_indexes):
+            row = record.raw_before if record.op is Op.DELETE else record.raw_after
+            if row is not None:
+                if len(keys) == 1:
+                    return (schema.table, row[keys[0]])
+                return (schema.table, *[row[i] for i in keys])
+    return table_routing_key(record)
 
 
 def table_routing_key(record: Record) -> Hashable:
