@@ -1,18 +1,24 @@
-"""The generated per-schema event writers must write what the general serializer writes.
+"""The per-schema event writers must write what the general serializer writes.
 
-``DebeziumJsonSerializer.key_and_value`` hands row events to code generated per table
-schema (``compile_event_renderer``) and keeps the piece-by-piece code as
-``general_key_and_value``. Here both write the same random event sequences — every op,
-NULL, unchanged-TOAST and binary values, keyless tables, snapshot markers, contexts and
-timestamps changing mid-stream, every serializer mode — and must agree to the byte. The
-sequences go through one serializer each, so the writers' caches between events are
-exercised too.
+``DebeziumJsonSerializer.key_and_value`` hands row events to a writer made per table
+schema (``compile_event_renderer``): the C one (``tidemark.serde._render``) where it is
+built, else generated Python code. The piece-by-piece code stays as
+``general_key_and_value``. Here all three write the same random event sequences — every
+op, NULL, unchanged-TOAST and binary values, arbitrary text, keyless tables, snapshot
+markers, contexts and timestamps changing mid-stream, every serializer mode — and must
+agree to the byte. The sequences go through one serializer each, so the writers' caches
+between events are exercised too.
 """
 
 from __future__ import annotations
 
+import gc
+import sys
+import tracemalloc
+from types import SimpleNamespace
 from typing import Any
 
+import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
@@ -28,6 +34,7 @@ from tidemark.event import (
     TableId,
     TableSchema,
 )
+from tidemark.serde import debezium_json
 from tidemark.serde.debezium_json import DebeziumJsonOptions, DebeziumJsonSerializer
 from tidemark.source.postgres import types as pgt
 from tidemark.source.postgres.config import DecimalHandlingMode, TimePrecisionMode
@@ -50,10 +57,14 @@ _TYPES: list[tuple[int, int, list[str]]] = [
     (pgt.UUID_OID, -1, ["a0eebc99-9c0b-4ef8-bb6d-6bb9bd380a11"]),
 ]
 _NAMES = ["id", "name", 'we"ird', "ünï", "x y"]
+# Types whose text goes into the JSON as a string as it is: any text at all, too.
+_ANY_TEXT = {pgt.TEXT_OID, pgt.JSONB_OID, pgt.UUID_OID}
+# Text made of what JSON escapes and of characters of every width.
+_TRICKY_TEXT = st.text(st.sampled_from('a"\\\x00\n\x1f\x7f\xe9\u0100\U0001f600'), max_size=8)
 
 
 @st.composite
-def _schemas(draw: st.DrawFn) -> tuple[TableSchema, list[list[str]]]:
+def _schemas(draw: st.DrawFn) -> tuple[TableSchema, list[st.SearchStrategy[str]]]:
     """A schema of 0-6 columns and the wire texts each column may hold."""
     picks = draw(st.lists(st.sampled_from(range(len(_TYPES))), max_size=6))
     columns = []
@@ -63,7 +74,8 @@ def _schemas(draw: st.DrawFn) -> tuple[TableSchema, list[list[str]]]:
         name = f"{draw(st.sampled_from(_NAMES))}{n}"
         columns.append(Column(name, oid, typmod, "", False, str,
                               nullable=draw(st.booleans())))
-        texts.append(values)
+        texts.append(st.one_of(st.sampled_from(values), _TRICKY_TEXT, st.text(max_size=8))
+                     if oid in _ANY_TEXT else st.sampled_from(values))
     keys = draw(st.lists(st.sampled_from(range(len(columns))), unique=True, max_size=2)
                 ) if columns else []
     table = TableId(draw(st.sampled_from(["public", 'odd"schema'])),
@@ -71,9 +83,8 @@ def _schemas(draw: st.DrawFn) -> tuple[TableSchema, list[list[str]]]:
     return TableSchema(table, tuple(columns), tuple(sorted(keys)), "default"), texts
 
 
-def _row(draw: st.DrawFn, texts: list[list[str]]) -> tuple[Any, ...]:
-    return tuple(draw(st.one_of(st.sampled_from(values), st.none(), st.just(UNAVAILABLE),
-                                st.just(b"\x00raw")))
+def _row(draw: st.DrawFn, texts: list[st.SearchStrategy[str]]) -> tuple[Any, ...]:
+    return tuple(draw(st.one_of(values, st.none(), st.just(UNAVAILABLE), st.just(b"\x00raw")))
                  for values in texts)
 
 
@@ -110,11 +121,22 @@ def _streams(draw: st.DrawFn) -> tuple[DebeziumJsonOptions, list[ChangeEvent]]:
     return options, events
 
 
-@given(_streams())
+def test_the_compiled_writer_is_built() -> None:
+    """The C writer is part of the install (``setup.py``); where it failed to build,
+    tidemark still works, in Python, but the tests must say so."""
+    assert debezium_json.COMPILED_RENDERER, (
+        "tidemark.serde._render is not built: a C compiler and Python's headers are "
+        "needed at install (uv sync); without them row events are written in Python")
+    assert type(DebeziumJsonSerializer().renderer(_schema())).__name__ == "EventRenderer"
+
+
+@pytest.mark.parametrize("compiled", [True, False], ids=["compiled", "python"])
+@given(stream=_streams())
 def test_generated_writers_equal_the_general_serializer(
-        stream: tuple[DebeziumJsonOptions, list[ChangeEvent]]) -> None:
+        compiled: bool, stream: tuple[DebeziumJsonOptions, list[ChangeEvent]]) -> None:
     options, events = stream
-    generated, general = DebeziumJsonSerializer(options), DebeziumJsonSerializer(options)
+    generated = DebeziumJsonSerializer(options, compiled=compiled)
+    general = DebeziumJsonSerializer(options)
     for event in events:
         try:
             expected: Any = general.general_key_and_value(event)
@@ -141,3 +163,98 @@ def test_converter_gives_the_general_texts(
     for records in (events, [ChangeRecord(e, "dest") for e in events]):
         converted = [r for r in converter.convert(records) if r.value is not None]
         assert [(r.key or "null", r.value) for r in converted] == texts
+
+
+def _schema() -> TableSchema:
+    columns = (Column("id", pgt.INT8_OID, -1, "", True, str, nullable=False),
+               Column("name", pgt.TEXT_OID, -1, "", False, str),
+               Column("price", pgt.NUMERIC_OID, (10 << 16 | 2) + 4, "", False, str))
+    return TableSchema(TableId("public", "t"), columns, (0,), "default")
+
+
+def _event(before: Any, after: Any, lsn: Any = 16, op: Op = Op.UPDATE) -> ChangeEvent:
+    context = SourceContext("postgresql", "srv", "db", 1_700_000_000_000_000, 7, None,
+                            None, None, None)
+    return ChangeEvent(op, _schema(), before, after, context, lsn, 1, 1,
+                       1_700_000_000_000_001)
+
+
+def _both(event: ChangeEvent) -> tuple[Any, Any]:
+    """(compiled, Python) results: the texts, or the type of the error raised."""
+    results = []
+    for compiled in (True, False):
+        try:
+            results.append(DebeziumJsonSerializer(compiled=compiled).key_and_value(event))
+        except Exception as err:
+            results.append(type(err))
+    return results[0], results[1]
+
+
+@pytest.mark.parametrize("event", [
+    # rows that are not tuples of the schema's width: unpacked like the Python code does
+    _event(None, ["1", "a", "1.00"]),
+    _event(None, ("1", "a")),
+    _event(("1", "a", "2.00", "extra"), ("1", "a", "1.00")),
+    # LSNs beyond 64 bits or negative, formatted by Python
+    _event(None, ("1", "a", "1.00"), lsn=2**64 + 5),
+    _event(None, ("1", "a", "1.00"), lsn=2**64 - 1),
+    _event(None, ("1", "a", "1.00"), lsn=-3),
+    _event(None, ("1", "a", "1.00"), lsn=True),
+    # a value the column's converter rejects: the same error
+    _event(None, ("1", "a", "12.3.4")),
+    # non-ASCII of every width, escapes and surrogates in text
+    _event(("1", "é\u0100\U0001f600", None), ("2", '\ud800"\x00\\', "0.50")),
+    # the key of a delete comes from the before row; none for a truncate
+    _event(("9", "b", "1.00"), None, op=Op.DELETE),
+    _event(None, None, op=Op.TRUNCATE),
+], ids=["list", "short", "long", "lsn-2**64+5", "lsn-2**64-1", "lsn-negative", "lsn-bool",
+        "bad-numeric", "wide-text", "delete", "truncate"])
+def test_compiled_writer_edge_cases(event: ChangeEvent) -> None:
+    compiled, python = _both(event)
+    assert compiled == python
+
+
+def test_compiled_writer_keeps_no_references() -> None:
+    """Every object the C writer makes or touches is released: no memory grows over many
+    events with new values, and a row value's reference count is unchanged."""
+    render = DebeziumJsonSerializer().renderer(_schema())
+    value = "".join(["held", "text"])  # a new object, not an interned constant
+    row = ("1", value, "2.50")
+    before_count = sys.getrefcount(value)
+    for _ in range(100):
+        render(_event(None, row))
+    assert sys.getrefcount(value) == before_count
+
+    def batch(start: int) -> None:
+        for n in range(start, start + 5_000):
+            text = f"name {n}"
+            render(_event((str(n), text, "1.00"), (str(n), text + '"', f"{n}.25"),
+                          lsn=2**40 + n))
+
+    batch(0)  # warm the caches (dates, small ints, the allocator's arenas)
+    gc.collect()
+    tracemalloc.start()
+    try:
+        batch(10_000)
+        gc.collect()
+        first, _ = tracemalloc.get_traced_memory()
+        batch(20_000)
+        gc.collect()
+        second, _ = tracemalloc.get_traced_memory()
+    finally:
+        tracemalloc.stop()
+    assert second - first < 50_000, f"{second - first} bytes more after 5,000 more events"
+
+
+def test_compiled_writer_reads_any_object_with_the_event_fields() -> None:
+    """Events are read from their slots when their type allows it (msgspec fields);
+    other objects with the same attributes, alternating with events through one
+    writer, give the same texts as the Python writer."""
+    event = _event(("1", "a", "1.00"), ("1", "b", "2.00"))
+    lookalike = SimpleNamespace(**{field: getattr(event, field)
+                                   for field in ChangeEvent.__struct_fields__})
+    lookalike.raw_after = ("2", "c", "3.00")
+    compiled = DebeziumJsonSerializer().renderer(_schema())
+    python = DebeziumJsonSerializer(compiled=False).renderer(_schema())
+    for item in (event, lookalike, event, lookalike):
+        assert compiled(item) == python(item)  # type: ignore[arg-type]

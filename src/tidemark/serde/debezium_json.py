@@ -39,7 +39,15 @@ from tidemark.event import (
 from tidemark.source.postgres import types as pgt
 from tidemark.source.postgres.config import DecimalHandlingMode, TimePrecisionMode
 
+try:
+    from tidemark.serde._render import EventRenderer as _CompiledRenderer
+except ImportError:  # not built: the generated Python code writes the same JSON
+    _CompiledRenderer = None  # type: ignore[assignment,misc]
+
 log = logging.getLogger(__name__)
+
+#: Whether the compiled event writer (``tidemark.serde._render``) is built.
+COMPILED_RENDERER: Final = _CompiledRenderer is not None
 
 UNAVAILABLE_PLACEHOLDER: Final = "__debezium_unavailable_value"
 SOURCE_VERSION: Final = f"{__version__}-tidemark"
@@ -421,21 +429,33 @@ def json_fragment(value: Any) -> str:
     return msgspec.json.encode(value).decode()
 
 
-def _fragment_converter(mapping: _Mapping) -> tuple[str | None, Any]:
-    """(inline JSON-text template over {v}, or None and a text -> JSON-text function)."""
-    if mapping.inline == "int({v})":
-        return "{v}", None  # PostgreSQL's integer text is valid JSON as it is
-    if mapping.inline == '{v} == "t"':
-        return "('true' if {v} == 't' else 'false')", None
-    if mapping.inline == "_float_value({v})":
-        return "({v} if {v}[-1] < ':' else '\"' + {v} + '\"')", None
-    if mapping.inline == "{v}":
-        return "_escape({v})", None
+# Column kinds of the compiled writer (``_render.c``), with the same meaning as the
+# inline templates of the generated Python code that they stand for.
+KIND_RAW: Final = 0       # the text itself: PostgreSQL's integer text is valid JSON
+KIND_STRING: Final = 1    # the text as a JSON string
+KIND_BOOL: Final = 2      # true for "t", false otherwise
+KIND_FLOAT: Final = 3     # the text, quoted unless it ends in a digit (NaN, Infinity)
+KIND_FUNCTION: Final = 4  # a text -> JSON text function
+
+_INLINE_FRAGMENTS: Final[dict[str, tuple[int, str]]] = {
+    "int({v})": (KIND_RAW, "{v}"),
+    '{v} == "t"': (KIND_BOOL, "('true' if {v} == 't' else 'false')"),
+    "_float_value({v})": (KIND_FLOAT, "({v} if {v}[-1] < ':' else '\"' + {v} + '\"')"),
+    "{v}": (KIND_STRING, "_escape({v})"),
+}
+
+
+def _fragment_converter(mapping: _Mapping) -> tuple[int, str | None, Any]:
+    """(kind, inline JSON-text template over {v} or None, text -> JSON-text function
+    or None)."""
+    inline = _INLINE_FRAGMENTS.get(mapping.inline or "")
+    if inline is not None:
+        return inline[0], inline[1], None
     if mapping.fragment is not None:
-        return None, mapping.fragment
+        return KIND_FUNCTION, None, mapping.fragment
     convert = mapping.convert
     assert convert is not None
-    return None, lambda v: json_fragment(convert(v))
+    return KIND_FUNCTION, None, lambda v: json_fragment(convert(v))
 
 
 #: Names that :func:`column_fragment` templates refer to; generated code using them
@@ -451,12 +471,18 @@ def column_fragment(column: Column, options: DebeziumJsonOptions
     template over ``{v}`` (or None and a ``text -> JSON text`` function), the JSON text
     for SQL NULL, and the value standing for an unchanged TOASTed column.
     """
+    return _column_writer(column, options)[1:]
+
+
+def _column_writer(column: Column, options: DebeziumJsonOptions
+                   ) -> tuple[int, str | None, Callable[[str], str] | None, str, Any]:
+    """:func:`column_fragment` with the column's kind for the compiled writer first."""
     mapping = column_mapping(column, options)
-    template, function = _fragment_converter(mapping)
+    kind, template, function = _fragment_converter(mapping)
     # Debezium writes a type's fallback value, not null, for a NOT NULL column that
     # has no value: the non-key columns of a delete under REPLICA IDENTITY DEFAULT.
     null_text = "null" if column.nullable else mapping.fallback
-    return template, function, null_text, mapping.placeholder
+    return kind, template, function, null_text, mapping.placeholder
 
 
 def _row_code(columns: list[Column], options: DebeziumJsonOptions, namespace: dict[str, Any],
@@ -499,7 +525,7 @@ def _object_template(columns: list[Column], indexes: Iterable[int], fragments: l
     """
     parts = []
     for n, i in enumerate(indexes):
-        namespace[f"{label}{i}"] = ("{" if n == 0 else ",") + _escape(columns[i].name) + ":"
+        namespace[f"{label}{i}"] = _member_prefix(n, columns[i].name)
         parts.append(f"{{{label}{i}}}{{{fragments[i]}}}")
     return "".join(parts) + "}}" if parts else "{{}}"
 
@@ -543,7 +569,7 @@ def compile_event_renderer(schema: TableSchema, options: DebeziumJsonOptions,
                                                   tuple[str, str, str]],
                            ts_fields: Callable[[int], str],
                            transaction: Callable[[ChangeEvent], str],
-                           general: EventRenderer) -> EventRenderer:
+                           general: EventRenderer, *, compiled: bool = True) -> EventRenderer:
     """Generate the key and value writer of one table schema's row events.
 
     One frame per event, with the before and after rows, the key (the key columns'
@@ -554,8 +580,14 @@ def compile_event_renderer(schema: TableSchema, options: DebeziumJsonOptions,
     and *transaction* (the ``transaction`` block, with transaction metadata). Events
     without an LSN go to *general* (the reference implementation, which the tests hold
     this code to).
+
+    With *compiled* (and the C extension built), the same writer in C
+    (:func:`compiled_event_renderer`), which the tests hold to this code's output.
     """
     columns = list(schema.columns)
+    if compiled and COMPILED_RENDERER and columns:
+        return compiled_event_renderer(schema, options, source_parts, ts_fields, transaction,
+                                       general)
     namespace = _namespace()
     # The cache between events, a list because that is the cheapest mutable cell for
     # the generated code to read: [0] context and [1] snapshot marker of the last
@@ -618,6 +650,39 @@ def compile_event_renderer(schema: TableSchema, options: DebeziumJsonOptions,
     return render
 
 
+def compiled_event_renderer(schema: TableSchema, options: DebeziumJsonOptions,
+                            source_parts: Callable[[SourceContext, SnapshotMarker],
+                                                   tuple[str, str, str]],
+                            ts_fields: Callable[[int], str],
+                            transaction: Callable[[ChangeEvent], str],
+                            general: EventRenderer) -> EventRenderer:
+    """:func:`compile_event_renderer`'s writer in C (``tidemark.serde._render``), from
+    the same per-column decisions; raises ImportError where the extension is not built.
+    """
+    if _CompiledRenderer is None:
+        raise ImportError("tidemark.serde._render is not built (no C compiler at install?)")
+    columns = schema.columns
+    writers = [_column_writer(column, options) for column in columns]
+    keys = schema.key_indexes
+    return _CompiledRenderer(
+        kinds=bytes(kind for kind, *_ in writers),
+        functions=tuple(function for _, _, function, _, _ in writers),
+        names=tuple(_member_prefix(n, column.name) for n, column in enumerate(columns)),
+        nulls=tuple(null_text for *_, null_text, _ in writers),
+        placeholders=tuple(json_fragment(placeholder) for *_, placeholder in writers),
+        key_indexes=tuple(keys),
+        key_names=tuple(_member_prefix(n, columns[i].name) for n, i in enumerate(keys)),
+        unavailable=UNAVAILABLE, binary=json_fragment, escape=_escape, general=general,
+        source_parts=source_parts, ts_fields=ts_fields,
+        transaction=transaction if options.transaction_metadata else None,
+    )
+
+
+def _member_prefix(position: int, name: str) -> str:
+    """The JSON text before an object's member value: ``{"name":`` or ``,"name":``."""
+    return ("{" if position == 0 else ",") + _escape(name) + ":"
+
+
 class _Codec:
     __slots__ = ("_converters", "options", "render", "schema", "source_tail")
 
@@ -630,7 +695,8 @@ class _Codec:
         self.render = compile_event_renderer(
             schema, options,
             lambda context, snapshot: serializer._cached_source_parts(context, snapshot, tail),
-            serializer._ts_fields, serializer._transaction, serializer.general_key_and_value)
+            serializer._ts_fields, serializer._transaction, serializer.general_key_and_value,
+            compiled=serializer.compiled)
         self._converters: tuple[RowConverter, RowConverter | None] | None = None
 
     def converters(self) -> tuple[RowConverter, RowConverter | None]:
@@ -650,11 +716,15 @@ class DebeziumJsonSerializer:
 
     One serializer per stream: it caches a generated converter per table schema. The
     JSON text is written directly (no intermediate objects) because this is the hot
-    path of ``tidemark capture``.
+    path of ``tidemark capture``. *compiled*: row events are written by the C writer
+    where it is built (the default), else by generated Python code; both write the
+    same text.
     """
 
-    def __init__(self, options: DebeziumJsonOptions | None = None) -> None:
+    def __init__(self, options: DebeziumJsonOptions | None = None, *,
+                 compiled: bool = True) -> None:
         self.options = options or DebeziumJsonOptions()
+        self.compiled = compiled
         self._codecs: dict[int, tuple[TableSchema, _Codec]] = {}
         self._encoder = msgspec.json.Encoder()
         self._message_tail = ',"schema":"","table":"",'

@@ -1,0 +1,973 @@
+/*
+ * tidemark.serde._render: the Debezium JSON writer of one table schema's row events,
+ * compiled.
+ *
+ * The same output as the code debezium_json.compile_event_renderer generates in Python,
+ * which stays the reference (and the fallback where this module is not built); the
+ * tests hold the two to identical text. Why C: writing the JSON is two thirds of the
+ * engine's time per record in Python, mostly interpreter overhead around string pieces
+ * that are already in their final form (integer text, text without characters to
+ * escape). Here every piece is only referenced, and the key and the value are each
+ * written in one allocation.
+ *
+ * Column kinds and what they write for a ``str`` value (other values: None -> the
+ * column's null text, the "unavailable" marker -> its placeholder, anything else ->
+ * ``binary(value)``):
+ *   RAW      the text itself (integers: PostgreSQL's text is valid JSON)
+ *   STRING   the text as a JSON string (``json.encoder.encode_basestring``)
+ *   BOOL     true for "t", false otherwise
+ *   FLOAT    the text, quoted unless it ends in a digit (NaN, Infinity)
+ *   FUNCTION ``functions[i](text)``
+ */
+#define PY_SSIZE_T_CLEAN
+#include <Python.h>
+#include <stddef.h>
+#include <string.h>
+#include <structmember.h>
+
+enum { K_RAW = 0, K_STRING = 1, K_BOOL = 2, K_FLOAT = 3, K_FUNCTION = 4, K_LAST = 4 };
+
+/* -- a list of string pieces, joined once ------------------------------------------ */
+
+typedef struct {
+    const void *data;
+    Py_ssize_t len;
+    Py_UCS4 maxchar;
+    int kind;
+} Piece;
+
+#define SMALL_PIECES 192
+#define SMALL_OWNED 48
+
+typedef struct {
+    Piece *items;
+    Py_ssize_t n, cap;
+    PyObject **owned; /* new references made while writing, released by buf_free */
+    Py_ssize_t n_owned, owned_cap;
+    Piece small[SMALL_PIECES];
+    PyObject *owned_small[SMALL_OWNED];
+} Buf;
+
+static void
+buf_init(Buf *b)
+{
+    b->items = b->small;
+    b->n = 0;
+    b->cap = SMALL_PIECES;
+    b->owned = b->owned_small;
+    b->n_owned = 0;
+    b->owned_cap = SMALL_OWNED;
+}
+
+static void
+buf_free(Buf *b)
+{
+    for (Py_ssize_t i = 0; i < b->n_owned; i++) {
+        Py_DECREF(b->owned[i]);
+    }
+    if (b->items != b->small) {
+        PyMem_Free(b->items);
+    }
+    if (b->owned != b->owned_small) {
+        PyMem_Free(b->owned);
+    }
+}
+
+/* Room for *extra* more pieces. */
+static int
+buf_reserve(Buf *b, Py_ssize_t extra)
+{
+    if (b->n + extra <= b->cap) {
+        return 0;
+    }
+    Py_ssize_t cap = b->cap * 2;
+    while (cap < b->n + extra) {
+        cap *= 2;
+    }
+    Piece *items = PyMem_Malloc(sizeof(Piece) * (size_t)cap);
+    if (items == NULL) {
+        PyErr_NoMemory();
+        return -1;
+    }
+    memcpy(items, b->items, sizeof(Piece) * (size_t)b->n);
+    if (b->items != b->small) {
+        PyMem_Free(b->items);
+    }
+    b->items = items;
+    b->cap = cap;
+    return 0;
+}
+
+/* Keeps a new reference until buf_free (steals it, also on failure). */
+static int
+buf_own(Buf *b, PyObject *obj)
+{
+    if (b->n_owned == b->owned_cap) {
+        Py_ssize_t cap = b->owned_cap * 2;
+        PyObject **owned = PyMem_Malloc(sizeof(PyObject *) * (size_t)cap);
+        if (owned == NULL) {
+            Py_DECREF(obj);
+            PyErr_NoMemory();
+            return -1;
+        }
+        memcpy(owned, b->owned, sizeof(PyObject *) * (size_t)b->n_owned);
+        if (b->owned != b->owned_small) {
+            PyMem_Free(b->owned);
+        }
+        b->owned = owned;
+        b->owned_cap = cap;
+    }
+    b->owned[b->n_owned++] = obj;
+    return 0;
+}
+
+/* A str piece; *s* must stay alive until the join (owned by the caller or the buffer).
+ * The caller has reserved room. */
+static inline void
+push_str(Buf *b, PyObject *s)
+{
+    Piece *p = &b->items[b->n++];
+    p->data = PyUnicode_DATA(s);
+    p->len = PyUnicode_GET_LENGTH(s);
+    p->kind = PyUnicode_KIND(s);
+    p->maxchar = PyUnicode_MAX_CHAR_VALUE(s);
+}
+
+static inline void
+push_ascii(Buf *b, const char *text, Py_ssize_t len)
+{
+    Piece *p = &b->items[b->n++];
+    p->data = text;
+    p->len = len;
+    p->kind = PyUnicode_1BYTE_KIND;
+    p->maxchar = 0x7f;
+}
+
+#define PUSH_LITERAL(b, text) push_ascii((b), (text), (Py_ssize_t)(sizeof(text) - 1))
+
+static PyObject *
+join(const Buf *b, Py_ssize_t start, Py_ssize_t end)
+{
+    Py_ssize_t total = 0;
+    Py_UCS4 maxchar = 0;
+    for (Py_ssize_t i = start; i < end; i++) {
+        total += b->items[i].len;
+        if (b->items[i].maxchar > maxchar) {
+            maxchar = b->items[i].maxchar;
+        }
+    }
+    PyObject *out = PyUnicode_New(total, maxchar);
+    if (out == NULL) {
+        return NULL;
+    }
+    int kind = PyUnicode_KIND(out);
+    char *data = PyUnicode_DATA(out);
+    Py_ssize_t pos = 0;
+    for (Py_ssize_t i = start; i < end; i++) {
+        const Piece *p = &b->items[i];
+        if (p->kind == kind) {
+            memcpy(data + pos * kind, p->data, (size_t)(p->len * kind));
+        }
+        else { /* a narrower piece in a wider string */
+            for (Py_ssize_t j = 0; j < p->len; j++) {
+                PyUnicode_WRITE(kind, data, pos + j, PyUnicode_READ(p->kind, p->data, j));
+            }
+        }
+        pos += p->len;
+    }
+    return out;
+}
+
+/* What an f-string makes of *obj* (steals it): itself if a str, else format(obj, ""). */
+static PyObject *
+as_text(PyObject *obj)
+{
+    if (obj == NULL || PyUnicode_CheckExact(obj)) {
+        return obj;
+    }
+    PyObject *text = PyObject_Format(obj, NULL);
+    Py_DECREF(obj);
+    if (text != NULL && !PyUnicode_CheckExact(text)) {
+        /* a str subclass: an exact copy, so that its data can be read directly */
+        PyObject *exact = PyUnicode_Substring(text, 0, PyUnicode_GET_LENGTH(text));
+        Py_DECREF(text);
+        return exact;
+    }
+    return text;
+}
+
+/* as_text, kept by the buffer and pushed; -1 on error. */
+static int
+push_result(Buf *b, PyObject *obj)
+{
+    obj = as_text(obj);
+    if (obj == NULL || buf_own(b, obj) < 0) {
+        return -1;
+    }
+    push_str(b, obj);
+    return 0;
+}
+
+/* Whether json.encoder.encode_basestring would change any character of *s*. */
+static int
+needs_escape(PyObject *s)
+{
+    Py_ssize_t len = PyUnicode_GET_LENGTH(s);
+    int kind = PyUnicode_KIND(s);
+    const void *data = PyUnicode_DATA(s);
+    if (kind == PyUnicode_1BYTE_KIND) {
+        const unsigned char *c = data;
+        for (Py_ssize_t i = 0; i < len; i++) {
+            if (c[i] < 0x20 || c[i] == '"' || c[i] == '\\') {
+                return 1;
+            }
+        }
+        return 0;
+    }
+    for (Py_ssize_t i = 0; i < len; i++) {
+        Py_UCS4 c = PyUnicode_READ(kind, data, i);
+        if (c < 0x20 || c == '"' || c == '\\') {
+            return 1;
+        }
+    }
+    return 0;
+}
+
+/* -- the renderer ------------------------------------------------------------------- */
+
+/* The event's fields the writer reads. */
+enum { F_LSN, F_CONTEXT, F_SNAPSHOT, F_TS_US, F_OP, F_RAW_AFTER, F_RAW_BEFORE, N_FIELDS };
+static PyObject *field_names[N_FIELDS];
+
+typedef struct {
+    PyObject_HEAD
+    vectorcallfunc vectorcall;
+    Py_ssize_t n_columns;
+    char *kinds;
+    PyObject *functions;    /* tuple: callable per FUNCTION column, else None */
+    PyObject *names;        /* tuple of str: '{"id":' for the first column, ',"x":' after */
+    PyObject *nulls;        /* tuple of str: JSON text for SQL NULL */
+    PyObject *placeholders; /* tuple of str: JSON text for an unchanged TOASTed value */
+    Py_ssize_t n_keys;
+    Py_ssize_t *key_indexes;
+    PyObject *key_names;    /* tuple of str, like names, for the key's columns */
+    PyObject *unavailable;
+    PyObject *binary;       /* non-str value -> JSON text */
+    PyObject *escape;       /* str -> JSON string text */
+    PyObject *general;      /* event -> (key, value), for events without an LSN */
+    PyObject *source_parts; /* (context, snapshot) -> (head, middle, end) of "source" */
+    PyObject *ts_fields;    /* ts_us -> the value's ts_* fields and closing brace */
+    PyObject *transaction;  /* event -> the "transaction" block, or None: null */
+    /* The cache between events: the source block of the last context and snapshot
+     * marker, the ts fields of the last timestamp, the value of the last op. */
+    PyObject *context, *snapshot, *head, *middle, *end, *ts, *ts_text, *op_enum, *op;
+    /* Where the fields of events of event_type (at its version event_type_version) are:
+     * the offsets of their slots (msgspec.Struct fields are member descriptors), read
+     * directly as the descriptors would read them. */
+    PyTypeObject *event_type;
+    unsigned int event_type_version;
+    Py_ssize_t offsets[N_FIELDS];
+} Renderer;
+
+static PyObject *s_value_, *s_null;
+
+static int
+Renderer_traverse(Renderer *self, visitproc visit, void *arg)
+{
+    Py_VISIT(self->functions);
+    Py_VISIT(self->names);
+    Py_VISIT(self->nulls);
+    Py_VISIT(self->placeholders);
+    Py_VISIT(self->key_names);
+    Py_VISIT(self->unavailable);
+    Py_VISIT(self->binary);
+    Py_VISIT(self->escape);
+    Py_VISIT(self->general);
+    Py_VISIT(self->source_parts);
+    Py_VISIT(self->ts_fields);
+    Py_VISIT(self->transaction);
+    Py_VISIT(self->context);
+    Py_VISIT(self->snapshot);
+    Py_VISIT(self->head);
+    Py_VISIT(self->middle);
+    Py_VISIT(self->end);
+    Py_VISIT(self->ts);
+    Py_VISIT(self->ts_text);
+    Py_VISIT(self->op_enum);
+    Py_VISIT(self->op);
+    Py_VISIT(self->event_type);
+    return 0;
+}
+
+static int
+Renderer_clear(Renderer *self)
+{
+    Py_CLEAR(self->functions);
+    Py_CLEAR(self->names);
+    Py_CLEAR(self->nulls);
+    Py_CLEAR(self->placeholders);
+    Py_CLEAR(self->key_names);
+    Py_CLEAR(self->unavailable);
+    Py_CLEAR(self->binary);
+    Py_CLEAR(self->escape);
+    Py_CLEAR(self->general);
+    Py_CLEAR(self->source_parts);
+    Py_CLEAR(self->ts_fields);
+    Py_CLEAR(self->transaction);
+    Py_CLEAR(self->context);
+    Py_CLEAR(self->snapshot);
+    Py_CLEAR(self->head);
+    Py_CLEAR(self->middle);
+    Py_CLEAR(self->end);
+    Py_CLEAR(self->ts);
+    Py_CLEAR(self->ts_text);
+    Py_CLEAR(self->op_enum);
+    Py_CLEAR(self->op);
+    Py_CLEAR(self->event_type);
+    return 0;
+}
+
+static void
+Renderer_dealloc(Renderer *self)
+{
+    PyObject_GC_UnTrack(self);
+    Renderer_clear(self);
+    PyMem_Free(self->kinds);
+    PyMem_Free(self->key_indexes);
+    Py_TYPE(self)->tp_free((PyObject *)self);
+}
+
+static PyObject *Renderer_vectorcall(PyObject *, PyObject *const *, size_t, PyObject *);
+
+static int
+check_str_tuple(PyObject *tuple, Py_ssize_t size, const char *what)
+{
+    if (!PyTuple_CheckExact(tuple) || PyTuple_GET_SIZE(tuple) != size) {
+        PyErr_Format(PyExc_ValueError, "%s must be a tuple of %zd str, got %R", what, size,
+                     tuple);
+        return -1;
+    }
+    for (Py_ssize_t i = 0; i < size; i++) {
+        if (!PyUnicode_CheckExact(PyTuple_GET_ITEM(tuple, i))) {
+            PyErr_Format(PyExc_TypeError, "%s[%zd] must be a str, got %R", what, i,
+                         PyTuple_GET_ITEM(tuple, i));
+            return -1;
+        }
+    }
+    return 0;
+}
+
+static PyObject *
+Renderer_new(PyTypeObject *type, PyObject *args, PyObject *kwargs)
+{
+    static char *keywords[] = {"kinds", "functions", "names", "nulls", "placeholders",
+                               "key_indexes", "key_names", "unavailable", "binary",
+                               "escape", "general", "source_parts", "ts_fields",
+                               "transaction", NULL};
+    PyObject *kinds, *functions, *names, *nulls, *placeholders, *key_indexes, *key_names,
+        *unavailable, *binary, *escape, *general, *source_parts, *ts_fields, *transaction;
+    if (!PyArg_ParseTupleAndKeywords(args, kwargs, "SOOOOOOOOOOOOO:EventRenderer", keywords,
+                                     &kinds, &functions, &names, &nulls, &placeholders,
+                                     &key_indexes, &key_names, &unavailable, &binary,
+                                     &escape, &general, &source_parts, &ts_fields,
+                                     &transaction)) {
+        return NULL;
+    }
+    Py_ssize_t n = PyBytes_GET_SIZE(kinds);
+    if (n == 0) {
+        PyErr_SetString(PyExc_ValueError, "a schema without columns has no compiled renderer");
+        return NULL;
+    }
+    for (Py_ssize_t i = 0; i < n; i++) {
+        if ((unsigned char)PyBytes_AS_STRING(kinds)[i] > K_LAST) {
+            PyErr_Format(PyExc_ValueError, "kinds[%zd] is %d, not a column kind (0-%d)", i,
+                         (int)(unsigned char)PyBytes_AS_STRING(kinds)[i], K_LAST);
+            return NULL;
+        }
+    }
+    if (!PyTuple_CheckExact(functions) || PyTuple_GET_SIZE(functions) != n) {
+        PyErr_Format(PyExc_ValueError, "functions must be a tuple of %zd", n);
+        return NULL;
+    }
+    for (Py_ssize_t i = 0; i < n; i++) {
+        if (PyBytes_AS_STRING(kinds)[i] == K_FUNCTION &&
+            !PyCallable_Check(PyTuple_GET_ITEM(functions, i))) {
+            PyErr_Format(PyExc_TypeError, "functions[%zd] must be callable", i);
+            return NULL;
+        }
+    }
+    if (check_str_tuple(names, n, "names") < 0 || check_str_tuple(nulls, n, "nulls") < 0 ||
+        check_str_tuple(placeholders, n, "placeholders") < 0) {
+        return NULL;
+    }
+    if (!PyTuple_CheckExact(key_indexes)) {
+        PyErr_SetString(PyExc_TypeError, "key_indexes must be a tuple of int");
+        return NULL;
+    }
+    Py_ssize_t n_keys = PyTuple_GET_SIZE(key_indexes);
+    if (check_str_tuple(key_names, n_keys, "key_names") < 0) {
+        return NULL;
+    }
+    PyObject *callables[] = {binary, escape, general, source_parts, ts_fields};
+    for (size_t i = 0; i < sizeof(callables) / sizeof(callables[0]); i++) {
+        if (!PyCallable_Check(callables[i])) {
+            PyErr_Format(PyExc_TypeError, "%s must be callable", keywords[8 + i]);
+            return NULL;
+        }
+    }
+    if (transaction != Py_None && !PyCallable_Check(transaction)) {
+        PyErr_SetString(PyExc_TypeError, "transaction must be callable or None");
+        return NULL;
+    }
+    Renderer *self = (Renderer *)type->tp_alloc(type, 0);
+    if (self == NULL) {
+        return NULL;
+    }
+    self->n_columns = n;
+    self->n_keys = n_keys;
+    self->kinds = PyMem_Malloc((size_t)n);
+    self->key_indexes = PyMem_Malloc(sizeof(Py_ssize_t) * (size_t)(n_keys ? n_keys : 1));
+    if (self->kinds == NULL || self->key_indexes == NULL) {
+        Py_DECREF(self);
+        return PyErr_NoMemory();
+    }
+    memcpy(self->kinds, PyBytes_AS_STRING(kinds), (size_t)n);
+    for (Py_ssize_t i = 0; i < n_keys; i++) {
+        Py_ssize_t index = PyNumber_AsSsize_t(PyTuple_GET_ITEM(key_indexes, i),
+                                              PyExc_OverflowError);
+        if (index == -1 && PyErr_Occurred()) {
+            Py_DECREF(self);
+            return NULL;
+        }
+        if (index < 0 || index >= n) {
+            PyErr_Format(PyExc_ValueError, "key_indexes[%zd] is %zd, not a column (0-%zd)",
+                         i, index, n - 1);
+            Py_DECREF(self);
+            return NULL;
+        }
+        self->key_indexes[i] = index;
+    }
+    self->functions = Py_NewRef(functions);
+    self->names = Py_NewRef(names);
+    self->nulls = Py_NewRef(nulls);
+    self->placeholders = Py_NewRef(placeholders);
+    self->key_names = Py_NewRef(key_names);
+    self->unavailable = Py_NewRef(unavailable);
+    self->binary = Py_NewRef(binary);
+    self->escape = Py_NewRef(escape);
+    self->general = Py_NewRef(general);
+    self->source_parts = Py_NewRef(source_parts);
+    self->ts_fields = Py_NewRef(ts_fields);
+    self->transaction = Py_NewRef(transaction);
+    self->vectorcall = Renderer_vectorcall;
+    return (PyObject *)self;
+}
+
+/* The pieces of one row as a JSON object. starts[i] is the index of column i's first
+ * piece (its name), starts[n] that of the closing brace. */
+static int
+write_row(Renderer *self, Buf *b, PyObject *row, Py_ssize_t *starts)
+{
+    Py_ssize_t n = self->n_columns;
+    if (buf_reserve(b, 4 * n + 1) < 0) {
+        return -1;
+    }
+    for (Py_ssize_t i = 0; i < n; i++) {
+        PyObject *v = PyTuple_GET_ITEM(row, i);
+        starts[i] = b->n;
+        push_str(b, PyTuple_GET_ITEM(self->names, i));
+        if (PyUnicode_CheckExact(v)) {
+            switch (self->kinds[i]) {
+            case K_RAW:
+                push_str(b, v);
+                break;
+            case K_STRING:
+                if (needs_escape(v)) {
+                    if (push_result(b, PyObject_CallOneArg(self->escape, v)) < 0) {
+                        return -1;
+                    }
+                }
+                else {
+                    PUSH_LITERAL(b, "\"");
+                    push_str(b, v);
+                    PUSH_LITERAL(b, "\"");
+                }
+                break;
+            case K_BOOL:
+                if (PyUnicode_GET_LENGTH(v) == 1 && PyUnicode_READ_CHAR(v, 0) == 't') {
+                    PUSH_LITERAL(b, "true");
+                }
+                else {
+                    PUSH_LITERAL(b, "false");
+                }
+                break;
+            case K_FLOAT: {
+                Py_ssize_t len = PyUnicode_GET_LENGTH(v);
+                if (len == 0) {
+                    PyErr_SetString(PyExc_IndexError, "string index out of range");
+                    return -1;
+                }
+                if (PyUnicode_READ_CHAR(v, len - 1) < ':') {
+                    push_str(b, v);
+                }
+                else {
+                    PUSH_LITERAL(b, "\"");
+                    push_str(b, v);
+                    PUSH_LITERAL(b, "\"");
+                }
+                break;
+            }
+            default: /* K_FUNCTION */
+                if (push_result(b, PyObject_CallOneArg(PyTuple_GET_ITEM(self->functions, i),
+                                                       v)) < 0) {
+                    return -1;
+                }
+            }
+        }
+        else if (v == Py_None) {
+            push_str(b, PyTuple_GET_ITEM(self->nulls, i));
+        }
+        else if (v == self->unavailable) {
+            push_str(b, PyTuple_GET_ITEM(self->placeholders, i));
+        }
+        else if (push_result(b, PyObject_CallOneArg(self->binary, v)) < 0) {
+            return -1;
+        }
+    }
+    starts[n] = b->n;
+    PUSH_LITERAL(b, "}");
+    return 0;
+}
+
+/* The key of a row written by write_row, from its pieces, joined. */
+static PyObject *
+join_key(Renderer *self, Buf *b, const Py_ssize_t *starts)
+{
+    Py_ssize_t first = b->n;
+    for (Py_ssize_t j = 0; j < self->n_keys; j++) {
+        Py_ssize_t column = self->key_indexes[j];
+        /* the column's pieces after its name */
+        Py_ssize_t from = starts[column] + 1, to = starts[column + 1];
+        if (buf_reserve(b, to - from + 2) < 0) {
+            return NULL;
+        }
+        push_str(b, PyTuple_GET_ITEM(self->key_names, j));
+        memcpy(&b->items[b->n], &b->items[from], sizeof(Piece) * (size_t)(to - from));
+        b->n += to - from;
+    }
+    if (buf_reserve(b, 1) < 0) {
+        return NULL;
+    }
+    PUSH_LITERAL(b, "}");
+    return join(b, first, b->n);
+}
+
+/* Replaces *slot* with a new reference to *value* (stolen). */
+static inline void
+store(PyObject **slot, PyObject *value)
+{
+    PyObject *old = *slot;
+    *slot = value;
+    Py_XDECREF(old);
+}
+
+static int
+refresh_source(Renderer *self, PyObject *context, PyObject *snapshot)
+{
+    PyObject *parts = PyObject_CallFunctionObjArgs(self->source_parts, context, snapshot,
+                                                   NULL);
+    if (parts == NULL) {
+        return -1;
+    }
+    if (!PyTuple_Check(parts) || PyTuple_GET_SIZE(parts) != 3) {
+        PyErr_Format(PyExc_TypeError, "source_parts returned %R, not (head, middle, end)",
+                     parts);
+        Py_DECREF(parts);
+        return -1;
+    }
+    PyObject *text[3];
+    for (int i = 0; i < 3; i++) {
+        text[i] = as_text(Py_NewRef(PyTuple_GET_ITEM(parts, i)));
+        if (text[i] == NULL) {
+            for (int j = 0; j < i; j++) {
+                Py_DECREF(text[j]);
+            }
+            Py_DECREF(parts);
+            return -1;
+        }
+    }
+    Py_DECREF(parts);
+    store(&self->head, text[0]);
+    store(&self->middle, text[1]);
+    store(&self->end, text[2]);
+    store(&self->context, Py_NewRef(context));
+    store(&self->snapshot, Py_NewRef(snapshot));
+    return 0;
+}
+
+static int
+is_char(PyObject *s, Py_UCS4 c)
+{
+    return PyUnicode_Check(s) && PyUnicode_GET_LENGTH(s) == 1 && PyUnicode_READ_CHAR(s, 0) == c;
+}
+
+/* Whether the fields of events of *type* can be read from their slots: all plain object
+ * member descriptors (as msgspec.Struct fields are). Data descriptors take precedence
+ * over an instance's dict, so the slot holds what getattr would return. */
+static int
+resolve_fields(Renderer *self, PyTypeObject *type)
+{
+    Py_CLEAR(self->event_type);
+    for (int i = 0; i < N_FIELDS; i++) {
+        PyObject *descr = _PyType_Lookup(type, field_names[i]);
+        if (descr == NULL || !Py_IS_TYPE(descr, &PyMemberDescr_Type)) {
+            return 0;
+        }
+        PyMemberDef *member = ((PyMemberDescrObject *)descr)->d_member;
+        if (member->type != T_OBJECT_EX && member->type != T_OBJECT) {
+            return 0;
+        }
+        self->offsets[i] = member->offset;
+    }
+    /* The lookups gave the type a version tag if it can have one; a change to the
+     * type (an attribute set on the class) resets it, and the fields are looked up
+     * again. */
+    if (!(type->tp_flags & Py_TPFLAGS_VALID_VERSION_TAG) || type->tp_version_tag == 0) {
+        return 0;
+    }
+    self->event_type = (PyTypeObject *)Py_NewRef(type);
+    self->event_type_version = type->tp_version_tag;
+    return 1;
+}
+
+/* A new reference to field *i* of *event*; *direct*: from its slot. */
+static inline PyObject *
+get_field(Renderer *self, PyObject *event, int i, int direct)
+{
+    if (direct) {
+        PyObject *value = *(PyObject **)((char *)event + self->offsets[i]);
+        if (value != NULL) {
+            return Py_NewRef(value);
+        }
+    }
+    return PyObject_GetAttr(event, field_names[i]);
+}
+
+/* Decimal digits of *value* into *out* (room for 20); their count. */
+static Py_ssize_t
+decimal_digits(unsigned long long value, char *out)
+{
+    char reversed[20];
+    Py_ssize_t n = 0;
+    do {
+        reversed[n++] = (char)('0' + value % 10);
+        value /= 10;
+    } while (value != 0);
+    for (Py_ssize_t i = 0; i < n; i++) {
+        out[i] = reversed[n - 1 - i];
+    }
+    return n;
+}
+
+#define SMALL_COLUMNS 64
+
+static PyObject *
+render(Renderer *self, PyObject *event)
+{
+    PyObject *lsn = NULL, *context = NULL, *snapshot = NULL, *ts = NULL, *op_enum = NULL,
+             *op = NULL, *after = NULL, *before = NULL, *key = NULL, *value = NULL,
+             *result = NULL;
+    Py_ssize_t small_starts[2 * (SMALL_COLUMNS + 1)];
+    Py_ssize_t *starts = small_starts;
+    Buf b;
+    buf_init(&b);
+
+    PyTypeObject *type = Py_TYPE(event);
+    int direct = type == self->event_type &&
+                 (type->tp_flags & Py_TPFLAGS_VALID_VERSION_TAG) &&
+                 type->tp_version_tag == self->event_type_version;
+    if (!direct && type != self->event_type) {
+        direct = resolve_fields(self, type);
+    }
+    lsn = get_field(self, event, F_LSN, direct);
+    if (lsn == NULL) {
+        goto done;
+    }
+    if (lsn == Py_None) {
+        result = PyObject_CallOneArg(self->general, event);
+        goto done;
+    }
+    if ((context = get_field(self, event, F_CONTEXT, direct)) == NULL ||
+        (snapshot = get_field(self, event, F_SNAPSHOT, direct)) == NULL) {
+        goto done;
+    }
+    if ((context != self->context || snapshot != self->snapshot) &&
+        refresh_source(self, context, snapshot) < 0) {
+        goto done;
+    }
+    if ((ts = get_field(self, event, F_TS_US, direct)) == NULL) {
+        goto done;
+    }
+    if (ts != self->ts) {
+        int same = self->ts == NULL ? 0 : PyObject_RichCompareBool(ts, self->ts, Py_EQ);
+        if (same < 0) {
+            goto done;
+        }
+        if (!same) {
+            PyObject *text = as_text(PyObject_CallOneArg(self->ts_fields, ts));
+            if (text == NULL) {
+                goto done;
+            }
+            store(&self->ts_text, text);
+            store(&self->ts, Py_NewRef(ts));
+        }
+    }
+    if ((op_enum = get_field(self, event, F_OP, direct)) == NULL) {
+        goto done;
+    }
+    if (op_enum == self->op_enum) {
+        op = Py_NewRef(self->op);
+    }
+    else {
+        if ((op = PyObject_GetAttr(op_enum, s_value_)) == NULL) {
+            goto done;
+        }
+        store(&self->op_enum, Py_NewRef(op_enum));
+        store(&self->op, Py_NewRef(op));
+    }
+    if ((after = get_field(self, event, F_RAW_AFTER, direct)) == NULL ||
+        (before = get_field(self, event, F_RAW_BEFORE, direct)) == NULL) {
+        goto done;
+    }
+    Py_ssize_t n = self->n_columns;
+    /* Rows that are not tuples of the schema's width: the general code, which unpacks
+     * them as the generated Python code would (or fails the same way). */
+    if ((after != Py_None && (!PyTuple_CheckExact(after) || PyTuple_GET_SIZE(after) != n)) ||
+        (before != Py_None &&
+         (!PyTuple_CheckExact(before) || PyTuple_GET_SIZE(before) != n))) {
+        result = PyObject_CallOneArg(self->general, event);
+        goto done;
+    }
+    if (n > SMALL_COLUMNS) {
+        starts = PyMem_Malloc(sizeof(Py_ssize_t) * 2 * (size_t)(n + 1));
+        if (starts == NULL) {
+            PyErr_NoMemory();
+            goto done;
+        }
+    }
+    Py_ssize_t *before_starts = starts, *after_starts = starts + n + 1;
+
+    /* The cached pieces, held for this event: a converter function could re-enter. */
+    PyObject *head = Py_NewRef(self->head), *middle = Py_NewRef(self->middle),
+             *end = Py_NewRef(self->end), *ts_text = Py_NewRef(self->ts_text);
+    if (buf_own(&b, head) < 0 || buf_own(&b, middle) < 0 || buf_own(&b, end) < 0 ||
+        buf_own(&b, ts_text) < 0) {
+        goto done;
+    }
+
+    if (buf_reserve(&b, 2) < 0) {
+        goto done;
+    }
+    if (before == Py_None) {
+        PUSH_LITERAL(&b, "{\"before\":null,\"after\":");
+    }
+    else {
+        PUSH_LITERAL(&b, "{\"before\":");
+        if (write_row(self, &b, before, before_starts) < 0 || buf_reserve(&b, 1) < 0) {
+            goto done;
+        }
+        PUSH_LITERAL(&b, ",\"after\":");
+    }
+    if (after == Py_None) {
+        if (buf_reserve(&b, 1) < 0) {
+            goto done;
+        }
+        PUSH_LITERAL(&b, "null");
+    }
+    else if (write_row(self, &b, after, after_starts) < 0) {
+        goto done;
+    }
+
+    char lsn_digits[20];
+    PyObject *lsn_text = NULL;
+    unsigned long long lsn_value = 0;
+    if (PyLong_CheckExact(lsn)) {
+        lsn_value = PyLong_AsUnsignedLongLong(lsn);
+        if (lsn_value == (unsigned long long)-1 && PyErr_Occurred()) {
+            PyErr_Clear(); /* negative or beyond 64 bits: Python's own text */
+            lsn_text = PyObject_Str(lsn);
+            if (lsn_text == NULL) {
+                goto done;
+            }
+        }
+    }
+    else if ((lsn_text = as_text(Py_NewRef(lsn))) == NULL) {
+        goto done;
+    }
+    if (lsn_text != NULL && buf_own(&b, lsn_text) < 0) {
+        goto done;
+    }
+    Py_ssize_t lsn_len = lsn_text == NULL ? decimal_digits(lsn_value, lsn_digits) : 0;
+
+    PyObject *op_text = as_text(Py_NewRef(op));
+    if (op_text == NULL || buf_own(&b, op_text) < 0) {
+        goto done;
+    }
+    PyObject *transaction_text = NULL;
+    if (self->transaction != Py_None) {
+        transaction_text = as_text(PyObject_CallOneArg(self->transaction, event));
+        if (transaction_text == NULL || buf_own(&b, transaction_text) < 0) {
+            goto done;
+        }
+    }
+    if (buf_reserve(&b, 12) < 0) {
+        goto done;
+    }
+    PUSH_LITERAL(&b, ",\"source\":");
+    push_str(&b, head);
+    if (lsn_text == NULL) {
+        push_ascii(&b, lsn_digits, lsn_len);
+    }
+    else {
+        push_str(&b, lsn_text);
+    }
+    push_str(&b, middle);
+    if (lsn_text == NULL) {
+        push_ascii(&b, lsn_digits, lsn_len);
+    }
+    else {
+        push_str(&b, lsn_text);
+    }
+    push_str(&b, end);
+    if (transaction_text == NULL) {
+        PUSH_LITERAL(&b, ",\"transaction\":null,\"op\":\"");
+    }
+    else {
+        PUSH_LITERAL(&b, ",\"transaction\":");
+        push_str(&b, transaction_text);
+        PUSH_LITERAL(&b, ",\"op\":\"");
+    }
+    push_str(&b, op_text);
+    PUSH_LITERAL(&b, "\",");
+    push_str(&b, ts_text);
+    Py_ssize_t value_end = b.n;
+
+    if (self->n_keys == 0) {
+        key = Py_NewRef(s_null);
+    }
+    else if (is_char(op, 'd')) {
+        key = before == Py_None ? Py_NewRef(s_null) : join_key(self, &b, before_starts);
+    }
+    else if (is_char(op, 't') || after == Py_None) {
+        key = Py_NewRef(s_null);
+    }
+    else {
+        key = join_key(self, &b, after_starts);
+    }
+    if (key == NULL || (value = join(&b, 0, value_end)) == NULL) {
+        goto done;
+    }
+    result = PyTuple_Pack(2, key, value);
+
+done:
+    buf_free(&b);
+    if (starts != small_starts) {
+        PyMem_Free(starts);
+    }
+    Py_XDECREF(lsn);
+    Py_XDECREF(context);
+    Py_XDECREF(snapshot);
+    Py_XDECREF(ts);
+    Py_XDECREF(op_enum);
+    Py_XDECREF(op);
+    Py_XDECREF(after);
+    Py_XDECREF(before);
+    Py_XDECREF(key);
+    Py_XDECREF(value);
+    return result;
+}
+
+static PyObject *
+Renderer_vectorcall(PyObject *callable, PyObject *const *args, size_t nargsf,
+                    PyObject *kwnames)
+{
+    Py_ssize_t nargs = PyVectorcall_NARGS(nargsf);
+    if (nargs != 1 || (kwnames != NULL && PyTuple_GET_SIZE(kwnames) != 0)) {
+        PyErr_SetString(PyExc_TypeError, "EventRenderer takes one event");
+        return NULL;
+    }
+    return render((Renderer *)callable, args[0]);
+}
+
+static PyObject *
+Renderer_call(PyObject *self, PyObject *args, PyObject *kwargs)
+{
+    return PyVectorcall_Call(self, args, kwargs);
+}
+
+PyDoc_STRVAR(Renderer_doc,
+"EventRenderer(kinds, functions, names, nulls, placeholders, key_indexes, key_names,\n"
+"              unavailable, binary, escape, general, source_parts, ts_fields,\n"
+"              transaction)\n"
+"--\n\n"
+"Writes the Debezium JSON key and value of one table schema's row events:\n"
+"``renderer(event) -> (key, value)``. Built by\n"
+"``tidemark.serde.debezium_json.compile_event_renderer``.");
+
+static PyTypeObject RendererType = {
+    PyVarObject_HEAD_INIT(NULL, 0)
+    .tp_name = "tidemark.serde._render.EventRenderer",
+    .tp_basicsize = sizeof(Renderer),
+    .tp_dealloc = (destructor)Renderer_dealloc,
+    .tp_vectorcall_offset = offsetof(Renderer, vectorcall),
+    .tp_call = Renderer_call,
+    .tp_flags = Py_TPFLAGS_DEFAULT | Py_TPFLAGS_HAVE_GC | Py_TPFLAGS_HAVE_VECTORCALL,
+    .tp_doc = Renderer_doc,
+    .tp_traverse = (traverseproc)Renderer_traverse,
+    .tp_clear = (inquiry)Renderer_clear,
+    .tp_new = Renderer_new,
+};
+
+static struct PyModuleDef render_module = {
+    PyModuleDef_HEAD_INIT,
+    .m_name = "tidemark.serde._render",
+    .m_doc = "The compiled Debezium JSON event writer (see debezium_json).",
+    .m_size = -1,
+};
+
+PyMODINIT_FUNC
+PyInit__render(void)
+{
+    struct {
+        PyObject **slot;
+        const char *text;
+    } names[] = {
+        {&field_names[F_LSN], "lsn"},
+        {&field_names[F_CONTEXT], "context"},
+        {&field_names[F_SNAPSHOT], "snapshot"},
+        {&field_names[F_TS_US], "ts_us"},
+        {&field_names[F_OP], "op"},
+        {&field_names[F_RAW_AFTER], "raw_after"},
+        {&field_names[F_RAW_BEFORE], "raw_before"},
+        {&s_value_, "_value_"},
+        {&s_null, "null"},
+    };
+    for (size_t i = 0; i < sizeof(names) / sizeof(names[0]); i++) {
+        if (*names[i].slot == NULL &&
+            (*names[i].slot = PyUnicode_InternFromString(names[i].text)) == NULL) {
+            return NULL;
+        }
+    }
+    if (PyType_Ready(&RendererType) < 0) {
+        return NULL;
+    }
+    PyObject *module = PyModule_Create(&render_module);
+    if (module == NULL) {
+        return NULL;
+    }
+    if (PyModule_AddObjectRef(module, "EventRenderer", (PyObject *)&RendererType) < 0) {
+        Py_DECREF(module);
+        return NULL;
+    }
+    return module;
+}
