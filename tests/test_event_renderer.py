@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import gc
 import sys
+import threading
 import tracemalloc
 from types import SimpleNamespace
 from typing import Any
@@ -258,3 +259,53 @@ def test_compiled_writer_reads_any_object_with_the_event_fields() -> None:
     python = DebeziumJsonSerializer(compiled=False).renderer(_schema())
     for item in (event, lookalike, event, lookalike):
         assert compiled(item) == python(item)  # type: ignore[arg-type]
+
+
+def test_one_compiled_writer_shared_by_threads_writes_every_event_right() -> None:
+    """The C writer's own caches (source block, timestamp, op, where an event type's
+    fields are) stay right when one writer is shared between threads: events of
+    different contexts, timestamps and types, written at once by four threads that
+    switch as often as the interpreter allows, each get their own texts.
+
+    (A ``DebeziumJsonSerializer`` is one per stream, and the engine keeps one per
+    thread; its Python caches that the writer calls are not for sharing, so this
+    writer is given pure functions in their place.)
+    """
+    schema = _schema()
+    contexts = [SourceContext("postgresql", "srv", f"db{i}", 1_700_000_000_000_000 + i,
+                              i, None, None, None, None) for i in range(3)]
+    events: list[Any] = []
+    for n in range(600):
+        event = ChangeEvent(Op.UPDATE if n % 2 else Op.CREATE, schema, None,
+                            (str(n), f"v{n}", b"\x01" if n % 5 == 0 else "1.00"),
+                            contexts[n % 3], 1_000 + n, 1, 1, 1_700_000_000_000_000 + n % 7)
+        events.append(event if n % 4 else SimpleNamespace(
+            **{field: getattr(event, field) for field in ChangeEvent.__struct_fields__}))
+    python = DebeziumJsonSerializer(compiled=False).renderer(schema)
+    expected = [python(event) for event in events]
+    tail = ',"schema":"public","table":"t",'
+    shared = debezium_json.compiled_event_renderer(
+        schema, DebeziumJsonOptions(),
+        lambda context, snapshot: DebeziumJsonSerializer._source_parts(context, snapshot, tail),
+        lambda ts: f'"ts_ms":{ts // 1000},"ts_us":{ts},"ts_ns":{ts * 1000}}}',
+        lambda event: "null", DebeziumJsonSerializer().general_key_and_value)
+    wrong: list[int] = []
+
+    def write(offset: int) -> None:
+        for _ in range(5):
+            for n in range(len(events)):
+                i = (n + offset) % len(events)
+                if shared(events[i]) != expected[i]:
+                    wrong.append(i)
+
+    interval = sys.getswitchinterval()
+    sys.setswitchinterval(1e-6)
+    try:
+        threads = [threading.Thread(target=write, args=(k * 150,)) for k in range(4)]
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join()
+    finally:
+        sys.setswitchinterval(interval)
+    assert wrong == []

@@ -266,6 +266,7 @@ typedef struct {
      * directly as the descriptors would read them. */
     PyTypeObject *event_type;
     unsigned int event_type_version;
+    int event_direct;
     Py_ssize_t offsets[N_FIELDS];
 } Renderer;
 
@@ -477,6 +478,9 @@ write_row(Renderer *self, Buf *b, PyObject *row, Py_ssize_t *starts)
         starts[i] = b->n;
         push_str(b, PyTuple_GET_ITEM(self->names, i));
         if (PyUnicode_CheckExact(v)) {
+            if (PyUnicode_READY(v) < 0) { /* a string of the legacy C API */
+                return -1;
+            }
             switch (self->kinds[i]) {
             case K_RAW:
                 push_str(b, v);
@@ -611,13 +615,13 @@ is_char(PyObject *s, Py_UCS4 c)
     return PyUnicode_Check(s) && PyUnicode_GET_LENGTH(s) == 1 && PyUnicode_READ_CHAR(s, 0) == c;
 }
 
-/* Whether the fields of events of *type* can be read from their slots: all plain object
- * member descriptors (as msgspec.Struct fields are). Data descriptors take precedence
- * over an instance's dict, so the slot holds what getattr would return. */
+/* Whether the fields of events of *type* can be read from their slots, and where
+ * (*offsets*): when they are all plain object member descriptors, as msgspec.Struct
+ * fields are. Data descriptors take precedence over an instance's dict, so the slot
+ * holds what getattr would return. */
 static int
-resolve_fields(Renderer *self, PyTypeObject *type)
+field_offsets(PyTypeObject *type, Py_ssize_t *offsets)
 {
-    Py_CLEAR(self->event_type);
     for (int i = 0; i < N_FIELDS; i++) {
         PyObject *descr = _PyType_Lookup(type, field_names[i]);
         if (descr == NULL || !Py_IS_TYPE(descr, &PyMemberDescr_Type)) {
@@ -627,25 +631,39 @@ resolve_fields(Renderer *self, PyTypeObject *type)
         if (member->type != T_OBJECT_EX && member->type != T_OBJECT) {
             return 0;
         }
-        self->offsets[i] = member->offset;
+        offsets[i] = member->offset;
     }
-    /* The lookups gave the type a version tag if it can have one; a change to the
-     * type (an attribute set on the class) resets it, and the fields are looked up
-     * again. */
-    if (!(type->tp_flags & Py_TPFLAGS_VALID_VERSION_TAG) || type->tp_version_tag == 0) {
-        return 0;
-    }
-    self->event_type = (PyTypeObject *)Py_NewRef(type);
-    self->event_type_version = type->tp_version_tag;
     return 1;
 }
 
-/* A new reference to field *i* of *event*; *direct*: from its slot. */
+/* field_offsets of the event's type, cached per type and version: the lookups give
+ * a type a version tag, which any change to the type resets. Copied out, because a
+ * renderer shared between threads may be re-pointed at another type by an event
+ * written while this one calls into Python. */
+static int
+event_offsets(Renderer *self, PyTypeObject *type, Py_ssize_t *offsets)
+{
+    if (type == self->event_type && (type->tp_flags & Py_TPFLAGS_VALID_VERSION_TAG) &&
+        type->tp_version_tag == self->event_type_version) {
+        memcpy(offsets, self->offsets, sizeof(self->offsets));
+        return self->event_direct;
+    }
+    int direct = field_offsets(type, offsets);
+    if ((type->tp_flags & Py_TPFLAGS_VALID_VERSION_TAG) && type->tp_version_tag != 0) {
+        store((PyObject **)&self->event_type, Py_NewRef(type));
+        self->event_type_version = type->tp_version_tag;
+        self->event_direct = direct;
+        memcpy(self->offsets, offsets, sizeof(self->offsets));
+    }
+    return direct;
+}
+
+/* A new reference to field *i* of *event*; *direct*: from its slot at offsets[i]. */
 static inline PyObject *
-get_field(Renderer *self, PyObject *event, int i, int direct)
+get_field(PyObject *event, const Py_ssize_t *offsets, int i, int direct)
 {
     if (direct) {
-        PyObject *value = *(PyObject **)((char *)event + self->offsets[i]);
+        PyObject *value = *(PyObject **)((char *)event + offsets[i]);
         if (value != NULL) {
             return Py_NewRef(value);
         }
@@ -682,14 +700,9 @@ render(Renderer *self, PyObject *event)
     Buf b;
     buf_init(&b);
 
-    PyTypeObject *type = Py_TYPE(event);
-    int direct = type == self->event_type &&
-                 (type->tp_flags & Py_TPFLAGS_VALID_VERSION_TAG) &&
-                 type->tp_version_tag == self->event_type_version;
-    if (!direct && type != self->event_type) {
-        direct = resolve_fields(self, type);
-    }
-    lsn = get_field(self, event, F_LSN, direct);
+    Py_ssize_t offsets[N_FIELDS];
+    int direct = event_offsets(self, Py_TYPE(event), offsets);
+    lsn = get_field(event, offsets, F_LSN, direct);
     if (lsn == NULL) {
         goto done;
     }
@@ -697,15 +710,23 @@ render(Renderer *self, PyObject *event)
         result = PyObject_CallOneArg(self->general, event);
         goto done;
     }
-    if ((context = get_field(self, event, F_CONTEXT, direct)) == NULL ||
-        (snapshot = get_field(self, event, F_SNAPSHOT, direct)) == NULL) {
+    if ((context = get_field(event, offsets, F_CONTEXT, direct)) == NULL ||
+        (snapshot = get_field(event, offsets, F_SNAPSHOT, direct)) == NULL) {
         goto done;
     }
     if ((context != self->context || snapshot != self->snapshot) &&
         refresh_source(self, context, snapshot) < 0) {
         goto done;
     }
-    if ((ts = get_field(self, event, F_TS_US, direct)) == NULL) {
+    /* The cached pieces this event uses, held: writing it calls into Python, where
+     * another thread writing with this renderer (or a converter function re-entering
+     * it) may change the cache. */
+    PyObject *head = Py_NewRef(self->head), *middle = Py_NewRef(self->middle),
+             *end = Py_NewRef(self->end);
+    if (buf_own(&b, head) < 0 || buf_own(&b, middle) < 0 || buf_own(&b, end) < 0) {
+        goto done;
+    }
+    if ((ts = get_field(event, offsets, F_TS_US, direct)) == NULL) {
         goto done;
     }
     if (ts != self->ts) {
@@ -722,7 +743,11 @@ render(Renderer *self, PyObject *event)
             store(&self->ts, Py_NewRef(ts));
         }
     }
-    if ((op_enum = get_field(self, event, F_OP, direct)) == NULL) {
+    PyObject *ts_text = Py_NewRef(self->ts_text);
+    if (buf_own(&b, ts_text) < 0) {
+        goto done;
+    }
+    if ((op_enum = get_field(event, offsets, F_OP, direct)) == NULL) {
         goto done;
     }
     if (op_enum == self->op_enum) {
@@ -735,8 +760,8 @@ render(Renderer *self, PyObject *event)
         store(&self->op_enum, Py_NewRef(op_enum));
         store(&self->op, Py_NewRef(op));
     }
-    if ((after = get_field(self, event, F_RAW_AFTER, direct)) == NULL ||
-        (before = get_field(self, event, F_RAW_BEFORE, direct)) == NULL) {
+    if ((after = get_field(event, offsets, F_RAW_AFTER, direct)) == NULL ||
+        (before = get_field(event, offsets, F_RAW_BEFORE, direct)) == NULL) {
         goto done;
     }
     Py_ssize_t n = self->n_columns;
@@ -756,14 +781,6 @@ render(Renderer *self, PyObject *event)
         }
     }
     Py_ssize_t *before_starts = starts, *after_starts = starts + n + 1;
-
-    /* The cached pieces, held for this event: a converter function could re-enter. */
-    PyObject *head = Py_NewRef(self->head), *middle = Py_NewRef(self->middle),
-             *end = Py_NewRef(self->end), *ts_text = Py_NewRef(self->ts_text);
-    if (buf_own(&b, head) < 0 || buf_own(&b, middle) < 0 || buf_own(&b, end) < 0 ||
-        buf_own(&b, ts_text) < 0) {
-        goto done;
-    }
 
     if (buf_reserve(&b, 2) < 0) {
         goto done;
