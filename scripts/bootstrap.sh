@@ -38,6 +38,18 @@ if ! command -v java >/dev/null 2>&1 && [ -z "${JAVA_HOME:-}" ]; then
     fi
 fi
 
+# tidemark's Debezium JSON writer is C (src/tidemark/serde/_render.c), built by uv sync.
+# Without a compiler tidemark still installs and writes the same JSON in Python, slower,
+# and the test that checks the C writer is built fails.
+if ! command -v cc >/dev/null 2>&1 && ! command -v gcc >/dev/null 2>&1; then
+    if [ "$(id -u)" = "0" ] && command -v apt-get >/dev/null 2>&1; then
+        echo "installing a C compiler with apt-get (for tidemark's JSON writer)" >&2
+        apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq gcc libc6-dev >/dev/null
+    else
+        echo "no C compiler found: install gcc for tidemark's compiled JSON writer" >&2
+    fi
+fi
+
 # Byte-compiled at install: otherwise every process start compiles psycopg, click and the
 # rest from source whenever __pycache__ cannot be written (read-only installs,
 # PYTHONDONTWRITEBYTECODE), which adds ~0.2 s to the start of `tidemark capture`. (A
