@@ -261,9 +261,10 @@ typedef struct {
     /* The cache between events: the source block of the last context and snapshot
      * marker, the ts fields of the last timestamp, the value of the last op. */
     PyObject *context, *snapshot, *head, *middle, *end, *ts, *ts_text, *op_enum, *op;
-    /* Where the fields of events of event_type (at its version event_type_version) are:
-     * the offsets of their slots (msgspec.Struct fields are member descriptors), read
-     * directly as the descriptors would read them. */
+    /* Whether the fields of events of event_type (at its version event_type_version)
+     * are in slots (event_direct: msgspec.Struct fields are member descriptors), and
+     * their offsets, read directly as the descriptors would read them: attribute
+     * lookups cost more than the rest of writing an event. */
     PyTypeObject *event_type;
     unsigned int event_type_version;
     int event_direct;
