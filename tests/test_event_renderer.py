@@ -16,6 +16,7 @@ import gc
 import sys
 import threading
 import tracemalloc
+import weakref
 from types import SimpleNamespace
 from typing import Any
 
@@ -245,6 +246,18 @@ def test_compiled_writer_keeps_no_references() -> None:
     finally:
         tracemalloc.stop()
     assert second - first < 50_000, f"{second - first} bytes more after 5,000 more events"
+
+
+def test_a_serializer_with_compiled_writers_is_collected() -> None:
+    """The C writer refers back to its serializer (through the callables it is given),
+    a cycle that only the garbage collector can free: it must see the writer's
+    references."""
+    serializer = DebeziumJsonSerializer()
+    serializer.key_and_value(_event(None, ("1", "a", "1.00")))
+    alive = weakref.ref(serializer)
+    del serializer
+    gc.collect()
+    assert alive() is None
 
 
 def test_compiled_writer_reads_any_object_with_the_event_fields() -> None:

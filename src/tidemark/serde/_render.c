@@ -273,59 +273,27 @@ typedef struct {
 
 static PyObject *s_value_, *s_null;
 
+/* Every object the renderer holds, for traverse and clear. */
+#define RENDERER_OBJECTS(X)                                                                \
+    X(functions) X(names) X(nulls) X(placeholders) X(key_names) X(unavailable) X(binary)   \
+    X(escape) X(general) X(source_parts) X(ts_fields) X(transaction) X(context)           \
+    X(snapshot) X(head) X(middle) X(end) X(ts) X(ts_text) X(op_enum) X(op) X(event_type)
+
 static int
 Renderer_traverse(Renderer *self, visitproc visit, void *arg)
 {
-    Py_VISIT(self->functions);
-    Py_VISIT(self->names);
-    Py_VISIT(self->nulls);
-    Py_VISIT(self->placeholders);
-    Py_VISIT(self->key_names);
-    Py_VISIT(self->unavailable);
-    Py_VISIT(self->binary);
-    Py_VISIT(self->escape);
-    Py_VISIT(self->general);
-    Py_VISIT(self->source_parts);
-    Py_VISIT(self->ts_fields);
-    Py_VISIT(self->transaction);
-    Py_VISIT(self->context);
-    Py_VISIT(self->snapshot);
-    Py_VISIT(self->head);
-    Py_VISIT(self->middle);
-    Py_VISIT(self->end);
-    Py_VISIT(self->ts);
-    Py_VISIT(self->ts_text);
-    Py_VISIT(self->op_enum);
-    Py_VISIT(self->op);
-    Py_VISIT(self->event_type);
+#define VISIT(field) Py_VISIT(self->field);
+    RENDERER_OBJECTS(VISIT)
+#undef VISIT
     return 0;
 }
 
 static int
 Renderer_clear(Renderer *self)
 {
-    Py_CLEAR(self->functions);
-    Py_CLEAR(self->names);
-    Py_CLEAR(self->nulls);
-    Py_CLEAR(self->placeholders);
-    Py_CLEAR(self->key_names);
-    Py_CLEAR(self->unavailable);
-    Py_CLEAR(self->binary);
-    Py_CLEAR(self->escape);
-    Py_CLEAR(self->general);
-    Py_CLEAR(self->source_parts);
-    Py_CLEAR(self->ts_fields);
-    Py_CLEAR(self->transaction);
-    Py_CLEAR(self->context);
-    Py_CLEAR(self->snapshot);
-    Py_CLEAR(self->head);
-    Py_CLEAR(self->middle);
-    Py_CLEAR(self->end);
-    Py_CLEAR(self->ts);
-    Py_CLEAR(self->ts_text);
-    Py_CLEAR(self->op_enum);
-    Py_CLEAR(self->op);
-    Py_CLEAR(self->event_type);
+#define CLEAR(field) Py_CLEAR(self->field);
+    RENDERER_OBJECTS(CLEAR)
+#undef CLEAR
     return 0;
 }
 
