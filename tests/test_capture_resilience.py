@@ -366,7 +366,9 @@ def test_signal_stops_cleanly_and_resume_repeats_nothing(
     db.autocommit(*(f"INSERT INTO t VALUES ({i}, 'live')" for i in range(101, 301)),
                   "UPDATE t SET v = 'upd' WHERE id <= 10", "DELETE FROM t WHERE id > 290")
     expected_first = 100 + 200 + 10 + 10
-    wait_for(lambda: len(first.changes()) >= expected_first, 20, "the first run's changes")
+    # The process is still writing: a read may land between the bytes of one write.
+    wait_for(lambda: len(first.changes(tolerate_partial=True)) >= expected_first, 20,
+             "the first run's changes")
     time.sleep(0.3)  # idle: everything delivered and saved
     first.proc.send_signal(signum)
     assert first.wait(10) == 0, first.stderr()
