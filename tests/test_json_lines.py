@@ -30,9 +30,14 @@ from pgoutput_builders import (
     encode_update,
 )
 from test_capture_types import COLUMNS, ROWS, _row_sql
-from tidemark.engine.converters import ConvertedRecord, DebeziumJsonConverter, RenderedRecord
+from tidemark.engine.converters import (
+    ConvertedBatch,
+    ConvertedRecord,
+    DebeziumJsonConverter,
+    RenderedRecord,
+)
 from tidemark.errors import DecodeError
-from tidemark.event import UNAVAILABLE, ChangeEvent, Record, TableId
+from tidemark.event import UNAVAILABLE, ChangeEvent, Op, Record, TableId
 from tidemark.serde.debezium_json import DebeziumJsonOptions, DebeziumJsonSerializer
 from tidemark.serde.rendered import PENDING, RenderedEvent
 from tidemark.source.postgres import catalog, session
@@ -265,23 +270,37 @@ def test_rendered_events_equal_the_general_path(stream: tuple[Messages, BuilderF
 def test_converted_records_equal_the_general_path(stream: tuple[Messages, BuilderFactory],
                                                   mode: dict[str, Any], batch: int) -> None:
     """The engine's converter gives the same records of a builder that makes them itself
-    (RenderedRecord) as of the general path's events, whose events they make on access."""
+    (RenderedRecord) as of the general path's events, whose events they make on access;
+    a batch the builder made of such records only, it hands on as it is."""
     messages, factory = stream
     options = DebeziumJsonOptions(**mode)
     events = factory()
     fused = RenderedEventBuilder(factory(), DebeziumJsonSerializer(options),
                                  converted_records=True)
+    converter = DebeziumJsonConverter(options)
     expected: list[Record] = []
     got: list[Any] = []
+    by_batch: list[ConvertedRecord] = []
+    whole = 0  # batches handed on without a pass
     for i in range(0, len(messages), batch):
         expected += events.process(messages[i:i + batch], NOW_US + i)
-        got += fused.process(messages[i:i + batch], NOW_US + i)
+        made_now = fused.process(messages[i:i + batch], NOW_US + i)
+        got += made_now
+        if made_now and type(made_now) is ConvertedBatch:
+            whole += 1
+            assert converter.convert(made_now) is made_now
+        by_batch += converter.convert(made_now)
     made = [r for r in got if type(r) is RenderedRecord]
     assert len(made) > len(got) / 2 and fused.fallbacks == 0
-    assert all(_EVENT_SLOT.__get__(r) is None for r in made)  # not made until read
-    records = DebeziumJsonConverter(options).convert(got)
+    lazy = [r for r in made if r.make_event is not None]
+    assert all(_EVENT_SLOT.__get__(r) is None for r in lazy)  # not made until read
+    deletes = [r for r in made if r.make_event is None]  # and their tombstones
+    assert deletes and all(r.event.op is Op.DELETE for r in deletes)
+    assert whole or batch >= len(messages)  # one batch, with what only the general path takes
+    records = converter.convert(got)
     reference = DebeziumJsonConverter(options).convert(expected)
     assert _converted(records) == _converted(reference)
+    assert _converted(by_batch) == _converted(reference)
     for record, general in zip(records, reference, strict=True):
         event, general_event = record.event, general.event
         if isinstance(general_event, ChangeEvent):

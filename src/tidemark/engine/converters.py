@@ -56,8 +56,9 @@ class RenderedRecord(ConvertedRecord, gc=False):
 
     Its ``event`` is made on first access, by ``make_event`` (which the source shares
     between the records of one table, operation and transaction) from the fields here
-    that differ per change. Never a delete: a delete is followed by its tombstone,
-    which the converter adds.
+    that differ per change; or given at once, for a delete and its tombstone, which
+    share one event as the converter's records of it do (``make_event`` is then None
+    and the fields after it unused).
     """
 
     make_event: Callable[[RenderedRecord], Record] | None = None
@@ -82,6 +83,15 @@ class RenderedRecord(ConvertedRecord, gc=False):
     def __reduce__(self) -> tuple[Any, ...]:
         # make_event is a closure: pickled, this is the plain record it stands for.
         return ConvertedRecord, (self.destination, self.key, self.value, self.event)
+
+
+class ConvertedBatch(list[ConvertedRecord]):
+    """A source's batch in which every record is already what
+    :class:`DebeziumJsonConverter` would make (the PostgreSQL task's fused path, when
+    every change of the batch took it): the converter hands it on without a pass over
+    its records."""
+
+    __slots__ = ()
 
 
 class Converter(Protocol):
@@ -158,7 +168,8 @@ class DebeziumJsonConverter:
 
     A :class:`RenderedEvent` already carries its texts (a source wrote them in
     :attr:`rendered_options`, on the engine's request): they are passed through, and
-    so is a :class:`RenderedRecord` (the source made the record too)."""
+    so is a :class:`RenderedRecord` (the source made the record too), and a
+    :class:`ConvertedBatch` as a whole."""
 
     def __init__(self, options: DebeziumJsonOptions | None = None) -> None:
         self.options = options or DebeziumJsonOptions()
@@ -172,6 +183,9 @@ class DebeziumJsonConverter:
         return None if self.options.transaction_metadata else self.options
 
     def convert(self, records: Sequence[Routed]) -> list[ConvertedRecord]:
+        # Made by the source for this converter (outside the Routed types, as below).
+        if type(records) is ConvertedBatch:  # type: ignore[comparison-overlap]
+            return records
         per_thread = self._per_thread
         serializer = per_thread.json
         destination_of = per_thread.destinations.of

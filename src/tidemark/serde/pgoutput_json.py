@@ -88,7 +88,7 @@ class FusedCodec:
     with *events* the functions are :data:`EventFunction` s, which hand the message,
     its key text and its value text to the ``emit`` of their *parts*; with *records*
     ``insert`` and ``update`` are :data:`RecordFunction` s (and ``delete`` an
-    EventFunction: its tombstone is the converter's to add).
+    EventFunction, whose *emit* makes a delete's two records).
     """
 
     __slots__ = ("delete", "insert", "schema", "update")

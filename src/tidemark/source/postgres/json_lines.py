@@ -20,10 +20,10 @@ open transaction and its event counts, the resume position) either way.
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any, Final, Generic, TypeVar
 
-from tidemark.engine.converters import RenderedRecord
+from tidemark.engine.converters import ConvertedBatch, RenderedRecord
 from tidemark.engine.records import table_destination
 from tidemark.event import Op, Record, SnapshotMarker, TableSchema
 from tidemark.serde.debezium_json import DebeziumJsonSerializer
@@ -68,13 +68,16 @@ class FusedBuilder(ABC, Generic[_T]):
         self._hot: dict[bytes, _Hot | None] = {}
         self._context = events.context
         self._now_us = 0
+        # The append of the batch being processed (for what makes two records of one
+        # message; parts are made during a batch and live for it only).
+        self._append: Callable[[Any], None] = list[Any]().append
         #: Row messages that the fused path gave up on (for tests and diagnostics).
         self.fallbacks = 0
 
     def process(self, messages: Sequence[tuple[bytes, int]], now_us: int) -> list[_T]:
         """Convert a batch of ``(pgoutput payload, data_start LSN)`` pairs, in order."""
         out: list[_T] = []
-        append = out.append
+        append = self._append = out.append
         hot = self._hot
         hot.clear()  # a new processing time
         self._now_us = now_us
@@ -161,31 +164,46 @@ class RenderedEventBuilder(FusedBuilder[Record]):
     :class:`RenderedEvent` s carrying the serializer's key and value texts, all others
     are the change builder's records.
 
-    With *converted_records*, inserts and updates the fused path handles become the
-    engine's :class:`~tidemark.engine.converters.RenderedRecord` s instead: what its
-    Debezium JSON converter would make of the RenderedEvent, with the event made only
-    if someone reads it (for an engine without transforms, see
-    :mod:`tidemark.engine.prerender`).
+    With *converted_records*, row changes the fused path handles become the engine's
+    :class:`~tidemark.engine.converters.RenderedRecord` s instead: what its Debezium
+    JSON converter would make of the RenderedEvent (a delete, its record and its
+    tombstone's), with the event of an insert or update made only if someone reads it
+    (for an engine without transforms, see :mod:`tidemark.engine.prerender`). A batch
+    made of those records only is a :class:`~tidemark.engine.converters.ConvertedBatch`.
     """
 
     def __init__(self, events: ChangeEventBuilder, serializer: DebeziumJsonSerializer, *,
                  converted_records: bool = False) -> None:
         super().__init__(events, serializer)
         self._converted_records = converted_records
+        self._general_records = False  # the current batch has some of the general path's
+
+    def process(self, messages: Sequence[tuple[bytes, int]], now_us: int) -> list[Record]:
+        self._general_records = False
+        out = super().process(messages, now_us)
+        if self._converted_records and not self._general_records:
+            # Records outside the Routed types, as in _record_parts.
+            batch: Any = ConvertedBatch(out)  # type: ignore[arg-type]
+            return batch  # type: ignore[no-any-return]
+        return out
 
     def _codec(self, schema: TableSchema) -> FusedCodec:
         return FusedCodec(schema, self._serializer.options, events=True,
                           records=self._converted_records)
 
     def _add_general(self, records: list[Record], out: list[Record]) -> None:
-        out += records
+        if records:
+            self._general_records = True
+            out += records
 
     def _parts(self, schema: TableSchema, op: Op) -> tuple[Any, ...]:
         head, middle, tail = self._serializer.stream_value_parts(
             schema, self.events.context, op, self._now_us)
-        if self._converted_records and op is not Op.DELETE:
-            return head, middle, tail, *self._record_parts(schema, op)
-        return head, middle, tail, self._emitter(schema, op)
+        if not self._converted_records:
+            return head, middle, tail, self._emitter(schema, op)
+        if op is Op.DELETE:
+            return head, middle, tail, self._delete_records(schema)
+        return head, middle, tail, *self._record_parts(schema, op)
 
     def _emitter(self, schema: TableSchema, op: Op) -> Emit:
         """What the generated code of (*schema*, *op*) hands its results to in the
@@ -205,6 +223,35 @@ class RenderedEventBuilder(FusedBuilder[Record]):
             return RenderedEvent(op, schema, before, after, context, lsn, total, order,
                                  now_us, _NOT_SNAPSHOT, None, None, key, value, data,
                                  pgoutput.parse_row)
+        return emit
+
+    def _delete_records(self, schema: TableSchema) -> Emit:
+        """The *emit* of a delete's generated code for converted records in the current
+        transaction and batch: appends the delete's record and returns its tombstone's
+        (or, without a tombstone, returns the delete's), both with the event the
+        converter would give them."""
+        orders = self.events.orders
+        cell = orders.cell(schema.table)
+        context = self.events.context
+        now_us = self._now_us
+        destination = table_destination(context.name, schema.table)
+        append = self._append
+        tombstones = self._serializer.options.tombstones_on_delete
+        delete = Op.DELETE
+
+        def emit(lsn: int, data: bytes, key: str | None, value: str) -> RenderedRecord:
+            # What _emitter's emit does, inlined: calling it would cost a second Python
+            # call per delete.
+            total = orders.total = orders.total + 1
+            order = cell[0] = cell[0] + 1
+            event = RenderedEvent(delete, schema, PENDING, None, context, lsn, total, order,
+                                  now_us, _NOT_SNAPSHOT, None, None, key, value, data,
+                                  pgoutput.parse_row)
+            record = RenderedRecord(destination, key, value, event)
+            if key is None or not tombstones:
+                return record
+            append(record)
+            return RenderedRecord(destination, key, None, event)
         return emit
 
     def _record_parts(self, schema: TableSchema, op: Op) -> tuple[Any, ...]:
