@@ -230,23 +230,13 @@ class RenderedEventBuilder(FusedBuilder[Record]):
         transaction and batch: appends the delete's record and returns its tombstone's
         (or, without a tombstone, returns the delete's), both with the event the
         converter would give them."""
-        orders = self.events.orders
-        cell = orders.cell(schema.table)
-        context = self.events.context
-        now_us = self._now_us
-        destination = table_destination(context.name, schema.table)
+        make_event = self._emitter(schema, Op.DELETE)
+        destination = table_destination(self.events.context.name, schema.table)
         append = self._append
         tombstones = self._serializer.options.tombstones_on_delete
-        delete = Op.DELETE
 
         def emit(lsn: int, data: bytes, key: str | None, value: str) -> RenderedRecord:
-            # What _emitter's emit does, inlined: calling it would cost a second Python
-            # call per delete.
-            total = orders.total = orders.total + 1
-            order = cell[0] = cell[0] + 1
-            event = RenderedEvent(delete, schema, PENDING, None, context, lsn, total, order,
-                                  now_us, _NOT_SNAPSHOT, None, None, key, value, data,
-                                  pgoutput.parse_row)
+            event = make_event(lsn, data, key, value)
             record = RenderedRecord(destination, key, value, event)
             if key is None or not tombstones:
                 return record
