@@ -274,10 +274,13 @@ typedef struct {
 static PyObject *s_value_, *s_null;
 
 /* Every object the renderer holds, for traverse and clear. */
-#define RENDERER_OBJECTS(X)                                                                \
+/* The objects a writer is given, then those it caches; traverse and clear take both. */
+#define RENDERER_ARGUMENTS(X)                                                              \
     X(functions) X(names) X(nulls) X(placeholders) X(key_names) X(unavailable) X(binary)   \
-    X(escape) X(general) X(source_parts) X(ts_fields) X(transaction) X(context)           \
-    X(snapshot) X(head) X(middle) X(end) X(ts) X(ts_text) X(op_enum) X(op) X(event_type)
+    X(escape) X(general) X(source_parts) X(ts_fields) X(transaction)
+#define RENDERER_OBJECTS(X)                                                                \
+    RENDERER_ARGUMENTS(X) X(context) X(snapshot) X(head) X(middle) X(end) X(ts)           \
+    X(ts_text) X(op_enum) X(op) X(event_type)
 
 static int
 Renderer_traverse(Renderer *self, visitproc visit, void *arg)
@@ -417,18 +420,9 @@ Renderer_new(PyTypeObject *type, PyObject *args, PyObject *kwargs)
         }
         self->key_indexes[i] = index;
     }
-    self->functions = Py_NewRef(functions);
-    self->names = Py_NewRef(names);
-    self->nulls = Py_NewRef(nulls);
-    self->placeholders = Py_NewRef(placeholders);
-    self->key_names = Py_NewRef(key_names);
-    self->unavailable = Py_NewRef(unavailable);
-    self->binary = Py_NewRef(binary);
-    self->escape = Py_NewRef(escape);
-    self->general = Py_NewRef(general);
-    self->source_parts = Py_NewRef(source_parts);
-    self->ts_fields = Py_NewRef(ts_fields);
-    self->transaction = Py_NewRef(transaction);
+#define KEEP(field) self->field = Py_NewRef(field);
+    RENDERER_ARGUMENTS(KEEP)
+#undef KEEP
     self->vectorcall = Renderer_vectorcall;
     return (PyObject *)self;
 }
