@@ -34,6 +34,7 @@ SCHEMA = pa.schema([
 def _envelope(op: str, before: Any, after: Any, lsn: int, **extra: Any) -> dict[str, Any]:
     return {"before": before, "after": after,
             "source": {"ts_ms": 1_700_000_000_123, "ts_us": 1_700_000_000_123_456,
+                       "sequence": f'["400","{lsn}"]',
                        "txId": 77, "lsn": lsn, "schema": "public", "table": "t"},
             "transaction": extra.get("transaction"), "op": op, "ts_ms": 1}
 
@@ -57,10 +58,13 @@ def test_envelope_values_decode_to_the_schema_types() -> None:
     assert first["note"] is None and first["_unavailable"] == ["note"]
     assert first["blob"] == b"\x00\x01" and first["tags"] == ["a", None] and first["ok"] is True
     assert first["ratio"] != first["ratio"]  # NaN
+    # Debezium's source.sequence: the previous commit's LSN, then twice the change's LSN
+    # (plus one for anything but a delete) orders within and across transactions.
     assert (first["_op"], first["_lsn"], first["_commit_lsn"], first["_seq"], first["_txid"]) \
-        == ("u", 500, 500, 1, 77)
+        == ("u", 500, 400, 1001, 77)
     assert first["_commit_ts"] == dt.datetime(2023, 11, 14, 22, 13, 20, 123456, tzinfo=dt.UTC)
-    assert (second["_op"], second["id"], second["price"], second["_seq"]) == ("d", 1, None, 2)
+    assert (second["_op"], second["id"], second["price"], second["_seq"]) \
+        == ("d", 1, None, 1002)
 
 
 def test_schema_and_payload_form_uses_the_semantic_time_units() -> None:
@@ -192,3 +196,106 @@ def test_the_envelope_schema_says_which_decimals_are_text() -> None:
     assert (row["price"], row["cost"]) == (decimal.Decimal("1234.00"), decimal.Decimal("12.34"))
     with pytest.raises(ConfigError, match="decimal_handling_mode"):
         changes_from_debezium_json([], schema, decimal_handling_mode="exact")
+
+
+def _stream_interleaved(db: Database) -> list[dict[str, Any]]:
+    """Debezium JSON values (no transaction metadata, as Debezium's own) of: T1 updates
+    row 1; T2 inserts row 2 and commits first; T1 commits; then a COPY (one WAL record
+    for many rows, so they share an LSN), a primary-key change and a delete."""
+    import contextlib  # noqa: PLC0415
+
+    import psycopg2  # noqa: PLC0415
+
+    from capture_helpers import drain, make_connector  # noqa: PLC0415
+
+    db.execute("CREATE TABLE t (id int PRIMARY KEY, name text)",
+               "INSERT INTO t VALUES (1, 'old')")
+    connector = make_connector(db.dsn, "public.t", snapshot_mode="initial")
+    connector.start()
+    try:
+        records = drain(connector, db.insert_lsn())
+        with contextlib.closing(psycopg2.connect(db.dsn)) as one, \
+                contextlib.closing(psycopg2.connect(db.dsn)) as two:
+            with one.cursor() as cur:
+                cur.execute("UPDATE t SET name = 'new' WHERE id = 1")
+            with two.cursor() as cur:
+                cur.execute("INSERT INTO t VALUES (2, 'two')")
+            two.commit()
+            one.commit()
+        db.execute("COPY t FROM PROGRAM 'seq 3 12 | sed s/$/\\\\tcopied/'")
+        db.execute("UPDATE t SET id = 30 WHERE id = 3", "DELETE FROM t WHERE id = 4")
+        records += drain(connector, db.insert_lsn())
+    finally:
+        connector.stop()
+    return [line["value"] for line in as_json(records) if line["value"] is not None]
+
+
+@pytest.mark.integration
+def test_transactions_committed_out_of_start_order_survive_any_batch_split(
+        db: Database, tmp_path: Path) -> None:
+    """Debezium's events carry no commit LSN: ordering by the change's own LSN put T1's
+    update (begun first, committed last) below T2's insert, so when T1 landed in a later
+    batch the high-water mark skipped it. Rows sharing an LSN (a COPY, a snapshot) must
+    not be skipped when a batch boundary falls between them either."""
+    values = _stream_interleaved(db)
+    schema = pa.schema([pa.field("id", pa.int32()), pa.field("name", pa.string())])
+    ops = [v["op"] for v in values]
+    assert ops[:1] == ["r"] and ops[1:3] == ["c", "u"]  # T2 arrives first: commit order
+    changes = changes_from_debezium_json([msgspec.json.encode(v) for v in values], schema)
+    expected = [{"id": i, "name": n} for i, n in db.query("SELECT id, name FROM t ORDER BY id")]
+    for scd in (1, 2):
+        for cut in range(1, len(changes)):
+            path = tmp_path / f"{scd}-{cut}"
+            spec = ApplySpec(keys=("id",), stored_as_scd_type=scd)
+            apply_changes(path, changes.slice(0, cut), spec, app_id="q", version=0)
+            apply_changes(path, changes.slice(cut), spec, app_id="q", version=1)
+            got = read(path, "id", "name", *(("__END_AT",) if scd == 2 else ()))
+            current = [r for r in got if r.pop("__END_AT", None) is None]
+            assert current == expected, (scd, cut, ops[cut - 1:cut + 1])
+
+
+def test_events_without_a_commit_order_are_refused() -> None:
+    event = _envelope("c", None, {"id": 1}, 500)
+    del event["source"]["sequence"]
+    with pytest.raises(DebeziumInputError, match=r"event 0 has no transaction.commit_lsn "
+                                                 r"and no source.sequence"):
+        changes_from_debezium_json([json.dumps(event)], SCHEMA)
+    event["source"]["sequence"] = '["12", oops]'
+    with pytest.raises(DebeziumInputError, match=r"event 0: source\.sequence"):
+        changes_from_debezium_json([json.dumps(event)], SCHEMA)
+
+
+@pytest.mark.integration
+def test_a_restarted_capture_keeps_the_commit_order_growing(db: Database,
+                                                            tmp_path: Path) -> None:
+    """After a restart the first transaction's source.sequence must not start again at
+    null (Debezium restores it from its offset): null sorts below everything applied."""
+    from capture_helpers import drain, make_connector  # noqa: PLC0415
+
+    db.execute("CREATE TABLE t (id int PRIMARY KEY, name text)")
+    values: list[dict[str, Any]] = []
+    offset = None
+    for statement in ("INSERT INTO t VALUES (1, 'a')", "UPDATE t SET name = 'b' WHERE id = 1"):
+        connector = make_connector(db.dsn, "public.t", snapshot_mode="no_data", slot_name="s")
+        connector.start(offset)
+        try:
+            drain(connector, db.insert_lsn())
+            db.execute(statement)
+            until = db.insert_lsn()
+            records = []
+            while not records or offset is None or offset["lsn"] < until:
+                batch = connector.poll()
+                records += batch.records
+                offset = batch.offset or offset
+        finally:
+            connector.stop()
+        values += [line["value"] for line in as_json(records) if line["value"] is not None]
+    first, second = (json.loads(v["source"]["sequence"])[0] for v in values)
+    assert first is None or int(second) > int(first)
+    assert second is not None
+    schema = pa.schema([pa.field("id", pa.int32()), pa.field("name", pa.string())])
+    changes = changes_from_debezium_json(values, schema)
+    spec = ApplySpec(keys=("id",))
+    apply_changes(tmp_path, changes.slice(0, 1), spec, app_id="q", version=0)
+    apply_changes(tmp_path, changes.slice(1), spec, app_id="q", version=1)
+    assert read(tmp_path, "id", "name") == [{"id": 1, "name": "b"}]

@@ -129,22 +129,40 @@ def prepare_batch(changes: pa.Table, spec: ApplySpec, columns: ResolvedColumns) 
 def sequence_after(table: pa.Table, columns: tuple[str, ...],
                    values: tuple[Any, ...]) -> pa.ChunkedArray | pa.Array:
     """Which rows of *table* have a sequence strictly after *values* (lexicographic)."""
-    after: Any = pa.array(np.zeros(len(table), dtype=bool))
+    return _compare_sequence(table, columns, values, pc.greater)
+
+
+def sequence_before(table: pa.Table, columns: tuple[str, ...],
+                    values: tuple[Any, ...]) -> pa.ChunkedArray | pa.Array:
+    """Which rows of *table* have a sequence strictly before *values* (lexicographic)."""
+    return _compare_sequence(table, columns, values, pc.less)
+
+
+def _compare_sequence(table: pa.Table, columns: tuple[str, ...], values: tuple[Any, ...],
+                      strictly: Any) -> pa.ChunkedArray | pa.Array:
+    result: Any = pa.array(np.zeros(len(table), dtype=bool))
     equal_so_far: Any = pa.array(np.ones(len(table), dtype=bool))
     for name, value in zip(columns, values, strict=True):
         col = table.column(name)
         bound = pa.scalar(value, type=col.type)
-        after = pc.or_(after, pc.and_(equal_so_far, pc.greater(col, bound)))
+        result = pc.or_(result, pc.and_(equal_so_far, strictly(col, bound)))
         equal_so_far = pc.and_(equal_so_far, pc.equal(col, bound))
-    return after
+    return result
 
 
 def drop_applied(batch: PreparedBatch, sequence_by: tuple[str, ...],
                  high_water: tuple[Any, ...]) -> tuple[PreparedBatch, int]:
-    """Drop the changes at or below *high_water* (already applied); returns the count."""
-    keep = sequence_after(batch.rows, sequence_by, high_water)
+    """Drop the changes below *high_water* (already applied); returns the count.
+
+    Changes *at* the mark are kept: sequences need only be unique per key, and several
+    keys' changes may share one (the rows of a COPY or of a snapshot share an LSN in
+    Debezium's events), so a batch boundary can fall between changes at the mark. A
+    kept change that was in fact applied is harmless: the merge's per-row sequence check
+    skips it, and a delete applied twice deletes nothing.
+    """
+    keep = pc.invert(sequence_before(batch.rows, sequence_by, high_water))
     rows = batch.rows.filter(keep)
-    truncates = tuple(t for t in batch.truncates if t > high_water)
+    truncates = tuple(t for t in batch.truncates if t >= high_water)
     dropped = len(batch.rows) - len(rows) + len(batch.truncates) - len(truncates)
     return dataclasses.replace(batch, rows=rows, truncates=truncates), dropped
 

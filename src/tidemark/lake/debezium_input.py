@@ -17,6 +17,19 @@ column values back to the Arrow types of the caller's table schema:
 
 Tombstones (null values), transaction BEGIN/END records, heartbeats and logical
 decoding messages are skipped.
+
+Order. ``apply_changes`` orders changes by ``(_commit_lsn, _seq)`` within a batch and,
+through the table's high-water mark, across batches, so these must follow commit order
+globally, not just within one call. tidemark's ``transaction.commit_lsn`` and
+``total_order`` are exactly that. Debezium's own events carry no commit LSN; their
+``source.sequence`` is ``[lastCommitLsn, lsn]``, where ``lastCommitLsn`` is the LSN of the
+commit processed before the event. It is the same for every event of a transaction and
+grows from one transaction to the next in commit order, so there ``_commit_lsn`` is that
+previous commit's LSN (0 before the first) and ``_seq`` orders by the change's own LSN
+(twice the LSN, plus one for anything but a delete: a primary-key change is a delete and
+a create at one LSN). The change's own LSN alone is not commit order: a transaction that
+began earlier can commit later, and its changes would sort before those of transactions
+already applied and be skipped. An event with neither is refused rather than guessed at.
 """
 
 from __future__ import annotations
@@ -210,6 +223,7 @@ def changes_from_debezium_json(values: Iterable[bytes | str | dict[str, Any] | N
     txids: list[int | None] = []
     unavailable: list[list[str] | None] = []
     decode_json = msgspec.json.Decoder().decode
+    decode_sequence = msgspec.json.Decoder(list[str | None]).decode
     position = 0
     for number, value in enumerate(values):
         if value is None:
@@ -252,10 +266,15 @@ def changes_from_debezium_json(values: Iterable[bytes | str | dict[str, Any] | N
                                          f"does not decode to {schema.field(name).type}: "
                                          f"{err}") from err
         lsn = source.get("lsn")
+        commit_lsn = transaction.get("commit_lsn")
+        if commit_lsn is not None:
+            order = commit_lsn, transaction.get("total_order") or position
+        else:
+            order = _order_from_sequence(source, op, number, decode_sequence)
         ops.append(op)
         lsns.append(lsn)
-        commit_lsns.append(transaction.get("commit_lsn", lsn))
-        seqs.append(transaction.get("total_order") or position)
+        commit_lsns.append(order[0])
+        seqs.append(order[1])
         ts_us = transaction.get("commit_ts_us", source.get("ts_us"))
         if ts_us is None and source.get("ts_ms") is not None:
             ts_us = source["ts_ms"] * 1000
@@ -268,6 +287,32 @@ def changes_from_debezium_json(values: Iterable[bytes | str | dict[str, Any] | N
     arrays += [pa.array(v, type=f.type) for v, f in zip(meta, cr.METADATA_FIELDS, strict=True)]
     fields = [schema.field(n) for n in names] + list(cr.METADATA_FIELDS)
     return pa.Table.from_arrays(arrays, schema=pa.schema(fields))
+
+
+def _order_from_sequence(source: dict[str, Any], op: str, number: int,
+                         decode_sequence: Callable[[str | bytes], list[str | None]]
+                         ) -> tuple[int, int]:
+    """``(_commit_lsn, _seq)`` of a Debezium event from its ``source.sequence``."""
+    raw = source.get("sequence")
+    lsn = source.get("lsn")
+    if raw is None or lsn is None:
+        raise DebeziumInputError(
+            f"event {number} has no transaction.commit_lsn and no "
+            f"source.{'sequence' if raw is None else 'lsn'}, so its commit order cannot be "
+            f"known (ordering by the change's own LSN would skip transactions that began "
+            f"earlier but committed later); expected Debezium's PostgreSQL source block "
+            f"(source.sequence = [lastCommitLsn, lsn]) or tidemark capture's events")
+    try:
+        sequence = decode_sequence(raw) if isinstance(raw, str | bytes) else list(raw)
+        last_commit, _ = sequence
+        commit = 0 if last_commit is None else int(last_commit)
+        position = int(lsn)
+    except (msgspec.DecodeError, ValueError, TypeError) as err:
+        raise DebeziumInputError(f"event {number}: source.sequence {raw!r} is not "
+                                 f"[lastCommitLsn, lsn] (two decimal LSNs as text): "
+                                 f"{err}") from err
+    # A primary-key change is a delete and a create at one LSN: the delete comes first.
+    return commit, position * 2 + (op != "d")
 
 
 def debezium_values_from_lines(lines: Iterable[bytes | str]) -> Iterator[dict[str, Any] | None]:

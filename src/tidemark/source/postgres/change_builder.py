@@ -58,6 +58,7 @@ class ChangeEventBuilder:
         captured: frozenset[TableId] | None = None,
         not_null_columns: Callable[[TableId], frozenset[str]] = lambda table: frozenset(),
         transaction_metadata: bool = False,
+        last_commit_lsn: int | None = None,
     ) -> None:
         self._prefix = topic_prefix
         self._database = database
@@ -74,7 +75,7 @@ class ChangeEventBuilder:
         # open transaction
         self.in_transaction = False
         self._orders = TransactionOrders()
-        self._last_commit_lsn: int | None = None
+        self._last_commit_lsn = last_commit_lsn
         self._context = SourceContext(CONNECTOR_NAME, topic_prefix, database, 0, None, None)
         #: End LSN of the last transaction whose Commit has been processed: the position
         #: a resumed stream starts from once everything up to here is handed on.

@@ -306,6 +306,9 @@ class PostgresConnector:
             not_null_columns=lambda table: self._catalog(
                 lambda c: catalog.not_null_columns(c, table)),
             transaction_metadata=cfg.provide_transaction_metadata,
+            # source.sequence's last commit must keep growing across restarts: consumers
+            # of Debezium JSON order transactions by it (Debezium keeps it in its offset).
+            last_commit_lsn=start_lsn or None,
         )
         lines = JsonLineBuilder(builder, self._json_lines) if self._json_lines else None
         to_records = (RenderedEventBuilder(builder, self._rendered_json,
