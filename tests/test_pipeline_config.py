@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import pwd
+import re
 import shutil
 import tempfile
 import tomllib
@@ -160,3 +161,43 @@ def test_a_checkpoint_directory_without_write_permission_is_named(tmp_path: Path
     key, _, message = outcome.partition("\n")
     assert key == "spark.checkpoint", outcome
     assert f"{base / 'chk'} is not a writable directory" in message
+
+
+@pytest.mark.parametrize(("paths", "key", "message"), [
+    ({"orders": "lake/t", "customers": "lake/t"}, 'targets."public.customers".path',
+     r'is also targets\."public\.orders"\.path'),
+    ({"orders": "lake/t", "customers": "lake/t/inner"}, 'targets."public.customers".path',
+     "are nested"),
+    ({"orders": "chk", "customers": "lake/c"}, "spark.checkpoint", "is also targets"),
+    ({"orders": "chk/orders", "customers": "lake/c"}, "spark.checkpoint", "are nested"),
+    ({"orders": "lake", "customers": "lake/c"}, 'targets."public.customers".path', "nested"),
+])
+def test_targets_checkpoint_and_changelog_need_their_own_directories(
+        tmp_path: Path, paths: dict[str, str], key: str, message: str) -> None:
+    text = f"""
+[spark]
+checkpoint = "chk"
+[targets."public.orders"]
+path = "{paths['orders']}"
+keys = ["id"]
+[targets."public.customers"]
+path = "{paths['customers']}"
+keys = ["id"]
+"""
+    err = _error(tmp_path, text)
+    assert err.key == key
+    assert re.search(message, str(err)), str(err)
+    assert not (tmp_path / "chk").exists()  # refused before anything was created
+
+
+def test_the_changelog_may_not_share_a_target_s_directory(tmp_path: Path) -> None:
+    err = _error(tmp_path, _GOOD + '\n[changelog]\npath = "lake/orders/_changes"\n')
+    assert err.key == "changelog.path" and "nested" in str(err)
+
+
+def test_on_schema_change_is_a_source_setting(tmp_path: Path) -> None:
+    config = _load(tmp_path, _GOOD.replace('slot = "s1"',
+                                           'slot = "s1"\nonSchemaChange = "drop_new_columns"'))
+    assert config.source.on_schema_change.value == "drop_new_columns"  # type: ignore[attr-defined]
+    err = _error(tmp_path, _GOOD.replace('slot = "s1"', 'slot = "s1"\nonSchemaChange = "x"'))
+    assert err.key == "source.onSchemaChange" and "drop_new_columns" in str(err), str(err)

@@ -63,7 +63,9 @@ def config_error_from(cls: type[msgspec.Struct], err: msgspec.ValidationError,
 
 def enum_choices(cls: type[msgspec.Struct], field: str) -> str:
     """The allowed values of an enum-typed field, for error messages."""
-    hint = typing.get_type_hints(cls).get(field)
+    # Errors name the key as written (msgspec's encoded name, e.g. onSchemaChange).
+    encoded = dict(zip(cls.__struct_encode_fields__, cls.__struct_fields__, strict=True))
+    hint = typing.get_type_hints(cls).get(encoded.get(field, field))
     candidates = typing.get_args(hint) if isinstance(hint, types.UnionType) else (hint,)
     for candidate in candidates:
         if isinstance(candidate, type) and issubclass(candidate, enum.Enum):

@@ -29,7 +29,7 @@ from tidemark.errors import ConfigError, unknown_key_error
 from tidemark.event import TableId
 from tidemark.lake.delta_writer import check_target
 from tidemark.lake.spec import ApplySpec, spec_from_mapping
-from tidemark.spark.options import DEFAULT_PUBLICATION, DEFAULT_SLOT
+from tidemark.spark.options import DEFAULT_PUBLICATION, DEFAULT_SLOT, OnSchemaChange
 
 DEFAULT_DSN_ENV: Final = "TIDEMARK_DSN"
 _SECTIONS: Final = ("source", "spark", "targets", "changelog")
@@ -53,6 +53,8 @@ class SourceSection(msgspec.Struct, frozen=True):
     max_changes_per_trigger: Positive | None = msgspec.field(
         default=None, name="maxChangesPerTrigger")
     num_partitions: Positive | None = msgspec.field(default=None, name="numPartitions")
+    on_schema_change: OnSchemaChange = msgspec.field(default=OnSchemaChange.FAIL,
+                                                     name="onSchemaChange")
 
 
 class SparkSection(msgspec.Struct, frozen=True):
@@ -148,10 +150,35 @@ def parse_config(raw: Mapping[str, Any], *, base: Path,
         section = _section(ChangelogSection, raw["changelog"], "changelog",
                            required={"path": "a directory for the Parquet change log"})
         changelog = _local_path(section.path, base, "changelog.path")
+    checkpoint = _local_path(spark.checkpoint, base, "spark.checkpoint")
+    _check_disjoint(targets, checkpoint, changelog)
     return PipelineConfig(
         dsn=_dsn(source, environ), source=source, spark=spark,
-        checkpoint=_checkpoint(spark.checkpoint, base), targets=targets,
+        checkpoint=_checkpoint(checkpoint), targets=targets,
         changelog=changelog, tables=tables)
+
+
+def _check_disjoint(targets: tuple[Target, ...], checkpoint: str,
+                    changelog: str | None) -> None:
+    """No two places the pipeline writes may be the same directory or nested: two
+    targets in one path would merge two tables into one Delta table, and a table inside
+    the checkpoint (or the reverse) would be deleted or corrupted with it."""
+    places = [(f'targets."{t.table}".path', Path(t.path)) for t in targets]
+    places.append(("spark.checkpoint", Path(checkpoint)))
+    if changelog is not None:
+        places.append(("changelog.path", Path(changelog)))
+    for i, (key, path) in enumerate(places):
+        for other_key, other in places[:i]:
+            if path == other:
+                raise ConfigError(key, f"{path} is also {other_key}: every target, the "
+                                       "checkpoint and the changelog need their own directory")
+            if path.is_relative_to(other) or other.is_relative_to(path):
+                inner, outer = (key, other_key) if path.is_relative_to(other) else (
+                    other_key, key)
+                raise ConfigError(key, f"{path} and {other_key} ({other}) are nested "
+                                       f"({inner} is inside {outer}): every target, the "
+                                       "checkpoint and the changelog need their own "
+                                       "directory, none inside another")
 
 
 def _require(raw: Mapping[str, Any], key: str, what: str) -> Any:
@@ -247,8 +274,8 @@ def _local_path(path: str, base: Path, key: str) -> str:
     return str((base / Path(path).expanduser()).resolve())
 
 
-def _checkpoint(path: str, base: Path) -> str:
-    resolved = Path(_local_path(path, base, "spark.checkpoint"))
+def _checkpoint(path: str) -> str:
+    resolved = Path(path)
     try:
         resolved.mkdir(parents=True, exist_ok=True)
     except OSError as err:

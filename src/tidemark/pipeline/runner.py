@@ -117,6 +117,7 @@ class Pipeline:
             publication=source.publication,
             max_changes_per_trigger=source.max_changes_per_trigger,
             num_partitions=source.num_partitions,
+            onSchemaChange=source.on_schema_change.value,
             # Typed Arrow batches pass through Spark as opaque values: this query only
             # collects them. The change log is written by Spark's Parquet sink, which
             # needs real columns.

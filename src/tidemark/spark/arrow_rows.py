@@ -310,7 +310,8 @@ class TableRows:
                 f"table {self.table} gained column(s) {', '.join(new)} after this streaming "
                 "query fixed its schema: restart the query (from the same checkpoint) to "
                 "pick them up; the batch is read again with the new schema, nothing is lost "
-                "(or set onSchemaChange=drop_new_columns to ignore new columns)"
+                "(or set the option onSchemaChange=drop_new_columns, in pipeline.toml "
+                'onSchemaChange = "drop_new_columns" under [source], to ignore new columns)'
             )
         positions = [names.index(c) if c in names else -1 for c in self.columns]
         if self.values and (positions != self.positions or names != self.relation_names):
