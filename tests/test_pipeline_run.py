@@ -12,6 +12,7 @@ import contextlib
 import json
 import os
 import random
+import shutil
 import signal
 import subprocess
 import sys
@@ -22,9 +23,10 @@ from pathlib import Path
 
 import psutil
 import psycopg2
+import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
-from deltalake import DeltaTable
+from deltalake import DeltaTable, write_deltalake
 from pyspark.sql import SparkSession
 
 from conftest import Database
@@ -32,6 +34,7 @@ from tidemark.pipeline import load_config
 from tidemark.pipeline.compare import compare
 from tidemark.pipeline.progress import BatchReport
 from tidemark.pipeline.runner import Pipeline, PipelineError
+from tidemark.pipeline.written_targets import TargetLostError
 from tidemark.spark import wal
 from tidemark.spark.offsets import from_offset
 
@@ -405,6 +408,33 @@ def test_a_target_that_stops_being_a_delta_table_fails_the_batch_and_keeps_the_s
     source_rows, lake_rows = compare(db.dsn, "public.a", str(tmp_path / "lake/a"),
                                      ["id", "v", "n"])
     assert len(lake_rows) == 3 and source_rows == lake_rows
+
+
+def test_a_target_deleted_or_replaced_while_its_checkpoint_remains_stops_the_pipeline(
+        spark: SparkSession, db: Database, tmp_path: Path) -> None:
+    # Recreating it would hold only the changes after the checkpoint: silently partial.
+    db.execute("CREATE TABLE a (id int PRIMARY KEY, v text, n numeric(10, 2))")
+    source = _prepare(db, "a") + f'dsn = "{db.dsn}"\n'
+    file = tmp_path / "pipeline.toml"
+    file.write_text(f"[source]\n{source}\n[spark]\ncheckpoint = \"chk\"\navailable_now = true\n"
+                    '[targets."public.a"]\npath = "lake/a"\nkeys = ["id"]\n')
+    config = load_config(file)
+    db.execute("INSERT INTO a SELECT g, 'x', g FROM generate_series(1, 3) g")
+    Pipeline(config, spark=spark).run()
+    target = tmp_path / "lake/a"
+    shutil.rmtree(target)
+    db.execute("INSERT INTO a VALUES (4, 'y', 4)")
+    slot = _slot_lsn(db)
+    with pytest.raises(TargetLostError, match=r'targets\."public\.a"\.path: the Delta table '
+                                              r".*lake/a is gone.*Restore the table"):
+        Pipeline(config, spark=spark).run()
+    assert not target.exists() and _slot_lsn(db) == slot
+
+    # Another table in its place (someone's copy, a new pipeline's) is refused too.
+    write_deltalake(str(target), pa.table({"id": [1], "v": ["z"], "n": [None]}))
+    with pytest.raises(TargetLostError, match="is another Delta table now"):
+        Pipeline(config, spark=spark).run()
+    assert _slot_lsn(db) == slot
 
 
 def test_a_table_without_primary_key_fails_before_the_query_starts(

@@ -42,6 +42,7 @@ from tidemark.errors import TerminalError
 from tidemark.lake import apply_changes
 from tidemark.pipeline.config import PipelineConfig, Target
 from tidemark.pipeline.progress import BatchReport
+from tidemark.pipeline.written_targets import WrittenTargets
 from tidemark.spark import wal
 from tidemark.spark.arrow_rows import envelope_table_schemas, typed_rows
 from tidemark.spark.offsets import from_offset
@@ -90,6 +91,7 @@ class Pipeline:
         self._query_id: str | None = None
         self._conn: psycopg.Connection[Any] | None = None
         self._schemas: dict[str, StructType] | None = None
+        self._written: WrittenTargets | None = None
 
     def request_stop(self) -> None:
         """Stop once the batch in progress is committed (safe from a signal handler)."""
@@ -102,6 +104,9 @@ class Pipeline:
 
     def start(self) -> StreamingQuery:
         """Start the streaming query (validating the database through the source)."""
+        # Before Spark starts: a target lost since the last run is a stop, not a new table.
+        self._written = WrittenTargets(self.config.checkpoint)
+        self._written.check(self.config.targets)
         spark = self._spark or build_session(self.config)
         try:
             return self._start(spark)
@@ -181,8 +186,11 @@ class Pipeline:
             if not rows.num_rows:
                 changes[target.table] = 0
                 continue
+            written = self._written_targets()
+            written.check((target,), identity=False)  # deleted while the query runs
             result = apply_changes(target.path, rows, target.spec,
                                    app_id=self._app_id(target), version=batch_id)
+            written.record(target)
             changes[target.table] = 0 if result.already_applied else rows.num_rows
             if result.already_applied:
                 replayed.append(target.table)
@@ -192,6 +200,11 @@ class Pipeline:
         log.info("batch %d applied: %s", batch_id, changes)
         if self._on_batch is not None:
             self._on_batch(report)
+
+    def _written_targets(self) -> WrittenTargets:
+        if self._written is None:
+            self._written = WrittenTargets(self.config.checkpoint)
+        return self._written
 
     def _write_changelog(self, batch: DataFrame, batch_id: int) -> None:
         # One directory per batch, overwritten on replay: a batch replayed after a crash

@@ -1,0 +1,110 @@
+"""The Delta tables a pipeline's checkpoint has written to, kept beside Spark's files.
+
+Spark's checkpoint says which changes have been applied, not where they went. If a
+target is deleted (or replaced by another table) while its checkpoint remains, the next
+batch would create a new table holding only the changes after that point, and nothing
+would say that the rest is missing. Recording each target's Delta table id when a batch
+first writes to it lets the pipeline stop with an error instead.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import os
+import tempfile
+from pathlib import Path
+from typing import Final
+
+import msgspec
+from deltalake import DeltaTable
+from deltalake.exceptions import DeltaError
+
+from tidemark.errors import TerminalError
+from tidemark.pipeline.config import Target
+
+log = logging.getLogger(__name__)
+
+#: The record's file in the checkpoint directory (Spark ignores files it does not know).
+FILE_NAME: Final = "tidemark-targets.json"
+
+
+class TargetLostError(TerminalError):
+    """A target this checkpoint has written to is gone or was replaced."""
+
+
+class _Entry(msgspec.Struct, frozen=True):
+    table: str
+    delta_table_id: str
+
+
+def _delta_table_id(path: str) -> str | None:
+    if not os.path.isdir(os.path.join(path, "_delta_log")):
+        return None
+    try:
+        return str(DeltaTable(path).metadata().id)
+    except DeltaError:
+        return None
+
+
+class WrittenTargets:
+    """The targets recorded in *checkpoint* (see the module docstring)."""
+
+    def __init__(self, checkpoint: str) -> None:
+        self._file = Path(checkpoint) / FILE_NAME
+        self._checkpoint = checkpoint
+        self._entries: dict[str, _Entry] = {}
+        if self._file.exists():
+            try:
+                self._entries = msgspec.json.decode(self._file.read_bytes(),
+                                                    type=dict[str, _Entry])
+            except msgspec.ValidationError as err:
+                raise TargetLostError(f"{self._file} is not tidemark's record of the "
+                                      f"checkpoint's targets ({err}); restore it or reset "
+                                      f"the pipeline") from None
+
+    def check(self, targets: tuple[Target, ...], *, identity: bool = True) -> None:
+        """Raise TargetLostError if a recorded target's table is gone, or (with
+        *identity*, which opens each table) is another table now."""
+        for target in targets:
+            entry = self._entries.get(target.path)
+            if entry is None:
+                continue
+            if identity:
+                found = _delta_table_id(target.path)
+            else:
+                found = entry.delta_table_id if os.path.isdir(
+                    os.path.join(target.path, "_delta_log")) else None
+            if found == entry.delta_table_id:
+                continue
+            what = ("is gone" if found is None else
+                    f"is another Delta table now (id {found}, was {entry.delta_table_id})")
+            raise TargetLostError(
+                f'targets."{target.table}".path: the Delta table {target.path} {what}, but '
+                f"the checkpoint {self._checkpoint} has applied changes to it, and the "
+                f"stream has moved past them: a new table would hold only later changes. "
+                f"Restore the table from a backup, or start the pipeline over: delete the "
+                f"checkpoint directory and every target (with no snapshot yet, a new "
+                f"pipeline holds only changes made after it starts)")
+
+    def record(self, target: Target) -> None:
+        """Note that a batch has written to *target* (once per table)."""
+        if target.path in self._entries:
+            return
+        table_id = _delta_table_id(target.path)
+        if table_id is None:
+            return
+        self._entries[target.path] = _Entry(target.table, table_id)
+        data = msgspec.json.encode(self._entries)
+        fd, tmp = tempfile.mkstemp(prefix=f".{FILE_NAME}.", dir=self._file.parent)
+        try:
+            with os.fdopen(fd, "wb") as out:
+                out.write(data)
+                out.flush()
+                os.fsync(out.fileno())
+            os.replace(tmp, self._file)
+        except BaseException:
+            with contextlib.suppress(OSError):
+                os.unlink(tmp)
+            raise
+        log.debug("recorded target %s (%s) in %s", target.table, target.path, self._file)
