@@ -2,16 +2,19 @@
 
 from __future__ import annotations
 
+import json
 import logging
+from collections.abc import Sequence
 from pathlib import Path
 
 import pyarrow as pa
 import pytest
-from deltalake import DeltaTable
+from deltalake import CommitProperties, DeltaTable, Field
 
 from lake_helpers import TABLE, change, read, rows
 from tidemark.errors import ConfigError
 from tidemark.lake import ApplySpec, apply_changes
+from tidemark.lake.delta_writer import FILL_KEY
 from tidemark.lake.spec import spec_from_mapping
 
 SPEC = ApplySpec(keys=("id",))
@@ -209,3 +212,45 @@ def test_spec_from_a_config_mapping() -> None:
     with pytest.raises(ConfigError, match=r"apply\.keyz: unknown setting; allowed settings "
                                           r"are: column_list"):
         spec_from_mapping({"keyz": ["id"]})
+
+
+@pytest.mark.parametrize("scd", [1, 2])
+def test_a_new_column_s_value_for_existing_rows_is_filled(tmp_path: Path, scd: int) -> None:
+    """ADD COLUMN … DEFAULT 'x' gives the source's existing rows 'x' without sending
+    them; apply_changes fills what the caller says they hold (SCD2: current versions)."""
+    spec = ApplySpec(keys=("id",), stored_as_scd_type=scd)
+    apply_changes(tmp_path, rows(change("c", 1, id=1, name="a"), change("c", 1, 2, id=2,
+                                                                        name="b"),
+                                 change("u", 2, id=1, name="a2")),
+                  spec, app_id="q", version=0)
+    wider = pa.schema([*TABLE, pa.field("note", pa.string())])
+    asked: list[list[str]] = []
+
+    def values(names: Sequence[str]) -> dict[str, object]:
+        asked.append(list(names))
+        return {"note": "x"}
+
+    apply_changes(tmp_path, rows(change("c", 3, id=3, name="c", note="own"), table=wider),
+                  spec, app_id="q", version=1, new_column_values=values)
+    assert asked == [["note"]]
+    got = read(tmp_path, "id", "name", "note", *(("__END_AT",) if scd == 2 else ()),
+               sort=("id", "name"))
+    if scd == 2:
+        assert [r.pop("__END_AT") is None for r in got] == [False, True, True, True]
+    assert [(r["id"], r["name"], r["note"]) for r in got] == \
+        [(1, "a", None if scd == 2 else "x"), (1, "a2", "x"), (2, "b", "x"), (3, "c", "own")][
+            (0 if scd == 2 else 1):]
+
+
+def test_a_fill_cut_off_by_a_crash_is_finished_by_the_next_batch(tmp_path: Path) -> None:
+    spec = ApplySpec(keys=("id",))
+    apply_changes(tmp_path, rows(change("c", 1, id=1, name="a")), spec, app_id="q", version=0)
+    # The crash: the column was added (saying what to fill) but the fill never ran.
+    table = DeltaTable(str(tmp_path))
+    table.alter.add_columns([Field("note", "string", nullable=True)],
+                            commit_properties=CommitProperties(
+                                custom_metadata={FILL_KEY: json.dumps({"note": "'x'"})}))
+    wider = pa.schema([*TABLE, pa.field("note", pa.string())])
+    apply_changes(tmp_path, rows(change("c", 2, id=2, name="b", note="own"), table=wider),
+                  spec, app_id="q", version=1)
+    assert read(tmp_path, "id", "note") == [{"id": 1, "note": "x"}, {"id": 2, "note": "own"}]

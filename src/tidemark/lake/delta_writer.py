@@ -16,6 +16,7 @@ import decimal
 import json
 import logging
 import os
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any, Final
 
 import pyarrow as pa
@@ -43,6 +44,16 @@ log = logging.getLogger(__name__)
 
 #: Commit-metadata key of the high-water mark: the highest sequence applied so far.
 HIGH_WATER_KEY: Final = "tidemark.highWater"
+#: Commit-metadata key of an added column's value for the rows already in the table,
+#: on the commit that adds it; the fill that follows is marked with FILLED_KEY. An add
+#: without its fill (a crash between the two commits) is finished by the next batch.
+FILL_KEY: Final = "tidemark.fillNewColumns"
+FILLED_KEY: Final = "tidemark.filledNewColumns"
+
+#: Given the names of columns the target is about to gain, the value each holds in the
+#: source for rows that existed before it was added (PostgreSQL: the DEFAULT of
+#: ``ADD COLUMN``); a column left out stays null in those rows.
+NewColumnValues = Callable[[Sequence[str]], Mapping[str, Any]]
 
 _warned_unknown: set[tuple[str, str]] = set()
 
@@ -72,13 +83,19 @@ class ApplyResult:
 
 def apply_changes(target: str | os.PathLike[str], changes: pa.Table, spec: ApplySpec, *,
                   app_id: str, version: int,
-                  storage_options: dict[str, str] | None = None) -> ApplyResult:
+                  storage_options: dict[str, str] | None = None,
+                  new_column_values: NewColumnValues | None = None) -> ApplyResult:
     """Apply one batch of change rows (see :mod:`tidemark.lake.change_rows`) to the
     Delta table at *target*, creating it on the first batch.
 
     ``(app_id, version)`` identify the batch (Spark: query id and batch id); versions of
     one app id must increase. A batch whose version the table already holds for
     *app_id* is skipped whole.
+
+    When the changes bring columns the target lacks, they are added; the rows already in
+    the target (the current versions, for SCD2) get the value *new_column_values*
+    returns for a column (``ADD COLUMN … DEFAULT 'x'`` gives the existing rows ``'x'``
+    in the source), else null.
     """
     if not isinstance(changes, pa.Table):
         raise ConfigError("changes", f"must be a pyarrow.Table of change rows, "
@@ -109,7 +126,7 @@ def apply_changes(target: str | os.PathLike[str], changes: pa.Table, spec: Apply
     if table is None:
         table = _create(uri, changes.schema, columns, spec, storage_options)
     else:
-        table = _add_new_columns(table, changes.schema, columns, spec)
+        table = _add_new_columns(table, changes.schema, columns, spec, new_column_values)
     commit = CommitProperties(
         app_transactions=[Transaction(app_id, version)],
         custom_metadata={HIGH_WATER_KEY: _encode_high_water(spec, _high_water(batch, spec))},
@@ -178,16 +195,57 @@ def _create(uri: str, schema: pa.Schema, columns: ResolvedColumns, spec: ApplySp
 
 
 def _add_new_columns(table: DeltaTable, schema: pa.Schema, columns: ResolvedColumns,
-                     spec: ApplySpec) -> DeltaTable:
-    """Schema evolution: source columns the target lacks become nullable columns
-    (existing rows read null)."""
+                     spec: ApplySpec, new_column_values: NewColumnValues | None) -> DeltaTable:
+    """Schema evolution: source columns the target lacks become nullable columns, which
+    the existing rows read as null or as the value *new_column_values* gives."""
     present = {field.name for field in table.schema().fields}
     new = [f for f in _target_fields(schema, columns, spec) if f.name not in present]
     if new:
-        log.info("adding column(s) %s to %s", ", ".join(f.name for f in new), table.table_uri)
-        table.alter.add_columns([Field.from_arrow(f.with_nullable(True)) for f in new])
+        names = [f.name for f in new]
+        log.info("adding column(s) %s to %s", ", ".join(names), table.table_uri)
+        fills = _fill_literals(table.table_uri, new_column_values(names)
+                               if new_column_values else {}, names)
+        properties = CommitProperties(custom_metadata={FILL_KEY: json.dumps(fills)}) \
+            if fills else None
+        table.alter.add_columns([Field.from_arrow(f.with_nullable(True)) for f in new],
+                                commit_properties=properties)
         table.update_incremental()
+    _finish_fill(table, spec)
     return table
+
+
+def _fill_literals(uri: str, values: Mapping[str, Any], names: list[str]) -> dict[str, str]:
+    """Column -> SQL literal of its value for existing rows (None values are left out)."""
+    fills: dict[str, str] = {}
+    for name in names:
+        value = values.get(name)
+        if value is None:
+            continue
+        try:
+            fills[name] = sql.literal(value)
+        except ConfigError:
+            log.warning("%s: new column %r holds %r in the source's existing rows, which "
+                        "tidemark cannot write as a literal; those rows read null in the "
+                        "target until they change", uri, name, value)
+    return fills
+
+
+def _finish_fill(table: DeltaTable, spec: ApplySpec) -> None:
+    """Give the existing rows the value of columns added by the latest commit, if that
+    commit says so and the fill is not done yet (it is the latest commit then: a merge
+    always follows the fill)."""
+    (latest,) = table.history(1) or ({},)
+    pending = latest.get(FILL_KEY)
+    if pending is None:
+        return
+    fills: dict[str, str] = json.loads(pending)
+    predicate = f"{sql.quote(cr.END_AT)} IS NULL" if spec.stored_as_scd_type == 2 else None
+    log.info("setting new column(s) %s of the existing rows of %s to their source value",
+             ", ".join(fills), table.table_uri)
+    table.update(updates={sql.quote(name): literal for name, literal in fills.items()},
+                 predicate=predicate,
+                 commit_properties=CommitProperties(custom_metadata={FILLED_KEY: pending}))
+    table.update_incremental()
 
 
 # -- the high-water mark ------------------------------------------------------------------

@@ -17,6 +17,7 @@ batch, and each Delta table either already has it (skipped) or gets it once.
 from __future__ import annotations
 
 import contextlib
+import functools
 import json
 import logging
 import os
@@ -25,7 +26,7 @@ import sys
 import threading
 import time
 import warnings
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -39,10 +40,12 @@ from pyspark.sql.types import StructType
 import tidemark.spark as ts
 from tidemark import faults
 from tidemark.errors import TerminalError
+from tidemark.event import TableId
 from tidemark.lake import apply_changes
 from tidemark.pipeline.config import PipelineConfig, Target
 from tidemark.pipeline.progress import BatchReport
 from tidemark.pipeline.written_targets import WrittenTargets
+from tidemark.source.postgres.column_defaults import existing_row_values
 from tidemark.spark import wal
 from tidemark.spark.arrow_rows import envelope_table_schemas, typed_rows
 from tidemark.spark.offsets import from_offset
@@ -188,8 +191,10 @@ class Pipeline:
                 continue
             written = self._written_targets()
             written.check((target,), identity=False)  # deleted while the query runs
-            result = apply_changes(target.path, rows, target.spec,
-                                   app_id=self._app_id(target), version=batch_id)
+            result = apply_changes(
+                target.path, rows, target.spec, app_id=self._app_id(target),
+                version=batch_id,
+                new_column_values=functools.partial(self._existing_row_values, target.table))
             written.record(target)
             changes[target.table] = 0 if result.already_applied else rows.num_rows
             if result.already_applied:
@@ -200,6 +205,10 @@ class Pipeline:
         log.info("batch %d applied: %s", batch_id, changes)
         if self._on_batch is not None:
             self._on_batch(report)
+
+    def _existing_row_values(self, table: str, columns: Sequence[str]) -> dict[str, Any]:
+        with contextlib.closing(wal.connect(self.config.dsn, purpose="catalog")) as conn:
+            return existing_row_values(conn, TableId.parse(table), columns)
 
     def _written_targets(self) -> WrittenTargets:
         if self._written is None:
