@@ -2,12 +2,12 @@
 
 from __future__ import annotations
 
-import logging
 import sys
 
 import click
 
 from tidemark import __version__
+from tidemark.cli import logs
 from tidemark.cli.capture import capture
 from tidemark.cli.demo import demo
 from tidemark.cli.run import run
@@ -18,11 +18,11 @@ from tidemark.errors import TidemarkError
 @click.version_option(__version__, prog_name="tidemark")
 @click.option("--log-level", default="WARNING", show_default=True,
               type=click.Choice(["DEBUG", "INFO", "WARNING", "ERROR"], case_sensitive=False),
-              help="Logging level (logs go to stderr).")
+              help="Level of tidemark's logs (to stderr; other libraries log warnings and "
+                   "errors only).")
 def cli(log_level: str) -> None:
     """tidemark: change data capture for Python and Apache Spark."""
-    logging.basicConfig(level=log_level.upper(), stream=sys.stderr,
-                        format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    logs.configure(log_level)
 
 
 cli.add_command(capture)
