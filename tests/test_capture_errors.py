@@ -23,7 +23,6 @@ from tidemark.errors import (
     TerminalError,
     TransientError,
 )
-from tidemark.event import Op
 from tidemark.source.postgres.config import PostgresSourceConfig
 from tidemark.source.postgres.connector import PostgresConnector
 from tidemark.testing.postgres import PostgresCluster, free_port
@@ -109,30 +108,6 @@ def test_include_pattern_with_backslash_is_named_as_written(db: Database) -> Non
     err = _start_error(make_connector(db.dsn, pattern))
     assert isinstance(err, SourceError)
     assert pattern in str(err)
-
-
-def test_table_without_primary_key_is_captured_with_a_warning(
-    db: Database, caplog: pytest.LogCaptureFixture
-) -> None:
-    db.execute("CREATE TABLE keyless (a int, b text)", "INSERT INTO keyless VALUES (1, 'x')")
-    caplog.set_level(logging.WARNING)
-    conn = make_connector(db.dsn, "public.keyless")
-    conn.start()
-    try:
-        snap = events(drain(conn, db.insert_lsn()))
-        db.autocommit("INSERT INTO keyless VALUES (2, 'y')")
-        got = events(drain(conn, db.insert_lsn()))
-    finally:
-        conn.stop()
-    assert [(e.op, e.after) for e in snap] == [(Op.READ, {"a": 1, "b": "x"})]
-    assert [(e.op, e.after) for e in got] == [(Op.CREATE, {"a": 2, "b": "y"})]
-    warnings = [r.getMessage() for r in caplog.records
-                if r.levelno == logging.WARNING and "public.keyless" in r.getMessage()]
-    assert len(warnings) == 1, caplog.text
-    warning = warnings[0]
-    assert "no primary key" in warning
-    assert "add a primary key" in warning
-    assert "ALTER TABLE public.keyless REPLICA IDENTITY FULL" in warning
 
 
 # -- the replication slot ---------------------------------------------------------------
@@ -274,7 +249,7 @@ def test_password_never_logged(db: Database, caplog: pytest.LogCaptureFixture) -
     password = db.cluster.password
     assert f"password={password}" in db.dsn
     db.execute("CREATE TABLE t (id int PRIMARY KEY)", "CREATE TABLE keyless (v int)",
-               "INSERT INTO t VALUES (1)")
+               "ALTER TABLE keyless REPLICA IDENTITY FULL", "INSERT INTO t VALUES (1)")
     caplog.set_level(logging.DEBUG)
     conn = make_connector(db.dsn, "public.t", "public.keyless")
     conn.start()

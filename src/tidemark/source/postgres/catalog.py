@@ -29,6 +29,9 @@ BUILTIN_OIDS = frozenset(ARRAY_ELEMENT_OID) | frozenset(ARRAY_ELEMENT_OID.values
 ARRAY_OID_OF = {element: array for array, element in ARRAY_ELEMENT_OID.items()}
 _SYSTEM_SCHEMAS = ("pg_catalog", "information_schema", "pg_toast")
 _REGEX_META = re.compile(r"[\\^$.|?*+()\[\]{}]")
+_NO_IDENTITY = {"d": "has no primary key and REPLICA IDENTITY DEFAULT",
+                "n": "has REPLICA IDENTITY NOTHING",
+                "i": "has REPLICA IDENTITY USING INDEX of an index that no longer exists"}
 
 
 def check_wal_level(conn: psycopg2.extensions.connection) -> None:
@@ -90,11 +93,11 @@ def resolve_tables(
     database = current_database(conn)
     chosen: list[TableId] = []
     if not include:
-        # Publishing a table without a key would make PostgreSQL refuse its UPDATEs and
-        # DELETEs; only tables named explicitly are captured regardless.
-        chosen = _keyed_tables(conn, existing)
+        # Publishing a table without a replica identity would make PostgreSQL refuse its
+        # UPDATEs and DELETEs; "every table" means every table that can be published.
+        chosen = _skip_unpublishable(conn, existing, "the empty table include list")
     for entry in include:
-        if not _REGEX_META.search(entry.replace(".", "", 1)):
+        if not _is_pattern(entry):
             table = TableId.parse(entry)
             if table not in existing:
                 raise SourceError(
@@ -116,18 +119,101 @@ def resolve_tables(
     return [t for t in chosen if not any(p.fullmatch(str(t)) for p in excluded)]
 
 
-def _keyed_tables(conn: psycopg2.extensions.connection,
-                  tables: list[TableId]) -> list[TableId]:
-    """The tables with a primary key or a replica identity other than DEFAULT/NOTHING."""
+def tables_without_identity(
+    conn: psycopg2.extensions.connection, tables: Iterable[TableId]
+) -> dict[TableId, str]:
+    """The *tables* whose UPDATEs and DELETEs PostgreSQL refuses once they are published
+    (``cannot update table ... because it does not have a replica identity``), each with
+    the reason and the fix, ready for a message.
+
+    That is a table without primary key under REPLICA IDENTITY DEFAULT, one under
+    NOTHING, or one USING INDEX of an index since dropped. For a partitioned table its
+    partitions count: publishing it publishes them, and their identity is their own.
+    """
+    tables = list(tables)
+    if not tables:
+        return {}
     with cursor(conn) as cur:
         cur.execute(
-            "SELECT n.nspname, c.relname FROM pg_class c "
-            "JOIN pg_namespace n ON n.oid = c.relnamespace "
-            "WHERE c.relreplident IN ('f', 'i') OR EXISTS ("
-            "  SELECT 1 FROM pg_index i WHERE i.indrelid = c.oid AND i.indisprimary)"
+            "SELECT w.s, w.t, p.oid = c.oid, format('%%I.%%I', pn.nspname, p.relname), "
+            "p.relreplident "
+            "FROM unnest(%s::text[], %s::text[]) AS w(s, t) "
+            "JOIN pg_namespace n ON n.nspname = w.s "
+            "JOIN pg_class c ON c.relnamespace = n.oid AND c.relname = w.t "
+            "CROSS JOIN LATERAL (SELECT relid FROM pg_partition_tree(c.oid) "
+            "  WHERE isleaf AND c.relkind = 'p' UNION ALL SELECT c.oid WHERE c.relkind <> 'p'"
+            ") AS tree(relid) "
+            "JOIN pg_class p ON p.oid = tree.relid "
+            "JOIN pg_namespace pn ON pn.oid = p.relnamespace "
+            "WHERE p.relkind = 'r' AND NOT ("
+            "  p.relreplident = 'f'"
+            "  OR p.relreplident = 'd' AND EXISTS (SELECT 1 FROM pg_index i "
+            "    WHERE i.indrelid = p.oid AND i.indisprimary)"
+            "  OR p.relreplident = 'i' AND EXISTS (SELECT 1 FROM pg_index i "
+            "    WHERE i.indrelid = p.oid AND i.indisreplident)) "
+            "ORDER BY 1, 2, 4",
+            ([t.schema for t in tables], [t.table for t in tables]),
         )
-        keyed = {TableId(s, t) for s, t in cur.fetchall()}
-    return [t for t in tables if t in keyed]
+        rows = cur.fetchall()
+    refused: dict[TableId, str] = {}
+    for schema, name, itself, leaf, ident in rows:
+        table = TableId(schema, name)
+        if table in refused:
+            continue  # one partition is reason enough
+        subject = f"table {table}" if itself else f"partition {leaf} of table {table}"
+        refused[table] = (
+            f"{subject} {_NO_IDENTITY.get(ident, 'has no replica identity')}, so PostgreSQL would "
+            "refuse its UPDATEs and DELETEs once it is published: add a primary key, or "
+            f"ALTER TABLE {leaf} REPLICA IDENTITY FULL, or create a unique index on NOT "
+            f"NULL columns and ALTER TABLE {leaf} REPLICA IDENTITY USING INDEX <that index>"
+        )
+    return refused
+
+
+def publishable_tables(
+    conn: psycopg2.extensions.connection, tables: Sequence[TableId], include: Sequence[str]
+) -> list[TableId]:
+    """*tables* without those PostgreSQL cannot publish UPDATEs and DELETEs of.
+
+    Publishing such a table breaks the application, not just the capture: its own
+    UPDATEs and DELETEs fail from then on, even after tidemark exits. A table named in
+    *include* (``schema.table``) is an error: the user asked for exactly that table, and
+    capturing less than asked without failing would go unnoticed. A table matched only
+    through a pattern is left out with a warning: a pattern means "the tables like
+    this", and one table without identity should not stop the rest.
+
+    Such a table is refused even when a publication FOR ALL TABLES already publishes it:
+    the application's UPDATEs and DELETEs fail already, so capture would see its INSERTs
+    only, which is better said than delivered.
+    """
+    refused = tables_without_identity(conn, tables)
+    if not refused:
+        return list(tables)
+    named = {TableId.parse(entry) for entry in include if not _is_pattern(entry)}
+    explicit = [refused[t] for t in tables if t in refused and t in named]
+    if explicit:
+        raise SourceError("cannot capture without harming the application: "
+                          + "; ".join(explicit))
+    return _skip_unpublishable(conn, tables, "a table pattern", refused)
+
+
+def _skip_unpublishable(conn: psycopg2.extensions.connection, tables: Sequence[TableId],
+                        matched_by: str, refused: dict[TableId, str] | None = None
+                        ) -> list[TableId]:
+    """*tables* without those PostgreSQL cannot publish, each logged at WARNING (the
+    default level shows it): the user asked for them, if not by name."""
+    if refused is None:
+        refused = tables_without_identity(conn, tables)
+    for table in tables:
+        if table in refused:
+            log.warning("skipped %s (matched by %s, not named): %s", table, matched_by,
+                        refused[table])
+    return [t for t in tables if t not in refused]
+
+
+def _is_pattern(entry: str) -> bool:
+    """Whether a table include entry is a regular expression rather than a name."""
+    return bool(_REGEX_META.search(entry.replace(".", "", 1)))
 
 
 def primary_keys(

@@ -113,9 +113,12 @@ class PostgresConnector:
         if offset is None and store is not None:
             offset = store.load(self.partition)
         self.tables = catalog.resolve_tables(conn, cfg.table_include_list, cfg.table_exclude_list)
+        if cfg.snapshot_mode != SnapshotMode.INITIAL_ONLY:  # the one mode that publishes nothing
+            self.tables = catalog.publishable_tables(conn, self.tables, cfg.table_include_list)
         if not self.tables:
             raise SourceError("no tables to capture: table_include_list matched nothing "
-                              "after table_exclude_list")
+                              "after table_exclude_list and the tables PostgreSQL cannot "
+                              "publish (see the warnings)")
         self._keys = catalog.primary_keys(conn, self.tables)
         catalog.warn_about_keyless(conn, self.tables, self._keys)
         self._stop_at = stop_at_lsn
