@@ -7,10 +7,12 @@ statements still work, and nothing was left behind (publication entries, slots).
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import subprocess
 import sys
+from collections.abc import Iterator
 
 import psycopg2
 import pytest
@@ -19,6 +21,8 @@ from capture_helpers import drain, events, make_connector
 from conftest import Database
 from tidemark.errors import SourceError
 from tidemark.event import Op, TableId
+
+_PASSWORD = "cdc-role-pw-41d2"
 
 
 def _run_cli(*args: str) -> subprocess.CompletedProcess[str]:
@@ -46,6 +50,21 @@ def _one_error_line(proc: subprocess.CompletedProcess[str]) -> str:
     errors = [line for line in proc.stderr.splitlines() if line.startswith("error: ")]
     assert len(errors) == 1, proc.stderr
     return errors[0]
+
+
+@contextlib.contextmanager
+def _replication_role(db: Database, suffix: str, *grants: str) -> Iterator[tuple[str, str]]:
+    """A LOGIN REPLICATION role that may connect to the test database (unique within the
+    session's cluster), with *grants* (``{role}`` is replaced); yields (role, dsn)."""
+    role = f"{db.name}_{suffix}"
+    db.execute(f"CREATE ROLE {role} LOGIN REPLICATION PASSWORD '{_PASSWORD}'",
+               f"GRANT CONNECT ON DATABASE {db.name} TO {role}",
+               *(g.format(role=role) for g in grants))
+    try:
+        yield role, db.cluster.dsn(db.name, user=role, password=_PASSWORD)
+    finally:
+        db.execute(f"DROP OWNED BY {role}")
+        db.execute(f"DROP ROLE {role}")
 
 
 # -- 6. tables PostgreSQL cannot publish UPDATEs and DELETEs of ---------------------------
@@ -175,3 +194,35 @@ def test_application_update_error_is_what_the_refusal_prevents(db: Database) -> 
                "CREATE PUBLICATION harm FOR TABLE keyless")
     with pytest.raises(psycopg2.errors.ObjectNotInPrerequisiteState):
         db.autocommit("UPDATE keyless SET a = 2")
+
+
+# -- 7. publications that lack a captured table ------------------------------------------
+def test_publication_missing_a_table_is_completed_with_a_warning(db: Database) -> None:
+    db.execute("CREATE TABLE a (id int PRIMARY KEY)", "CREATE TABLE b (id int PRIMARY KEY)",
+               "CREATE PUBLICATION shared_pub FOR TABLE a")
+    proc = _run_cli("capture", "--dsn", db.dsn, "--table", "public.a", "--table", "public.b",
+                    "--publication", "shared_pub", "--slot", "shared", "--stop-at-end")
+    assert proc.returncode == 0, proc.stderr
+    warnings = [line for line in proc.stderr.splitlines()
+                if "WARNING" in line and "shared_pub" in line]
+    assert len(warnings) == 1, proc.stderr  # shown at the default log level
+    assert "public.b" in warnings[0] and "public.a" not in warnings[0]
+    assert _published(db, "shared_pub") == {"public.a", "public.b"}
+
+
+def test_publication_owned_by_another_role_is_a_clear_error(db: Database) -> None:
+    db.execute("CREATE TABLE a (id int PRIMARY KEY)", "CREATE TABLE b (id int PRIMARY KEY)",
+               "CREATE PUBLICATION shared_pub FOR TABLE a")
+    with _replication_role(db, "notowner", "GRANT USAGE ON SCHEMA public TO {role}",
+                           "GRANT SELECT ON a, b TO {role}") as (role, dsn):
+        proc = _run_cli("capture", "--dsn", dsn, "--table", "public.a", "--table", "public.b",
+                        "--publication", "shared_pub", "--slot", "shared", "--stop-at-end")
+        line = _one_error_line(proc)
+        assert _slots(db) == 0
+    assert "'shared_pub'" in line  # the publication
+    assert "public.b" in line and "public.a," not in line  # only the missing table
+    assert "'postgres'" in line  # its owner, who can fix it
+    assert "ALTER PUBLICATION shared_pub ADD TABLE public.b" in line
+    assert "--publication" in line
+    assert role in line
+    assert _published(db, "shared_pub") == {"public.a"}

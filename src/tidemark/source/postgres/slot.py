@@ -10,12 +10,15 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Sequence
+from typing import Any
 
+import psycopg2.errors
 import psycopg2.extensions
 from psycopg2 import sql
 
 from tidemark.errors import SourceError, TransientError
 from tidemark.event import TableId
+from tidemark.source.postgres import catalog
 from tidemark.source.postgres.session import cursor
 
 log = logging.getLogger(__name__)
@@ -101,51 +104,108 @@ def drop_slot(conn: psycopg2.extensions.connection, name: str, wait_s: float = 1
 def ensure_publication(
     conn: psycopg2.extensions.connection, name: str, tables: Sequence[TableId]
 ) -> None:
-    """Create the publication for *tables*, or add the tables it lacks."""
+    """Create the publication for *tables*, or add the tables it lacks.
+
+    Never publishes a table PostgreSQL would then refuse UPDATEs and DELETEs of (see
+    :func:`catalog.tables_without_identity`); callers leave such tables out first, this
+    is the last guard.
+    """
     with cursor(conn) as cur:
-        cur.execute("SELECT puballtables FROM pg_publication WHERE pubname = %s", (name,))
-        row = cur.fetchone()
-        table_list = sql.SQL(", ").join(
-            sql.SQL("{}.{}").format(sql.Identifier(t.schema), sql.Identifier(t.table))
-            for t in tables
+        cur.execute(
+            "SELECT puballtables, pg_get_userbyid(pubowner), "
+            "pg_has_role(pubowner, 'USAGE'), current_user, quote_ident(pubname) "
+            "FROM pg_publication WHERE pubname = %s",
+            (name,),
         )
-        try:
-            if row is None:
-                if not tables:
-                    raise SourceError(f"no tables to capture for publication {name!r}")
-                # Partitioned tables publish under their own name, as the snapshot
-                # reads them, not under each partition's.
-                cur.execute(
-                    sql.SQL("CREATE PUBLICATION {} FOR TABLE {} "
-                            "WITH (publish_via_partition_root = true)").format(
-                        sql.Identifier(name), table_list
-                    )
-                )
-                log.info("created publication %s for %d tables", name, len(tables))
-                return
-            if row[0]:
-                return  # FOR ALL TABLES covers everything
+        row = cur.fetchone()
+        if row is not None and row[0]:
+            return  # FOR ALL TABLES covers everything (and cannot be altered)
+        if row is None:
+            present: set[TableId] = set()
+        else:
             cur.execute(
                 "SELECT schemaname, tablename FROM pg_publication_tables WHERE pubname = %s",
                 (name,),
             )
             present = {TableId(s, t) for s, t in cur.fetchall()}
-            missing = [t for t in tables if t not in present]
-            if missing:
-                cur.execute(
-                    sql.SQL("ALTER PUBLICATION {} ADD TABLE {}").format(
-                        sql.Identifier(name),
-                        sql.SQL(", ").join(
-                            sql.SQL("{}.{}").format(sql.Identifier(t.schema),
-                                                    sql.Identifier(t.table))
-                            for t in missing
-                        ),
-                    )
-                )
-                log.info("added %s to publication %s", ", ".join(map(str, missing)), name)
+        missing = [t for t in tables if t not in present]
+        refused = catalog.tables_without_identity(conn, missing)
+        if refused:
+            raise SourceError(f"not adding to publication {name!r}: "
+                              + "; ".join(refused[t] for t in missing if t in refused))
+        if row is None:
+            _create_publication(cur, name, tables)
+            return
+        if not missing:
+            return
+        _, owner, may_alter, user, quoted = row
+        statement = sql.SQL("ALTER PUBLICATION {} ADD TABLE {}").format(
+            sql.Identifier(name), _table_list(missing))
+        # The fix the message offers is SQL to paste: names quoted only where needed,
+        # as PostgreSQL prints them.
+        fix = f"ALTER PUBLICATION {quoted} ADD TABLE {_readable_names(cur, missing)}"
+        listed = ", ".join(map(str, missing))
+        if not may_alter:
+            raise SourceError(
+                f"publication {name!r} lacks table(s) {listed} and role {user!r} cannot add "
+                f"them: the publication is owned by {owner!r}; ask that owner (or a "
+                f"superuser) to run {fix}, or use another publication (--publication, "
+                "publication_name) that tidemark may create"
+            )
+        try:
+            cur.execute(statement)
         except psycopg2.errors.InsufficientPrivilege as err:
             raise SourceError(
-                f"cannot create or alter publication {name!r}: {(err.pgerror or '').strip()}; "
-                "create it as the tables' owner (CREATE PUBLICATION ... FOR TABLE ...) or "
-                "grant ownership"
+                f"cannot add table(s) {listed} to publication {name!r}: "
+                f"{_first_line(err)}; ask the tables' owner (or a superuser) to run {fix}, "
+                "or use another publication (--publication, publication_name)"
             ) from None
+        # Other subscribers of this publication now receive these tables' changes too,
+        # which whoever made it may not expect: say so where it shows by default.
+        log.warning("added table(s) %s to existing publication %s (ALTER PUBLICATION ... "
+                    "ADD TABLE): every subscriber of %s now receives their changes",
+                    listed, name, name)
+
+
+def _create_publication(cur: Any, name: str, tables: Sequence[TableId]) -> None:
+    if not tables:
+        raise SourceError(f"no tables to capture for publication {name!r}")
+    try:
+        # Partitioned tables publish under their own name, as the snapshot reads them,
+        # not under each partition's.
+        cur.execute(
+            sql.SQL("CREATE PUBLICATION {} FOR TABLE {} "
+                    "WITH (publish_via_partition_root = true)").format(
+                sql.Identifier(name), _table_list(tables)
+            )
+        )
+    except psycopg2.errors.InsufficientPrivilege as err:
+        cur.execute("SELECT quote_ident(%s)", (name,))
+        quoted = cur.fetchone()[0]
+        raise SourceError(
+            f"cannot create publication {name!r}: {_first_line(err)}; creating it needs "
+            "the CREATE privilege on the database and ownership of the tables: ask their "
+            f"owner (or a superuser) to run CREATE PUBLICATION {quoted} FOR TABLE "
+            f"{_readable_names(cur, tables)} WITH (publish_via_partition_root = true)"
+        ) from None
+    log.info("created publication %s for %d tables", name, len(tables))
+
+
+def _table_list(tables: Sequence[TableId]) -> sql.Composed:
+    return sql.SQL(", ").join(
+        sql.SQL("{}.{}").format(sql.Identifier(t.schema), sql.Identifier(t.table))
+        for t in tables
+    )
+
+
+def _readable_names(cur: Any, tables: Sequence[TableId]) -> str:
+    """*tables* as PostgreSQL prints them: quoted only where the name needs it."""
+    cur.execute("SELECT string_agg(format('%%I.%%I', s, t), ', ' ORDER BY ord) "
+                "FROM unnest(%s::text[], %s::text[]) WITH ORDINALITY AS w(s, t, ord)",
+                ([t.schema for t in tables], [t.table for t in tables]))
+    return str(cur.fetchone()[0])
+
+
+def _first_line(err: psycopg2.Error) -> str:
+    text = (err.pgerror or str(err)).strip()
+    return text.splitlines()[0].removeprefix("ERROR:").strip() if text else "permission denied"
