@@ -37,6 +37,7 @@ from tidemark.pipeline.runner import Pipeline, PipelineError
 from tidemark.pipeline.written_targets import TargetLostError
 from tidemark.spark import wal
 from tidemark.spark.offsets import from_offset
+from tidemark.testing.postgres import PostgresCluster
 
 pytestmark = pytest.mark.integration
 
@@ -435,6 +436,84 @@ def test_a_target_deleted_or_replaced_while_its_checkpoint_remains_stops_the_pip
     with pytest.raises(TargetLostError, match="is another Delta table now"):
         Pipeline(config, spark=spark).run()
     assert _slot_lsn(db) == slot
+
+
+def test_a_running_pipeline_rides_out_a_postgres_restart(
+        spark: SparkSession, tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    """A fast restart (or failover) cut every connection: the query is started again
+    from its checkpoint with backoff, so nothing is lost or applied twice."""
+    with PostgresCluster() as cluster:
+        cluster.create_database("app")
+        db = Database(cluster, "app")
+        db.execute("CREATE TABLE a (id int PRIMARY KEY, v text, n numeric(10, 2))",
+                   "CREATE TABLE b (id int PRIMARY KEY, v text)")
+        source = _prepare(db, "a", "b") + f'dsn = "{db.dsn}"\nreconnect_backoff_ms = 100\n'
+        config = load_config(_pipeline_file(tmp_path, source, "trigger_interval_ms = 200",
+                                            changelog=False))
+        reports: list[BatchReport] = []
+        pipeline = Pipeline(config, spark=spark, on_batch=reports.append)
+        failures: list[BaseException] = []
+
+        def run() -> None:
+            try:
+                pipeline.run()
+            except BaseException as err:  # noqa: BLE001 - reported by the test
+                failures.append(err)
+
+        def applied(total: int) -> None:
+            deadline = time.monotonic() + 120
+            while sum(r.total for r in reports) < total:
+                assert not failures, failures
+                assert time.monotonic() < deadline, f"applied {sum(r.total for r in reports)}"
+                time.sleep(0.05)
+
+        runner = threading.Thread(target=run)
+        runner.start()
+        try:
+            db.execute("INSERT INTO a SELECT g, 'x', g FROM generate_series(1, 10) g",
+                       "INSERT INTO b SELECT g, 'first' FROM generate_series(1, 5) g")
+            applied(15)
+            cluster.restart()
+            db.execute("UPDATE a SET v = 'after' WHERE id <= 5", "UPDATE b SET v = 'second'",
+                       "DELETE FROM a WHERE id = 10")
+            applied(15 + 5 + 5 + 1)
+            assert runner.is_alive() and not failures
+        finally:
+            pipeline.request_stop()
+            runner.join(120)
+        assert not failures, failures
+        _assert_equal_to_source(db, tmp_path)
+    assert "PostgreSQL is unreachable" in caplog.text  # the restart path was taken
+
+
+def test_a_pipeline_whose_postgres_stays_down_stops_with_one_clear_line(
+        tmp_path: Path) -> None:
+    with PostgresCluster() as cluster:
+        cluster.create_database("app")
+        db = Database(cluster, "app")
+        db.execute("CREATE TABLE a (id int PRIMARY KEY, v text)")
+        (tmp_path / "pipeline.toml").write_text(
+            f'[source]\ndsn = "{db.dsn}"\nslot = "s"\nreconnect_max_attempts = 2\n'
+            'reconnect_backoff_ms = 100\n[spark]\ncheckpoint = "chk"\n'
+            'trigger_interval_ms = 200\n[targets."public.a"]\npath = "lake/a"\nkeys = ["id"]\n')
+        log = tmp_path / "run.log"
+        proc = _tidemark_run(tmp_path / "pipeline.toml", log)
+        try:
+            deadline = time.monotonic() + 120
+            while "batch 0" not in log.read_text(errors="replace"):
+                assert proc.poll() is None and time.monotonic() < deadline, log.read_text()
+                time.sleep(0.05)
+            cluster.stop()
+            assert proc.wait(120) == 2
+        finally:
+            if proc.poll() is None:
+                os.killpg(proc.pid, signal.SIGKILL)
+    output = log.read_text(errors="replace")
+    assert "Traceback" not in output and "\tat org.apache" not in output, output[-3000:]
+    errors = [line for line in output.splitlines() if line.startswith("error: ")]
+    assert len(errors) == 1 and "PostgreSQL is unreachable" in errors[0], output[-3000:]
+    assert "gave up after 2 restarts" in errors[0]
+    assert output.count("restarting the query from its checkpoint") == 2
 
 
 def test_a_table_without_primary_key_fails_before_the_query_starts(

@@ -55,6 +55,11 @@ class SourceSection(msgspec.Struct, frozen=True):
     num_partitions: Positive | None = msgspec.field(default=None, name="numPartitions")
     on_schema_change: OnSchemaChange = msgspec.field(default=OnSchemaChange.FAIL,
                                                      name="onSchemaChange")
+    reconnect_max_attempts: Annotated[int, msgspec.Meta(ge=0)] = 10
+    """Restarts of the query from its checkpoint after PostgreSQL became unreachable (a
+    restart, a failover) before the pipeline gives up; 0: stop at once."""
+    reconnect_backoff_ms: Positive = 500
+    """First delay before such a restart; doubles up to 30 s."""
 
 
 class SparkSection(msgspec.Struct, frozen=True):

@@ -32,7 +32,7 @@ from typing import Any
 
 import psycopg
 import pyarrow.compute as pc
-from pyspark.errors import PySparkException, StreamingQueryException
+from pyspark.errors import PySparkException
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql.streaming.query import StreamingQuery
 from pyspark.sql.types import StructType
@@ -53,6 +53,7 @@ from tidemark.spark.offsets import from_offset
 log = logging.getLogger(__name__)
 
 _POLL_SECONDS = 0.2
+_MAX_BACKOFF_S = 30.0
 
 
 class PipelineError(TerminalError):
@@ -74,7 +75,21 @@ def build_session(config: PipelineConfig) -> SparkSession:
         builder = builder.config(key, value)
     session = builder.getOrCreate()
     session.sparkContext.setLogLevel("ERROR")
+    _quiet_query_failures(session)
     return session
+
+
+def _quiet_query_failures(session: SparkSession) -> None:
+    """Spark logs a failed query's whole trace (JVM and Python, ~50 lines) at ERROR;
+    the pipeline reports the failure itself in one line, and retries it when
+    PostgreSQL was only unreachable, so that log would only bury the message."""
+    try:
+        jvm = session.sparkContext._jvm
+        assert jvm is not None
+        jvm.org.apache.logging.log4j.core.config.Configurator.setLevel(
+            "org.apache.spark.sql.execution.streaming", jvm.org.apache.logging.log4j.Level.OFF)
+    except Exception as err:  # only logging: never fail the pipeline for it
+        log.debug("could not quiet Spark's query-failure log: %s", err)
 
 
 class Pipeline:
@@ -95,6 +110,7 @@ class Pipeline:
         self._conn: psycopg.Connection[Any] | None = None
         self._schemas: dict[str, StructType] | None = None
         self._written: WrittenTargets | None = None
+        self._batches_applied = 0
 
     def request_stop(self) -> None:
         """Stop once the batch in progress is committed (safe from a signal handler)."""
@@ -107,12 +123,8 @@ class Pipeline:
 
     def start(self) -> StreamingQuery:
         """Start the streaming query (validating the database through the source)."""
-        # Before Spark starts: a target lost since the last run is a stop, not a new table.
-        self._written = WrittenTargets(self.config.checkpoint)
-        self._written.check(self.config.targets)
-        spark = self._spark or build_session(self.config)
         try:
-            return self._start(spark)
+            return self._start_query()
         except PySparkException as err:
             # The source checks the database when the stream is loaded; its error comes
             # back wrapped in a Python traceback inside a Spark exception.
@@ -141,20 +153,63 @@ class Pipeline:
         return writer.start()
 
     def run(self) -> None:
-        """Run until done or stopped; raises PipelineError if the query fails."""
-        query = self.start()
+        """Run until done or stopped; raises PipelineError if the query fails.
+
+        When PostgreSQL becomes unreachable (a restart, a failover, a cut connection)
+        the query is started again from its checkpoint after a backoff, up to
+        ``source.reconnect_max_attempts`` times in a row: the batch in progress replays
+        and exactly-once holds, as after any crash.
+        """
+        source = self.config.source
+        attempts = 0
+        delay = source.reconnect_backoff_ms / 1000
         try:
-            while query.isActive:
-                if self._stop.is_set():
-                    _stop_between_batches(query)
-                    break
-                time.sleep(_POLL_SECONDS)
-            query.awaitTermination()  # surfaces the query's failure, if any
-        except StreamingQueryException as err:
-            raise PipelineError(_message(err)) from None
+            while True:
+                applied = self._batches_applied
+                try:
+                    self._run_query()
+                    return
+                except PySparkException as err:  # StreamingQueryException is one too
+                    message = _message(err)
+                    if not _source_unavailable(err) or self._stop.is_set():
+                        raise PipelineError(message) from None
+                    if self._batches_applied > applied:
+                        # It ran again: a new outage gets every attempt again.
+                        attempts, delay = 0, source.reconnect_backoff_ms / 1000
+                    attempts += 1
+                    if attempts > source.reconnect_max_attempts:
+                        raise PipelineError(
+                            f"PostgreSQL is unreachable ({message}); gave up after "
+                            f"{source.reconnect_max_attempts} restarts of the query "
+                            "(source.reconnect_max_attempts); started again, the pipeline "
+                            "resumes from its checkpoint") from None
+                    log.warning("PostgreSQL is unreachable (%s); restarting the query "
+                                "from its checkpoint in %.1f s (%d/%d)", message, delay,
+                                attempts, source.reconnect_max_attempts)
+                    if self._stop.wait(delay):
+                        return
+                    delay = min(delay * 2, _MAX_BACKOFF_S)
         finally:
             if self._conn is not None:
                 self._conn.close()
+
+    def _run_query(self) -> None:
+        """Start the streaming query and wait until it ends (raises its failure)."""
+        query = self._start_query()
+        while query.isActive:
+            if self._stop.is_set():
+                _stop_between_batches(query)
+                break
+            time.sleep(_POLL_SECONDS)
+        query.awaitTermination()
+
+    def _start_query(self) -> StreamingQuery:
+        # Before Spark starts: a target lost since the last run is a stop, not a new table.
+        self._written = WrittenTargets(self.config.checkpoint)
+        self._written.check(self.config.targets)
+        if self._spark is None:
+            self._spark = build_session(self.config)
+        return self._start(self._spark)
 
     # -- the micro-batch, on the driver ------------------------------------------------
     def _process(self, batch: DataFrame, batch_id: int) -> None:
@@ -203,6 +258,7 @@ class Pipeline:
         report = self._report(batch_id, changes, time.monotonic() - started, replayed,
                               newest)
         log.info("batch %d applied: %s", batch_id, changes)
+        self._batches_applied += 1
         if self._on_batch is not None:
             self._on_batch(report)
 
@@ -275,6 +331,25 @@ def _batch_end_lsn(checkpoint: str, batch_id: int) -> int:
 
 
 _TIDEMARK_ERROR = re.compile(r"tidemark\.[\w.]*?(?:Error|Exception): (.+)")
+#: The last line of a Python traceback: ``package.module.SomeError: message``.
+_RAISED = re.compile(r"^\s*(?:[\w]+\.)*(\w*(?:Error|Exception|Shutdown|Failure)): (.+)$",
+                     re.MULTILINE)
+#: What PostgreSQL being down, restarting or cut off looks like, from psycopg, libpq and
+#: tidemark's own connect errors, inside a Spark exception's text.
+_UNAVAILABLE = re.compile(
+    r"SourceUnavailableError|AdminShutdown|CannotConnectNow|ConnectionFailure|"
+    r"OperationalError|terminating connection due to administrator command|"
+    r"server closed the connection unexpectedly|the database system is (?:starting up|"
+    r"shutting down|in recovery mode|not yet accepting connections)|Connection refused|"
+    r"connection is (?:lost|closed)|consuming input failed|could not receive data from server|"
+    r"SSL SYSCALL error|EOF detected")
+
+
+def _source_unavailable(err: BaseException) -> bool:
+    """True if the query failed because PostgreSQL could not be reached."""
+    with contextlib.suppress(Exception):
+        return bool(_UNAVAILABLE.search(str(err)))
+    return False
 
 
 def _message(err: BaseException) -> str:
@@ -284,5 +359,11 @@ def _message(err: BaseException) -> str:
         found = _TIDEMARK_ERROR.findall(text)
         if found:
             return str(found[-1]).strip()
+        # A Python traceback from the source or a batch: its last "SomeError: message"
+        # line says what happened; the first line is only "Traceback (most recent …".
+        raised = _RAISED.findall(text)
+        if raised:
+            name, message = raised[-1]
+            return f"{name}: {message.strip()}"
         return text.splitlines()[0] if text else type(err).__name__
     return type(err).__name__
