@@ -457,7 +457,7 @@ def test_a_running_pipeline_rides_out_a_postgres_restart(
         def run() -> None:
             try:
                 pipeline.run()
-            except BaseException as err:  # noqa: BLE001 - reported by the test
+            except BaseException as err:  # reported by the test
                 failures.append(err)
 
         def applied(total: int) -> None:
