@@ -226,3 +226,78 @@ def test_publication_owned_by_another_role_is_a_clear_error(db: Database) -> Non
     assert "--publication" in line
     assert role in line
     assert _published(db, "shared_pub") == {"public.a"}
+
+
+# -- 12. privileges, and no slot left behind ---------------------------------------------
+@pytest.mark.parametrize("publication_exists", [True, False])
+def test_role_without_select_is_a_clear_error_and_leaves_no_slot(
+    db: Database, publication_exists: bool,
+) -> None:
+    db.execute("CREATE TABLE a (id int PRIMARY KEY)", "CREATE TABLE b (id int PRIMARY KEY)",
+               "INSERT INTO a VALUES (1)", "INSERT INTO b VALUES (1)")
+    if publication_exists:  # made by the DBA: nothing else stops capture before the slot
+        db.execute("CREATE PUBLICATION granted_pub FOR TABLE a, b")
+    with _replication_role(db, "noselect", "GRANT USAGE ON SCHEMA public TO {role}",
+                           "GRANT SELECT ON a TO {role}") as (role, dsn):
+        proc = _run_cli("capture", "--dsn", dsn, "--table", "public.a", "--table", "public.b",
+                        "--publication", "granted_pub", "--slot", "noselect", "--stop-at-end")
+        line = _one_error_line(proc)
+        assert _slots(db) == 0
+    assert "public.b" in line and "public.a" not in line
+    assert "SELECT" in line
+    assert f"GRANT SELECT ON public.b TO {role}" in line
+    assert _PASSWORD not in proc.stderr
+    assert proc.stdout == ""
+
+
+def test_role_without_schema_usage_is_a_clear_error(db: Database) -> None:
+    db.execute("CREATE SCHEMA app", "CREATE TABLE app.t (id int PRIMARY KEY)",
+               "CREATE PUBLICATION granted_pub FOR TABLE app.t")
+    with _replication_role(db, "nousage", "GRANT SELECT ON app.t TO {role}") as (role, dsn):
+        proc = _run_cli("capture", "--dsn", dsn, "--table", "app.t",
+                        "--publication", "granted_pub", "--slot", "nousage", "--stop-at-end")
+        line = _one_error_line(proc)
+        assert _slots(db) == 0
+    assert "app.t" in line
+    assert f"GRANT USAGE ON SCHEMA app TO {role}" in line
+
+
+def test_spark_source_checks_select_before_the_publication(db: Database) -> None:
+    from tidemark.spark.source import TidemarkDataSource  # noqa: PLC0415 - loads pyspark
+
+    db.execute("CREATE TABLE a (id int PRIMARY KEY)", "CREATE TABLE b (id int PRIMARY KEY)",
+               "CREATE PUBLICATION granted_pub FOR TABLE a, b")
+    with _replication_role(db, "sparknoselect", "GRANT USAGE ON SCHEMA public TO {role}",
+                           "GRANT SELECT ON a TO {role}") as (role, dsn):
+        source = TidemarkDataSource({"dsn": dsn, "tables": "public.a,public.b",
+                                     "publication": "granted_pub"})
+        with pytest.raises(SourceError) as info:
+            source.schema()
+    assert f"GRANT SELECT ON public.b TO {role}" in str(info.value)
+
+
+def test_failed_snapshot_drops_the_slot_this_start_created(db: Database) -> None:
+    db.execute("CREATE TABLE t (id int PRIMARY KEY)", "INSERT INTO t VALUES (1)")
+    conn = make_connector(db.dsn, "public.t", slot_name="fresh")
+    conn.start()
+    try:
+        db.execute("DROP TABLE t")  # after the checks, before the snapshot reads it
+        with pytest.raises(SourceError):
+            drain(conn)
+    finally:
+        conn.stop()
+    assert _slots(db) == 0
+
+
+def test_failed_snapshot_keeps_a_slot_that_existed_before(db: Database) -> None:
+    db.execute("CREATE TABLE t (id int PRIMARY KEY)", "INSERT INTO t VALUES (1)")
+    db.execute("SELECT pg_create_logical_replication_slot('kept', 'pgoutput')")
+    conn = make_connector(db.dsn, "public.t", slot_name="kept")
+    conn.start()
+    try:
+        db.execute("DROP TABLE t")
+        with pytest.raises(SourceError):
+            drain(conn)
+    finally:
+        conn.stop()
+    assert db.scalar("SELECT count(*) FROM pg_replication_slots WHERE slot_name = 'kept'") == 1

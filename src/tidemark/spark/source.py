@@ -2,8 +2,9 @@
 
 ``DataSource.schema()`` runs when the user calls ``load()``, before any query starts, so
 every check that can fail without reading data happens there: options, the database
-being reachable, ``wal_level``, the replication privilege, the tables existing and
-having primary keys; the publication is created (or completed) there too. The slot is
+being reachable, ``wal_level``, the replication privilege, the tables existing, having
+primary keys and being readable; the publication is created (or completed) there too,
+after those checks. The slot is
 created when the query starts (:meth:`TidemarkStreamReader.initialOffset`), so a
 DataFrame that is never started holds no WAL.
 
@@ -71,6 +72,7 @@ class TidemarkDataSource(DataSource):
                     "keyed by it; add one (ALTER TABLE ... ADD PRIMARY KEY (...)) or leave "
                     "the table out"
                 )
+            catalog.check_read_privileges(conn, tables)
             slot.ensure_publication(conn, options.publication, tables)
             schemas = {t: table_spark_schema(conn, t, keys[t]) for t in tables}
         if options.table is not None:

@@ -62,6 +62,53 @@ def check_replication_privilege(conn: psycopg2.extensions.connection) -> None:
         )
 
 
+def check_read_privileges(
+    conn: psycopg2.extensions.connection, tables: Sequence[TableId]
+) -> None:
+    """Fail unless the current role may read every one of *tables*.
+
+    The snapshot reads them; and even without one, a role should not receive the changes
+    of a table it may not read (Debezium asks for SELECT too). Checked before the
+    publication and the slot exist: failing on the snapshot's first SELECT would leave
+    a new slot behind, holding WAL.
+    """
+    if not tables:
+        return
+    with cursor(conn) as cur:
+        cur.execute(
+            "SELECT format('%%I.%%I', w.s, w.t), quote_ident(w.s), "
+            "has_schema_privilege(n.oid, 'USAGE'), has_table_privilege(c.oid, 'SELECT'), "
+            "quote_ident(current_user) "
+            "FROM unnest(%s::text[], %s::text[]) WITH ORDINALITY AS w(s, t, ord) "
+            "JOIN pg_namespace n ON n.nspname = w.s "
+            "JOIN pg_class c ON c.relnamespace = n.oid AND c.relname = w.t "
+            "ORDER BY w.ord",
+            ([t.schema for t in tables], [t.table for t in tables]),
+        )
+        rows = cur.fetchall()
+    if not rows:
+        return
+    role = rows[0][4]
+    schemas = list(dict.fromkeys(schema for _, schema, usage, _, _ in rows if not usage))
+    hidden = [name for name, _, usage, _, _ in rows if not usage]
+    unreadable = [name for name, _, _, select, _ in rows if not select]
+    problems = []
+    if schemas:
+        problems.append(
+            f"role {role} lacks the USAGE privilege on schema(s) {', '.join(schemas)} of "
+            f"table(s) {', '.join(hidden)}: grant it with GRANT USAGE ON SCHEMA "
+            f"{', '.join(schemas)} TO {role}"
+        )
+    if unreadable:
+        problems.append(
+            f"role {role} lacks the SELECT privilege on table(s) {', '.join(unreadable)}, "
+            f"which capturing a table needs: grant it with GRANT SELECT ON "
+            f"{', '.join(unreadable)} TO {role}"
+        )
+    if problems:
+        raise SourceError("; ".join(problems) + " (as the tables' owner or a superuser)")
+
+
 def current_database(conn: psycopg2.extensions.connection) -> str:
     with cursor(conn) as cur:
         cur.execute("SELECT current_database()")

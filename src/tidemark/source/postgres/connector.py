@@ -119,6 +119,7 @@ class PostgresConnector:
             raise SourceError("no tables to capture: table_include_list matched nothing "
                               "after table_exclude_list and the tables PostgreSQL cannot "
                               "publish (see the warnings)")
+        catalog.check_read_privileges(conn, self.tables)
         self._keys = catalog.primary_keys(conn, self.tables)
         catalog.warn_about_keyless(conn, self.tables, self._keys)
         self._stop_at = stop_at_lsn
@@ -275,7 +276,8 @@ class PostgresConnector:
             else:
                 # The exported snapshot lives until the slot's connection is used again;
                 # import it (begin_snapshot) before that connection is closed.
-                snapshots = self._snapshot(snapshot_name, consistent)
+                snapshots = self._dropping_slot_on_failure(
+                    stream, self._snapshot(snapshot_name, consistent))
                 first = next(snapshots, None)
                 stream.close()
                 if first is not None:
@@ -299,6 +301,24 @@ class PostgresConnector:
             start_lsn = max(start_lsn, slot_lsn)
         self._stream = stream
         yield from self._stream_changes(stream, start_lsn)
+
+    def _dropping_slot_on_failure(self, stream: ReplicationStream,
+                                  batches: Iterator[SourceBatch]) -> Iterator[SourceBatch]:
+        """*batches*, the snapshot of the slot this start created; if they fail, the slot
+        is dropped: no offset covers it yet, so the next start takes a new snapshot (and
+        slot) anyway, and left behind it would hold WAL until someone noticed."""
+        try:
+            yield from batches
+        except Exception:
+            stream.close()  # the slot is active on it; dropping waits for that to end
+            name = self.config.slot_name
+            try:
+                self._catalog(lambda c: slot.drop_slot(c, name))
+            except Exception as err:
+                log.warning("could not drop replication slot %s after the failed snapshot "
+                            "(%s): drop it with SELECT pg_drop_replication_slot('%s')",
+                            name, str(err).strip().splitlines()[0], name)
+            raise
 
     def _stream_changes(self, stream: ReplicationStream, start_lsn: int) -> Iterator[SourceBatch]:
         cfg = self.config
