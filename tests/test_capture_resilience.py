@@ -876,3 +876,64 @@ def test_survives_a_server_restart() -> None:
         finally:
             conn.stop()
     assert sorted({e.after["id"] for e in got if e.after}) == [1, 2, 3, 4]
+
+
+def _signal_server(cluster: PostgresCluster, signum: int) -> None:
+    """Send *signum* to the postmaster and every backend (the walsender included)."""
+    import psutil  # noqa: PLC0415
+
+    pid = int((cluster.datadir / "postmaster.pid").read_text().splitlines()[0])
+    postmaster = psutil.Process(pid)
+    for process in [postmaster, *postmaster.children(recursive=True)]:
+        with contextlib.suppress(psutil.NoSuchProcess):
+            process.send_signal(signum)
+
+
+@pytest.mark.slow
+def test_a_stopped_server_does_not_hang_capture() -> None:
+    """SIGSTOP: the kernel still answers TCP, so no RST and no keepalive failure; only
+    silence says the server is gone. Capture must notice, try to reconnect and fail
+    with a clear error instead of waiting forever, and a restart resumes."""
+    with PostgresCluster() as cluster:
+        dsn = cluster.create_database("stopped") + " connect_timeout=2"
+        with contextlib.closing(psycopg2.connect(dsn)) as setup:
+            setup.autocommit = True
+            with setup.cursor() as cur:
+                cur.execute("CREATE TABLE t (id int PRIMARY KEY)")
+                cur.execute("INSERT INTO t VALUES (1)")
+        conn = make_connector(dsn, "public.t", snapshot_mode="no_data",
+                              wal_receive_timeout_ms=2000, reconnect_max_attempts=1,
+                              reconnect_backoff_ms=100)
+        conn.start()
+        stopped_at = 0.0
+        try:
+            drain(conn, cluster_insert_lsn(dsn))
+            _signal_server(cluster, signal.SIGSTOP)
+            stopped_at = time.monotonic()
+            with pytest.raises(SourceUnavailableError):
+                while time.monotonic() - stopped_at < 60:
+                    conn.poll()
+            # 2 s of silence, then one reconnect attempt of at most 2 s, and its retry.
+            assert time.monotonic() - stopped_at < 30
+        finally:
+            _signal_server(cluster, signal.SIGCONT)
+            conn.stop()
+        with contextlib.closing(psycopg2.connect(dsn)) as c:
+            c.autocommit = True
+            with c.cursor() as cur:
+                cur.execute("INSERT INTO t VALUES (2)")
+        # The walsender of the dead connection exits once it runs again; then a new
+        # capture takes the slot and gets the row.
+        again = make_connector(dsn, "public.t", snapshot_mode="no_data")
+        again.start()
+        try:
+            got = events(drain(again, cluster_insert_lsn(dsn)))
+        finally:
+            again.stop()
+        assert [e.after["id"] for e in got if e.after] == [2]
+
+
+def cluster_insert_lsn(dsn: str) -> int:
+    with contextlib.closing(psycopg2.connect(dsn)) as c, c.cursor() as cur:
+        cur.execute("SELECT (pg_current_wal_insert_lsn() - '0/0')::bigint")
+        return int(cur.fetchone()[0])

@@ -27,7 +27,11 @@ import psycopg
 
 from tidemark.errors import SourceError, TerminalError
 from tidemark.source.postgres.pgoutput import lsn_to_str
-from tidemark.source.postgres.session import classify_connect_message, session_options
+from tidemark.source.postgres.session import (
+    classify_connect_message,
+    keepalive_params,
+    session_options,
+)
 from tidemark.spark.offsets import TxnSummary
 
 log = logging.getLogger(__name__)
@@ -65,11 +69,13 @@ def connect(dsn: str, *, purpose: str) -> psycopg.Connection[Any]:
     Errors never contain the password (they are built from the redacted DSN).
     """
     params = psycopg.conninfo.conninfo_to_dict(dsn)
+    keepalives: dict[str, Any] = keepalive_params(dsn)
     try:
         return psycopg.connect(
             dsn, autocommit=True, options=session_options(dsn),
             application_name=f"tidemark spark {purpose}",
             connect_timeout=int(params.get("connect_timeout") or 10),
+            **keepalives,
         )
     except psycopg.OperationalError as err:
         raise classify_connect_message(dsn, str(err)) from None

@@ -87,6 +87,12 @@ class PostgresSourceConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unk
     """Attempts to reconnect after the replication connection drops (0: never)."""
     reconnect_backoff_ms: int = 500
     """First delay between reconnect attempts; doubles up to 30 s."""
+    wal_receive_timeout_ms: int = 60_000
+    """A replication connection that brings nothing (no data, no keepalive) for this
+    long is taken for dead and reopened: a network partition or a stopped server sends
+    no RST, and TCP keepalives do not notice a server whose kernel still answers. At
+    half of it the server is asked for a keepalive, which a live one answers at once.
+    0 turns the check off (PostgreSQL's standbys have the same: wal_receiver_timeout)."""
     snapshot_fetch_size: int = 10_000
     """Rows fetched per round trip while snapshotting."""
     drop_slot_on_stop: bool = False
@@ -110,7 +116,8 @@ class PostgresSourceConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unk
                 except re.error as err:
                     raise ConfigError(key, f"{pattern!r} is not a valid regular expression: "
                                       f"{err}") from None
-        for key in ("heartbeat_interval_ms", "reconnect_max_attempts"):
+        for key in ("heartbeat_interval_ms", "reconnect_max_attempts",
+                    "wal_receive_timeout_ms"):
             if getattr(self, key) < 0:
                 raise ConfigError(key, f"must be >= 0, got {getattr(self, key)}")
         if self.status_interval_ms < 1000:

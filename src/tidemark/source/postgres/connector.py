@@ -255,7 +255,8 @@ class PostgresConnector:
         )
 
         stream = ReplicationStream(cfg.dsn, cfg.slot_name, cfg.publication_name,
-                                   status_interval_s=cfg.status_interval_ms / 1000)
+                                   status_interval_s=cfg.status_interval_ms / 1000,
+                                   receive_timeout_s=cfg.wal_receive_timeout_ms / 1000)
         if existing is None:
             if offset and completed:
                 if mode != SnapshotMode.WHEN_NEEDED:

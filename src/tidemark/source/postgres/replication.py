@@ -29,7 +29,11 @@ from psycopg.conninfo import conninfo_to_dict, make_conninfo
 
 from tidemark.errors import SourceError, SourceUnavailableError
 from tidemark.source.postgres.pgoutput import PG_EPOCH_OFFSET_US, lsn_to_str, str_to_lsn
-from tidemark.source.postgres.session import classify_connect_message, session_options
+from tidemark.source.postgres.session import (
+    classify_connect_message,
+    keepalive_params,
+    session_options,
+)
 from tidemark.source.postgres.slot import SlotInUseError
 
 log = logging.getLogger(__name__)
@@ -59,11 +63,14 @@ class ReplicationStream:
     """
 
     def __init__(self, dsn: str, slot: str, publication: str, *,
-                 status_interval_s: float = 10.0) -> None:
+                 status_interval_s: float = 10.0, receive_timeout_s: float = 60.0) -> None:
         self._dsn = dsn
         self._slot = slot
         self._publication = publication
         self._status_interval = status_interval_s
+        self._receive_timeout = receive_timeout_s
+        self._last_received = 0.0
+        self._pinged = False
         self._conn: pq.abc.PGconn | None = None
         self._streaming = False
         self._confirmed = 0
@@ -77,7 +84,8 @@ class ReplicationStream:
         conninfo = make_conninfo(self._dsn, replication="database",
                                  options=session_options(self._dsn),
                                  application_name="tidemark",
-                                 connect_timeout=params.get("connect_timeout") or 10)
+                                 connect_timeout=params.get("connect_timeout") or 10,
+                                 **keepalive_params(self._dsn))
         conn = pq.PGconn.connect(conninfo.encode())
         if conn.status != pq.ConnStatus.OK:
             message = conn.get_error_message()
@@ -134,7 +142,8 @@ class ReplicationStream:
             raise SourceUnavailableError(f"replication connection failed: {message}")
         conn.nonblocking = 1
         self._streaming = True
-        self._last_status = time.monotonic()
+        self._last_status = self._last_received = time.monotonic()
+        self._pinged = False
         log.info("streaming from slot %s at %s", self._slot, lsn_to_str(start_lsn))
 
     @staticmethod
@@ -159,6 +168,7 @@ class ReplicationStream:
         # are large: per-batch costs downstream (flushes, offset saves) are high.
         gather_until = time.monotonic() + _GATHER_S
         sock = conn.socket
+        heard = False
         try:
             while len(batch) < max_messages:
                 size, data = get(1)
@@ -180,6 +190,7 @@ class ReplicationStream:
                         continue
                 if size < 0:
                     raise self._broken(conn)  # the server ended COPY
+                heard = True
                 kind = data[0]
                 if kind == _XLOG_DATA:
                     # tobytes() of a slice, not bytes(): half the cost per message.
@@ -189,10 +200,28 @@ class ReplicationStream:
                     self._server_wal_end = max(self._server_wal_end, wal_end)
                     if reply:
                         self._send_status(reply=False)
+            if heard:
+                self._last_received = time.monotonic()
+                self._pinged = False
+            elif self._receive_timeout:
+                self._check_alive()
             self._maybe_send_status()
         except psycopg.OperationalError as err:
             raise self._broken(conn, str(err)) from None
         return batch
+
+    def _check_alive(self) -> None:
+        """Ask a silent server for a keepalive at half the receive timeout; take the
+        connection for dead at the whole of it."""
+        silent = time.monotonic() - self._last_received
+        if silent >= self._receive_timeout:
+            raise SourceUnavailableError(
+                f"nothing from the server for {silent:.0f} s, not even an answer to a "
+                f"keepalive request (wal_receive_timeout_ms): the connection looks dead "
+                f"(a network partition or a stopped server)")
+        if silent >= self._receive_timeout / 2 and not self._pinged:
+            self._pinged = True
+            self._send_status(reply=True)
 
     def _broken(self, conn: pq.abc.PGconn, detail: str = "") -> Exception:
         message = detail or conn.get_error_message() or "the server ended the stream"
