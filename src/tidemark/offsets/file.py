@@ -9,7 +9,7 @@ from pathlib import Path
 import msgspec
 
 from tidemark.errors import ConfigError
-from tidemark.offsets.store import Offset, decode_json_object
+from tidemark.offsets.store import Offset, decode_json_object, show_json
 
 
 class FileOffsetStore:
@@ -19,19 +19,57 @@ class FileOffsetStore:
     over the old one, so the file is always either the old or the new version. A save
     re-reads the file first, so captures sharing one file keep each other's keys
     (each key has a single writer).
+
+    The constructor fails (:class:`~tidemark.errors.ConfigError`, key ``offsets``) on a
+    file that is not ``{key: object}`` or a directory where no file can be created, so
+    that a capture finds out before it has done anything worth saving.
     """
 
     def __init__(self, path: str | os.PathLike[str]) -> None:
         self.path = Path(path)
+        if self.path.is_dir():
+            raise ConfigError("offsets", f"{self.path} is a directory; give a file path")
         self._offsets = self._read()
-        if not self.path.exists() and not self.path.parent.exists():
-            raise ConfigError("offsets", f"directory {self.path.parent} does not exist")
+        if not self.path.exists():
+            if not self.path.parent.exists():
+                raise ConfigError("offsets", f"directory {self.path.parent} does not exist")
+            if not self.path.parent.is_dir():
+                raise ConfigError("offsets", f"{self.path.parent} is not a directory; the "
+                                  "offsets file must be in a writable directory")
+        self._check_writable()
+
+    def __str__(self) -> str:
+        return f"offsets file {self.path}"
+
+    def _check_writable(self) -> None:
+        # Every save creates a temporary file beside the offsets file and renames it, so
+        # the directory must take new files; try one now rather than at the first save.
+        directory = self.path.parent
+        try:
+            fd, tmp = tempfile.mkstemp(prefix=f".{self.path.name}.", dir=directory)
+        except OSError as err:
+            raise ConfigError(
+                "offsets", f"cannot create files in {directory} ({err.strerror}); the "
+                "offsets file is replaced through a new file beside it, so its directory "
+                "must be writable") from None
+        os.close(fd)
+        os.unlink(tmp)
 
     def _read(self) -> dict[str, Offset]:
-        if self.path.exists():
-            return decode_json_object(self.path.read_bytes(),
-                                      f"{self.path} (not a tidemark offsets file)")
-        return {}
+        if not self.path.exists():
+            return {}
+        what = f"{self.path} (not a tidemark offsets file)"
+        try:
+            data = self.path.read_bytes()
+        except OSError as err:
+            raise ConfigError("offsets", f"cannot read {self.path} ({err.strerror})") from None
+        offsets = decode_json_object(data, what)
+        for key, offset in offsets.items():
+            if not isinstance(offset, dict):
+                raise ConfigError(
+                    "offsets", f"{what}: key {key!r} holds {show_json(offset)}; each key "
+                    "must hold an offset, a JSON object")
+        return offsets
 
     def load(self, key: str) -> Offset | None:
         return self._offsets.get(key)

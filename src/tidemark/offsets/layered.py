@@ -34,6 +34,9 @@ class LayeredOffsetStore:
         self.local = local
         self.remote = remote
 
+    def __str__(self) -> str:
+        return f"{self.local} (over {self.remote})"
+
     def load(self, key: str) -> Offset | None:
         """The local offset of *key*; else the remote one, copied to local; else None."""
         offset = self.local.load(key)

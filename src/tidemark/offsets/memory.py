@@ -14,6 +14,9 @@ class MemoryOffsetStore:
     def __init__(self) -> None:
         self.offsets: dict[str, Offset] = {}
 
+    def __str__(self) -> str:
+        return "in-memory offsets"
+
     def load(self, key: str) -> Offset | None:
         offset = self.offsets.get(key)
         return copy.deepcopy(offset) if offset is not None else None

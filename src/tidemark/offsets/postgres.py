@@ -157,6 +157,9 @@ class PostgresOffsetStore:
         if conn is not None and not conn.closed:
             conn.close()
 
+    def __str__(self) -> str:
+        return f"offsets table {self.qualified_name}"
+
     # -- OffsetStore -----------------------------------------------------------------
     def load(self, key: str) -> Offset | None:
         """The last saved offset of *key*, or None (a primary-key lookup)."""

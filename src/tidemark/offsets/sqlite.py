@@ -86,6 +86,9 @@ class SqliteOffsetStore:
             raise ConfigError("offsets", f"{self.path} has a {TABLE} table that is not "
                               f"tidemark's (missing columns: {', '.join(sorted(missing))})")
 
+    def __str__(self) -> str:
+        return f"SQLite offsets database {self.path}"
+
     def _connection(self) -> sqlite3.Connection:
         if self._conn is None:
             raise ValueError(f"SqliteOffsetStore({str(self.path)!r}) is closed")

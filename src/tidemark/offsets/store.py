@@ -23,6 +23,15 @@ def decode_json_object(data: bytes | str, what: str) -> dict[str, Any]:
     return value
 
 
+def show_json(value: Any, limit: int = 60) -> str:
+    """*value* as JSON for an error message, cut to about *limit* characters."""
+    try:
+        text = msgspec.json.encode(value).decode()
+    except (TypeError, msgspec.EncodeError):
+        text = repr(value)
+    return text if len(text) <= limit else f"{text[:limit]}…"
+
+
 class OffsetReader(Protocol):
     """Read access to saved offsets, by partition key."""
 

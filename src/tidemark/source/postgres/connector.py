@@ -26,6 +26,7 @@ from tidemark.retry import retry_transient
 from tidemark.serde.debezium_json import DebeziumJsonSerializer
 from tidemark.source.batch import SourceBatch
 from tidemark.source.postgres import catalog, session, slot
+from tidemark.source.postgres import offset as pg_offset
 from tidemark.source.postgres.change_builder import ChangeEventBuilder
 from tidemark.source.postgres.config import PostgresSourceConfig, SnapshotMode
 from tidemark.source.postgres.json_lines import JsonLineBuilder, RenderedEventBuilder
@@ -110,8 +111,14 @@ class PostgresConnector:
         catalog.check_wal_level(conn)
         catalog.check_replication_privilege(conn)
         self.database = catalog.current_database(conn)
+        where = "the offset given to start()"
         if offset is None and store is not None:
             offset = store.load(self.partition)
+            where = f"key {self.partition!r} in {store}"
+        if offset is not None:
+            # Before the publication and slot are touched, so that a bad offset leaves
+            # nothing behind.
+            pg_offset.check_shape(offset, where)
         self.tables = catalog.resolve_tables(conn, cfg.table_include_list, cfg.table_exclude_list)
         if cfg.snapshot_mode != SnapshotMode.INITIAL_ONLY:  # the one mode that publishes nothing
             self.tables = catalog.publishable_tables(conn, self.tables, cfg.table_include_list)
