@@ -1,12 +1,14 @@
 """Offsets that must not be trusted, on a real PostgreSQL.
 
-An offsets file of the wrong shape or in a place that cannot be written is refused
-before the slot or publication is touched.
+An offset ahead of the server's WAL, an offsets file of the wrong shape or in a place
+that cannot be written are refused before the slot or publication is touched.
 """
 
 from __future__ import annotations
 
+import json
 import os
+import re
 import subprocess
 import sys
 from collections.abc import Callable
@@ -14,9 +16,17 @@ from pathlib import Path
 
 import pytest
 
+from capture_helpers import drain, events, make_connector
 from conftest import Database
+from tidemark.errors import ConfigError
+from tidemark.offsets.file import FileOffsetStore
+from tidemark.offsets.memory import MemoryOffsetStore
+from tidemark.source.postgres.pgoutput import lsn_to_str, str_to_lsn
+from tidemark.source.postgres.task import PostgresSourceConnector
 
 SLOT = "tidemark"
+# Far beyond any WAL a test cluster writes: another server's offset, or a typo.
+_AHEAD_BY = 1 << 36
 
 
 # -- helpers ----------------------------------------------------------------------------
@@ -37,10 +47,119 @@ def _one_error_line(proc: subprocess.CompletedProcess[str]) -> str:
     return lines[0]
 
 
+def _confirmed(db: Database) -> int | None:
+    rows = db.query("SELECT (confirmed_flush_lsn - '0/0')::bigint FROM pg_replication_slots "
+                    "WHERE slot_name = %s", (SLOT,))
+    return int(rows[0][0]) if rows else None
+
+
 def _slots_and_publications(db: Database) -> tuple[int, int]:
     return (int(db.scalar("SELECT count(*) FROM pg_replication_slots "
                           "WHERE database = current_database()")),
             int(db.scalar("SELECT count(*) FROM pg_publication")))
+
+
+def _lsns_in(message: str) -> list[int]:
+    return [str_to_lsn(m) for m in re.findall(r"\b[0-9A-F]{1,8}/[0-9A-F]{1,8}\b", message)]
+
+
+# -- 4. an offset ahead of the server ------------------------------------------------------
+def test_offset_ahead_of_the_server_is_refused_before_the_slot_moves(
+        db: Database, tmp_path: Path) -> None:
+    db.execute("CREATE TABLE t (id int PRIMARY KEY)")
+    first = make_connector(db.dsn, "public.t", snapshot_mode="no_data")
+    first.start()
+    try:
+        drain(first, db.insert_lsn())
+        key = first.partition
+    finally:
+        first.stop()
+    # Once the slot is released its last status update has been applied.
+    assert db.settled_scalar("SELECT active_pid IS NULL FROM pg_replication_slots", True)
+    slot_before = _confirmed(db)
+    assert slot_before is not None
+    db.autocommit("INSERT INTO t VALUES (1)", "INSERT INTO t VALUES (2)")
+
+    path = tmp_path / "offsets.json"
+    ahead = db.insert_lsn() + _AHEAD_BY
+    path.write_text(json.dumps({key: {"lsn": ahead, "snapshot_completed": True}}))
+    server_before = db.insert_lsn()
+    connector = make_connector(db.dsn, "public.t", snapshot_mode="no_data")
+    try:
+        with pytest.raises(ConfigError) as info:
+            connector.start(store=FileOffsetStore(path))
+            connector.poll()  # today's code fails (if at all) only once streaming
+    finally:
+        connector.stop()
+    server_after = db.insert_lsn()
+    message = str(info.value)
+    assert message.startswith("offsets: ")
+    assert str(path) in message and repr(key) in message
+    assert lsn_to_str(ahead) in message
+    assert any(server_before <= lsn <= server_after for lsn in _lsns_in(message)), \
+        f"the server's position is not in the message: {message}"
+    assert "delete" in message  # what to do about it
+    # Nothing was confirmed: the slot still holds the changes after its old position.
+    assert _confirmed(db) == slot_before
+
+    path.write_text("{}")  # the way out the message names
+    again = make_connector(db.dsn, "public.t", snapshot_mode="no_data")
+    again.start(store=FileOffsetStore(path))
+    try:
+        got = events(drain(again, db.insert_lsn()))
+    finally:
+        again.stop()
+    assert [e.key["id"] for e in got if e.key] == [1, 2]
+
+
+@pytest.mark.slow
+def test_cli_offset_ahead_of_the_server_exits_2_and_leaves_the_slot(
+        db: Database, tmp_path: Path) -> None:
+    db.execute("CREATE TABLE t (id int PRIMARY KEY)")
+    path = tmp_path / "offsets.json"
+    first = _cli(db, "--snapshot-mode", "no_data", "--offsets", str(path), "--stop-at-end")
+    assert first.returncode == 0, first.stderr
+    stored = json.loads(path.read_text())
+    (key,) = stored
+    slot_before = db.settled_scalar("SELECT (confirmed_flush_lsn - '0/0')::bigint "
+                                    "FROM pg_replication_slots", stored[key]["lsn"])
+    db.autocommit("INSERT INTO t VALUES (1)", "INSERT INTO t VALUES (2)")
+    ahead = db.insert_lsn() + _AHEAD_BY
+    path.write_text(json.dumps({key: {"lsn": ahead, "snapshot_completed": True}}))
+
+    refused = _cli(db, "--offsets", str(path), "--stop-at-end")
+    assert refused.returncode == 2, refused.stderr
+    line = _one_error_line(refused)
+    assert line.startswith("error: offsets: ")
+    assert str(path) in line and repr(key) in line and lsn_to_str(ahead) in line
+    assert refused.stdout == ""
+    assert _confirmed(db) == slot_before
+    assert json.loads(path.read_text()) == {key: {"lsn": ahead, "snapshot_completed": True}}
+
+    path.unlink()  # the way out the message names
+    rest = _cli(db, "--offsets", str(path), "--stop-at-end", "--no-tombstones")
+    assert rest.returncode == 0, rest.stderr
+    # A new snapshot (no offset), and the stream from the slot's old position.
+    changes = [json.loads(ln)["value"] for ln in rest.stdout.splitlines()]
+    assert [c["after"]["id"] for c in changes if c["op"] == "c"] == [1, 2]
+
+
+def test_engine_task_refuses_an_offset_ahead_of_the_server(db: Database) -> None:
+    db.execute("CREATE TABLE t (id int PRIMARY KEY)")
+    source = PostgresSourceConnector({"dsn": db.dsn, "table_include_list": ["public.t"],
+                                      "snapshot_mode": "no_data"})
+    task = source.create_task(source.task_configs(1)[0])
+    store = MemoryOffsetStore()
+    ahead = db.insert_lsn() + _AHEAD_BY
+    store.save(f"postgres/{db.name}/{SLOT}", {"lsn": ahead, "snapshot_completed": True})
+    try:
+        with pytest.raises(ConfigError) as info:
+            task.start(store)
+            task.poll()
+    finally:
+        task.stop()
+    assert lsn_to_str(ahead) in str(info.value)
+    assert _slots_and_publications(db) == (0, 0)
 
 
 # -- 13. offsets files of the wrong shape, or where nothing can be written ------------------

@@ -117,8 +117,9 @@ class PostgresConnector:
             where = f"key {self.partition!r} in {store}"
         if offset is not None:
             # Before the publication and slot are touched, so that a bad offset leaves
-            # nothing behind.
+            # nothing behind and nothing is ever confirmed past what was delivered.
             pg_offset.check_shape(offset, where)
+            pg_offset.check_not_ahead(conn, offset, where)
         self.tables = catalog.resolve_tables(conn, cfg.table_include_list, cfg.table_exclude_list)
         if cfg.snapshot_mode != SnapshotMode.INITIAL_ONLY:  # the one mode that publishes nothing
             self.tables = catalog.publishable_tables(conn, self.tables, cfg.table_include_list)

@@ -1,21 +1,35 @@
-"""The PostgreSQL connector's offset and its shape.
+"""The PostgreSQL connector's offset: its shape, and whether it can belong to the server.
 
 The connector saves ``{"lsn": <int>, "snapshot_completed": <bool>}``: the position up to
 which everything has been handed on, and whether the initial snapshot is behind it. An
 offset read back is checked before anything touches the publication or the slot: a
-malformed one would otherwise fail halfway through the start, with a traceback.
+malformed one would otherwise fail halfway through the start, and one that is ahead of
+the server's WAL (another server's, or edited by hand) would skip every change up to
+that position and confirm the slot there, losing those changes for later captures too.
 """
 
 from __future__ import annotations
 
 from typing import Any
 
+import psycopg2.extensions
+
 from tidemark.errors import ConfigError
 from tidemark.offsets.store import show_json
+from tidemark.source.postgres.pgoutput import lsn_to_str
+from tidemark.source.postgres.session import cursor
 
 MAX_LSN = (1 << 64) - 1
 
 SHAPE = '{"lsn": <integer from 0 to 2^64-1>, "snapshot_completed": true|false}'
+
+# On a standby (logical decoding there needs PostgreSQL 16) there is no insert position;
+# the WAL received or replayed so far is what the server has.
+_SERVER_POSITION_SQL = (
+    "SELECT (CASE WHEN pg_is_in_recovery() "
+    "THEN greatest(pg_last_wal_receive_lsn(), pg_last_wal_replay_lsn()) "
+    "ELSE pg_current_wal_insert_lsn() END - '0/0')::bigint"
+)
 
 
 def check_shape(offset: Any, where: str) -> None:
@@ -37,3 +51,30 @@ def check_shape(offset: Any, where: str) -> None:
     if not isinstance(completed, bool):
         raise wrong(f"snapshot_completed is {show_json(completed)}")
 
+
+def server_position(conn: psycopg2.extensions.connection) -> int | None:
+    """The end of the server's WAL: no offset of this server can be beyond it (None on a
+    standby that has neither received nor replayed anything)."""
+    with cursor(conn) as cur:
+        cur.execute(_SERVER_POSITION_SQL)
+        value = cur.fetchone()[0]
+    return None if value is None else int(value)
+
+
+def check_not_ahead(conn: psycopg2.extensions.connection, offset: dict[str, Any],
+                    where: str) -> None:
+    """Fail (:class:`ConfigError`, key ``offsets``) if *offset* (of the right shape) is
+    beyond the server's WAL, saying what to do about it."""
+    server = server_position(conn)
+    lsn = int(offset["lsn"])
+    if server is None or lsn <= server:
+        return
+    raise ConfigError(
+        "offsets",
+        f"{where} is at LSN {lsn_to_str(lsn)}, ahead of this server's current WAL position "
+        f"{lsn_to_str(server)}: it comes from another server (or was edited), and resuming "
+        "there would skip every change before it and confirm the replication slot past "
+        "them; point the capture at the server the offsets came from, or delete that key "
+        "(or the offsets file) to start from the replication slot's position (after a new "
+        "snapshot, unless snapshot_mode is no_data)",
+    )
