@@ -1,18 +1,25 @@
-"""Offsets that must not be trusted, on a real PostgreSQL.
+"""Offsets that must not be trusted, and a reader that goes away, on a real PostgreSQL.
 
 An offset ahead of the server's WAL, an offsets file of the wrong shape or in a place
-that cannot be written are refused before the slot or publication is touched.
+that cannot be written are refused before the slot or publication is touched; a
+capture whose stdout is closed (``tidemark capture | head -1``) fails, keeping the
+offset of what it wrote in full and nothing more.
 """
 
 from __future__ import annotations
 
+import fcntl
 import json
 import os
 import re
+import select
 import subprocess
 import sys
+import termios
+import time
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -30,6 +37,16 @@ _AHEAD_BY = 1 << 36
 
 
 # -- helpers ----------------------------------------------------------------------------
+def wait_for(predicate: Callable[[], Any], timeout_s: float, what: str) -> Any:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        value = predicate()
+        if value:
+            return value
+        time.sleep(0.05)
+    raise AssertionError(f"timed out after {timeout_s}s waiting for {what}")
+
+
 def _cli(db: Database, *args: str) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
         [sys.executable, "-m", "tidemark", "capture", "--table", "public.t", *args],
@@ -215,3 +232,96 @@ def test_cli_unwritable_offsets_path_exits_2_before_any_slot(
     assert _slots_and_publications(db) == (0, 0)
 
 
+# -- 10. stdout closed by its reader --------------------------------------------------------
+def _read_line(fd: int, timeout_s: float) -> bytes:
+    """One line from the pipe *fd*, read with a deadline."""
+    data = b""
+    deadline = time.monotonic() + timeout_s
+    while b"\n" not in data:
+        left = deadline - time.monotonic()
+        assert left > 0, f"no line within {timeout_s}s (got {data!r})"
+        ready, _, _ = select.select([fd], [], [], left)
+        if ready:
+            chunk = os.read(fd, 65536)
+            assert chunk, f"the pipe closed before a whole line (got {data!r})"
+            data += chunk
+    return data
+
+
+def _unread(fd: int) -> int:
+    """Bytes waiting in the pipe *fd*."""
+    buf = fcntl.ioctl(fd, termios.FIONREAD, b"\0\0\0\0")
+    return int.from_bytes(buf, sys.byteorder)
+
+
+def _saved_lsn(path: Path) -> int:
+    (offset,) = json.loads(path.read_text()).values()
+    return int(offset["lsn"])
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("unbuffered", [False, True], ids=["buffered", "PYTHONUNBUFFERED"])
+def test_cli_closed_stdout_fails_keeping_only_what_was_written(
+        db: Database, tmp_path: Path, unbuffered: bool) -> None:
+    """``tidemark capture | head -1``: the capture exits non-zero, and its offset covers
+    the line head read but not the one that was being written when head left.
+
+    Under PYTHONUNBUFFERED Python's stdout is the raw file, whose write() reports a write
+    cut short only in its return value."""
+    db.execute("CREATE TABLE t (id int PRIMARY KEY, v text NOT NULL)")
+    path = tmp_path / "offsets.json"
+    stderr_path = tmp_path / "capture.stderr"
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONUNBUFFERED"}
+    if unbuffered:
+        env["PYTHONUNBUFFERED"] = "1"
+    with stderr_path.open("wb") as stderr:
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "tidemark", "capture", "--table", "public.t",
+             "--snapshot-mode", "no_data", "--offsets", str(path), "--no-tombstones",
+             "--offset-flush-interval-ms", "0"],
+            stdout=subprocess.PIPE, stderr=stderr, env={**env, "TIDEMARK_DSN": db.dsn})
+    try:
+        assert proc.stdout is not None
+        fd = proc.stdout.fileno()
+        # The smallest pipe the kernel allows: the transaction below cannot fit into it.
+        fcntl.fcntl(fd, fcntl.F_SETPIPE_SZ, 4096)
+        capacity = fcntl.fcntl(fd, fcntl.F_GETPIPE_SZ)
+        wait_for(path.exists, 20, "the capture's first offset")
+        started_at = _saved_lsn(path)
+
+        db.autocommit("INSERT INTO t VALUES (1, 'first')")
+        first = _read_line(fd, 20)
+        assert json.loads(first.split(b"\n")[0])["key"] == {"id": 1}
+        # Written in full, so saved: a restart must not repeat it.
+        wait_for(lambda: _saved_lsn(path) > started_at, 20, "the offset of the first line")
+        after_first = _saved_lsn(path)
+
+        # One line far larger than the pipe: the capture is stuck in the middle of writing
+        # it once the pipe is full, and closing the pipe then cuts it.
+        db.autocommit("INSERT INTO t VALUES (2, repeat('x', 50000))")
+        wait_for(lambda: _unread(fd) >= capacity - 512, 20, "the capture to fill the pipe")
+        proc.stdout.close()  # head -1 has what it wanted
+        try:
+            rc = proc.wait(20)
+        except subprocess.TimeoutExpired:
+            raise AssertionError("the capture went on after its stdout was closed: it took "
+                                 "the cut write for a whole one") from None
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait(10)
+    stderr_text = stderr_path.read_text()
+    assert rc != 0, stderr_text
+    assert "Traceback" not in stderr_text and "Exception ignored" not in stderr_text
+    lines = stderr_text.strip().splitlines()
+    assert len(lines) == 1, stderr_text
+    assert lines[0].startswith("error: ") and "stdout" in lines[0], stderr_text
+    assert str(path) in lines[0]
+    assert _saved_lsn(path) >= after_first
+
+    rest = _cli(db, "--offsets", str(path), "--stop-at-end", "--no-tombstones")
+    assert rest.returncode == 0, rest.stderr
+    ids = [json.loads(ln)["key"]["id"] for ln in rest.stdout.splitlines()]
+    # Not the first line (delivered and saved), but the one that was cut.
+    assert ids == [2]
+    assert len(rest.stdout) > capacity

@@ -5,6 +5,7 @@ from __future__ import annotations
 import contextlib
 import gc
 import logging
+import os
 import signal
 import sys
 import time
@@ -13,6 +14,7 @@ from typing import Any
 
 import click
 
+from tidemark.errors import TerminalError
 from tidemark.event import ChangeEvent, Record
 from tidemark.offsets.file import FileOffsetStore
 from tidemark.offsets.memory import MemoryOffsetStore
@@ -135,12 +137,17 @@ def capture(dsn: str, tables: tuple[str, ...], exclude: tuple[str, ...], slot: s
     connector.start(store=store, stop_at_lsn=stop_at)
     # Everything allocated so far lives for the whole run; keep the collector off it.
     gc.freeze()
-    out = sys.stdout.buffer
+    # Not sys.stdout.buffer: under PYTHONUNBUFFERED (or -u) that is the raw file, whose
+    # write() may write only part (a signal, a reader gone) and tell only by its return
+    # value; a buffered writer writes everything or raises. (It is never closed: it
+    # does not own the descriptor, and is flushed after every batch.)
+    out = open(sys.stdout.fileno(), "wb", closefd=False)  # noqa: SIM115
     delivered = 0  # change events written
     started = time.monotonic()
     flush_every = offset_flush_interval_ms / 1000
     pending: dict[str, Any] | None = None
     last_save = 0.0
+    closed = False
 
     def save(offset: dict[str, Any]) -> None:
         nonlocal last_save
@@ -170,7 +177,9 @@ def capture(dsn: str, tables: tuple[str, ...], exclude: tuple[str, ...], slot: s
                         out.write("".join(lines[start:start + _WRITE_SLICE]).encode())
                     out.flush()
                 except BrokenPipeError:
-                    log.info("stdout closed; stopping")
+                    # The batch may be cut anywhere: its offset is not taken, only those
+                    # of the batches before it, which were written in full.
+                    closed = True
                     break
                 delivered += sum(1 for r in records if isinstance(r, ChangeEvent)) + len(lines)
                 done = done or (max_events is not None and delivered >= max_events)
@@ -181,10 +190,32 @@ def capture(dsn: str, tables: tuple[str, ...], exclude: tuple[str, ...], slot: s
                 pending = None
             if done:
                 break
-        if pending is not None:  # stopped by a signal: everything written is flushed
+        if pending is not None:  # stopped by a signal or a closed stdout: all of it written
             save(pending)
     finally:
         connector.stop()
         elapsed = time.monotonic() - started
         log.info("delivered %d change events in %.3f s (%.0f events/s)", delivered, elapsed,
                  delivered / elapsed if elapsed > 0 else 0.0)
+    if closed:
+        _silence_stdout()
+        kept = (f"the offset of what was written in full is saved in {offsets}" if offsets
+                else "the replication slot is confirmed up to what was written in full")
+        # The reader may have wanted only this much (head -1), but a pipeline cannot tell
+        # that from a consumer that died, so this is not a success.
+        raise OutputClosedError(
+            f"stdout was closed by its reader after {delivered} change event"
+            f"{'' if delivered == 1 else 's'}; {kept}, so a restart resumes after it")
+
+
+class OutputClosedError(TerminalError):
+    """stdout was closed by its reader (``tidemark capture | head``) before the end."""
+
+
+def _silence_stdout() -> None:
+    """Point stdout at /dev/null: what is left in the writer's buffer (the cut batch,
+    which goes nowhere anyway) is flushed again when the writer is collected and at
+    exit, and each would print another BrokenPipeError."""
+    devnull = os.open(os.devnull, os.O_WRONLY)
+    os.dup2(devnull, sys.stdout.fileno())
+    os.close(devnull)
