@@ -18,7 +18,9 @@ SCHEMA = pa.schema([pa.field("id", pa.int64()), pa.field("name", pa.string())])
 def _event(op: str, row: dict[str, object], lsn: int) -> str:
     before, after = (row, None) if op == "d" else (None, row)
     return json.dumps({"before": before, "after": after, "op": op, "transaction": None,
-                       "source": {"lsn": lsn, "txId": lsn, "ts_us": lsn}})
+                       "source": {"lsn": lsn, "txId": lsn, "ts_us": lsn,
+                                  # [the previous commit's LSN, this change's]
+                                  "sequence": json.dumps([str(lsn - 1), str(lsn)])}})
 
 
 EVENTS = [_event("c", {"id": 1, "name": "a"}, 10), _event("c", {"id": 2, "name": "b"}, 11),

@@ -30,6 +30,7 @@ from deltalake import DeltaTable, write_deltalake
 from pyspark.sql import SparkSession
 
 from conftest import Database
+from test_metrics import scrape, value
 from tidemark.pipeline import load_config
 from tidemark.pipeline.compare import compare
 from tidemark.pipeline.progress import BatchReport
@@ -448,8 +449,9 @@ def test_a_running_pipeline_rides_out_a_postgres_restart(
         db.execute("CREATE TABLE a (id int PRIMARY KEY, v text, n numeric(10, 2))",
                    "CREATE TABLE b (id int PRIMARY KEY, v text)")
         source = _prepare(db, "a", "b") + f'dsn = "{db.dsn}"\nreconnect_backoff_ms = 100\n'
-        config = load_config(_pipeline_file(tmp_path, source, "trigger_interval_ms = 200",
-                                            changelog=False))
+        file = _pipeline_file(tmp_path, source, "trigger_interval_ms = 200", changelog=False)
+        file.write_text(file.read_text() + "\n[metrics]\nport = 0\n")  # any free port
+        config = load_config(file)
         reports: list[BatchReport] = []
         pipeline = Pipeline(config, spark=spark, on_batch=reports.append)
         failures: list[BaseException] = []
@@ -473,6 +475,13 @@ def test_a_running_pipeline_rides_out_a_postgres_restart(
             db.execute("INSERT INTO a SELECT g, 'x', g FROM generate_series(1, 10) g",
                        "INSERT INTO b SELECT g, 'first' FROM generate_series(1, 5) g")
             applied(15)
+            # Scraped while it runs, under Debezium's names (tests/test_metrics.py).
+            assert pipeline.metrics_port
+            text = scrape(pipeline.metrics_port)
+            assert value(text, "debezium_metrics_TotalNumberOfEventsSeen") == 15
+            assert value(text, "debezium_metrics_NumberOfCommittedTransactions") == 1
+            assert value(text, "tidemark_pipeline_changes", table="public.a") == 10
+            assert 0 <= value(text, "debezium_metrics_MilliSecondsBehindSource") < 60_000
             cluster.restart()
             db.execute("UPDATE a SET v = 'after' WHERE id <= 5", "UPDATE b SET v = 'second'",
                        "DELETE FROM a WHERE id = 10")

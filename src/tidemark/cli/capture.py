@@ -98,11 +98,15 @@ def _first_events(records: list[Record], lines: list[str], remaining: int
               show_default=True,
               help="Save the offset at most this often (0: after every batch). A crash "
                    "redelivers at most what came after the last save.")
+@click.option("--metrics-port", type=click.IntRange(min=0, max=65535),
+              help="Serve Prometheus metrics on this port (/metrics), with Debezium's "
+                   "metric names.")
 def capture(dsn: str, tables: tuple[str, ...], exclude: tuple[str, ...], slot: str,
             publication: str, snapshot_mode: str, offsets: str | None, stop_at_end: bool,
             max_events: int | None, transaction_metadata: bool, tombstones: bool,
             topic_prefix: str, decimal_handling_mode: str, time_precision_mode: str,
-            heartbeat_interval_ms: int, offset_flush_interval_ms: int) -> None:
+            heartbeat_interval_ms: int, offset_flush_interval_ms: int,
+            metrics_port: int | None) -> None:
     """Capture changes and write one JSON object per line: {"key": …, "value": …}.
 
     Key and value are what Debezium's PostgreSQL connector emits through Kafka Connect's
@@ -134,7 +138,19 @@ def capture(dsn: str, tables: tuple[str, ...], exclude: tuple[str, ...], slot: s
     connector = PostgresConnector(config,
                                   json_lines=None if transaction_metadata else serializer)
     stop_at = _current_insert_lsn(config.dsn) if stop_at_end else None
-    connector.start(store=store, stop_at_lsn=stop_at)
+    metrics = None
+    if metrics_port is not None:
+        # Imported only when asked for: every capture start would pay for it.
+        from tidemark.metrics import capture_metrics, serve  # noqa: PLC0415
+
+        stats = connector.stats
+        metrics = serve(metrics_port, lambda: capture_metrics(stats, name=topic_prefix))
+    try:
+        connector.start(store=store, stop_at_lsn=stop_at)
+    except BaseException:
+        if metrics is not None:
+            metrics.close()
+        raise
     # Everything allocated so far lives for the whole run; keep the collector off it.
     gc.freeze()
     # Not sys.stdout.buffer: under PYTHONUNBUFFERED (or -u) that is the raw file, whose
@@ -194,6 +210,8 @@ def capture(dsn: str, tables: tuple[str, ...], exclude: tuple[str, ...], slot: s
             save(pending)
     finally:
         connector.stop()
+        if metrics is not None:
+            metrics.close()
         elapsed = time.monotonic() - started
         log.info("delivered %d change events in %.3f s (%.0f events/s)", delivered, elapsed,
                  delivered / elapsed if elapsed > 0 else 0.0)

@@ -57,6 +57,9 @@ class EngineConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fie
     """On close, how long in-flight records may still be processed (0: stop at once)."""
     task_management_timeout_ms: int = 180_000
     """Longest a task may take to start or to stop."""
+    metrics_port: int | None = None
+    """Serve Prometheus metrics (``/metrics``) on this port while the engine runs
+    (0: any free port, see :attr:`Engine.metrics_port`); None: no endpoint."""
 
     def __post_init__(self) -> None:
         positive = ("tasks_max", "max_in_flight", "errors_retry_delay_initial_ms",
@@ -67,6 +70,9 @@ class EngineConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fie
         for key in ("worker_count", "offset_flush_interval_ms", "polling_shutdown_timeout_ms"):
             if getattr(self, key) < 0:
                 raise ConfigError(key, f"must be >= 0, got {getattr(self, key)}")
+        if self.metrics_port is not None and not 0 <= self.metrics_port <= 65535:
+            raise ConfigError("metrics_port", f"must be a TCP port (0-65535), got "
+                                              f"{self.metrics_port}")
         if self.errors_max_retries < -1:
             raise ConfigError("errors_max_retries",
                               f"must be -1 (no limit) or >= 0, got {self.errors_max_retries}")

@@ -17,9 +17,9 @@ from __future__ import annotations
 
 import logging
 import threading
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
-from typing import Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 
 import msgspec
 
@@ -47,6 +47,12 @@ from tidemark.engine.transforms import Transform
 from tidemark.errors import ConfigError, TerminalError
 from tidemark.offsets.memory import MemoryOffsetStore
 from tidemark.offsets.store import Offset, OffsetStore
+from tidemark.source.capture_stats import CaptureStats
+
+if TYPE_CHECKING:
+    from prometheus_client.core import Metric
+
+    from tidemark.metrics import MetricsServer
 
 log = logging.getLogger(__name__)
 _T = TypeVar("_T")
@@ -107,11 +113,30 @@ class Engine:
         self._wake = threading.Event()
         self._run_lock = threading.Lock()
         self._running = False
+        self._metrics: MetricsServer | None = None
         self.error: BaseException | None = None
 
     @property
     def state(self) -> State:
         return self._state.current
+
+    @property
+    def metrics_port(self) -> int | None:
+        """The port of the metrics endpoint while it is up (``metrics_port``)."""
+        return None if self._metrics is None else self._metrics.port
+
+    def _metric_families(self) -> Iterator[Metric]:
+        from tidemark.metrics import capture_metrics, queue_metrics  # noqa: PLC0415
+
+        name = self.connector.name
+        plugin = "postgres" if name.startswith("postgres") else name
+        yield from queue_metrics(((str(r.index), r.capacity) for r in self._runners),
+                                 name=name, plugin=plugin)
+        for runner in self._runners:
+            stats = getattr(getattr(runner.task, "connector", None), "stats", None)
+            if isinstance(stats, CaptureStats):
+                yield from capture_metrics(stats, name=name, plugin=plugin,
+                                           extra={"task": str(runner.index)})
 
     @property
     def tasks(self) -> list[SourceTask]:
@@ -199,6 +224,11 @@ class Engine:
         try:
             if not self._advance(State.CREATING, State.INITIALIZING):
                 return
+            if cfg.metrics_port is not None:
+                # Imported only when asked for: prometheus_client adds to every start.
+                from tidemark.metrics import serve  # noqa: PLC0415
+
+                self._metrics = serve(cfg.metrics_port, self._metric_families)
             task_configs = self.connector.task_configs(cfg.tasks_max)
             if not task_configs:
                 raise ConfigError("tasks_max", f"connector {self.connector.name} has no work")
@@ -343,6 +373,9 @@ class Engine:
                 self._callbacks.connector_stopped()
             except Exception as err:
                 log.warning("connector_stopped callback failed: %s", err)
+        if self._metrics is not None:
+            self._metrics.close()
+            self._metrics = None
         self._state.transition(State.STOPPING, State.STOPPED)
 
     def _stop_runner(self, runner: TaskRunner, drain_s: float) -> None:

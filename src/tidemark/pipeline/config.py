@@ -32,7 +32,7 @@ from tidemark.lake.spec import ApplySpec, spec_from_mapping
 from tidemark.spark.options import DEFAULT_PUBLICATION, DEFAULT_SLOT, OnSchemaChange
 
 DEFAULT_DSN_ENV: Final = "TIDEMARK_DSN"
-_SECTIONS: Final = ("source", "spark", "targets", "changelog")
+_SECTIONS: Final = ("source", "spark", "targets", "changelog", "metrics")
 _TABLE_NAME: Final = re.compile(r"[^.\s]+\.[^.\s]+")
 # A URI scheme (s3://, abfss://): the runner reads Spark's checkpoint files (query id,
 # batch offsets) with plain file I/O, so only local paths are supported for now.
@@ -73,6 +73,13 @@ class SparkSection(msgspec.Struct, frozen=True):
     conf: dict[str, str] = msgspec.field(default_factory=dict)
 
 
+class MetricsSection(msgspec.Struct, frozen=True):
+    """``[metrics]``: a Prometheus endpoint while the pipeline runs."""
+
+    port: Annotated[int, msgspec.Meta(ge=0, le=65535)]
+    address: str = "0.0.0.0"
+
+
 class ChangelogSection(msgspec.Struct, frozen=True):
     """``[changelog]``: the raw change rows as Parquet, one directory per batch."""
 
@@ -101,6 +108,7 @@ class PipelineConfig:
     changelog: str | None
     tables: tuple[str, ...]
     """Every captured table: ``source.tables`` or, when left out, the targets' tables."""
+    metrics: MetricsSection | None = None
 
     def with_available_now(self) -> PipelineConfig:
         """This pipeline with ``available_now = true`` (the CLI's ``--available-now``)."""
@@ -155,12 +163,16 @@ def parse_config(raw: Mapping[str, Any], *, base: Path,
         section = _section(ChangelogSection, raw["changelog"], "changelog",
                            required={"path": "a directory for the Parquet change log"})
         changelog = _local_path(section.path, base, "changelog.path")
+    metrics = None
+    if "metrics" in raw:
+        metrics = _section(MetricsSection, raw["metrics"], "metrics",
+                           required={"port": "the TCP port of the /metrics endpoint"})
     checkpoint = _local_path(spark.checkpoint, base, "spark.checkpoint")
     _check_disjoint(targets, checkpoint, changelog)
     return PipelineConfig(
         dsn=_dsn(source, environ), source=source, spark=spark,
         checkpoint=_checkpoint(checkpoint), targets=targets,
-        changelog=changelog, tables=tables)
+        changelog=changelog, tables=tables, metrics=metrics)
 
 
 def _check_disjoint(targets: tuple[Target, ...], checkpoint: str,

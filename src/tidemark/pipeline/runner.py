@@ -26,11 +26,12 @@ import sys
 import threading
 import time
 import warnings
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
 from typing import Any
 
 import psycopg
+import pyarrow as pa
 import pyarrow.compute as pc
 from pyspark.errors import PySparkException
 from pyspark.sql import DataFrame, SparkSession
@@ -42,8 +43,10 @@ from tidemark import faults
 from tidemark.errors import TerminalError
 from tidemark.event import TableId
 from tidemark.lake import apply_changes
+from tidemark.metrics import serve
 from tidemark.pipeline.config import PipelineConfig, Target
 from tidemark.pipeline.progress import BatchReport
+from tidemark.pipeline.run_metrics import RunMetrics
 from tidemark.pipeline.written_targets import WrittenTargets
 from tidemark.source.postgres.column_defaults import existing_row_values
 from tidemark.spark import wal
@@ -111,6 +114,9 @@ class Pipeline:
         self._schemas: dict[str, StructType] | None = None
         self._written: WrittenTargets | None = None
         self._batches_applied = 0
+        self._metrics = RunMetrics(config.spark.app_name)
+        self.metrics_port: int | None = None
+        """The port of the metrics endpoint while :meth:`run` serves it."""
 
     def request_stop(self) -> None:
         """Stop once the batch in progress is committed (safe from a signal handler)."""
@@ -163,6 +169,11 @@ class Pipeline:
         source = self.config.source
         attempts = 0
         delay = source.reconnect_backoff_ms / 1000
+        server = None
+        if self.config.metrics is not None:
+            server = serve(self.config.metrics.port, self._metrics.families,
+                           addr=self.config.metrics.address)
+            self.metrics_port = server.port
         try:
             while True:
                 applied = self._batches_applied
@@ -190,6 +201,9 @@ class Pipeline:
                         return
                     delay = min(delay * 2, _MAX_BACKOFF_S)
         finally:
+            if server is not None:
+                server.close()
+                self.metrics_port = None
             if self._conn is not None:
                 self._conn.close()
 
@@ -237,6 +251,7 @@ class Pipeline:
         # Microseconds since the epoch (the column's unit), None for an empty batch.
         newest = max((pc.max(rows.column("_commit_ts")).value for rows in tables.values()
                       if rows.num_rows), default=None)
+        transactions = _transactions(tables.values())
         changes: dict[str, int] = {}
         replayed: list[str] = []
         for target in self.config.targets:
@@ -258,6 +273,7 @@ class Pipeline:
         report = self._report(batch_id, changes, time.monotonic() - started, replayed,
                               newest)
         log.info("batch %d applied: %s", batch_id, changes)
+        self._metrics.observe(report, 0 if replayed else transactions)
         self._batches_applied += 1
         if self._on_batch is not None:
             self._on_batch(report)
@@ -303,6 +319,14 @@ class Pipeline:
         return BatchReport(batch_id=batch_id, changes=changes, seconds=seconds,
                            lag_bytes=lag_bytes, lag_seconds=lag_seconds,
                            replayed=tuple(replayed))
+
+
+def _transactions(tables: Iterable[pa.Table]) -> int:
+    """How many source transactions the change rows of *tables* come from."""
+    commits = [pc.unique(rows.column("_commit_lsn")) for rows in tables if rows.num_rows]
+    if not commits:
+        return 0
+    return int(pc.count_distinct(pa.chunked_array(commits)).as_py())
 
 
 def _stop_between_batches(query: StreamingQuery) -> None:

@@ -80,6 +80,8 @@ class ChangeEventBuilder:
         #: End LSN of the last transaction whose Commit has been processed: the position
         #: a resumed stream starts from once everything up to here is handed on.
         self.last_end_lsn: int | None = None
+        #: Commits processed (for metrics).
+        self.commits = 0
 
     @property
     def context(self) -> SourceContext:
@@ -207,6 +209,7 @@ class ChangeEventBuilder:
         self.in_transaction = False
         self._last_commit_lsn = msg.commit_lsn
         self.last_end_lsn = msg.end_lsn
+        self.commits += 1
 
     def _on_other(self, msg: pgoutput.Message, lsn: int, out: list[Record],
                   now_us: int) -> None:

@@ -25,6 +25,7 @@ from tidemark.offsets.store import Offset, OffsetReader
 from tidemark.retry import retry_transient
 from tidemark.serde.debezium_json import DebeziumJsonSerializer
 from tidemark.source.batch import SourceBatch
+from tidemark.source.capture_stats import CaptureStats
 from tidemark.source.postgres import catalog, session, slot
 from tidemark.source.postgres import offset as pg_offset
 from tidemark.source.postgres.change_builder import ChangeEventBuilder
@@ -79,6 +80,8 @@ class PostgresConnector:
         self._keys: dict[TableId, tuple[str, ...]] = {}
         self._type_infos: dict[int, tuple[str, int]] = {}
         self._stopped = False
+        #: What this capture has done so far (read by metrics and status).
+        self.stats = CaptureStats()
 
     @property
     def partition(self) -> str:
@@ -236,12 +239,27 @@ class PostgresConnector:
             schemas = [catalog.table_schema(conn, t, self._keys.get(t)) for t in self.tables]
             started = time.time_ns() // 1000
             log.info("snapshot of %d tables at %s started", len(schemas), lsn_to_str(lsn))
+            stats = self.stats
+            stats.snapshot_running = True
+            scanned = stats.rows_scanned
             for events in snapshot_events(
                 conn, schemas, topic_prefix=cfg.topic_prefix, database=self.database,
                 lsn=lsn, txid=txid, ts_us=started, fetch_size=cfg.snapshot_fetch_size,
             ):
+                for event in (events[0], events[-1]) if events else ():
+                    if event.schema is not None:  # a fetch reads one table (or two)
+                        scanned.setdefault(str(event.schema.table), 0)
+                if events and events[0].schema is events[-1].schema and events[0].schema:
+                    scanned[str(events[0].schema.table)] += len(events)
+                else:
+                    for event in events:
+                        if event.schema is not None:
+                            scanned[str(event.schema.table)] += 1
+                stats.saw_events(len(events), started)
                 yield SourceBatch(list(events), None)
             conn.rollback()
+            stats.snapshot_running = False
+            stats.snapshot_completed = True
         finally:
             conn.close()
 
@@ -258,6 +276,11 @@ class PostgresConnector:
         mode = cfg.snapshot_mode
         completed = bool(offset and offset.get("snapshot_completed"))
         start_lsn = int(offset["lsn"]) if offset and "lsn" in offset else 0
+        # source.sequence's last commit for the first streamed transaction: where a
+        # previous run (its offset) or this run's snapshot left off, as Debezium restores
+        # it from its offset; null on a first start without a snapshot, as there.
+        last_commit = start_lsn or None
+        self.stats.snapshot_completed = completed
         from tidemark.source.postgres.replication import (  # noqa: PLC0415 - see above
             ReplicationStream,
         )
@@ -283,6 +306,7 @@ class PostgresConnector:
             if mode == SnapshotMode.NO_DATA:
                 stream.close()
             else:
+                last_commit = consistent
                 # The exported snapshot lives until the slot's connection is used again;
                 # import it (begin_snapshot) before that connection is closed.
                 snapshots = self._dropping_slot_on_failure(
@@ -305,11 +329,11 @@ class PostgresConnector:
                 # now overlaps the stream from the slot's position, so rows changed in
                 # between arrive twice (at-least-once), never zero times.
                 yield from self._snapshot(None, slot_lsn)
-                start_lsn = slot_lsn
+                start_lsn = last_commit = slot_lsn
                 yield SourceBatch([], {"lsn": start_lsn, "snapshot_completed": True})
             start_lsn = max(start_lsn, slot_lsn)
         self._stream = stream
-        yield from self._stream_changes(stream, start_lsn)
+        yield from self._stream_changes(stream, start_lsn, last_commit)
 
     def _dropping_slot_on_failure(self, stream: ReplicationStream,
                                   batches: Iterator[SourceBatch]) -> Iterator[SourceBatch]:
@@ -329,7 +353,8 @@ class PostgresConnector:
                             name, str(err).strip().splitlines()[0], name)
             raise
 
-    def _stream_changes(self, stream: ReplicationStream, start_lsn: int) -> Iterator[SourceBatch]:
+    def _stream_changes(self, stream: ReplicationStream, start_lsn: int,
+                        last_commit_lsn: int | None) -> Iterator[SourceBatch]:
         cfg = self.config
         builder = ChangeEventBuilder(
             topic_prefix=cfg.topic_prefix, database=self.database,
@@ -340,14 +365,16 @@ class PostgresConnector:
             transaction_metadata=cfg.provide_transaction_metadata,
             # source.sequence's last commit must keep growing across restarts: consumers
             # of Debezium JSON order transactions by it (Debezium keeps it in its offset).
-            last_commit_lsn=start_lsn or None,
+            last_commit_lsn=last_commit_lsn,
         )
         lines = JsonLineBuilder(builder, self._json_lines) if self._json_lines else None
         to_records = (RenderedEventBuilder(builder, self._rendered_json,
                                            converted_records=self._converted_records).process
                       if self._rendered_json else builder.process)
         resume = start_lsn
+        stats = self.stats
         self._open_with_retry(stream, resume)
+        stats.connected = True
         heartbeat_s = cfg.heartbeat_interval_ms / 1000
         last_heartbeat = time.monotonic()
         emitted = start_lsn  # the last offset handed on in a batch
@@ -362,6 +389,7 @@ class PostgresConnector:
                     limit = min(limit * 4, cfg.max_batch_messages)
             except SourceUnavailableError as err:
                 stream.close()
+                stats.connected = False
                 if cfg.reconnect_max_attempts == 0:
                     raise
                 # Resume from what the caller has committed, not from what was handed on:
@@ -371,6 +399,7 @@ class PostgresConnector:
                 log.warning("%s; reconnecting from %s", err, lsn_to_str(restart))
                 builder.in_transaction = False
                 self._open_with_retry(stream, restart)
+                stats.connected = True
                 continue
             now_us = time.time_ns() // 1000
             records: list[Record] = []
@@ -379,6 +408,11 @@ class PostgresConnector:
                 texts = lines.process(messages, now_us) if messages else []
             elif messages:
                 records = to_records(messages, now_us)
+            if messages:
+                stats.transactions_committed = builder.commits
+                events = len(records) + (len(texts) if texts else 0)
+                if events:
+                    stats.saw_events(events, builder.context.ts_us)
             if builder.last_end_lsn is not None and builder.last_end_lsn > resume:
                 resume = builder.last_end_lsn
             finished = False
@@ -400,7 +434,7 @@ class PostgresConnector:
             offset = None
             if resume > emitted or finished:
                 offset = {"lsn": resume, "snapshot_completed": True}
-                emitted = resume
+                emitted = stats.position_lsn = resume
             yield SourceBatch(records, offset, finished, texts)
             if finished:
                 return
