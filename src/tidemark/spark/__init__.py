@@ -25,6 +25,10 @@ Example::
     orders = ts.read_table(spark, dsn=dsn, table="public.orders", slot="orders_cdc")
     (orders.writeStream.format("parquet").option("path", "out/orders")
            .option("checkpointLocation", "chk/orders").trigger(availableNow=True).start())
+
+pyspark is imported on first use, not by ``import tidemark.spark``: the package's pure
+modules (``options``, ``offsets``, ``wal``) serve commands that never start Spark
+(``tidemark status``, the validation of a pipeline file), which must not pay for it.
 """
 
 from __future__ import annotations
@@ -32,23 +36,25 @@ from __future__ import annotations
 import os
 import sys
 from collections.abc import Iterator, Mapping, Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import msgspec
 import pyarrow as pa
-from pyspark.sql import DataFrame, SparkSession
-from pyspark.sql import functions as F  # noqa: N812 - pyspark's convention
 
-from tidemark.spark.arrow_rows import (
-    META_NAMES,
-    arrow_schema,
-    envelope_table_schemas,
-    is_packed_envelope,
-    is_struct_envelope,
-    typed_rows,
-)
-from tidemark.spark.source import TidemarkDataSource
-from tidemark.spark.type_mapping import converter
+if TYPE_CHECKING:
+    from pyspark.sql import DataFrame, SparkSession
+
+    from tidemark.spark.source import TidemarkDataSource
+
+
+def __getattr__(name: str) -> Any:
+    """``TidemarkDataSource``, imported (with pyspark) when first asked for."""
+    if name == "TidemarkDataSource":
+        from tidemark.spark.source import TidemarkDataSource  # noqa: PLC0415
+
+        return TidemarkDataSource
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
 
 __all__ = ["TidemarkDataSource", "read_changes", "read_table", "register", "table_changes"]
 
@@ -60,6 +66,8 @@ def register(spark: SparkSession) -> None:
     Python workers import the same tidemark (local mode; on a cluster, install tidemark
     on the executors' Python).
     """
+    from tidemark.spark.source import TidemarkDataSource  # noqa: PLC0415
+
     os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
     spark.dataSource.register(TidemarkDataSource)
 
@@ -113,6 +121,18 @@ def table_changes(envelope: DataFrame, table: str) -> DataFrame:
     Works on the streaming DataFrame and on the batch DataFrames a ``foreachBatch``
     receives; the conversion is the typed stream's, so both give equal rows.
     """
+    from pyspark.sql import functions as F  # noqa: N812, PLC0415 - pyspark's convention
+
+    from tidemark.spark.arrow_rows import (  # noqa: PLC0415
+        META_NAMES,
+        arrow_schema,
+        envelope_table_schemas,
+        is_packed_envelope,
+        is_struct_envelope,
+        typed_rows,
+    )
+    from tidemark.spark.type_mapping import converter  # noqa: PLC0415
+
     schemas = envelope_table_schemas(envelope.schema)
     name = table if "." in table else f"public.{table}"
     if name not in schemas:
