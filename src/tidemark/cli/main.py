@@ -11,6 +11,7 @@ from tidemark.cli import logs
 from tidemark.cli.capture import capture
 from tidemark.cli.demo import demo
 from tidemark.cli.run import run
+from tidemark.cli.status import status
 from tidemark.errors import TidemarkError
 
 
@@ -28,6 +29,7 @@ def cli(log_level: str) -> None:
 cli.add_command(capture)
 cli.add_command(demo)
 cli.add_command(run)
+cli.add_command(status)
 
 
 def main() -> None:

@@ -47,6 +47,7 @@ from tidemark.metrics import serve
 from tidemark.pipeline.config import PipelineConfig, Target
 from tidemark.pipeline.progress import BatchReport
 from tidemark.pipeline.run_metrics import RunMetrics
+from tidemark.pipeline.run_record import record_batch, records_runs
 from tidemark.pipeline.written_targets import WrittenTargets
 from tidemark.source.postgres.column_defaults import existing_row_values
 from tidemark.spark import wal
@@ -158,6 +159,7 @@ class Pipeline:
                                                    " milliseconds")
         return writer.start()
 
+    @records_runs  # <checkpoint>/tidemark-status.json, for tidemark status
     def run(self) -> None:
         """Run until done or stopped; raises PipelineError if the query fails.
 
@@ -275,6 +277,7 @@ class Pipeline:
         log.info("batch %d applied: %s", batch_id, changes)
         self._metrics.observe(report, 0 if replayed else transactions)
         self._batches_applied += 1
+        record_batch(self.config.checkpoint, report)  # for tidemark status
         if self._on_batch is not None:
             self._on_batch(report)
 

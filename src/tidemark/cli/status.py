@@ -1,0 +1,86 @@
+"""``tidemark status``: where a capture or a pipeline stands, and whether it is healthy."""
+
+from __future__ import annotations
+
+import json
+import sys
+
+import click
+
+
+@click.command()
+@click.argument("config_file", required=False, type=click.Path(dir_okay=False))
+@click.option("--dsn", envvar="TIDEMARK_DSN",
+              help="A capture's database: libpq connection string or URI (or $TIDEMARK_DSN). "
+                   "A pipeline's comes from its file.")
+@click.option("--slot", default="tidemark", show_default=True,
+              help="A capture's replication slot (capture's --slot).")
+@click.option("--offsets", type=click.Path(dir_okay=False),
+              help="A capture's offsets file (capture's --offsets): compared with the slot.")
+@click.option("--json", "as_json", is_flag=True,
+              help="Print one JSON object (keys below) instead of text.")
+@click.pass_context
+def status(ctx: click.Context, config_file: str | None, dsn: str | None, slot: str,
+           offsets: str | None, as_json: bool) -> None:
+    """Show a capture's slot and offsets, or a pipeline's (CONFIG_FILE) targets,
+    checkpoint and slot. Read-only, and Spark is not started.
+
+    Exit status: 0 healthy, 1 something is wrong (listed under "problems": a missing or
+    invalidated slot, an offset ahead of the server, a lost target, a failed last run),
+    2 the status could not be taken (usage, config, connection).
+
+    \b
+    JSON keys (all always present; null = not measured; LSNs "16/B374D848",
+    sizes in bytes, times ISO 8601 UTC):
+      kind, healthy, problems[], warnings[]
+      server   {database, version_num, in_recovery, end_lsn, current_lsn}
+      slot     {name, exists, type, plugin, database, temporary, active, active_pid,
+                holder_application, holder_backend_type, holder_client_addr,
+                restart_lsn, confirmed_flush_lsn, wal_status, safe_wal_size_bytes,
+                wal_retained_bytes}
+      lag      {from, from_lsn, bytes, seconds, seconds_source, note}
+      snapshot {completed, source, incremental, note}
+      capture:  offsets {file, key, exists, found, lsn, snapshot_completed, keys,
+                         state, bytes_vs_slot, meaning}  (null without --offsets)
+      pipeline: config, checkpoint {path, query_id, last_offset_batch,
+                last_offset_lsn, last_committed_batch, last_committed_lsn,
+                batch_in_progress}, targets [{table, path, exists, lost,
+                delta_version, rows, app_id, last_batch_id, last_commit_at,
+                problem}], last_run {started_at, ended_at, outcome, error,
+                last_batch_id, last_batch_at, last_batch_changes,
+                last_batch_lag_bytes, last_batch_lag_seconds} (null if none)
+    """
+    # Imported here: `tidemark capture` must not pay for pyarrow and deltalake.
+    import psycopg2  # noqa: PLC0415
+
+    from tidemark.errors import SourceError  # noqa: PLC0415
+
+    try:
+        if config_file is not None:
+            for name in ("dsn", "slot", "offsets"):
+                if ctx.get_parameter_source(name) == click.core.ParameterSource.COMMANDLINE:
+                    raise click.UsageError(f"--{name} is for a capture's status; a "
+                                           "pipeline's comes from CONFIG_FILE")
+            from tidemark.pipeline.config import load_config  # noqa: PLC0415
+            from tidemark.pipeline.status import (  # noqa: PLC0415
+                pipeline_status,
+                render_pipeline,
+            )
+
+            result = pipeline_status(load_config(config_file), config_file)
+            text = render_pipeline
+        else:
+            if not dsn:
+                raise click.UsageError("give --dsn (or set TIDEMARK_DSN) for a capture's "
+                                       "status, or a pipeline file")
+            from tidemark.status.capture import capture_status, render_capture  # noqa: PLC0415
+
+            result = capture_status(dsn, slot, offsets)
+            text = render_capture
+    except psycopg2.Error as err:
+        message = (getattr(err, "pgerror", None) or str(err)).strip().splitlines()
+        raise SourceError(f"cannot read the slot's state: "
+                          f"{message[0] if message else type(err).__name__}") from None
+    click.echo(json.dumps(result, indent=2) if as_json else text(result))
+    if not result["healthy"]:
+        sys.exit(1)

@@ -1,0 +1,132 @@
+"""How the last ``tidemark run`` of a checkpoint went, kept beside Spark's files.
+
+Spark's checkpoint says which batches were committed, not when, nor why a query
+stopped. The runner records that in ``<checkpoint>/tidemark-status.json`` (Spark ignores
+files it does not know): when the run started and ended, how it ended (``running``
+while it runs — also what a killed run leaves behind —, ``finished``, ``interrupted``,
+``failed`` with the error's message) and its last applied batch. ``tidemark status``
+reads it; nothing else depends on it, so failing to write it never fails the pipeline.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import datetime
+import functools
+import logging
+import os
+import tempfile
+import threading
+from collections.abc import Callable
+from pathlib import Path
+from typing import Final, Protocol, TypeVar
+
+import msgspec
+
+from tidemark.pipeline.config import PipelineConfig
+from tidemark.pipeline.progress import BatchReport
+
+log = logging.getLogger(__name__)
+
+#: The record's file in the checkpoint directory.
+FILE_NAME: Final = "tidemark-status.json"
+
+_MAX_ERROR_CHARS: Final = 4000
+_lock = threading.Lock()  # the batch thread and the run's thread both write
+
+
+class RunRecord(msgspec.Struct, kw_only=True):
+    """The contents of the record (times in UTC)."""
+
+    started_at: datetime.datetime | None = None
+    ended_at: datetime.datetime | None = None
+    outcome: str | None = None
+    """``running``, ``finished``, ``interrupted`` or ``failed``."""
+    error: str | None = None
+    last_batch_id: int | None = None
+    last_batch_at: datetime.datetime | None = None
+    last_batch_changes: dict[str, int] | None = None
+    last_batch_lag_bytes: int | None = None
+    last_batch_lag_seconds: float | None = None
+
+
+def read_record(checkpoint: str) -> RunRecord | None:
+    """The record in *checkpoint*, None if there is none; raises ValueError if the file
+    is not one."""
+    file = Path(checkpoint) / FILE_NAME
+    try:
+        data = file.read_bytes()
+    except FileNotFoundError:
+        return None
+    try:
+        return msgspec.json.decode(data, type=RunRecord)
+    except msgspec.DecodeError as err:
+        raise ValueError(f"{file} is not tidemark's run record ({err})") from None
+
+
+def record_batch(checkpoint: str, report: BatchReport) -> None:
+    """Note that *report*'s batch was applied."""
+    _update(checkpoint, last_batch_id=report.batch_id, last_batch_at=_now(),
+            last_batch_changes=dict(report.changes), last_batch_lag_bytes=report.lag_bytes,
+            last_batch_lag_seconds=report.lag_seconds)
+
+
+class _Run(Protocol):
+    @property
+    def config(self) -> PipelineConfig: ...
+
+
+R = TypeVar("R", bound=_Run)
+
+
+def records_runs(run: Callable[[R], None]) -> Callable[[R], None]:
+    """Decorate ``Pipeline.run``: record its start, its end and how it ended."""
+
+    @functools.wraps(run)
+    def recorded(self: R) -> None:
+        checkpoint = self.config.checkpoint
+        _update(checkpoint, started_at=_now(), ended_at=None, outcome="running", error=None)
+        try:
+            run(self)
+        except Exception as err:
+            _update(checkpoint, ended_at=_now(), outcome="failed", error=_message(err))
+            raise
+        except BaseException:  # a second Ctrl-C: stopped at once, the batch replays
+            _update(checkpoint, ended_at=_now(), outcome="interrupted")
+            raise
+        _update(checkpoint, ended_at=_now(), outcome="finished")
+
+    return recorded
+
+
+def _update(checkpoint: str, **changes: object) -> None:
+    file = Path(checkpoint) / FILE_NAME
+    try:
+        with _lock:
+            try:
+                record = read_record(checkpoint) or RunRecord()
+            except ValueError:
+                record = RunRecord()  # not ours or torn: start it over
+            record = msgspec.structs.replace(record, **changes)
+            fd, tmp = tempfile.mkstemp(prefix=f".{FILE_NAME}.", dir=file.parent)
+            try:
+                with os.fdopen(fd, "wb") as out:
+                    out.write(msgspec.json.encode(record))
+                os.replace(tmp, file)
+            except BaseException:
+                with contextlib.suppress(OSError):
+                    os.unlink(tmp)
+                raise
+    except OSError as err:
+        log.warning("cannot record the run's status in %s: %s", file, err)
+
+
+def _now() -> datetime.datetime:
+    return datetime.datetime.now(datetime.UTC)
+
+
+def _message(err: BaseException) -> str:
+    text = str(err).strip() or type(err).__name__
+    if len(text) > _MAX_ERROR_CHARS:
+        text = text[:_MAX_ERROR_CHARS] + "…"
+    return text

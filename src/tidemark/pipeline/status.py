@@ -1,0 +1,280 @@
+"""The status of a ``tidemark run`` pipeline, read without starting Spark.
+
+Everything comes from files and one database connection, so it takes well under a
+second and can run while the pipeline runs: Spark's checkpoint (``metadata``: the query
+id; ``offsets/N``: batch N's end, written before the batch runs; ``commits/N``: batch N
+done), the run record the runner keeps beside it (:mod:`tidemark.pipeline.run_record`),
+each target's Delta log (version, row count from the files' statistics, the batch id of
+the app transaction ``tidemark-<query id>-<table>``, time of the last commit) and the
+slot on the server. pyspark is not imported.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+from pathlib import Path
+from typing import Any
+
+import pyarrow as pa
+from deltalake import DeltaTable
+from deltalake.exceptions import DeltaError
+
+from tidemark.errors import TidemarkError
+from tidemark.pipeline.config import PipelineConfig, Target
+from tidemark.pipeline.run_record import read_record
+from tidemark.pipeline.written_targets import TargetLostError, WrittenTargets
+from tidemark.source.postgres import session
+from tidemark.source.postgres.pgoutput import lsn_to_str, str_to_lsn
+from tidemark.source.postgres.slot_status import ServerWal, SlotState, read_server, read_slot
+from tidemark.spark.offsets import from_offset
+from tidemark.status.report import (
+    Status,
+    human_bytes,
+    iso_time,
+    lag_section,
+    lsn,
+    render,
+    server_section,
+    slot_findings,
+    slot_lines,
+    slot_section,
+    table,
+)
+
+
+def pipeline_status(config: PipelineConfig, config_file: str) -> Status:
+    """The status of the pipeline *config* (loaded from *config_file*)."""
+    problems: list[str] = []
+    warnings: list[str] = []
+    checkpoint = _checkpoint(config.checkpoint, problems)
+    slot_name = config.source.slot
+    with contextlib.closing(session.connect(config.dsn,
+                                            application_name="tidemark status")) as conn:
+        server = read_server(conn)
+        slot = read_slot(conn, slot_name, server)
+    started = checkpoint["query_id"] is not None
+    if slot is None and not started:
+        warnings.append(f"replication slot {slot_name!r} does not exist yet: the pipeline "
+                        "has not started (tidemark run creates it)")
+    else:
+        slot_findings(slot_name, slot, server, problems, warnings)
+    _compare(checkpoint, slot, server, problems)
+    targets = [_target(t, config.checkpoint, checkpoint["query_id"], problems)
+               for t in config.targets]
+    last_run = _last_run(config.checkpoint, problems)
+    committed = (None if checkpoint["last_committed_lsn"] is None
+                 else str_to_lsn(checkpoint["last_committed_lsn"]))
+    return {
+        "kind": "pipeline",
+        "healthy": not problems,
+        "problems": problems,
+        "warnings": warnings,
+        "config": str(Path(config_file).resolve()),
+        "server": server_section(server),
+        "slot": slot_section(slot_name, slot, server),
+        "lag": lag_section(slot, server, checkpoint_lsn=committed),
+        "checkpoint": checkpoint,
+        "targets": targets,
+        "last_run": last_run,
+        "snapshot": {"completed": None, "source": None, "incremental": None,
+                     "note": "none: tidemark run takes no initial snapshot yet, the Delta "
+                             "tables hold the changes made since the slot was created"},
+    }
+
+
+# -- Spark's checkpoint ------------------------------------------------------------------
+
+def _checkpoint(path: str, problems: list[str]) -> dict[str, Any]:
+    section: dict[str, Any] = {
+        "path": path, "query_id": None, "last_offset_batch": None, "last_offset_lsn": None,
+        "last_committed_batch": None, "last_committed_lsn": None, "batch_in_progress": False}
+    root = Path(path)
+    try:
+        metadata = (root / "metadata").read_text(encoding="utf-8")
+    except FileNotFoundError:
+        return section  # the query never started
+    except OSError as err:
+        problems.append(f"cannot read the checkpoint {path}: {err.strerror or err}")
+        return section
+    try:
+        # As the runner reads it (_checkpoint_query_id): one JSON object, first line.
+        section["query_id"] = str(json.loads(metadata.splitlines()[0])["id"])
+        offset_batch = _last_batch(root / "offsets")
+        committed_batch = _last_batch(root / "commits")
+        section["last_offset_batch"] = offset_batch
+        section["last_committed_batch"] = committed_batch
+        if offset_batch is not None:
+            section["last_offset_lsn"] = lsn(_batch_end(root, offset_batch))
+        if committed_batch is not None:
+            section["last_committed_lsn"] = lsn(_batch_end(root, committed_batch))
+        section["batch_in_progress"] = offset_batch is not None and (
+            committed_batch is None or offset_batch > committed_batch)
+    except (OSError, ValueError, KeyError, IndexError, TidemarkError) as err:
+        problems.append(f"the checkpoint {path} is not one of a tidemark pipeline: {err}")
+    return section
+
+
+def _last_batch(log: Path) -> int | None:
+    """The highest batch id in Spark's ``offsets`` or ``commits`` log (None if empty)."""
+    if not log.is_dir():
+        return None
+    return max((int(name) for name in os.listdir(log) if name.isdigit()), default=None)
+
+
+def _batch_end(root: Path, batch_id: int) -> int | None:
+    """Batch *batch_id*'s end offset: the last line of ``offsets/<batch_id>`` ("v1", the
+    batch metadata, then one offset per source: this query has one)."""
+    lines = (root / "offsets" / str(batch_id)).read_text(encoding="utf-8").splitlines()
+    if lines[-1].strip() == "-":  # Spark's "no offset" for a source
+        return None
+    return from_offset(json.loads(lines[-1]))
+
+
+def _compare(checkpoint: dict[str, Any], slot: SlotState | None, server: ServerWal,
+             problems: list[str]) -> None:
+    """The checkpoint's positions against the server's WAL and the slot's."""
+    committed = checkpoint["last_committed_lsn"]
+    for key, what in (("last_offset_lsn", "last batch"),
+                      ("last_committed_lsn", "last committed batch")):
+        value = checkpoint[key]
+        if (value is not None and server.end_lsn is not None
+                and str_to_lsn(value) > server.end_lsn):
+            problems.append(
+                f"the checkpoint's {what} ends at {value}, ahead of this server's WAL "
+                f"({lsn_to_str(server.end_lsn)}): the checkpoint belongs to another server; "
+                "start over with a new checkpoint directory (and new targets)")
+            return
+    if (committed is not None and slot is not None and slot.confirmed_flush_lsn is not None
+            and slot.confirmed_flush_lsn > str_to_lsn(committed)):
+        problems.append(
+            f"replication slot {slot.name!r} is at {lsn_to_str(slot.confirmed_flush_lsn)}, "
+            f"past the checkpoint's last committed offset {committed}: it was advanced "
+            "outside the pipeline, and the changes in between cannot be read again (the next "
+            "batch fails); start over with a new checkpoint directory (and new targets)")
+
+
+# -- Delta targets ---------------------------------------------------------------------
+
+def _target(target: Target, checkpoint: str, query_id: str | None,
+            problems: list[str]) -> dict[str, Any]:
+    app_id = f"tidemark-{query_id}-{target.table}" if query_id is not None else None
+    section: dict[str, Any] = {
+        "table": target.table, "path": target.path,
+        "exists": os.path.isdir(os.path.join(target.path, "_delta_log")), "lost": False,
+        "delta_version": None, "rows": None, "app_id": app_id, "last_batch_id": None,
+        "last_commit_at": None, "problem": None}
+    try:
+        WrittenTargets(checkpoint).check((target,))
+    except TargetLostError as err:
+        section["lost"] = True
+        section["problem"] = str(err)
+        problems.append(str(err))
+        return section
+    if not section["exists"]:
+        return section  # no change applied to it yet
+    try:
+        delta = DeltaTable(target.path)
+        section["delta_version"] = delta.version()
+        section["rows"] = _row_count(delta)
+        if app_id is not None:
+            section["last_batch_id"] = delta.transaction_version(app_id)
+        history = delta.history(1)
+        if history:
+            section["last_commit_at"] = iso_time(int(history[0]["timestamp"]) / 1000)
+    except (DeltaError, OSError) as err:
+        section["problem"] = f"cannot read the Delta table {target.path}: {err}"
+        problems.append(section["problem"])
+    return section
+
+
+def _row_count(delta: DeltaTable) -> int | None:
+    """Rows of the table's current version from the statistics in its log (no data file
+    is read); None when a file has no statistics or deletion vectors hide rows."""
+    if "deletionVectors" in (delta.protocol().reader_features or []):
+        return None
+    actions = pa.table(delta.get_add_actions(flatten=True))
+    if actions.num_rows == 0:
+        return 0
+    counts = actions.column("num_records")
+    if counts.null_count:
+        return None
+    return int(pa.compute.sum(counts).as_py())
+
+
+# -- the run record --------------------------------------------------------------------
+
+def _last_run(checkpoint: str, problems: list[str]) -> dict[str, Any] | None:
+    try:
+        record = read_record(checkpoint)
+    except (OSError, ValueError) as err:
+        problems.append(f"cannot read the run record: {err}")
+        return None
+    if record is None:
+        return None
+    if record.outcome == "failed":
+        problems.append(f"the last run failed: {record.error}")
+
+    def when(moment: Any) -> str | None:
+        return None if moment is None else iso_time(moment.timestamp())
+
+    return {"started_at": when(record.started_at), "ended_at": when(record.ended_at),
+            "outcome": record.outcome, "error": record.error,
+            "last_batch_id": record.last_batch_id, "last_batch_at": when(record.last_batch_at),
+            "last_batch_changes": record.last_batch_changes,
+            "last_batch_lag_bytes": record.last_batch_lag_bytes,
+            "last_batch_lag_seconds": record.last_batch_lag_seconds}
+
+
+# -- human output ----------------------------------------------------------------------
+
+def render_pipeline(status: Status) -> str:
+    """The human output of a pipeline's status."""
+    rows = slot_lines(status)
+    chk = status["checkpoint"]
+    if chk["query_id"] is None:
+        rows.append(("checkpoint", f"{chk['path']}: no query has started"))
+    else:
+        committed = ("none committed" if chk["last_committed_batch"] is None else
+                     f"last committed batch {chk['last_committed_batch']} (up to "
+                     f"{chk['last_committed_lsn']})")
+        progress = (f"; batch {chk['last_offset_batch']} in progress (up to "
+                    f"{chk['last_offset_lsn']})" if chk["batch_in_progress"] else "")
+        rows.append(("checkpoint", f"{chk['path']}: {committed}{progress}"))
+    rows.append(("last run", _run_line(status["last_run"])))
+    rows.append(("snapshot", status["snapshot"]["note"]))
+    header = ("table", "delta version", "rows", "last batch", "last commit", "path")
+    body: list[tuple[str, ...]] = []
+    for t in status["targets"]:
+        if t["lost"]:
+            body.append((t["table"], "LOST", "-", "-", "-", t["path"]))
+            continue
+        if not t["exists"]:
+            body.append((t["table"], "not created yet", "-", "-", "-", t["path"]))
+            continue
+        body.append(tuple("-" if v is None else str(v) for v in (
+            t["table"], t["delta_version"], t["rows"], t["last_batch_id"],
+            t["last_commit_at"], t["path"])))
+    lines = ["targets:", *table(header, body)]
+    return render(f"pipeline {status['config']}", rows, status, lines)
+
+
+def _run_line(run: dict[str, Any] | None) -> str:
+    if run is None:
+        return "not recorded (no run since tidemark status was added)"
+    outcome = run["outcome"]
+    if outcome == "running":
+        outcome = "running (or killed: no end was recorded)"
+    elif outcome == "failed":
+        outcome = f"failed at {run['ended_at']}: {run['error']}"
+    elif run["ended_at"] is not None:
+        outcome = f"{outcome} at {run['ended_at']}"
+    text = f"started {run['started_at']}, {outcome}"
+    if run["last_batch_id"] is not None:
+        changes = sum((run["last_batch_changes"] or {}).values())
+        seconds = run["last_batch_lag_seconds"]
+        text += (f"; last batch {run['last_batch_id']} at {run['last_batch_at']}: "
+                 f"{changes} changes, lag then {human_bytes(run['last_batch_lag_bytes'])}, "
+                 f"{'?' if seconds is None else f'{seconds:.1f}'} s")
+    return text

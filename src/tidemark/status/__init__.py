@@ -1,0 +1,46 @@
+"""``tidemark status``: where a capture or a pipeline stands, and whether that is healthy.
+
+A status is one JSON-able dict with stable keys (every key is always present; what was
+not measured is ``null``, never a guess). The human output is rendered from the same
+dict, so both say the same. :mod:`tidemark.status.report` holds the parts shared by a
+capture and a pipeline (server, slot, lag), :mod:`tidemark.status.capture` a capture's
+status (slot and offsets file), :mod:`tidemark.pipeline.status` a pipeline's (Delta
+targets, Spark checkpoint, slot).
+
+Keys (``--json``)::
+
+    kind             "capture" | "pipeline"
+    healthy          false when problems is not empty (exit 1)
+    problems         list of sentences: what is broken and what it means
+    warnings         list of sentences: worth a look, not broken
+    server           {database, version_num, in_recovery, end_lsn, current_lsn}
+    slot             {name, exists, type, plugin, database, temporary, active,
+                      active_pid, holder_application, holder_backend_type,
+                      holder_client_addr, restart_lsn, confirmed_flush_lsn,
+                      wal_status, safe_wal_size_bytes, wal_retained_bytes}
+    lag              {from, from_lsn, bytes, seconds, seconds_source, note}
+    snapshot         {completed, source, incremental, note}
+
+    capture only:
+    offsets          null without --offsets, else {file, key, exists, found, lsn,
+                      snapshot_completed, keys, state, bytes_vs_slot, meaning}
+
+    pipeline only:
+    config           the pipeline file
+    checkpoint       {path, query_id, last_offset_batch, last_offset_lsn,
+                      last_committed_batch, last_committed_lsn, batch_in_progress}
+    targets          [{table, path, exists, lost, delta_version, rows, app_id,
+                       last_batch_id, last_commit_at, problem}]
+    last_run         null if no run recorded it, else {started_at, ended_at, outcome,
+                      error, last_batch_id, last_batch_at, last_batch_changes,
+                      last_batch_lag_bytes, last_batch_lag_seconds}
+
+LSNs are PostgreSQL's text form (``"16/B374D848"``), sizes bytes, times ISO 8601 UTC.
+``offsets.state`` is one of ``in_step``, ``behind_slot``, ``ahead_of_slot``,
+``ahead_of_server``, ``no_slot``, ``no_key``, ``no_file``, ``invalid``;
+``lag.from`` is ``slot`` (a capture: the slot's confirmed position) or ``checkpoint`` (a
+pipeline: the end of its last committed batch; the slot follows when the next batch
+starts); ``lag.seconds_source`` one of ``walsender_flush_lag``, ``walsender_replay_lag``,
+``walsender_write_lag``, ``caught_up`` or null (unknown, ``note`` says why);
+``snapshot.incremental`` is null until tidemark has incremental snapshots.
+"""
