@@ -187,7 +187,7 @@ def test_transaction_metadata_turns_the_fused_path_off(db: Database) -> None:
     assert not any(type(r.event) is RenderedEvent for r in got)
     assert _texts(got) == _texts(expected)
     _check_saved(db, end, offset, expected_offset)
-    assert any(r.destination == "transaction" for r in got)
+    assert any(r.destination == "tidemark.transaction" for r in got)
     # The connector's metadata alone (converter without it) also keeps the task unfused.
     plain, _ = _run(db, "meta", end, [], config={"provide_transaction_metadata": True})
     assert not any(type(r.event) is RenderedEvent for r in plain)

@@ -289,6 +289,8 @@ class TransactionBoundary(msgspec.Struct, frozen=True, gc=False):
     """A BEGIN or END record of the transaction-metadata stream.
 
     ``event_count`` and ``data_collections`` (``(table, count)`` pairs) are set on END.
+    ``topic_prefix``: the capture's ``topic.prefix`` (the record's topic is
+    ``<topic_prefix>.transaction``).
     """
 
     status: str
@@ -297,6 +299,7 @@ class TransactionBoundary(msgspec.Struct, frozen=True, gc=False):
     commit_lsn: int
     event_count: int | None = None
     data_collections: Sequence[tuple[str, int]] | None = None
+    topic_prefix: str = ""
 
 
 #: What a source task emits: row changes, and BEGIN/END records of the transaction stream.

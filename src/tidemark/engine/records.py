@@ -98,8 +98,8 @@ class Destinations:
 
 def default_destination(record: Record) -> str:
     """Debezium's topic name for *record*."""
-    if not isinstance(record, ChangeEvent):
-        return "transaction"
+    if not isinstance(record, ChangeEvent):  # <topic.prefix>.transaction (confirmed by capture)
+        return f"{record.topic_prefix}.transaction" if record.topic_prefix else "transaction"
     if record.op is Op.MESSAGE or record.schema is None:
         return f"{record.context.name}.message"
     return table_destination(record.context.name, record.schema.table)

@@ -16,7 +16,9 @@
  *   RAW      the text itself (integers: PostgreSQL's text is valid JSON)
  *   STRING   the text as a JSON string (``json.encoder.encode_basestring``)
  *   BOOL     true for "t", false otherwise
- *   FLOAT    the text, quoted unless it ends in a digit (NaN, Infinity)
+ *   FLOAT    the text where it is already what Java's Float/Double.toString writes
+ *            (plain, with a fraction, 1e-3 <= |x| < 1e7), else ``functions[i](text)``
+ *            (debezium_json.java_float_text)
  *   FUNCTION ``functions[i](text)``
  */
 #define PY_SSIZE_T_CLEAN
@@ -233,6 +235,47 @@ needs_escape(PyObject *s)
     return 0;
 }
 
+/* Whether PostgreSQL's float text *s* is already what Java's Float/Double.toString
+ * writes (debezium_json.java_float_text's fast case): plain digits with a point and at
+ * least one fraction digit, 1 to 7 whole digits without a leading zero, or "0." and a
+ * non-zero digit among the first three of the fraction (1e-3 <= |x| < 1e7). */
+static int
+java_plain_float(PyObject *s)
+{
+    Py_ssize_t len = PyUnicode_GET_LENGTH(s), i = 0, point = -1;
+    int kind = PyUnicode_KIND(s);
+    const void *data = PyUnicode_DATA(s);
+    if (len > 0 && PyUnicode_READ(kind, data, 0) == '-') {
+        i = 1;
+    }
+    Py_ssize_t start = i;
+    for (; i < len; i++) {
+        Py_UCS4 c = PyUnicode_READ(kind, data, i);
+        if (c == '.' && point < 0) {
+            point = i;
+        }
+        else if (c < '0' || c > '9') {
+            return 0;
+        }
+    }
+    Py_ssize_t whole = point - start;
+    if (point < 0 || point == len - 1 || whole < 1 || whole > 7) {
+        return 0;
+    }
+    if (PyUnicode_READ(kind, data, start) != '0') {
+        return 1;
+    }
+    if (whole != 1) {
+        return 0;
+    }
+    for (i = point + 1; i < len && i <= point + 3; i++) {
+        if (PyUnicode_READ(kind, data, i) != '0') {
+            return 1;
+        }
+    }
+    return 0;
+}
+
 /* -- the renderer ------------------------------------------------------------------- */
 
 /* The event's fields the writer reads. */
@@ -244,7 +287,7 @@ typedef struct {
     vectorcallfunc vectorcall;
     Py_ssize_t n_columns;
     char *kinds;
-    PyObject *functions;    /* tuple: callable per FUNCTION column, else None */
+    PyObject *functions;    /* tuple: callable per FUNCTION or FLOAT column, else None */
     PyObject *names;        /* tuple of str: '{"id":' for the first column, ',"x":' after */
     PyObject *nulls;        /* tuple of str: JSON text for SQL NULL */
     PyObject *placeholders; /* tuple of str: JSON text for an unchanged TOASTed value */
@@ -363,7 +406,8 @@ Renderer_new(PyTypeObject *type, PyObject *args, PyObject *kwargs)
         return NULL;
     }
     for (Py_ssize_t i = 0; i < n; i++) {
-        if (PyBytes_AS_STRING(kinds)[i] == K_FUNCTION &&
+        char kind = PyBytes_AS_STRING(kinds)[i];
+        if ((kind == K_FUNCTION || kind == K_FLOAT) &&
             !PyCallable_Check(PyTuple_GET_ITEM(functions, i))) {
             PyErr_Format(PyExc_TypeError, "functions[%zd] must be callable", i);
             return NULL;
@@ -468,22 +512,15 @@ write_row(Renderer *self, Buf *b, PyObject *row, Py_ssize_t *starts)
                     PUSH_LITERAL(b, "false");
                 }
                 break;
-            case K_FLOAT: {
-                Py_ssize_t len = PyUnicode_GET_LENGTH(v);
-                if (len == 0) {
-                    PyErr_SetString(PyExc_IndexError, "string index out of range");
+            case K_FLOAT:
+                if (java_plain_float(v)) {
+                    push_str(b, v);
+                }
+                else if (push_result(b, PyObject_CallOneArg(
+                             PyTuple_GET_ITEM(self->functions, i), v)) < 0) {
                     return -1;
                 }
-                if (PyUnicode_READ_CHAR(v, len - 1) < ':') {
-                    push_str(b, v);
-                }
-                else {
-                    PUSH_LITERAL(b, "\"");
-                    push_str(b, v);
-                    PUSH_LITERAL(b, "\"");
-                }
                 break;
-            }
             default: /* K_FUNCTION */
                 if (push_result(b, PyObject_CallOneArg(PyTuple_GET_ITEM(self->functions, i),
                                                        v)) < 0) {

@@ -160,22 +160,17 @@ _SPECIAL_NUMERIC_NAMES: Final = {
 
 
 def _numeric_string(text: str) -> str:
-    """Java's ``BigDecimal.toString()`` of a numeric, as Debezium's string mode emits it.
-
-    Plain notation unless the adjusted exponent is below -6 (``0.0000001`` -> ``1E-7``,
-    ``0.000000100`` -> ``1.00E-7``).
-    """
+    """A numeric as Debezium's string mode emits it: ``BigDecimal.toPlainString()``,
+    which is PostgreSQL's own text (``0.000000123`` stays so; confirmed by capture), or
+    the enum name of a special value."""
     special = _SPECIAL_NUMERIC_NAMES.get(text)
-    if special is not None:
-        return special
-    sign = "-" if text.startswith("-") else ""
-    whole, _, frac = text.lstrip("-").partition(".")
-    digits = (whole + frac).lstrip("0") or "0"
-    adjusted = len(digits) - 1 - len(frac)
-    if adjusted >= -6:
-        return text
-    mantissa = digits[0] + ("." + digits[1:] if len(digits) > 1 else "")
-    return f"{sign}{mantissa}E{adjusted}"
+    return text if special is None else special
+
+
+def _numeric_string_fallback(scale: int) -> str:
+    """The JSON text of string mode's zero for a NOT NULL column without a value:
+    ``0`` at the column's scale (``"0.00"`` for numeric(8, 2); confirmed by capture)."""
+    return '"0' + ("." + "0" * scale if scale > 0 else "") + '"'
 
 
 def _money_decimal(text: str) -> bytes:
@@ -294,10 +289,60 @@ def _interval_string(text: str) -> str:
     return pgt.parse_interval(text).to_iso8601()
 
 
-def _float_value(text: str) -> float | str:
-    # NaN and ±Infinity: Jackson writes them as JSON strings of Java's names, which
-    # are PostgreSQL's names too.
-    return float(text) if text[-1] < ":" else text
+def java_float_text(text: str) -> str:
+    """The JSON text Jackson writes for a ``float4``/``float8`` value, from PostgreSQL's
+    text of it: Java's ``Float/Double.toString`` (confirmed by capture).
+
+    Plain notation with at least one fraction digit for 1e-3 <= |x| < 1e7 (``100.0``,
+    ``0.001``), else ``d.dddE<n>`` (``1.23456789125E8``, ``1.0E-5``); NaN and
+    ±Infinity as JSON strings of Java's names, which are PostgreSQL's too. The digits
+    are PostgreSQL's, its shortest exact form (the default since PostgreSQL 12), which
+    is what Java 19+ writes (older Java writes more digits for a few values).
+    """
+    if text[-1] > "9":  # NaN, Infinity, -Infinity
+        return '"' + text + '"'
+    whole, point, fraction = text.partition(".")
+    if point and "e" not in fraction:  # the common case: plain text that may be Java's
+        digits = whole.lstrip("-")
+        if 0 < len(digits) <= 7 and (digits != "0" or fraction[:3].strip("0")) \
+                and (digits == "0" or digits[0] != "0"):
+            return text
+    return _java_notation(text)
+
+
+def _java_notation(text: str) -> str:
+    """Java's Double.toString of the decimal *text* (sign, digits, optional exponent),
+    keeping its digits."""
+    sign = "-" if text[0] == "-" else ""
+    mantissa, _, exponent_text = text.lstrip("-+").lower().partition("e")
+    whole, _, fraction = mantissa.partition(".")
+    all_digits = whole + fraction
+    significant = all_digits.lstrip("0")
+    digits = significant.rstrip("0")
+    if not digits:
+        return sign + "0.0"
+    # value = int(digits) * 10**scale; sci: the exponent of its first digit
+    scale = int(exponent_text or 0) - len(fraction) + len(significant) - len(digits)
+    sci = len(digits) - 1 + scale
+    if -3 <= sci < 7:
+        if sci < 0:
+            return f"{sign}0.{'0' * (-sci - 1)}{digits}"
+        head = digits[:sci + 1].ljust(sci + 1, "0")
+        return f"{sign}{head}.{digits[sci + 1:] or '0'}"
+    return f"{sign}{digits[0]}.{digits[1:] or '0'}E{sci}"
+
+
+def _java_double_text(text: str) -> str:
+    """The JSON text of a numeric (or money amount) in Debezium's double mode: Java's
+    Double.toString of the nearest double (``1.234567891E7``; confirmed by capture)."""
+    if text[-1] > "9":  # NaN, Infinity, -Infinity: Java's names are PostgreSQL's
+        return '"' + text + '"'
+    return _java_notation(repr(float(text)))
+
+
+def _float_value(text: str) -> Any:
+    """A float's JSON value inside other values (array elements): its Java text, raw."""
+    return msgspec.Raw(java_float_text(text).encode())
 
 
 class _Mapping:
@@ -344,6 +389,12 @@ class DebeziumJsonOptions(msgspec.Struct, frozen=True, kw_only=True):
     transaction_metadata: bool = False
 
 
+def _numeric_scale(typmod: int) -> int:
+    """A numeric column's declared scale (0 without one). PostgreSQL 15 stores it as an
+    11-bit signed number: it may be negative."""
+    return (((typmod - 4) & 0x7FF) ^ 1024) - 1024 if typmod >= 4 else 0
+
+
 def column_mapping(column: Column, options: DebeziumJsonOptions) -> _Mapping:
     """The JSON mapping of one column, following Debezium's PostgreSQL type mapping."""
     oid, typmod = column.type_oid, column.type_modifier
@@ -365,18 +416,25 @@ def column_mapping(column: Column, options: DebeziumJsonOptions) -> _Mapping:
     if oid in (pgt.NUMERIC_OID, pgt.MONEY_OID):
         mode = options.decimal_handling_mode
         if mode == DecimalHandlingMode.STRING:
-            return _Mapping(convert=_numeric_string if oid == pgt.NUMERIC_OID
-                            else lambda v: str(pgt.parse_money(v)), fallback='"0"')
+            if oid == pgt.MONEY_OID:
+                return _Mapping(convert=lambda v: str(pgt.parse_money(v)), fallback='"0"')
+            return _Mapping(convert=_numeric_string,
+                            fallback=_numeric_string_fallback(_numeric_scale(typmod)))
         if mode == DecimalHandlingMode.DOUBLE:
-            return _Mapping(convert=_float_value if oid == pgt.NUMERIC_OID
-                            else lambda v: float(pgt.parse_money(v)), fallback="0.0")
+            if oid == pgt.MONEY_OID:
+                return _Mapping(fragment=lambda v: _java_double_text(str(pgt.parse_money(v))),
+                                convert=lambda v: msgspec.Raw(
+                                    _java_double_text(str(pgt.parse_money(v))).encode()),
+                                fallback="0.0")
+            return _Mapping(fragment=_java_double_text,
+                            convert=lambda v: msgspec.Raw(_java_double_text(v).encode()),
+                            fallback="0.0")
         if oid == pgt.MONEY_OID:
             return _Mapping(convert=_money_decimal, fallback='"AA=="')
         if typmod < 4:  # no declared precision/scale
             return _Mapping(convert=_variable_scale_decimal(column.name),
                             fallback='{"scale":0,"value":"AA=="}')
-        # PostgreSQL 15 stores the scale as an 11-bit signed number (it may be negative).
-        scale = (((typmod - 4) & 0x7FF) ^ 1024) - 1024
+        scale = _numeric_scale(typmod)
         convert = _fixed_scale_decimal(scale, column.name)
         return _Mapping(convert=convert, fragment=_decimal_fragment(scale, convert),
                         fallback='"AA=="')
@@ -396,8 +454,10 @@ def column_mapping(column: Column, options: DebeziumJsonOptions) -> _Mapping:
         return _Mapping(convert=_timestamp_micros, fallback="0")
     if oid == pgt.TIMESTAMPTZ_OID:
         zoned = _zoned_timestamp(precision)
+        # The fallback is the epoch without a fraction, whatever the precision
+        # (confirmed by capture).
         return _Mapping(convert=zoned, fragment=_zoned_timestamp_fragment(precision, zoned),
-                        fallback='"' + zoned("1970-01-01 00:00:00+00") + '"')
+                        fallback='"1970-01-01T00:00:00Z"')
     if oid == pgt.TIMETZ_OID:
         return _Mapping(convert=_zoned_time)
     if oid == pgt.INTERVAL_OID:
@@ -440,7 +500,7 @@ KIND_FUNCTION: Final = 4  # a text -> JSON text function
 _INLINE_FRAGMENTS: Final[dict[str, tuple[int, str]]] = {
     "int({v})": (KIND_RAW, "{v}"),
     '{v} == "t"': (KIND_BOOL, "('true' if {v} == 't' else 'false')"),
-    "_float_value({v})": (KIND_FLOAT, "({v} if {v}[-1] < ':' else '\"' + {v} + '\"')"),
+    "_float_value({v})": (KIND_FLOAT, "_java_float({v})"),
     "{v}": (KIND_STRING, "_escape({v})"),
 }
 
@@ -450,7 +510,8 @@ def _fragment_converter(mapping: _Mapping) -> tuple[int, str | None, Any]:
     or None)."""
     inline = _INLINE_FRAGMENTS.get(mapping.inline or "")
     if inline is not None:
-        return inline[0], inline[1], None
+        # A float's text is written as it is when it is already Java's, else by this.
+        return inline[0], inline[1], java_float_text if inline[0] == KIND_FLOAT else None
     if mapping.fragment is not None:
         return KIND_FUNCTION, None, mapping.fragment
     convert = mapping.convert
@@ -460,7 +521,7 @@ def _fragment_converter(mapping: _Mapping) -> tuple[int, str | None, Any]:
 
 #: Names that :func:`column_fragment` templates refer to; generated code using them
 #: needs these in its namespace.
-TEMPLATE_NAMES: Final[dict[str, Any]] = {"_escape": _escape}
+TEMPLATE_NAMES: Final[dict[str, Any]] = {"_escape": _escape, "_java_float": java_float_text}
 
 
 def column_fragment(column: Column, options: DebeziumJsonOptions
@@ -533,7 +594,7 @@ def _object_template(columns: list[Column], indexes: Iterable[int], fragments: l
 def _namespace() -> dict[str, Any]:
     # Binary-format values (only from sources that request binary transfer) are raw
     # bytes, emitted as Debezium emits bytes: base64.
-    return {"_UNAVAILABLE": UNAVAILABLE, "_escape": _escape, "_bin": json_fragment}
+    return {"_UNAVAILABLE": UNAVAILABLE, "_bin": json_fragment, **TEMPLATE_NAMES}
 
 
 def compile_row_converter(

@@ -308,7 +308,7 @@ def normalize_lines(lines: Sequence[str]) -> list[str]:
                         if isinstance(entry, Obj) and isinstance(name, Raw):
                             entry.set("data_collection",
                                       Raw(_IDENTITY_HASH.sub("", name[:-1]) + '"'))
-                    collections.sort(key=lambda entry: dump(entry))
+                    collections.sort(key=dump)
             source = value.get("source")
             if isinstance(source, Obj):
                 _placeholders(source, ("ts_ms", "ts_us", "ts_ns"))

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable, Mapping, Sequence
+from typing import Final
 
 from tidemark.errors import DecodeError
 from tidemark.event import (
@@ -158,21 +159,20 @@ class ChangeEventBuilder:
                 if schema is None:
                     continue
                 old = upd.old
-                if old is not None and _key_changed(schema, old, upd.new):
+                new = upd.new
+                if upd.old_kind == "O" and old is not None and UNAVAILABLE in new:
+                    # REPLICA IDENTITY FULL sent the old row: an unchanged TOASTed value
+                    # is known, so use it, in a key change's create too (as Debezium
+                    # does; confirmed by capture).
+                    new = tuple(o if n is UNAVAILABLE else n
+                                for o, n in zip(old, new, strict=True))
+                if old is not None and _key_changed(schema, old, new):
                     append(self._event(Op.DELETE, schema, old, None, lsn,
                                        now_us))
-                    append(self._event(Op.CREATE, schema, None, upd.new,
+                    append(self._event(Op.CREATE, schema, None, new,
                                        lsn, now_us))
                 else:
-                    new = upd.new
-                    before = None
-                    if upd.old_kind == "O" and old is not None:
-                        before = old
-                        if UNAVAILABLE in new:
-                            # REPLICA IDENTITY FULL sent the old row: an unchanged TOASTed
-                            # value is known, so use it (as Debezium does).
-                            new = tuple(o if n is UNAVAILABLE else n
-                                        for o, n in zip(old, new, strict=True))
+                    before = old if upd.old_kind == "O" else None
                     append(self._event(Op.UPDATE, schema, before, new, lsn, now_us))
             elif kind == 0x44:  # Delete
                 dele = pgoutput.parse_delete(data)
@@ -197,7 +197,8 @@ class ChangeEventBuilder:
                                       msg.commit_ts, msg.xid, self._last_commit_lsn,
                                       tx_id, msg.final_lsn)
         if self._metadata:
-            out.append(TransactionBoundary("BEGIN", tx_id, msg.commit_ts, msg.final_lsn))
+            out.append(TransactionBoundary("BEGIN", tx_id, msg.commit_ts, msg.final_lsn,
+                                           topic_prefix=self._prefix))
 
     def _on_commit(self, msg: pgoutput.Commit, out: list[Record], now_us: int) -> None:
         if self._metadata:
@@ -205,9 +206,13 @@ class ChangeEventBuilder:
                 "END", self._context.tx_id or "", msg.commit_ts, msg.commit_lsn,
                 self._orders.total,
                 tuple((str(t), cell[0]) for t, cell in self._orders.per_table.items()),
+                topic_prefix=self._prefix,
             ))
         self.in_transaction = False
-        self._last_commit_lsn = msg.commit_lsn
+        # source.sequence's lastCommitLsn: Debezium's is the commit's end LSN, where the
+        # server puts the Commit message (its XLogData position), not the commit
+        # record's own LSN (seen in a capture of Debezium 3.6.3).
+        self._last_commit_lsn = msg.end_lsn
         self.last_end_lsn = msg.end_lsn
         self.commits += 1
 
@@ -253,13 +258,24 @@ class ChangeEventBuilder:
     def _message_event(self, msg: pgoutput.LogicalMessage, now_us: int) -> ChangeEvent:
         if msg.transactional and self.in_transaction:
             total = self._orders.total = self._orders.total + 1
+            # Debezium counts a transaction's messages as one data collection of their
+            # own (confirmed by capture).
+            cell = self._orders.cell(MESSAGES_COLLECTION)
+            cell[0] += 1
             return ChangeEvent(Op.MESSAGE, None, None, None, self._context, msg.lsn,
-                               total, total, now_us, message_prefix=msg.prefix,
+                               total, cell[0], now_us, message_prefix=msg.prefix,
                                message_content=msg.content)
         context = SourceContext(CONNECTOR_NAME, self._prefix, self._database, now_us, None,
                                 self._last_commit_lsn)
         return ChangeEvent(Op.MESSAGE, None, None, None, context, msg.lsn, 0, 0, now_us,
                            message_prefix=msg.prefix, message_content=msg.content)
+
+
+#: The data collection that transaction metadata counts logical decoding messages under:
+#: Debezium's name for it (its ``toString()``, less the Java identity hash that Debezium
+#: appends, ``…MessageId@6c82be78``, which changes from one run to the next).
+MESSAGES_COLLECTION: Final = TableId("io.debezium.connector.postgresql",
+                                     "LogicalDecodingMessageMonitor$LogicalDecodingMessageId")
 
 
 class TransactionOrders:

@@ -33,12 +33,16 @@ def begin_snapshot(conn: psycopg2.extensions.connection, snapshot_name: str | No
         cur.execute("BEGIN ISOLATION LEVEL REPEATABLE READ READ ONLY")
         if snapshot_name:
             cur.execute("SET TRANSACTION SNAPSHOT %s", (snapshot_name,))
-        cur.execute("SELECT txid_current_if_assigned(), "
-                    "txid_snapshot_xmin(txid_current_snapshot())")
+        # The snapshot's own transaction id, as Debezium's source.txId of snapshot rows
+        # (it assigns one; confirmed by capture): the next free id, which the snapshot's
+        # xmin would be, is the first streamed transaction's, and the two would look
+        # like one transaction. A standby cannot assign one: its snapshot's xmin then.
+        cur.execute("SELECT CASE WHEN pg_is_in_recovery() "
+                    "THEN txid_snapshot_xmin(txid_current_snapshot()) "
+                    "ELSE txid_current() END")
         row = cur.fetchone()
     assert row is not None
-    assigned, xmin = row
-    return int(assigned or xmin)
+    return int(row[0])
 
 
 def read_rows(

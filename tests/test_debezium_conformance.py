@@ -1,0 +1,276 @@
+"""tidemark's JSON against Debezium's own, captured from the same SQL script.
+
+``tests/reference/debezium-3.6.3/<run>.jsonl`` holds what Debezium 3.6.3's PostgreSQL
+connector emitted for ``tests/reference/debezium_script.sql`` (written by
+``scripts/debezium_reference.py``; no Java is needed here). Each test runs the script on
+the fixtures' PostgreSQL, captures it with tidemark with the run's settings, normalizes
+both the same way (``tidemark.testing.debezium_reference``: times, LSNs, transaction ids
+and the database name become placeholders) and compares them record by record, member by
+member and in order, on the JSON text (numbers and strings as written).
+
+tidemark is captured four ways, all of which must write the same JSON:
+
+* ``serializer``: change events through ``DebeziumJsonSerializer`` (the compiled writer);
+* ``serializer-python``: the same events through the generated Python writer;
+* ``capture``: what ``tidemark capture`` writes without transaction metadata, JSON lines
+  made straight from the pgoutput bytes (the connector's ``json_lines``);
+* ``engine``: the embedded engine's Debezium JSON records, whose topics are compared too.
+
+``TIDEMARK_CONFORMANCE_DUMP=<dir>`` keeps tidemark's output, raw and normalized, there.
+
+A difference either is a bug to fix or is listed in ``ALLOWED`` with its reason (they
+are the README's "Where the JSON differs" list); an entry that no longer matches
+anything fails the test too, so the list stays true.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from capture_helpers import drain, make_connector
+from conftest import Database
+from tidemark.engine.converters import DebeziumJsonConverter
+from tidemark.engine.engine import Engine
+from tidemark.event import ChangeEvent, Op
+from tidemark.offsets.memory import MemoryOffsetStore
+from tidemark.serde.debezium_json import (
+    COMPILED_RENDERER,
+    DebeziumJsonOptions,
+    DebeziumJsonSerializer,
+)
+from tidemark.source.postgres.config import DecimalHandlingMode, TimePrecisionMode
+from tidemark.source.postgres.task import PostgresSourceConnector
+from tidemark.testing.debezium_reference import (
+    END_PREFIX,
+    RUNS,
+    TABLES,
+    Difference,
+    Obj,
+    ReferenceRun,
+    differences,
+    load_script,
+    normalize_lines,
+    parse,
+    run_statements,
+)
+from tidemark.testing.sink import MemorySink
+
+REFERENCE = Path(__file__).parent / "reference"
+SCRIPT = load_script(REFERENCE / "debezium_script.sql")
+REFERENCE_DIR = REFERENCE / "debezium-3.6.3"
+
+
+@dataclass(frozen=True)
+class Allowed:
+    """A deliberate difference: at paths matching *path* (a regular expression over
+    ``key…``/``value…``/``topic``), of this *kind*, where the reference's JSON text
+    matches *expected* (None: any), in these runs (None: all)."""
+
+    path: str
+    kind: str
+    reason: str
+    expected: str | None = None
+    runs: tuple[str, ...] | None = None
+
+    def applies(self, run: str) -> bool:
+        return self.runs is None or run in self.runs
+
+    def matches(self, run: str, difference: Difference) -> bool:
+        return (difference.kind == self.kind and self.applies(run)
+                and re.fullmatch(self.path, difference.path) is not None
+                and (self.expected is None
+                     or re.fullmatch(self.expected, difference.expected) is not None))
+
+
+#: Deliberate differences from Debezium 3.6.3, one line of reason each (the README's
+#: "Where the JSON differs"). Each must still occur: one that no longer does fails.
+ALLOWED: tuple[Allowed, ...] = (
+    Allowed(r"value\.source\.version", "value",
+            "source.version names tidemark and its version, not a Debezium release"),
+    Allowed(r"value\.transaction", "members",
+            "tidemark's transaction block ends with commit_lsn, commit_ts_ms, commit_ts_us",
+            runs=("transaction-metadata",)),
+    Allowed(r"value\.source\.sequence", "value",
+            "first transaction after a fresh start: tidemark's lastCommitLsn is the start "
+            "position, Debezium's null, so that source.sequence keeps growing over restarts",
+            expected=r'"\[null,\\"<lsn>\\"\]"'),
+    Allowed(r"value\.(after|before)\.(note|n|status)", "value",
+            "a column's DEFAULT is not written for a null or missing value (Debezium's "
+            "replace.null.with.default: 'none', 7, 'new' for the table nn's NULLs)",
+            expected=r'"none"|7|"new"'),
+)
+
+
+# -- capturing with tidemark ----------------------------------------------------------------
+def _options(run: ReferenceRun) -> DebeziumJsonOptions:
+    settings = run.tidemark_settings()
+    return DebeziumJsonOptions(
+        topic_prefix=settings["topic_prefix"],
+        decimal_handling_mode=DecimalHandlingMode(settings["decimal_handling_mode"]),
+        time_precision_mode=TimePrecisionMode(settings["time_precision_mode"]),
+        transaction_metadata=settings["provide_transaction_metadata"],
+    )
+
+
+def _is_end(record: Any) -> bool:
+    return isinstance(record, ChangeEvent) and record.op is Op.MESSAGE \
+        and record.message_prefix == END_PREFIX
+
+
+def capture_records(db: Database, run: ReferenceRun,
+                    serializer: DebeziumJsonSerializer | None = None) -> list[Any]:
+    """The script's records as the connector delivers them: events, or with *serializer*
+    (``tidemark capture``'s fast path) JSON lines as well."""
+    db.execute(*SCRIPT.setup)
+    connector = make_connector(db.dsn, *TABLES, **run.tidemark_settings())
+    if serializer is not None:
+        connector = type(connector)(connector.config, json_lines=serializer)
+    connector.start()
+    try:
+        out: list[Any] = drain(connector, db.insert_lsn())
+        run_statements(db.dsn, SCRIPT.stream)
+        for batch in _batches(connector, db.insert_lsn()):
+            out += batch
+    finally:
+        connector.stop()
+    return out
+
+
+def _batches(connector: Any, until_lsn: int, timeout_s: float = 60.0) -> Any:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        batch = connector.poll()
+        yield [*batch.records, *(batch.lines or [])]
+        if batch.offset is not None:
+            connector.commit(batch.offset)
+            if batch.offset["lsn"] >= until_lsn:
+                return
+    raise AssertionError(f"the capture did not reach {until_lsn} in {timeout_s} s")
+
+
+def capture_serializer(db: Database, run: ReferenceRun, *, compiled: bool) -> list[str]:
+    records = capture_records(db, run)
+    serializer = DebeziumJsonSerializer(_options(run), compiled=compiled)
+    return serializer.encode_lines(records).decode().splitlines()
+
+
+def capture_lines(db: Database, run: ReferenceRun) -> list[str]:
+    """As ``tidemark capture`` writes them: a batch's records through the serializer, its
+    lines as they are."""
+    serializer = DebeziumJsonSerializer(_options(run))
+    out: list[str] = []
+    for item in capture_records(db, run, serializer):
+        if isinstance(item, str):
+            out += item.splitlines()
+        else:
+            out += serializer.encode_lines([item]).decode().splitlines()
+    return out
+
+
+def capture_engine(db: Database, run: ReferenceRun) -> list[str]:
+    """The embedded engine's records, as ``{"topic":…,"key":…,"value":…}`` lines."""
+    db.execute(*SCRIPT.setup)
+    sink = MemorySink()
+    connector = PostgresSourceConnector({"dsn": db.dsn, "table_include_list": list(TABLES),
+                                         **run.tidemark_settings()})
+    engine = Engine(connector, sink, config={"offset_flush_interval_ms": 0},
+                    converter=DebeziumJsonConverter(_options(run)),
+                    offset_store=MemoryOffsetStore())
+    thread = threading.Thread(target=engine.run, daemon=True)
+    thread.start()
+    try:
+        _wait_for(lambda: any('"snapshot":"last"' in (r.value or "") for r in sink.records),
+                  "the snapshot")
+        run_statements(db.dsn, SCRIPT.stream)
+        _wait_for(lambda: any(f'"prefix":"{END_PREFIX}"' in (r.key or "")
+                              for r in sink.records), "the end of the script")
+    finally:
+        engine.close()
+        thread.join(30)
+    assert engine.error is None
+    return [f'{{"topic":"{r.destination}","key":{r.key or "null"},"value":{r.value or "null"}}}'
+            for r in sink.records]
+
+
+def _wait_for(condition: Callable[[], bool], what: str, timeout_s: float = 60.0) -> None:
+    deadline = time.monotonic() + timeout_s
+    while not condition():
+        assert time.monotonic() < deadline, f"timed out waiting for {what}"
+        time.sleep(0.05)
+
+
+CAPTURES: dict[str, Callable[[Database, ReferenceRun], list[str]]] = {
+    "serializer": lambda db, run: capture_serializer(db, run, compiled=True),
+    "serializer-python": lambda db, run: capture_serializer(db, run, compiled=False),
+    "capture": capture_lines,
+    "engine": capture_engine,
+}
+
+
+# -- comparing ------------------------------------------------------------------------------
+def compare(run: str, reference: list[str], got: list[str], *, topics: bool
+            ) -> tuple[list[str], set[Allowed]]:
+    """The differences not allowed (as text), and the allow-list entries used."""
+    unexplained: list[str] = []
+    used: set[Allowed] = set()
+    for n, (expected_text, got_text) in enumerate(zip(reference, got, strict=False), 1):
+        expected, actual = parse(expected_text), parse(got_text)
+        assert isinstance(expected, Obj) and isinstance(actual, Obj)
+        if not topics:
+            expected.members = [(k, v) for k, v in expected.members if k != '"topic"']
+        for difference in differences(expected, actual):
+            allowed = next((a for a in ALLOWED if a.matches(run, difference)), None)
+            if allowed is None:
+                unexplained.append(f"record {n}: {difference}")
+            else:
+                used.add(allowed)
+    if len(reference) != len(got):
+        unexplained.append(f"{len(reference)} records in the reference, {len(got)} from "
+                           f"tidemark; the first extra: "
+                           f"{(reference + got)[min(len(reference), len(got))][:300]}")
+    return unexplained, used
+
+
+# tidemark capture writes events with transaction metadata through the serializer: the
+# 'serializer' case is its case there.
+CASES = [(run, how) for run in RUNS for how in CAPTURES
+         if not (how == "capture" and run.transaction_metadata)]
+
+
+@pytest.mark.integration
+@pytest.mark.parametrize(("run", "how"), CASES, ids=[f"{r.name}-{h}" for r, h in CASES])
+def test_same_json_as_debezium(run: ReferenceRun, how: str, db: Database) -> None:
+    if how == "serializer" and not COMPILED_RENDERER:
+        pytest.fail("the compiled event writer is not built")
+    reference = (REFERENCE_DIR / f"{run.name}.jsonl").read_text().splitlines()
+    raw = CAPTURES[how](db, run)
+    got = normalize_lines(raw)
+    if dump_dir := os.environ.get("TIDEMARK_CONFORMANCE_DUMP"):  # for a closer look
+        for name, lines in (("raw", raw), ("normalized", got)):
+            path = Path(dump_dir) / f"{run.name}.{how}.{name}.jsonl"
+            path.parent.mkdir(parents=True, exist_ok=True)
+            path.write_text("".join(f"{line}\n" for line in lines))
+    unexplained, used = compare(run.name, reference, got, topics=how == "engine")
+    stale = [a.reason for a in ALLOWED if a.applies(run.name) and a not in used]
+    assert not unexplained, _report(unexplained)
+    assert not stale, f"allowed differences that no longer occur (remove them): {stale}"
+
+
+def _report(unexplained: list[str]) -> str:
+    """The differences grouped by path (array indexes elided), with one example each."""
+    groups: dict[str, list[str]] = {}
+    for line in unexplained:
+        where = re.sub(r"^record \d+: ", "", line).split(" differs: ")[0]
+        groups.setdefault(re.sub(r"\[\d+\]", "[]", where), []).append(line)
+    return f"{len(unexplained)} differences from Debezium:\n" + "\n".join(
+        f"  {len(lines)}x {where}\n      e.g. {lines[0][:400]}"
+        for where, lines in groups.items())
