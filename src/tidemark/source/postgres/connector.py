@@ -31,6 +31,13 @@ from tidemark.source.postgres import offset as pg_offset
 from tidemark.source.postgres.change_builder import ChangeEventBuilder
 from tidemark.source.postgres.config import PostgresSourceConfig, SnapshotMode
 from tidemark.source.postgres.json_lines import JsonLineBuilder, RenderedEventBuilder
+from tidemark.source.postgres.partial_transaction import (
+    COMMIT_LSN_KEY,
+    MESSAGES_KEY,
+    Skipper,
+    open_transaction_messages,
+    partial_of,
+)
 from tidemark.source.postgres.pgoutput import lsn_to_str
 from tidemark.source.postgres.snapshot import begin_snapshot, snapshot_events
 
@@ -82,6 +89,8 @@ class PostgresConnector:
         self._stopped = False
         #: What this capture has done so far (read by metrics and status).
         self.stats = CaptureStats()
+        #: The last offset committed (at start: the offset resumed from).
+        self._committed: Offset | None = None
 
     @property
     def partition(self) -> str:
@@ -123,6 +132,7 @@ class PostgresConnector:
             # nothing behind and nothing is ever confirmed past what was delivered.
             pg_offset.check_shape(offset, where)
             pg_offset.check_not_ahead(conn, offset, where)
+            self._committed = offset
         self.tables = catalog.resolve_tables(conn, cfg.table_include_list, cfg.table_exclude_list)
         if cfg.snapshot_mode != SnapshotMode.INITIAL_ONLY:  # the one mode that publishes nothing
             self.tables = catalog.publishable_tables(conn, self.tables, cfg.table_include_list)
@@ -158,6 +168,16 @@ class PostgresConnector:
         lsn = offset.get("lsn")
         if self._stream is not None and isinstance(lsn, int) and offset.get("snapshot_completed"):
             self._stream.confirm(lsn)
+            self._committed = offset
+
+    def _skipper(self, restart_lsn: int) -> Skipper | None:
+        """What to skip of the first transaction after *restart_lsn*: the part of it
+        that the last committed offset (or the start offset) says was handed on."""
+        offset = self._committed
+        if offset is None or offset.get("lsn") != restart_lsn:
+            return None
+        partial = partial_of(offset)
+        return None if partial is None else Skipper(*partial)
 
     def stop(self) -> None:
         """Close the stream and connections (offsets already committed stay)."""
@@ -373,6 +393,9 @@ class PostgresConnector:
                       if self._rendered_json else builder.process)
         resume = start_lsn
         stats = self.stats
+        skipper = self._skipper(start_lsn)
+        open_messages = 0  # change messages of the open transaction handed on so far
+        handed_partial: tuple[int, int] | None = None
         self._open_with_retry(stream, resume)
         stats.connected = True
         heartbeat_s = cfg.heartbeat_interval_ms / 1000
@@ -398,10 +421,23 @@ class PostgresConnector:
                 restart = max(stream.confirmed_lsn, start_lsn)
                 log.warning("%s; reconnecting from %s", err, lsn_to_str(restart))
                 builder.in_transaction = False
+                skipper = self._skipper(restart)
+                open_messages = 0
                 self._open_with_retry(stream, restart)
                 stats.connected = True
                 continue
             now_us = time.time_ns() // 1000
+            if skipper is not None and messages:
+                # Handed on before the restart: decoded for the builder's state only.
+                seen, messages = skipper.split(messages)
+                if seen:
+                    if lines is not None:
+                        lines.process(seen, now_us)
+                    else:
+                        to_records(seen, now_us)
+                    open_messages = open_transaction_messages(seen, open_messages)
+                if skipper.done:
+                    skipper = None
             records: list[Record] = []
             texts: list[str] | None = None
             if lines is not None:
@@ -431,10 +467,23 @@ class PostgresConnector:
                         resume = max(resume, server)
                     else:
                         stream.request_keepalive()
-            offset = None
-            if resume > emitted or finished:
+            # In the middle of a transaction, the offset also says how much of it was
+            # handed on, so that a restart skips that part (partial_transaction).
+            partial = None
+            if builder.in_transaction:
+                if messages:
+                    open_messages = open_transaction_messages(messages, open_messages)
+                if open_messages and builder.context.commit_lsn is not None:
+                    partial = (builder.context.commit_lsn, open_messages)
+            else:
+                open_messages = 0
+            offset: Offset | None = None
+            if resume > emitted or finished or partial != handed_partial:
                 offset = {"lsn": resume, "snapshot_completed": True}
+                if partial is not None:
+                    offset[COMMIT_LSN_KEY], offset[MESSAGES_KEY] = partial
                 emitted = stats.position_lsn = resume
+                handed_partial = partial
             yield SourceBatch(records, offset, finished, texts)
             if finished:
                 return

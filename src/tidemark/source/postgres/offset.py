@@ -16,6 +16,7 @@ import psycopg2.extensions
 
 from tidemark.errors import ConfigError
 from tidemark.offsets.store import show_json
+from tidemark.source.postgres.partial_transaction import COMMIT_LSN_KEY, MESSAGES_KEY
 from tidemark.source.postgres.pgoutput import lsn_to_str
 from tidemark.source.postgres.session import cursor
 
@@ -50,6 +51,14 @@ def check_shape(offset: Any, where: str) -> None:
     completed = offset.get("snapshot_completed", False)
     if not isinstance(completed, bool):
         raise wrong(f"snapshot_completed is {show_json(completed)}")
+    # Saved in the middle of a transaction: its commit LSN and its messages handed on.
+    partial = [offset.get(key) for key in (COMMIT_LSN_KEY, MESSAGES_KEY)]
+    if partial != [None, None]:
+        for key, value in zip((COMMIT_LSN_KEY, MESSAGES_KEY), partial, strict=True):
+            if isinstance(value, bool) or not isinstance(value, int) or \
+                    not 0 <= value <= MAX_LSN:
+                raise wrong(f"{key} is {show_json(value)} (with {COMMIT_LSN_KEY} and "
+                            f"{MESSAGES_KEY} both integers, or neither)")
 
 
 def server_position(conn: psycopg2.extensions.connection) -> int | None:
