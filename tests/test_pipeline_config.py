@@ -66,7 +66,8 @@ def _write(tmp_path: Path, text: str) -> Path:
 
 @pytest.mark.parametrize(("text", "key", "says"), [
     ("[source\nslot = 1", "config", "line 1"),
-    (_GOOD + "\n[sink]\n", "sink", "allowed settings are: changelog, metrics, source, spark, targets"),
+    (_GOOD + "\n[sink]\n", "sink",
+     "allowed settings are: changelog, metrics, source, spark, targets"),
     (_GOOD.replace("slot =", "slott ="), "source.slott", "maxChangesPerTrigger"),
     (_GOOD.replace("maxChangesPerTrigger = 100", "maxChangesPerTrigger = 0"),
      "source.maxChangesPerTrigger", ">= 1"),
