@@ -156,12 +156,16 @@ def capture(cluster: PostgresCluster, run: ReferenceRun, setup: tuple[str, ...],
         }
         engine = DebeziumJsonEngine(properties=properties, handler=Collect())
         failure: list[BaseException] = []
+        closing = threading.Event()
 
         def run_engine() -> None:
             try:
                 engine.run()
             except BaseException as err:  # reported by the main thread
-                failure.append(err)
+                # Closing interrupts the engine's thread, which may be in the batch
+                # that ended the script (an InterruptedException): all is in by then.
+                if not closing.is_set():
+                    failure.append(err)
             finally:
                 snapshot_done.set()
                 script_done.set()
@@ -173,6 +177,7 @@ def capture(cluster: PostgresCluster, run: ReferenceRun, setup: tuple[str, ...],
             run_statements(dsn, stream)
             _wait(script_done, failure, f"the {END_PREFIX!r} message")
         finally:
+            closing.set()
             engine.close()
             thread.join(60)
         if failure:
