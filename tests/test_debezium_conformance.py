@@ -46,8 +46,10 @@ from tidemark.serde.debezium_json import (
     COMPILED_RENDERER,
     DebeziumJsonOptions,
     DebeziumJsonSerializer,
+    java_float_text,
 )
 from tidemark.source.postgres.config import DecimalHandlingMode, TimePrecisionMode
+from tidemark.source.postgres.connector import PostgresConnector
 from tidemark.source.postgres.task import PostgresSourceConnector
 from tidemark.testing.debezium_reference import (
     END_PREFIX,
@@ -57,6 +59,7 @@ from tidemark.testing.debezium_reference import (
     Obj,
     ReferenceRun,
     differences,
+    dump,
     load_script,
     normalize_lines,
     parse,
@@ -131,9 +134,8 @@ def capture_records(db: Database, run: ReferenceRun,
     """The script's records as the connector delivers them: events, or with *serializer*
     (``tidemark capture``'s fast path) JSON lines as well."""
     db.execute(*SCRIPT.setup)
-    connector = make_connector(db.dsn, *TABLES, **run.tidemark_settings())
-    if serializer is not None:
-        connector = type(connector)(connector.config, json_lines=serializer)
+    config = make_connector(db.dsn, *TABLES, **run.tidemark_settings()).config
+    connector = PostgresConnector(config, json_lines=serializer)
     connector.start()
     try:
         out: list[Any] = drain(connector, db.insert_lsn())
@@ -274,3 +276,30 @@ def _report(unexplained: list[str]) -> str:
     return f"{len(unexplained)} differences from Debezium:\n" + "\n".join(
         f"  {len(lines)}x {where}\n      e.g. {lines[0][:400]}"
         for where, lines in groups.items())
+
+
+# -- the pieces, without a database ------------------------------------------------------------
+def test_parse_and_dump_keep_the_text() -> None:
+    text = '{"b":1.0E10,"a":[1,-0.5e-3,"\\u00e9\\n",{}],"c":{"x":null,"y":true},"d":[]}'
+    tree = parse(text)
+    assert isinstance(tree, Obj) and tree.names() == ["b", "a", "c", "d"]
+    assert dump(tree) == text
+    for bad in ('{"a":1,}', '{"a" 1}', "[1 2]", '{"a":01}', '"x" "y"', ""):
+        with pytest.raises(ValueError):
+            parse(bad)
+
+
+def test_differences_name_the_path_and_the_order() -> None:
+    expected, got = parse('{"a":{"x":[],"y":1},"b":[1,2]}'), parse('{"a":{"y":1,"x":[]},"b":[1,3]}')
+    found = {(d.path, d.kind) for d in differences(expected, got)}
+    assert found == {("a", "members"), ("b[1]", "value")}
+
+
+@pytest.mark.parametrize(("text", "java"), [
+    ("1.5", "1.5"), ("0.1", "0.1"), ("100", "100.0"), ("0", "0.0"), ("-0", "-0.0"),
+    ("0.001", "0.001"), ("0.0001", "1.0E-4"), ("1234567", "1234567.0"), ("1e+07", "1.0E7"),
+    ("123456789.125", "1.23456789125E8"), ("1e-05", "1.0E-5"), ("-2.5e-07", "-2.5E-7"),
+    ("1e+300", "1.0E300"), ("NaN", '"NaN"'), ("-Infinity", '"-Infinity"'),
+])
+def test_floats_are_written_as_java_writes_them(text: str, java: str) -> None:
+    assert java_float_text(text) == java
