@@ -937,3 +937,26 @@ def cluster_insert_lsn(dsn: str) -> int:
     with contextlib.closing(psycopg2.connect(dsn)) as c, c.cursor() as cur:
         cur.execute("SELECT (pg_current_wal_insert_lsn() - '0/0')::bigint")
         return int(cur.fetchone()[0])
+
+
+@pytest.mark.slow
+def test_a_stopped_server_does_not_hang_the_spark_source_s_queries() -> None:
+    """The Spark source's connections (psycopg 3) bound every wait for the server."""
+    from tidemark.spark import wal  # noqa: PLC0415
+
+    with PostgresCluster() as cluster:
+        dsn = cluster.create_database("stopped_sql")
+        conn = wal.connect(dsn, purpose="test", server_timeout_s=1.0)
+        try:
+            assert wal.flush_lsn(conn) > 0
+            _signal_server(cluster, signal.SIGSTOP)
+            started = time.monotonic()
+            with pytest.raises(wal.ServerTimeoutError, match="no answer from PostgreSQL"):
+                wal.flush_lsn(conn)
+            assert time.monotonic() - started < 10
+        finally:
+            _signal_server(cluster, signal.SIGCONT)
+            conn.close()
+        with contextlib.closing(wal.connect(dsn, purpose="test", server_timeout_s=1.0)) as c:
+            assert wal.flush_lsn(c) > 0  # a slow answer is not cut short
+            assert c.execute("SELECT pg_sleep(0.2), 1").fetchone() == ("", 1)

@@ -30,6 +30,7 @@ from deltalake import DeltaTable, write_deltalake
 from pyspark.sql import SparkSession
 
 from conftest import Database
+from test_capture_resilience import _signal_server
 from test_metrics import scrape, value
 from tidemark.pipeline import load_config
 from tidemark.pipeline.compare import compare
@@ -493,6 +494,62 @@ def test_a_running_pipeline_rides_out_a_postgres_restart(
         assert not failures, failures
         _assert_equal_to_source(db, tmp_path)
     assert "PostgreSQL is unreachable" in caplog.text  # the restart path was taken
+
+
+def test_a_stopped_server_does_not_hang_a_running_pipeline(
+        spark: SparkSession, tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    """SIGSTOP: no RST, no error, no keepalive failure; without a bound on each wait the
+    source's query would wait forever. It fails after serverTimeoutMs, the query is
+    restarted, and once the server runs again the changes arrive."""
+    with PostgresCluster() as cluster:
+        cluster.create_database("app")
+        db = Database(cluster, "app")
+        db.execute("CREATE TABLE a (id int PRIMARY KEY, v text, n numeric(10, 2))",
+                   "CREATE TABLE b (id int PRIMARY KEY, v text)")
+        source = _prepare(db, "a", "b") + (f'dsn = "{db.dsn} connect_timeout=2"\n'
+                                           "reconnect_backoff_ms = 100\n"
+                                           "serverTimeoutMs = 2000\n")
+        config = load_config(_pipeline_file(tmp_path, source, "trigger_interval_ms = 200",
+                                            changelog=False))
+        reports: list[BatchReport] = []
+        pipeline = Pipeline(config, spark=spark, on_batch=reports.append)
+        failures: list[BaseException] = []
+
+        def run() -> None:
+            try:
+                pipeline.run()
+            except BaseException as err:  # reported by the test
+                failures.append(err)
+
+        runner = threading.Thread(target=run)
+        runner.start()
+        try:
+            db.execute("INSERT INTO a SELECT g, 'x', g FROM generate_series(1, 3) g")
+            deadline = time.monotonic() + 120
+            while sum(r.total for r in reports) < 3:
+                assert not failures and time.monotonic() < deadline, failures
+                time.sleep(0.05)
+            _signal_server(cluster, signal.SIGSTOP)
+            try:
+                deadline = time.monotonic() + 60
+                while "PostgreSQL is unreachable" not in caplog.text:
+                    assert not failures, failures
+                    assert time.monotonic() < deadline, "the pipeline waits on a stopped server"
+                    time.sleep(0.05)
+            finally:
+                _signal_server(cluster, signal.SIGCONT)
+            db.execute("UPDATE a SET v = 'after' WHERE id = 1")
+            deadline = time.monotonic() + 120
+            while sum(r.total for r in reports) < 4:
+                assert not failures and time.monotonic() < deadline, failures
+                time.sleep(0.05)
+        finally:
+            pipeline.request_stop()
+            runner.join(120)
+        assert not failures, failures
+        source_a, lake_a = compare(db.dsn, "public.a", str(tmp_path / "lake/a"),
+                                   ["id", "v", "n"])
+        assert source_a == lake_a
 
 
 def test_a_pipeline_whose_postgres_stays_down_stops_with_one_clear_line(

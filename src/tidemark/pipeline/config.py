@@ -60,6 +60,8 @@ class SourceSection(msgspec.Struct, frozen=True):
     restart, a failover) before the pipeline gives up; 0: stop at once."""
     reconnect_backoff_ms: Positive = 500
     """First delay before such a restart; doubles up to 30 s."""
+    server_timeout_ms: Positive | None = msgspec.field(default=None, name="serverTimeoutMs")
+    """Longest wait for one answer from PostgreSQL (the Spark source's option)."""
 
 
 class SparkSection(msgspec.Struct, frozen=True):

@@ -145,6 +145,7 @@ class Pipeline:
             max_changes_per_trigger=source.max_changes_per_trigger,
             num_partitions=source.num_partitions,
             onSchemaChange=source.on_schema_change.value,
+            serverTimeoutMs=source.server_timeout_ms,
             # Typed Arrow batches pass through Spark as opaque values: this query only
             # collects them. The change log is written by Spark's Parquet sink, which
             # needs real columns.
@@ -369,7 +370,7 @@ _UNAVAILABLE = re.compile(
     r"server closed the connection unexpectedly|the database system is (?:starting up|"
     r"shutting down|in recovery mode|not yet accepting connections)|Connection refused|"
     r"connection is (?:lost|closed)|consuming input failed|could not receive data from server|"
-    r"SSL SYSCALL error|EOF detected")
+    r"SSL SYSCALL error|EOF detected|ServerTimeoutError")
 
 
 def _source_unavailable(err: BaseException) -> bool:

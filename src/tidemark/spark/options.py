@@ -57,15 +57,18 @@ NUM_PARTITIONS: Final = "numPartitions"
 ON_SCHEMA_CHANGE: Final = "onSchemaChange"
 ARROW_BATCH_ROWS: Final = "arrowBatchRows"
 ROW_FORMAT: Final = "rowFormat"
+SERVER_TIMEOUT_MS: Final = "serverTimeoutMs"
 
 ALLOWED: Final = (DSN, TABLES, TABLE, SLOT, PUBLICATION, MAX_CHANGES_PER_TRIGGER,
-                  NUM_PARTITIONS, ON_SCHEMA_CHANGE, ARROW_BATCH_ROWS, ROW_FORMAT)
+                  NUM_PARTITIONS, ON_SCHEMA_CHANGE, ARROW_BATCH_ROWS, ROW_FORMAT,
+                  SERVER_TIMEOUT_MS)
 _BY_LOWER: Final = {name.lower(): name for name in ALLOWED}
 _TABLE_NAME: Final = re.compile(r"[^.\s]+\.[^.\s]+|[^.\s]+")
 
 DEFAULT_SLOT: Final = "tidemark_spark"
 DEFAULT_PUBLICATION: Final = "tidemark_spark"
 DEFAULT_ARROW_BATCH_ROWS: Final = 65_536
+DEFAULT_SERVER_TIMEOUT_MS: Final = 300_000
 
 
 @dataclasses.dataclass(frozen=True)
@@ -97,6 +100,11 @@ class SourceOptions:
     """Rows per Arrow record batch handed to Spark."""
     row_format: RowFormat = RowFormat.JSON
     """The envelope stream's row format (ignored by a typed stream)."""
+    server_timeout_ms: int = DEFAULT_SERVER_TIMEOUT_MS
+    """Longest wait for one answer from PostgreSQL (a query, a fetch) before the source
+    fails: a stopped or cut-off server sends nothing, not even an error, and would hold
+    the query forever. Generous, since decoding a large transaction of other tables
+    returns no rows for a while; ``tidemark run`` restarts the failed query."""
 
     @classmethod
     def parse(cls, raw: Mapping[str, str], *, default_partitions: int = 1) -> SourceOptions:
@@ -148,6 +156,8 @@ class SourceOptions:
             arrow_batch_rows=(_positive_int(values, ARROW_BATCH_ROWS)
                               if ARROW_BATCH_ROWS in values else DEFAULT_ARROW_BATCH_ROWS),
             row_format=_enum(values, ROW_FORMAT, RowFormat, RowFormat.JSON),
+            server_timeout_ms=(_positive_int(values, SERVER_TIMEOUT_MS)
+                               if SERVER_TIMEOUT_MS in values else DEFAULT_SERVER_TIMEOUT_MS),
         )
 
     def redacted_dsn(self) -> str:

@@ -104,7 +104,8 @@ class TidemarkStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
     # -- driver side -------------------------------------------------------------------
     def _connection(self) -> psycopg.Connection[Any]:
         if self._conn is None or self._conn.closed:
-            self._conn = wal.connect(self.options.dsn, purpose="driver")
+            self._conn = wal.connect(self.options.dsn, purpose="driver",
+                                     server_timeout_s=self.options.server_timeout_ms / 1000)
         return self._conn
 
     def initialOffset(self) -> dict[str, str]:  # noqa: N802 - pyspark API name
@@ -202,7 +203,8 @@ def read_slice(options: SourceOptions, schema: StructType, lo: int,
     else:
         sink = EnvelopeSink(options.tables, options.arrow_batch_rows)
     walker = TransactionWalker(lo, hi, sink)
-    with _gc_paused(), wal.connect(options.dsn, purpose="reader") as conn, \
+    with _gc_paused(), wal.connect(options.dsn, purpose="reader",
+                                   server_timeout_s=options.server_timeout_ms / 1000) as conn, \
             wal.slot_copy_at(conn, options.slot, lo) as copy:
         for chunk in wal.peek(conn, copy, options.publication, hi):
             walker.feed(chunk)

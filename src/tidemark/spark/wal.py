@@ -63,15 +63,46 @@ class SlotMovedError(TerminalError):
     """The slot is already past the batch being read: its transactions are gone."""
 
 
-def connect(dsn: str, *, purpose: str) -> psycopg.Connection[Any]:
-    """An autocommit psycopg 3 connection with tidemark's session settings.
+class ServerTimeoutError(psycopg.OperationalError):
+    """PostgreSQL did not answer within the source's ``serverTimeoutMs``."""
+
+
+class _BoundedConnection(psycopg.Connection[Any]):
+    """A connection whose every wait for the server ends after ``server_timeout_s``.
+
+    psycopg waits for an answer as long as it takes; a stopped server (its kernel still
+    acknowledges TCP, so keepalives see nothing wrong) or a partition that swallows
+    packets would hold a query, and with it the Spark query, forever.
+    """
+
+    server_timeout_s: float | None = None
+
+    def wait(self, gen: Any, interval: float = 0.1, timeout: float | None = None) -> Any:
+        if timeout is not None or self.server_timeout_s is None:
+            return super().wait(gen, interval, timeout)
+        try:
+            return super().wait(gen, interval, self.server_timeout_s)
+        except psycopg.errors.OperationalError as err:
+            if type(err).__name__ != "_WaitTimeout":
+                raise
+            # The protocol state is unknown after an abandoned wait: the connection goes.
+            self.pgconn.finish()
+            raise ServerTimeoutError(
+                f"no answer from PostgreSQL within {self.server_timeout_s:.0f} s "
+                "(serverTimeoutMs): the server is stopped or unreachable") from None
+
+
+def connect(dsn: str, *, purpose: str,
+            server_timeout_s: float | None = None) -> psycopg.Connection[Any]:
+    """An autocommit psycopg 3 connection with tidemark's session settings; with
+    *server_timeout_s*, no wait for the server lasts longer (:class:`ServerTimeoutError`).
 
     Errors never contain the password (they are built from the redacted DSN).
     """
     params = psycopg.conninfo.conninfo_to_dict(dsn)
     keepalives: dict[str, Any] = keepalive_params(dsn)
     try:
-        return psycopg.connect(
+        conn = _BoundedConnection.connect(
             dsn, autocommit=True, options=session_options(dsn),
             application_name=f"tidemark spark {purpose}",
             connect_timeout=int(params.get("connect_timeout") or 10),
@@ -79,6 +110,8 @@ def connect(dsn: str, *, purpose: str) -> psycopg.Connection[Any]:
         )
     except psycopg.OperationalError as err:
         raise classify_connect_message(dsn, str(err)) from None
+    conn.server_timeout_s = server_timeout_s
+    return conn
 
 
 def flush_lsn(conn: psycopg.Connection[Any]) -> int:
