@@ -595,7 +595,9 @@ def test_a_table_without_primary_key_fails_before_the_query_starts(
     # Nothing was started: no slot holds WAL, no checkpoint was written.
     assert db.scalar("SELECT count(*) FROM pg_replication_slots WHERE slot_name = %s",
                      (f"s_{db.name}",)) == 0
-    assert not any((tmp_path / "chk").iterdir())
+    # Only tidemark's record of how the run ended (for tidemark status), nothing of Spark's.
+    assert [f.name for f in (tmp_path / "chk").iterdir()] == ["tidemark-status.json"]
+    assert "no primary key" in (tmp_path / "chk/tidemark-status.json").read_text()
 
 
 def test_unchanged_toast_truncate_and_a_new_column_reach_delta(
