@@ -52,6 +52,24 @@ def slot_state(db: Database, name: str = SLOT) -> tuple[int | None, int] | None:
     return (rows[0][0], int(rows[0][1])) if rows and rows[0][1] is not None else None
 
 
+class Walsender:
+    """The walsender streaming a slot, as pg_stat_replication shows it."""
+
+    def __init__(self, pid: int, sent_lsn: int, reply_time: float | None) -> None:
+        self.pid = pid
+        self.sent_lsn = sent_lsn
+        self.reply_time = reply_time  # the client's clock when it sent its last status
+
+
+def walsender(db: Database, name: str = SLOT) -> Walsender | None:
+    """The walsender of slot *name*, or None if the slot is not being streamed."""
+    rows = db.query("SELECT r.pid, coalesce((r.sent_lsn - '0/0')::bigint, 0), "
+                    "extract(epoch FROM r.reply_time)::float8 FROM pg_stat_replication r "
+                    "JOIN pg_replication_slots s ON s.active_pid = r.pid "
+                    "WHERE s.slot_name = %s", (name,))
+    return Walsender(*rows[0]) if rows else None
+
+
 def slot_names(db: Database) -> list[str]:
     return [r[0] for r in db.query("SELECT slot_name FROM pg_replication_slots "
                                    "WHERE database = current_database()")]
@@ -361,15 +379,21 @@ def test_signal_stops_cleanly_and_resume_repeats_nothing(
     db.execute("CREATE TABLE t (id int PRIMARY KEY, v text)",
                "INSERT INTO t SELECT g, 'snap' FROM generate_series(1, 100) g")
     offsets = tmp_path / "offsets.json"
-    first = captures("first", "--offsets", str(offsets))
+    # No periodic saves after the first: the offset the resume starts from is the one
+    # the signal handler saves.
+    first = captures("first", "--offsets", str(offsets), "--offset-flush-interval-ms",
+                     str(3_600_000))
     wait_until_streaming(db, first)
     db.autocommit(*(f"INSERT INTO t VALUES ({i}, 'live')" for i in range(101, 301)),
-                  "UPDATE t SET v = 'upd' WHERE id <= 10", "DELETE FROM t WHERE id > 290")
+                  "UPDATE t SET v = 'upd' WHERE id <= 10", "DELETE FROM t WHERE id > 290",
+                  "INSERT INTO t VALUES (0, 'marker')")
     expected_first = 100 + 200 + 10 + 10
+    # The marker, a transaction of its own after the others, is delivered only after
+    # their commits were read: the capture holds the offset of all of them. (Its own
+    # commit may come in a later read: the resume may deliver it again.)
     # The process is still writing: a read may land between the bytes of one write.
-    wait_for(lambda: len(first.changes(tolerate_partial=True)) >= expected_first, 20,
-             "the first run's changes")
-    time.sleep(0.3)  # idle: everything delivered and saved
+    wait_for(lambda: any(ln["key"]["id"] == 0 for ln in first.changes(tolerate_partial=True)),
+             20, "the first run's changes")
     first.proc.send_signal(signum)
     assert first.wait(10) == 0, first.stderr()
     assert offsets.exists()
@@ -377,8 +401,10 @@ def test_signal_stops_cleanly_and_resume_repeats_nothing(
     assert len(stored) == 1 and next(iter(stored)).endswith(f"/{SLOT}")
     assert isinstance(next(iter(stored.values()))["lsn"], int)
     run1 = first.changes()
-    assert len(run1) == expected_first
+    assert len(run1) == expected_first + 1 and run1[-1]["key"]["id"] == 0
     assert [ln["value"]["op"] for ln in run1].count("r") == 100
+    assert saved_lsn(offsets) > run1[-2]["value"]["source"]["lsn"], \
+        "the signal did not save the offset of what was delivered"
     # The slot is free again once the process is gone.
     wait_for(lambda: (slot_state(db) or (1, 0))[0] is None, 10, "the slot to be released")
 
@@ -387,6 +413,8 @@ def test_signal_stops_cleanly_and_resume_repeats_nothing(
     second = captures("second", "--offsets", str(offsets), "--stop-at-end")
     assert second.wait() == 0, second.stderr()
     run2 = second.changes()
+    if run2 and run2[0]["key"]["id"] == 0:
+        run2 = run2[1:]  # the marker, its commit read after the signal
     assert [(ln["value"]["op"], ln["key"]["id"]) for ln in run2] == \
         [("c", i) for i in range(1001, 1051)] + [("u", 1)]
 
@@ -404,7 +432,13 @@ class Idle:
         self.wal_after_writes = wal_after_writes
 
 
-def _busy_uncaptured_table(db: Database, heartbeat_ms: int, settle_s: float) -> Idle:
+def _server_wal_end(connector: PostgresConnector) -> int:
+    """The server's WAL position as of the last keepalive the connector received."""
+    stream = connector._stream
+    return stream.wal_end if stream is not None else 0
+
+
+def _busy_uncaptured_table(db: Database, heartbeat_ms: int) -> Idle:
     """Capture ``a`` while only ``b`` is written, polling and committing all along."""
     db.execute("CREATE TABLE a (id int PRIMARY KEY)", "CREATE TABLE b (id int PRIMARY KEY, v text)")
     # status updates every second (psycopg2's minimum) instead of every 10 s, to keep
@@ -440,8 +474,19 @@ def _busy_uncaptured_table(db: Database, heartbeat_ms: int, settle_s: float) -> 
             return (state is not None and state[1] >= after_writes
                     and bool(committed) and committed[-1]["lsn"] >= after_writes)
 
-        with contextlib.suppress(AssertionError):
-            wait_for(caught_up, settle_s, "the slot and the offset to advance", interval_s=0)
+        def told_past_the_writes() -> bool:
+            records.extend(poll_for(conn, 0.2, offsets=committed))
+            return _server_wal_end(conn) >= after_writes
+
+        if heartbeat_ms:
+            with contextlib.suppress(AssertionError):  # the test says what did not move
+                wait_for(caught_up, 20, "the slot and the offset to advance", interval_s=0)
+        else:
+            # Nothing may move; first the connector must have had the chance to move it:
+            # a keepalive told it the server's WAL is past the writes, and it polled idle
+            # after that (what a heartbeat would have turned into an offset).
+            wait_for(told_past_the_writes, 20, "a keepalive past the writes", interval_s=0)
+            records.extend(poll_for(conn, 0.2, offsets=committed))
         end_state = slot_state(db)
         assert end_state is not None
         assert records == []  # nothing of table b is delivered
@@ -453,7 +498,7 @@ def _busy_uncaptured_table(db: Database, heartbeat_ms: int, settle_s: float) -> 
 
 @pytest.mark.slow
 def test_heartbeat_lets_the_slot_advance_past_uncaptured_writes(db: Database) -> None:
-    idle = _busy_uncaptured_table(db, heartbeat_ms=200, settle_s=20.0)  # ends once caught up
+    idle = _busy_uncaptured_table(db, heartbeat_ms=200)  # ends once caught up
     current = db.insert_lsn()
     assert idle.slot_after >= idle.wal_after_writes, (
         f"slot confirmed {idle.slot_after} but the WAL after the writes was at "
@@ -465,7 +510,7 @@ def test_heartbeat_lets_the_slot_advance_past_uncaptured_writes(db: Database) ->
 
 @pytest.mark.slow
 def test_without_heartbeats_the_offset_does_not_advance(db: Database) -> None:
-    idle = _busy_uncaptured_table(db, heartbeat_ms=0, settle_s=2.5)
+    idle = _busy_uncaptured_table(db, heartbeat_ms=0)
     assert idle.offset_after == idle.offset_before, \
         "an offset was emitted without heartbeats or captured changes"
     # Without heartbeats the slot stays where the committed offset is, holding all the
@@ -526,9 +571,12 @@ def test_reconnects_after_walsender_is_terminated(db: Database) -> None:
         old_pid = _terminate_walsender(db)
         db.autocommit(*(f"INSERT INTO t VALUES ({i})" for i in range(51, 151)))
         seen += ids_of(events(drain(conn, db.insert_lsn())))
-        # Again, this time with changes in flight that were never read.
+        # Again, this time with changes in flight that were never read: the server has
+        # sent them, the connector has not polled since.
         db.autocommit(*(f"INSERT INTO t VALUES ({i})" for i in range(151, 251)))
-        time.sleep(0.3)
+        in_flight = db.insert_lsn()
+        wait_for(lambda: (w := walsender(db)) is not None and w.sent_lsn >= in_flight, 20,
+                 "the server to send ids 151..250")
         second_pid = _terminate_walsender(db)
         db.autocommit(*(f"INSERT INTO t VALUES ({i})" for i in range(251, 301)))
         seen += ids_of(events(drain(conn, db.insert_lsn())))
@@ -558,10 +606,14 @@ def test_reconnect_does_not_confirm_uncommitted_offsets(db: Database) -> None:
                  or len(polled) >= 10, 10, "ids 11..20")
         old_pid = _terminate_walsender(db)
         # keep polling, never committing: the batch with ids 11..20 is not durable yet
+        new_pid = wait_for(lambda: poll_for(conn, 0.1, commit=False) is not None
+                           and (s := slot_state(db)) is not None
+                           and s[0] not in (None, old_pid) and s[0], 10, "the reconnect")
+        # ... until the new walsender has applied a status update of the reconnected
+        # stream: one confirming anything after the committed offset moves the slot.
         wait_for(lambda: poll_for(conn, 0.1, commit=False) is not None
-                 and (s := slot_state(db)) is not None and s[0] not in (None, old_pid),
-                 10, "the reconnect")
-        poll_for(conn, 1.5, commit=False)  # let a status update go out
+                 and (w := walsender(db)) is not None and w.pid == new_pid
+                 and w.reply_time is not None, 10, "a status update after the reconnect")
     finally:
         conn.stop()  # the process goes away before ids 11..20 were made durable
     state = slot_state(db)
@@ -792,8 +844,10 @@ def test_keepalives_never_confirm_received_but_uncommitted_transactions(db: Data
     middle of D; a crash then lost C for good.)
     """
     db.execute("CREATE TABLE t (id serial PRIMARY KEY, tag text, pad text)")
-    # Frequent keepalives from the server: half of wal_sender_timeout.
-    dsn = db.dsn + " options='-c wal_sender_timeout=4s'"
+    # The server asks a client it has not heard from for half of wal_sender_timeout
+    # for a reply (a keepalive), and drops it after the whole.
+    sender_timeout_s = 6
+    dsn = db.dsn + f" options='-c wal_sender_timeout={sender_timeout_s}s'"
     conn = make_connector(dsn, "public.t", slot_name="sk", snapshot_mode="no_data",
                           heartbeat_interval_ms=0, status_interval_ms=1000,
                           max_batch_messages=10_000_000)
@@ -814,20 +868,49 @@ def test_keepalives_never_confirm_received_but_uncommitted_transactions(db: Data
             assert time.monotonic() < deadline, "E was not delivered within 60 s"
             batch = conn.poll()
             e_offset = batch.offset or e_offset
-        time.sleep(1.1)  # let the status interval pass so the confirmation is sent
         conn.commit(e_offset)
+        e_lsn = e_offset["lsn"]
+        # Polling sends the confirmation: the server knows E is committed.
+        wait_for(lambda: poll_for(conn, 0.1, commit=False) is not None
+                 and (slot_state(db, "sk") or (None, 0))[1] >= e_lsn, 20,
+                 "E's confirmation to reach the server")
         db.autocommit("INSERT INTO t (tag) VALUES ('C')")
         c_commit = db.insert_lsn()
         long_tx.commit()
-        time.sleep(3.0)  # a slow consumer: the server sends keepalives meanwhile
-        conn.poll()  # C and part of D are received, nothing more is committed
-        time.sleep(2.5)
-        slot = db.scalar("SELECT (confirmed_flush_lsn - '0/0')::bigint FROM "
-                         "pg_replication_slots WHERE slot_name = 'sk'")
-        assert slot < c_commit, "the slot was confirmed past a delivered but uncommitted C"
+
+        # A slow consumer: it reads nothing until the server, streaming C and then D
+        # (far more than the socket holds), has gone half of wal_sender_timeout without
+        # a reply, and so has asked for one in the middle of D.
+        def silent_long_enough() -> bool:
+            w = walsender(db, "sk")
+            assert w is not None and w.reply_time is not None, "no walsender for the slot"
+            return time.time() - w.reply_time > sender_timeout_s / 2 + 0.5
+
+        wait_for(silent_long_enough, 20, "the server to go without a reply")
+        received: list[str] = []
+
+        def read(then: Callable[[], bool]) -> bool:
+            received.extend(e.after["tag"] for e in events(poll_for(conn, 0.1, commit=False))
+                            if e.after is not None)
+            return then()
+
+        # C is received (and then D, the keepalive in it, ...); nothing more is committed.
+        wait_for(lambda: read(lambda: "C" in received), 20, "C to be received")
+        received_c = time.time()
+        # Keep reading until the server has applied a status update sent after that:
+        # any that confirmed what was received instead of what was committed (in reply
+        # to the keepalive, or later) has moved the slot past C.
+        wait_for(lambda: read(lambda: (w := walsender(db, "sk")) is not None
+                              and (w.reply_time or 0) >= received_c), 20,
+                 "a status update sent after C was received")
     finally:
         conn.stop()  # a crash as far as offsets go: nothing after E was committed
         long_tx.close()
+    # Once the walsender has exited it has applied every status update it got.
+    wait_for(lambda: (slot_state(db, "sk") or (1, 0))[0] is None, 20, "the slot's release")
+    slot = (slot_state(db, "sk") or (None, 0))[1]
+    assert slot == e_lsn < c_commit, \
+        f"the slot was confirmed to {slot}, past E's {e_lsn}: C ({c_commit}) could be lost"
     restarted = make_connector(db.dsn, "public.t", slot_name="sk", snapshot_mode="no_data")
     restarted.start(e_offset)
     try:

@@ -11,8 +11,11 @@ from typing import Any
 
 import pytest
 
+from tidemark.engine import delivery, task_runner
 from tidemark.engine.converters import ConvertedRecord, EventConverter
+from tidemark.engine.delivery import Capacity
 from tidemark.engine.engine import Engine, EngineCallbacks
+from tidemark.engine.key_assignment import KeyAssigner, KeyGroup
 from tidemark.engine.state import IllegalStateError, State
 from tidemark.errors import ConfigError, TransientError
 from tidemark.event import ChangeEvent
@@ -47,6 +50,41 @@ def wait_for(condition: Any, timeout_s: float = 20, what: str = "condition") -> 
         if time.monotonic() > deadline:
             raise AssertionError(f"timed out waiting for {what}")
         time.sleep(0.01)
+
+
+class WatchedCapacity(Capacity):
+    """The engine's in-flight limit, counting the reader's waits for room: a reader
+    refused by the limit waits one slice and then calls ``while_waiting`` before it
+    checks again, so each count is one refusal that the reader has come back from."""
+
+    made: list[WatchedCapacity] = []
+
+    def __init__(self, limit: int, cancelled: Any, while_waiting: Any = lambda: None) -> None:
+        self.refusals = 0
+
+        def counted() -> None:
+            self.refusals += 1
+            while_waiting()
+
+        super().__init__(limit, cancelled, counted)
+        WatchedCapacity.made.append(self)
+
+
+@pytest.fixture
+def watched(monkeypatch: pytest.MonkeyPatch) -> list[WatchedCapacity]:
+    """Every task runner's capacity, as made (one per task)."""
+    made: list[WatchedCapacity] = []
+    monkeypatch.setattr(WatchedCapacity, "made", made)
+    monkeypatch.setattr(task_runner, "Capacity", WatchedCapacity)
+    return made
+
+
+def wait_until_refused_again(capacity: WatchedCapacity, times: int = 2) -> None:
+    """Until the reader has been refused *times* more times: the last of them came back
+    to the limit after this call, with all the room there was to have by then (a wait
+    that began before the call ends first)."""
+    start = capacity.refusals
+    wait_for(lambda: capacity.refusals >= start + times, what="the reader to wait for room")
 
 
 @pytest.mark.parametrize("mode", MODES)
@@ -307,7 +345,8 @@ def test_a_task_whose_thread_is_stuck_in_a_consumer_is_stopped_when_it_comes_bac
 
 
 @pytest.mark.parametrize("mode", MODES)
-def test_a_slow_consumer_holds_the_reader_back(mode: str) -> None:
+def test_a_slow_consumer_holds_the_reader_back(mode: str,
+                                               watched: list[WatchedCapacity]) -> None:
     release = threading.Event()
 
     def consumer(record: ConvertedRecord) -> None:
@@ -321,9 +360,16 @@ def test_a_slow_consumer_holds_the_reader_back(mode: str) -> None:
     engine = Engine(connector, BlockingBatch() if mode == "batch" else consumer,
                     config=config(mode, max_in_flight=500, polling_shutdown_timeout_ms=0))
     thread = run_in_thread(engine)
-    wait_for(lambda: connector.created and connector.created[0].position >= 500,
-             what="the reader to fill the in-flight limit")
-    time.sleep(0.3)
+
+    def refused() -> bool:
+        position = connector.created[0].position if connector.created else 0
+        assert position <= 500 + 100, f"the reader went on to {position} past the limit"
+        return bool(watched and watched[0].refusals)
+
+    wait_for(refused, what="the reader to fill the limit")
+    # Refused, and refused again after a wait: a reader that went on past the limit
+    # would have read more by now.
+    wait_until_refused_again(watched[0])
     # The reader may hold one more batch than the limit while it waits for room.
     assert connector.created[0].position <= 500 + 100
     release.set()
@@ -334,28 +380,68 @@ def test_a_slow_consumer_holds_the_reader_back(mode: str) -> None:
 
 @pytest.mark.parametrize("mode", ["async", "per_key"])
 def test_one_stuck_record_holds_the_reader_back_while_the_other_workers_go_on(
-        mode: str) -> None:
+        mode: str, watched: list[WatchedCapacity], monkeypatch: pytest.MonkeyPatch) -> None:
     """Records processed after one that is not are redelivered after a crash too, so
     they count against the in-flight limit until the stuck one is done."""
+    stuck = 99  # the last record of the first batch: in async mode, of its last chunk
     release = threading.Event()
+    started: set[int] = set()
     processed = [0]
     lock = threading.Lock()
 
     def consumer(record: ConvertedRecord) -> None:
         event = record.event
-        assert isinstance(event, ChangeEvent)
-        if event.lsn == 0:
+        assert isinstance(event, ChangeEvent) and event.lsn is not None
+        with lock:
+            started.add(event.lsn)
+        if event.lsn == stuck:
             release.wait(30)
         with lock:
             processed[0] += 1
 
-    connector = SyntheticConnector(total=5_000, batch_size=100, keys=100)
+    # Per key, records the assigner gives the stuck record's worker after it wait
+    # behind it; which those are depends on how busy the workers were.
+    groups: list[tuple[int, list[int]]] = []  # (worker, positions), in dispatch order
+
+    class WatchedAssigner(KeyAssigner[Any]):
+        def assign(self, records: Any) -> list[KeyGroup[Any]]:
+            out = super().assign(records)
+            with lock:
+                groups.extend((g.worker, [r.lsn for r in g.records]) for g in out)
+            return out
+
+    monkeypatch.setattr(delivery, "KeyAssigner", WatchedAssigner)
+
+    def blocked_behind_the_stuck_one() -> set[int]:
+        with lock:
+            found = [i for i, (_, positions) in enumerate(groups) if stuck in positions]
+            if not found:
+                return set()
+            worker = groups[found[0]][0]
+            return {p for w, positions in groups[found[0] + 1:] if w == worker
+                    for p in positions}
+
+    connector = SyntheticConnector(total=5_000, batch_size=100, keys=5_000)
     store = MemoryOffsetStore()
     engine = Engine(connector, consumer, converter=EventConverter(), offset_store=store,
                     config=config(mode, max_in_flight=300))
     thread = run_in_thread(engine)
-    wait_for(lambda: processed[0] >= 150, what="the other workers to go on")
-    time.sleep(0.3)
+
+    def workers_idle_and_reader_waiting() -> bool:
+        if not watched or not watched[0].refusals:
+            return False
+        position = connector.created[0].position
+        assert position <= 300 + 100, f"the reader went on to {position} past the limit"
+        handed_on = set(range(position - 100))  # the reader holds one batch
+        expected = handed_on - blocked_behind_the_stuck_one()
+        with lock:
+            return started == expected and processed[0] == len(expected) - 1
+
+    wait_for(workers_idle_and_reader_waiting,
+             what="the other workers to process all they can while the reader waits")
+    # The reader comes back to the limit after all of them were processed: had
+    # processed records stopped counting as in flight, it would have gone on by now.
+    wait_until_refused_again(watched[0])
     # At most the limit, plus the batch let in while waiting for room, minus the stuck one.
     assert connector.created[0].position <= 300 + 100
     assert processed[0] < 300 + 100

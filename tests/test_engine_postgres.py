@@ -4,6 +4,7 @@ connection open."""
 
 from __future__ import annotations
 
+import sys
 import threading
 import time
 from typing import Any
@@ -27,6 +28,17 @@ def wait_for(condition: Any, timeout_s: float, what: str) -> None:
     while not condition():
         assert time.monotonic() < deadline, f"timed out waiting for {what}"
         time.sleep(0.02)
+
+
+def waiting_in(thread: threading.Thread, module: str, function: str) -> bool:
+    """Whether *thread* is inside *function* of *module* (a file name) right now."""
+    frame = sys._current_frames().get(thread.ident or -1)
+    while frame is not None:
+        code = frame.f_code
+        if code.co_name == function and code.co_filename.endswith(module):
+            return True
+        frame = frame.f_back
+    return False
 
 
 def ids(sink: MemorySink) -> list[int]:
@@ -116,7 +128,11 @@ def test_close_while_starting_leaves_no_active_slot_and_no_connection(db: Databa
                  "start() to wait for the table lock")
         closer = threading.Thread(target=engine.close, daemon=True)
         closer.start()
-        time.sleep(0.3)
+        # close() has recorded the stop and waits for the engine to stop: whatever it
+        # would do without waiting for the start, it has done by now.
+        wait_for(lambda: not closer.is_alive() or waiting_in(closer, "engine/state.py", "wait_for"),
+                 30, "close() to wait for the engine to stop")
+        assert closer.is_alive(), "close() returned while the task was still starting"
         assert engine.state is State.STARTING_TASKS, "close() did not wait for the start"
     finally:
         blocker.rollback()

@@ -283,19 +283,32 @@ def test_postgres_rejects_a_foreign_table_and_a_missing_schema(db: Database) -> 
 
 
 def test_postgres_reconnects_once_after_a_lost_connection(db: Database) -> None:
+    def backends() -> list[int]:
+        return [r[0] for r in db.query(
+            "SELECT pid FROM pg_stat_activity "
+            "WHERE datname = %s AND application_name = 'tidemark-offsets'", (db.name,))]
+
     def kill() -> int:
-        return len(db.query(
-            "SELECT pg_terminate_backend(pid) FROM pg_stat_activity "
-            "WHERE datname = %s AND application_name = 'tidemark-offsets'", (db.name,)))
+        """Terminate the store's backend and wait until it is gone, so that the next
+        call surely finds its connection lost; returns the backend's pid."""
+        (pid,) = backends()
+        assert db.scalar("SELECT pg_terminate_backend(%s)", (pid,)) is True
+        deadline = time.monotonic() + 10
+        while pid in backends():
+            assert time.monotonic() < deadline, f"backend {pid} did not exit"
+            time.sleep(0.02)
+        return pid
 
     with PostgresOffsetStore(db.dsn) as store:
         store.save("k", {"lsn": 1})
-        assert kill() == 1
-        time.sleep(0.1)
+        first = kill()
         store.save("k", {"lsn": 2})  # reconnects
-        assert kill() == 1
-        time.sleep(0.1)
+        second = backends()
+        assert len(second) == 1 and second[0] != first, "save() did not reconnect"
+        assert kill() == second[0]
         assert store.load("k") == {"lsn": 2}  # reconnects again
+        third = backends()
+        assert len(third) == 1 and third[0] != second[0], "load() did not reconnect"
     assert db.query("SELECT \"offset\"->>'lsn' FROM tidemark_offsets") == [("2",)]
 
 
