@@ -11,6 +11,7 @@ from tidemark.cli import logs
 from tidemark.cli.capture import capture
 from tidemark.cli.demo import demo
 from tidemark.cli.run import run
+from tidemark.cli.signal import signal
 from tidemark.cli.status import status
 from tidemark.errors import TidemarkError
 
@@ -29,6 +30,7 @@ def cli(log_level: str) -> None:
 cli.add_command(capture)
 cli.add_command(demo)
 cli.add_command(run)
+cli.add_command(signal)
 cli.add_command(status)
 
 
