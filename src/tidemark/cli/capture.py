@@ -98,6 +98,12 @@ def _first_events(records: list[Record], lines: list[str], remaining: int
               show_default=True,
               help="Save the offset at most this often (0: after every batch). A crash "
                    "redelivers at most what came after the last save.")
+@click.option("--signal-table",
+              help="schema.table of Debezium's signal table (id varchar(42) PRIMARY KEY, "
+                   "type varchar(32), data varchar(2048)): rows inserted there are signals, "
+                   "e.g. execute-snapshot for an incremental snapshot (see tidemark signal).")
+@click.option("--incremental-snapshot-chunk-size", type=click.IntRange(min=1), default=1024,
+              show_default=True, help="Rows per chunk of an incremental snapshot.")
 @click.option("--metrics-port", type=click.IntRange(min=0, max=65535),
               help="Serve Prometheus metrics on this port (/metrics), with Debezium's "
                    "metric names.")
@@ -106,6 +112,7 @@ def capture(dsn: str, tables: tuple[str, ...], exclude: tuple[str, ...], slot: s
             max_events: int | None, transaction_metadata: bool, tombstones: bool,
             topic_prefix: str, decimal_handling_mode: str, time_precision_mode: str,
             heartbeat_interval_ms: int, offset_flush_interval_ms: int,
+            signal_table: str | None, incremental_snapshot_chunk_size: int,
             metrics_port: int | None) -> None:
     """Capture changes and write one JSON object per line: {"key": …, "value": …}.
 
@@ -119,7 +126,8 @@ def capture(dsn: str, tables: tuple[str, ...], exclude: tuple[str, ...], slot: s
         "provide_transaction_metadata": transaction_metadata, "topic_prefix": topic_prefix,
         "decimal_handling_mode": decimal_handling_mode,
         "time_precision_mode": time_precision_mode,
-        "heartbeat_interval_ms": heartbeat_interval_ms,
+        "heartbeat_interval_ms": heartbeat_interval_ms, "signal_table": signal_table,
+        "incremental_snapshot_chunk_size": incremental_snapshot_chunk_size,
     }
     config = PostgresSourceConfig.from_mapping(values)
     store: OffsetStore = FileOffsetStore(offsets) if offsets else MemoryOffsetStore()

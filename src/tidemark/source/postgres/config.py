@@ -46,6 +46,7 @@ class TimePrecisionMode(StrEnum):
 
 
 _IDENTIFIER = re.compile(r"[a-z_][a-z0-9_]{0,62}")
+_QUALIFIED_NAME = re.compile(r"[a-z_][a-z0-9_]{0,62}\.[a-z_][a-z0-9_]{0,62}")
 
 
 class PostgresSourceConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
@@ -96,6 +97,13 @@ class PostgresSourceConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unk
     snapshot_fetch_size: int = 10_000
     """Rows fetched per round trip while snapshotting."""
     drop_slot_on_stop: bool = False
+    signal_table: str | None = None
+    """``schema.table`` of Debezium's signal table (``id varchar(42) PRIMARY KEY, type
+    varchar(32), data varchar(2048)``): an Insert there is a signal (``execute-snapshot``
+    …), read from the stream; the table is published, never captured (Debezium's
+    ``signal.data.collection``)."""
+    incremental_snapshot_chunk_size: int = 1024
+    """Rows per chunk (one window) of an incremental snapshot."""
 
     def __post_init__(self) -> None:
         try:
@@ -124,7 +132,12 @@ class PostgresSourceConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unk
             raise ConfigError("status_interval_ms",
                               f"must be >= 1000 (whole seconds on the wire), "
                               f"got {self.status_interval_ms}")
-        for key in ("max_batch_messages", "snapshot_fetch_size", "reconnect_backoff_ms"):
+        if self.signal_table is not None and not _QUALIFIED_NAME.fullmatch(self.signal_table):
+            raise ConfigError("signal_table", f"{self.signal_table!r} is not a table name; "
+                              "expected schema.table of plain lower-case names, e.g. "
+                              "public.debezium_signal")
+        for key in ("max_batch_messages", "snapshot_fetch_size", "reconnect_backoff_ms",
+                    "incremental_snapshot_chunk_size"):
             if getattr(self, key) <= 0:
                 raise ConfigError(key, f"must be > 0, got {getattr(self, key)}")
 

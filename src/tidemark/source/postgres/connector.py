@@ -30,6 +30,11 @@ from tidemark.source.postgres import catalog, session, slot
 from tidemark.source.postgres import offset as pg_offset
 from tidemark.source.postgres.change_builder import ChangeEventBuilder
 from tidemark.source.postgres.config import PostgresSourceConfig, SnapshotMode
+from tidemark.source.postgres.incremental_snapshot import OFFSET_KEY as SNAPSHOT_OFFSET_KEY
+from tidemark.source.postgres.incremental_snapshot import (
+    IncrementalSnapshot,
+    signal_table_layout,
+)
 from tidemark.source.postgres.json_lines import JsonLineBuilder, RenderedEventBuilder
 from tidemark.source.postgres.partial_transaction import (
     COMMIT_LSN_KEY,
@@ -91,6 +96,7 @@ class PostgresConnector:
         self.stats = CaptureStats()
         #: The last offset committed (at start: the offset resumed from).
         self._committed: Offset | None = None
+        self._snapshots: IncrementalSnapshot | None = None
 
     @property
     def partition(self) -> str:
@@ -98,6 +104,12 @@ class PostgresConnector:
         if not self.database:
             raise SourceError("the offset key is known only after start()")
         return f"postgres/{self.database}/{self.config.slot_name}"
+
+    @property
+    def incremental_snapshot(self) -> IncrementalSnapshot | None:
+        """The incremental snapshots of the running stream (None before the stream has
+        started, or without a signal table and nothing left to snapshot)."""
+        return self._snapshots
 
     # -- lifecycle -------------------------------------------------------------------
     def start(self, offset: Offset | None = None, *, store: OffsetReader | None = None,
@@ -150,7 +162,11 @@ class PostgresConnector:
             else:
                 self._batches = self._snapshot_only()
             return
-        slot.ensure_publication(conn, cfg.publication_name, self.tables)
+        # The signal table is published (its Inserts are the signals) but not captured.
+        signals = [TableId.parse(cfg.signal_table)] if cfg.signal_table else []
+        for table in signals:
+            signal_table_layout(conn, table)
+        slot.ensure_publication(conn, cfg.publication_name, [*self.tables, *signals])
         existing = self._wait_for_slot()
         self._batches = self._run(offset, existing)
 
@@ -189,6 +205,9 @@ class PostgresConnector:
         if self._stream is not None:
             self._stream.close()
             self._stream = None
+        if self._snapshots is not None:
+            with contextlib.suppress(Exception):
+                self._snapshots.close()
         if self._catalog_conn is not None:
             if self.config.drop_slot_on_stop:
                 with contextlib.suppress(Exception):
@@ -393,6 +412,7 @@ class PostgresConnector:
                       if self._rendered_json else builder.process)
         resume = start_lsn
         stats = self.stats
+        snap = self._incremental_snapshot()
         skipper = self._skipper(start_lsn)
         open_messages = 0  # change messages of the open transaction handed on so far
         handed_partial: tuple[int, int] | None = None
@@ -423,6 +443,8 @@ class PostgresConnector:
                 builder.in_transaction = False
                 skipper = self._skipper(restart)
                 open_messages = 0
+                if snap is not None:
+                    snap.window = None  # its marks may be lost with the connection
                 self._open_with_retry(stream, restart)
                 stats.connected = True
                 continue
@@ -438,17 +460,25 @@ class PostgresConnector:
                     open_messages = open_transaction_messages(seen, open_messages)
                 if skipper.done:
                     skipper = None
-            records: list[Record] = []
-            texts: list[str] | None = None
-            if lines is not None:
-                texts = lines.process(messages, now_us) if messages else []
-            elif messages:
-                records = to_records(messages, now_us)
-            if messages:
-                stats.transactions_committed = builder.commits
-                events = len(records) + (len(texts) if texts else 0)
-                if events:
-                    stats.saw_events(events, builder.context.ts_us)
+            if snap is not None and messages and snap.scanning:
+                # Signals and snapshot windows: a window's close releases its rows right
+                # there, between the changes before and after it (incremental_snapshot).
+                split = snap.split(messages, builder.context)
+                while split.after is not None:
+                    records, texts = self._handle(split.before, now_us, lines, to_records,
+                                                  builder)
+                    yield SourceBatch(records, None, False, texts)
+                    if split.reads:
+                        table = str(split.reads[0].schema.table) \
+                            if split.reads[0].schema else ""
+                        stats.rows_scanned[table] = \
+                            stats.rows_scanned.get(table, 0) + len(split.reads)
+                        stats.saw_events(len(split.reads), now_us)
+                        yield SourceBatch(list(split.reads), None)
+                    snap.maybe_open_window()
+                    split = snap.split(split.after, builder.context)
+                messages = split.before
+            records, texts = self._handle(messages, now_us, lines, to_records, builder)
             if builder.last_end_lsn is not None and builder.last_end_lsn > resume:
                 resume = builder.last_end_lsn
             finished = False
@@ -462,7 +492,9 @@ class PostgresConnector:
                     self._heartbeat_action()
                     resume = max(resume, server)
                 if self._stop_at is not None:
-                    if max(server, resume) >= self._stop_at:
+                    # Snapshots signalled before the end are part of what it waits for.
+                    if max(server, resume) >= self._stop_at and (snap is None
+                                                                 or not snap.active):
                         finished = True
                         resume = max(resume, server)
                     else:
@@ -477,16 +509,61 @@ class PostgresConnector:
                     partial = (builder.context.commit_lsn, open_messages)
             else:
                 open_messages = 0
+            snap_changed = snap is not None and snap.changed
             offset: Offset | None = None
-            if resume > emitted or finished or partial != handed_partial:
+            if resume > emitted or finished or partial != handed_partial or snap_changed:
                 offset = {"lsn": resume, "snapshot_completed": True}
                 if partial is not None:
                     offset[COMMIT_LSN_KEY], offset[MESSAGES_KEY] = partial
+                if snap is not None:
+                    snap.changed = False
+                    state = snap.state()
+                    if state is not None:
+                        offset[SNAPSHOT_OFFSET_KEY] = state
                 emitted = stats.position_lsn = resume
                 handed_partial = partial
             yield SourceBatch(records, offset, finished, texts)
             if finished:
                 return
+            if snap is not None:
+                snap.maybe_open_window()
+
+    def _handle(self, messages: list[tuple[bytes, int]], now_us: int,
+                lines: JsonLineBuilder | None,
+                to_records: Callable[[list[tuple[bytes, int]], int], list[Record]],
+                builder: ChangeEventBuilder) -> tuple[list[Record], list[str] | None]:
+        """The records (or JSON lines) of *messages*, counted in the stats."""
+        records: list[Record] = []
+        texts: list[str] | None = None
+        if lines is not None:
+            texts = lines.process(messages, now_us) if messages else []
+        elif messages:
+            records = to_records(messages, now_us)
+        if messages:
+            stats = self.stats
+            stats.transactions_committed = builder.commits
+            events = len(records) + (len(texts) if texts else 0)
+            if events:
+                stats.saw_events(events, builder.context.ts_us)
+        return records, texts
+
+    def _incremental_snapshot(self) -> IncrementalSnapshot | None:
+        """The incremental snapshots of this capture (None without a signal table and
+        with nothing left over from an earlier run)."""
+        cfg = self.config
+        state = self._committed.get(SNAPSHOT_OFFSET_KEY) if self._committed else None
+        if cfg.signal_table is None and not state:
+            return None
+        snap = IncrementalSnapshot(
+            dsn_connect=lambda: session.connect(cfg.dsn, application_name="tidemark-snapshot"),
+            captured=self.tables, keys=self._keys,
+            signal_table=TableId.parse(cfg.signal_table) if cfg.signal_table else None,
+            chunk_size=cfg.incremental_snapshot_chunk_size, topic_prefix=cfg.topic_prefix,
+            database=self.database, state=state if isinstance(state, dict) else None)
+        snap.open()
+        self._snapshots = snap
+        snap.maybe_open_window()
+        return snap
 
     def _heartbeat_action(self) -> None:
         query = self.config.heartbeat_action_query

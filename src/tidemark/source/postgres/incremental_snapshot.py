@@ -1,0 +1,454 @@
+"""Incremental snapshots while the stream runs: DBLog's watermark algorithm (seed 001).
+
+A table is read chunk by chunk in primary-key order. For each chunk a *window* is
+opened and closed around the chunk's SELECT with two logical decoding messages
+(``pg_logical_emit_message``, prefix :data:`WATERMARK_PREFIX`), each committed in its own
+transaction, so they arrive in the stream in commit order like any change:
+
+* changes committed before the opening mark were visible to the SELECT and were
+  streamed before it: the chunk's rows, emitted after them, are at least as new;
+* changes committed inside the window may or may not be in the SELECT's result: each
+  streamed change of the table inside the window removes its key from the chunk's
+  buffer, so the streamed change stands and no older row follows it;
+* at the closing mark the buffer's remaining rows are emitted as reads (``op: "r"``,
+  ``source.snapshot: "incremental"``) — the stream never stops for a snapshot.
+
+Watermarks are logical decoding messages rather than rows of a signal table: they write
+nothing to user tables, need no table, and carry a window id that a later run ignores.
+Their transactions carry nothing else and are left out of the stream handed on.
+
+The state (tables left, the current table's maximum key and last key sent) travels in
+the connector's offset (``incremental_snapshot``), so a restart continues from the chunk
+after the last one emitted; a chunk emitted but not yet saved is emitted again
+(at-least-once, as Debezium).
+
+Signals (Debezium's signal table: ``execute-snapshot``, ``stop-snapshot``,
+``pause-snapshot``, ``resume-snapshot``, ``log``) are read from the stream: an Insert into
+the signal table, which is published but not captured, so its rows are never events.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import struct
+import time
+import uuid
+from collections.abc import Callable, Sequence
+from typing import Any, Final
+
+import psycopg2.extensions
+from psycopg2 import sql
+
+from tidemark.errors import DecodeError, TidemarkError
+from tidemark.event import ChangeEvent, Op, SnapshotMarker, SourceContext, TableId, TableSchema
+from tidemark.source.postgres import catalog, pgoutput
+from tidemark.source.postgres.change_builder import CONNECTOR_NAME
+from tidemark.source.postgres.snapshot import register_text_types
+from tidemark.source.signals import (
+    ExecuteSnapshot,
+    LogSignal,
+    PauseSnapshot,
+    ResumeSnapshot,
+    Signal,
+    SignalError,
+    StopSnapshot,
+    parse_signal,
+)
+
+log = logging.getLogger(__name__)
+
+#: Prefix of the watermark messages; their content is ``open:<id>`` or ``close:<id>``.
+WATERMARK_PREFIX: Final = "tidemark-snapshot-window"
+#: The offset's key for the snapshot's state.
+OFFSET_KEY: Final = "incremental_snapshot"
+
+_U32: Final = struct.Struct(">I")
+_BEGIN, _COMMIT, _MESSAGE = ord("B"), ord("C"), ord("M")
+_INSERT, _UPDATE, _DELETE, _TRUNCATE = ord("I"), ord("U"), ord("D"), ord("T")
+_PREFIX_BYTES: Final = WATERMARK_PREFIX.encode() + b"\x00"
+
+Message = tuple[bytes, int]
+Key = tuple[Any, ...]
+
+
+class SnapshotTableError(TidemarkError):
+    """A table cannot be snapshotted (no key, not captured, gone): it is skipped."""
+
+
+@dataclasses.dataclass
+class TableProgress:
+    """Where the snapshot of one table stands (persisted in the offset)."""
+
+    table: TableId
+    max_key: list[str | None] | None = None
+    """The table's largest key when its snapshot began (None: not read yet / empty)."""
+    last_key: list[str | None] | None = None
+    """The largest key emitted so far (None: none yet)."""
+    condition: str | None = None
+    """Debezium's ``additional-conditions`` filter for this table (raw SQL, by design)."""
+    surrogate_key: str | None = None
+
+    def to_json(self) -> dict[str, Any]:
+        return {"table": str(self.table), "max_key": self.max_key, "last_key": self.last_key,
+                "condition": self.condition, "surrogate_key": self.surrogate_key}
+
+    @classmethod
+    def from_json(cls, value: dict[str, Any]) -> TableProgress:
+        return cls(TableId.parse(str(value["table"])), value.get("max_key"),
+                   value.get("last_key"), value.get("condition"), value.get("surrogate_key"))
+
+
+@dataclasses.dataclass
+class Window:
+    """One chunk's buffer between its two watermarks."""
+
+    window_id: str
+    schema: TableSchema
+    relation_oid: int
+    buffer: dict[Key, tuple[str | None, ...]]
+    last_key: list[str | None] | None
+    done_after: bool
+    """The chunk reached the table's maximum key: the table is finished at close."""
+    opened: bool = False
+
+
+@dataclasses.dataclass
+class Split:
+    """A batch of stream messages cut at a window's close: the messages before it, the
+    snapshot rows it releases, and the messages after it (None when no window closed)."""
+
+    before: list[Message]
+    reads: list[ChangeEvent]
+    after: list[Message] | None
+
+
+class IncrementalSnapshot:
+    """The incremental snapshots of one connector: signals in, watermarked chunks out."""
+
+    def __init__(self, *, dsn_connect: Callable[[], psycopg2.extensions.connection],
+                 captured: Sequence[TableId], keys: dict[TableId, tuple[str, ...]],
+                 signal_table: TableId | None, chunk_size: int, topic_prefix: str,
+                 database: str, state: dict[str, Any] | None = None) -> None:
+        self._connect = dsn_connect
+        self._conn: psycopg2.extensions.connection | None = None
+        self._captured = set(captured)
+        self._keys = keys
+        self.signal_table = signal_table
+        self._signal_prefix: bytes | None = None
+        self._signal_columns: tuple[str, ...] = ()
+        self._chunk_size = chunk_size
+        self._prefix = topic_prefix
+        self._database = database
+        self.queue: list[TableProgress] = []
+        self.paused = False
+        self.window: Window | None = None
+        self.changed = False  # state changed since the last offset
+        self._drop_commit = False  # the next message is a watermark's Commit to leave out
+        self._table_cache: dict[TableId, tuple[TableSchema, int]] = {}
+        self.rows_emitted = 0
+        if state:
+            self.queue = [TableProgress.from_json(t) for t in state.get("tables", [])]
+            self.paused = bool(state.get("paused", False))
+
+    # -- state --------------------------------------------------------------------------
+    @property
+    def active(self) -> bool:
+        """A snapshot is queued or running (paused or not)."""
+        return bool(self.queue)
+
+    @property
+    def scanning(self) -> bool:
+        """Messages must be looked at: a window is open, or signals may arrive."""
+        return self.window is not None or self._signal_prefix is not None
+
+    def state(self) -> dict[str, Any] | None:
+        """The offset's ``incremental_snapshot`` value (None when nothing is queued)."""
+        if not self.queue:
+            return None
+        return {"tables": [t.to_json() for t in self.queue], "paused": self.paused}
+
+    def open(self) -> None:
+        """Look up the signal table (its Inserts are the signals)."""
+        if self.signal_table is None:
+            return
+        oid, self._signal_columns = signal_table_layout(self._connection(), self.signal_table)
+        self._signal_prefix = b"I" + _U32.pack(oid)
+
+    def close(self) -> None:
+        """Close the snapshot's connection (a new one registers its types again)."""
+        self._table_cache.clear()
+        if self._conn is not None:
+            try:
+                self._conn.close()
+            finally:
+                self._conn = None
+
+    def _connection(self) -> psycopg2.extensions.connection:
+        if self._conn is None or self._conn.closed:
+            self._conn = self._connect()
+            self._conn.autocommit = True
+            with self._conn.cursor() as cur:
+                # A watermark's commit flushes the WAL, so the stream brings it at once:
+                # with the server's synchronous_commit off it would wait for the WAL
+                # writer (up to wal_writer_delay, 200 ms, per mark).
+                cur.execute("SET synchronous_commit = on")
+        return self._conn
+
+    # -- signals ------------------------------------------------------------------------
+    def _on_signal(self, signal: Signal) -> None:
+        if isinstance(signal, ExecuteSnapshot):
+            queued = {t.table for t in self.queue}
+            for table in signal.data_collections:
+                if table not in self._captured:
+                    log.error("signal %s: table %s is not captured (captured: %s); skipped",
+                              signal.id, table, ", ".join(sorted(map(str, self._captured))))
+                    continue
+                key = self._keys.get(table)
+                if not key and signal.surrogate_key is None:
+                    log.error("signal %s: table %s has no primary key; give a "
+                              "surrogate-key to snapshot it incrementally; skipped",
+                              signal.id, table)
+                    continue
+                if table in queued:
+                    log.info("signal %s: table %s is already being snapshotted", signal.id,
+                             table)
+                    continue
+                self.queue.append(TableProgress(
+                    table, condition=signal.additional_conditions.get(table),
+                    surrogate_key=signal.surrogate_key))
+                queued.add(table)
+                log.info("signal %s: incremental snapshot of %s queued", signal.id, table)
+        elif isinstance(signal, StopSnapshot):
+            stop = set(signal.data_collections) or {t.table for t in self.queue}
+            self.queue = [t for t in self.queue if t.table not in stop]
+            if self.window is not None and self.window.schema.table in stop:
+                self.window = None  # its marks, when they come, are ignored
+            log.info("signal %s: incremental snapshot stopped for %s", signal.id,
+                     ", ".join(sorted(map(str, stop))) or "nothing")
+        elif isinstance(signal, PauseSnapshot):
+            self.paused = True
+            log.info("signal %s: incremental snapshot paused", signal.id)
+        elif isinstance(signal, ResumeSnapshot):
+            self.paused = False
+            log.info("signal %s: incremental snapshot resumed", signal.id)
+        elif isinstance(signal, LogSignal):
+            log.info("signal %s: %s", signal.id, signal.message)
+        self.changed = True
+
+    def _read_signal(self, payload: bytes) -> None:
+        try:
+            row = pgoutput.parse_insert(payload).new
+            values = dict(zip(self._signal_columns, row, strict=False))
+            data = values.get("data")
+            signal = parse_signal(str(values.get("id")), str(values.get("type")),
+                                  data if isinstance(data, str) else None)
+        except SignalError as err:
+            log.error("signal skipped: %s", err)
+            return
+        except DecodeError as err:
+            log.error("signal skipped: the signal table's row cannot be read: %s", err)
+            return
+        self._on_signal(signal)
+
+    # -- windows ------------------------------------------------------------------------
+    def split(self, messages: list[Message], context: SourceContext | None) -> Split:
+        """Read signals and window marks in *messages*; cut them at a window's close.
+
+        Watermark transactions are left out of what is returned."""
+        window = self.window
+        signal_prefix = self._signal_prefix
+        kept: list[Message] = []
+        for i, message in enumerate(messages):
+            payload = message[0]
+            kind = payload[0]
+            if self._drop_commit:
+                # Only when its Begin was dropped too: a Begin already handed to the
+                # builder needs its Commit, or the builder would stay in a transaction.
+                self._drop_commit = False
+                if kind == _COMMIT:
+                    continue
+            if kind == _MESSAGE and payload.find(_PREFIX_BYTES, 0, 64) != -1:
+                mark = pgoutput.parse_logical_message(payload)
+                if mark.prefix == WATERMARK_PREFIX:
+                    # A watermark's transaction holds nothing else: Begin and Commit go too.
+                    if kept and kept[-1] is messages[i - 1] and kept[-1][0][0] == _BEGIN:
+                        kept.pop()
+                        self._drop_commit = True
+                    text = mark.content.decode(errors="replace")
+                    if window is not None and text == f"open:{window.window_id}":
+                        window.opened = True
+                    elif window is not None and text == f"close:{window.window_id}":
+                        reads = self._close(window, mark.lsn, context)
+                        rest = messages[i + 1:]
+                        if self._drop_commit and rest and rest[0][0][0] == _COMMIT:
+                            self._drop_commit = False
+                            rest = rest[1:]
+                        return Split(kept, reads, rest)
+                    continue
+            if signal_prefix is not None and payload[:5] == signal_prefix:
+                self._read_signal(payload)
+                continue  # not captured: the builder would skip it anyway
+            if window is not None and window.opened and kind in (_INSERT, _UPDATE, _DELETE,
+                                                                  _TRUNCATE):
+                self._dedupe(window, payload, kind)
+            kept.append(message)
+        return Split(kept, [], None)
+
+    def _dedupe(self, window: Window, payload: bytes, kind: int) -> None:
+        """A change of the window's table inside the window: its key leaves the buffer."""
+        if kind == _TRUNCATE:
+            if window.relation_oid in pgoutput.parse_truncate(payload).relation_ids:
+                window.buffer.clear()
+            return
+        if _U32.unpack_from(payload, 1)[0] != window.relation_oid:
+            return
+        rows: list[Any] = []
+        if kind == _INSERT:
+            rows.append(pgoutput.parse_insert(payload).new)
+        elif kind == _UPDATE:
+            update = pgoutput.parse_update(payload)
+            rows.append(update.new)
+            if update.old is not None:
+                rows.append(update.old)
+        else:
+            rows.append(pgoutput.parse_delete(payload).old)
+        indexes = window.schema.key_indexes
+        for row in rows:
+            if len(row) == len(window.schema.columns):
+                window.buffer.pop(tuple(row[i] for i in indexes), None)
+
+    def _close(self, window: Window, lsn: int, context: SourceContext | None) -> list[ChangeEvent]:
+        self.window = None
+        progress = self.queue[0] if self.queue else None
+        if progress is None or progress.table != window.schema.table:
+            return []  # stopped meanwhile
+        now_us = time.time_ns() // 1000
+        source = SourceContext(CONNECTOR_NAME, self._prefix, self._database, now_us, None,
+                               context.last_commit_lsn if context else None)
+        reads = [ChangeEvent(Op.READ, window.schema, None, row, source, lsn, 0, 0, now_us,
+                             SnapshotMarker.INCREMENTAL) for row in window.buffer.values()]
+        progress.last_key = window.last_key
+        if window.done_after:
+            self.queue.pop(0)
+            self._table_cache.pop(progress.table, None)
+            log.info("incremental snapshot of %s finished", progress.table)
+        self.rows_emitted += len(reads)
+        self.changed = True
+        return reads
+
+    def maybe_open_window(self) -> None:
+        """Read the next chunk between two fresh watermarks, if a snapshot is due."""
+        while self.window is None and self.queue and not self.paused:
+            progress = self.queue[0]
+            try:
+                self.window = self._read_chunk(progress)
+            except (SnapshotTableError, psycopg2.Error) as err:
+                message = str(err).strip().splitlines()[0] if str(err).strip() else repr(err)
+                log.error("incremental snapshot of %s skipped: %s", progress.table, message)
+                self.queue.pop(0)
+                self.changed = True
+                if isinstance(err, psycopg2.Error) and self._conn is not None:
+                    self.close()
+
+    def _read_chunk(self, progress: TableProgress) -> Window | None:
+        conn = self._connection()
+        key = (progress.surrogate_key,) if progress.surrogate_key else \
+            self._keys.get(progress.table, ())
+        if not key:
+            raise SnapshotTableError(f"table {progress.table} has no primary key")
+        cached = self._table_cache.get(progress.table)
+        if cached is None or cached[0].key_names != tuple(key):
+            # Once per table's snapshot: its columns and OID (the Relation id of its
+            # stream messages); a table altered meanwhile is read with its new columns
+            # when its snapshot is started again.
+            schema = catalog.table_schema(conn, progress.table, key)
+            register_text_types(conn, schema)
+            with conn.cursor() as cur:
+                cur.execute("SELECT %s::regclass::oid", (_quoted(progress.table),))
+                row = cur.fetchone()
+            assert row is not None
+            cached = self._table_cache[progress.table] = (schema, int(row[0]))
+        schema, oid = cached
+        key_sql = sql.SQL(", ").join(sql.Identifier(k) for k in key)
+        table_sql = sql.SQL("{}.{}").format(sql.Identifier(progress.table.schema),
+                                             sql.Identifier(progress.table.table))
+        condition = sql.SQL(" AND ({})").format(sql.SQL(progress.condition)) \
+            if progress.condition else sql.SQL("")
+        casts = [schema.columns[i].type_name for i in schema.key_indexes]
+        if progress.max_key is None:
+            query = sql.SQL("SELECT {} FROM {} WHERE TRUE{} ORDER BY {} LIMIT 1").format(
+                key_sql, table_sql, condition, sql.SQL(", ").join(
+                    sql.SQL("{} DESC").format(sql.Identifier(k)) for k in key))
+            with conn.cursor() as cur:
+                cur.execute(query)
+                top = cur.fetchone()
+            if top is None:
+                log.info("incremental snapshot of %s: the table is empty", progress.table)
+                self.queue.pop(0)
+                self.changed = True
+                return None
+            progress.max_key = list(top)
+            self.changed = True
+            log.info("incremental snapshot of %s started (up to key %s)", progress.table,
+                     progress.max_key)
+        window_id = uuid.uuid4().hex
+        columns = sql.SQL(", ").join(sql.Identifier(c.name) for c in schema.columns)
+        bounds = [sql.SQL("({}) <= ({})").format(key_sql, _typed(casts))]
+        params: list[Any] = list(progress.max_key)
+        if progress.last_key is not None:
+            bounds.insert(0, sql.SQL("({}) > ({})").format(key_sql, _typed(casts)))
+            params = [*progress.last_key, *params]
+        query = sql.SQL("SELECT {} FROM {} WHERE {}{} ORDER BY {} LIMIT {}").format(
+            columns, table_sql, sql.SQL(" AND ").join(bounds), condition, key_sql,
+            sql.Literal(self._chunk_size))
+        self._mark(conn, f"open:{window_id}")
+        with conn.cursor() as cur:
+            cur.execute(query, params)
+            rows = cur.fetchall()
+        self._mark(conn, f"close:{window_id}")
+        indexes = schema.key_indexes
+        buffer = {tuple(r[i] for i in indexes): tuple(r) for r in rows}
+        last = list(rows[-1][i] for i in indexes) if rows else progress.last_key
+        done = len(rows) < self._chunk_size or last == progress.max_key
+        return Window(window_id, schema, oid, buffer, last, done)
+
+    @staticmethod
+    def _mark(conn: psycopg2.extensions.connection, content: str) -> None:
+        with conn.cursor() as cur:
+            cur.execute("SELECT pg_logical_emit_message(true, %s, %s)",
+                        (WATERMARK_PREFIX, content))
+
+
+def signal_table_layout(conn: psycopg2.extensions.connection,
+                        table: TableId) -> tuple[int, tuple[str, ...]]:
+    """The signal table's OID and column names; a clear error if it is missing or is
+    not laid out as Debezium's."""
+    with conn.cursor() as cur:
+        cur.execute("SELECT c.oid, array_agg(a.attname::text ORDER BY a.attnum) "
+                    "FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace "
+                    "JOIN pg_attribute a ON a.attrelid = c.oid AND a.attnum > 0 "
+                    "AND NOT a.attisdropped WHERE n.nspname = %s AND c.relname = %s "
+                    "GROUP BY c.oid", (table.schema, table.table))
+        row = cur.fetchone()
+    layout = ("(id varchar(42) PRIMARY KEY, type varchar(32) NOT NULL, "
+              "data varchar(2048) NULL)")
+    if row is None:
+        raise SnapshotTableError(f"signal table {table} does not exist: create it with "
+                                 f"CREATE TABLE {_quoted(table)} {layout}")
+    oid, columns = row
+    missing = {"id", "type", "data"} - set(columns)
+    if missing:
+        raise SnapshotTableError(f"signal table {table} lacks column(s) "
+                                 f"{', '.join(sorted(missing))}; Debezium's layout is {layout}")
+    return int(oid), tuple(columns)
+
+
+def _typed(casts: Sequence[str]) -> sql.Composable:
+    # Keys travel as text (the snapshot's and the stream's common form): each is cast
+    # back to its column's type so the comparison uses the type's own order.
+    return sql.SQL(", ").join(sql.SQL("CAST(%s AS {})").format(sql.SQL(c)) for c in casts)
+
+
+def _quoted(table: TableId) -> str:
+    return ".".join('"' + part.replace('"', '""') + '"' for part in (table.schema, table.table))

@@ -1,0 +1,288 @@
+"""Incremental snapshots (DBLog watermarks, seed 001) in the PostgreSQL connector: the
+seed's own example, writers racing the snapshot, signals good and bad, a kill and a
+restart mid-snapshot, and --stop-at-end waiting for a signalled snapshot."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import random
+import signal
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+import psycopg2
+import pytest
+
+from capture_helpers import drain, events, make_connector
+from conftest import Database
+from tidemark.event import ChangeEvent, Op, SnapshotMarker
+from tidemark.source.postgres import incremental_snapshot
+from tidemark.source.postgres.connector import PostgresConnector
+
+pytestmark = pytest.mark.integration
+
+SIGNALS = "public.dbz_signal"
+
+
+def _setup(db: Database, rows: int, *, table: str = "t") -> None:
+    db.execute(f"CREATE TABLE {table} (id int PRIMARY KEY, v text)",
+               f"INSERT INTO {table} SELECT g, 'v' || g FROM generate_series(1, {rows}) g",
+               "CREATE TABLE dbz_signal (id varchar(42) PRIMARY KEY, type varchar(32) NOT NULL,"
+               " data varchar(2048) NULL)")
+
+
+def _signal(db: Database, signal_type: str, data: Any, signal_id: str | None = None) -> None:
+    text = data if isinstance(data, str) or data is None else json.dumps(data)
+    db.execute("INSERT INTO dbz_signal VALUES (%s, %s, %s)",
+               params=(signal_id or f"s{time.monotonic_ns()}", signal_type, text))
+
+
+def _snapshot_rows(db: Database, tables: list[str]) -> dict[str, Any]:
+    return {"data-collections": tables, "type": "incremental"}
+
+
+def _collect(connector: PostgresConnector, until: Any, timeout_s: float = 60) -> list[Any]:
+    """Poll (committing offsets) until *until(records)* holds."""
+    records: list[Any] = []
+    deadline = time.monotonic() + timeout_s
+    while not until(records):
+        assert time.monotonic() < deadline, f"timed out; {len(records)} records"
+        batch = connector.poll()
+        records.extend(batch.records)
+        if batch.offset is not None:
+            connector.commit(batch.offset)
+    return records
+
+
+def _done(connector: PostgresConnector) -> bool:
+    """The stream runs and no incremental snapshot is left."""
+    snapshots = connector.incremental_snapshot
+    return snapshots is not None and not snapshots.active
+
+
+def _reads(records: list[Any]) -> list[ChangeEvent]:
+    return [e for e in events(records) if e.op is Op.READ]
+
+
+def _rebuild(records: list[Any]) -> dict[int, str]:
+    """The table as the events say it is: upserts for c/u/r, removal for d."""
+    table: dict[int, str] = {}
+    for e in events(records):
+        if e.op is Op.DELETE:
+            table.pop(int(e.before["id"]), None)
+        elif e.op in (Op.CREATE, Op.UPDATE, Op.READ):
+            table[int(e.after["id"])] = e.after["v"]
+    return table
+
+
+def _source(db: Database, table: str = "t") -> dict[int, str]:
+    return {int(i): v for i, v in db.query(f"SELECT id, v FROM {table}")}
+
+
+def test_a_signalled_snapshot_emits_every_row_as_incremental_reads(db: Database) -> None:
+    _setup(db, 2500)
+    connector = make_connector(db.dsn, "public.t", snapshot_mode="no_data",
+                               signal_table=SIGNALS, incremental_snapshot_chunk_size=300)
+    connector.start()
+    drain(connector, db.insert_lsn())  # the slot exists: what comes next is streamed
+    try:
+        _signal(db, "execute-snapshot", _snapshot_rows(db, ["public.t"]))
+        got = _collect(connector, lambda r: len(_reads(r)) >= 2500 and _done(connector))
+    finally:
+        connector.stop()
+    reads = _reads(got)
+    assert sorted(int(e.after["id"]) for e in reads) == list(range(1, 2501))
+    assert {e.snapshot for e in reads} == {SnapshotMarker.INCREMENTAL}
+    # Neither the signal row nor the watermarks reach the consumer.
+    assert not [e for e in events(got) if e.op is not Op.READ]
+    assert connector.stats.rows_scanned["public.t"] == 2500
+
+
+def test_seed_001_buffer_example_k1_to_k6(db: Database,
+                                         monkeypatch: pytest.MonkeyPatch) -> None:
+    """K2, K3, K4 exist. Before the window: K1 inserted, K2 updated, K3 deleted. The
+    window's query reads K1, K2, K4 (and K5, inserted just after the window opened).
+    Inside the window K4 is deleted and K5, K6 are inserted: K4's and K5's reads are
+    dropped, the delete and inserts go downstream; at close K1 and K2 are emitted."""
+    db.execute("CREATE TABLE t (id int PRIMARY KEY, v text)",
+               "INSERT INTO t VALUES (2, 'k2'), (3, 'k3'), (4, 'k4')",
+               "CREATE TABLE dbz_signal (id varchar(42) PRIMARY KEY, type varchar(32) NOT NULL,"
+               " data varchar(2048) NULL)")
+    real_mark = incremental_snapshot.IncrementalSnapshot._mark
+
+    def mark(conn: Any, content: str) -> None:
+        if content.startswith("close:"):
+            db.execute("DELETE FROM t WHERE id = 4")
+            db.execute("INSERT INTO t VALUES (6, 'k6')")
+        real_mark(conn, content)
+        if content.startswith("open:"):
+            db.execute("INSERT INTO t VALUES (5, 'k5')")  # committed before the SELECT
+
+    monkeypatch.setattr(incremental_snapshot.IncrementalSnapshot, "_mark", staticmethod(mark))
+    connector = make_connector(db.dsn, "public.t", snapshot_mode="no_data",
+                               signal_table=SIGNALS)
+    connector.start()
+    drain(connector, db.insert_lsn())  # the slot exists: what comes next is streamed
+    try:
+        db.execute("INSERT INTO t VALUES (1, 'k1')")
+        db.execute("UPDATE t SET v = 'k2*' WHERE id = 2")
+        db.execute("DELETE FROM t WHERE id = 3")
+        _signal(db, "execute-snapshot", _snapshot_rows(db, ["public.t"]))
+        got = _collect(connector, lambda r: len(_reads(r)) >= 2)
+    finally:
+        connector.stop()
+    seen = [(e.op.value, int((e.after or e.before)["id"])) for e in events(got)]
+    assert seen == [("c", 1), ("u", 2), ("d", 3), ("c", 5), ("d", 4), ("c", 6),
+                    ("r", 1), ("r", 2)]
+    assert _rebuild(got) | {} == {1: "k1", 2: "k2*", 5: "k5", 6: "k6"} == _source(db)
+
+
+def _writer(dsn: str, stop: threading.Event, seed: int) -> None:
+    """Random inserts, updates, deletes and key changes until *stop*."""
+    rng = random.Random(seed)
+    with contextlib.closing(psycopg2.connect(dsn)) as conn:
+        conn.autocommit = True
+        with conn.cursor() as cur:
+            while not stop.is_set():
+                key = rng.randint(1, 3000)
+                op = rng.random()
+                if op < 0.4:
+                    cur.execute("UPDATE t SET v = %s WHERE id = %s", (f"u{rng.random()}", key))
+                elif op < 0.6:
+                    cur.execute("DELETE FROM t WHERE id = %s", (key,))
+                elif op < 0.8:
+                    cur.execute("INSERT INTO t VALUES (%s, %s) ON CONFLICT (id) DO UPDATE "
+                                "SET v = excluded.v", (key, f"i{rng.random()}"))
+                else:
+                    cur.execute("UPDATE t SET id = %s WHERE id = %s AND NOT EXISTS "
+                                "(SELECT 1 FROM t WHERE id = %s)",
+                                (key + 3000, key, key + 3000))
+
+
+@pytest.mark.parametrize("seed", [1, 2])
+def test_writers_racing_the_snapshot_leave_the_events_equal_to_the_table(
+        db: Database, seed: int) -> None:
+    _setup(db, 2000)
+    connector = make_connector(db.dsn, "public.t", snapshot_mode="no_data",
+                               signal_table=SIGNALS, incremental_snapshot_chunk_size=50)
+    connector.start()
+    drain(connector, db.insert_lsn())
+    stop = threading.Event()
+    writer = threading.Thread(target=_writer, args=(db.dsn, stop, seed))
+    try:
+        writer.start()
+        _signal(db, "execute-snapshot", _snapshot_rows(db, ["public.t"]))
+        got = _collect(connector, lambda r: len(_reads(r)) > 0 and _done(connector),
+                       timeout_s=120)
+        stop.set()
+        writer.join(30)
+        end = db.insert_lsn()
+        got += _collect(connector, lambda r: connector.stats.position_lsn >= end)
+    finally:
+        stop.set()
+        connector.stop()
+    assert len(_reads(got)) > 100
+    assert _rebuild(got) == _source(db)
+
+
+def test_bad_signals_are_logged_and_the_stream_goes_on(
+        db: Database, caplog: pytest.LogCaptureFixture) -> None:
+    _setup(db, 10)
+    db.execute("CREATE TABLE keyless (id int, v text)",
+               "ALTER TABLE keyless REPLICA IDENTITY FULL")
+    connector = make_connector(db.dsn, "public.t", "public.keyless", snapshot_mode="no_data",
+                               signal_table=SIGNALS)
+    connector.start()
+    drain(connector, db.insert_lsn())  # the slot exists: what comes next is streamed
+    try:
+        _signal(db, "execute-snapshot-now", {"data-collections": ["public.t"]}, "bad-type")
+        _signal(db, "execute-snapshot", "{not json", "bad-json")
+        _signal(db, "execute-snapshot", _snapshot_rows(db, ["public.nope"]), "unknown-table")
+        _signal(db, "execute-snapshot", _snapshot_rows(db, ["public.keyless"]), "keyless")
+        _signal(db, "execute-snapshot",
+                _snapshot_rows(db, ["public.t; DROP TABLE t --"]), "injection-1")
+        _signal(db, "execute-snapshot", _snapshot_rows(db, ['public."t"']), "injection-2")
+        db.execute("INSERT INTO t VALUES (100, 'after the bad signals')")
+        got = _collect(connector, lambda r: any(
+            e.after and e.after["id"] == 100 for e in events(r)))
+    finally:
+        connector.stop()
+    assert not _reads(got)
+    for signal_id in ("bad-type", "bad-json", "injection-1", "injection-2"):
+        assert signal_id in caplog.text, signal_id
+    assert "public.nope is not captured" in caplog.text
+    assert "public.keyless has no primary key" in caplog.text
+    assert db.scalar("SELECT count(*) FROM t") == 11  # nothing was dropped
+
+
+def _capture(db: Database, offsets: Path, *args: str) -> subprocess.Popen[bytes]:
+    return subprocess.Popen(
+        [sys.executable, "-m", "tidemark", "capture", "--table", "public.t",
+         "--slot", f"s_{db.name}", "--snapshot-mode", "no_data", "--offsets", str(offsets),
+         "--signal-table", SIGNALS, "--incremental-snapshot-chunk-size", "100",
+         "--offset-flush-interval-ms", "0", *args],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+        env={**os.environ, "TIDEMARK_DSN": db.dsn})
+
+
+def _lines(data: bytes) -> list[dict[str, Any]]:
+    return [json.loads(line)["value"] for line in data.splitlines() if line.strip()]
+
+
+@pytest.mark.slow
+def test_sigkill_mid_snapshot_then_restart_continues_from_the_last_chunk(
+        db: Database, tmp_path: Path) -> None:
+    _setup(db, 20_000)
+    offsets = tmp_path / "offsets.json"
+    first = _capture(db, offsets, "--stop-at-end")  # creates the slot
+    assert first.wait(60) == 0, first.stderr.read() if first.stderr else ""
+    _signal(db, "execute-snapshot", _snapshot_rows(db, ["public.t"]))
+    proc = _capture(db, offsets)
+    assert proc.stdout is not None
+    before = [proc.stdout.readline() for _ in range(5_000)]  # a quarter of the table
+    proc.send_signal(signal.SIGKILL)
+    proc.wait(30)
+    saved = json.loads(offsets.read_text())
+    (offset,) = saved.values()
+    state = offset["incremental_snapshot"]
+    assert state["tables"][0]["last_key"] is not None  # it had got somewhere
+    db.execute("UPDATE t SET v = 'changed after the kill' WHERE id IN (1, 19999)")
+    again = _capture(db, offsets, "--stop-at-end")
+    out, err = again.communicate(timeout=120)
+    assert again.returncode == 0, err.decode()
+    after = [v for v in _lines(out) if v]
+    first_run = [v for v in _lines(b"".join(line for line in before if line.endswith(b"\n")))
+                 if v]
+    reads_after = [v for v in after if v["op"] == "r"]
+    # Continued from the last chunk, not from the start of the table.
+    assert 0 < len(reads_after) < 20_000 - 4_000
+    table: dict[int, str] = {}
+    for value in first_run + after:
+        row = value["after"] or value["before"]
+        if value["op"] == "d":
+            table.pop(row["id"], None)
+        else:
+            table[row["id"]] = row["v"]
+    assert table == _source(db)
+
+
+@pytest.mark.slow
+def test_stop_at_end_waits_for_a_snapshot_signalled_before_the_start(
+        db: Database, tmp_path: Path) -> None:
+    _setup(db, 3000)
+    offsets = tmp_path / "offsets.json"
+    first = _capture(db, offsets, "--stop-at-end")
+    assert first.wait(60) == 0
+    _signal(db, "execute-snapshot", _snapshot_rows(db, ["public.t"]))
+    run = _capture(db, offsets, "--stop-at-end")
+    out, err = run.communicate(timeout=120)
+    assert run.returncode == 0, err.decode()
+    reads = [v for v in _lines(out) if v and v["op"] == "r"]
+    assert sorted(v["after"]["id"] for v in reads) == list(range(1, 3001))
+    assert {v["source"]["snapshot"] for v in reads} == {"incremental"}
