@@ -252,6 +252,13 @@ def test_sigkill_mid_snapshot_then_restart_continues_from_the_last_chunk(
     (offset,) = saved.values()
     state = offset["incremental_snapshot"]
     assert state["tables"][0]["last_key"] is not None  # it had got somewhere
+    status = subprocess.run(
+        [sys.executable, "-m", "tidemark", "status", "--slot", f"s_{db.name}",
+         "--offsets", str(offsets), "--json"], capture_output=True, text=True, timeout=60,
+        env={**os.environ, "TIDEMARK_DSN": db.dsn}, check=False)
+    incremental = json.loads(status.stdout)["snapshot"]["incremental"]
+    assert incremental["current"] == "public.t"
+    assert incremental["last_key"] == state["tables"][0]["last_key"]
     db.execute("UPDATE t SET v = 'changed after the kill' WHERE id IN (1, 19999)")
     again = _capture(db, offsets, "--stop-at-end")
     out, err = again.communicate(timeout=120)

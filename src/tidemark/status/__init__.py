@@ -42,5 +42,7 @@ LSNs are PostgreSQL's text form (``"16/B374D848"``), sizes bytes, times ISO 8601
 pipeline: the end of its last committed batch; the slot follows when the next batch
 starts); ``lag.seconds_source`` one of ``walsender_flush_lag``, ``walsender_replay_lag``,
 ``walsender_write_lag``, ``caught_up`` or null (unknown, ``note`` says why);
-``snapshot.incremental`` is null until tidemark has incremental snapshots.
+``snapshot.incremental`` is null unless the saved offset holds an incremental snapshot in
+progress: then ``{tables, paused, current, last_key, max_key}`` (tables left, the current
+one first, and how far its chunks have come in key order).
 """

@@ -60,7 +60,8 @@ def offsets_section(file: str, key: str, slot: SlotState | None, server: ServerW
     path = Path(file)
     section: dict[str, Any] = {
         "file": str(path.resolve()), "key": key, "exists": path.is_file(), "found": False,
-        "lsn": None, "snapshot_completed": None, "keys": [], "state": None,
+        "lsn": None, "snapshot_completed": None, "incremental_snapshot": None,
+        "keys": [], "state": None,
         "bytes_vs_slot": None, "meaning": None}
 
     def done(state: str, meaning: str) -> dict[str, Any]:
@@ -96,7 +97,9 @@ def offsets_section(file: str, key: str, slot: SlotState | None, server: ServerW
         problems.append(f"offsets file {file}: {key!r} holds {offset!r}, not a PostgreSQL "
                         'offset {"lsn": <integer>, "snapshot_completed": true|false}')
         return done("invalid", "not a PostgreSQL offset: a capture would refuse to start")
-    section.update(found=True, lsn=lsn_to_str(value), snapshot_completed=completed)
+    incremental = offset.get("incremental_snapshot")
+    section.update(found=True, lsn=lsn_to_str(value), snapshot_completed=completed,
+                   incremental_snapshot=incremental if isinstance(incremental, dict) else None)
     return done(*_compare(value, completed, slot, server, section, problems))
 
 
@@ -140,7 +143,20 @@ def _snapshot(offsets: dict[str, Any] | None) -> dict[str, Any]:
         note = ("the initial snapshot is not complete: a capture in snapshot mode initial or "
                 "when_needed takes it again before streaming")
     return {"completed": completed, "source": "offsets" if completed is not None else None,
-            "incremental": None, "note": note}
+            "incremental": _incremental(offsets.get("incremental_snapshot") if offsets
+                                        else None), "note": note}
+
+
+def _incremental(state: dict[str, Any] | None) -> dict[str, Any] | None:
+    """An incremental snapshot in progress, as the saved offset has it: the tables left,
+    and how far the current one is (its last key sent of its maximum key)."""
+    if not state or not state.get("tables"):
+        return None
+    tables = [t for t in state["tables"] if isinstance(t, dict)]
+    current = tables[0] if tables else {}
+    return {"tables": [t.get("table") for t in tables], "paused": bool(state.get("paused")),
+            "current": current.get("table"), "last_key": current.get("last_key"),
+            "max_key": current.get("max_key")}
 
 
 def render_capture(status: Status) -> str:
@@ -152,6 +168,12 @@ def render_capture(status: Status) -> str:
         value = f"{offsets['lsn']}: " if offsets["found"] else ""
         rows.append(("offsets", f"{where} {value}{offsets['meaning']}"))
     rows.append(("snapshot", status["snapshot"]["note"]))
+    incremental = status["snapshot"]["incremental"]
+    if incremental:
+        rows.append(("incremental snapshot",
+                     f"{', '.join(incremental['tables'])}: {incremental['current']} at key "
+                     f"{incremental['last_key'] or '(start)'} of {incremental['max_key'] or '?'}"
+                     f"{' (paused)' if incremental['paused'] else ''}"))
     title = f"capture slot {status['slot']['name']} (database {status['server']['database']})"
     return render(title, rows, status)
 
