@@ -444,7 +444,7 @@ class PostgresConnector:
                 skipper = self._skipper(restart)
                 open_messages = 0
                 if snap is not None:
-                    snap.window = None  # its marks may be lost with the connection
+                    snap.abandon_windows()  # the stream restarts before their marks
                 self._open_with_retry(stream, restart)
                 stats.connected = True
                 continue

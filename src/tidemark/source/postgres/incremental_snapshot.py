@@ -62,6 +62,11 @@ log = logging.getLogger(__name__)
 WATERMARK_PREFIX: Final = "tidemark-snapshot-window"
 #: The offset's key for the snapshot's state.
 OFFSET_KEY: Final = "incremental_snapshot"
+#: Windows read ahead of the stream: the next chunk's SELECT and marks need not wait for
+#: the previous chunk's closing mark to come back through the stream (its round trip
+#: was most of a chunk's time). In the stream the windows still come one after another,
+#: each opening after the previous one closed, since their marks commit in that order.
+WINDOWS_AHEAD: Final = 4
 
 _U32: Final = struct.Struct(">I")
 _BEGIN, _COMMIT, _MESSAGE = ord("B"), ord("C"), ord("M")
@@ -85,6 +90,11 @@ class TableProgress:
     """The table's largest key when its snapshot began (None: not read yet / empty)."""
     last_key: list[str | None] | None = None
     """The largest key emitted so far (None: none yet)."""
+    read_key: list[str | None] | None = None
+    """The largest key read into a window so far (not saved: a restart reads on from
+    ``last_key``)."""
+    read_all: bool = False
+    """Every chunk up to ``max_key`` has been read into a window."""
     condition: str | None = None
     """Debezium's ``additional-conditions`` filter for this table (raw SQL, by design)."""
     surrogate_key: str | None = None
@@ -95,8 +105,10 @@ class TableProgress:
 
     @classmethod
     def from_json(cls, value: dict[str, Any]) -> TableProgress:
-        return cls(TableId.parse(str(value["table"])), value.get("max_key"),
-                   value.get("last_key"), value.get("condition"), value.get("surrogate_key"))
+        last = value.get("last_key")
+        return cls(TableId.parse(str(value["table"])), value.get("max_key"), last,
+                   read_key=last, condition=value.get("condition"),
+                   surrogate_key=value.get("surrogate_key"))
 
 
 @dataclasses.dataclass
@@ -142,7 +154,8 @@ class IncrementalSnapshot:
         self._database = database
         self.queue: list[TableProgress] = []
         self.paused = False
-        self.window: Window | None = None
+        self.windows: list[Window] = []
+        """Windows read and not closed yet, in the order of their marks."""
         self.changed = False  # state changed since the last offset
         self._drop_commit = False  # the next message is a watermark's Commit to leave out
         self._table_cache: dict[TableId, tuple[TableSchema, int]] = {}
@@ -160,7 +173,7 @@ class IncrementalSnapshot:
     @property
     def scanning(self) -> bool:
         """Messages must be looked at: a window is open, or signals may arrive."""
-        return self.window is not None or self._signal_prefix is not None
+        return bool(self.windows) or self._signal_prefix is not None
 
     def state(self) -> dict[str, Any] | None:
         """The offset's ``incremental_snapshot`` value (None when nothing is queued)."""
@@ -222,8 +235,8 @@ class IncrementalSnapshot:
         elif isinstance(signal, StopSnapshot):
             stop = set(signal.data_collections) or {t.table for t in self.queue}
             self.queue = [t for t in self.queue if t.table not in stop]
-            if self.window is not None and self.window.schema.table in stop:
-                self.window = None  # its marks, when they come, are ignored
+            # Their windows' marks, when they come, are ignored.
+            self.windows = [w for w in self.windows if w.schema.table not in stop]
             log.info("signal %s: incremental snapshot stopped for %s", signal.id,
                      ", ".join(sorted(map(str, stop))) or "nothing")
         elif isinstance(signal, PauseSnapshot):
@@ -256,7 +269,7 @@ class IncrementalSnapshot:
         """Read signals and window marks in *messages*; cut them at a window's close.
 
         Watermark transactions are left out of what is returned."""
-        window = self.window
+        window = self.windows[0] if self.windows else None
         signal_prefix = self._signal_prefix
         kept: list[Message] = []
         for i, message in enumerate(messages):
@@ -319,7 +332,7 @@ class IncrementalSnapshot:
                 window.buffer.pop(tuple(row[i] for i in indexes), None)
 
     def _close(self, window: Window, lsn: int, context: SourceContext | None) -> list[ChangeEvent]:
-        self.window = None
+        self.windows.pop(0)
         progress = self.queue[0] if self.queue else None
         if progress is None or progress.table != window.schema.table:
             return []  # stopped meanwhile
@@ -337,19 +350,33 @@ class IncrementalSnapshot:
         self.changed = True
         return reads
 
+    def abandon_windows(self) -> None:
+        """The stream restarts at the last committed offset: windows whose marks were
+        not seen yet are read again (from the last key emitted)."""
+        self.windows = []
+        for progress in self.queue:
+            progress.read_key, progress.read_all = progress.last_key, False
+
     def maybe_open_window(self) -> None:
-        """Read the next chunk between two fresh watermarks, if a snapshot is due."""
-        while self.window is None and self.queue and not self.paused:
+        """Read chunks ahead between fresh watermarks, up to :data:`WINDOWS_AHEAD`
+        windows, for the current table (the next table starts once it is done)."""
+        while len(self.windows) < WINDOWS_AHEAD and self.queue and not self.paused:
             progress = self.queue[0]
+            if progress.read_all:
+                return  # the rest of its windows are on their way
             try:
-                self.window = self._read_chunk(progress)
+                window = self._read_chunk(progress)
             except (SnapshotTableError, psycopg2.Error) as err:
                 message = str(err).strip().splitlines()[0] if str(err).strip() else repr(err)
                 log.error("incremental snapshot of %s skipped: %s", progress.table, message)
                 self.queue.pop(0)
+                self.windows = [w for w in self.windows if w.schema.table != progress.table]
                 self.changed = True
                 if isinstance(err, psycopg2.Error) and self._conn is not None:
                     self.close()
+                continue
+            if window is not None:
+                self.windows.append(window)
 
     def _read_chunk(self, progress: TableProgress) -> Window | None:
         conn = self._connection()
@@ -396,9 +423,9 @@ class IncrementalSnapshot:
         columns = sql.SQL(", ").join(sql.Identifier(c.name) for c in schema.columns)
         bounds = [sql.SQL("({}) <= ({})").format(key_sql, _typed(casts))]
         params: list[Any] = list(progress.max_key)
-        if progress.last_key is not None:
+        if progress.read_key is not None:
             bounds.insert(0, sql.SQL("({}) > ({})").format(key_sql, _typed(casts)))
-            params = [*progress.last_key, *params]
+            params = [*progress.read_key, *params]
         query = sql.SQL("SELECT {} FROM {} WHERE {}{} ORDER BY {} LIMIT {}").format(
             columns, table_sql, sql.SQL(" AND ").join(bounds), condition, key_sql,
             sql.Literal(self._chunk_size))
@@ -409,8 +436,9 @@ class IncrementalSnapshot:
         self._mark(conn, f"close:{window_id}")
         indexes = schema.key_indexes
         buffer = {tuple(r[i] for i in indexes): tuple(r) for r in rows}
-        last = list(rows[-1][i] for i in indexes) if rows else progress.last_key
+        last = list(rows[-1][i] for i in indexes) if rows else progress.read_key
         done = len(rows) < self._chunk_size or last == progress.max_key
+        progress.read_key, progress.read_all = last, done
         return Window(window_id, schema, oid, buffer, last, done)
 
     @staticmethod
