@@ -24,6 +24,7 @@ sibling = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"]
 print(sibling.pid, flush=True)
 for n in range(3):
     faults.crash_point("after_read", n)
+    faults.crash_point("between_targets", n)
     faults.crash_point("after_write", n)
 """
 
@@ -36,8 +37,8 @@ def _alive(pid: int) -> bool:
 
 
 @pytest.mark.parametrize(("fault", "killed"), [
-    ("after_write:1", True), (None, False), ("after_write:7", False),
-    ("before_advance:1", False),
+    ("after_write:1", True), ("between_targets:2", True), (None, False),
+    ("after_write:7", False), ("before_advance:1", False),
 ])
 def test_only_the_named_point_kills_the_process_group(fault: str | None,
                                                       killed: bool) -> None:
@@ -62,7 +63,8 @@ def test_a_bad_value_names_the_points(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv(faults.ENV, "after_wirte:1")
     faults._armed.cache_clear()
     try:
-        with pytest.raises(ValueError, match="after_read, after_write, before_advance"):
+        with pytest.raises(ValueError, match="after_read, between_targets, after_write, "
+                                             "before_advance"):
             faults.crash_point("after_write", 1)
     finally:
         monkeypatch.delenv(faults.ENV)

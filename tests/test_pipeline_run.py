@@ -19,6 +19,7 @@ import sys
 import threading
 import time
 from collections import Counter
+from collections.abc import Iterator
 from pathlib import Path
 
 import psutil
@@ -144,28 +145,53 @@ def test_available_now_makes_delta_equal_the_source_with_scd2_history(
     assert DeltaTable(str(tmp_path / "lake/a")).version() == version
 
 
-def _writer(dsn: str, stop: threading.Event, seed: int) -> None:
-    """Small random transactions on a and b (ids 1..40 churn) until *stop*, at most 500:
-    a bounded backlog keeps the catch-up after the crash short."""
-    rng = random.Random(seed)
-    with contextlib.closing(psycopg2.connect(dsn)) as conn:
-        for _ in range(500):
-            if stop.is_set():
-                break
-            with conn, conn.cursor() as cur:
-                for _ in range(rng.randint(1, 4)):
-                    key = rng.randint(1, 40)
-                    table = rng.choice("ab")
-                    op = rng.random()
-                    if op < 0.5:
-                        cur.execute(f"INSERT INTO {table} (id, v) VALUES (%s, %s) ON CONFLICT "
-                                    f"(id) DO UPDATE SET v = excluded.v",
-                                    (key, f"v{rng.randint(0, 999)}"))
-                    elif op < 0.8:
-                        cur.execute(f"UPDATE {table} SET v = v || '+' WHERE id = %s", (key,))
-                    else:
-                        cur.execute(f"DELETE FROM {table} WHERE id = %s", (key,))
-            time.sleep(0.02)
+class _Writer(threading.Thread):
+    """Small random transactions on a and b (ids 1..40 churn), counted in ``committed``,
+    until :meth:`finish`, at most 500: a bounded backlog keeps the catch-up after the
+    crash short."""
+
+    def __init__(self, dsn: str, seed: int) -> None:
+        super().__init__(daemon=True)
+        self.dsn = dsn
+        self.rng = random.Random(seed)
+        self.committed = 0
+        self.error: BaseException | None = None
+        self._halt = threading.Event()
+
+    def run(self) -> None:
+        rng = self.rng
+        try:
+            with contextlib.closing(psycopg2.connect(self.dsn)) as conn:
+                for _ in range(500):
+                    if self._halt.is_set():
+                        break
+                    with conn, conn.cursor() as cur:
+                        for _ in range(rng.randint(1, 4)):
+                            key = rng.randint(1, 40)
+                            table = rng.choice("ab")
+                            op = rng.random()
+                            if op < 0.5:
+                                cur.execute(f"INSERT INTO {table} (id, v) VALUES (%s, %s) "
+                                            "ON CONFLICT (id) DO UPDATE SET v = excluded.v",
+                                            (key, f"v{rng.randint(0, 999)}"))
+                            elif op < 0.8:
+                                cur.execute(f"UPDATE {table} SET v = v || '+' WHERE id = %s",
+                                            (key,))
+                            else:
+                                cur.execute(f"DELETE FROM {table} WHERE id = %s", (key,))
+                    self.committed += 1
+                    time.sleep(0.02)
+        except BaseException as err:  # reported by finish()
+            self.error = err
+
+    def finish(self) -> None:
+        if self.ident is None:
+            return  # never started
+        self._halt.set()
+        self.join(30)
+        assert not self.is_alive(), "the writer did not stop"
+        if self.error is not None:
+            raise self.error
 
 
 def _tidemark_run(config: Path, log: Path, *args: str,
@@ -191,35 +217,67 @@ def _wait_for_batches(log: Path, count: int, proc: subprocess.Popen[bytes]) -> N
     pytest.fail("the pipeline applied no batches in time:\n" + log.read_text()[-3000:])
 
 
-def test_sigkill_mid_stream_then_restart_loses_and_doubles_nothing(
-        db: Database, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+@contextlib.contextmanager
+def _reproducible(where: str) -> Iterator[None]:
+    """Prefix the message of a failed assertion with *where* (the seed of the run)."""
+    try:
+        yield
+    except AssertionError as err:
+        raise AssertionError(f"{where}: {err}") from err
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(("seed", "changelog"), [(1, True), (2, False), (3, True)],
+                         ids=["seed1-changelog", "seed2", "seed3-changelog"])
+def test_sigkill_at_a_random_moment_then_restart_loses_and_doubles_nothing(
+        seed: int, changelog: bool, db: Database, tmp_path: Path,
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """A SIGKILL at a moment the seed picks while a writer runs; the restart must catch
+    up exactly. With and without a change log (without: the default path, opaque Arrow
+    rows, which the kills at the named points do not take)."""
+    kill_after_s = random.Random(seed).uniform(0.0, 4.0)
+    where = (f"seed {seed}: SIGKILL {kill_after_s:.2f} s into the writes "
+             f"({'with' if changelog else 'without'} a change log)")
+    print(where)  # shown with a failure
     db.execute("CREATE TABLE a (id int PRIMARY KEY, v text, n numeric(10, 2))",
                "CREATE TABLE b (id int PRIMARY KEY, v text)")
     source = _prepare(db, "a", "b") + "maxChangesPerTrigger = 100\n"
-    config = _pipeline_file(tmp_path, source, "trigger_interval_ms = 50")
+    config = _pipeline_file(tmp_path, source, "trigger_interval_ms = 50", changelog=changelog)
     monkeypatch.setenv("TIDEMARK_DSN", db.dsn)  # the children read the DSN from here
+    db.execute("INSERT INTO a VALUES (1, 'first', 1)", "INSERT INTO b VALUES (1, 'first')")
     log = tmp_path / "run.log"
-    stop = threading.Event()
-    writer = threading.Thread(target=_writer, args=(db.dsn, stop, 7), daemon=True)
-    writer.start()
+    writer = _Writer(db.dsn, seed)
     try:
         proc = _tidemark_run(config, log)
         try:
-            # Right after a batch line: the batch is in Delta, and Spark has probably
-            # not yet written its commit, so the restart replays it (the Delta app
-            # transaction must skip it); later kills land inside the next batch.
-            _wait_for_batches(log, 3, proc)
+            # Once the pipeline runs its batches, the writer starts, and the kill comes
+            # at the seed's moment into its writes: in a batch's read, its Delta
+            # writes, between Spark's commit and the slot advance, or between batches.
+            _wait_for_batches(log, 1, proc)
+            writer.start()
+            time.sleep(kill_after_s)  # the random moment, not a wait for something
+            with _reproducible(where):
+                assert proc.poll() is None, log.read_text(errors="replace")[-3000:]
+                assert writer.is_alive(), "the writer had stopped: the kill was not mid-stream"
         finally:
             os.killpg(proc.pid, signal.SIGKILL)
             proc.wait(30)
-        time.sleep(0.5)  # changes after the crash too
+        committed_at_kill = writer.committed
+        # Changes after the crash too.
+        deadline = time.monotonic() + 30
+        while writer.committed < committed_at_kill + 20:
+            with _reproducible(where):
+                assert writer.is_alive() and time.monotonic() < deadline, \
+                    "the writer wrote nothing after the kill"
+            time.sleep(0.02)
     finally:
-        stop.set()
-        writer.join(10)
+        writer.finish()
     restart = _tidemark_run(config, log, "--available-now")
-    assert restart.wait(180) == 0, log.read_text(errors="replace")[-3000:]
-    assert _assert_equal_to_source(db, tmp_path) > 0
-    _assert_changelog_once(tmp_path)
+    with _reproducible(where):
+        assert restart.wait(180) == 0, log.read_text(errors="replace")[-3000:]
+        assert _assert_equal_to_source(db, tmp_path) > 0
+        if changelog:
+            _assert_changelog_once(tmp_path)
 
 
 # -- a SIGKILL at each point that decides exactly once (tidemark.faults) ----------------
@@ -242,17 +300,20 @@ _AFTER_CRASHES = [
 ]
 
 
+@pytest.mark.slow
 def test_sigkill_at_each_exactly_once_point_then_restart_loses_and_doubles_nothing(
         spark: SparkSession, db: Database, tmp_path: Path) -> None:
     """A SIGKILL (a) after reading a batch, (b) after writing it to Delta, before Spark
-    commits it, (c) after Spark commits it, before the slot advances; each restart
-    resumes from the checkpoint.
+    commits it, (c) after Spark commits it, before the slot advances, (d) after writing
+    it to the first of its two Delta targets; each restart resumes from the checkpoint.
 
-    The three kills are one chain, each restart being the next crash's run, and the
-    last restart runs in this process's shared session: three driver starts instead of
-    six (a driver needs about 20 s to its first batch, most of this test's time), and
+    The four kills are one chain, each restart being the next crash's run, and the
+    last restart runs in this process's shared session: four driver starts instead of
+    eight (a driver needs about 20 s to its first batch, most of this test's time), and
     restarts that crash again are covered too. After each kill, the checkpoint, the
-    Delta app transactions and the slot show that it landed where meant.
+    Delta app transactions and the slot show that it landed where meant. The change
+    log is on: it is written before the targets, and a replayed batch must replace its
+    own (the random kills cover the default path without it).
     """
     db.execute("CREATE TABLE a (id int PRIMARY KEY, v text, n numeric(10, 2))",
                "CREATE TABLE b (id int PRIMARY KEY, v text)")
@@ -263,8 +324,7 @@ def test_sigkill_at_each_exactly_once_point_then_restart_loses_and_doubles_nothi
     # partitions nor a UI.
     spark_conf = ('master = "local[1]"\navailable_now = true\nconf = { '
                   '"spark.ui.enabled" = "false", "spark.sql.shuffle.partitions" = "1" }')
-    # No change log: the default path of `tidemark run` (opaque Arrow rows).
-    config = _pipeline_file(tmp_path, source, spark_conf, changelog=False)
+    config = _pipeline_file(tmp_path, source, spark_conf, changelog=True)
     checkpoint = tmp_path / "chk"
 
     def run(fault: str) -> list[str]:
@@ -273,26 +333,27 @@ def test_sigkill_at_each_exactly_once_point_then_restart_loses_and_doubles_nothi
         assert proc.wait(180) == -signal.SIGKILL, log.read_text(errors="replace")[-3000:]
         return _batch_lines(log)
 
-    def state() -> tuple[set[int], set[int], int | None]:
-        """Batches in the offset log and the commit log, the batch in Delta."""
+    def state() -> tuple[set[int], set[int], dict[str, int | None]]:
+        """Batches in the offset log and the commit log, the batch in each target."""
         query_id = json.loads((checkpoint / "metadata").read_text().splitlines()[0])["id"]
-        written = {DeltaTable(str(tmp_path / "lake" / t)).transaction_version(
+        written = {t: DeltaTable(str(tmp_path / "lake" / t)).transaction_version(
             f"tidemark-{query_id}-public.{t}") for t in "ab"}
-        assert len(written) == 1, f"the targets hold different batches: {written}"
         return (_batch_files(checkpoint, "offsets"), _batch_files(checkpoint, "commits"),
-                written.pop())
+                written)
 
     # (a) Batch 1 read, nothing of it written: the slot was released up to batch 0 only.
     lines = run("after_read:1")
     assert [line.split(":")[0] for line in lines] == ["batch 0"]
-    assert state() == ({0, 1}, {0}, 0) and _slot_lsn(db) == _batch_end(checkpoint, 0)
+    assert state() == ({0, 1}, {0}, {"a": 0, "b": 0})
+    assert _slot_lsn(db) == _batch_end(checkpoint, 0)
     db.execute(*_AFTER_CRASHES[0])
 
     # (b) The restart redoes batch 1 (new to Delta: applied, not a replay), then batch 2
     # is written to Delta and the kill comes before Spark commits it.
     lines = run("after_write:2")
     assert len(lines) == 1 and lines[0].startswith("batch 1: public.a +3, public.b +5 |")
-    assert state() == ({0, 1, 2}, {0, 1}, 2) and _slot_lsn(db) == _batch_end(checkpoint, 1)
+    assert state() == ({0, 1, 2}, {0, 1}, {"a": 2, "b": 2})
+    assert _slot_lsn(db) == _batch_end(checkpoint, 1)
     db.execute(*_AFTER_CRASHES[1])
 
     # (c) The restart replays batch 2, which Delta already holds (skipped by its app
@@ -300,16 +361,26 @@ def test_sigkill_at_each_exactly_once_point_then_restart_loses_and_doubles_nothi
     # of this run, batch 2's, before the slot moves past batch 1.
     lines = run("before_advance:0")
     assert len(lines) == 1 and "(replayed, skipped: public.a, public.b)" in lines[0], lines
-    assert state() == ({0, 1, 2, 3}, {0, 1, 2}, 2) and _slot_lsn(db) == _batch_end(checkpoint, 1)
+    assert state() == ({0, 1, 2, 3}, {0, 1, 2}, {"a": 2, "b": 2})
+    assert _slot_lsn(db) == _batch_end(checkpoint, 1)
     db.execute(*_AFTER_CRASHES[2])
 
-    # The last restart runs batch 3 (offsets logged, never run) and what came after.
+    # (d) The restart runs batch 3 (offsets logged, never run), and the kill comes once
+    # it is in a, not yet in b. The slot never passes the last batch Spark committed.
+    assert run("between_targets:3") == []
+    assert state() == ({0, 1, 2, 3}, {0, 1, 2}, {"a": 3, "b": 2})
+    assert _batch_end(checkpoint, 1) <= _slot_lsn(db) <= _batch_end(checkpoint, 2)
+
+    # The last restart replays batch 3 (a skips it, b applies it) and runs what came after.
     reports: list[BatchReport] = []
     Pipeline(load_config(config), spark=spark, on_batch=reports.append).run()
-    assert reports[0].batch_id == 3 and reports[0].total and not reports[0].replayed
+    assert reports[0].batch_id == 3 and reports[0].replayed == ("public.a",)
+    assert reports[0].changes == {"public.a": 0, "public.b": 1}
+    assert len(reports) > 1 and not any(r.replayed for r in reports[1:])
     # b's versions: 5 first, 5 second, id 1's third, ids 1 and 3's fourth, id 2's
     # return, id 4's fifth (each (id, __START_AT) once, checked inside).
     assert _assert_equal_to_source(db, tmp_path) == 5 + 5 + 1 + 2 + 1 + 1
+    _assert_changelog_once(tmp_path)
 
 
 # -- a transaction of a million rows ---------------------------------------------------

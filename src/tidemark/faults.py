@@ -1,10 +1,12 @@
 """Crash injection for the exactly-once tests: ``TIDEMARK_FAULT=<point>:<n>``.
 
-Exactly once must survive a driver dying at any moment; the tests prove it at the three
+Exactly once must survive a driver dying at any moment; the tests prove it at the
 moments that decide it, by SIGKILL at a named point of the pipeline:
 
 * ``after_read:n`` — batch *n* has been read from the source (and cached), nothing of it
   is in Delta yet;
+* ``between_targets:n`` — batch *n* is in the first Delta target it has changes for
+  (in the pipeline file's order), not yet in the others;
 * ``after_write:n`` — batch *n* is in every Delta target, Spark has not written it to
   the checkpoint's commit log yet;
 * ``before_advance:n`` — Spark has committed a batch, the source's ``commit()`` has not
@@ -30,7 +32,7 @@ from typing import Final
 log = logging.getLogger(__name__)
 
 ENV: Final = "TIDEMARK_FAULT"
-POINTS: Final = ("after_read", "after_write", "before_advance")
+POINTS: Final = ("after_read", "between_targets", "after_write", "before_advance")
 
 
 @functools.cache

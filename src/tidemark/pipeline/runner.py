@@ -269,6 +269,7 @@ class Pipeline:
                 version=batch_id,
                 new_column_values=functools.partial(self._existing_row_values, target.table))
             written.record(target)
+            faults.crash_point("between_targets", batch_id)
             changes[target.table] = 0 if result.already_applied else rows.num_rows
             if result.already_applied:
                 replayed.append(target.table)
