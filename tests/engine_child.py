@@ -4,15 +4,28 @@ It writes one line per delivered record to --out (the synthetic source's positio
 the ``id`` of a PostgreSQL row) and flushes before the consumer returns, so that what is
 in the file is exactly what was processed when the process is killed. Offsets are saved
 to --offsets after every processed batch.
+
+With --json the engine has the Debezium JSON converter and no transforms: the PostgreSQL
+task's fused path, whose records (RenderedRecord) the task makes itself, in batches
+(ConvertedBatch) the converter passes on; the id is read from the JSON value, and a
+streamed change's record or a batch that did not take that path is named in
+``<out>.general``.
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import threading
 from typing import Any
 
-from tidemark.engine.converters import ConvertedRecord, EventConverter
+from tidemark.engine.converters import (
+    ConvertedBatch,
+    ConvertedRecord,
+    DebeziumJsonConverter,
+    EventConverter,
+    RenderedRecord,
+)
 from tidemark.engine.engine import Engine
 from tidemark.event import ChangeEvent
 from tidemark.offsets.file import FileOffsetStore
@@ -31,13 +44,25 @@ def main() -> None:
                         help="PostgreSQL: stop once the row with this id (the last one "
                              "written) came; close() then drains what is in flight")
     parser.add_argument("--max-in-flight", type=int, default=1000)
+    parser.add_argument("--json", action="store_true",
+                        help="PostgreSQL: Debezium JSON, no transforms (the fused path)")
     args = parser.parse_args()
 
     out = open(args.out, "a", buffering=1 << 16)  # noqa: SIM115 - lives as long as the process
     lock = threading.Lock()
     done = threading.Event()
 
+    general = open(f"{args.out}.general", "a") if args.json else None  # noqa: SIM115
+
     def position(record: ConvertedRecord) -> int | None:
+        if args.json:
+            value = json.loads(record.value) if record.value is not None else None
+            # (Snapshot reads are ChangeEvents the converter renders.)
+            if (type(record) is not RenderedRecord and general is not None
+                    and not (value and value["op"] == "r")):
+                general.write(f"{type(record).__name__}\n")
+                general.flush()
+            return int(value["after"]["id"]) if value and value["after"] else None
         event = record.value
         if not isinstance(event, ChangeEvent):
             return None
@@ -55,6 +80,11 @@ def main() -> None:
 
     class BatchSink:
         def handle_batch(self, records: list[ConvertedRecord], committer: Any) -> None:
+            # Records the task made, in a batch it made: the converter passed it on.
+            if (general is not None and type(records) is not ConvertedBatch
+                    and all(type(r) is RenderedRecord for r in records)):
+                general.write(f"{type(records).__name__} of {len(records)} records\n")
+                general.flush()
             write(records)
 
     def consume(record: ConvertedRecord) -> None:
@@ -71,7 +101,8 @@ def main() -> None:
         connector, BatchSink() if args.mode == "batch" else consume,
         config={"delivery_mode": args.mode, "worker_count": 4, "offset_flush_interval_ms": 0,
                 "max_in_flight": args.max_in_flight},
-        converter=EventConverter(), offset_store=FileOffsetStore(args.offsets))
+        converter=DebeziumJsonConverter() if args.json else EventConverter(),
+        offset_store=FileOffsetStore(args.offsets))
     if args.stop_after_id:
         thread = threading.Thread(target=engine.run)
         thread.start()
