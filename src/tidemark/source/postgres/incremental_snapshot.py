@@ -8,9 +8,9 @@ transaction, so they arrive in the stream in commit order like any change:
 * changes committed before the opening mark were visible to the SELECT and were
   streamed before it: the chunk's rows, emitted after them, are at least as new;
 * changes committed inside the window may or may not be in the SELECT's result: each
-  streamed change of the table inside the window removes its key from the chunk's
-  buffer, so the streamed change stands and no older row follows it;
-* at the closing mark the buffer's remaining rows are emitted as reads (``op: "r"``,
+  streamed change of the table inside the window removes its key from the chunk, so the
+  streamed change stands and no older row follows it;
+* at the closing mark the chunk's remaining rows are emitted as reads (``op: "r"``,
   ``source.snapshot: "incremental"``) — the stream never stops for a snapshot.
 
 Watermarks are logical decoding messages rather than rows of a signal table: they write
@@ -118,11 +118,17 @@ class Window:
     window_id: str
     schema: TableSchema
     relation_oid: int
-    buffer: dict[Key, tuple[str | None, ...]]
+    rows: list[tuple[str | None, ...]]
+    """The chunk's rows, in key order."""
     last_key: list[str | None] | None
     done_after: bool
     """The chunk reached the table's maximum key: the table is finished at close."""
     opened: bool = False
+    removed: set[Key] = dataclasses.field(default_factory=set)
+    """Keys changed in the stream inside the window: their rows are not emitted (kept
+    as a set of keys rather than a dict of rows: a window that nothing hits costs no
+    per-row key at all)."""
+    truncated: bool = False
 
 
 @dataclasses.dataclass
@@ -312,7 +318,7 @@ class IncrementalSnapshot:
         """A change of the window's table inside the window: its key leaves the buffer."""
         if kind == _TRUNCATE:
             if window.relation_oid in pgoutput.parse_truncate(payload).relation_ids:
-                window.buffer.clear()
+                window.truncated = True
             return
         if _U32.unpack_from(payload, 1)[0] != window.relation_oid:
             return
@@ -329,7 +335,7 @@ class IncrementalSnapshot:
         indexes = window.schema.key_indexes
         for row in rows:
             if len(row) == len(window.schema.columns):
-                window.buffer.pop(tuple(row[i] for i in indexes), None)
+                window.removed.add(tuple(row[i] for i in indexes))
 
     def _close(self, window: Window, lsn: int, context: SourceContext | None) -> list[ChangeEvent]:
         self.windows.pop(0)
@@ -339,8 +345,12 @@ class IncrementalSnapshot:
         now_us = time.time_ns() // 1000
         source = SourceContext(CONNECTOR_NAME, self._prefix, self._database, now_us, None,
                                context.last_commit_lsn if context else None)
+        rows = [] if window.truncated else window.rows
+        if window.removed and rows:
+            removed, indexes = window.removed, window.schema.key_indexes
+            rows = [r for r in rows if tuple(r[i] for i in indexes) not in removed]
         reads = [ChangeEvent(Op.READ, window.schema, None, row, source, lsn, 0, 0, now_us,
-                             SnapshotMarker.INCREMENTAL) for row in window.buffer.values()]
+                             SnapshotMarker.INCREMENTAL) for row in rows]
         progress.last_key = window.last_key
         if window.done_after:
             self.queue.pop(0)
@@ -435,11 +445,10 @@ class IncrementalSnapshot:
             rows = cur.fetchall()
         self._mark(conn, f"close:{window_id}")
         indexes = schema.key_indexes
-        buffer = {tuple(r[i] for i in indexes): tuple(r) for r in rows}
         last = list(rows[-1][i] for i in indexes) if rows else progress.read_key
         done = len(rows) < self._chunk_size or last == progress.max_key
         progress.read_key, progress.read_all = last, done
-        return Window(window_id, schema, oid, buffer, last, done)
+        return Window(window_id, schema, oid, rows, last, done)
 
     @staticmethod
     def _mark(conn: psycopg2.extensions.connection, content: str) -> None:
