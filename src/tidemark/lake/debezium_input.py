@@ -271,6 +271,11 @@ def changes_from_debezium_json(values: Iterable[bytes | str | dict[str, Any] | N
             order = commit_lsn, transaction.get("total_order") or position
         else:
             order = _order_from_sequence(source, op, number, decode_sequence)
+            if op == "r" and source.get("snapshot") not in (None, "false", "incremental"):
+                # An initial snapshot's reads come before every streamed change; the first
+                # streamed transaction may share their (null) last commit and hold changes
+                # at LSNs below the snapshot's.
+                order = order[0], 0
         ops.append(op)
         lsns.append(lsn)
         commit_lsns.append(order[0])

@@ -204,7 +204,7 @@ def _add_new_columns(table: DeltaTable, schema: pa.Schema, columns: ResolvedColu
         names = [f.name for f in new]
         log.info("adding column(s) %s to %s", ", ".join(names), table.table_uri)
         fills = _fill_literals(table.table_uri, new_column_values(names)
-                               if new_column_values else {}, names)
+                               if new_column_values else {}, new)
         properties = CommitProperties(custom_metadata={FILL_KEY: json.dumps(fills)}) \
             if fills else None
         table.alter.add_columns([Field.from_arrow(f.with_nullable(True)) for f in new],
@@ -214,16 +214,29 @@ def _add_new_columns(table: DeltaTable, schema: pa.Schema, columns: ResolvedColu
     return table
 
 
-def _fill_literals(uri: str, values: Mapping[str, Any], names: list[str]) -> dict[str, str]:
-    """Column -> SQL literal of its value for existing rows (None values are left out)."""
+#: Arrow types whose values a fill writes exactly as a SQL literal of the source's value.
+_FILLABLE = (pa.types.is_string, pa.types.is_large_string, pa.types.is_integer,
+             pa.types.is_floating, pa.types.is_boolean, pa.types.is_decimal, pa.types.is_date,
+             pa.types.is_timestamp)
+
+
+def _fill_literals(uri: str, values: Mapping[str, Any], fields: list[pa.Field]
+                   ) -> dict[str, str]:
+    """Column -> SQL literal of its value for existing rows (None values are left out);
+    a value that would not be written exactly (binary, lists, …; or one the column's
+    type does not take) is left out with a warning."""
     fills: dict[str, str] = {}
-    for name in names:
+    for field in fields:
+        name = field.name
         value = values.get(name)
         if value is None:
             continue
         try:
+            if not any(fillable(field.type) for fillable in _FILLABLE):
+                raise ConfigError("new_column_values", f"type {field.type}")
+            pa.scalar(value).cast(field.type)  # raises where the literal would be wrong
             fills[name] = sql.literal(value)
-        except ConfigError:
+        except (ConfigError, pa.ArrowInvalid, pa.ArrowNotImplementedError, pa.ArrowTypeError):
             log.warning("%s: new column %r holds %r in the source's existing rows, which "
                         "tidemark cannot write as a literal; those rows read null in the "
                         "target until they change", uri, name, value)

@@ -90,8 +90,10 @@ def _quiet_query_failures(session: SparkSession) -> None:
     try:
         jvm = session.sparkContext._jvm
         assert jvm is not None
+        # Only the class that logs a query's end: the package's warnings stay.
         jvm.org.apache.logging.log4j.core.config.Configurator.setLevel(
-            "org.apache.spark.sql.execution.streaming", jvm.org.apache.logging.log4j.Level.OFF)
+            "org.apache.spark.sql.execution.streaming.runtime.MicroBatchExecution",
+            jvm.org.apache.logging.log4j.Level.OFF)
     except Exception as err:  # only logging: never fail the pipeline for it
         log.debug("could not quiet Spark's query-failure log: %s", err)
 

@@ -58,7 +58,7 @@ class WrittenTargets:
             try:
                 self._entries = msgspec.json.decode(self._file.read_bytes(),
                                                     type=dict[str, _Entry])
-            except msgspec.ValidationError as err:
+            except msgspec.DecodeError as err:  # not JSON, or not of this shape
                 raise TargetLostError(f"{self._file} is not tidemark's record of the "
                                       f"checkpoint's targets ({err}); restore it or reset "
                                       f"the pipeline") from None

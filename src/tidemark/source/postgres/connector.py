@@ -474,7 +474,19 @@ class PostgresConnector:
                         stats.rows_scanned[table] = \
                             stats.rows_scanned.get(table, 0) + len(split.reads)
                         stats.saw_events(len(split.reads), now_us)
-                        yield SourceBatch(list(split.reads), None)
+                    # The chunk's reads carry the offset that says they were handed on
+                    # (the changes before them end with whole transactions), so a stop
+                    # between here and the rest of the batch repeats neither.
+                    if builder.last_end_lsn is not None and builder.last_end_lsn > resume:
+                        resume = builder.last_end_lsn
+                    offset_here: Offset = {"lsn": resume, "snapshot_completed": True}
+                    state = snap.state()
+                    if state is not None:
+                        offset_here[SNAPSHOT_OFFSET_KEY] = state
+                    snap.changed = False
+                    emitted = stats.position_lsn = resume
+                    handed_partial = None
+                    yield SourceBatch(list(split.reads), offset_here)
                     snap.maybe_open_window()
                     split = snap.split(split.after, builder.context)
                 messages = split.before
@@ -493,8 +505,9 @@ class PostgresConnector:
                     resume = max(resume, server)
                 if self._stop_at is not None:
                     # Snapshots signalled before the end are part of what it waits for.
-                    if max(server, resume) >= self._stop_at and (snap is None
-                                                                 or not snap.active):
+                    # (A paused one is not waited for: nothing would resume it.)
+                    if max(server, resume) >= self._stop_at and (
+                            snap is None or not snap.active or snap.paused):
                         finished = True
                         resume = max(resume, server)
                     else:

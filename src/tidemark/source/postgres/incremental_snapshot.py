@@ -40,8 +40,16 @@ from typing import Any, Final
 import psycopg2.extensions
 from psycopg2 import sql
 
-from tidemark.errors import DecodeError, TidemarkError
-from tidemark.event import ChangeEvent, Op, SnapshotMarker, SourceContext, TableId, TableSchema
+from tidemark.errors import DecodeError, SourceUnavailableError, TidemarkError
+from tidemark.event import (
+    UNAVAILABLE,
+    ChangeEvent,
+    Op,
+    SnapshotMarker,
+    SourceContext,
+    TableId,
+    TableSchema,
+)
 from tidemark.source.postgres import catalog, pgoutput
 from tidemark.source.postgres.change_builder import CONNECTOR_NAME
 from tidemark.source.postgres.snapshot import register_text_types
@@ -123,7 +131,16 @@ class Window:
     last_key: list[str | None] | None
     done_after: bool
     """The chunk reached the table's maximum key: the table is finished at close."""
+    start_key: list[str | None] | None
+    """The chunk's lower bound (exclusive): where it is read again from if it must be."""
+    match_indexes: tuple[int, ...]
+    """Positions of the columns that identify a row in both the chunk and the stream: the
+    primary key, or for a table without one the surrogate key (under REPLICA IDENTITY
+    FULL a delete carries it)."""
     opened: bool = False
+    reread: bool = False
+    """A change inside the window could not be matched to a chunk row (its key was not
+    sent, or the table's columns changed): the chunk is dropped and read again."""
     removed: set[Key] = dataclasses.field(default_factory=set)
     """Keys changed in the stream inside the window: their rows are not emitted (kept
     as a set of keys rather than a dict of rows: a window that nothing hits costs no
@@ -165,7 +182,8 @@ class IncrementalSnapshot:
         self.changed = False  # state changed since the last offset
         self._drop_commit = False  # the next message is a watermark's Commit to leave out
         self._table_cache: dict[TableId, tuple[TableSchema, int]] = {}
-        self.rows_emitted = 0
+        self._retry_at = 0.0
+        self._retry_delay = 0.5
         if state:
             self.queue = [TableProgress.from_json(t) for t in state.get("tables", [])]
             self.paused = bool(state.get("paused", False))
@@ -306,8 +324,11 @@ class IncrementalSnapshot:
                         return Split(kept, reads, rest)
                     continue
             if signal_prefix is not None and payload[:5] == signal_prefix:
+                # Kept in the batch: the builder skips the uncaptured table, and the
+                # messages of a transaction are counted the same way everywhere
+                # (partial_transaction).
                 self._read_signal(payload)
-                continue  # not captured: the builder would skip it anyway
+                window = self.windows[0] if self.windows else None  # a stop may drop it
             if window is not None and window.opened and kind in (_INSERT, _UPDATE, _DELETE,
                                                                   _TRUNCATE):
                 self._dedupe(window, payload, kind)
@@ -332,22 +353,43 @@ class IncrementalSnapshot:
                 rows.append(update.old)
         else:
             rows.append(pgoutput.parse_delete(payload).old)
-        indexes = window.schema.key_indexes
+        indexes = window.match_indexes
         for row in rows:
-            if len(row) == len(window.schema.columns):
-                window.removed.add(tuple(row[i] for i in indexes))
+            if len(row) != len(window.schema.columns):
+                # The table's columns changed: its cached layout no longer matches.
+                window.reread = True
+                self._table_cache.pop(window.schema.table, None)
+                return
+            key = tuple(row[i] for i in indexes)
+            if any(v is None or v is UNAVAILABLE for v in key):
+                window.reread = True  # a delete that did not send the key columns
+                return
+            window.removed.add(key)
 
     def _close(self, window: Window, lsn: int, context: SourceContext | None) -> list[ChangeEvent]:
+        if not self.windows or self.windows[0] is not window:
+            return []  # stopped meanwhile (a stop-snapshot in the same batch)
         self.windows.pop(0)
         progress = self.queue[0] if self.queue else None
         if progress is None or progress.table != window.schema.table:
-            return []  # stopped meanwhile
+            return []
+        if window.reread:
+            # Read this chunk again, and the ones read ahead after it.
+            log.info("incremental snapshot of %s: a change inside a window could not be "
+                     "matched to the chunk's rows; reading the chunk again", progress.table)
+            self.windows = []
+            progress.last_key = progress.read_key = window.start_key
+            progress.read_all = False
+            self.changed = True
+            return []
         now_us = time.time_ns() // 1000
+        # The reads' source.sequence: the last commit before the closing mark, as every
+        # change handed on before them has had (the mark's own transaction is left out).
         source = SourceContext(CONNECTOR_NAME, self._prefix, self._database, now_us, None,
                                context.last_commit_lsn if context else None)
         rows = [] if window.truncated else window.rows
         if window.removed and rows:
-            removed, indexes = window.removed, window.schema.key_indexes
+            removed, indexes = window.removed, window.match_indexes
             rows = [r for r in rows if tuple(r[i] for i in indexes) not in removed]
         reads = [ChangeEvent(Op.READ, window.schema, None, row, source, lsn, 0, 0, now_us,
                              SnapshotMarker.INCREMENTAL) for row in rows]
@@ -356,7 +398,6 @@ class IncrementalSnapshot:
             self.queue.pop(0)
             self._table_cache.pop(progress.table, None)
             log.info("incremental snapshot of %s finished", progress.table)
-        self.rows_emitted += len(reads)
         self.changed = True
         return reads
 
@@ -374,32 +415,47 @@ class IncrementalSnapshot:
             progress = self.queue[0]
             if progress.read_all:
                 return  # the rest of its windows are on their way
+            if time.monotonic() < self._retry_at:
+                return
             try:
                 window = self._read_chunk(progress)
+            except (psycopg2.OperationalError, psycopg2.InterfaceError,
+                    SourceUnavailableError) as err:
+                # The server went away (a restart): try again later, from the last key
+                # emitted; the table stays queued.
+                self.close()
+                self.abandon_windows()
+                self._retry_at = time.monotonic() + self._retry_delay
+                log.warning("incremental snapshot of %s: %s; retrying in %.1f s",
+                            progress.table, _first_line(err), self._retry_delay)
+                self._retry_delay = min(self._retry_delay * 2, 30.0)
+                return
             except (SnapshotTableError, psycopg2.Error) as err:
-                message = str(err).strip().splitlines()[0] if str(err).strip() else repr(err)
-                log.error("incremental snapshot of %s skipped: %s", progress.table, message)
+                log.error("incremental snapshot of %s skipped: %s", progress.table,
+                          _first_line(err))
                 self.queue.pop(0)
                 self.windows = [w for w in self.windows if w.schema.table != progress.table]
                 self.changed = True
-                if isinstance(err, psycopg2.Error) and self._conn is not None:
+                if isinstance(err, psycopg2.Error):
                     self.close()
                 continue
+            self._retry_delay = 0.5
             if window is not None:
                 self.windows.append(window)
 
     def _read_chunk(self, progress: TableProgress) -> Window | None:
         conn = self._connection()
-        key = (progress.surrogate_key,) if progress.surrogate_key else \
-            self._keys.get(progress.table, ())
+        record_key = self._keys.get(progress.table, ())
+        # Chunks follow the surrogate key when there is one; the events keep the table's
+        # own record key, as its streamed events have it (as in Debezium).
+        key = (progress.surrogate_key,) if progress.surrogate_key else record_key
         if not key:
             raise SnapshotTableError(f"table {progress.table} has no primary key")
         cached = self._table_cache.get(progress.table)
-        if cached is None or cached[0].key_names != tuple(key):
+        if cached is None:
             # Once per table's snapshot: its columns and OID (the Relation id of its
-            # stream messages); a table altered meanwhile is read with its new columns
-            # when its snapshot is started again.
-            schema = catalog.table_schema(conn, progress.table, key)
+            # stream messages); a change of its columns found in a window drops this.
+            schema = catalog.table_schema(conn, progress.table, record_key)
             register_text_types(conn, schema)
             with conn.cursor() as cur:
                 cur.execute("SELECT %s::regclass::oid", (_quoted(progress.table),))
@@ -412,10 +468,20 @@ class IncrementalSnapshot:
                                              sql.Identifier(progress.table.table))
         condition = sql.SQL(" AND ({})").format(sql.SQL(progress.condition)) \
             if progress.condition else sql.SQL("")
-        casts = [schema.columns[i].type_name for i in schema.key_indexes]
+        names = schema.column_names
+        if any(k not in names for k in key):
+            raise SnapshotTableError(f"table {progress.table} has no column "
+                                     f"{', '.join(k for k in key if k not in names)}")
+        key_indexes = tuple(names.index(k) for k in key)
+        match_indexes = schema.key_indexes or key_indexes
+        casts = [schema.columns[i].type_name for i in key_indexes]
+        not_null = sql.SQL(" AND ").join(sql.SQL("{} IS NOT NULL").format(sql.Identifier(k))
+                                         for k in key)
         if progress.max_key is None:
-            query = sql.SQL("SELECT {} FROM {} WHERE TRUE{} ORDER BY {} LIMIT 1").format(
-                key_sql, table_sql, condition, sql.SQL(", ").join(
+            # NULLs sort first in descending order: a surrogate key's NULL rows would
+            # make the bound NULL and the chunks empty.
+            query = sql.SQL("SELECT {} FROM {} WHERE {}{} ORDER BY {} LIMIT 1").format(
+                key_sql, table_sql, not_null, condition, sql.SQL(", ").join(
                     sql.SQL("{} DESC").format(sql.Identifier(k)) for k in key))
             with conn.cursor() as cur:
                 cur.execute(query)
@@ -444,11 +510,11 @@ class IncrementalSnapshot:
             cur.execute(query, params)
             rows = cur.fetchall()
         self._mark(conn, f"close:{window_id}")
-        indexes = schema.key_indexes
-        last = list(rows[-1][i] for i in indexes) if rows else progress.read_key
+        start = progress.read_key
+        last = list(rows[-1][i] for i in key_indexes) if rows else start
         done = len(rows) < self._chunk_size or last == progress.max_key
         progress.read_key, progress.read_all = last, done
-        return Window(window_id, schema, oid, rows, last, done)
+        return Window(window_id, schema, oid, rows, last, done, start, match_indexes)
 
     @staticmethod
     def _mark(conn: psycopg2.extensions.connection, content: str) -> None:
@@ -479,6 +545,11 @@ def signal_table_layout(conn: psycopg2.extensions.connection,
         raise SnapshotTableError(f"signal table {table} lacks column(s) "
                                  f"{', '.join(sorted(missing))}; Debezium's layout is {layout}")
     return int(oid), tuple(columns)
+
+
+def _first_line(err: BaseException) -> str:
+    text = str(err).strip()
+    return text.splitlines()[0] if text else type(err).__name__
 
 
 def _typed(casts: Sequence[str]) -> sql.Composable:

@@ -1,7 +1,10 @@
 """The PostgreSQL connector's offset: its shape, and whether it can belong to the server.
 
 The connector saves ``{"lsn": <int>, "snapshot_completed": <bool>}``: the position up to
-which everything has been handed on, and whether the initial snapshot is behind it. An
+which everything has been handed on, and whether the initial snapshot is behind it; in
+the middle of a transaction also ``partial_commit_lsn`` and ``partial_messages``
+(:mod:`~tidemark.source.postgres.partial_transaction`), and while an incremental snapshot
+runs its state, ``incremental_snapshot`` (:mod:`~tidemark.source.postgres.incremental_snapshot`). An
 offset read back is checked before anything touches the publication or the slot: a
 malformed one would otherwise fail halfway through the start, and one that is ahead of
 the server's WAL (another server's, or edited by hand) would skip every change up to
@@ -51,6 +54,13 @@ def check_shape(offset: Any, where: str) -> None:
     completed = offset.get("snapshot_completed", False)
     if not isinstance(completed, bool):
         raise wrong(f"snapshot_completed is {show_json(completed)}")
+    state = offset.get("incremental_snapshot")
+    if state is not None and not (
+            isinstance(state, dict) and isinstance(state.get("tables"), list)
+            and all(isinstance(t, dict) and isinstance(t.get("table"), str)
+                    for t in state["tables"])):
+        raise wrong(f"incremental_snapshot is {show_json(state)}, not "
+                    '{"tables": [{"table": "schema.table", …}, …], "paused": true|false}')
     # Saved in the middle of a transaction: its commit LSN and its messages handed on.
     partial = [offset.get(key) for key in (COMMIT_LSN_KEY, MESSAGES_KEY)]
     if partial != [None, None]:
