@@ -540,6 +540,8 @@ class PostgresConnector:
                 return
             if snap is not None:
                 snap.maybe_open_window()
+                # SnapshotRunning covers incremental snapshots too (metrics).
+                stats.snapshot_running = snap.active and not snap.paused
 
     def _handle(self, messages: list[tuple[bytes, int]], now_us: int,
                 lines: JsonLineBuilder | None,
