@@ -8,6 +8,7 @@ from pathlib import Path
 
 import msgspec
 
+from tidemark.atomic_file import write_atomically
 from tidemark.errors import ConfigError
 from tidemark.offsets.store import Offset, decode_json_object, show_json
 
@@ -77,19 +78,4 @@ class FileOffsetStore:
     def save(self, key: str, offset: Offset) -> None:
         self._offsets = self._read()
         self._offsets[key] = dict(offset)
-        data = msgspec.json.encode(self._offsets)
-        fd, tmp = tempfile.mkstemp(prefix=f".{self.path.name}.", dir=self.path.parent)
-        try:
-            with os.fdopen(fd, "wb") as fh:
-                fh.write(data)
-                fh.flush()
-                os.fsync(fh.fileno())
-            os.replace(tmp, self.path)
-        except BaseException:
-            Path(tmp).unlink(missing_ok=True)
-            raise
-        dir_fd = os.open(self.path.parent, os.O_RDONLY)
-        try:
-            os.fsync(dir_fd)
-        finally:
-            os.close(dir_fd)
+        write_atomically(self.path, msgspec.json.encode(self._offsets))

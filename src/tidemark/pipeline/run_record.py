@@ -10,12 +10,9 @@ reads it; nothing else depends on it, so failing to write it never fails the pip
 
 from __future__ import annotations
 
-import contextlib
 import datetime
 import functools
 import logging
-import os
-import tempfile
 import threading
 from collections.abc import Callable
 from pathlib import Path
@@ -23,6 +20,7 @@ from typing import Final, Protocol, TypeVar
 
 import msgspec
 
+from tidemark.atomic_file import write_atomically
 from tidemark.pipeline.config import PipelineConfig
 from tidemark.pipeline.progress import BatchReport
 
@@ -108,15 +106,7 @@ def _update(checkpoint: str, **changes: object) -> None:
             except ValueError:
                 record = RunRecord()  # not ours or torn: start it over
             record = msgspec.structs.replace(record, **changes)
-            fd, tmp = tempfile.mkstemp(prefix=f".{FILE_NAME}.", dir=file.parent)
-            try:
-                with os.fdopen(fd, "wb") as out:
-                    out.write(msgspec.json.encode(record))
-                os.replace(tmp, file)
-            except BaseException:
-                with contextlib.suppress(OSError):
-                    os.unlink(tmp)
-                raise
+            write_atomically(file, msgspec.json.encode(record))
     except OSError as err:
         log.warning("cannot record the run's status in %s: %s", file, err)
 

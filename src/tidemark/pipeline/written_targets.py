@@ -9,10 +9,8 @@ first writes to it lets the pipeline stop with an error instead.
 
 from __future__ import annotations
 
-import contextlib
 import logging
 import os
-import tempfile
 from pathlib import Path
 from typing import Final
 
@@ -20,6 +18,7 @@ import msgspec
 from deltalake import DeltaTable
 from deltalake.exceptions import DeltaError
 
+from tidemark.atomic_file import write_atomically
 from tidemark.errors import TerminalError
 from tidemark.pipeline.config import Target
 
@@ -95,16 +94,5 @@ class WrittenTargets:
         if table_id is None:
             return
         self._entries[target.path] = _Entry(target.table, table_id)
-        data = msgspec.json.encode(self._entries)
-        fd, tmp = tempfile.mkstemp(prefix=f".{FILE_NAME}.", dir=self._file.parent)
-        try:
-            with os.fdopen(fd, "wb") as out:
-                out.write(data)
-                out.flush()
-                os.fsync(out.fileno())
-            os.replace(tmp, self._file)
-        except BaseException:
-            with contextlib.suppress(OSError):
-                os.unlink(tmp)
-            raise
+        write_atomically(self._file, msgspec.json.encode(self._entries))
         log.debug("recorded target %s (%s) in %s", target.table, target.path, self._file)
