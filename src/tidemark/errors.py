@@ -63,3 +63,9 @@ class SourceError(TerminalError):
 
 class SourceUnavailableError(TransientError):
     """The source database could not be reached or the connection dropped."""
+
+
+def first_line(err: BaseException) -> str:
+    """The first line of *err*'s message (its class name when it has none)."""
+    text = str(err).strip()
+    return text.splitlines()[0] if text else type(err).__name__

@@ -12,17 +12,12 @@ import psycopg2.errors
 import psycopg2.extensions
 from psycopg2 import sql
 
-from tidemark.errors import ConfigError, SourceUnavailableError, TerminalError
+from tidemark.errors import ConfigError, SourceUnavailableError, TerminalError, first_line
 from tidemark.offsets.store import Offset
 from tidemark.source.postgres.config import check_identifier, redact_dsn
 from tidemark.source.postgres.session import connect, cursor
 
 _T = TypeVar("_T")
-
-
-def _first_line(err: BaseException) -> str:
-    text = str(err).strip()
-    return text.splitlines()[0] if text else type(err).__name__
 
 
 class PostgresOffsetStore:
@@ -145,11 +140,11 @@ class PostgresOffsetStore:
                 if attempt == 2:
                     raise SourceUnavailableError(
                         f"cannot {action} offsets in {self.qualified_name} "
-                        f"({redact_dsn(self._dsn)}): {_first_line(err)}") from None
+                        f"({redact_dsn(self._dsn)}): {first_line(err)}") from None
             except psycopg2.Error as err:
                 raise TerminalError(
                     f"cannot {action} offsets in {self.qualified_name} "
-                    f"({redact_dsn(self._dsn)}): {_first_line(err)}") from None
+                    f"({redact_dsn(self._dsn)}): {first_line(err)}") from None
         raise AssertionError("unreachable")
 
     def _drop_connection(self) -> None:

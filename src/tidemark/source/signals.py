@@ -76,7 +76,7 @@ _NAME: Final = re.compile(r"[^\W\d][\w$]*")
 _NAME_RULE: Final = ("names are made of letters, digits, _ and $, do not start with a "
                      f"digit or $, and are at most {_MAX_NAME_BYTES} bytes long")
 
-_SIGNAL_TABLE_COLUMNS: Final = ("(id varchar(42) PRIMARY KEY, type varchar(32) NOT NULL, "
+SIGNAL_TABLE_COLUMNS: Final = ("(id varchar(42) PRIMARY KEY, type varchar(32) NOT NULL, "
                                 "data varchar(2048) NULL)")
 
 
@@ -443,10 +443,14 @@ def _quote(name: str) -> str:
     return '"' + name.replace('"', '""') + '"'
 
 
+def quoted_name(table: TableId) -> str:
+    """*table* as PostgreSQL's quoted ``"schema"."table"``."""
+    return f"{_quote(table.schema)}.{_quote(table.table)}"
+
+
 def signal_table_ddl(table: TableId) -> str:
     """The ``CREATE TABLE`` statement of a signal table with Debezium's layout."""
-    return (f"CREATE TABLE IF NOT EXISTS {_quote(table.schema)}.{_quote(table.table)} "
-            f"{_SIGNAL_TABLE_COLUMNS}")
+    return f"CREATE TABLE IF NOT EXISTS {quoted_name(table)} {SIGNAL_TABLE_COLUMNS}"
 
 
 def _signal_table(signal_table: str | TableId) -> TableId:
@@ -513,7 +517,7 @@ def _insert_error(conn: Any, table: TableId, signal_id: str, text: str | None,
                            f"{signal_table_ddl(table)}")
     if isinstance(err, psycopg2.errors.UndefinedColumn):
         return SignalError(f"signal table {table} does not have Debezium's layout "
-                           f"({detail}); it needs the columns {_SIGNAL_TABLE_COLUMNS}")
+                           f"({detail}); it needs the columns {SIGNAL_TABLE_COLUMNS}")
     if isinstance(err, psycopg2.errors.InsufficientPrivilege):
         role = "this role"
         with contextlib.suppress(psycopg2.Error), conn.cursor() as cur:

@@ -40,7 +40,7 @@ from typing import Any, Final
 import psycopg2.extensions
 from psycopg2 import sql
 
-from tidemark.errors import DecodeError, SourceUnavailableError, TidemarkError
+from tidemark.errors import DecodeError, SourceUnavailableError, TidemarkError, first_line
 from tidemark.event import (
     UNAVAILABLE,
     ChangeEvent,
@@ -54,6 +54,7 @@ from tidemark.source.postgres import catalog, pgoutput
 from tidemark.source.postgres.change_builder import CONNECTOR_NAME
 from tidemark.source.postgres.snapshot import register_text_types
 from tidemark.source.signals import (
+    SIGNAL_TABLE_COLUMNS,
     ExecuteSnapshot,
     LogSignal,
     PauseSnapshot,
@@ -62,6 +63,8 @@ from tidemark.source.signals import (
     SignalError,
     StopSnapshot,
     parse_signal,
+    quoted_name,
+    signal_table_ddl,
 )
 
 log = logging.getLogger(__name__)
@@ -427,12 +430,12 @@ class IncrementalSnapshot:
                 self.abandon_windows()
                 self._retry_at = time.monotonic() + self._retry_delay
                 log.warning("incremental snapshot of %s: %s; retrying in %.1f s",
-                            progress.table, _first_line(err), self._retry_delay)
+                            progress.table, first_line(err), self._retry_delay)
                 self._retry_delay = min(self._retry_delay * 2, 30.0)
                 return
             except (SnapshotTableError, psycopg2.Error) as err:
                 log.error("incremental snapshot of %s skipped: %s", progress.table,
-                          _first_line(err))
+                          first_line(err))
                 self.queue.pop(0)
                 self.windows = [w for w in self.windows if w.schema.table != progress.table]
                 self.changed = True
@@ -458,7 +461,7 @@ class IncrementalSnapshot:
             schema = catalog.table_schema(conn, progress.table, record_key)
             register_text_types(conn, schema)
             with conn.cursor() as cur:
-                cur.execute("SELECT %s::regclass::oid", (_quoted(progress.table),))
+                cur.execute("SELECT %s::regclass::oid", (quoted_name(progress.table),))
                 row = cur.fetchone()
             assert row is not None
             cached = self._table_cache[progress.table] = (schema, int(row[0]))
@@ -534,22 +537,16 @@ def signal_table_layout(conn: psycopg2.extensions.connection,
                     "AND NOT a.attisdropped WHERE n.nspname = %s AND c.relname = %s "
                     "GROUP BY c.oid", (table.schema, table.table))
         row = cur.fetchone()
-    layout = ("(id varchar(42) PRIMARY KEY, type varchar(32) NOT NULL, "
-              "data varchar(2048) NULL)")
     if row is None:
         raise SnapshotTableError(f"signal table {table} does not exist: create it with "
-                                 f"CREATE TABLE {_quoted(table)} {layout}")
+                                 f"{signal_table_ddl(table)}")
     oid, columns = row
     missing = {"id", "type", "data"} - set(columns)
     if missing:
         raise SnapshotTableError(f"signal table {table} lacks column(s) "
-                                 f"{', '.join(sorted(missing))}; Debezium's layout is {layout}")
+                                 f"{', '.join(sorted(missing))}; Debezium's layout is "
+                                 f"{SIGNAL_TABLE_COLUMNS}")
     return int(oid), tuple(columns)
-
-
-def _first_line(err: BaseException) -> str:
-    text = str(err).strip()
-    return text.splitlines()[0] if text else type(err).__name__
 
 
 def _typed(casts: Sequence[str]) -> sql.Composable:
@@ -557,6 +554,3 @@ def _typed(casts: Sequence[str]) -> sql.Composable:
     # back to its column's type so the comparison uses the type's own order.
     return sql.SQL(", ").join(sql.SQL("CAST(%s AS {})").format(sql.SQL(c)) for c in casts)
 
-
-def _quoted(table: TableId) -> str:
-    return ".".join('"' + part.replace('"', '""') + '"' for part in (table.schema, table.table))
