@@ -19,8 +19,9 @@ import sys
 import threading
 import time
 from collections import Counter
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import Any
 
 import psutil
 import psycopg2
@@ -511,6 +512,48 @@ def test_a_target_deleted_or_replaced_while_its_checkpoint_remains_stops_the_pip
     assert _slot_lsn(db) == slot
 
 
+class _LivePipeline:
+    """A pipeline running in a thread: its batch reports, and what it raised."""
+
+    def __init__(self, config: Any, spark: SparkSession) -> None:
+        self.reports: list[BatchReport] = []
+        self.failures: list[BaseException] = []
+        self.pipeline = Pipeline(config, spark=spark, on_batch=self.reports.append)
+        self._thread = threading.Thread(target=self._run)
+
+    def _run(self) -> None:
+        try:
+            self.pipeline.run()
+        except BaseException as err:  # reported by the test
+            self.failures.append(err)
+
+    def __enter__(self) -> _LivePipeline:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.pipeline.request_stop()
+        self._thread.join(120)
+
+    @property
+    def running(self) -> bool:
+        return self._thread.is_alive()
+
+    def wait_until(self, condition: Callable[[], bool], what: str,
+                   timeout_s: float = 120) -> None:
+        """Poll *condition* until it holds; fail on a pipeline failure or the deadline."""
+        deadline = time.monotonic() + timeout_s
+        while not condition():
+            assert not self.failures, self.failures
+            assert time.monotonic() < deadline, f"timed out waiting for {what}"
+            time.sleep(0.05)
+
+    def applied(self, total: int) -> None:
+        """Wait until *total* changes have been applied in all."""
+        self.wait_until(lambda: sum(r.total for r in self.reports) >= total,
+                        f"{total} changes applied")
+
+
 def test_a_running_pipeline_rides_out_a_postgres_restart(
         spark: SparkSession, tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
     """A fast restart (or failover) cut every connection: the query is started again
@@ -524,32 +567,14 @@ def test_a_running_pipeline_rides_out_a_postgres_restart(
         file = _pipeline_file(tmp_path, source, "trigger_interval_ms = 200", changelog=False)
         file.write_text(file.read_text() + "\n[metrics]\nport = 0\n")  # any free port
         config = load_config(file)
-        reports: list[BatchReport] = []
-        pipeline = Pipeline(config, spark=spark, on_batch=reports.append)
-        failures: list[BaseException] = []
-
-        def run() -> None:
-            try:
-                pipeline.run()
-            except BaseException as err:  # reported by the test
-                failures.append(err)
-
-        def applied(total: int) -> None:
-            deadline = time.monotonic() + 120
-            while sum(r.total for r in reports) < total:
-                assert not failures, failures
-                assert time.monotonic() < deadline, f"applied {sum(r.total for r in reports)}"
-                time.sleep(0.05)
-
-        runner = threading.Thread(target=run)
-        runner.start()
-        try:
+        with _LivePipeline(config, spark) as live:
             db.execute("INSERT INTO a SELECT g, 'x', g FROM generate_series(1, 10) g",
                        "INSERT INTO b SELECT g, 'first' FROM generate_series(1, 5) g")
-            applied(15)
+            live.applied(15)
             # Scraped while it runs, under Debezium's names (tests/test_metrics.py).
-            assert pipeline.metrics_port
-            text = scrape(pipeline.metrics_port)
+            port = live.pipeline.metrics_port
+            assert port
+            text = scrape(port)
             assert value(text, "debezium_metrics_TotalNumberOfEventsSeen") == 15
             assert value(text, "debezium_metrics_NumberOfCommittedTransactions") == 1
             assert value(text, "tidemark_pipeline_changes", table="public.a") == 10
@@ -557,12 +582,9 @@ def test_a_running_pipeline_rides_out_a_postgres_restart(
             cluster.restart()
             db.execute("UPDATE a SET v = 'after' WHERE id <= 5", "UPDATE b SET v = 'second'",
                        "DELETE FROM a WHERE id = 10")
-            applied(15 + 5 + 5 + 1)
-            assert runner.is_alive() and not failures
-        finally:
-            pipeline.request_stop()
-            runner.join(120)
-        assert not failures, failures
+            live.applied(15 + 5 + 5 + 1)
+            assert live.running and not live.failures
+        assert not live.failures, live.failures
         _assert_equal_to_source(db, tmp_path)
     assert "PostgreSQL is unreachable" in caplog.text  # the restart path was taken
 
@@ -582,42 +604,18 @@ def test_a_stopped_server_does_not_hang_a_running_pipeline(
                                            "serverTimeoutMs = 2000\n")
         config = load_config(_pipeline_file(tmp_path, source, "trigger_interval_ms = 200",
                                             changelog=False))
-        reports: list[BatchReport] = []
-        pipeline = Pipeline(config, spark=spark, on_batch=reports.append)
-        failures: list[BaseException] = []
-
-        def run() -> None:
-            try:
-                pipeline.run()
-            except BaseException as err:  # reported by the test
-                failures.append(err)
-
-        runner = threading.Thread(target=run)
-        runner.start()
-        try:
+        with _LivePipeline(config, spark) as live:
             db.execute("INSERT INTO a SELECT g, 'x', g FROM generate_series(1, 3) g")
-            deadline = time.monotonic() + 120
-            while sum(r.total for r in reports) < 3:
-                assert not failures and time.monotonic() < deadline, failures
-                time.sleep(0.05)
+            live.applied(3)
             _signal_server(cluster, signal.SIGSTOP)
             try:
-                deadline = time.monotonic() + 60
-                while "PostgreSQL is unreachable" not in caplog.text:
-                    assert not failures, failures
-                    assert time.monotonic() < deadline, "the pipeline waits on a stopped server"
-                    time.sleep(0.05)
+                live.wait_until(lambda: "PostgreSQL is unreachable" in caplog.text,
+                                "the pipeline to notice the stopped server", timeout_s=60)
             finally:
                 _signal_server(cluster, signal.SIGCONT)
             db.execute("UPDATE a SET v = 'after' WHERE id = 1")
-            deadline = time.monotonic() + 120
-            while sum(r.total for r in reports) < 4:
-                assert not failures and time.monotonic() < deadline, failures
-                time.sleep(0.05)
-        finally:
-            pipeline.request_stop()
-            runner.join(120)
-        assert not failures, failures
+            live.applied(4)
+        assert not live.failures, live.failures
         source_a, lake_a = compare(db.dsn, "public.a", str(tmp_path / "lake/a"),
                                    ["id", "v", "n"])
         assert source_a == lake_a
