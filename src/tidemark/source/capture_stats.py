@@ -9,6 +9,10 @@ from __future__ import annotations
 
 import dataclasses
 import time
+from collections import Counter
+from collections.abc import Sequence
+
+from tidemark.event import ChangeEvent
 
 
 @dataclasses.dataclass
@@ -38,6 +42,16 @@ class CaptureStats:
         self.events_seen += count
         self.last_event_commit_us = commit_us
         self.last_event_at = time.time()
+
+    def count_rows(self, reads: Sequence[ChangeEvent]) -> None:
+        """Snapshot rows handed on, per table (RowsScanned)."""
+        first = reads[0].schema if reads else None
+        if first is not None and reads[-1].schema is first:  # one table's fetch: no loop
+            tables = Counter({str(first.table): len(reads)})
+        else:
+            tables = Counter(str(e.schema.table) for e in reads if e.schema is not None)
+        for table, count in tables.items():
+            self.rows_scanned[table] = self.rows_scanned.get(table, 0) + count
 
     @property
     def millis_behind_source(self) -> float | None:

@@ -280,20 +280,11 @@ class PostgresConnector:
             log.info("snapshot of %d tables at %s started", len(schemas), lsn_to_str(lsn))
             stats = self.stats
             stats.snapshot_running = True
-            scanned = stats.rows_scanned
             for events in snapshot_events(
                 conn, schemas, topic_prefix=cfg.topic_prefix, database=self.database,
                 lsn=lsn, txid=txid, ts_us=started, fetch_size=cfg.snapshot_fetch_size,
             ):
-                for event in (events[0], events[-1]) if events else ():
-                    if event.schema is not None:  # a fetch reads one table (or two)
-                        scanned.setdefault(str(event.schema.table), 0)
-                if events and events[0].schema is events[-1].schema and events[0].schema:
-                    scanned[str(events[0].schema.table)] += len(events)
-                else:
-                    for event in events:
-                        if event.schema is not None:
-                            scanned[str(event.schema.table)] += 1
+                stats.count_rows(events)
                 stats.saw_events(len(events), started)
                 yield SourceBatch(list(events), None)
             conn.rollback()
@@ -469,24 +460,16 @@ class PostgresConnector:
                                                   builder)
                     yield SourceBatch(records, None, False, texts)
                     if split.reads:
-                        table = str(split.reads[0].schema.table) \
-                            if split.reads[0].schema else ""
-                        stats.rows_scanned[table] = \
-                            stats.rows_scanned.get(table, 0) + len(split.reads)
+                        stats.count_rows(split.reads)
                         stats.saw_events(len(split.reads), now_us)
                     # The chunk's reads carry the offset that says they were handed on
                     # (the changes before them end with whole transactions), so a stop
                     # between here and the rest of the batch repeats neither.
                     if builder.last_end_lsn is not None and builder.last_end_lsn > resume:
                         resume = builder.last_end_lsn
-                    offset_here: Offset = {"lsn": resume, "snapshot_completed": True}
-                    state = snap.state()
-                    if state is not None:
-                        offset_here[SNAPSHOT_OFFSET_KEY] = state
-                    snap.changed = False
                     emitted = stats.position_lsn = resume
                     handed_partial = None
-                    yield SourceBatch(list(split.reads), offset_here)
+                    yield SourceBatch(list(split.reads), _offset(resume, None, snap))
                     snap.maybe_open_window()
                     split = snap.split(split.after, builder.context)
                 messages = split.before
@@ -525,14 +508,7 @@ class PostgresConnector:
             snap_changed = snap is not None and snap.changed
             offset: Offset | None = None
             if resume > emitted or finished or partial != handed_partial or snap_changed:
-                offset = {"lsn": resume, "snapshot_completed": True}
-                if partial is not None:
-                    offset[COMMIT_LSN_KEY], offset[MESSAGES_KEY] = partial
-                if snap is not None:
-                    snap.changed = False
-                    state = snap.state()
-                    if state is not None:
-                        offset[SNAPSHOT_OFFSET_KEY] = state
+                offset = _offset(resume, partial, snap)
                 emitted = stats.position_lsn = resume
                 handed_partial = partial
             yield SourceBatch(records, offset, finished, texts)
@@ -605,3 +581,18 @@ class PostgresConnector:
                 raise
 
         self._retrying(open_stream, max_delay_s=_MAX_BACKOFF_S)
+
+
+def _offset(lsn: int, partial: tuple[int, int] | None,
+            snapshots: IncrementalSnapshot | None) -> Offset:
+    """A streamed batch's offset: the resume position, how much of an open transaction
+    was handed on, and the incremental snapshot's state (now saved: not changed)."""
+    offset: Offset = {"lsn": lsn, "snapshot_completed": True}
+    if partial is not None:
+        offset[COMMIT_LSN_KEY], offset[MESSAGES_KEY] = partial
+    if snapshots is not None:
+        snapshots.changed = False
+        state = snapshots.state()
+        if state is not None:
+            offset[SNAPSHOT_OFFSET_KEY] = state
+    return offset
