@@ -17,11 +17,11 @@ import json
 import logging
 import os
 from collections.abc import Callable, Mapping, Sequence
-from typing import Any, Final
+from typing import Any, Final, Literal
 
 import pyarrow as pa
 import pyarrow.compute as pc
-from deltalake import CommitProperties, DeltaTable, Field, Transaction
+from deltalake import CommitProperties, DeltaTable, Field, Transaction, write_deltalake
 from deltalake.exceptions import DeltaError, TableNotFoundError
 
 from tidemark.errors import ConfigError
@@ -84,7 +84,8 @@ class ApplyResult:
 def apply_changes(target: str | os.PathLike[str], changes: pa.Table, spec: ApplySpec, *,
                   app_id: str, version: int,
                   storage_options: dict[str, str] | None = None,
-                  new_column_values: NewColumnValues | None = None) -> ApplyResult:
+                  new_column_values: NewColumnValues | None = None,
+                  snapshot_load: SnapshotLoad | None = None) -> ApplyResult:
     """Apply one batch of change rows (see :mod:`tidemark.lake.change_rows`) to the
     Delta table at *target*, creating it on the first batch.
 
@@ -96,6 +97,12 @@ def apply_changes(target: str | os.PathLike[str], changes: pa.Table, spec: Apply
     the target (the current versions, for SCD2) get the value *new_column_values*
     returns for a column (``ADD COLUMN … DEFAULT 'x'`` gives the existing rows ``'x'``
     in the source), else null.
+
+    *snapshot_load* is for a snapshot's rows that no row of the target can conflict
+    with, which the caller knows and the merge would find out at the cost of reading the
+    table: ``"replace"`` makes them the table's whole content (a table's first chunk),
+    ``"append"`` adds them (its later chunks, whose keys no earlier chunk holds). The
+    batch is then written, not merged. SCD type 1 only; an SCD2 target merges anyway.
     """
     if not isinstance(changes, pa.Table):
         raise ConfigError("changes", f"must be a pyarrow.Table of change rows, "
@@ -121,7 +128,8 @@ def apply_changes(target: str | os.PathLike[str], changes: pa.Table, spec: Apply
         previous_high_water = read_high_water(table, spec, changes.schema)
         if previous_high_water is not None:
             batch, skipped = drop_applied(batch, spec.sequence_by, previous_high_water)
-    if len(batch.rows) == 0 and not batch.truncates:
+    loads = snapshot_load is not None and spec.stored_as_scd_type == 1
+    if len(batch.rows) == 0 and not batch.truncates and snapshot_load != "replace":
         return ApplyResult(skipped=skipped)
     if table is None:
         table = _create(uri, changes.schema, columns, spec, storage_options)
@@ -131,6 +139,9 @@ def apply_changes(target: str | os.PathLike[str], changes: pa.Table, spec: Apply
         app_transactions=[Transaction(app_id, version)],
         custom_metadata={HIGH_WATER_KEY: _encode_high_water(spec, _high_water(batch, spec))},
     )
+    if loads:
+        assert snapshot_load is not None
+        return _load(table, batch, spec, columns, commit, snapshot_load, skipped)
     merge = _merge_scd1 if spec.stored_as_scd_type == 1 else _merge_scd2
     metrics, not_applied, superseded = merge(table, batch, spec, columns, commit, uri)
     table.update_incremental()
@@ -306,6 +317,34 @@ def read_high_water(table: DeltaTable, spec: ApplySpec,
                 for name, value in zip(spec.sequence_by, mark["values"], strict=True)
             )
     return None
+
+
+# -- snapshot loads -----------------------------------------------------------------------
+SnapshotLoad = Literal["replace", "append"]
+
+
+def _load(table: DeltaTable, batch: PreparedBatch, spec: ApplySpec, columns: ResolvedColumns,
+          commit: CommitProperties, how: SnapshotLoad, skipped: int) -> ApplyResult:
+    """Write a snapshot's rows without a merge (see ``snapshot_load``)."""
+    rows = batch.rows
+    if batch.truncates:  # a restarted snapshot's truncate: replaced anyway
+        rows = rows.filter(sequence_after(rows, spec.sequence_by, batch.truncates[-1]))
+    rows = rows.filter(pc.invert(rows.column(IS_DELETE)))
+    data = rows.select(list(columns.data)).cast(
+        pa.schema(_target_fields(rows.schema, columns, spec)))
+    before = _row_count(table) if how == "replace" else 0
+    write_deltalake(table, data, mode="overwrite" if how == "replace" else "append",
+                    commit_properties=commit)
+    table.update_incremental()
+    log.debug("%s %d snapshot rows into %s", "replaced the table with" if how == "replace"
+              else "appended", len(data), table.table_uri)
+    return ApplyResult(inserted=len(data), deleted=before, skipped=skipped,
+                       delta_version=table.version())
+
+
+def _row_count(table: DeltaTable) -> int:
+    return sum(int(n) for n in table.get_add_actions(flatten=True).column("num_records")
+               .to_pylist() if n is not None)
 
 
 # -- SCD type 1 ---------------------------------------------------------------------------

@@ -29,7 +29,13 @@ from tidemark.errors import ConfigError, unknown_key_error
 from tidemark.event import TableId
 from tidemark.lake.delta_writer import check_target
 from tidemark.lake.spec import ApplySpec, spec_from_mapping
-from tidemark.spark.options import DEFAULT_PUBLICATION, DEFAULT_SLOT, OnSchemaChange
+from tidemark.spark.options import (
+    DEFAULT_PUBLICATION,
+    DEFAULT_SLOT,
+    DEFAULT_SNAPSHOT_CHUNK_ROWS,
+    OnSchemaChange,
+    SnapshotMode,
+)
 
 DEFAULT_DSN_ENV: Final = "TIDEMARK_DSN"
 _SECTIONS: Final = ("source", "spark", "targets", "changelog", "metrics")
@@ -62,6 +68,12 @@ class SourceSection(msgspec.Struct, frozen=True):
     """First delay before such a restart; doubles up to 30 s."""
     server_timeout_ms: Positive | None = msgspec.field(default=None, name="serverTimeoutMs")
     """Longest wait for one answer from PostgreSQL (the Spark source's option)."""
+    snapshot_chunk_rows: Positive = msgspec.field(default=DEFAULT_SNAPSHOT_CHUNK_ROWS,
+                                                  name="snapshotChunkRows")
+    """Rows per snapshot chunk (one Spark task reads one chunk)."""
+    snapshot_chunks_per_trigger: Positive | None = msgspec.field(
+        default=None, name="snapshotChunksPerTrigger")
+    """Snapshot chunks per micro-batch (default: 4 per partition)."""
 
 
 class SparkSection(msgspec.Struct, frozen=True):
@@ -95,6 +107,9 @@ class Target:
     table: str
     path: str
     spec: ApplySpec
+    snapshot: SnapshotMode = SnapshotMode.INITIAL
+    """``initial``: the table's existing rows are loaded before its changes, on the
+    pipeline's first start or when the target is added later; ``never``: changes only."""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -233,7 +248,7 @@ def _target(name: str, values: object, base: Path) -> Target:
         raise ConfigError(section, f"must be a table with 'path' and apply settings, "
                           f"got {values!r}")
     settings = dict(values)
-    allowed = {"path"} | {f.name for f in dataclasses.fields(ApplySpec)} - {
+    allowed = {"path", "snapshot"} | {f.name for f in dataclasses.fields(ApplySpec)} - {
         "apply_as_deletes", "apply_as_truncates"}
     for key in settings:
         if key not in allowed:
@@ -243,6 +258,12 @@ def _target(name: str, values: object, base: Path) -> Target:
     path = settings.pop("path")
     if not isinstance(path, str) or not path:
         raise ConfigError(f"{section}.path", f"must be a directory path, got {path!r}")
+    snapshot = settings.pop("snapshot", SnapshotMode.INITIAL.value)
+    try:
+        mode = SnapshotMode(snapshot)
+    except ValueError:
+        raise ConfigError(f"{section}.snapshot", f"{snapshot!r} is not allowed; choose "
+                          f"{' or '.join(repr(m.value) for m in SnapshotMode)}") from None
     try:
         spec = spec_from_mapping(settings)
     except ConfigError as err:
@@ -256,7 +277,7 @@ def _target(name: str, values: object, base: Path) -> Target:
         check_target(resolved)  # here, before Spark starts and the source is read
     except ConfigError as err:
         raise ConfigError(f"{section}.path", str(err).removeprefix(f"{err.key}: ")) from None
-    return Target(table=str(TableId.parse(name)), path=resolved, spec=spec)
+    return Target(table=str(TableId.parse(name)), path=resolved, spec=spec, snapshot=mode)
 
 
 def _tables(source: SourceSection, targets: tuple[Target, ...]) -> tuple[str, ...]:

@@ -23,6 +23,8 @@ class BatchReport:
     lag_seconds: float
     replayed: tuple[str, ...] = ()
     """Tables whose Delta target already held this batch (a replay after a crash)."""
+    snapshot: str = ""
+    """Progress of a running snapshot (table, chunks), empty when none runs."""
 
     @property
     def total(self) -> int:
@@ -39,8 +41,9 @@ def format_report(report: BatchReport) -> str:
     per_table = ", ".join(f"{table} +{count}" for table, count in report.changes.items()
                           if count) or "no changes"
     replay = f" (replayed, skipped: {', '.join(report.replayed)})" if report.replayed else ""
+    snapshot = f" | {report.snapshot}" if report.snapshot else ""
     return (f"batch {report.batch_id}: {per_table}{replay} | {report.rate:,.0f} changes/s | "
-            f"lag {_bytes(report.lag_bytes)}, {report.lag_seconds:.1f} s")
+            f"lag {_bytes(report.lag_bytes)}, {report.lag_seconds:.1f} s{snapshot}")
 
 
 def _bytes(count: int) -> str:

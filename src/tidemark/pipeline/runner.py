@@ -43,6 +43,7 @@ from tidemark import faults
 from tidemark.errors import TerminalError
 from tidemark.event import TableId
 from tidemark.lake import apply_changes
+from tidemark.lake.delta_writer import SnapshotLoad
 from tidemark.metrics import serve
 from tidemark.pipeline.config import PipelineConfig, Target
 from tidemark.pipeline.progress import BatchReport
@@ -52,7 +53,9 @@ from tidemark.pipeline.written_targets import WrittenTargets
 from tidemark.source.postgres.column_defaults import existing_row_values
 from tidemark.spark import wal
 from tidemark.spark.arrow_rows import envelope_table_schemas, typed_rows
-from tidemark.spark.offsets import from_offset
+from tidemark.spark.offsets import SourceOffset
+from tidemark.spark.options import SnapshotMode
+from tidemark.spark.snapshot import SnapshotPlan
 
 log = logging.getLogger(__name__)
 
@@ -148,6 +151,7 @@ class Pipeline:
             num_partitions=source.num_partitions,
             onSchemaChange=source.on_schema_change.value,
             serverTimeoutMs=source.server_timeout_ms,
+            **self._snapshot_options(),
             # Typed Arrow batches pass through Spark as opaque values: this query only
             # collects them. The change log is written by Spark's Parquet sink, which
             # needs real columns.
@@ -161,6 +165,18 @@ class Pipeline:
             writer = writer.trigger(processingTime=f"{self.config.spark.trigger_interval_ms}"
                                                    " milliseconds")
         return writer.start()
+
+    def _snapshot_options(self) -> dict[str, Any]:
+        wanted = [t.table for t in self.config.targets if t.snapshot is SnapshotMode.INITIAL]
+        if not wanted:
+            return {"snapshot": SnapshotMode.NEVER.value}
+        source = self.config.source
+        options: dict[str, Any] = {"snapshot": SnapshotMode.INITIAL.value,
+                                   "snapshotTables": ",".join(wanted),
+                                   "snapshotChunkRows": source.snapshot_chunk_rows}
+        if source.snapshot_chunks_per_trigger is not None:
+            options["snapshotChunksPerTrigger"] = source.snapshot_chunks_per_trigger
+        return options
 
     @records_runs  # <checkpoint>/tidemark-status.json, for tidemark status
     def run(self) -> None:
@@ -259,9 +275,12 @@ class Pipeline:
         transactions = _transactions(tables.values())
         changes: dict[str, int] = {}
         replayed: list[str] = []
+        offset = _batch_offset(self.config.checkpoint, batch_id)
+        loads = snapshot_loads(offset.snapshot)
         for target in self.config.targets:
             rows = tables.pop(target.table)
-            if not rows.num_rows:
+            load = loads.get(target.table)
+            if not rows.num_rows and load != "replace":
                 changes[target.table] = 0
                 continue
             written = self._written_targets()
@@ -269,7 +288,8 @@ class Pipeline:
             result = apply_changes(
                 target.path, rows, target.spec, app_id=self._app_id(target),
                 version=batch_id,
-                new_column_values=functools.partial(self._existing_row_values, target.table))
+                new_column_values=functools.partial(self._existing_row_values, target.table),
+                snapshot_load=load)
             written.record(target)
             faults.crash_point("between_targets", batch_id)
             changes[target.table] = 0 if result.already_applied else rows.num_rows
@@ -277,7 +297,7 @@ class Pipeline:
                 replayed.append(target.table)
         faults.crash_point("after_write", batch_id)
         report = self._report(batch_id, changes, time.monotonic() - started, replayed,
-                              newest)
+                              newest, offset)
         log.info("batch %d applied: %s", batch_id, changes)
         self._metrics.observe(report, 0 if replayed else transactions)
         self._batches_applied += 1
@@ -307,10 +327,11 @@ class Pipeline:
         return f"tidemark-{self._query_id}-{target.table}"
 
     def _report(self, batch_id: int, changes: dict[str, int], seconds: float,
-                replayed: list[str], newest_commit_us: int | None) -> BatchReport:
+                replayed: list[str], newest_commit_us: int | None,
+                offset: SourceOffset) -> BatchReport:
         lag_bytes = 0
         try:
-            end = _batch_end_lsn(self.config.checkpoint, batch_id)
+            end = offset.lsn
             if self._conn is None or self._conn.closed:
                 self._conn = wal.connect(self.config.dsn, purpose="progress")
             lag_bytes = max(0, wal.flush_lsn(self._conn) - end)
@@ -323,9 +344,11 @@ class Pipeline:
         lag_seconds = 0.0
         if newest_commit_us is not None:
             lag_seconds = max(0.0, time.time() - newest_commit_us / 1e6)
+        snapshot = "" if offset.snapshot is None else offset.snapshot.progress(
+            self.config.source.snapshot_chunk_rows)
         return BatchReport(batch_id=batch_id, changes=changes, seconds=seconds,
                            lag_bytes=lag_bytes, lag_seconds=lag_seconds,
-                           replayed=tuple(replayed))
+                           replayed=tuple(replayed), snapshot=snapshot)
 
 
 def _transactions(tables: Iterable[pa.Table]) -> int:
@@ -354,11 +377,30 @@ def _checkpoint_query_id(checkpoint: str) -> str:
     return str(json.loads(text.splitlines()[0])["id"])
 
 
-def _batch_end_lsn(checkpoint: str, batch_id: int) -> int:
+def _batch_offset(checkpoint: str, batch_id: int) -> SourceOffset:
     """The batch's end offset from Spark's offset log (written before the batch runs)."""
     lines = (Path(checkpoint) / "offsets" / str(batch_id)).read_text(
         encoding="utf-8").splitlines()
-    return from_offset(json.loads(lines[-1]))
+    return SourceOffset.parse(json.loads(lines[-1]))
+
+
+def snapshot_loads(plan: SnapshotPlan | None) -> dict[str, SnapshotLoad]:
+    """How each table's rows of a batch holding snapshot chunks go into Delta.
+
+    While a table's snapshot runs, its batches hold only its snapshot's rows (the
+    stream drops its earlier changes and stops at the snapshot's point), in key order:
+    the first chunk of a generation replaces the target's content, the later ones hold
+    keys no earlier chunk held, so neither needs a merge.
+    """
+    if plan is None:
+        return {}
+    loads: dict[str, SnapshotLoad] = {}
+    for chunk in plan.chunks:
+        if chunk.after is None:
+            loads[chunk.table] = "replace"
+        else:
+            loads.setdefault(chunk.table, "append")
+    return loads
 
 
 _TIDEMARK_ERROR = re.compile(r"tidemark\.[\w.]*?(?:Error|Exception): (.+)")

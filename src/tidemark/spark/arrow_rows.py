@@ -233,6 +233,15 @@ def _meta_arrays(schema: pa.Schema, ops: pa.Array, lsns: Any, seqs: Any, commit_
     ]
 
 
+def _snapshot_meta(schema: pa.Schema, op: str, n: int, at: int, seq: int,
+                   taken_us: int) -> list[pa.Array]:
+    """The change columns of *n* snapshot rows: all at one position, transaction 0."""
+    same = np.full(n, at, np.int64)
+    ops = pa.array([op], pa.string()).take(pa.array(np.zeros(n, np.int32)))
+    return _meta_arrays(schema, ops, same, np.full(n, seq, np.int64), same,
+                        np.full(n, taken_us, np.int64), np.zeros(n, np.int64), [])
+
+
 class _Meta:
     """The change columns of rows decoded one by one, as lists."""
 
@@ -356,6 +365,20 @@ class TableRows:
         self.values.append(values)
         self.meta.append(op, lsn, seq, txn)
 
+    def snapshot(self, texts: pa.Table, at: int, taken_us: int, truncate_first: bool) -> None:
+        """A snapshot chunk's rows (string columns named as the table's) as reads
+        positioned at *at*; with *truncate_first*, a truncate at ``(at, 0)`` first."""
+        if truncate_first:
+            blank = [pa.nulls(1, pa.string()) for _ in self.columns]
+            self._append(self._batch(blank, _snapshot_meta(self.pa_schema, "t", 1, at, 0,
+                                                            taken_us)),
+                         mixed=bool(self.values))
+        if texts.num_rows:
+            columns = [texts.column(c).combine_chunks() for c in self.columns]
+            self._append(self._batch(columns, _snapshot_meta(
+                self.pa_schema, "r", texts.num_rows, at, 1, taken_us)),
+                mixed=bool(self.values))
+
     def take(self) -> list[pa.RecordBatch]:
         ready, self.ready = self.ready, []
         return ready
@@ -437,6 +460,12 @@ class TypedSink:
         if relation_id == table_rows.relation_id:
             table_rows.add(op, values, lsn, seq, txn, may_have_toast)
 
+    def snapshot(self, table: str, texts: pa.Table, at: int, taken_us: int,
+                 truncate_first: bool, keys: Sequence[str]) -> None:
+        """A snapshot chunk's rows (see :meth:`TableRows.snapshot`)."""
+        if table == str(self.table_rows.table):
+            self.table_rows.snapshot(texts, at, taken_us, truncate_first)
+
     def take(self) -> Iterator[pa.RecordBatch]:
         """The batches of *batch_rows* rows and more, between chunks: a chunk's rows
         arrive in blocks and one by one out of commit order, so batches are built only
@@ -483,6 +512,13 @@ class StructEnvelopeSink:
         table_rows = self.by_id.get(relation_id)
         if table_rows is not None:
             table_rows.add(op, values, lsn, seq, txn, may_have_toast)
+
+    def snapshot(self, table: str, texts: pa.Table, at: int, taken_us: int,
+                 truncate_first: bool, keys: Sequence[str]) -> None:
+        """A snapshot chunk's rows (see :meth:`TableRows.snapshot`)."""
+        table_rows = self.by_name.get(table)
+        if table_rows is not None:
+            table_rows.snapshot(texts, at, taken_us, truncate_first)
 
     def take(self) -> Iterator[pa.RecordBatch]:
         """The batches of tables with *batch_rows* rows and more (see
@@ -600,8 +636,26 @@ class EnvelopeSink:
             else:
                 before = encode(dict(zip(names, old, strict=True))) if old is not None else None
                 after = encode(row)
+        self._append(table, key_json, before, after, op, lsn, seq, txn)
+
+    def snapshot(self, table: str, texts: pa.Table, at: int, taken_us: int,
+                 truncate_first: bool, keys: Sequence[str]) -> None:
+        """A snapshot chunk's rows as reads (``after`` and ``key`` only)."""
+        parsed = TableId.parse(table)
+        if (parsed.schema, parsed.table) not in self.wanted:
+            return
+        txn = Txn(at, taken_us, 0)
+        if truncate_first:
+            self._append(table, None, None, None, "t", at, 0, txn)
+        encode = self._encode
+        for row in texts.to_pylist():
+            self._append(table, encode({k: row[k] for k in keys}), None, encode(row), "r",
+                         at, 1, txn)
+
+    def _append(self, table: str, key: bytes | None, before: bytes | None,
+                after: bytes | None, op: str, lsn: int, seq: int, txn: Txn) -> None:
         self.tables.append(table)
-        self.keys.append(key_json)
+        self.keys.append(key)
         self.befores.append(before)
         self.afters.append(after)
         self.meta.append(op, lsn, seq, txn)

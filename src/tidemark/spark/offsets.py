@@ -24,6 +24,7 @@ from typing import Any
 
 from tidemark.errors import TerminalError
 from tidemark.source.postgres.pgoutput import lsn_to_str, str_to_lsn
+from tidemark.spark.snapshot import SnapshotPlan
 
 
 class OffsetError(TerminalError):
@@ -45,6 +46,47 @@ def from_offset(offset: Mapping[str, Any]) -> int:
         return str_to_lsn(text)
     except ValueError as err:
         raise OffsetError(f"offset {offset!r}: {err}") from None
+
+
+@dataclasses.dataclass(frozen=True)
+class SourceOffset:
+    """The whole offset: the stream's LSN and the snapshot state around it.
+
+    ``known`` are the tables the query has taken in (snapshotted, or streamed without a
+    snapshot); None in a checkpoint written before snapshots existed, whose tables are
+    all known. ``skip`` maps a table to the consistent point of its snapshot: its
+    changes committing before it are in the snapshot and are dropped from the stream.
+    """
+
+    lsn: int
+    known: tuple[str, ...] | None = None
+    skip: Mapping[str, int] = dataclasses.field(default_factory=dict)
+    snapshot: SnapshotPlan | None = None
+
+    def to_json(self) -> dict[str, Any]:
+        out: dict[str, Any] = to_offset(self.lsn)
+        if self.known is not None:
+            out["known"] = list(self.known)
+        if self.skip:
+            out["skip"] = {t: lsn_to_str(at) for t, at in sorted(self.skip.items())}
+        if self.snapshot is not None:
+            out["snapshot"] = self.snapshot.to_json()
+        return out
+
+    @classmethod
+    def parse(cls, offset: Mapping[str, Any]) -> SourceOffset:
+        lsn = from_offset(offset)
+        try:
+            known = offset.get("known")
+            skip = offset.get("skip") or {}
+            plan = offset.get("snapshot")
+            return cls(lsn=lsn,
+                       known=None if known is None else tuple(str(t) for t in known),
+                       skip={str(t): str_to_lsn(str(at)) for t, at in skip.items()},
+                       snapshot=None if plan is None else SnapshotPlan.from_json(plan))
+        except (KeyError, TypeError, ValueError, AttributeError) as err:
+            raise OffsetError(f"offset {offset!r} has a malformed snapshot state ({err}): "
+                              "was the checkpoint written by another source?") from None
 
 
 @dataclasses.dataclass(frozen=True)

@@ -32,6 +32,17 @@ class OnSchemaChange(StrEnum):
     """Keep the schema the query started with; values of new columns are dropped."""
 
 
+class SnapshotMode(StrEnum):
+    """Whether the stream starts a table with its existing rows."""
+
+    NEVER = "never"
+    """Only changes from the slot's position on (the default of the source)."""
+    INITIAL = "initial"
+    """A table the query has not taken in yet (every table on the first start, a table
+    added to ``tables`` later) first gets its rows as reads (``_op = 'r'``), then its
+    changes: see :mod:`tidemark.spark.snapshot`."""
+
+
 class RowFormat(StrEnum):
     """How an envelope stream (many tables) carries each row's values."""
 
@@ -58,10 +69,15 @@ ON_SCHEMA_CHANGE: Final = "onSchemaChange"
 ARROW_BATCH_ROWS: Final = "arrowBatchRows"
 ROW_FORMAT: Final = "rowFormat"
 SERVER_TIMEOUT_MS: Final = "serverTimeoutMs"
+SNAPSHOT: Final = "snapshot"
+SNAPSHOT_TABLES: Final = "snapshotTables"
+SNAPSHOT_CHUNK_ROWS: Final = "snapshotChunkRows"
+SNAPSHOT_CHUNKS_PER_TRIGGER: Final = "snapshotChunksPerTrigger"
 
 ALLOWED: Final = (DSN, TABLES, TABLE, SLOT, PUBLICATION, MAX_CHANGES_PER_TRIGGER,
                   NUM_PARTITIONS, ON_SCHEMA_CHANGE, ARROW_BATCH_ROWS, ROW_FORMAT,
-                  SERVER_TIMEOUT_MS)
+                  SERVER_TIMEOUT_MS, SNAPSHOT, SNAPSHOT_TABLES, SNAPSHOT_CHUNK_ROWS,
+                  SNAPSHOT_CHUNKS_PER_TRIGGER)
 _BY_LOWER: Final = {name.lower(): name for name in ALLOWED}
 _TABLE_NAME: Final = re.compile(r"[^.\s]+\.[^.\s]+|[^.\s]+")
 
@@ -69,6 +85,10 @@ DEFAULT_SLOT: Final = "tidemark_spark"
 DEFAULT_PUBLICATION: Final = "tidemark_spark"
 DEFAULT_ARROW_BATCH_ROWS: Final = 65_536
 DEFAULT_SERVER_TIMEOUT_MS: Final = 300_000
+DEFAULT_SNAPSHOT_CHUNK_ROWS: Final = 50_000
+#: Chunks per micro-batch, per partition: a few tasks per core keep both busy while one
+#: waits on PostgreSQL, and the batch (collected by ``tidemark run``) stays bounded.
+SNAPSHOT_CHUNKS_PER_PARTITION: Final = 4
 
 
 @dataclasses.dataclass(frozen=True)
@@ -105,6 +125,13 @@ class SourceOptions:
     fails: a stopped or cut-off server sends nothing, not even an error, and would hold
     the query forever. Generous, since decoding a large transaction of other tables
     returns no rows for a while; ``tidemark run`` restarts the failed query."""
+    snapshot: SnapshotMode = SnapshotMode.NEVER
+    snapshot_tables: tuple[TableId, ...] = ()
+    """The tables a snapshot may bring in (``snapshotTables``; all tables by default)."""
+    snapshot_chunk_rows: int = DEFAULT_SNAPSHOT_CHUNK_ROWS
+    """Rows per snapshot chunk: one Spark partition reads one chunk."""
+    snapshot_chunks_per_trigger: int = SNAPSHOT_CHUNKS_PER_PARTITION
+    """Snapshot chunks per micro-batch (the batch's rows are at most this many chunks)."""
 
     @classmethod
     def parse(cls, raw: Mapping[str, str], *, default_partitions: int = 1) -> SourceOptions:
@@ -140,6 +167,16 @@ class SourceOptions:
                               "capture (or 'table' for one typed table)")
         if len(set(tables)) != len(tables):
             raise ConfigError(TABLES, "names a table more than once")
+        snapshot_tables = tables
+        if SNAPSHOT_TABLES in values:
+            snapshot_tables = tuple(_parse_table(SNAPSHOT_TABLES, t)
+                                    for t in values[SNAPSHOT_TABLES].split(",") if t.strip())
+            stray = [str(t) for t in snapshot_tables if t not in tables]
+            if stray:
+                raise ConfigError(SNAPSHOT_TABLES, f"{', '.join(stray)} not in the stream's "
+                                  f"tables ({', '.join(str(t) for t in tables)})")
+        num_partitions = (_positive_int(values, NUM_PARTITIONS)
+                          if NUM_PARTITIONS in values else max(1, default_partitions))
         return cls(
             dsn=dsn,
             tables=tables,
@@ -149,8 +186,7 @@ class SourceOptions:
                                          values.get(PUBLICATION, DEFAULT_PUBLICATION)),
             max_changes_per_trigger=(_positive_int(values, MAX_CHANGES_PER_TRIGGER)
                                      if MAX_CHANGES_PER_TRIGGER in values else None),
-            num_partitions=(_positive_int(values, NUM_PARTITIONS)
-                            if NUM_PARTITIONS in values else max(1, default_partitions)),
+            num_partitions=num_partitions,
             on_schema_change=_enum(values, ON_SCHEMA_CHANGE, OnSchemaChange,
                                    OnSchemaChange.FAIL),
             arrow_batch_rows=(_positive_int(values, ARROW_BATCH_ROWS)
@@ -158,6 +194,15 @@ class SourceOptions:
             row_format=_enum(values, ROW_FORMAT, RowFormat, RowFormat.JSON),
             server_timeout_ms=(_positive_int(values, SERVER_TIMEOUT_MS)
                                if SERVER_TIMEOUT_MS in values else DEFAULT_SERVER_TIMEOUT_MS),
+            snapshot=_enum(values, SNAPSHOT, SnapshotMode, SnapshotMode.NEVER),
+            snapshot_tables=snapshot_tables,
+            snapshot_chunk_rows=(_positive_int(values, SNAPSHOT_CHUNK_ROWS)
+                                 if SNAPSHOT_CHUNK_ROWS in values
+                                 else DEFAULT_SNAPSHOT_CHUNK_ROWS),
+            snapshot_chunks_per_trigger=(
+                _positive_int(values, SNAPSHOT_CHUNKS_PER_TRIGGER)
+                if SNAPSHOT_CHUNKS_PER_TRIGGER in values
+                else SNAPSHOT_CHUNKS_PER_PARTITION * num_partitions),
         )
 
     def redacted_dsn(self) -> str:

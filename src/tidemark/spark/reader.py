@@ -24,6 +24,7 @@ Design (see :mod:`tidemark.spark.offsets` for the offset rule):
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import gc
 import logging
 from collections.abc import Iterator, Sequence
@@ -41,9 +42,11 @@ from pyspark.sql.streaming.datasource import (
 from pyspark.sql.types import StructType
 
 from tidemark import faults
+from tidemark.event import TableId
 from tidemark.source.postgres.pgoutput import lsn_to_str
 from tidemark.spark import wal
 from tidemark.spark.arrow_rows import (
+    META_NAMES,
     EnvelopeSink,
     PackedEnvelopeSink,
     StructEnvelopeSink,
@@ -52,13 +55,25 @@ from tidemark.spark.arrow_rows import (
 )
 from tidemark.spark.decode import TransactionWalker
 from tidemark.spark.offsets import (
+    SourceOffset,
     TxnIndex,
     end_for_limit,
     from_offset,
     split_range,
     to_offset,
 )
-from tidemark.spark.options import RowFormat, SourceOptions
+from tidemark.spark.options import RowFormat, SnapshotMode, SourceOptions
+from tidemark.spark.snapshot import (
+    ChunkRange,
+    SkippingSink,
+    SnapshotChunk,
+    SnapshotExport,
+    SnapshotPlan,
+    estimated_rows,
+    next_boundary,
+    primary_key,
+    read_chunk_text,
+)
 
 log = logging.getLogger(__name__)
 
@@ -72,13 +87,16 @@ MIN_SLICE_BYTES: Final = 4 << 20
 
 
 class WalSlice(InputPartition):
-    """One partition: the transactions committing in ``[lo, hi)``, as plain integers."""
+    """One partition: the transactions committing in ``[lo, hi)``, as plain integers;
+    *skip* drops a snapshotted table's changes before its snapshot's position."""
 
-    def __init__(self, index: int, lo: int, hi: int) -> None:
+    def __init__(self, index: int, lo: int, hi: int,
+                 skip: dict[str, int] | None = None) -> None:
         super().__init__((index, lo, hi))
         self.index = index
         self.lo = lo
         self.hi = hi
+        self.skip = skip or {}
 
     def __repr__(self) -> str:
         return f"WalSlice({self.index}, {lsn_to_str(self.lo)}, {lsn_to_str(self.hi)})"
@@ -94,11 +112,14 @@ class TidemarkStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         self._index = TxnIndex()
         self._target: int | None = None  # Trigger.AvailableNow's end, once prepared
         self._commits = 0  # commit() calls so far, for tidemark.faults
+        self._export: SnapshotExport | None = None  # the running snapshot's, if ours
+        self._keys: dict[str, tuple[str, ...]] = {}
 
     def __getstate__(self) -> dict[str, Any]:
-        # The driver's connection must not travel (nor fail pickling).
+        # The driver's connections must not travel (nor fail pickling).
         state = dict(self.__dict__)
         state["_conn"] = None
+        state["_export"] = None
         return state
 
     # -- driver side -------------------------------------------------------------------
@@ -112,7 +133,8 @@ class TidemarkStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         """A new query starts where the slot is, creating the slot if missing."""
         position = wal.ensure_slot(self._connection(), self.options.slot)
         log.info("slot %s starts at %s", self.options.slot, lsn_to_str(position))
-        return to_offset(position)
+        # No table is known yet: the first batch decides which ones get a snapshot.
+        return SourceOffset(position, known=()).to_json()
 
     def getDefaultReadLimit(self) -> ReadLimit:  # noqa: N802 - pyspark API name
         limit = self.options.max_changes_per_trigger
@@ -123,18 +145,114 @@ class TidemarkStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         self._target = wal.flush_lsn(self._connection())
         log.info("AvailableNow: reading up to %s", lsn_to_str(self._target))
 
-    def latestOffset(self, start: dict[str, Any], limit: ReadLimit) -> dict[str, str]:  # noqa: N802 - pyspark API name
+    def latestOffset(self, start: dict[str, Any], limit: ReadLimit) -> dict[str, Any]:  # noqa: N802 - pyspark API name
         """The end of the next batch: everything flushed, or whole transactions up to
-        ``maxChangesPerTrigger`` changes."""
-        start_lsn = from_offset(start)
+        ``maxChangesPerTrigger`` changes; while a snapshot runs, its next chunks, and
+        the stream no further than the snapshot's consistent point."""
+        state = SourceOffset.parse(start)
+        planned = self._snapshot_step(state)
+        start_lsn = state.lsn
+        end_lsn = start_lsn
         available = self._available()
-        if available <= start_lsn:
-            return dict(start)
-        if isinstance(limit, ReadMaxRows):
-            return to_offset(self._end_for_limit(start_lsn, available, limit.max_rows))
-        # Everything flushed. When only other tables wrote WAL the batch is empty, and
-        # committing it still lets the slot release that WAL.
-        return to_offset(available)
+        if available > start_lsn:
+            if isinstance(limit, ReadMaxRows):
+                end_lsn = self._end_for_limit(start_lsn, available, limit.max_rows)
+            else:
+                # Everything flushed. When only other tables wrote WAL the batch is
+                # empty, and committing it still lets the slot release that WAL.
+                end_lsn = available
+        if planned.snapshot is not None:
+            # A change past the snapshot's point must not reach the sink before the
+            # snapshot's rows (see tidemark.spark.snapshot).
+            end_lsn = max(start_lsn, min(end_lsn, planned.snapshot.at))
+        skip = {t: at for t, at in planned.skip.items() if at > start_lsn}
+        end = dataclasses.replace(planned, lsn=end_lsn, skip=skip)
+        return dict(start) if end == state else end.to_json()
+
+    # -- snapshots (see tidemark.spark.snapshot) ------------------------------------
+    def _snapshot_step(self, state: SourceOffset) -> SourceOffset:
+        """The snapshot state of the next batch: tables to take in, a generation to
+        start or restart, the next chunks."""
+        tables = [str(t) for t in self.options.tables]
+        known = list(state.known) if state.known is not None else list(tables)
+        skip = dict(state.skip)
+        plan = state.snapshot
+        if plan is not None and not self._holds(plan):
+            plan = self._restart(plan)
+            skip.update(dict.fromkeys(plan.tables, plan.at))
+        elif plan is not None and plan.done:
+            # The batch that ended here read its last chunks.
+            log.info("snapshot of %s done: %d chunks", ", ".join(plan.tables),
+                     plan.chunks_done)
+            self._close_export()
+            known += [t for t in plan.tables if t not in known]
+            plan = None
+        if plan is None:
+            new = [t for t in tables if t not in known]
+            wanted = {str(t) for t in self.options.snapshot_tables} \
+                if self.options.snapshot is SnapshotMode.INITIAL else set()
+            known = [t for t in known if t in tables] + [t for t in new if t not in wanted]
+            to_snapshot = [t for t in new if t in wanted]
+            if to_snapshot:
+                plan = self._generation(to_snapshot, 1, chunks_done=0)
+                skip.update(dict.fromkeys(to_snapshot, plan.at))
+        if plan is not None:
+            plan = self._plan_chunks(plan)
+        return SourceOffset(state.lsn, tuple(known), skip, plan)
+
+    def _holds(self, plan: SnapshotPlan) -> bool:
+        return self._export is not None and self._export.name == plan.export
+
+    def _generation(self, tables: list[str], generation: int, *,
+                    chunks_done: int) -> SnapshotPlan:
+        self._close_export()
+        self._export = SnapshotExport(self.options.dsn, f"{self.options.slot}_snapshot",
+                                      self.options.publication)
+        conn = self._connection()
+        estimates = tuple(estimated_rows(conn, TableId.parse(t)) for t in tables)
+        log.info("snapshot generation %d of %s at %s", generation, ", ".join(tables),
+                 lsn_to_str(self._export.at))
+        return SnapshotPlan(generation=generation, at=self._export.at,
+                            export=self._export.name, taken_us=self._export.taken_us,
+                            tables=tuple(tables), chunks_done=chunks_done,
+                            estimates=estimates)
+
+    def _restart(self, plan: SnapshotPlan) -> SnapshotPlan:
+        """A snapshot whose export died with an earlier driver: a new generation from
+        the table of the first chunk that may not have been read, from its start."""
+        first = plan.chunks[0].table if plan.chunks else plan.tables[plan.position]
+        remaining = list(plan.tables[plan.tables.index(first):])
+        log.warning("snapshot generation %d of %s was interrupted (its exported snapshot "
+                    "ended with the driver that held it); %s start again from a new "
+                    "snapshot", plan.generation, ", ".join(plan.tables), ", ".join(remaining))
+        return self._generation(remaining, plan.generation + 1,
+                                chunks_done=plan.chunks_done - len(plan.chunks))
+
+    def _plan_chunks(self, plan: SnapshotPlan) -> SnapshotPlan:
+        """The next chunks (key ranges found by the server, never by reading rows here)."""
+        conn = self._connection()
+        chunks: list[ChunkRange] = []
+        position, after = plan.position, plan.after
+        while len(chunks) < self.options.snapshot_chunks_per_trigger and \
+                position < len(plan.tables):
+            table = plan.tables[position]
+            upto = next_boundary(conn, TableId.parse(table), self._key(table), after,
+                                 self.options.snapshot_chunk_rows)
+            chunks.append(ChunkRange(table, after, upto))
+            position, after = (position + 1, None) if upto is None else (position, upto)
+        return dataclasses.replace(plan, position=position, after=after,
+                                   chunks=tuple(chunks),
+                                   chunks_done=plan.chunks_done + len(chunks))
+
+    def _key(self, table: str) -> tuple[str, ...]:
+        if table not in self._keys:
+            self._keys[table] = primary_key(self._connection(), TableId.parse(table))
+        return self._keys[table]
+
+    def _close_export(self) -> None:
+        if self._export is not None:
+            self._export.close()
+            self._export = None
 
     def reportLatestOffset(self) -> dict[str, str]:  # noqa: N802 - pyspark API name
         return to_offset(self._available())
@@ -160,13 +278,32 @@ class TidemarkStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
                   len(txns), lsn_to_str(end if end is not None else known_until))
         return end if end is not None else known_until
 
-    def partitions(self, start: dict[str, Any], end: dict[str, Any]) -> Sequence[WalSlice]:
+    def partitions(self, start: dict[str, Any],
+                   end: dict[str, Any]) -> Sequence[InputPartition]:
         """Up to ``numPartitions`` equal WAL slices of the batch, each at least
-        :data:`MIN_SLICE_BYTES` (one slice for a small batch)."""
-        first, last = from_offset(start), from_offset(end)
+        :data:`MIN_SLICE_BYTES` (one slice for a small batch), and one partition per
+        snapshot chunk."""
+        first, planned = from_offset(start), SourceOffset.parse(end)
+        last = planned.lsn
         parts = min(self.options.num_partitions, max(1, (last - first) // MIN_SLICE_BYTES))
-        slices = split_range(first, last, parts)
-        return [WalSlice(i, lo, hi) for i, (lo, hi) in enumerate(slices)]
+        skip = dict(planned.skip)
+        partitions: list[InputPartition] = [
+            WalSlice(i, lo, hi, skip) for i, (lo, hi) in enumerate(split_range(first, last,
+                                                                            parts))]
+        plan = planned.snapshot
+        if plan is not None and plan.chunks:
+            if self._holds(plan):
+                partitions += [
+                    SnapshotChunk(len(partitions) + i, chunk, self._key(chunk.table), plan.at,
+                                  plan.export, plan.taken_us,
+                                  plan.generation > 1 and chunk.after is None)
+                    for i, chunk in enumerate(plan.chunks)]
+            else:
+                log.warning("this batch's %d snapshot chunk(s) were planned under snapshot "
+                            "%s, which ended with the driver that made it: the next batch "
+                            "reads them again from a new snapshot", len(plan.chunks),
+                            plan.export)
+        return partitions
 
     def commit(self, end: dict[str, Any]) -> None:
         """Spark has committed every batch up to *end*: release the WAL before it."""
@@ -177,32 +314,59 @@ class TidemarkStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         log.info("slot %s advanced to %s", self.options.slot, lsn_to_str(lsn))
 
     def stop(self) -> None:
+        self._close_export()
         if self._conn is not None:
             self._conn.close()
             self._conn = None
 
     # -- executor side -----------------------------------------------------------------
     def read(self, partition: InputPartition) -> Iterator[pa.RecordBatch]:
-        """Arrow batches of the transactions committing in the partition's slice."""
+        """Arrow batches of the transactions committing in the partition's slice, or of
+        the rows of a snapshot chunk."""
+        if isinstance(partition, SnapshotChunk):
+            return read_chunk(self.options, self.schema, partition)
         assert isinstance(partition, WalSlice)
-        return read_slice(self.options, self.schema, partition.lo, partition.hi)
+        return read_slice(self.options, self.schema, partition.lo, partition.hi,
+                          partition.skip)
 
 
-def read_slice(options: SourceOptions, schema: StructType, lo: int,
-               hi: int) -> Iterator[pa.RecordBatch]:
-    """Decode the transactions committing in ``[lo, hi)`` into record batches of *schema*."""
-    sink: TypedSink | StructEnvelopeSink | EnvelopeSink
+Sink = TypedSink | StructEnvelopeSink | EnvelopeSink
+
+
+def _sink(options: SourceOptions, schema: StructType) -> Sink:
     if options.table is not None:
-        sink = TypedSink(options.table, schema, options.arrow_batch_rows,
+        return TypedSink(options.table, schema, options.arrow_batch_rows,
                          options.on_schema_change)
-    elif options.row_format is not RowFormat.JSON:
+    if options.row_format is not RowFormat.JSON:
         kind = StructEnvelopeSink if options.row_format is RowFormat.STRUCT else \
             PackedEnvelopeSink
-        sink = kind(schema, envelope_table_schemas(schema), options.arrow_batch_rows,
+        return kind(schema, envelope_table_schemas(schema), options.arrow_batch_rows,
                     options.on_schema_change)
-    else:
-        sink = EnvelopeSink(options.tables, options.arrow_batch_rows)
-    walker = TransactionWalker(lo, hi, sink)
+    return EnvelopeSink(options.tables, options.arrow_batch_rows)
+
+
+def read_chunk(options: SourceOptions, schema: StructType,
+               chunk: SnapshotChunk) -> Iterator[pa.RecordBatch]:
+    """The rows of a snapshot chunk as reads, in record batches of *schema*."""
+    typed = schema if options.table is not None else \
+        envelope_table_schemas(schema)[chunk.chunk.table]
+    columns = [f.name for f in typed.fields if f.name not in META_NAMES]
+    with _gc_paused(), wal.connect(options.dsn, purpose="snapshot",
+                                   server_timeout_s=options.server_timeout_ms / 1000) as conn:
+        texts = read_chunk_text(conn, chunk.export, chunk.chunk, columns, chunk.keys)
+    sink = _sink(options, schema)
+    sink.snapshot(chunk.chunk.table, texts, chunk.at, chunk.taken_us, chunk.truncate_first,
+                  chunk.keys)
+    yield from sink.finish()
+    log.debug("%r: %d rows", chunk, texts.num_rows)
+
+
+def read_slice(options: SourceOptions, schema: StructType, lo: int, hi: int,
+               skip: dict[str, int] | None = None) -> Iterator[pa.RecordBatch]:
+    """Decode the transactions committing in ``[lo, hi)`` into record batches of
+    *schema*; a table in *skip* loses its changes committing before its LSN there."""
+    sink = _sink(options, schema)
+    walker = TransactionWalker(lo, hi, SkippingSink(sink, skip) if skip else sink)
     with _gc_paused(), wal.connect(options.dsn, purpose="reader",
                                    server_timeout_s=options.server_timeout_ms / 1000) as conn, \
             wal.slot_copy_at(conn, options.slot, lo) as copy:

@@ -99,16 +99,18 @@ class ReplicationStream:
             raise SourceUnavailableError("the replication connection is closed")
         return self._conn
 
-    def create_slot(self) -> tuple[int, str]:
+    def create_slot(self, *, temporary: bool = False) -> tuple[int, str]:
         """Create the slot, exporting its snapshot; returns (consistent LSN, snapshot name).
 
         The snapshot stays importable (``SET TRANSACTION SNAPSHOT``) until this
-        connection runs another command, so import it before :meth:`start`.
+        connection runs another command, so import it before :meth:`start`. A
+        *temporary* slot disappears with the connection.
         """
         conn = self._require()
         # The slot name was validated as a plain identifier by the config.
+        kind = "TEMPORARY LOGICAL" if temporary else "LOGICAL"
         result = self._exec(
-            conn, f'CREATE_REPLICATION_SLOT "{self._slot}" LOGICAL pgoutput EXPORT_SNAPSHOT'
+            conn, f'CREATE_REPLICATION_SLOT "{self._slot}" {kind} pgoutput EXPORT_SNAPSHOT'
         )
         if result.status != pq.ExecStatus.TUPLES_OK:
             message = _result_error(result)

@@ -1,0 +1,346 @@
+"""Snapshots in the Spark source: a table's existing rows, then its changes (MISSION S5, C3).
+
+**Where the snapshot meets the stream.** The driver creates a *temporary* logical slot
+that exports its snapshot (``CREATE_REPLICATION_SLOT … TEMPORARY LOGICAL pgoutput
+EXPORT_SNAPSHOT``). PostgreSQL guarantees that this snapshot sees exactly the
+transactions that commit before the slot's consistent point ``C``. So:
+
+* every snapshot row is a read (``_op = 'r'``) positioned at ``C`` (``_lsn`` and
+  ``_commit_lsn`` = ``C``, ``_seq`` = 1): it sorts after every change it already holds
+  and before every change it does not;
+* the stream drops the table's changes that commit before ``C`` (the snapshot holds
+  them) and keeps the rest;
+* while a snapshot runs, the stream's batches end at ``C`` at the latest, so every change
+  of the table that is not in the snapshot reaches the sink after the snapshot's rows.
+
+A pair of watermarks around each chunk's SELECT (DBLog, Flink CDC) would not need the
+slot, but leaves a race on PostgreSQL: a transaction whose commit record precedes the low
+watermark can still be invisible to the SELECT, for the moment between writing that
+record and leaving the proc array; its change would be streamed before the window and
+then overwritten by the chunk's older row. The exported snapshot has no such moment.
+
+**Parallel reads.** The export stays importable while the driver keeps the replication
+connection open and idle. Each table is cut into key-range chunks of
+``snapshotChunkRows`` rows; the boundaries come from the server (an index scan returning
+one key per chunk), never from rows brought to the driver. A micro-batch carries up to
+``snapshotChunksPerTrigger`` chunks and each chunk is one Spark partition: an executor
+imports the snapshot (``SET TRANSACTION SNAPSHOT``), copies its key range out as CSV,
+which Arrow's CSV reader parses, and converts the text with the stream's own converters
+(the text PostgreSQL prints is the text pgoutput sends).
+
+**Restarts.** The export dies with the driver, so a query restarted in the middle of a
+snapshot cannot read the chunks of its last planned batch again: that batch brings no
+snapshot rows, and the next one starts a new *generation* (a new export and ``C``) at the
+first chunk the lost batch held. A table restarted from its first chunk begins with a
+truncate (``_op = 't'`` at ``(C, 0)``): rows loaded by the earlier generation may have
+changed since, and the new snapshot replaces them. Tables finished by the earlier
+generation keep its ``C`` and stream from there.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import io
+import logging
+import time
+from collections.abc import Iterator, Mapping, Sequence
+from typing import Any, Final
+
+import psycopg
+import pyarrow as pa
+import pyarrow.csv as pa_csv
+from psycopg import sql
+from pyspark.sql.datasource import InputPartition
+from pyspark.sql.types import StructType
+
+from tidemark.errors import SourceError, TerminalError
+from tidemark.event import TableId
+from tidemark.source.postgres.pgoutput import Relation, TupleData, lsn_to_str, str_to_lsn
+from tidemark.source.postgres.replication import ReplicationStream
+from tidemark.spark.decode import RowBlock, Txn
+
+log = logging.getLogger(__name__)
+
+#: ``_seq`` of snapshot rows and of the truncate that precedes a restarted table's rows.
+ROW_SEQ: Final = 1
+TRUNCATE_SEQ: Final = 0
+
+KeyText = tuple[str, ...]
+
+
+class SnapshotLostError(TerminalError):
+    """A chunk's exported snapshot is gone (the driver that held it ended)."""
+
+
+@dataclasses.dataclass(frozen=True)
+class ChunkRange:
+    """The rows of *table* with ``after < key <= upto`` (key text; None: unbounded)."""
+
+    table: str
+    after: KeyText | None
+    upto: KeyText | None
+
+    def to_json(self) -> list[Any]:
+        return [self.table, _key_json(self.after), _key_json(self.upto)]
+
+    @classmethod
+    def from_json(cls, raw: Sequence[Any]) -> ChunkRange:
+        table, after, upto = raw
+        return cls(str(table), _key_from(after), _key_from(upto))
+
+
+@dataclasses.dataclass(frozen=True)
+class SnapshotPlan:
+    """A running snapshot, as the source's offset carries it.
+
+    ``tables[position]`` is read next, from the key after ``after`` (None: its first
+    chunk); ``position == len(tables)`` once every chunk is planned. ``chunks`` are the
+    chunks of the batch that ends at this offset.
+    """
+
+    generation: int
+    at: int
+    """The consistent point ``C`` of this generation's export."""
+    export: str
+    """The exported snapshot's name (valid while the driver that made it lives)."""
+    taken_us: int
+    """When the export was made (µs since the epoch): the snapshot rows' commit time."""
+    tables: tuple[str, ...]
+    position: int = 0
+    after: KeyText | None = None
+    chunks: tuple[ChunkRange, ...] = ()
+    chunks_done: int = 0
+    """Chunks planned so far, this offset's included."""
+    estimates: tuple[int, ...] = ()
+    """Each table's row count as the planner estimates it, for progress lines."""
+
+    @property
+    def done(self) -> bool:
+        """Every chunk is planned (the last ones are in this offset's batch)."""
+        return self.position >= len(self.tables)
+
+    def to_json(self) -> dict[str, Any]:
+        return {"generation": self.generation, "at": lsn_to_str(self.at),
+                "export": self.export, "taken_us": self.taken_us,
+                "tables": list(self.tables), "position": self.position,
+                "after": _key_json(self.after), "chunks": [c.to_json() for c in self.chunks],
+                "chunks_done": self.chunks_done, "estimates": list(self.estimates)}
+
+    @classmethod
+    def from_json(cls, raw: Mapping[str, Any]) -> SnapshotPlan:
+        return cls(generation=int(raw["generation"]), at=str_to_lsn(str(raw["at"])),
+                   export=str(raw["export"]), taken_us=int(raw["taken_us"]),
+                   tables=tuple(str(t) for t in raw["tables"]),
+                   position=int(raw["position"]), after=_key_from(raw.get("after")),
+                   chunks=tuple(ChunkRange.from_json(c) for c in raw.get("chunks", ())),
+                   chunks_done=int(raw.get("chunks_done", 0)),
+                   estimates=tuple(int(n) for n in raw.get("estimates", ())))
+
+    def progress(self, chunk_rows: int) -> str:
+        """``table: chunk n/~total`` of the table being read, for progress lines."""
+        if self.done:
+            return f"snapshot of {', '.join(self.tables)} read ({self.chunks_done} chunks)"
+        table = self.tables[self.position]
+        total = sum(max(1, -(-n // chunk_rows)) for n in self.estimates) \
+            if self.estimates else 0
+        return (f"snapshot {table}: chunk {self.chunks_done}/~{total} "
+                f"(table {self.position + 1} of {len(self.tables)})")
+
+
+def _key_json(key: KeyText | None) -> list[str] | None:
+    return None if key is None else list(key)
+
+
+def _key_from(raw: Any) -> KeyText | None:
+    return None if raw is None else tuple(str(v) for v in raw)
+
+
+class SnapshotChunk(InputPartition):
+    """One chunk as a Spark partition: everything an executor needs to read it."""
+
+    def __init__(self, index: int, chunk: ChunkRange, keys: tuple[str, ...], at: int,
+                 export: str, taken_us: int, truncate_first: bool) -> None:
+        super().__init__((index, chunk.to_json(), at, export))
+        self.index = index
+        self.chunk = chunk
+        self.keys = keys
+        """The primary key's columns in its index's order (chunks are ranges of it)."""
+        self.at = at
+        self.export = export
+        self.taken_us = taken_us
+        self.truncate_first = truncate_first
+
+    def __repr__(self) -> str:
+        return (f"SnapshotChunk({self.index}, {self.chunk.table}, {self.chunk.after} .. "
+                f"{self.chunk.upto}, at {lsn_to_str(self.at)})")
+
+
+# -- the driver ------------------------------------------------------------------------
+class SnapshotExport:
+    """A temporary slot exporting its snapshot, held open on the driver while chunks are
+    read under it."""
+
+    def __init__(self, dsn: str, slot: str, publication: str) -> None:
+        self._stream = ReplicationStream(dsn, slot, publication)
+        self._stream.connect()
+        started = time.monotonic()
+        try:
+            self.at, self.name = self._stream.create_slot(temporary=True)
+        except Exception:
+            self._stream.close()
+            raise
+        self.taken_us = time.time_ns() // 1000
+        log.info("snapshot %s exported at %s (slot creation took %.2f s: it waits for "
+                 "transactions running when it started)", self.name, lsn_to_str(self.at),
+                 time.monotonic() - started)
+
+    def close(self) -> None:
+        """Release the export (and its temporary slot)."""
+        self._stream.close()
+
+
+def next_boundary(conn: psycopg.Connection[Any], table: TableId, keys: Sequence[str],
+                  after: KeyText | None, rows: int) -> KeyText | None:
+    """The key of the *rows*-th row after *after* in key order (the server walks the
+    primary key's index), or None when fewer rows remain: the last chunk."""
+    query = sql.SQL("SELECT {texts} FROM {table}{where} ORDER BY {keys} "
+                    "OFFSET {skip} LIMIT 1").format(
+        texts=sql.SQL(", ").join(sql.SQL("{}::text").format(sql.Identifier(k)) for k in keys),
+        table=sql.Identifier(table.schema, table.table),
+        where=_range_sql(keys, after, None), keys=_key_list(keys),
+        skip=sql.Literal(rows - 1))
+    row = conn.execute(query).fetchone()
+    return None if row is None else tuple(str(v) for v in row)
+
+
+def primary_key(conn: psycopg.Connection[Any], table: TableId) -> tuple[str, ...]:
+    """The primary key columns of *table*, in index order."""
+    rows = conn.execute(
+        "SELECT a.attname FROM pg_index i JOIN pg_attribute a ON a.attrelid = i.indrelid "
+        "AND a.attnum = ANY(i.indkey) WHERE i.indrelid = %s::regclass AND i.indisprimary "
+        "ORDER BY array_position(i.indkey, a.attnum)",
+        (sql.Identifier(table.schema, table.table).as_string(conn),)).fetchall()
+    if not rows:
+        raise SourceError(f"table {table} has no primary key: a snapshot reads it in key "
+                          "ranges; add one (ALTER TABLE ... ADD PRIMARY KEY (...))")
+    return tuple(str(r[0]) for r in rows)
+
+
+def estimated_rows(conn: psycopg.Connection[Any], table: TableId) -> int:
+    """The planner's row count of *table* (``pg_class.reltuples``; 0 if never analysed)."""
+    row = conn.execute("SELECT greatest(reltuples, 0)::bigint FROM pg_class "
+                       "WHERE oid = %s::regclass",
+                       (sql.Identifier(table.schema, table.table).as_string(conn),)).fetchone()
+    return int(row[0]) if row else 0
+
+
+def _key_list(keys: Sequence[str]) -> sql.Composable:
+    return sql.SQL(", ").join(sql.Identifier(k) for k in keys)
+
+
+def _row(values: Sequence[str]) -> sql.Composable:
+    # Literals of unknown type: the server reads them with the key columns' own types.
+    return sql.SQL("({})").format(sql.SQL(", ").join(sql.Literal(v) for v in values))
+
+
+def _range_sql(keys: Sequence[str], after: KeyText | None,
+               upto: KeyText | None) -> sql.Composable:
+    columns = sql.SQL("({})").format(_key_list(keys))
+    terms: list[sql.Composable] = []
+    if after is not None:
+        terms.append(sql.SQL("{} > {}").format(columns, _row(after)))
+    if upto is not None:
+        terms.append(sql.SQL("{} <= {}").format(columns, _row(upto)))
+    if not terms:
+        return sql.SQL("")
+    return sql.SQL(" WHERE ") + sql.SQL(" AND ").join(terms)
+
+
+# -- the executors ---------------------------------------------------------------------
+def read_chunk_text(conn: psycopg.Connection[Any], export: str, chunk: ChunkRange,
+                    columns: Sequence[str], keys: Sequence[str]) -> pa.Table:
+    """The chunk's rows under the exported snapshot, as one string column per column
+    (null for NULL): the text the types' output functions print."""
+    table = TableId.parse(chunk.table)
+    conn.execute("BEGIN ISOLATION LEVEL REPEATABLE READ READ ONLY")
+    try:
+        try:
+            conn.execute(sql.SQL("SET TRANSACTION SNAPSHOT {}").format(sql.Literal(export)))
+        except (psycopg.errors.InvalidParameterValue,
+                psycopg.errors.ObjectNotInPrerequisiteState) as err:
+            raise SnapshotLostError(
+                f"snapshot {export} of {chunk.table} is gone ({str(err).strip()}): the "
+                "query's driver ended; restart the query, its snapshot goes on in a new "
+                "generation") from None
+        query = sql.SQL("COPY (SELECT {columns} FROM {table}{where} ORDER BY {keys}) "
+                        "TO STDOUT (FORMAT csv)").format(
+            columns=sql.SQL(", ").join(sql.Identifier(c) for c in columns),
+            table=sql.Identifier(table.schema, table.table),
+            where=_range_sql(keys, chunk.after, chunk.upto), keys=_key_list(keys))
+        data = io.BytesIO()
+        with conn.cursor() as cur, cur.copy(query) as copy:
+            for block in copy:
+                data.write(block)
+    finally:
+        conn.execute("COMMIT")
+    return parse_csv(data.getvalue(), columns)
+
+
+def parse_csv(data: bytes, columns: Sequence[str]) -> pa.Table:
+    """PostgreSQL's CSV (``COPY … (FORMAT csv)``) as string columns: an unquoted empty
+    field is NULL, a quoted one the empty string."""
+    if not data:
+        return pa.table({c: pa.array([], pa.string()) for c in columns})
+    return pa_csv.read_csv(
+        io.BytesIO(data),
+        read_options=pa_csv.ReadOptions(column_names=list(columns), block_size=8 << 20),
+        parse_options=pa_csv.ParseOptions(newlines_in_values=True),
+        convert_options=pa_csv.ConvertOptions(
+            column_types=dict.fromkeys(columns, pa.string()), null_values=[""],
+            strings_can_be_null=True, quoted_strings_can_be_null=False))
+
+
+def key_columns(schema: StructType) -> tuple[str, ...]:
+    """The key columns a typed schema marks (``tidemark.key`` in their metadata)."""
+    return tuple(f.name for f in schema.fields if (f.metadata or {}).get("tidemark.key"))
+
+
+class SkippingSink:
+    """Drops the stream's changes of snapshotted tables that commit before their
+    snapshot's consistent point (the snapshot holds them); passes on everything else."""
+
+    def __init__(self, sink: Any, skip: Mapping[str, int]) -> None:
+        self.sink = sink
+        self.skip = dict(skip)
+        self.limits: dict[int, int] = {}
+
+    def relation(self, rel: Relation) -> None:
+        limit = self.skip.get(f"{rel.namespace}.{rel.name}")
+        if limit is None:
+            self.limits.pop(rel.relation_id, None)
+        else:
+            self.limits[rel.relation_id] = limit
+        self.sink.relation(rel)
+
+    def rows(self, relation_id: int, block: RowBlock) -> None:
+        limit = self.limits.get(relation_id)
+        if limit is not None:
+            keep = block.commit_lsns >= limit
+            if not keep.any():
+                return
+            if not keep.all():
+                block = block.select(keep)
+        self.sink.rows(relation_id, block)
+
+    def add(self, relation_id: int, op: str, values: TupleData | None, lsn: int, seq: int,
+            txn: Txn, may_have_toast: bool, old: TupleData | None) -> None:
+        limit = self.limits.get(relation_id)
+        if limit is not None and txn.commit_lsn < limit:
+            return
+        self.sink.add(relation_id, op, values, lsn, seq, txn, may_have_toast, old)
+
+    def take(self) -> Iterator[pa.RecordBatch]:
+        return self.sink.take()  # type: ignore[no-any-return]
+
+    def finish(self) -> Iterator[pa.RecordBatch]:
+        return self.sink.finish()  # type: ignore[no-any-return]

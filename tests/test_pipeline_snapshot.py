@@ -1,0 +1,255 @@
+"""Snapshots in ``tidemark run`` and the Spark source: a database that already holds data
+ends up equal in Delta, with writers running during the snapshot, with targets added
+later, and across a SIGKILL in the middle of a snapshot (MISSION S5, C3)."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import random
+import signal
+import threading
+import time
+from collections import Counter
+from pathlib import Path
+from typing import Any
+
+import psycopg2
+import pytest
+from deltalake import DeltaTable
+from pyspark.sql import DataFrame, SparkSession
+
+import tidemark.spark as ts
+from conftest import Database
+from test_pipeline_run import _batch_lines, _tidemark_run
+from tidemark.pipeline import load_config
+from tidemark.pipeline.compare import compare
+from tidemark.pipeline.progress import BatchReport
+from tidemark.pipeline.runner import Pipeline
+from tidemark.spark.arrow_rows import envelope_table_schemas, typed_rows
+
+pytestmark = pytest.mark.integration
+
+ROWS = 3000
+
+
+def _populate(db: Database) -> None:
+    """a (SCD1), b (SCD2) and c (composite key with text, SCD1), ROWS rows each."""
+    db.execute("CREATE TABLE a (id int PRIMARY KEY, v text, n numeric(10, 2))",
+               "CREATE TABLE b (id int PRIMARY KEY, v text)",
+               "CREATE TABLE c (k1 int, k2 text, v text, PRIMARY KEY (k1, k2))",
+               f"INSERT INTO a SELECT g, 'a' || g, g / 4.0 FROM generate_series(1, {ROWS}) g",
+               f"INSERT INTO b SELECT g, 'b' || g FROM generate_series(1, {ROWS}) g",
+               f"INSERT INTO c SELECT g % 7, 'k,\"' || g, E'line\\n' || g "
+               f"FROM generate_series(1, {ROWS}) g",
+               "ANALYZE a, b, c")
+
+
+def _pipeline(tmp_path: Path, db: Database, *targets: str, extra: str = "") -> Path:
+    sections = {
+        "a": '[targets."public.a"]\npath = "lake/a"\nkeys = ["id"]\n',
+        "b": '[targets."public.b"]\npath = "lake/b"\nkeys = ["id"]\nstored_as_scd_type = 2\n',
+        "c": '[targets."public.c"]\npath = "lake/c"\nkeys = ["k1", "k2"]\n',
+    }
+    file = tmp_path / "pipeline.toml"
+    file.write_text(
+        f'[source]\ndsn = "{db.dsn}"\nslot = "s_{db.name}"\npublication = "p_{db.name}"\n'
+        "snapshotChunkRows = 700\nsnapshotChunksPerTrigger = 3\n"
+        f'[spark]\ncheckpoint = "chk"\navailable_now = true\n{extra}\n'
+        + "\n".join(sections[t] for t in targets))
+    return file
+
+
+class _Writer(threading.Thread):
+    """Random small transactions over the whole key range of a, b and c (inserts,
+    updates, deletes, primary key changes) until :meth:`finish`."""
+
+    def __init__(self, dsn: str, seed: int) -> None:
+        super().__init__(daemon=True)
+        self.dsn = dsn
+        self.rng = random.Random(seed)
+        self.committed = 0
+        self.error: BaseException | None = None
+        self._halt = threading.Event()
+
+    def run(self) -> None:
+        rng = self.rng
+        try:
+            with contextlib.closing(psycopg2.connect(self.dsn)) as conn:
+                while not self._halt.is_set():
+                    with conn, conn.cursor() as cur:
+                        for _ in range(rng.randint(1, 5)):
+                            self._change(cur, rng)
+                    self.committed += 1
+                    time.sleep(0.002)
+        except BaseException as err:  # reported by finish()
+            self.error = err
+
+    @staticmethod
+    def _change(cur: Any, rng: random.Random) -> None:
+        key = rng.randint(1, ROWS + 200)
+        table = rng.choice("abc")
+        op = rng.random()
+        if table == "c":
+            k1, k2 = key % 7, f'k,"{key}'
+            if op < 0.5:
+                cur.execute("INSERT INTO c VALUES (%s, %s, %s) ON CONFLICT (k1, k2) DO "
+                            "UPDATE SET v = excluded.v", (k1, k2, f"w{rng.randint(0, 99)}"))
+            elif op < 0.8:
+                cur.execute("UPDATE c SET v = v || '+' WHERE k1 = %s AND k2 = %s", (k1, k2))
+            else:
+                cur.execute("DELETE FROM c WHERE k1 = %s AND k2 = %s", (k1, k2))
+        elif op < 0.4:
+            cur.execute(f"INSERT INTO {table} (id, v) VALUES (%s, %s) ON CONFLICT (id) "
+                        "DO UPDATE SET v = excluded.v", (key, f"v{rng.randint(0, 999)}"))
+        elif op < 0.7:
+            cur.execute(f"UPDATE {table} SET v = v || '+' WHERE id = %s", (key,))
+        elif op < 0.85:
+            cur.execute(f"DELETE FROM {table} WHERE id = %s", (key,))
+        else:  # a primary key change: the old key goes, the new one comes
+            cur.execute(f"UPDATE {table} SET id = %s WHERE id = %s AND NOT EXISTS "
+                        f"(SELECT 1 FROM {table} WHERE id = %s)",
+                        (key + 100_000, key, key + 100_000))
+
+    def finish(self) -> None:
+        self._halt.set()
+        self.join(30)
+        assert not self.is_alive(), "the writer did not stop"
+        if self.error is not None:
+            raise self.error
+
+
+def _assert_targets_equal_source(db: Database, tmp_path: Path, *tables: str) -> None:
+    columns = {"a": ["id", "v", "n"], "b": ["id", "v"], "c": ["k1", "k2", "v"]}
+    for table in tables:
+        source, lake = compare(db.dsn, f"public.{table}", str(tmp_path / "lake" / table),
+                               columns[table], scd2=table == "b")
+        assert source == lake, f"Delta table {table} differs from the source"
+    if "b" in tables:
+        history = DeltaTable(str(tmp_path / "lake/b")).to_pyarrow_table()
+        versions = Counter(zip(history.column("id").to_pylist(),
+                               history.column("__START_AT").to_pylist(), strict=True))
+        assert max(versions.values()) == 1, "an SCD2 version was applied twice"
+
+
+def _run(file: Path, spark: SparkSession) -> list[BatchReport]:
+    reports: list[BatchReport] = []
+    Pipeline(load_config(file), spark=spark, on_batch=reports.append).run()
+    return reports
+
+
+def test_a_populated_database_reaches_delta_whole_with_writers_running_during_the_snapshot(
+        spark: SparkSession, db: Database, tmp_path: Path) -> None:
+    _populate(db)
+    file = _pipeline(tmp_path, db, "a", "b", "c")
+    writer = _Writer(db.dsn, seed=7)
+    writer.start()
+    try:
+        before = writer.committed
+        first = _run(file, spark)
+        during = writer.committed - before
+    finally:
+        writer.finish()
+    snapshot_batches = [r for r in first if r.snapshot]
+    # 3 tables of ~3,000 rows in chunks of 700, 3 chunks a batch: several batches, and
+    # the writer committed while they ran.
+    assert len(snapshot_batches) >= 4, [r.snapshot for r in first]
+    assert "chunk" in snapshot_batches[0].snapshot
+    assert during > 0, "no transaction committed while the snapshot ran"
+    _run(file, spark)  # what the writer did after the first run's end
+    _assert_targets_equal_source(db, tmp_path, "a", "b", "c")
+    assert DeltaTable(str(tmp_path / "lake/a")).to_pyarrow_table().num_rows > ROWS / 2
+
+
+def test_a_target_added_later_is_snapshotted_and_a_never_target_gets_changes_only(
+        spark: SparkSession, db: Database, tmp_path: Path) -> None:
+    _populate(db)
+    file = _pipeline(tmp_path, db, "a")
+    _run(file, spark)
+    _assert_targets_equal_source(db, tmp_path, "a")
+    db.execute("UPDATE a SET v = 'changed' WHERE id <= 10", "DELETE FROM b WHERE id <= 5",
+               "UPDATE c SET v = 'before c joined' WHERE k1 = 1")
+    # b is added with a snapshot, c with none: c's Delta table gets only what changes
+    # from now on.
+    file = _pipeline(tmp_path, db, "a", "b", "c")
+    text = file.read_text().replace('keys = ["k1", "k2"]\n',
+                                    'keys = ["k1", "k2"]\nsnapshot = "never"\n')
+    file.write_text(text)
+    reports = _run(file, spark)
+    assert any("public.b" in r.snapshot for r in reports)
+    assert not any("public.c" in r.snapshot for r in reports)
+    db.execute("UPDATE a SET v = 'after' WHERE id = 20", "UPDATE b SET v = 'after' WHERE id = 20",
+               "UPDATE c SET v = 'after c joined' WHERE k1 = 2 AND k2 = 'k,\"2'")
+    _run(file, spark)
+    _assert_targets_equal_source(db, tmp_path, "a", "b")
+    c_rows = DeltaTable(str(tmp_path / "lake/c")).to_pyarrow_table().to_pylist()
+    assert [(r["k1"], r["k2"], r["v"]) for r in c_rows] == [(2, 'k,"2', "after c joined")]
+
+
+def test_the_source_alone_gives_the_rows_as_reads_then_the_changes(
+        spark: SparkSession, db: Database, tmp_path: Path) -> None:
+    db.execute("CREATE TABLE a (id int PRIMARY KEY, v text)",
+               "INSERT INTO a SELECT g, 'x' || g FROM generate_series(1, 50) g")
+    batches: list[dict[str, Any]] = []
+
+    def record(batch: DataFrame, batch_id: int) -> None:
+        envelope = batch.toArrow()
+        rows = typed_rows(envelope, "public.a", envelope_table_schemas(batch.schema)["public.a"])
+        batches.append({"rows": rows.to_pylist()})
+
+    def run() -> None:
+        stream = ts.read_changes(spark, dsn=db.dsn, tables=["public.a"], slot=f"s_{db.name}",
+                                 publication=f"p_{db.name}", row_format="struct",
+                                 snapshot="initial", snapshotChunkRows=20)
+        query = (stream.writeStream.foreachBatch(record)
+                 .option("checkpointLocation", str(tmp_path / "chk"))
+                 .trigger(availableNow=True).start())
+        assert query.awaitTermination(120)
+        assert query.exception() is None
+
+    run()
+    db.execute("UPDATE a SET v = 'new' WHERE id = 1", "DELETE FROM a WHERE id = 2")
+    run()
+    rows = [r for b in batches for r in b["rows"]]
+    reads = [r for r in rows if r["_op"] == "r"]
+    assert sorted(r["id"] for r in reads) == list(range(1, 51))
+    assert len({r["_commit_lsn"] for r in reads}) == 1  # one consistent point
+    assert {r["_seq"] for r in reads} == {1}
+    changes = [(r["_op"], r["id"], r["v"]) for r in rows if r["_op"] != "r"]
+    assert changes == [("u", 1, "new"), ("d", 2, None)]
+    assert all(r["_commit_lsn"] > reads[0]["_commit_lsn"] for r in rows if r["_op"] != "r")
+
+
+@pytest.mark.slow
+def test_sigkill_during_a_snapshot_then_restart_loses_and_doubles_nothing(
+        db: Database, tmp_path: Path) -> None:
+    _populate(db)
+    db.execute(f"INSERT INTO a SELECT g, 'a' || g, 1 FROM generate_series({ROWS + 1}, 30000) g",
+               "ANALYZE a")
+    file = _pipeline(tmp_path, db, "a", "b", "c")
+    file.write_text(file.read_text().replace("snapshotChunksPerTrigger = 3",
+                                             "snapshotChunksPerTrigger = 2")
+                    .replace("available_now = true", "trigger_interval_ms = 100"))
+    log = tmp_path / "run.log"
+    writer = _Writer(db.dsn, seed=11)
+    writer.start()
+    try:
+        proc = _tidemark_run(file, log)
+        deadline = time.monotonic() + 180
+        while len([line for line in _batch_lines(log) if "snapshot public.a" in line]) < 3:
+            assert proc.poll() is None, log.read_text(errors="replace")[-3000:]
+            assert time.monotonic() < deadline, log.read_text(errors="replace")[-3000:]
+            time.sleep(0.01)
+        import os  # noqa: PLC0415
+        os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait(30)
+    finally:
+        writer.finish()
+    proc = _tidemark_run(file, log, "--available-now")
+    assert proc.wait(300) == 0, log.read_text(errors="replace")[-3000:]
+    text = log.read_text(errors="replace")
+    assert "generation 2" in text or "start again from a new snapshot" in text, text[-3000:]
+    _assert_targets_equal_source(db, tmp_path, "a", "b", "c")
+    keys = DeltaTable(str(tmp_path / "lake/a")).to_pyarrow_table().column("id").to_pylist()
+    assert len(keys) == len(set(keys)), "a key is twice in the SCD1 table"
+    json.dumps(keys[:1])
