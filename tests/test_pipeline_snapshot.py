@@ -21,7 +21,7 @@ from pyspark.sql import DataFrame, SparkSession
 
 import tidemark.spark as ts
 from conftest import Database
-from test_pipeline_run import _batch_lines, _tidemark_run
+from test_pipeline_run import _batch_lines, _LivePipeline, _tidemark_run
 from tidemark.pipeline import load_config
 from tidemark.pipeline.compare import compare
 from tidemark.pipeline.progress import BatchReport
@@ -132,7 +132,10 @@ def _assert_targets_equal_source(db: Database, tmp_path: Path, *tables: str) -> 
         assert max(versions.values()) == 1, "an SCD2 version was applied twice"
 
 
-def _run(file: Path, spark: SparkSession) -> list[BatchReport]:
+def _run(text: str | None, file: Path, spark: SparkSession) -> list[BatchReport]:
+    """Run the pipeline of *file* (rewritten to *text* first, if given) until caught up."""
+    if text is not None:
+        file.write_text(text)
     reports: list[BatchReport] = []
     Pipeline(load_config(file), spark=spark, on_batch=reports.append).run()
     return reports
@@ -142,21 +145,31 @@ def test_a_populated_database_reaches_delta_whole_with_writers_running_during_th
         spark: SparkSession, db: Database, tmp_path: Path) -> None:
     _populate(db)
     file = _pipeline(tmp_path, db, "a", "b", "c")
+    # A running pipeline (not available_now): its stream could run past the snapshot's
+    # point while the snapshot is read, which must not let a newer change in first.
+    file.write_text(file.read_text().replace("available_now = true",
+                                             "trigger_interval_ms = 50"))
     writer = _Writer(db.dsn, seed=7)
     writer.start()
     try:
-        before = writer.committed
-        first = _run(file, spark)
-        during = writer.committed - before
+        with _LivePipeline(load_config(file), spark) as live:
+            live.wait_until(lambda: any(r.snapshot for r in live.reports), "a snapshot batch")
+            before = writer.committed
+            live.wait_until(lambda: len(live.reports) > 2 and not live.reports[-1].snapshot
+                            and sum(r.total for r in live.reports
+                                    if not r.snapshot) > 50, "the stream after it")
+            during = writer.committed - before
+        assert not live.failures, live.failures
     finally:
         writer.finish()
-    snapshot_batches = [r for r in first if r.snapshot]
+    snapshot_batches = [r for r in live.reports if r.snapshot]
     # 3 tables of ~3,000 rows in chunks of 700, 3 chunks a batch: several batches, and
     # the writer committed while they ran.
-    assert len(snapshot_batches) >= 4, [r.snapshot for r in first]
+    assert len(snapshot_batches) >= 4, [r.snapshot for r in live.reports]
     assert "chunk" in snapshot_batches[0].snapshot
     assert during > 0, "no transaction committed while the snapshot ran"
-    _run(file, spark)  # what the writer did after the first run's end
+    _run(file.read_text().replace("trigger_interval_ms = 50", "available_now = true"),
+         file, spark)  # what the writer did after the first run's end
     _assert_targets_equal_source(db, tmp_path, "a", "b", "c")
     assert DeltaTable(str(tmp_path / "lake/a")).to_pyarrow_table().num_rows > ROWS / 2
 
@@ -165,7 +178,7 @@ def test_a_target_added_later_is_snapshotted_and_a_never_target_gets_changes_onl
         spark: SparkSession, db: Database, tmp_path: Path) -> None:
     _populate(db)
     file = _pipeline(tmp_path, db, "a")
-    _run(file, spark)
+    _run(None, file, spark)
     _assert_targets_equal_source(db, tmp_path, "a")
     db.execute("UPDATE a SET v = 'changed' WHERE id <= 10", "DELETE FROM b WHERE id <= 5",
                "UPDATE c SET v = 'before c joined' WHERE k1 = 1")
@@ -175,12 +188,12 @@ def test_a_target_added_later_is_snapshotted_and_a_never_target_gets_changes_onl
     text = file.read_text().replace('keys = ["k1", "k2"]\n',
                                     'keys = ["k1", "k2"]\nsnapshot = "never"\n')
     file.write_text(text)
-    reports = _run(file, spark)
+    reports = _run(None, file, spark)
     assert any("public.b" in r.snapshot for r in reports)
     assert not any("public.c" in r.snapshot for r in reports)
     db.execute("UPDATE a SET v = 'after' WHERE id = 20", "UPDATE b SET v = 'after' WHERE id = 20",
                "UPDATE c SET v = 'after c joined' WHERE k1 = 2 AND k2 = 'k,\"2'")
-    _run(file, spark)
+    _run(None, file, spark)
     _assert_targets_equal_source(db, tmp_path, "a", "b")
     c_rows = DeltaTable(str(tmp_path / "lake/c")).to_pyarrow_table().to_pylist()
     assert [(r["k1"], r["k2"], r["v"]) for r in c_rows] == [(2, 'k,"2', "after c joined")]
