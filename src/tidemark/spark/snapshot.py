@@ -205,7 +205,10 @@ def next_boundary(conn: psycopg.Connection[Any], table: TableId, keys: Sequence[
     primary key's index), or None when fewer rows remain: the last chunk."""
     query = sql.SQL("SELECT {texts} FROM {table}{where} ORDER BY {keys} "
                     "OFFSET {skip} LIMIT 1").format(
-        texts=sql.SQL(", ").join(sql.SQL("{}::text").format(sql.Identifier(k)) for k in keys),
+        # Aliased: ORDER BY would take an output column named like the key, ordering
+        # the text instead of the key.
+        texts=sql.SQL(", ").join(sql.SQL("{}::text AS {}").format(
+            sql.Identifier(k), sql.Identifier(f"tidemark_key_{i}")) for i, k in enumerate(keys)),
         table=sql.Identifier(table.schema, table.table),
         where=_range_sql(keys, after, None), keys=_key_list(keys),
         skip=sql.Literal(rows - 1))
