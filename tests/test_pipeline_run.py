@@ -56,12 +56,15 @@ def _prepare(db: Database, *tables: str) -> str:
 
 def _pipeline_file(tmp_path: Path, source: str, spark: str, *,
                    changelog: bool = True) -> Path:
-    """a (SCD1) and b (SCD2); with a change log, the batch takes Spark's column path."""
+    """a (SCD1) and b (SCD2); with a change log, the batch takes Spark's column path.
+    No snapshot: these tests stream every change from a slot made before the first one
+    (snapshots: test_pipeline_snapshot.py)."""
     file = tmp_path / "pipeline.toml"
     file.write_text(f"[source]\n{source}\n[spark]\ncheckpoint = \"chk\"\n{spark}\n"
-                    '[targets."public.a"]\npath = "lake/a"\nkeys = ["id"]\n\n'
+                    '[targets."public.a"]\npath = "lake/a"\nkeys = ["id"]\n'
+                    'snapshot = "never"\n\n'
                     '[targets."public.b"]\npath = "lake/b"\nkeys = ["id"]\n'
-                    "stored_as_scd_type = 2\n")
+                    'stored_as_scd_type = 2\nsnapshot = "never"\n')
     if changelog:
         with file.open("a") as out:
             out.write("\n[changelog]\npath = \"lake/_changes\"\n")
@@ -433,7 +436,8 @@ def test_a_million_row_transaction_keeps_driver_memory_bounded(
     db.execute(f"INSERT INTO big SELECT generate_series(1, {rows})")
     file = tmp_path / "pipeline.toml"
     file.write_text(f"[source]\n{source}\n[spark]\ncheckpoint = \"chk\"\navailable_now = true\n"
-                    '[targets."public.big"]\npath = "lake/big"\nkeys = ["id"]\n')
+                    '[targets."public.big"]\npath = "lake/big"\nkeys = ["id"]\n'
+                    'snapshot = "never"\n')  # the transaction, through the stream
     reports: list[BatchReport] = []
     # The driver is this process: its high-water mark restarts from its current size.
     Path("/proc/self/clear_refs").write_text("5")

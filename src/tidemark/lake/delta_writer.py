@@ -135,10 +135,11 @@ def apply_changes(target: str | os.PathLike[str], changes: pa.Table, spec: Apply
         table = _create(uri, changes.schema, columns, spec, storage_options)
     else:
         table = _add_new_columns(table, changes.schema, columns, spec, new_column_values)
-    commit = CommitProperties(
-        app_transactions=[Transaction(app_id, version)],
-        custom_metadata={HIGH_WATER_KEY: _encode_high_water(spec, _high_water(batch, spec))},
-    )
+    # An empty snapshot load (an empty table) carries no sequence to remember.
+    high_water = {HIGH_WATER_KEY: _encode_high_water(spec, _high_water(batch, spec))} \
+        if len(batch.rows) or batch.truncates else None
+    commit = CommitProperties(app_transactions=[Transaction(app_id, version)],
+                              custom_metadata=high_water)
     if loads:
         assert snapshot_load is not None
         return _load(table, batch, spec, columns, commit, snapshot_load, skipped)

@@ -55,7 +55,7 @@ from tidemark.spark import wal
 from tidemark.spark.arrow_rows import envelope_table_schemas, typed_rows
 from tidemark.spark.offsets import SourceOffset
 from tidemark.spark.options import SnapshotMode
-from tidemark.spark.snapshot import SnapshotPlan
+from tidemark.spark.snapshot_plan import SnapshotPlan
 
 log = logging.getLogger(__name__)
 

@@ -24,7 +24,7 @@ from typing import Any
 
 from tidemark.errors import TerminalError
 from tidemark.source.postgres.pgoutput import lsn_to_str, str_to_lsn
-from tidemark.spark.snapshot import SnapshotPlan
+from tidemark.spark.snapshot_plan import SnapshotPlan
 
 
 class OffsetError(TerminalError):

@@ -64,16 +64,15 @@ from tidemark.spark.offsets import (
 )
 from tidemark.spark.options import RowFormat, SnapshotMode, SourceOptions
 from tidemark.spark.snapshot import (
-    ChunkRange,
     SkippingSink,
     SnapshotChunk,
     SnapshotExport,
-    SnapshotPlan,
     estimated_rows,
     next_boundary,
     primary_key,
     read_chunk_text,
 )
+from tidemark.spark.snapshot_plan import ChunkRange, SnapshotPlan
 
 log = logging.getLogger(__name__)
 
