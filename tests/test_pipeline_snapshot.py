@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any
 
 import psycopg2
+import pyarrow as pa
 import pytest
 from deltalake import DeltaTable
 from pyspark.sql import DataFrame, SparkSession
@@ -28,8 +29,8 @@ from tidemark.pipeline.compare import compare
 from tidemark.pipeline.progress import BatchReport
 from tidemark.pipeline.runner import Pipeline
 from tidemark.spark import wal
-from tidemark.spark.arrow_rows import envelope_table_schemas, typed_rows
-from tidemark.spark.snapshot import next_boundary
+from tidemark.spark.arrow_rows import EnvelopeSink, envelope_table_schemas, typed_rows
+from tidemark.spark.snapshot import next_boundary, parse_csv
 
 pytestmark = pytest.mark.integration
 
@@ -286,3 +287,23 @@ def test_chunks_follow_the_key_order_and_hold_the_asked_number_of_rows(db: Datab
         expected = sorted((g % 3, f"x{g}") for g in range(1, 101))
         nxt = [k for k in expected if k > (0, "x3")][1]
         assert composite == (str(nxt[0]), nxt[1])
+
+
+def test_copy_csv_keeps_null_apart_from_the_empty_string_and_quotes_intact() -> None:
+    data = b'1,,""\n2,"a,b","line\nbreak ""q"""\n'
+    table = parse_csv(data, ["id", "v", "w"])
+    assert table.to_pylist() == [{"id": "1", "v": None, "w": ""},
+                                 {"id": "2", "v": "a,b", "w": 'line\nbreak "q"'}]
+    assert parse_csv(b"", ["id"]).num_rows == 0
+
+
+def test_the_json_envelope_carries_snapshot_rows_as_reads_after_a_truncate() -> None:
+    sink = EnvelopeSink([TableId.parse("public.t")], 100)
+    texts = parse_csv(b'1,x\n2,\n', ["id", "v"])
+    sink.snapshot("public.t", texts, 1000, 5, True, ("id",))
+    sink.snapshot("public.other", texts, 1000, 5, False, ("id",))  # not in the stream
+    rows = pa.Table.from_batches(list(sink.finish())).to_pylist()
+    assert [(r["_op"], r["_commit_lsn"], r["_seq"], r["key"], r["after"]) for r in rows] == [
+        ("t", 1000, 0, None, None),
+        ("r", 1000, 1, '{"id":"1"}', '{"id":"1","v":"x"}'),
+        ("r", 1000, 1, '{"id":"2"}', '{"id":"2","v":null}')]
