@@ -23,13 +23,16 @@ from pyspark.sql import DataFrame, SparkSession
 import tidemark.spark as ts
 from conftest import Database
 from test_pipeline_run import _batch_lines, _LivePipeline, _tidemark_run
+from tidemark.errors import SourceError
 from tidemark.event import TableId
 from tidemark.pipeline import load_config
 from tidemark.pipeline.compare import compare
 from tidemark.pipeline.progress import BatchReport
 from tidemark.pipeline.runner import Pipeline
+from tidemark.source.signals import send_signal, signal_table_ddl
 from tidemark.spark import wal
 from tidemark.spark.arrow_rows import EnvelopeSink, envelope_table_schemas, typed_rows
+from tidemark.spark.signals import check_signal_table, snapshot_requests
 from tidemark.spark.snapshot import next_boundary, parse_csv
 
 pytestmark = pytest.mark.integration
@@ -49,7 +52,8 @@ def _populate(db: Database) -> None:
                "ANALYZE a, b, c")
 
 
-def _pipeline(tmp_path: Path, db: Database, *targets: str, extra: str = "") -> Path:
+def _pipeline(tmp_path: Path, db: Database, *targets: str, extra: str = "",
+              source: str = "") -> Path:
     sections = {
         "a": '[targets."public.a"]\npath = "lake/a"\nkeys = ["id"]\n',
         "b": '[targets."public.b"]\npath = "lake/b"\nkeys = ["id"]\nstored_as_scd_type = 2\n',
@@ -58,7 +62,7 @@ def _pipeline(tmp_path: Path, db: Database, *targets: str, extra: str = "") -> P
     file = tmp_path / "pipeline.toml"
     file.write_text(
         f'[source]\ndsn = "{db.dsn}"\nslot = "s_{db.name}"\npublication = "p_{db.name}"\n'
-        "snapshotChunkRows = 700\nsnapshotChunksPerTrigger = 3\n"
+        f"snapshotChunkRows = 700\nsnapshotChunksPerTrigger = 3\n{source}"
         f'[spark]\ncheckpoint = "chk"\navailable_now = true\n{extra}\n'
         + "\n".join(sections[t] for t in targets))
     return file
@@ -307,3 +311,62 @@ def test_the_json_envelope_carries_snapshot_rows_as_reads_after_a_truncate() -> 
         ("t", 1000, 0, None, None),
         ("r", 1000, 1, '{"id":"1"}', '{"id":"1","v":"x"}'),
         ("r", 1000, 1, '{"id":"2"}', '{"id":"2","v":null}')]
+
+
+def test_a_signal_reloads_a_drifted_target_while_bad_signals_are_skipped(
+        spark: SparkSession, db: Database, tmp_path: Path) -> None:
+    _populate(db)
+    db.execute(signal_table_ddl(TableId.parse("public.dbz_signal")))
+    file = _pipeline(tmp_path, db, "a", "b",
+                     source='signal_table = "public.dbz_signal"\n')
+    _run(None, file, spark)
+    _assert_targets_equal_source(db, tmp_path, "a", "b")
+    # The target drifts from the source (restored from an old backup, edited by hand).
+    DeltaTable(str(tmp_path / "lake/a")).delete("id <= 100")
+    source, lake = compare(db.dsn, "public.a", str(tmp_path / "lake/a"), ["id", "v", "n"])
+    assert source != lake
+    db.execute("INSERT INTO dbz_signal VALUES ('bad-json', 'execute-snapshot', '{oops')")
+    send_signal(db.dsn, "public.dbz_signal", "execute-snapshot",
+                {"data-collections": ["public.nope"], "type": "incremental"})
+    send_signal(db.dsn, "public.dbz_signal", "execute-snapshot",
+                {"data-collections": ["public.a"], "type": "incremental"})
+    db.execute("UPDATE a SET v = 'after the signal' WHERE id = 7")
+    reports = _run(None, file, spark)
+    assert any("snapshot public.a" in r.snapshot for r in reports), [r.snapshot for r in reports]
+    assert not any("public.b" in r.snapshot for r in reports)
+    _assert_targets_equal_source(db, tmp_path, "a", "b")
+    # Taken once: the next run streams only.
+    reports = _run(None, file, spark)
+    assert not any(r.snapshot for r in reports)
+
+
+def test_signal_requests_name_what_is_wrong_and_are_taken_once(
+        db: Database, caplog: pytest.LogCaptureFixture) -> None:
+    signals = TableId.parse("public.dbz_signal")
+    db.execute(signal_table_ddl(signals),
+               "INSERT INTO dbz_signal VALUES ('old', 'execute-snapshot', "
+               "'{\"data-collections\": [\"public.a\"]}')")
+    with contextlib.closing(wal.connect(db.dsn, purpose="test")) as conn:
+        check_signal_table(conn, signals)
+        with pytest.raises(SourceError, match="CREATE TABLE IF NOT EXISTS"):
+            check_signal_table(conn, TableId.parse("public.missing"))
+        requested, seen = snapshot_requests(conn, signals, None, ["public.a"])
+        assert (requested, seen) == ([], ("old",))  # history, not a request
+        db.execute(
+            "INSERT INTO dbz_signal VALUES ('bad-json', 'execute-snapshot', '{oops')",
+            "INSERT INTO dbz_signal VALUES ('other', 'execute-snapshot', "
+            "'{\"data-collections\": [\"public.nope\"]}')",
+            "INSERT INTO dbz_signal VALUES ('partial', 'execute-snapshot', "
+            "'{\"data-collections\": [\"public.a\"], \"additional-conditions\": "
+            "[{\"data-collection\": \"public.a\", \"filter\": \"id > 1\"}]}')",
+            "INSERT INTO dbz_signal VALUES ('pause', 'pause-snapshot', NULL)",
+            "INSERT INTO dbz_signal VALUES ('good', 'execute-snapshot', "
+            "'{\"data-collections\": [\"public.a\"]}')")
+        with caplog.at_level("INFO", logger="tidemark.spark.signals"):
+            requested, seen = snapshot_requests(conn, signals, seen, ["public.a"])
+        assert requested == ["public.a"]
+        text = caplog.text
+        assert "bad-json" in text and "public.nope is not" not in text
+        assert "table public.nope skipped: it is not in this stream" in text
+        assert "partial skipped" in text and "pause" in text
+        assert snapshot_requests(conn, signals, seen, ["public.a"])[0] == []

@@ -74,6 +74,8 @@ class SourceSection(msgspec.Struct, frozen=True):
     snapshot_chunks_per_trigger: Positive | None = msgspec.field(
         default=None, name="snapshotChunksPerTrigger")
     """Snapshot chunks per micro-batch (default: 4 per partition)."""
+    signal_table: str | None = None
+    """Debezium's signal table: ``execute-snapshot`` reloads the targets it names."""
 
 
 class SparkSection(msgspec.Struct, frozen=True):
@@ -162,6 +164,9 @@ def parse_config(raw: Mapping[str, Any], *, base: Path,
         if key not in _SECTIONS:
             raise unknown_key_error("", key, _SECTIONS)
     source = _section(SourceSection, raw.get("source", {}), "source")
+    if source.signal_table is not None and not _TABLE_NAME.fullmatch(source.signal_table):
+        raise ConfigError("source.signal_table", f"{source.signal_table!r} is not a table "
+                          "name; expected schema.table, e.g. public.dbz_signal")
     spark = _section(SparkSection, _require(raw, "spark", "the [spark] section with "
                                             "'checkpoint'"), "spark",
                      required={"checkpoint": "a directory for Spark's checkpoint (offsets "

@@ -167,13 +167,14 @@ class Pipeline:
         return writer.start()
 
     def _snapshot_options(self) -> dict[str, Any]:
-        wanted = [t.table for t in self.config.targets if t.snapshot is SnapshotMode.INITIAL]
-        if not wanted:
-            return {"snapshot": SnapshotMode.NEVER.value}
         source = self.config.source
-        options: dict[str, Any] = {"snapshot": SnapshotMode.INITIAL.value,
-                                   "snapshotTables": ",".join(wanted),
-                                   "snapshotChunkRows": source.snapshot_chunk_rows}
+        options: dict[str, Any] = {"snapshotChunkRows": source.snapshot_chunk_rows}
+        if source.signal_table is not None:
+            options["signalTable"] = source.signal_table
+        wanted = [t.table for t in self.config.targets if t.snapshot is SnapshotMode.INITIAL]
+        if wanted:
+            options.update(snapshot=SnapshotMode.INITIAL.value,
+                           snapshotTables=",".join(wanted))
         if source.snapshot_chunks_per_trigger is not None:
             options["snapshotChunksPerTrigger"] = source.snapshot_chunks_per_trigger
         return options

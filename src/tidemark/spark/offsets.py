@@ -62,6 +62,8 @@ class SourceOffset:
     known: tuple[str, ...] | None = None
     skip: Mapping[str, int] = dataclasses.field(default_factory=dict)
     snapshot: SnapshotPlan | None = None
+    signals: tuple[str, ...] | None = None
+    """Ids of the signal table's rows already taken (None: never read)."""
 
     def to_json(self) -> dict[str, Any]:
         out: dict[str, Any] = to_offset(self.lsn)
@@ -71,6 +73,8 @@ class SourceOffset:
             out["skip"] = {t: lsn_to_str(at) for t, at in sorted(self.skip.items())}
         if self.snapshot is not None:
             out["snapshot"] = self.snapshot.to_json()
+        if self.signals is not None:
+            out["signals"] = list(self.signals)
         return out
 
     @classmethod
@@ -80,7 +84,9 @@ class SourceOffset:
             known = offset.get("known")
             skip = offset.get("skip") or {}
             plan = offset.get("snapshot")
+            signals = offset.get("signals")
             return cls(lsn=lsn,
+                       signals=None if signals is None else tuple(str(s) for s in signals),
                        known=None if known is None else tuple(str(t) for t in known),
                        skip={str(t): str_to_lsn(str(at)) for t, at in skip.items()},
                        snapshot=None if plan is None else SnapshotPlan.from_json(plan))

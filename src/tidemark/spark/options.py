@@ -73,11 +73,12 @@ SNAPSHOT: Final = "snapshot"
 SNAPSHOT_TABLES: Final = "snapshotTables"
 SNAPSHOT_CHUNK_ROWS: Final = "snapshotChunkRows"
 SNAPSHOT_CHUNKS_PER_TRIGGER: Final = "snapshotChunksPerTrigger"
+SIGNAL_TABLE: Final = "signalTable"
 
 ALLOWED: Final = (DSN, TABLES, TABLE, SLOT, PUBLICATION, MAX_CHANGES_PER_TRIGGER,
                   NUM_PARTITIONS, ON_SCHEMA_CHANGE, ARROW_BATCH_ROWS, ROW_FORMAT,
                   SERVER_TIMEOUT_MS, SNAPSHOT, SNAPSHOT_TABLES, SNAPSHOT_CHUNK_ROWS,
-                  SNAPSHOT_CHUNKS_PER_TRIGGER)
+                  SNAPSHOT_CHUNKS_PER_TRIGGER, SIGNAL_TABLE)
 _BY_LOWER: Final = {name.lower(): name for name in ALLOWED}
 _TABLE_NAME: Final = re.compile(r"[^.\s]+\.[^.\s]+|[^.\s]+")
 
@@ -132,6 +133,9 @@ class SourceOptions:
     """Rows per snapshot chunk: one Spark partition reads one chunk."""
     snapshot_chunks_per_trigger: int = SNAPSHOT_CHUNKS_PER_PARTITION
     """Snapshot chunks per micro-batch (the batch's rows are at most this many chunks)."""
+    signal_table: TableId | None = None
+    """Debezium's signal table: an ``execute-snapshot`` row inserted there reloads the
+    tables it names (see :mod:`tidemark.spark.signals`)."""
 
     @classmethod
     def parse(cls, raw: Mapping[str, str], *, default_partitions: int = 1) -> SourceOptions:
@@ -194,6 +198,8 @@ class SourceOptions:
             row_format=_enum(values, ROW_FORMAT, RowFormat, RowFormat.JSON),
             server_timeout_ms=(_positive_int(values, SERVER_TIMEOUT_MS)
                                if SERVER_TIMEOUT_MS in values else DEFAULT_SERVER_TIMEOUT_MS),
+            signal_table=(_parse_table(SIGNAL_TABLE, values[SIGNAL_TABLE])
+                          if values.get(SIGNAL_TABLE, "").strip() else None),
             snapshot=_enum(values, SNAPSHOT, SnapshotMode, SnapshotMode.NEVER),
             snapshot_tables=snapshot_tables,
             snapshot_chunk_rows=(_positive_int(values, SNAPSHOT_CHUNK_ROWS)

@@ -63,6 +63,7 @@ from tidemark.spark.offsets import (
     to_offset,
 )
 from tidemark.spark.options import RowFormat, SnapshotMode, SourceOptions
+from tidemark.spark.signals import snapshot_requests
 from tidemark.spark.snapshot import (
     SkippingSink,
     SnapshotChunk,
@@ -186,18 +187,23 @@ class TidemarkStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
             self._close_export()
             known += [t for t in plan.tables if t not in known]
             plan = None
+        signals = state.signals
         if plan is None:
             new = [t for t in tables if t not in known]
             wanted = {str(t) for t in self.options.snapshot_tables} \
                 if self.options.snapshot is SnapshotMode.INITIAL else set()
             known = [t for t in known if t in tables] + [t for t in new if t not in wanted]
             to_snapshot = [t for t in new if t in wanted]
+            if self.options.signal_table is not None:
+                requested, signals = snapshot_requests(
+                    self._connection(), self.options.signal_table, signals, known)
+                to_snapshot += [t for t in requested if t not in to_snapshot]
             if to_snapshot:
                 plan = self._generation(to_snapshot, 1, chunks_done=0)
                 skip.update(dict.fromkeys(to_snapshot, plan.at))
         if plan is not None:
             plan = self._plan_chunks(plan)
-        return SourceOffset(state.lsn, tuple(known), skip, plan)
+        return SourceOffset(state.lsn, tuple(known), skip, plan, signals)
 
     def _holds(self, plan: SnapshotPlan) -> bool:
         return self._export is not None and self._export.name == plan.export

@@ -26,6 +26,7 @@ from pyspark.sql.types import StructField, StructType
 from tidemark.errors import SourceError
 from tidemark.event import TableId
 from tidemark.source.postgres import catalog, session, slot
+from tidemark.spark import wal
 from tidemark.spark.arrow_rows import (
     ENVELOPE_SCHEMA,
     PACKED_SCHEMA,
@@ -36,6 +37,7 @@ from tidemark.spark.arrow_rows import (
 )
 from tidemark.spark.options import RowFormat, SourceOptions
 from tidemark.spark.reader import TidemarkStreamReader
+from tidemark.spark.signals import check_signal_table
 from tidemark.spark.type_mapping import spark_type
 
 __all__ = ["TidemarkDataSource", "envelope_table_schemas", "table_spark_schema"]
@@ -75,6 +77,9 @@ class TidemarkDataSource(DataSource):
             catalog.check_read_privileges(conn, tables)
             slot.ensure_publication(conn, options.publication, tables)
             schemas = {t: table_spark_schema(conn, t, keys[t]) for t in tables}
+        if options.signal_table is not None:
+            with contextlib.closing(wal.connect(options.dsn, purpose="catalog")) as signals:
+                check_signal_table(signals, options.signal_table)
         if options.table is not None:
             return schemas[options.table]
         metadata = {TABLE_SCHEMAS_KEY: {str(t): s.json() for t, s in schemas.items()}}
