@@ -46,6 +46,10 @@ def main() -> None:
     parser.add_argument("--max-in-flight", type=int, default=1000)
     parser.add_argument("--json", action="store_true",
                         help="PostgreSQL: Debezium JSON, no transforms (the fused path)")
+    parser.add_argument("--signal-table",
+                        help="PostgreSQL: incremental snapshots signalled through this "
+                             "table (chunks of 100 rows, no initial snapshot); --out then "
+                             "gets one JSON line [op, id, v] per change")
     args = parser.parse_args()
 
     out = open(args.out, "a", buffering=1 << 16)  # noqa: SIM115 - lives as long as the process
@@ -70,7 +74,21 @@ def main() -> None:
             return int(event.after["id"]) if event.after else None
         return event.lsn
 
+    def row(record: ConvertedRecord) -> str | None:
+        event = record.value
+        if not isinstance(event, ChangeEvent):
+            return None
+        values = event.after if event.after is not None else event.before
+        if values is None:
+            return None
+        return json.dumps([event.op.value, values["id"], values.get("v")]) + "\n"
+
     def write(records: list[ConvertedRecord]) -> None:
+        if args.signal_table:
+            with lock:
+                out.write("".join(r for r in map(row, records) if r is not None))
+                out.flush()
+            return
         lines = [f"{p}\n" for p in map(position, records) if p is not None]
         with lock:
             out.write("".join(lines))
@@ -92,9 +110,13 @@ def main() -> None:
 
     connector: Any
     if args.dsn:
-        connector = PostgresSourceConnector({
+        settings: dict[str, Any] = {
             "dsn": args.dsn, "table_include_list": ["public.t"], "slot_name": "kill_test",
-            "max_batch_messages": 200, "heartbeat_interval_ms": 200})
+            "max_batch_messages": 200, "heartbeat_interval_ms": 200}
+        if args.signal_table:
+            settings.update(signal_table=args.signal_table, snapshot_mode="no_data",
+                            incremental_snapshot_chunk_size=100)
+        connector = PostgresSourceConnector(settings)
     else:
         connector = SyntheticConnector(total=args.total, batch_size=100)
     engine = Engine(
