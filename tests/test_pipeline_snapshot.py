@@ -14,6 +14,7 @@ from collections import Counter
 from pathlib import Path
 from typing import Any
 
+import psycopg
 import psycopg2
 import pyarrow as pa
 import pytest
@@ -33,7 +34,7 @@ from tidemark.source.signals import send_signal, signal_table_ddl
 from tidemark.spark import wal
 from tidemark.spark.arrow_rows import EnvelopeSink, envelope_table_schemas, typed_rows
 from tidemark.spark.signals import check_signal_table, snapshot_requests
-from tidemark.spark.snapshot import next_boundary, parse_csv
+from tidemark.spark.snapshot import copy_out, next_boundary, parse_csv
 
 pytestmark = pytest.mark.integration
 
@@ -370,3 +371,13 @@ def test_signal_requests_name_what_is_wrong_and_are_taken_once(
         assert "table public.nope skipped: it is not in this stream" in text
         assert "partial skipped" in text and "pause" in text
         assert snapshot_requests(conn, signals, seen, ["public.a"])[0] == []
+
+
+def test_copy_out_reads_every_row_and_raises_the_server_s_error(db: Database) -> None:
+    with contextlib.closing(wal.connect(db.dsn, purpose="test")) as conn:
+        data = copy_out(conn, b"COPY (SELECT g FROM generate_series(1, 100000) g) TO STDOUT",
+                        10)
+        assert data == b"".join(b"%d\n" % g for g in range(1, 100001))
+        with pytest.raises(psycopg.errors.UndefinedTable):
+            copy_out(conn, b"COPY (SELECT * FROM missing) TO STDOUT", 10)
+        assert conn.execute("SELECT 1").fetchone() == (1,)  # still usable

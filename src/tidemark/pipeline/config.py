@@ -73,7 +73,7 @@ class SourceSection(msgspec.Struct, frozen=True):
     """Rows per snapshot chunk (one Spark task reads one chunk)."""
     snapshot_chunks_per_trigger: Positive | None = msgspec.field(
         default=None, name="snapshotChunksPerTrigger")
-    """Snapshot chunks per micro-batch (default: 4 per partition)."""
+    """Snapshot chunks per micro-batch (default: 2 per partition)."""
     signal_table: str | None = None
     """Debezium's signal table: ``execute-snapshot`` reloads the targets it names."""
 

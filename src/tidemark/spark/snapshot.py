@@ -41,6 +41,7 @@ from __future__ import annotations
 
 import io
 import logging
+import select
 import time
 from collections.abc import Iterator, Mapping, Sequence
 from typing import Any, Final
@@ -48,7 +49,7 @@ from typing import Any, Final
 import psycopg
 import pyarrow as pa
 import pyarrow.csv as pa_csv
-from psycopg import sql
+from psycopg import pq, sql
 from pyspark.sql.datasource import InputPartition
 from pyspark.sql.types import StructType
 
@@ -58,6 +59,7 @@ from tidemark.source.postgres.pgoutput import Relation, TupleData, lsn_to_str
 from tidemark.source.postgres.replication import ReplicationStream
 from tidemark.spark.decode import RowBlock, Txn
 from tidemark.spark.snapshot_plan import ChunkRange, KeyText
+from tidemark.spark.wal import ServerTimeoutError
 
 log = logging.getLogger(__name__)
 
@@ -175,7 +177,8 @@ def _range_sql(keys: Sequence[str], after: KeyText | None,
 
 # -- the executors ---------------------------------------------------------------------
 def read_chunk_text(conn: psycopg.Connection[Any], export: str, chunk: ChunkRange,
-                    columns: Sequence[str], keys: Sequence[str]) -> pa.Table:
+                    columns: Sequence[str], keys: Sequence[str],
+                    timeout_s: float | None = None) -> pa.Table:
     """The chunk's rows under the exported snapshot, as one string column per column
     (null for NULL): the text the types' output functions print."""
     table = TableId.parse(chunk.table)
@@ -194,13 +197,69 @@ def read_chunk_text(conn: psycopg.Connection[Any], export: str, chunk: ChunkRang
             columns=sql.SQL(", ").join(sql.Identifier(c) for c in columns),
             table=sql.Identifier(table.schema, table.table),
             where=_range_sql(keys, chunk.after, chunk.upto), keys=_key_list(keys))
-        data = io.BytesIO()
-        with conn.cursor() as cur, cur.copy(query) as copy:
-            for block in copy:
-                data.write(block)
+        data = copy_out(conn, query.as_bytes(conn), timeout_s)
     finally:
         conn.execute("COMMIT")
-    return parse_csv(data.getvalue(), columns)
+    return parse_csv(data, columns)
+
+
+def copy_out(conn: psycopg.Connection[Any], query: bytes, timeout_s: float | None) -> bytes:
+    """The data of ``COPY … TO STDOUT``, taken from libpq's buffer in a tight loop.
+
+    The server sends one message per row; psycopg's ``Copy`` passes each through its
+    generator and wait machinery, which was two thirds of a chunk's read time. No wait
+    for the server lasts longer than *timeout_s* (``serverTimeoutMs``).
+    """
+    pgconn = conn.pgconn
+    pgconn.send_query(query)
+    while pgconn.flush():  # a non-blocking connection may not have sent it all
+        select.select([], [pgconn.socket], [], timeout_s)
+    result = _next_result(pgconn, timeout_s)
+    if result is None or result.status != pq.ExecStatus.COPY_OUT:
+        _drain(pgconn, timeout_s)
+        if result is not None and result.status == pq.ExecStatus.FATAL_ERROR:
+            raise psycopg.errors.error_from_result(result)
+        raise psycopg.OperationalError("COPY did not start")
+    parts: list[bytes] = []
+    append = parts.append
+    get = pgconn.get_copy_data
+    while True:
+        size, block = get(1)
+        if size > 0:
+            append(bytes(block))
+        elif size == 0:  # nothing buffered: wait for the socket
+            _wait_readable(pgconn, timeout_s)
+            pgconn.consume_input()
+        elif size == -1:  # done
+            break
+        else:
+            raise psycopg.OperationalError(str(pgconn.get_error_message()))
+    result = _next_result(pgconn, timeout_s)
+    _drain(pgconn, timeout_s)
+    if result is not None and result.status == pq.ExecStatus.FATAL_ERROR:
+        raise psycopg.errors.error_from_result(result)
+    return b"".join(parts)
+
+
+def _wait_readable(pgconn: pq.abc.PGconn, timeout_s: float | None) -> None:
+    ready, _, _ = select.select([pgconn.socket], [], [], timeout_s)
+    if not ready:
+        pgconn.finish()  # the protocol state is unknown: the connection goes
+        raise ServerTimeoutError(f"no answer from PostgreSQL within {timeout_s:.0f} s "
+                                 "(serverTimeoutMs): the server is stopped or unreachable")
+
+
+def _next_result(pgconn: pq.abc.PGconn, timeout_s: float | None) -> pq.abc.PGresult | None:
+    pgconn.consume_input()
+    while pgconn.is_busy():
+        _wait_readable(pgconn, timeout_s)
+        pgconn.consume_input()
+    return pgconn.get_result()
+
+
+def _drain(pgconn: pq.abc.PGconn, timeout_s: float | None) -> None:
+    while _next_result(pgconn, timeout_s) is not None:
+        pass
 
 
 def parse_csv(data: bytes, columns: Sequence[str]) -> pa.Table:
