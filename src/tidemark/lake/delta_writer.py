@@ -129,7 +129,9 @@ def apply_changes(target: str | os.PathLike[str], changes: pa.Table, spec: Apply
         if previous_high_water is not None:
             batch, skipped = drop_applied(batch, spec.sequence_by, previous_high_water)
     loads = snapshot_load is not None and spec.stored_as_scd_type == 1
-    if len(batch.rows) == 0 and not batch.truncates and snapshot_load != "replace":
+    # An empty table's first chunk still replaces (and creates) the target.
+    if len(batch.rows) == 0 and not batch.truncates and not (loads and snapshot_load ==
+                                                             "replace"):
         return ApplyResult(skipped=skipped)
     if table is None:
         table = _create(uri, changes.schema, columns, spec, storage_options)

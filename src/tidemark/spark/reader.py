@@ -113,6 +113,7 @@ class TidemarkStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         self._target: int | None = None  # Trigger.AvailableNow's end, once prepared
         self._commits = 0  # commit() calls so far, for tidemark.faults
         self._export: SnapshotExport | None = None  # the running snapshot's, if ours
+        self._finished: set[str] = set()  # exports whose every chunk this driver read
         self._keys: dict[str, tuple[str, ...]] = {}
 
     def __getstate__(self) -> dict[str, Any]:
@@ -177,16 +178,18 @@ class TidemarkStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         known = list(state.known) if state.known is not None else list(tables)
         skip = dict(state.skip)
         plan = state.snapshot
-        if plan is not None and not self._holds(plan):
-            plan = self._restart(plan)
-            skip.update(dict.fromkeys(plan.tables, plan.at))
-        elif plan is not None and plan.done:
+        if plan is not None and plan.done and (self._holds(plan)
+                                               or plan.export in self._finished):
             # The batch that ended here read its last chunks.
             log.info("snapshot of %s done: %d chunks", ", ".join(plan.tables),
                      plan.chunks_done)
+            self._finished.add(plan.export)
             self._close_export()
             known += [t for t in plan.tables if t not in known]
             plan = None
+        elif plan is not None and not self._holds(plan):
+            plan = self._restart(plan)
+            skip.update(dict.fromkeys(plan.tables, plan.at))
         signals = state.signals
         if plan is None:
             new = [t for t in tables if t not in known]
