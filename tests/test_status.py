@@ -27,8 +27,11 @@ from lake_helpers import change, rows
 from tidemark.lake import ApplySpec, apply_changes
 from tidemark.pipeline.config import load_config
 from tidemark.pipeline.run_record import FILE_NAME, read_record, records_runs
+from tidemark.pipeline.status import _snapshot_section
 from tidemark.pipeline.written_targets import WrittenTargets
 from tidemark.source.postgres.pgoutput import lsn_to_str, str_to_lsn
+from tidemark.spark.offsets import SourceOffset
+from tidemark.spark.snapshot_plan import SnapshotPlan
 
 pytestmark = pytest.mark.integration
 
@@ -278,7 +281,9 @@ def test_pipeline_status_reads_delta_checkpoint_and_slot_without_spark(
     assert status["lag"]["from"] == "checkpoint"
     assert status["lag"]["from_lsn"] == lsn_to_str(slot) and status["lag"]["bytes"] >= 0
     assert status["last_run"] is None
-    assert status["snapshot"]["completed"] is None and status["snapshot"]["incremental"] is None
+    # A checkpoint written before snapshots existed: nothing to load.
+    assert status["snapshot"]["completed"] is True
+    assert "predates snapshots" in status["snapshot"]["note"]
 
     text = _tidemark("status", str(file))
     assert text.returncode == 0, text.stderr
@@ -399,3 +404,20 @@ def test_status_after_a_real_tidemark_run(db: Database, tmp_path: Path) -> None:
     assert code == 0 and later["lag"]["bytes"] > status["lag"]["bytes"] + 100_000
     text = _tidemark("status", str(file))
     assert text.returncode == 0 and "public.a" in text.stdout and "finished at" in text.stdout
+
+
+def test_pipeline_status_shows_the_snapshot_running_and_what_is_left(
+        db: Database, tmp_path: Path) -> None:
+    config = load_config(_pipeline_file(tmp_path, db, "pipe"))
+    plan = SnapshotPlan(generation=2, at=0x1000, export="x", taken_us=0,
+                        tables=("public.a", "public.b"), position=1, chunks_done=3,
+                        estimates=(250_000, 150_000))
+    running = _snapshot_section(config, SourceOffset(0x900, known=(), snapshot=plan))
+    assert running["completed"] is False and running["running"]["table"] == "public.b"
+    assert running["note"] == ("running: snapshot public.b: chunk 3/~5 (table 2 of 2) "
+                               "(snapshot at 0/1000)")
+    left = _snapshot_section(config, SourceOffset(0x900, known=("public.a",)))
+    assert left["completed"] is False and left["note"].startswith("public.b will be loaded")
+    done = _snapshot_section(config, SourceOffset(0x900, known=("public.a", "public.b")))
+    assert done["completed"] is True and done["note"].startswith("every target is loaded")
+    assert _snapshot_section(config, None)["note"].startswith("not started")

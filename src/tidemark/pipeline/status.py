@@ -28,7 +28,8 @@ from tidemark.pipeline.written_targets import TargetLostError, WrittenTargets
 from tidemark.source.postgres import session
 from tidemark.source.postgres.pgoutput import lsn_to_str, str_to_lsn
 from tidemark.source.postgres.slot_status import ServerWal, SlotState, read_server, read_slot
-from tidemark.spark.offsets import from_offset
+from tidemark.spark.offsets import SourceOffset
+from tidemark.spark.options import SnapshotMode
 from tidemark.status.report import (
     Status,
     human_bytes,
@@ -49,6 +50,8 @@ def pipeline_status(config: PipelineConfig, config_file: str) -> Status:
     problems: list[str] = []
     warnings: list[str] = []
     checkpoint = _checkpoint(config.checkpoint, problems)
+    # The last planned batch's whole offset (the snapshot's state), kept out of the JSON.
+    offset: SourceOffset | None = checkpoint.pop("_offset", None)
     slot_name = config.source.slot
     with contextlib.closing(session.connect(config.dsn,
                                             application_name="tidemark status")) as conn:
@@ -78,10 +81,44 @@ def pipeline_status(config: PipelineConfig, config_file: str) -> Status:
         "checkpoint": checkpoint,
         "targets": targets,
         "last_run": last_run,
-        "snapshot": {"completed": None, "source": None, "incremental": None,
-                     "note": "none: tidemark run takes no initial snapshot yet, the Delta "
-                             "tables hold the changes made since the slot was created"},
+        "snapshot": _snapshot_section(config, offset),
     }
+
+
+def _snapshot_section(config: PipelineConfig, offset: SourceOffset | None) -> dict[str, Any]:
+    """Which targets have been loaded, and the snapshot running now, from the last
+    planned batch's offset."""
+    section: dict[str, Any] = {"completed": None, "source": None, "incremental": None,
+                               "running": None, "note": ""}
+    wanted = [t.table for t in config.targets if t.snapshot is SnapshotMode.INITIAL]
+    if offset is None:
+        section["note"] = (f"not started: {', '.join(wanted)} will be loaded first"
+                           if wanted else "none: every target has snapshot = never")
+        return section
+    section["source"] = "checkpoint"
+    if offset.known is None:
+        section["completed"] = True
+        section["note"] = ("the checkpoint predates snapshots: the targets hold the changes "
+                           "made since the slot was created")
+        return section
+    plan = offset.snapshot
+    if plan is not None and not plan.done:
+        section["completed"] = False
+        section["running"] = {"generation": plan.generation, "at": lsn(plan.at),
+                              "tables": list(plan.tables),
+                              "table": plan.tables[plan.position],
+                              "chunks_planned": plan.chunks_done}
+        section["note"] = (f"running: {plan.progress(config.source.snapshot_chunk_rows)} "
+                           f"(snapshot at {lsn(plan.at)})")
+        return section
+    missing = [t for t in wanted if t not in offset.known
+               and not (plan is not None and t in plan.tables)]
+    section["completed"] = not missing
+    section["note"] = (f"every target is loaded ({', '.join(wanted)} by a snapshot)"
+                       if not missing and wanted else
+                       "none: every target has snapshot = never" if not wanted else
+                       f"{', '.join(missing)} will be loaded when the pipeline runs")
+    return section
 
 
 # -- Spark's checkpoint ------------------------------------------------------------------
@@ -106,7 +143,9 @@ def _checkpoint(path: str, problems: list[str]) -> dict[str, Any]:
         section["last_offset_batch"] = offset_batch
         section["last_committed_batch"] = committed_batch
         if offset_batch is not None:
-            section["last_offset_lsn"] = lsn(_batch_end(root, offset_batch))
+            offset = _batch_offset(root, offset_batch)
+            section["last_offset_lsn"] = lsn(None if offset is None else offset.lsn)
+            section["_offset"] = offset
         if committed_batch is not None:
             section["last_committed_lsn"] = lsn(_batch_end(root, committed_batch))
         section["batch_in_progress"] = offset_batch is not None and (
@@ -124,12 +163,18 @@ def _last_batch(log: Path) -> int | None:
 
 
 def _batch_end(root: Path, batch_id: int) -> int | None:
+    """Batch *batch_id*'s end LSN."""
+    offset = _batch_offset(root, batch_id)
+    return None if offset is None else offset.lsn
+
+
+def _batch_offset(root: Path, batch_id: int) -> SourceOffset | None:
     """Batch *batch_id*'s end offset: the last line of ``offsets/<batch_id>`` ("v1", the
     batch metadata, then one offset per source: this query has one)."""
     lines = (root / "offsets" / str(batch_id)).read_text(encoding="utf-8").splitlines()
     if lines[-1].strip() == "-":  # Spark's "no offset" for a source
         return None
-    return from_offset(json.loads(lines[-1]))
+    return SourceOffset.parse(json.loads(lines[-1]))
 
 
 def _compare(checkpoint: dict[str, Any], slot: SlotState | None, server: ServerWal,
