@@ -12,6 +12,7 @@ between events are exercised too.
 
 from __future__ import annotations
 
+import datetime as dt
 import gc
 import sys
 import threading
@@ -21,7 +22,7 @@ from types import SimpleNamespace
 from typing import Any
 
 import pytest
-from hypothesis import given
+from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from tidemark.engine.converters import DebeziumJsonConverter
@@ -48,10 +49,22 @@ _TYPES: list[tuple[int, int, list[str]]] = [
     (pgt.TEXT_OID, -1, ["", "plain", 'quo"te\\ and\nnewline', "héllo ☃", "\x01"]),
     (pgt.BOOL_OID, -1, ["t", "f"]),
     (pgt.FLOAT8_OID, -1, ["1.5", "NaN", "-Infinity", "1e+300"]),
-    (pgt.NUMERIC_OID, (10 << 16 | 2) + 4, ["12.34", "-0.01", "NaN", "99999999.99"]),
+    (pgt.NUMERIC_OID, (10 << 16 | 2) + 4, ["12.34", "-0.01", "NaN", "99999999.99", "0.00",
+                                           "-0.00", "-1.28", "-1.29", "1.27", "1.28",
+                                           "-327.68", "-327.69", "327.67", "327.68"]),
+    # 38 digits and more: the largest the compiled writer holds, then its fallback.
+    (pgt.NUMERIC_OID, (60 << 16 | 3) + 4, [
+        "99999999999999999999999999999999999.999", "-99999999999999999999999999999999999.999",
+        "170141183460469231731687303715884105.727",
+        "-170141183460469231731687303715884105.728",
+        "999999999999999999999999999999999999.999", "-1.500", "12.000", "NaN", "Infinity"]),
     (pgt.NUMERIC_OID, -1, ["1.2300", "-5", "NaN"]),
-    (pgt.DATE_OID, -1, ["2024-02-29", "infinity", "1970-01-01"]),
-    (pgt.TIMESTAMPTZ_OID, -1, ["2024-01-02 03:04:05.123456+00", "2024-01-02 03:04:05+00"]),
+    (pgt.DATE_OID, -1, ["2024-02-29", "infinity", "1970-01-01", "1969-12-31", "0001-01-01",
+                        "0044-03-15 BC", "9999-12-31", "10000-01-01", "2000-03-01"]),
+    (pgt.TIMESTAMPTZ_OID, -1, ["2024-01-02 03:04:05.123456+00", "2024-01-02 03:04:05+00",
+                               "2024-01-02 03:04:05.5+00", "infinity"]),
+    (pgt.TIMESTAMPTZ_OID, 0, ["2024-01-02 03:04:05+00", "1999-12-31 23:59:59+00"]),
+    (pgt.TIMESTAMPTZ_OID, 3, ["2024-01-02 03:04:05+00", "2024-01-02 03:04:05.12+00"]),
     (pgt.TIMESTAMP_OID, 3, ["2024-01-02 03:04:05.123"]),
     (pgt.BYTEA_OID, -1, ["\\x00ff10"]),
     (pgt.JSONB_OID, -1, ['{"a": [1, 2]}']),
@@ -322,3 +335,35 @@ def test_one_compiled_writer_shared_by_threads_writes_every_event_right() -> Non
     finally:
         sys.setswitchinterval(interval)
     assert wrong == []
+
+
+@settings(max_examples=300)
+@given(unscaled=st.one_of(st.integers(-(10**38) + 1, 10**38 - 1),
+                          st.integers(-(2**127), 2**127 - 1), st.integers(-300, 300)),
+       scale=st.integers(1, 12), days=st.integers(-719_162, 2_932_896),
+       micros=st.integers(0, 86_400 * 10**6 - 1), width=st.integers(0, 6))
+def test_compiled_numeric_date_and_timestamptz_equal_python(
+        unscaled: int, scale: int, days: int, micros: int, width: int) -> None:
+    """The values the C writer converts itself (numeric in precise mode, date,
+    timestamptz), against the Python writer, over their whole range and at the edges
+    of its 38 digits and of each byte length."""
+    sign = "-" if unscaled < 0 else ""
+    digits = str(abs(unscaled)).rjust(scale + 1, "0")
+    numeric = f"{sign}{digits[:-scale]}.{digits[-scale:]}"
+    day = dt.date(1970, 1, 1) + dt.timedelta(days=days)
+    clock = (dt.datetime(2000, 1, 1) + dt.timedelta(microseconds=micros)).time()
+    fraction = f".{clock.microsecond:06d}" if clock.microsecond else ""
+    stamp = f"{day.isoformat()} {clock.strftime('%H:%M:%S')}{fraction}+00"
+    columns = (Column("id", pgt.INT8_OID, -1, "", True, str, nullable=False),
+               Column("n", pgt.NUMERIC_OID, (60 << 16 | scale) + 4, "", False, str),
+               Column("d", pgt.DATE_OID, -1, "", False, str),
+               Column("t", pgt.TIMESTAMPTZ_OID, width, "", False, str))
+    schema = TableSchema(TableId("public", "t"), columns, (0,), "default")
+    context = SourceContext("postgresql", "srv", "db", 1_700_000_000_000_000, 7, None,
+                            None, None, None)
+    event = ChangeEvent(Op.CREATE, schema, None, ("1", numeric, day.isoformat(), stamp),
+                        context, 16, 1, 1, 1_700_000_000_000_001)
+    compiled = DebeziumJsonSerializer(compiled=True)
+    assert type(compiled.renderer(schema)).__name__ == "EventRenderer"
+    assert compiled.key_and_value(event) == \
+        DebeziumJsonSerializer(compiled=False).key_and_value(event)

@@ -20,6 +20,13 @@
  *            (plain, with a fraction, 1e-3 <= |x| < 1e7), else ``functions[i](text)``
  *            (debezium_json.java_float_text)
  *   FUNCTION ``functions[i](text)``
+ *   DECIMAL  numeric(p, s) in Debezium's precise mode: the base64 JSON string of the
+ *            unscaled value's two's complement bytes, for text with exactly s = params[i]
+ *            fraction digits and at most 38 digits; else ``functions[i](text)``
+ *   ZONED    timestamptz as Debezium's ZonedTimestamp with params[i] fraction digits, for
+ *            the two shapes a UTC session prints most (no fraction, or six digits when
+ *            params[i] is 6); else ``functions[i](text)``
+ *   DATE     a date's days since 1970-01-01 for 'YYYY-MM-DD'; else ``functions[i](text)``
  */
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
@@ -27,7 +34,10 @@
 #include <string.h>
 #include <structmember.h>
 
-enum { K_RAW = 0, K_STRING = 1, K_BOOL = 2, K_FLOAT = 3, K_FUNCTION = 4, K_LAST = 4 };
+enum {
+    K_RAW = 0, K_STRING = 1, K_BOOL = 2, K_FLOAT = 3, K_FUNCTION = 4, K_DECIMAL = 5,
+    K_ZONED = 6, K_DATE = 7, K_LAST = 7
+};
 
 /* -- a list of string pieces, joined once ------------------------------------------ */
 
@@ -287,7 +297,8 @@ typedef struct {
     vectorcallfunc vectorcall;
     Py_ssize_t n_columns;
     char *kinds;
-    PyObject *functions;    /* tuple: callable per FUNCTION or FLOAT column, else None */
+    unsigned char *params;  /* per column: DECIMAL's scale, ZONED's fraction digits */
+    PyObject *functions;    /* tuple: callable per column whose kind falls back to one */
     PyObject *names;        /* tuple of str: '{"id":' for the first column, ',"x":' after */
     PyObject *nulls;        /* tuple of str: JSON text for SQL NULL */
     PyObject *placeholders; /* tuple of str: JSON text for an unchanged TOASTed value */
@@ -349,6 +360,7 @@ Renderer_dealloc(Renderer *self)
     PyObject_GC_UnTrack(self);
     Renderer_clear(self);
     PyMem_Free(self->kinds);
+    PyMem_Free(self->params);
     PyMem_Free(self->key_indexes);
     Py_TYPE(self)->tp_free((PyObject *)self);
 }
@@ -379,17 +391,22 @@ Renderer_new(PyTypeObject *type, PyObject *args, PyObject *kwargs)
     static char *keywords[] = {"kinds", "functions", "names", "nulls", "placeholders",
                                "key_indexes", "key_names", "unavailable", "binary",
                                "escape", "general", "source_parts", "ts_fields",
-                               "transaction", NULL};
+                               "transaction", "params", NULL};
     PyObject *kinds, *functions, *names, *nulls, *placeholders, *key_indexes, *key_names,
-        *unavailable, *binary, *escape, *general, *source_parts, *ts_fields, *transaction;
-    if (!PyArg_ParseTupleAndKeywords(args, kwargs, "SOOOOOOOOOOOOO:EventRenderer", keywords,
+        *unavailable, *binary, *escape, *general, *source_parts, *ts_fields, *transaction,
+        *params = NULL;
+    if (!PyArg_ParseTupleAndKeywords(args, kwargs, "SOOOOOOOOOOOOO|S:EventRenderer", keywords,
                                      &kinds, &functions, &names, &nulls, &placeholders,
                                      &key_indexes, &key_names, &unavailable, &binary,
                                      &escape, &general, &source_parts, &ts_fields,
-                                     &transaction)) {
+                                     &transaction, &params)) {
         return NULL;
     }
     Py_ssize_t n = PyBytes_GET_SIZE(kinds);
+    if (params != NULL && PyBytes_GET_SIZE(params) != n) {
+        PyErr_Format(PyExc_ValueError, "params must be bytes of %zd, one per column", n);
+        return NULL;
+    }
     if (n == 0) {
         PyErr_SetString(PyExc_ValueError, "a schema without columns has no compiled renderer");
         return NULL;
@@ -407,8 +424,7 @@ Renderer_new(PyTypeObject *type, PyObject *args, PyObject *kwargs)
     }
     for (Py_ssize_t i = 0; i < n; i++) {
         char kind = PyBytes_AS_STRING(kinds)[i];
-        if ((kind == K_FUNCTION || kind == K_FLOAT) &&
-            !PyCallable_Check(PyTuple_GET_ITEM(functions, i))) {
+        if (kind >= K_FLOAT && !PyCallable_Check(PyTuple_GET_ITEM(functions, i))) {
             PyErr_Format(PyExc_TypeError, "functions[%zd] must be callable", i);
             return NULL;
         }
@@ -443,12 +459,16 @@ Renderer_new(PyTypeObject *type, PyObject *args, PyObject *kwargs)
     self->n_columns = n;
     self->n_keys = n_keys;
     self->kinds = PyMem_Malloc((size_t)n);
+    self->params = PyMem_Calloc((size_t)n, 1);
     self->key_indexes = PyMem_Malloc(sizeof(Py_ssize_t) * (size_t)(n_keys ? n_keys : 1));
-    if (self->kinds == NULL || self->key_indexes == NULL) {
+    if (self->kinds == NULL || self->params == NULL || self->key_indexes == NULL) {
         Py_DECREF(self);
         return PyErr_NoMemory();
     }
     memcpy(self->kinds, PyBytes_AS_STRING(kinds), (size_t)n);
+    if (params != NULL) {
+        memcpy(self->params, PyBytes_AS_STRING(params), (size_t)n);
+    }
     for (Py_ssize_t i = 0; i < n_keys; i++) {
         Py_ssize_t index = PyNumber_AsSsize_t(PyTuple_GET_ITEM(key_indexes, i),
                                               PyExc_OverflowError);
@@ -469,6 +489,170 @@ Renderer_new(PyTypeObject *type, PyObject *args, PyObject *kwargs)
 #undef KEEP
     self->vectorcall = Renderer_vectorcall;
     return (PyObject *)self;
+}
+
+/* -- the values written in C where the text has its common shape ---------------------
+ * Each returns a new str, or NULL without an error for any other shape (the column's
+ * Python function takes those), or NULL with an error set. */
+
+static PyObject *
+ascii_str(const char *data, Py_ssize_t len)
+{
+    PyObject *s = PyUnicode_New(len, 127);
+    if (s != NULL) {
+        memcpy(PyUnicode_1BYTE_DATA(s), data, (size_t)len);
+    }
+    return s;
+}
+
+static int
+bit_length(unsigned __int128 x)
+{
+    int bits = 0;
+    while (x) {
+        bits++;
+        x >>= 1;
+    }
+    return bits;
+}
+
+/* Like debezium_json._decimal_fragment's fast path: the digits without the point are the
+ * unscaled value; its bytes are the shortest big-endian two's complement (as Python's
+ * int.to_bytes with one spare bit), base64-encoded with padding, in quotes. */
+static PyObject *
+decimal_text(PyObject *v, int scale)
+{
+    static const char alphabet[] =
+        "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/";
+    if (PyUnicode_KIND(v) != PyUnicode_1BYTE_KIND || scale <= 0) {
+        return NULL;
+    }
+    Py_ssize_t len = PyUnicode_GET_LENGTH(v);
+    const unsigned char *c = PyUnicode_1BYTE_DATA(v);
+    if (len <= scale || c[len - scale - 1] != '.' || c[len - 1] < '0' || c[len - 1] > '9') {
+        return NULL;
+    }
+    Py_ssize_t i = c[0] == '-' ? 1 : 0;
+    int negative = (int)i, digits = 0;
+    unsigned __int128 u = 0;
+    for (; i < len; i++) {
+        if (i == len - scale - 1) {
+            continue; /* the point */
+        }
+        if (c[i] < '0' || c[i] > '9' || ++digits > 38) {
+            return NULL;
+        }
+        u = u * 10 + (unsigned)(c[i] - '0');
+    }
+    unsigned char raw[17];
+    int n;
+    if (!negative || u == 0) {
+        n = (bit_length(u) >> 3) + 1;
+        for (int k = 0; k < n; k++) {
+            raw[n - 1 - k] = (unsigned char)(u >> (8 * k));
+        }
+    }
+    else {
+        unsigned __int128 m = u - 1; /* ~(-u) */
+        n = (bit_length(m) >> 3) + 1;
+        unsigned __int128 t = ~m;
+        for (int k = 0; k < n; k++) {
+            raw[n - 1 - k] = (unsigned char)(t >> (8 * k));
+        }
+    }
+    char out[2 + 4 * ((17 + 2) / 3)];
+    Py_ssize_t o = 0;
+    out[o++] = '"';
+    for (int k = 0; k < n; k += 3) {
+        unsigned int chunk = (unsigned int)raw[k] << 16;
+        if (k + 1 < n) {
+            chunk |= (unsigned int)raw[k + 1] << 8;
+        }
+        if (k + 2 < n) {
+            chunk |= raw[k + 2];
+        }
+        out[o++] = alphabet[(chunk >> 18) & 63];
+        out[o++] = alphabet[(chunk >> 12) & 63];
+        out[o++] = k + 1 < n ? alphabet[(chunk >> 6) & 63] : '=';
+        out[o++] = k + 2 < n ? alphabet[chunk & 63] : '=';
+    }
+    out[o++] = '"';
+    return ascii_str(out, o);
+}
+
+/* debezium_json._zoned_timestamp_fragment's two fast shapes. */
+static PyObject *
+zoned_text(PyObject *v, int width)
+{
+    if (PyUnicode_KIND(v) != PyUnicode_1BYTE_KIND || width > 9) {
+        return NULL;
+    }
+    Py_ssize_t len = PyUnicode_GET_LENGTH(v);
+    const char *c = (const char *)PyUnicode_1BYTE_DATA(v);
+    char out[48];
+    Py_ssize_t o = 0;
+    if (len == 22 && memcmp(c + 19, "+00", 3) == 0 && c[10] == ' ') {
+        out[o++] = '"';
+        memcpy(out + o, c, 10);
+        o += 10;
+        out[o++] = 'T';
+        memcpy(out + o, c + 11, 8);
+        o += 8;
+        if (width > 0) {
+            out[o++] = '.';
+            memset(out + o, '0', (size_t)width);
+            o += width;
+        }
+        out[o++] = 'Z';
+        out[o++] = '"';
+        return ascii_str(out, o);
+    }
+    if (len == 29 && width == 6 && memcmp(c + 26, "+00", 3) == 0 && c[10] == ' ') {
+        out[o++] = '"';
+        memcpy(out + o, c, 10);
+        o += 10;
+        out[o++] = 'T';
+        memcpy(out + o, c + 11, 15);
+        o += 15;
+        out[o++] = 'Z';
+        out[o++] = '"';
+        return ascii_str(out, o);
+    }
+    return NULL;
+}
+
+/* 'YYYY-MM-DD' -> days since 1970-01-01 (Howard Hinnant's days_from_civil, as
+ * types._days_from_civil), as JSON text. */
+static PyObject *
+date_text(PyObject *v)
+{
+    if (PyUnicode_KIND(v) != PyUnicode_1BYTE_KIND || PyUnicode_GET_LENGTH(v) != 10) {
+        return NULL;
+    }
+    const unsigned char *c = PyUnicode_1BYTE_DATA(v);
+    static const int digit_at[] = {0, 1, 2, 3, 5, 6, 8, 9};
+    for (size_t k = 0; k < sizeof(digit_at) / sizeof(digit_at[0]); k++) {
+        if (c[digit_at[k]] < '0' || c[digit_at[k]] > '9') {
+            return NULL;
+        }
+    }
+    if (c[4] != '-' || c[7] != '-') {
+        return NULL;
+    }
+    long year = (c[0] - '0') * 1000 + (c[1] - '0') * 100 + (c[2] - '0') * 10 + (c[3] - '0');
+    int month = (c[5] - '0') * 10 + (c[6] - '0');
+    int day = (c[8] - '0') * 10 + (c[9] - '0');
+    if (month < 1 || month > 12 || day < 1 || day > 31) {
+        return NULL;
+    }
+    if (month <= 2) {
+        year -= 1;
+    }
+    long era = (year >= 0 ? year : year - 399) / 400;
+    long year_of_era = year - era * 400;
+    long day_of_year = (153 * (month + (month > 2 ? -3 : 9)) + 2) / 5 + day - 1;
+    long day_of_era = year_of_era * 365 + year_of_era / 4 - year_of_era / 100 + day_of_year;
+    return PyUnicode_FromFormat("%ld", era * 146097 + day_of_era - 719468);
 }
 
 /* The pieces of one row as a JSON object. starts[i] is the index of column i's first
@@ -521,6 +705,24 @@ write_row(Renderer *self, Buf *b, PyObject *row, Py_ssize_t *starts)
                     return -1;
                 }
                 break;
+            case K_DECIMAL:
+            case K_ZONED:
+            case K_DATE: {
+                PyObject *text = self->kinds[i] == K_DECIMAL ? decimal_text(v, self->params[i])
+                               : self->kinds[i] == K_ZONED ? zoned_text(v, self->params[i])
+                                                           : date_text(v);
+                if (text == NULL && PyErr_Occurred()) {
+                    return -1;
+                }
+                if (text != NULL) {
+                    if (push_result(b, text) < 0) {
+                        return -1;
+                    }
+                    break;
+                }
+            }
+                /* another shape: the Python function */
+                /* fall through */
             default: /* K_FUNCTION */
                 if (push_result(b, PyObject_CallOneArg(PyTuple_GET_ITEM(self->functions, i),
                                                        v)) < 0) {

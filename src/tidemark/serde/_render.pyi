@@ -20,5 +20,6 @@ class EventRenderer:
         source_parts: Callable[[Any, Any], tuple[str, str, str]],
         ts_fields: Callable[[int], str],
         transaction: Callable[[Any], str] | None,
+        params: bytes = ...,
     ) -> None: ...
     def __call__(self, event: Any, /) -> tuple[str, str]: ...

@@ -139,6 +139,8 @@ def _decimal_fragment(scale: int, convert: Callable[[str], Any]) -> Callable[[st
             return '"' + b2a_base64(raw, newline=False).decode() + '"'
         return general(text)
 
+    if scale <= _COMPILED_DECIMAL_SCALE:
+        setattr(fragment, "compiled_kind", (KIND_DECIMAL, scale))  # noqa: B010
     return fragment
 
 
@@ -239,6 +241,7 @@ def _zoned_timestamp_fragment(width: int, zoned: Callable[[str], str]) -> Callab
             return f'"{text[:10]}T{text[11:26]}Z"'
         return '"' + zoned(text) + '"'
 
+    setattr(fragment, "compiled_kind", (KIND_ZONED, width))  # noqa: B010
     return fragment
 
 
@@ -496,6 +499,22 @@ KIND_STRING: Final = 1    # the text as a JSON string
 KIND_BOOL: Final = 2      # true for "t", false otherwise
 KIND_FLOAT: Final = 3     # the text, quoted unless it ends in a digit (NaN, Infinity)
 KIND_FUNCTION: Final = 4  # a text -> JSON text function
+# Written in C for their common shapes, else by the column's function (the function
+# carries the kind and its parameter as ``compiled_kind``, see :func:`_compiled_kind`).
+KIND_DECIMAL: Final = 5   # numeric(p, s > 0), precise: parameter s
+KIND_ZONED: Final = 6     # timestamptz as ZonedTimestamp: parameter the fraction digits
+KIND_DATE: Final = 7      # date as epoch days
+_COMPILED_DECIMAL_SCALE: Final = 38  # the C code holds at most 38 digits
+setattr(_date_fragment, "compiled_kind", (KIND_DATE, 0))  # noqa: B010
+
+
+def _compiled_kind(kind: int, function: Callable[[str], str] | None) -> tuple[int, int]:
+    """The compiled writer's kind of a column and its parameter byte."""
+    if kind == KIND_FUNCTION:
+        compiled = getattr(function, "compiled_kind", None)
+        if compiled is not None:
+            return compiled  # type: ignore[no-any-return]
+    return kind, 0
 
 _INLINE_FRAGMENTS: Final[dict[str, tuple[int, str]]] = {
     "int({v})": (KIND_RAW, "{v}"),
@@ -726,7 +745,8 @@ def compiled_event_renderer(schema: TableSchema, options: DebeziumJsonOptions,
     writers = [_column_writer(column, options) for column in columns]
     keys = schema.key_indexes
     return _CompiledRenderer(
-        kinds=bytes(kind for kind, *_ in writers),
+        kinds=bytes(_compiled_kind(kind, function)[0] for kind, _, function, *_ in writers),
+        params=bytes(_compiled_kind(kind, function)[1] for kind, _, function, *_ in writers),
         functions=tuple(function for _, _, function, _, _ in writers),
         names=tuple(_member_prefix(n, column.name) for n, column in enumerate(columns)),
         nulls=tuple(null_text for *_, null_text, _ in writers),
