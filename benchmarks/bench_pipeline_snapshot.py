@@ -7,7 +7,7 @@ in a private PostgreSQL and measures, alternating the order of the contenders ev
 * ``psql -c 'COPY t10 TO STDOUT'`` to /dev/null — the baseline;
 * ``tidemark run --available-now`` on a new checkpoint, slot and Delta target, at each
   ``--master`` (``local[1]``, ``local[2]``): rows/s = rows / wall time from process start
-  to exit, and rows / (wall − startup), where startup is the wall time of the same run
+  to exit, and rows / (wall - startup), where startup is the wall time of the same run
   against an empty table, measured just before (Spark's start, the first batches);
 * peak RSS, sampled every 0.1 s: the Python driver (where each batch is collected and
   applied), Spark's JVM (which in local mode holds the executors too) and the Python
