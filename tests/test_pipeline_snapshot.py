@@ -29,7 +29,7 @@ from tidemark.event import TableId
 from tidemark.pipeline import load_config
 from tidemark.pipeline.compare import compare
 from tidemark.pipeline.progress import BatchReport
-from tidemark.pipeline.runner import Pipeline
+from tidemark.pipeline.runner import Pipeline, _source_unavailable
 from tidemark.source.signals import send_signal, signal_table_ddl
 from tidemark.spark import wal
 from tidemark.spark.arrow_rows import EnvelopeSink, envelope_table_schemas, typed_rows
@@ -381,3 +381,13 @@ def test_copy_out_reads_every_row_and_raises_the_server_s_error(db: Database) ->
         with pytest.raises(psycopg.errors.UndefinedTable):
             copy_out(conn, b"COPY (SELECT * FROM missing) TO STDOUT", 10)
         assert conn.execute("SELECT 1").fetchone() == (1,)  # still usable
+
+
+def test_a_lost_export_restarts_the_query_instead_of_stopping_the_pipeline() -> None:
+    """An executor finding the snapshot gone (the driver's replication connection cut)
+    fails the query; the pipeline restarts it, and the snapshot goes on in a new
+    generation."""
+    failure = RuntimeError("Traceback …\ntidemark.spark.snapshot.SnapshotLostError: snapshot "
+                           "00000003-1 of public.a is gone (invalid snapshot identifier)")
+    assert _source_unavailable(failure)
+    assert not _source_unavailable(RuntimeError("ValueError: something else"))

@@ -416,7 +416,10 @@ _UNAVAILABLE = re.compile(
     r"server closed the connection unexpectedly|the database system is (?:starting up|"
     r"shutting down|in recovery mode|not yet accepting connections)|Connection refused|"
     r"connection is (?:lost|closed)|consuming input failed|could not receive data from server|"
-    r"SSL SYSCALL error|EOF detected|ServerTimeoutError")
+    r"SSL SYSCALL error|EOF detected|ServerTimeoutError|"
+    # A snapshot's export ended with its connection: the restarted query starts the
+    # snapshot's next generation.
+    r"SnapshotLostError")
 
 
 def _source_unavailable(err: BaseException) -> bool:

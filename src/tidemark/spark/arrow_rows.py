@@ -72,6 +72,7 @@ from tidemark.source.postgres import pgoutput
 from tidemark.source.postgres.pgoutput import Relation, TupleData
 from tidemark.spark.decode import OP_OF_KIND, RowBlock, Txn
 from tidemark.spark.options import OnSchemaChange
+from tidemark.spark.snapshot_plan import ROW_SEQ, TRUNCATE_SEQ
 from tidemark.spark.tuple_columns import TupleLayoutError, decode_tuples
 from tidemark.spark.type_mapping import Converter, converter
 
@@ -370,13 +371,13 @@ class TableRows:
         positioned at *at*; with *truncate_first*, a truncate at ``(at, 0)`` first."""
         if truncate_first:
             blank = [pa.nulls(1, pa.string()) for _ in self.columns]
-            self._append(self._batch(blank, _snapshot_meta(self.pa_schema, "t", 1, at, 0,
-                                                            taken_us)),
+            self._append(self._batch(blank, _snapshot_meta(self.pa_schema, "t", 1, at,
+                                                            TRUNCATE_SEQ, taken_us)),
                          mixed=bool(self.values))
         if texts.num_rows:
             columns = [texts.column(c).combine_chunks() for c in self.columns]
             self._append(self._batch(columns, _snapshot_meta(
-                self.pa_schema, "r", texts.num_rows, at, 1, taken_us)),
+                self.pa_schema, "r", texts.num_rows, at, ROW_SEQ, taken_us)),
                 mixed=bool(self.values))
 
     def take(self) -> list[pa.RecordBatch]:
@@ -646,11 +647,11 @@ class EnvelopeSink:
             return
         txn = Txn(at, taken_us, 0)
         if truncate_first:
-            self._append(table, None, None, None, "t", at, 0, txn)
+            self._append(table, None, None, None, "t", at, TRUNCATE_SEQ, txn)
         encode = self._encode
         for row in texts.to_pylist():
             self._append(table, encode({k: row[k] for k in keys}), None, encode(row), "r",
-                         at, 1, txn)
+                         at, ROW_SEQ, txn)
 
     def _append(self, table: str, key: bytes | None, before: bytes | None,
                 after: bytes | None, op: str, lsn: int, seq: int, txn: Txn) -> None:

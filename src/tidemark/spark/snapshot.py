@@ -44,7 +44,7 @@ import logging
 import select
 import time
 from collections.abc import Iterator, Mapping, Sequence
-from typing import Any, Final
+from typing import Any
 
 import psycopg
 import pyarrow as pa
@@ -63,9 +63,7 @@ from tidemark.spark.wal import ServerTimeoutError
 
 log = logging.getLogger(__name__)
 
-#: ``_seq`` of snapshot rows and of the truncate that precedes a restarted table's rows.
-ROW_SEQ: Final = 1
-TRUNCATE_SEQ: Final = 0
+
 
 class SnapshotLostError(TerminalError):
     """A chunk's exported snapshot is gone (the driver that held it ended)."""

@@ -5,12 +5,17 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Mapping, Sequence
-from typing import Any
+from typing import Any, Final
 
 from tidemark.source.postgres.pgoutput import lsn_to_str, str_to_lsn
 
 KeyText = tuple[str, ...]
 """A primary key's values as the text their output functions print."""
+
+#: ``_seq`` of snapshot rows and of the truncate that precedes a restarted table's rows
+#: (both at the snapshot's point: the truncate first).
+ROW_SEQ: Final = 1
+TRUNCATE_SEQ: Final = 0
 
 
 @dataclasses.dataclass(frozen=True)
