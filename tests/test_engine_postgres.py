@@ -4,6 +4,7 @@ connection open."""
 
 from __future__ import annotations
 
+import gc
 import sys
 import threading
 import time
@@ -32,7 +33,18 @@ def wait_for(condition: Any, timeout_s: float, what: str) -> None:
 
 def waiting_in(thread: threading.Thread, module: str, function: str) -> bool:
     """Whether *thread* is inside *function* of *module* (a file name) right now."""
-    frame = sys._current_frames().get(thread.ident or -1)
+    # No garbage collection inside sys._current_frames(): CPython 3.11 may collect while
+    # it holds the runtime's thread-list lock, and a finalizer that then waits for a
+    # lock deadlocks the test process (seen in CI: MainThread stuck in gc_collect_main
+    # under _PyThread_CurrentFrames).
+    was_enabled = gc.isenabled()
+    gc.disable()
+    try:
+        frames = sys._current_frames()
+    finally:
+        if was_enabled:
+            gc.enable()
+    frame = frames.get(thread.ident or -1)
     while frame is not None:
         code = frame.f_code
         if code.co_name == function and code.co_filename.endswith(module):
