@@ -25,6 +25,10 @@ _WHERE: dict[str, str] = {
     "PostgresSourceConfig": "tidemark.source.postgres.config",
     "PostgresSourceConnector": "tidemark.source.postgres.task",
     "send_signal": "tidemark.source.signals",
+    # writing a source of your own
+    "SourceConnector": "tidemark.source.spi",
+    "SourceTask": "tidemark.source.spi",
+    "SourceBatch": "tidemark.source.batch",
     # the embedded engine
     "Engine": "tidemark.engine.engine",
     "EngineConfig": "tidemark.engine.config",
@@ -83,7 +87,10 @@ __all__ = [
     "PostgresSourceConfig",
     "PostgresSourceConnector",
     "Route",
+    "SourceBatch",
+    "SourceConnector",
     "SourceError",
+    "SourceTask",
     "SourceUnavailableError",
     "SqliteOffsetStore",
     "TidemarkError",
@@ -121,10 +128,12 @@ if TYPE_CHECKING:  # what type checkers and IDEs see; at run time, __getattr__ l
     from tidemark.offsets.memory import MemoryOffsetStore
     from tidemark.offsets.postgres import PostgresOffsetStore
     from tidemark.offsets.sqlite import SqliteOffsetStore
+    from tidemark.source.batch import SourceBatch
     from tidemark.source.postgres.config import PostgresSourceConfig
     from tidemark.source.postgres.connector import PostgresConnector
     from tidemark.source.postgres.task import PostgresSourceConnector
     from tidemark.source.signals import send_signal
+    from tidemark.source.spi import SourceConnector, SourceTask
 
 
 def __getattr__(name: str) -> Any:

@@ -40,7 +40,6 @@ from tidemark.engine.delivery import (
 )
 from tidemark.engine.offset_tracker import OffsetTracker
 from tidemark.engine.prerender import converted_records, offer_rendering, rendering_options
-from tidemark.engine.spi import SourceConnector, SourceTask, TaskConfig
 from tidemark.engine.state import EngineState, IllegalStateError, State
 from tidemark.engine.task_runner import TaskRunner
 from tidemark.engine.transforms import Transform
@@ -48,6 +47,7 @@ from tidemark.errors import ConfigError, TerminalError
 from tidemark.offsets.memory import MemoryOffsetStore
 from tidemark.offsets.store import Offset, OffsetStore
 from tidemark.source.capture_stats import CaptureStats
+from tidemark.source.spi import SourceConnector, SourceTask, TaskConfig
 
 if TYPE_CHECKING:
     from prometheus_client.core import Metric

@@ -18,9 +18,9 @@ from collections.abc import Sequence
 
 from tidemark.engine.config import DeliveryMode
 from tidemark.engine.converters import Converter, DebeziumJsonConverter
-from tidemark.engine.spi import RendersDebeziumJson, SourceTask
 from tidemark.engine.transforms import Transform
 from tidemark.serde.debezium_json import DebeziumJsonOptions
+from tidemark.source.spi import RendersDebeziumJson, SourceTask
 
 log = logging.getLogger(__name__)
 

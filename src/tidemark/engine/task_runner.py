@@ -17,10 +17,10 @@ from typing import TypeVar
 from tidemark.engine.config import EngineConfig
 from tidemark.engine.delivery import CancelledError, Capacity, Delivery, FailureHolder
 from tidemark.engine.offset_tracker import OffsetTracker
-from tidemark.engine.spi import SourceTask
 from tidemark.errors import TransientError
 from tidemark.offsets.store import Offset, OffsetReader, OffsetStore
 from tidemark.retry import retry_transient
+from tidemark.source.spi import SourceTask
 
 log = logging.getLogger(__name__)
 _T = TypeVar("_T")

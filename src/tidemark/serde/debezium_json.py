@@ -876,7 +876,7 @@ class DebeziumJsonSerializer:
         appears twice: ``head + lsn + middle + lsn + tail`` continues a value after
         ``"source":`` up to its end.
 
-        For :mod:`tidemark.serde.pgoutput_json`, which writes the rest of the value; only
+        For :mod:`tidemark.source.postgres.pgoutput_json`, which writes the rest of the value; only
         without transaction metadata, where nothing else in the value varies per event.
         """
         if self._metadata:

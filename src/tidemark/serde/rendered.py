@@ -1,7 +1,7 @@
 """A change event that carries its own Debezium JSON key and value texts.
 
 A source that can write the JSON straight from its wire format (the PostgreSQL task on
-the fused path, :mod:`tidemark.serde.pgoutput_json`) emits :class:`RenderedEvent` s when
+the fused path, :mod:`tidemark.source.postgres.pgoutput_json`) emits :class:`RenderedEvent` s when
 the engine asks it to (see :mod:`tidemark.engine.prerender`), and
 :class:`~tidemark.engine.converters.DebeziumJsonConverter` passes the texts through
 instead of serializing the event again.

@@ -14,7 +14,6 @@ import time
 from collections.abc import Callable, Mapping
 from typing import Any
 
-from tidemark.engine.spi import TaskConfig
 from tidemark.errors import ConfigError
 from tidemark.event import (
     ChangeEvent,
@@ -28,6 +27,7 @@ from tidemark.event import (
 from tidemark.offsets.store import Offset, OffsetReader
 from tidemark.source.batch import SourceBatch
 from tidemark.source.postgres.types import python_parser
+from tidemark.source.spi import TaskConfig
 
 _INT8, _TEXT = 20, 25
 

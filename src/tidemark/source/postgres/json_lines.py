@@ -11,7 +11,7 @@ Two builders share one hot loop (:class:`FusedBuilder`) and produce exactly what
   (the embedded engine, whose Debezium JSON converter passes them through).
 
 Inserts, updates without an old tuple and deletes of captured tables go through code
-generated per table schema (:mod:`tidemark.serde.pgoutput_json`); every other message,
+generated per table schema (:mod:`tidemark.source.postgres.pgoutput_json`); every other message,
 and any row the generated code does not handle, goes through the change builder (and,
 for lines, the serializer). The change builder keeps all the stream state (schemas, the
 open transaction and its event counts, the resume position) either way.
@@ -27,10 +27,10 @@ from tidemark.engine.converters import ConvertedBatch, RenderedRecord
 from tidemark.engine.records import table_destination
 from tidemark.event import Op, Record, SnapshotMarker, TableSchema
 from tidemark.serde.debezium_json import DebeziumJsonSerializer
-from tidemark.serde.pgoutput_json import Emit, FusedCodec
 from tidemark.serde.rendered import PENDING, RenderedEvent
 from tidemark.source.postgres import pgoutput
 from tidemark.source.postgres.change_builder import ChangeEventBuilder
+from tidemark.source.postgres.pgoutput_json import Emit, FusedCodec
 
 # Type and tuple-kind bytes of the row messages the fused path handles: an Insert's new
 # tuple, an Update with only a new tuple, a Delete's key or old-row tuple.
@@ -245,7 +245,7 @@ class RenderedEventBuilder(FusedBuilder[Record]):
         return emit
 
     def _record_parts(self, schema: TableSchema, op: Op) -> tuple[Any, ...]:
-        """The rest of a :data:`~tidemark.serde.pgoutput_json.RecordFunction`'s parts in
+        """The rest of a :data:`~tidemark.source.postgres.pgoutput_json.RecordFunction`'s parts in
         the current transaction and batch: RenderedRecords whose event, made on demand,
         is the one :meth:`_emitter` would make."""
         context = self.events.context

@@ -14,13 +14,13 @@ from typing import Any
 
 import psycopg2.extensions
 
-from tidemark.engine.spi import TaskConfig
 from tidemark.errors import ConfigError, TransientError
 from tidemark.offsets.store import Offset, OffsetReader
 from tidemark.serde.debezium_json import DebeziumJsonOptions, DebeziumJsonSerializer
 from tidemark.source.batch import SourceBatch
 from tidemark.source.postgres.config import PostgresSourceConfig, check_identifier
 from tidemark.source.postgres.connector import PostgresConnector
+from tidemark.source.spi import TaskConfig
 
 log = logging.getLogger(__name__)
 
