@@ -24,7 +24,7 @@ import pytest
 from capture_helpers import as_json, drain, events, make_connector
 from conftest import Database
 from tidemark.event import UNAVAILABLE, ChangeEvent, Op
-from tidemark.source.postgres.config import DecimalHandlingMode, TimePrecisionMode
+from tidemark.serde.modes import DecimalHandlingMode, TimePrecisionMode
 from tidemark.source.postgres.types import Interval
 from tidemark.testing.postgres import PostgresCluster
 

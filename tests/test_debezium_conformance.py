@@ -48,7 +48,7 @@ from tidemark.serde.debezium_json import (
     DebeziumJsonSerializer,
     java_float_text,
 )
-from tidemark.source.postgres.config import DecimalHandlingMode, TimePrecisionMode
+from tidemark.serde.modes import DecimalHandlingMode, TimePrecisionMode
 from tidemark.source.postgres.connector import PostgresConnector
 from tidemark.source.postgres.task import PostgresSourceConnector
 from tidemark.testing.debezium_reference import (

@@ -39,8 +39,8 @@ from tidemark.event import (
 )
 from tidemark.serde import debezium_json
 from tidemark.serde.debezium_json import DebeziumJsonOptions, DebeziumJsonSerializer
+from tidemark.serde.modes import DecimalHandlingMode, TimePrecisionMode
 from tidemark.source.postgres import types as pgt
-from tidemark.source.postgres.config import DecimalHandlingMode, TimePrecisionMode
 
 # (type oid, type modifier, wire texts of that type)
 _TYPES: list[tuple[int, int, list[str]]] = [

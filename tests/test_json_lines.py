@@ -39,10 +39,10 @@ from tidemark.engine.converters import (
 from tidemark.errors import DecodeError
 from tidemark.event import UNAVAILABLE, ChangeEvent, Op, Record, TableId
 from tidemark.serde.debezium_json import DebeziumJsonOptions, DebeziumJsonSerializer
+from tidemark.serde.modes import DecimalHandlingMode, TimePrecisionMode
 from tidemark.serde.rendered import PENDING, RenderedEvent
 from tidemark.source.postgres import catalog, session
 from tidemark.source.postgres.change_builder import ChangeEventBuilder
-from tidemark.source.postgres.config import DecimalHandlingMode, TimePrecisionMode
 from tidemark.source.postgres.json_lines import JsonLineBuilder, RenderedEventBuilder
 from tidemark.source.postgres.pgoutput import (
     Begin,

@@ -23,8 +23,8 @@ import msgspec
 
 from tidemark.event import ChangeEvent, Column, TableSchema
 from tidemark.serde.debezium_json import DebeziumJsonOptions
+from tidemark.serde.modes import DecimalHandlingMode, TimePrecisionMode
 from tidemark.source.postgres import types as pgt
-from tidemark.source.postgres.config import DecimalHandlingMode, TimePrecisionMode
 
 AvroType = Any  # an Avro schema fragment (str, dict or list)
 

@@ -36,8 +36,8 @@ from tidemark.event import (
     TableSchema,
     TransactionBoundary,
 )
+from tidemark.serde.modes import DecimalHandlingMode, TimePrecisionMode
 from tidemark.source.postgres import types as pgt
-from tidemark.source.postgres.config import DecimalHandlingMode, TimePrecisionMode
 
 try:
     from tidemark.serde._render import EventRenderer as _CompiledRenderer

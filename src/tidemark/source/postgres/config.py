@@ -18,6 +18,9 @@ import psycopg2.extensions
 
 from tidemark.config_mapping import struct_from_mapping
 from tidemark.errors import ConfigError
+from tidemark.serde.modes import DecimalHandlingMode, TimePrecisionMode
+
+__all__ = ["DecimalHandlingMode", "PostgresSourceConfig", "SnapshotMode", "TimePrecisionMode"]
 
 
 class SnapshotMode(StrEnum):
@@ -27,22 +30,6 @@ class SnapshotMode(StrEnum):
     NO_DATA = "no_data"  # never snapshot rows; stream from the slot
     INITIAL_ONLY = "initial_only"  # snapshot, then stop without streaming
     WHEN_NEEDED = "when_needed"  # like initial, and again if the offset is unusable
-
-
-class DecimalHandlingMode(StrEnum):
-    """How ``numeric``/``decimal``/``money`` values are represented."""
-
-    PRECISE = "precise"
-    STRING = "string"
-    DOUBLE = "double"
-
-
-class TimePrecisionMode(StrEnum):
-    """How ``time``/``timestamp`` values are represented (Debezium's names)."""
-
-    ADAPTIVE = "adaptive"
-    ADAPTIVE_TIME_MICROSECONDS = "adaptive_time_microseconds"
-    CONNECT = "connect"
 
 
 _IDENTIFIER = re.compile(r"[a-z_][a-z0-9_]{0,62}")
