@@ -90,6 +90,12 @@ def _write(tmp_path: Path, text: str) -> Path:
      'targets."public.orders"', "not captured"),
     (_GOOD.replace('[spark]', '[changelog]\npath = "s3://bucket/x"\n\n[spark]'),
      "changelog.path", "local paths"),
+    (_GOOD.replace('keys = ["id"]', 'keys = ["id"]\nsnapshot = "sometimes"'),
+     'targets."public.orders".snapshot', "choose 'never' or 'initial'"),
+    (_GOOD.replace('slot = "s1"', 'slot = "s1"\nsignal_table = "public.dbz signal"'),
+     "source.signal_table", "schema.table"),
+    (_GOOD.replace('slot = "s1"', 'slot = "s1"\nsnapshotChunkRows = 0'),
+     "source.snapshotChunkRows", ">= 1"),
 ])
 def test_each_bad_value_is_named(tmp_path: Path, text: str, key: str, says: str) -> None:
     err = _error(tmp_path, text)
