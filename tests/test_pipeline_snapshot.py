@@ -168,6 +168,8 @@ def test_a_populated_database_reaches_delta_whole_with_writers_running_during_th
                             and sum(r.total for r in live.reports
                                     if not r.snapshot) > 50, "the stream after it")
             during = writer.committed - before
+            writer.finish()  # the pipeline then stops between two batches
+        assert not live.running, "the pipeline did not stop"
         assert not live.failures, live.failures
     finally:
         writer.finish()

@@ -28,7 +28,7 @@ import time
 import warnings
 from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, Final
 
 import psycopg
 import pyarrow as pa
@@ -360,14 +360,25 @@ def _transactions(tables: Iterable[pa.Table]) -> int:
     return int(pc.count_distinct(pa.chunked_array(commits)).as_py())
 
 
-def _stop_between_batches(query: StreamingQuery) -> None:
+#: Longest wait for a moment between two batches before stopping anyway.
+_STOP_WAIT_S: Final = 10.0
+
+
+def _stop_between_batches(query: StreamingQuery, wait_s: float = _STOP_WAIT_S) -> None:
     """Wait until no trigger is running, then stop: the last batch is committed whole.
 
     A trigger can start between the check and ``stop()``; that batch is then interrupted,
     which is safe (it replays on the next start) but not graceful, so the window is kept
-    small by polling often.
+    small by polling often. Under load with a short trigger interval one batch follows
+    another with no pause, so after *wait_s* the query is stopped in its batch anyway
+    (the batch replays on the next start).
     """
+    deadline = time.monotonic() + wait_s
     while query.isActive and query.status.get("isTriggerActive"):
+        if time.monotonic() > deadline:
+            log.info("no pause between batches within %.0f s: stopping in a batch (it "
+                     "replays on the next start)", wait_s)
+            break
         time.sleep(0.05)
     query.stop()
 
