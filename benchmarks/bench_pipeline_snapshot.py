@@ -44,14 +44,6 @@ import workload
 
 from tidemark.testing.postgres import PostgresCluster
 
-_FILL = """
-INSERT INTO t10
-SELECT g, g % 1000, g::bigint * 1000003, 'row ' || lpad(g::text, 16, '0'),
-       (g % 100000) / 100.0, timestamptz '2024-01-01 00:00:00+00' + g * interval '1 second',
-       g % 2 = 0, 'label-' || (g % 97), g / 7.0, date '2024-01-01' + (g % 365)
-FROM generate_series(1, {rows}) AS g
-"""
-
 
 class Peaks(threading.Thread):
     """Peak RSS of a ``tidemark run`` process tree: the Python driver, the JVM, the
@@ -104,7 +96,7 @@ class Bench:
         self.conn.autocommit = True
         workload.create_table(self.dsn)
         with self.conn.cursor() as cur:
-            cur.execute(_FILL.format(rows=rows))
+            cur.execute(workload.T10_FILL.format(rows=rows))
             cur.execute("VACUUM ANALYZE t10")
             cur.execute("CREATE TABLE empty (LIKE t10 INCLUDING ALL)")
 

@@ -52,14 +52,6 @@ from tidemark.testing.postgres import PostgresCluster
 PUBLICATION = "bench_pub"
 SIGNALS = "public.dbz_signal"
 
-_FILL = """
-INSERT INTO t10
-SELECT g, g % 1000, g::bigint * 1000003, 'row ' || lpad(g::text, 16, '0'),
-       (g % 100000) / 100.0, timestamptz '2024-01-01 00:00:00+00' + g * interval '1 second',
-       g % 2 = 0, 'label-' || (g % 97), g / 7.0, date '2024-01-01' + (g % 365)
-FROM generate_series(1, {rows}) AS g
-"""
-
 
 def _run(argv: list[str], env: dict[str, str],
          stdout: int | IO[bytes] = subprocess.DEVNULL) -> tuple[float, int, str]:
@@ -210,7 +202,7 @@ def _build(dsn: str, rows: int) -> None:
     with contextlib.closing(psycopg2.connect(dsn)) as conn:
         conn.autocommit = True
         with conn.cursor() as cur:
-            cur.execute(_FILL.format(rows=int(rows)))
+            cur.execute(workload.T10_FILL.format(rows=int(rows)))
             cur.execute("CREATE TABLE dbz_signal (id varchar(42) PRIMARY KEY, "
                         "type varchar(32) NOT NULL, data varchar(2048) NULL)")
             cur.execute(f"CREATE PUBLICATION {PUBLICATION} FOR TABLE t10, dbz_signal")

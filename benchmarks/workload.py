@@ -47,6 +47,17 @@ $$
 """
 
 
+#: ``t10`` filled with ids 1..{rows} (``.format(rows=N)``), the same values every time:
+#: the table the snapshot benchmarks read.
+T10_FILL = """
+INSERT INTO t10
+SELECT g, g % 1000, g::bigint * 1000003, 'row ' || lpad(g::text, 16, '0'),
+       (g % 100000) / 100.0, timestamptz '2024-01-01 00:00:00+00' + g * interval '1 second',
+       g % 2 = 0, 'label-' || (g % 97), g / 7.0, date '2024-01-01' + (g % 365)
+FROM generate_series(1, {rows}) AS g
+"""
+
+
 def create_table(dsn: str) -> None:
     """Create ``t10`` (and nothing else)."""
     with contextlib.closing(psycopg2.connect(dsn)) as conn:

@@ -13,6 +13,7 @@ import sys
 import threading
 import time
 from collections import Counter
+from collections.abc import Callable, Sized
 from pathlib import Path
 from typing import Any
 
@@ -41,9 +42,11 @@ def child(mode: str, tmp: Path, run: str, *extra: str) -> subprocess.Popen[bytes
         stderr=subprocess.PIPE)
 
 
-def wait_for_lines(path: Path, n: int, proc: subprocess.Popen[bytes]) -> None:
+def wait_for_lines(path: Path, n: int, proc: subprocess.Popen[bytes],
+                   read: Callable[[Path], Sized] = lines) -> None:
+    """Wait until *path* holds *n* lines (as *read* counts them) while *proc* runs."""
     deadline = time.monotonic() + 60
-    while len(lines(path)) < n:
+    while len(read(path)) < n:
         if proc.poll() is not None:
             raise AssertionError(f"child exited early: {proc.stderr.read().decode()[-2000:]}"
                                  if proc.stderr else "child exited early")
@@ -207,7 +210,7 @@ def test_sigkill_during_an_incremental_snapshot_then_restart_loses_nothing(
         db.execute("INSERT INTO dbz_signal VALUES ('snap-1', 'execute-snapshot', "
                    "'{\"data-collections\": [\"public.t\"], \"type\": \"incremental\"}')")
         writer = _update_continuously(db.dsn, rows, stop)
-        wait_for_rows(tmp_path / "first.txt", 5_000, first)
+        wait_for_lines(tmp_path / "first.txt", 5_000, first, _rows)
         first.send_signal(signal.SIGKILL)
         first.wait(10)
         state = json.loads(offsets.read_text())
@@ -249,16 +252,6 @@ def _rows(path: Path) -> list[list[Any]]:
     if not path.exists():
         return []
     return [json.loads(line) for line in path.read_text().split("\n")[:-1]]
-
-
-def wait_for_rows(path: Path, n: int, proc: subprocess.Popen[bytes]) -> None:
-    deadline = time.monotonic() + 60
-    while len(_rows(path)) < n:
-        if proc.poll() is not None:
-            raise AssertionError(f"child exited early: {proc.stderr.read().decode()[-2000:]}"
-                                 if proc.stderr else "child exited early")
-        assert time.monotonic() < deadline, f"no {n} lines in {path}"
-        time.sleep(0.02)
 
 
 def _update_continuously(dsn: str, rows: int, stop: threading.Event) -> threading.Thread:

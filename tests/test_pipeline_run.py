@@ -151,13 +151,18 @@ def test_available_now_makes_delta_equal_the_source_with_scd2_history(
 
 class _Writer(threading.Thread):
     """Small random transactions on a and b (ids 1..40 churn), counted in ``committed``,
-    until :meth:`finish`, at most 500: a bounded backlog keeps the catch-up after the
-    crash short."""
+    until :meth:`finish`, at most *limit* (500: a bounded backlog keeps the catch-up after
+    the crash short; None: no limit). Each has 1 to *changes* changes (:meth:`_change`),
+    *pause_s* apart."""
 
-    def __init__(self, dsn: str, seed: int) -> None:
+    def __init__(self, dsn: str, seed: int, *, limit: int | None = 500, changes: int = 4,
+                 pause_s: float = 0.02) -> None:
         super().__init__(daemon=True)
         self.dsn = dsn
         self.rng = random.Random(seed)
+        self.limit = limit
+        self.changes = changes
+        self.pause_s = pause_s
         self.committed = 0
         self.error: BaseException | None = None
         self._halt = threading.Event()
@@ -166,27 +171,28 @@ class _Writer(threading.Thread):
         rng = self.rng
         try:
             with contextlib.closing(psycopg2.connect(self.dsn)) as conn:
-                for _ in range(500):
-                    if self._halt.is_set():
-                        break
+                while not self._halt.is_set() and (self.limit is None
+                                                   or self.committed < self.limit):
                     with conn, conn.cursor() as cur:
-                        for _ in range(rng.randint(1, 4)):
-                            key = rng.randint(1, 40)
-                            table = rng.choice("ab")
-                            op = rng.random()
-                            if op < 0.5:
-                                cur.execute(f"INSERT INTO {table} (id, v) VALUES (%s, %s) "
-                                            "ON CONFLICT (id) DO UPDATE SET v = excluded.v",
-                                            (key, f"v{rng.randint(0, 999)}"))
-                            elif op < 0.8:
-                                cur.execute(f"UPDATE {table} SET v = v || '+' WHERE id = %s",
-                                            (key,))
-                            else:
-                                cur.execute(f"DELETE FROM {table} WHERE id = %s", (key,))
+                        for _ in range(rng.randint(1, self.changes)):
+                            self._change(cur, rng)
                     self.committed += 1
-                    time.sleep(0.02)
+                    time.sleep(self.pause_s)  # pacing the writer, not waiting for a condition
         except BaseException as err:  # reported by finish()
             self.error = err
+
+    def _change(self, cur: Any, rng: random.Random) -> None:
+        key = rng.randint(1, 40)
+        table = rng.choice("ab")
+        op = rng.random()
+        if op < 0.5:
+            cur.execute(f"INSERT INTO {table} (id, v) VALUES (%s, %s) "
+                        "ON CONFLICT (id) DO UPDATE SET v = excluded.v",
+                        (key, f"v{rng.randint(0, 999)}"))
+        elif op < 0.8:
+            cur.execute(f"UPDATE {table} SET v = v || '+' WHERE id = %s", (key,))
+        else:
+            cur.execute(f"DELETE FROM {table} WHERE id = %s", (key,))
 
     def finish(self) -> None:
         if self.ident is None:

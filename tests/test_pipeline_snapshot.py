@@ -8,14 +8,12 @@ import contextlib
 import os
 import random
 import signal
-import threading
 import time
 from collections import Counter
 from pathlib import Path
 from typing import Any
 
 import psycopg
-import psycopg2
 import pyarrow as pa
 import pytest
 from deltalake import DeltaTable
@@ -24,6 +22,7 @@ from pyspark.sql import DataFrame, SparkSession
 import tidemark.spark as ts
 from conftest import Database
 from test_pipeline_run import _batch_lines, _LivePipeline, _tidemark_run
+from test_pipeline_run import _Writer as _PipelineWriter
 from tidemark.errors import SourceError
 from tidemark.event import TableId
 from tidemark.pipeline import load_config
@@ -69,33 +68,14 @@ def _pipeline(tmp_path: Path, db: Database, *targets: str, extra: str = "",
     return file
 
 
-class _Writer(threading.Thread):
+class _Writer(_PipelineWriter):
     """Random small transactions over the whole key range of a, b and c (inserts,
     updates, deletes, primary key changes) until :meth:`finish`."""
 
     def __init__(self, dsn: str, seed: int) -> None:
-        super().__init__(daemon=True)
-        self.dsn = dsn
-        self.rng = random.Random(seed)
-        self.committed = 0
-        self.error: BaseException | None = None
-        self._halt = threading.Event()
+        super().__init__(dsn, seed, limit=None, changes=5, pause_s=0.002)
 
-    def run(self) -> None:
-        rng = self.rng
-        try:
-            with contextlib.closing(psycopg2.connect(self.dsn)) as conn:
-                while not self._halt.is_set():
-                    with conn, conn.cursor() as cur:
-                        for _ in range(rng.randint(1, 5)):
-                            self._change(cur, rng)
-                    self.committed += 1
-                    time.sleep(0.002)
-        except BaseException as err:  # reported by finish()
-            self.error = err
-
-    @staticmethod
-    def _change(cur: Any, rng: random.Random) -> None:
+    def _change(self, cur: Any, rng: random.Random) -> None:
         key = rng.randint(1, ROWS + 200)
         table = rng.choice("abc")
         op = rng.random()
@@ -119,13 +99,6 @@ class _Writer(threading.Thread):
             cur.execute(f"UPDATE {table} SET id = %s WHERE id = %s AND NOT EXISTS "
                         f"(SELECT 1 FROM {table} WHERE id = %s)",
                         (key + 100_000, key, key + 100_000))
-
-    def finish(self) -> None:
-        self._halt.set()
-        self.join(30)
-        assert not self.is_alive(), "the writer did not stop"
-        if self.error is not None:
-            raise self.error
 
 
 def _assert_targets_equal_source(db: Database, tmp_path: Path, *tables: str) -> None:
