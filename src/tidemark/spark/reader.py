@@ -361,8 +361,7 @@ def read_chunk(options: SourceOptions, schema: StructType,
     columns = [f.name for f in typed.fields if f.name not in META_NAMES]
     with _gc_paused(), wal.connect(options.dsn, purpose="snapshot",
                                    server_timeout_s=options.server_timeout_ms / 1000) as conn:
-        texts = read_chunk_text(conn, chunk.export, chunk.chunk, columns, chunk.keys,
-                                options.server_timeout_ms / 1000)
+        texts = read_chunk_text(conn, chunk.export, chunk.chunk, columns, chunk.keys)
     sink = _sink(options, schema)
     sink.snapshot(chunk.chunk.table, texts, chunk.at, chunk.taken_us, chunk.truncate_first,
                   chunk.keys)

@@ -59,7 +59,7 @@ from tidemark.source.postgres.pgoutput import Relation, TupleData, lsn_to_str
 from tidemark.source.postgres.replication import ReplicationStream
 from tidemark.spark.decode import RowBlock, Txn
 from tidemark.spark.snapshot_plan import ChunkRange, KeyText
-from tidemark.spark.wal import ServerTimeoutError
+from tidemark.spark.wal import ServerTimeoutError, server_timeout
 
 log = logging.getLogger(__name__)
 
@@ -175,8 +175,7 @@ def _range_sql(keys: Sequence[str], after: KeyText | None,
 
 # -- the executors ---------------------------------------------------------------------
 def read_chunk_text(conn: psycopg.Connection[Any], export: str, chunk: ChunkRange,
-                    columns: Sequence[str], keys: Sequence[str],
-                    timeout_s: float | None = None) -> pa.Table:
+                    columns: Sequence[str], keys: Sequence[str]) -> pa.Table:
     """The chunk's rows under the exported snapshot, as one string column per column
     (null for NULL): the text the types' output functions print."""
     table = TableId.parse(chunk.table)
@@ -195,7 +194,7 @@ def read_chunk_text(conn: psycopg.Connection[Any], export: str, chunk: ChunkRang
             columns=sql.SQL(", ").join(sql.Identifier(c) for c in columns),
             table=sql.Identifier(table.schema, table.table),
             where=_range_sql(keys, chunk.after, chunk.upto), keys=_key_list(keys))
-        data = copy_out(conn, query.as_bytes(conn), timeout_s)
+        data = copy_out(conn, query.as_bytes(conn), server_timeout(conn))
     finally:
         conn.execute("COMMIT")
     return parse_csv(data, columns)
@@ -243,8 +242,7 @@ def _wait_readable(pgconn: pq.abc.PGconn, timeout_s: float | None) -> None:
     ready, _, _ = select.select([pgconn.socket], [], [], timeout_s)
     if not ready:
         pgconn.finish()  # the protocol state is unknown: the connection goes
-        raise ServerTimeoutError(f"no answer from PostgreSQL within {timeout_s:.0f} s "
-                                 "(serverTimeoutMs): the server is stopped or unreachable")
+        raise ServerTimeoutError.after(timeout_s or 0)
 
 
 def _next_result(pgconn: pq.abc.PGconn, timeout_s: float | None) -> pq.abc.PGresult | None:

@@ -66,6 +66,11 @@ class SlotMovedError(TerminalError):
 class ServerTimeoutError(psycopg.OperationalError):
     """PostgreSQL did not answer within the source's ``serverTimeoutMs``."""
 
+    @classmethod
+    def after(cls, seconds: float) -> ServerTimeoutError:
+        return cls(f"no answer from PostgreSQL within {seconds:.0f} s (serverTimeoutMs): "
+                   "the server is stopped or unreachable")
+
 
 class _BoundedConnection(psycopg.Connection[Any]):
     """A connection whose every wait for the server ends after ``server_timeout_s``.
@@ -87,9 +92,12 @@ class _BoundedConnection(psycopg.Connection[Any]):
                 raise
             # The protocol state is unknown after an abandoned wait: the connection goes.
             self.pgconn.finish()
-            raise ServerTimeoutError(
-                f"no answer from PostgreSQL within {self.server_timeout_s:.0f} s "
-                "(serverTimeoutMs): the server is stopped or unreachable") from None
+            raise ServerTimeoutError.after(self.server_timeout_s) from None
+
+
+def server_timeout(conn: psycopg.Connection[Any]) -> float | None:
+    """The longest wait for the server a :func:`connect` connection allows (None: any)."""
+    return conn.server_timeout_s if isinstance(conn, _BoundedConnection) else None
 
 
 def connect(dsn: str, *, purpose: str,
