@@ -25,7 +25,8 @@ from tidemark.errors import (
 )
 from tidemark.source.postgres.config import PostgresSourceConfig
 from tidemark.source.postgres.connector import PostgresConnector
-from tidemark.testing.postgres import PostgresCluster, free_port
+from tidemark.testing.local_server import free_port
+from tidemark.testing.postgres import PostgresCluster
 
 _SECRET = "Sekr3t-pw-7f3a9c"
 

@@ -30,7 +30,6 @@ from tidemark.engine.records import ChangeRecord
 from tidemark.event import (
     UNAVAILABLE,
     ChangeEvent,
-    Column,
     Op,
     SnapshotMarker,
     SourceContext,
@@ -87,8 +86,8 @@ def _schemas(draw: st.DrawFn) -> tuple[TableSchema, list[st.SearchStrategy[str]]
     for n, pick in enumerate(picks):
         oid, typmod, values = _TYPES[pick]
         name = f"{draw(st.sampled_from(_NAMES))}{n}"
-        columns.append(Column(name, oid, typmod, "", False, str,
-                              nullable=draw(st.booleans())))
+        columns.append(pgt.pg_column(name, oid, typmod,
+                                     nullable=draw(st.booleans())))
         texts.append(st.one_of(st.sampled_from(values), _TRICKY_TEXT, st.text(max_size=8))
                      if oid in _ANY_TEXT else st.sampled_from(values))
     keys = draw(st.lists(st.sampled_from(range(len(columns))), unique=True, max_size=2)
@@ -181,9 +180,9 @@ def test_converter_gives_the_general_texts(
 
 
 def _schema() -> TableSchema:
-    columns = (Column("id", pgt.INT8_OID, -1, "", True, str, nullable=False),
-               Column("name", pgt.TEXT_OID, -1, "", False, str),
-               Column("price", pgt.NUMERIC_OID, (10 << 16 | 2) + 4, "", False, str))
+    columns = (pgt.pg_column("id", pgt.INT8_OID, -1, is_key=True, nullable=False),
+               pgt.pg_column("name", pgt.TEXT_OID, -1, is_key=False),
+               pgt.pg_column("price", pgt.NUMERIC_OID, (10 << 16 | 2) + 4, is_key=False))
     return TableSchema(TableId("public", "t"), columns, (0,), "default")
 
 
@@ -354,10 +353,10 @@ def test_compiled_numeric_date_and_timestamptz_equal_python(
     clock = (dt.datetime(2000, 1, 1) + dt.timedelta(microseconds=micros)).time()
     fraction = f".{clock.microsecond:06d}" if clock.microsecond else ""
     stamp = f"{day.isoformat()} {clock.strftime('%H:%M:%S')}{fraction}+00"
-    columns = (Column("id", pgt.INT8_OID, -1, "", True, str, nullable=False),
-               Column("n", pgt.NUMERIC_OID, (60 << 16 | scale) + 4, "", False, str),
-               Column("d", pgt.DATE_OID, -1, "", False, str),
-               Column("t", pgt.TIMESTAMPTZ_OID, width, "", False, str))
+    columns = (pgt.pg_column("id", pgt.INT8_OID, -1, is_key=True, nullable=False),
+               pgt.pg_column("n", pgt.NUMERIC_OID, (60 << 16 | scale) + 4, is_key=False),
+               pgt.pg_column("d", pgt.DATE_OID, -1, is_key=False),
+               pgt.pg_column("t", pgt.TIMESTAMPTZ_OID, width, is_key=False))
     schema = TableSchema(TableId("public", "t"), columns, (0,), "default")
     context = SourceContext("postgresql", "srv", "db", 1_700_000_000_000_000, 7, None,
                             None, None, None)

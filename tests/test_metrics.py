@@ -18,7 +18,7 @@ import pytest
 from conftest import Database
 from tidemark.engine.engine import Engine
 from tidemark.source.postgres.task import PostgresSourceConnector
-from tidemark.testing.postgres import free_port
+from tidemark.testing.local_server import free_port
 from tidemark.testing.sink import MemorySink
 
 pytestmark = pytest.mark.integration

@@ -17,6 +17,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
+from tidemark import wire_text
 from tidemark.source.postgres import types as pgtypes
 from tidemark.source.postgres.types import (
     ARRAY_ELEMENT_OID,
@@ -573,7 +574,7 @@ def test_date_to_epoch_days_matches_datetime(value: date) -> None:
 @given(st.dates())
 def test_days_from_civil_matches_datetime(value: date) -> None:
     # The slow path's algorithm, checked directly over datetime's whole range.
-    days = pgtypes._days_from_civil(value.year, value.month, value.day)
+    days = wire_text._days_from_civil(value.year, value.month, value.day)
     assert days == value.toordinal() - UNIX_ORDINAL
 
 

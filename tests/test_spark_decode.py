@@ -239,11 +239,12 @@ def test_envelope_rows_are_json_text_maps() -> None:
 
 
 def test_type_mapping_and_column_conversion() -> None:
-    assert spark_type(pg.NUMERIC_OID, (40 << 16 | 2) + 4) == StringType()  # beyond Spark
-    assert spark_type(pg.NUMERIC_OID, -1) == StringType()
-    assert spark_type(pg.INT8_ARRAY_OID, -1) == ArrayType(LongType())
-    assert spark_type(pg.BOOL_OID, -1) == BooleanType()
-    assert spark_type(pg.TIMESTAMPTZ_OID, -1) == TimestampType()
+    # beyond Spark's 38 digits
+    assert spark_type(pg.logical_type(pg.NUMERIC_OID, (40 << 16 | 2) + 4)) == StringType()
+    assert spark_type(pg.logical_type(pg.NUMERIC_OID, -1)) == StringType()
+    assert spark_type(pg.logical_type(pg.INT8_ARRAY_OID, -1)) == ArrayType(LongType())
+    assert spark_type(pg.logical_type(pg.BOOL_OID, -1)) == BooleanType()
+    assert spark_type(pg.logical_type(pg.TIMESTAMPTZ_OID, -1)) == TimestampType()
     schema = typed_schema([StructField("ts", TimestampType()), StructField("ok", BooleanType()),
                            StructField("xs", ArrayType(LongType()))])
     rel = Relation(None, 1, "public", "a", "d", (

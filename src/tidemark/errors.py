@@ -48,9 +48,10 @@ class DecodeError(TerminalError):
     the byte offset within the message where decoding failed.
     """
 
-    def __init__(self, message_type: str, offset: int, reason: str) -> None:
+    def __init__(self, message_type: str, offset: int, reason: str,
+                 protocol: str = "pgoutput") -> None:
         super().__init__(
-            f"cannot decode pgoutput {message_type} message at byte {offset}: {reason}"
+            f"cannot decode {protocol} {message_type} message at byte {offset}: {reason}"
         )
         self.message_type = message_type
         self.offset = offset

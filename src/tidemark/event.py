@@ -22,6 +22,8 @@ from typing import Any, Final, TypeAlias
 
 import msgspec
 
+from tidemark.logical_type import LogicalType
+
 
 class Unavailable:
     """Type of :data:`UNAVAILABLE`; a singleton that survives pickling."""
@@ -98,14 +100,14 @@ class TableId(msgspec.Struct, frozen=True, gc=False):
 class Column(msgspec.Struct, frozen=True, gc=False):
     """A column of a captured table, as the source described it.
 
-    ``type_name`` is the source's name of the type (``numeric(12,2)``, ``mood[]``);
-    ``type_oid`` is the built-in type whose text form it shares and by which values are
-    decoded (a domain's base type; ``text`` for enums; ``text[]`` for arrays of enums).
+    ``logical`` is what serializers switch on, and fixes the text form of the column's
+    wire values (:mod:`tidemark.wire_text`); ``type_name`` is the source's own name of
+    the type (``numeric(12,2)``, ``mood[]``, ``bigint unsigned``); ``parse`` turns a text
+    value into its native Python value.
     """
 
     name: str
-    type_oid: int
-    type_modifier: int
+    logical: LogicalType
     type_name: str
     is_key: bool
     parse: Callable[[str], Any]

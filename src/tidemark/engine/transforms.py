@@ -19,8 +19,8 @@ import msgspec
 from tidemark.engine.records import ChangeRecord, DeleteHandling, Flatten
 from tidemark.errors import ConfigError
 from tidemark.event import UNAVAILABLE, ChangeEvent, Column, Op, TableSchema, WireTuple
+from tidemark.logical_type import STRING
 
-_TEXT_OID = 25
 _HASHES = tuple(sorted(a for a in hashlib.algorithms_guaranteed if not a.startswith("shake")))
 _FLATTEN_FIELDS = ("op", "table", "schema", "db", "lsn", "txId", "source_ts_ms", "ts_ms")
 
@@ -176,7 +176,7 @@ class _ColumnRewrite(ABC):
         indexes = tuple(i for i, c in enumerate(schema.columns)
                         if applies and c.name in self._columns)
         columns = tuple(
-            Column(c.name, _TEXT_OID, -1, "text", c.is_key, str, c.nullable)
+            Column(c.name, STRING, "text", c.is_key, str, c.nullable)
             if i in indexes else c for i, c in enumerate(schema.columns))
         entry = (schema, msgspec.structs.replace(schema, columns=columns), indexes)
         with self._lock:

@@ -18,7 +18,8 @@ from typing import Any
 import pyarrow as pa
 
 from tidemark.event import UNAVAILABLE, ChangeEvent, Column, Op, TableSchema
-from tidemark.source.postgres import types as pgt
+from tidemark.logical_type import Kind, LogicalType
+from tidemark.wire_text import parse_array
 
 METADATA_FIELDS: tuple[pa.Field, ...] = (
     pa.field("_op", pa.string(), nullable=False),
@@ -30,12 +31,11 @@ METADATA_FIELDS: tuple[pa.Field, ...] = (
     pa.field("_unavailable", pa.list_(pa.string())),
 )
 
-_SIMPLE: dict[int, pa.DataType] = {
-    pgt.INT2_OID: pa.int16(), pgt.INT4_OID: pa.int32(), pgt.INT8_OID: pa.int64(),
-    pgt.OID_OID: pa.int64(), pgt.FLOAT4_OID: pa.float32(), pgt.FLOAT8_OID: pa.float64(),
-    pgt.BOOL_OID: pa.bool_(), pgt.DATE_OID: pa.date32(), pgt.TIME_OID: pa.time64("us"),
-    pgt.TIMESTAMP_OID: pa.timestamp("us"), pgt.TIMESTAMPTZ_OID: pa.timestamp("us", tz="UTC"),
-    pgt.BYTEA_OID: pa.binary(),
+_SIMPLE: dict[Kind, pa.DataType] = {
+    Kind.INT16: pa.int16(), Kind.INT32: pa.int32(), Kind.INT64: pa.int64(),
+    Kind.FLOAT32: pa.float32(), Kind.FLOAT64: pa.float64(), Kind.BOOL: pa.bool_(),
+    Kind.DATE: pa.date32(), Kind.TIME: pa.time64("us"), Kind.TIMESTAMP: pa.timestamp("us"),
+    Kind.TIMESTAMPTZ: pa.timestamp("us", tz="UTC"), Kind.BYTES: pa.binary(),
 }
 _MAX_DECIMAL128_PRECISION = 38
 
@@ -43,25 +43,33 @@ _MAX_DECIMAL128_PRECISION = 38
 def arrow_type(column: Column) -> tuple[pa.DataType, Callable[[str], Any]]:
     """The Arrow type of *column* and the function from its text value to what
     ``pyarrow.array`` takes. Types without an exact Arrow counterpart (uuid, json,
-    interval, enums, numeric without declared precision) are strings of their text."""
-    oid, typmod = column.type_oid, column.type_modifier
-    element_oid = pgt.ARRAY_ELEMENT_OID.get(oid)
-    if element_oid is not None:
-        element = Column(column.name, element_oid, typmod, "", False, str)
-        element_type, _ = arrow_type(element)
-        if pa.types.is_string(element_type) and element_oid not in (pgt.TEXT_OID,
-                                                                    pgt.VARCHAR_OID):
-            return pa.list_(pa.string()), pgt.python_parser(pgt.TEXT_ARRAY_OID, -1)
-        return pa.list_(element_type), pgt.python_parser(oid, typmod)
-    simple = _SIMPLE.get(oid)
+    interval, enums, decimals without declared precision) are strings of their text."""
+    dtype = _arrow_type(column.logical)
+    logical = column.logical
+    if logical.kind is Kind.ARRAY and pa.types.is_string(dtype.value_type) \
+            and logical.element is not None and logical.element.kind is not Kind.STRING:
+        return dtype, _text_array  # uuid[], json[] …: their elements' text
+    if pa.types.is_decimal(dtype):
+        return dtype, _finite_decimal
+    if pa.types.is_string(dtype):
+        return dtype, str
+    return dtype, column.parse
+
+
+def _arrow_type(logical: LogicalType) -> pa.DataType:
+    if logical.kind is Kind.ARRAY and logical.element is not None:
+        return pa.list_(_arrow_type(logical.element))
+    simple = _SIMPLE.get(logical.kind)
     if simple is not None:
-        return simple, pgt.python_parser(oid, typmod)
-    if oid == pgt.NUMERIC_OID and typmod >= 4:
-        precision = ((typmod - 4) >> 16) & 0xFFFF
-        scale = (((typmod - 4) & 0x7FF) ^ 1024) - 1024
-        if 0 <= scale <= precision <= _MAX_DECIMAL128_PRECISION:
-            return pa.decimal128(precision, scale), _finite_decimal
-    return pa.string(), str
+        return simple
+    if logical.fixed_decimal and \
+            0 <= logical.scale <= logical.precision <= _MAX_DECIMAL128_PRECISION:
+        return pa.decimal128(logical.precision, logical.scale)
+    return pa.string()
+
+
+def _text_array(text: str) -> list[Any]:
+    return parse_array(text, str)
 
 
 def _finite_decimal(text: str) -> Decimal | None:

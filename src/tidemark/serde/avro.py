@@ -22,9 +22,9 @@ import fastavro
 import msgspec
 
 from tidemark.event import ChangeEvent, Column, TableSchema
+from tidemark.logical_type import Kind, LogicalType
 from tidemark.serde.debezium_json import DebeziumJsonOptions
 from tidemark.serde.modes import DecimalHandlingMode, TimePrecisionMode
-from tidemark.source.postgres import types as pgt
 
 AvroType = Any  # an Avro schema fragment (str, dict or list)
 
@@ -41,55 +41,44 @@ def avro_name(name: str) -> str:
     return adjusted if adjusted and not adjusted[0].isdigit() else f"_{adjusted}"
 
 
+_SIMPLE: dict[Kind, str] = {
+    Kind.INT16: "int", Kind.INT32: "int", Kind.INT64: "long", Kind.FLOAT32: "float",
+    Kind.FLOAT64: "double", Kind.BOOL: "boolean", Kind.DATE: "int", Kind.BYTES: "bytes",
+    Kind.TIMESTAMP: "long",
+}
+
+
 def column_type(column: Column, options: DebeziumJsonOptions) -> AvroType:
     """The Avro type Debezium gives *column* (not yet made nullable)."""
-    oid, typmod = column.type_oid, column.type_modifier
-    element_oid = pgt.ARRAY_ELEMENT_OID.get(oid)
-    if element_oid is not None:
-        element = Column(column.name, element_oid, typmod, "", False, str)
-        return {"type": "array", "items": ["null", column_type(element, options)]}
-    if oid in (pgt.INT2_OID, pgt.INT4_OID):
-        return "int"
-    if oid in (pgt.INT8_OID, pgt.OID_OID):
-        return "long"
-    if oid == pgt.FLOAT4_OID:
-        return "float"
-    if oid == pgt.FLOAT8_OID:
-        return "double"
-    if oid == pgt.BOOL_OID:
-        return "boolean"
-    if oid in (pgt.NUMERIC_OID, pgt.MONEY_OID):
+    return _logical_type(column.logical, options)
+
+
+def _logical_type(logical: LogicalType, options: DebeziumJsonOptions) -> AvroType:
+    kind = logical.kind
+    if kind is Kind.ARRAY and logical.element is not None:
+        return {"type": "array", "items": ["null", _logical_type(logical.element, options)]}
+    simple = _SIMPLE.get(kind)
+    if simple is not None:
+        return simple
+    if kind in (Kind.DECIMAL, Kind.MONEY):
         mode = options.decimal_handling_mode
         if mode == DecimalHandlingMode.STRING:
             return "string"
         if mode == DecimalHandlingMode.DOUBLE:
             return "double"
-        if oid == pgt.MONEY_OID:
+        if kind is Kind.MONEY:
             return {"type": "bytes", "logicalType": "decimal", "precision": 38, "scale": 2}
-        if typmod < 4:
+        if not logical.fixed_decimal:
             return {"type": "record", "name": "VariableScaleDecimal",
                     "namespace": "io.debezium.data",
                     "fields": [{"name": "scale", "type": "int"},
                                {"name": "value", "type": "bytes"}]}
-        precision = ((typmod - 4) >> 16) & 0xFFFF
-        scale = (((typmod - 4) & 0x7FF) ^ 1024) - 1024
-        return {"type": "bytes", "logicalType": "decimal", "precision": precision,
-                "scale": max(scale, 0)}
-    if oid == pgt.DATE_OID:
-        return "int"
-    precision = typmod if typmod >= 0 else 6
-    time_mode = options.time_precision_mode
-    if oid == pgt.TIME_OID:
-        if time_mode == TimePrecisionMode.CONNECT or (
-                time_mode == TimePrecisionMode.ADAPTIVE and precision <= 3):
-            return "int" if time_mode == TimePrecisionMode.CONNECT else "long"
-        return "long"
-    if oid in (pgt.TIMESTAMP_OID, pgt.INTERVAL_OID):
-        if oid == pgt.INTERVAL_OID and options.interval_handling_mode == "string":
-            return "string"
-        return "long"
-    if oid == pgt.BYTEA_OID:
-        return "bytes"
+        return {"type": "bytes", "logicalType": "decimal", "precision": logical.precision,
+                "scale": max(logical.scale, 0)}
+    if kind is Kind.TIME:
+        return "int" if options.time_precision_mode == TimePrecisionMode.CONNECT else "long"
+    if kind is Kind.INTERVAL:
+        return "string" if options.interval_handling_mode == "string" else "long"
     return "string"
 
 

@@ -26,6 +26,7 @@ from typing import Any, Final
 import msgspec
 
 from tidemark import __version__
+from tidemark import wire_text as wt
 from tidemark.event import (
     UNAVAILABLE,
     ChangeEvent,
@@ -36,8 +37,8 @@ from tidemark.event import (
     TableSchema,
     TransactionBoundary,
 )
+from tidemark.logical_type import FLOAT_KINDS, INTEGER_KINDS, Kind, LogicalType
 from tidemark.serde.modes import DecimalHandlingMode, TimePrecisionMode
-from tidemark.source.postgres import types as pgt
 
 try:
     from tidemark.serde._render import EventRenderer as _CompiledRenderer
@@ -176,7 +177,7 @@ def _numeric_string_fallback(scale: int) -> str:
 
 
 def _money_decimal(text: str) -> bytes:
-    value = pgt.parse_money(text)
+    value = wt.parse_money(text)
     return unscaled_bytes(int(value.scaleb(2)))
 
 
@@ -213,7 +214,7 @@ def _date_days_uncached(text: str) -> int:
         return _DATE_POS_INFINITY
     if text == "-infinity":
         return _DATE_NEG_INFINITY
-    return pgt.date_to_epoch_days(text)
+    return wt.date_to_epoch_days(text)
 
 
 def _timestamp_micros(text: str) -> int:
@@ -221,7 +222,7 @@ def _timestamp_micros(text: str) -> int:
         return _TS_POS_INFINITY_US
     if text == "-infinity":
         return _TS_NEG_INFINITY_US
-    return pgt.timestamp_to_epoch_micros(text)
+    return wt.timestamp_to_epoch_micros(text)
 
 
 def _timestamp_millis(text: str) -> int:
@@ -255,7 +256,7 @@ def _zoned_timestamp(width: int) -> Callable[[str], str]:
                 and text[4] == "-":  # fast path: the session's TimeZone is UTC
             clock = text[11:-3]
         else:
-            instant = pgt.parse_timestamptz(text)
+            instant = wt.parse_timestamptz(text)
             clock = instant.strftime("%H:%M:%S.%f")
             text = instant.strftime("%Y-%m-%d") + " " + clock + "+00"
         seconds, _, frac = clock.partition(".")
@@ -268,7 +269,7 @@ def _zoned_timestamp(width: int) -> Callable[[str], str]:
 
 
 def _zoned_time(text: str) -> str:
-    value = pgt.parse_timetz(text)
+    value = wt.parse_timetz(text)
     utc = value.replace(tzinfo=None)
     offset = value.utcoffset()
     if offset:
@@ -281,15 +282,15 @@ def _zoned_time(text: str) -> str:
 
 
 def _bytea(text: str) -> bytes:
-    return pgt.parse_bytea(text)
+    return wt.parse_bytea(text)
 
 
 def _interval_micros(text: str) -> int:
-    return pgt.interval_to_micros(text)
+    return wt.interval_to_micros(text)
 
 
 def _interval_string(text: str) -> str:
-    return pgt.parse_interval(text).to_iso8601()
+    return wt.parse_interval(text).to_iso8601()
 
 
 def java_float_text(text: str) -> str:
@@ -377,8 +378,9 @@ class _Mapping:
 
 
 _PLACEHOLDER_BYTES = UNAVAILABLE_PLACEHOLDER.encode()
-_INT_TYPES = {pgt.INT2_OID, pgt.INT4_OID, pgt.INT8_OID, pgt.OID_OID}
-_FLOAT_TYPES = {pgt.FLOAT4_OID, pgt.FLOAT8_OID}
+# Array elements of these kinds are JSON numbers or booleans: an unavailable array of
+# them is written as the placeholder's bytes (Debezium's behaviour, by capture).
+_UNQUOTED_KINDS = INTEGER_KINDS | FLOAT_KINDS | {Kind.BOOL}
 
 
 class DebeziumJsonOptions(msgspec.Struct, frozen=True, kw_only=True):
@@ -392,85 +394,84 @@ class DebeziumJsonOptions(msgspec.Struct, frozen=True, kw_only=True):
     transaction_metadata: bool = False
 
 
-def _numeric_scale(typmod: int) -> int:
-    """A numeric column's declared scale (0 without one). PostgreSQL 15 stores it as an
-    11-bit signed number: it may be negative."""
-    return (((typmod - 4) & 0x7FF) ^ 1024) - 1024 if typmod >= 4 else 0
-
-
 def column_mapping(column: Column, options: DebeziumJsonOptions) -> _Mapping:
-    """The JSON mapping of one column, following Debezium's PostgreSQL type mapping."""
-    oid, typmod = column.type_oid, column.type_modifier
-    element_oid = pgt.ARRAY_ELEMENT_OID.get(oid)
-    if element_oid is not None:
-        element = column_mapping(
-            Column(column.name, element_oid, typmod, "", False, str), options
-        ).as_function()
-        is_textual = element_oid not in _INT_TYPES | _FLOAT_TYPES | {pgt.BOOL_OID}
+    """The JSON mapping of one column, following Debezium's type mapping."""
+    return _logical_mapping(column.logical, column.name, options)
+
+
+def _logical_mapping(logical: LogicalType, name: str, options: DebeziumJsonOptions) -> _Mapping:
+    kind = logical.kind
+    if kind is Kind.ARRAY and logical.element is not None:
+        element = _logical_mapping(logical.element, name, options).as_function()
+        is_textual = logical.element.kind not in _UNQUOTED_KINDS
         placeholder: Any = [UNAVAILABLE_PLACEHOLDER] if is_textual else list(_PLACEHOLDER_BYTES)
-        return _Mapping(convert=lambda v: pgt.parse_array(v, element), placeholder=placeholder,
+        return _Mapping(convert=lambda v: wt.parse_array(v, element), placeholder=placeholder,
                         fallback="[]")
-    if oid in _INT_TYPES:
+    if kind in INTEGER_KINDS:
         return _Mapping(inline="int({v})", fallback="0")
-    if oid in _FLOAT_TYPES:
+    if kind in FLOAT_KINDS:
         return _Mapping(inline="_float_value({v})", fallback="0.0")
-    if oid == pgt.BOOL_OID:
+    if kind is Kind.BOOL:
         return _Mapping(inline='{v} == "t"', fallback="false")
-    if oid in (pgt.NUMERIC_OID, pgt.MONEY_OID):
-        mode = options.decimal_handling_mode
-        if mode == DecimalHandlingMode.STRING:
-            if oid == pgt.MONEY_OID:
-                return _Mapping(convert=lambda v: str(pgt.parse_money(v)), fallback='"0"')
-            return _Mapping(convert=_numeric_string,
-                            fallback=_numeric_string_fallback(_numeric_scale(typmod)))
-        if mode == DecimalHandlingMode.DOUBLE:
-            if oid == pgt.MONEY_OID:
-                return _Mapping(fragment=lambda v: _java_double_text(str(pgt.parse_money(v))),
-                                convert=lambda v: msgspec.Raw(
-                                    _java_double_text(str(pgt.parse_money(v))).encode()),
-                                fallback="0.0")
-            return _Mapping(fragment=_java_double_text,
-                            convert=lambda v: msgspec.Raw(_java_double_text(v).encode()),
-                            fallback="0.0")
-        if oid == pgt.MONEY_OID:
-            return _Mapping(convert=_money_decimal, fallback='"AA=="')
-        if typmod < 4:  # no declared precision/scale
-            return _Mapping(convert=_variable_scale_decimal(column.name),
-                            fallback='{"scale":0,"value":"AA=="}')
-        scale = _numeric_scale(typmod)
-        convert = _fixed_scale_decimal(scale, column.name)
-        return _Mapping(convert=convert, fragment=_decimal_fragment(scale, convert),
-                        fallback='"AA=="')
-    if oid == pgt.DATE_OID:
+    if kind in (Kind.DECIMAL, Kind.MONEY):
+        return _decimal_mapping(logical, name, options)
+    if kind is Kind.DATE:
         return _Mapping(convert=_date_days, fragment=_date_fragment, fallback="0")
-    precision = typmod if typmod >= 0 else 6
+    precision = logical.time_precision
     time_mode = options.time_precision_mode
-    if oid == pgt.TIME_OID:
+    if kind is Kind.TIME:
         if time_mode == TimePrecisionMode.CONNECT or (
             time_mode == TimePrecisionMode.ADAPTIVE and precision <= 3
         ):
-            return _Mapping(convert=lambda v: pgt.time_to_micros(v) // 1000, fallback="0")
-        return _Mapping(convert=pgt.time_to_micros, fallback="0")
-    if oid == pgt.TIMESTAMP_OID:
+            return _Mapping(convert=lambda v: wt.time_to_micros(v) // 1000, fallback="0")
+        return _Mapping(convert=wt.time_to_micros, fallback="0")
+    if kind is Kind.TIMESTAMP:
         if time_mode == TimePrecisionMode.CONNECT or precision <= 3:
             return _Mapping(convert=_timestamp_millis, fallback="0")
         return _Mapping(convert=_timestamp_micros, fallback="0")
-    if oid == pgt.TIMESTAMPTZ_OID:
+    if kind is Kind.TIMESTAMPTZ:
         zoned = _zoned_timestamp(precision)
         # The fallback is the epoch without a fraction, whatever the precision
         # (confirmed by capture).
         return _Mapping(convert=zoned, fragment=_zoned_timestamp_fragment(precision, zoned),
                         fallback='"1970-01-01T00:00:00Z"')
-    if oid == pgt.TIMETZ_OID:
+    if kind is Kind.TIMETZ:
         return _Mapping(convert=_zoned_time)
-    if oid == pgt.INTERVAL_OID:
+    if kind is Kind.INTERVAL:
         if options.interval_handling_mode == "string":
             return _Mapping(convert=_interval_string, fallback='"PT0S"')
         return _Mapping(convert=_interval_micros, fallback="0")
-    if oid == pgt.BYTEA_OID:
+    if kind is Kind.BYTES:
         return _Mapping(convert=_bytea, placeholder=_PLACEHOLDER_BYTES)
-    # text, varchar, char, uuid, json, jsonb, xml, inet, enums and other types: the text.
+    # strings, uuid, json, enums and every type without a closer mapping: the text.
     return _Mapping(inline="{v}")
+
+
+def _decimal_mapping(logical: LogicalType, name: str, options: DebeziumJsonOptions) -> _Mapping:
+    money = logical.kind is Kind.MONEY
+    mode = options.decimal_handling_mode
+    if mode == DecimalHandlingMode.STRING:
+        if money:
+            return _Mapping(convert=lambda v: str(wt.parse_money(v)), fallback='"0"')
+        return _Mapping(convert=_numeric_string,
+                        fallback=_numeric_string_fallback(logical.scale))
+    if mode == DecimalHandlingMode.DOUBLE:
+        if money:
+            return _Mapping(fragment=lambda v: _java_double_text(str(wt.parse_money(v))),
+                            convert=lambda v: msgspec.Raw(
+                                _java_double_text(str(wt.parse_money(v))).encode()),
+                            fallback="0.0")
+        return _Mapping(fragment=_java_double_text,
+                        convert=lambda v: msgspec.Raw(_java_double_text(v).encode()),
+                        fallback="0.0")
+    if money:
+        return _Mapping(convert=_money_decimal, fallback='"AA=="')
+    if not logical.fixed_decimal:  # no declared precision/scale
+        return _Mapping(convert=_variable_scale_decimal(name),
+                        fallback='{"scale":0,"value":"AA=="}')
+    convert = _fixed_scale_decimal(logical.scale, name)
+    return _Mapping(convert=convert, fragment=_decimal_fragment(logical.scale, convert),
+                    fallback='"AA=="')
 
 
 RowConverter = Callable[[tuple[Any, ...]], str]

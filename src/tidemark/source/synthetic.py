@@ -24,18 +24,16 @@ from tidemark.event import (
     TableId,
     TableSchema,
 )
+from tidemark.logical_type import INT64, STRING
 from tidemark.offsets.store import Offset, OffsetReader
 from tidemark.source.batch import SourceBatch
-from tidemark.source.postgres.types import python_parser
 from tidemark.source.spi import TaskConfig
-
-_INT8, _TEXT = 20, 25
 
 
 def synthetic_schema(text_columns: int = 2, table: str = "items") -> TableSchema:
     """``id bigint`` primary key plus *text_columns* text columns."""
-    columns = [Column("id", _INT8, -1, "int8", True, python_parser(_INT8, -1), False)]
-    columns += [Column(f"c{i}", _TEXT, -1, "text", False, str) for i in range(text_columns)]
+    columns = [Column("id", INT64, "bigint", True, int, False)]
+    columns += [Column(f"c{i}", STRING, "text", False, str) for i in range(text_columns)]
     return TableSchema(TableId("synthetic", table), tuple(columns), (0,), "default")
 
 

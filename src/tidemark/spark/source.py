@@ -103,7 +103,7 @@ def table_spark_schema(conn: Any, table: TableId, key: tuple[str, ...]) -> Struc
     field's metadata (``{"tidemark.key": true}``) for ``apply_changes``."""
     described = catalog.table_schema(conn, table, key)
     columns = [
-        StructField(c.name, spark_type(c.type_oid, c.type_modifier), True,
+        StructField(c.name, spark_type(c.logical), True,
                     {"tidemark.key": True, "tidemark.pg_type": c.type_name} if c.is_key
                     else {"tidemark.pg_type": c.type_name})
         for c in described.columns

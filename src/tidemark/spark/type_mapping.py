@@ -1,12 +1,11 @@
-"""PostgreSQL column types -> Spark types, and whole-column conversion of pgoutput text.
+"""Logical column types -> Spark types, and whole-column conversion of their text.
 
-pgoutput sends every value as the text PostgreSQL's output function prints (with the
-session settings of :mod:`tidemark.source.postgres.session`: ISO dates, UTC). A
-column's values are converted together: one Arrow ``cast`` from strings where Arrow
-parses PostgreSQL's text exactly (integers, floats, ``numeric(p,s)``, dates,
-timestamps), which costs far less than a Python call per value; values Arrow rejects
-(``infinity``, BC dates, ``NaN`` in a decimal column) fall back to the per-value parsers
-of :mod:`tidemark.source.postgres.types`.
+Sources hand over every value as the canonical text of its logical type
+(:mod:`tidemark.wire_text`: ISO dates, UTC). A column's values are converted together:
+one Arrow ``cast`` from strings where Arrow parses that text exactly (integers, floats,
+fixed decimals, dates, timestamps), which costs far less than a Python call per value;
+values Arrow rejects (``infinity``, BC dates, ``NaN`` in a decimal column) fall back to
+the per-value parsers of :mod:`tidemark.wire_text`. For PostgreSQL's types:
 
 =====================================  ==================================================
 PostgreSQL                             Spark
@@ -29,7 +28,7 @@ one-dimensional arrays of the above    array<element type> (box[] stays a string
 
 Values Spark cannot hold become null with a warning: ``infinity``/``-infinity``
 timestamps and dates map to the largest/smallest value Python holds (as
-:mod:`~tidemark.source.postgres.types` documents), ``NaN``/``Infinity`` in a decimal
+:mod:`~tidemark.wire_text` documents), ``NaN``/``Infinity`` in a decimal
 column and BC dates are null. Multi-dimensional arrays are not supported in typed
 tables (use the envelope stream).
 """
@@ -60,7 +59,8 @@ from pyspark.sql.types import (
     TimestampType,
 )
 
-from tidemark.source.postgres import types as pg
+from tidemark import wire_text as wt
+from tidemark.logical_type import Kind, LogicalType
 
 log = logging.getLogger(__name__)
 
@@ -69,68 +69,41 @@ Texts: TypeAlias = Sequence[str | None] | pa.StringArray
 Converter: TypeAlias = Callable[[Texts], pa.Array]
 
 _MAX_DECIMAL_PRECISION: Final = 38
-_NUMERIC_TYPMOD_OFFSET: Final = 4  # VARHDRSZ: atttypmod = ((p << 16) | s) + 4
 
-_SCALAR: Final[dict[int, DataType]] = {
-    pg.INT2_OID: ShortType(),
-    pg.INT4_OID: IntegerType(),
-    pg.INT8_OID: LongType(),
-    pg.OID_OID: LongType(),
-    pg.FLOAT4_OID: FloatType(),
-    pg.FLOAT8_OID: DoubleType(),
-    pg.BOOL_OID: BooleanType(),
-    pg.DATE_OID: DateType(),
-    pg.TIMESTAMPTZ_OID: TimestampType(),
-    pg.TIMESTAMP_OID: TimestampNTZType(),
-    pg.BYTEA_OID: BinaryType(),
+_SCALAR: Final[dict[Kind, DataType]] = {
+    Kind.INT16: ShortType(),
+    Kind.INT32: IntegerType(),
+    Kind.INT64: LongType(),
+    Kind.FLOAT32: FloatType(),
+    Kind.FLOAT64: DoubleType(),
+    Kind.BOOL: BooleanType(),
+    Kind.DATE: DateType(),
+    Kind.TIMESTAMPTZ: TimestampType(),
+    Kind.TIMESTAMP: TimestampNTZType(),
+    Kind.BYTES: BinaryType(),
 }
 
 # Per-value parsers for the fallback path, keyed by Spark type name.
 _FALLBACK: Final[dict[str, Callable[[str], object]]] = {
     "short": int, "integer": int, "long": int, "float": float, "double": float,
-    "date": pg.parse_date, "timestamp": pg.parse_timestamptz,
-    "timestamp_ntz": pg.parse_timestamp, "boolean": pg.parse_bool,
+    "date": wt.parse_date, "timestamp": wt.parse_timestamptz,
+    "timestamp_ntz": wt.parse_timestamp, "boolean": wt.parse_bool,
 }  # fmt: skip
 
 
-def numeric_precision_scale(type_modifier: int) -> tuple[int, int] | None:
-    """(precision, scale) of a ``numeric`` column's typmod; None when unconstrained."""
-    if type_modifier < _NUMERIC_TYPMOD_OFFSET:
-        return None
-    raw = type_modifier - _NUMERIC_TYPMOD_OFFSET
-    precision = (raw >> 16) & 0xFFFF
-    scale = raw & 0x7FF
-    if scale & 0x400:  # PostgreSQL 15 allows negative scales (11-bit two's complement)
-        scale -= 0x800
-    return precision, scale
-
-
-def spark_type(type_oid: int, type_modifier: int) -> DataType:
-    """The Spark type of a column whose decoding type OID is *type_oid*.
-
-    *type_oid* is the built-in type whose text form the column shares (a domain's base
-    type, ``text`` for enums), as :func:`tidemark.source.postgres.catalog.type_info`
-    returns; *type_modifier* is ``atttypmod``.
-    """
-    scalar = _SCALAR.get(type_oid)
+def spark_type(logical: LogicalType) -> DataType:
+    """The Spark type of a column of logical type *logical*. Types Spark has no exact
+    counterpart for (time, interval, uuid, json, decimals wider than 38 digits or without
+    a declared precision) are strings of their text."""
+    scalar = _SCALAR.get(logical.kind)
     if scalar is not None:
         return scalar
-    if type_oid == pg.NUMERIC_OID:
-        return _decimal_type(type_modifier) or StringType()
-    element = pg.ARRAY_ELEMENT_OID.get(type_oid)
-    if element is not None and element != pg.BOX_OID:
-        return ArrayType(spark_type(element, type_modifier), containsNull=True)
+    if logical.kind is Kind.ARRAY and logical.element is not None:
+        return ArrayType(spark_type(logical.element), containsNull=True)
+    if logical.fixed_decimal and \
+            0 <= logical.scale <= logical.precision <= _MAX_DECIMAL_PRECISION:
+        return DecimalType(logical.precision, logical.scale)
     return StringType()
-
-
-def _decimal_type(type_modifier: int) -> DecimalType | None:
-    ps = numeric_precision_scale(type_modifier)
-    if ps is None:
-        return None
-    precision, scale = ps
-    if precision > _MAX_DECIMAL_PRECISION or scale < 0 or scale > precision:
-        return None
-    return DecimalType(precision, scale)
 
 
 def converter(dtype: DataType, arrow_type: pa.DataType) -> Converter:
@@ -146,7 +119,7 @@ def converter(dtype: DataType, arrow_type: pa.DataType) -> Converter:
     if isinstance(dtype, BooleanType):
         return _bool_column
     if isinstance(dtype, BinaryType):
-        return lambda texts: pa.array([None if t is None else pg.parse_bytea(t)
+        return lambda texts: pa.array([None if t is None else wt.parse_bytea(t)
                                        for t in _values(texts)], pa.binary())
     if isinstance(dtype, ArrayType):
         parse_element = _element_parser(dtype.elementType)
@@ -156,7 +129,7 @@ def converter(dtype: DataType, arrow_type: pa.DataType) -> Converter:
     name = dtype.typeName()
     fallback = _FALLBACK.get(name)
     if fallback is None:
-        raise TypeError(f"no conversion from PostgreSQL text to Spark {name}")
+        raise TypeError(f"no conversion from text to Spark {name}")
     return lambda texts: _cast_column(texts, arrow_type, fallback, name)
 
 
@@ -211,7 +184,7 @@ def _element_parser(element_type: DataType) -> Callable[[str], object]:
     if isinstance(element_type, DecimalType):
         return _decimal_or_none
     if isinstance(element_type, BinaryType):
-        return pg.parse_bytea
+        return wt.parse_bytea
     return _FALLBACK[element_type.typeName()]
 
 
@@ -222,7 +195,7 @@ def _array_column(texts: Texts, parse_element: Callable[[str], object],
         if text is None:
             values.append(None)
             continue
-        items = pg.parse_array(text, parse_element)
+        items = wt.parse_array(text, parse_element)
         if any(isinstance(item, list) for item in items):
             raise ValueError(f"multi-dimensional array {text[:60]!r} is not supported in "
                              "typed tables; read it through the envelope stream")

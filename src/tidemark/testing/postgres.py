@@ -13,10 +13,8 @@ from __future__ import annotations
 import contextlib
 import logging
 import os
-import pwd
 import secrets
 import shutil
-import socket
 import subprocess
 import tempfile
 import time
@@ -28,6 +26,7 @@ import psycopg2
 import psycopg2.extensions
 
 from tidemark.errors import TidemarkError
+from tidemark.testing.local_server import demote_to, ensure_os_user, free_port
 
 log = logging.getLogger(__name__)
 
@@ -87,28 +86,6 @@ def find_bindir(explicit: str | None = None) -> Path:
     )
 
 
-def free_port() -> int:
-    """Return a TCP port on 127.0.0.1 that was free a moment ago."""
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.bind(("127.0.0.1", 0))
-        port: int = sock.getsockname()[1]
-        return port
-
-
-def _ensure_os_user(name: str) -> pwd.struct_passwd:
-    try:
-        return pwd.getpwnam(name)
-    except KeyError:
-        pass
-    useradd = shutil.which("useradd") or "/usr/sbin/useradd"
-    subprocess.run(
-        [useradd, "--system", "--no-create-home", "--shell", "/usr/sbin/nologin", name],
-        check=True,
-        capture_output=True,
-    )
-    return pwd.getpwnam(name)
-
-
 class PostgresCluster:
     """A private PostgreSQL cluster in a temporary directory.
 
@@ -146,7 +123,7 @@ class PostgresCluster:
     def start(self) -> PostgresCluster:
         """Run initdb and start the server; returns self once it accepts connections."""
         if os.geteuid() == 0:
-            user = _ensure_os_user(self._os_user)
+            user = ensure_os_user(self._os_user)
             self._uid, self._gid = user.pw_uid, user.pw_gid
         self._tmp = Path(tempfile.mkdtemp(prefix="tidemark-pg-", dir=self._base_dir))
         if self._uid is not None and self._gid is not None:
@@ -292,9 +269,7 @@ class PostgresCluster:
     def _run(self, argv: list[str]) -> None:
         def demote() -> None:
             if self._gid is not None and self._uid is not None:
-                os.setgroups([])
-                os.setgid(self._gid)
-                os.setuid(self._uid)
+                demote_to(self._uid, self._gid)
 
         env = {k: v for k, v in os.environ.items() if not k.startswith("PG")}
         env["LC_ALL"] = "C"

@@ -14,13 +14,13 @@ from typing import Any
 import psycopg2.extensions
 
 from tidemark.errors import SourceError
-from tidemark.event import Column, TableId, TableSchema
+from tidemark.event import TableId, TableSchema
 from tidemark.source.postgres.session import cursor
 from tidemark.source.postgres.types import (
     ARRAY_ELEMENT_OID,
     TEXT_ARRAY_OID,
     TEXT_OID,
-    python_parser,
+    pg_column,
 )
 
 log = logging.getLogger(__name__)
@@ -355,8 +355,8 @@ def table_schema(
     key = tuple(key or ())
     decoding = {int(oid): type_info(conn, int(oid))[1] for _, oid, *_ in rows}
     columns = tuple(
-        Column(name, decoding[int(oid)], int(typmod), str(tname), name in key,
-               python_parser(decoding[int(oid)], int(typmod)), not notnull)
+        pg_column(name, decoding[int(oid)], int(typmod), str(tname), name in key,
+                  not notnull)
         for name, oid, typmod, tname, _, notnull in rows
     )
     names = [c.name for c in columns]

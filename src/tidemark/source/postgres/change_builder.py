@@ -21,7 +21,6 @@ from tidemark.errors import DecodeError
 from tidemark.event import (
     UNAVAILABLE,
     ChangeEvent,
-    Column,
     Op,
     Record,
     SourceContext,
@@ -31,7 +30,7 @@ from tidemark.event import (
     WireTuple,
 )
 from tidemark.source.postgres import pgoutput
-from tidemark.source.postgres.types import python_parser
+from tidemark.source.postgres.types import pg_column
 
 log = logging.getLogger(__name__)
 
@@ -123,10 +122,8 @@ class ChangeEventBuilder:
         self._versions[table] = version
         infos = [self._type_info(c.type_oid) for c in msg.columns]
         columns = tuple(
-            Column(
-                c.name, decoding, c.type_modifier, name, i in key,
-                python_parser(decoding, c.type_modifier), c.name not in not_null,
-            )
+            pg_column(c.name, decoding, c.type_modifier, name, i in key,
+                      c.name not in not_null)
             for i, (c, (name, decoding)) in enumerate(zip(msg.columns, infos, strict=True))
         )
         old = self._relations.get(msg.relation_id)

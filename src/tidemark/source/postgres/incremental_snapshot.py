@@ -459,7 +459,7 @@ class IncrementalSnapshot:
             # Once per table's snapshot: its columns and OID (the Relation id of its
             # stream messages); a change of its columns found in a window drops this.
             schema = catalog.table_schema(conn, progress.table, record_key)
-            register_text_types(conn, schema)
+            register_text_types(conn)
             with conn.cursor() as cur:
                 cur.execute("SELECT %s::regclass::oid", (quoted_name(progress.table),))
                 row = cur.fetchone()

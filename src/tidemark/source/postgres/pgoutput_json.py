@@ -22,13 +22,13 @@ from collections.abc import Callable
 from typing import Any, Final
 
 from tidemark.event import TableSchema
+from tidemark.logical_type import Kind
 from tidemark.serde.debezium_json import (
     TEMPLATE_NAMES,
     DebeziumJsonOptions,
     column_fragment,
     json_fragment,
 )
-from tidemark.source.postgres import types as pgt
 
 #: ``line(data, text, lsn, parts)``: *text* is ``data.decode("ascii")`` for the ASCII
 #: variant (ignored by the UTF-8 one); *parts* is what
@@ -65,8 +65,8 @@ _COLUMNS_AT: Final = 8
 # Types whose text is short and whose JSON conversion is a Python function call (numeric
 # base64, timestamps, dates …), so that memoizing it pays and stays small.
 _MEMO_TYPES: Final = frozenset({
-    pgt.NUMERIC_OID, pgt.MONEY_OID, pgt.DATE_OID, pgt.TIME_OID, pgt.TIMETZ_OID,
-    pgt.TIMESTAMP_OID, pgt.TIMESTAMPTZ_OID, pgt.INTERVAL_OID,
+    Kind.DECIMAL, Kind.MONEY, Kind.DATE, Kind.TIME, Kind.TIMETZ, Kind.TIMESTAMP,
+    Kind.TIMESTAMPTZ, Kind.INTERVAL,
 })
 _MEMO_SIZE: Final = 1024  # entries per column; cleared when full
 
@@ -171,7 +171,7 @@ def _compile_variant(schema: TableSchema, options: DebeziumJsonOptions, op: str,
         namespace[f"p{i}"] = json_fragment(placeholder)
         if template is not None:
             convert = [f"        f{i} = {template.format(v=f'v{i}')}"]
-        elif column.type_oid in _MEMO_TYPES:
+        elif column.logical.kind in _MEMO_TYPES:
             # Values of these types repeat (an update re-sends the unchanged columns of
             # a row, often one just inserted; amounts, dates and times recur): a small
             # memo per column turns most conversions into one dict lookup.

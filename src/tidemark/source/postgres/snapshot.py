@@ -45,13 +45,14 @@ def begin_snapshot(conn: psycopg2.extensions.connection, snapshot_name: str | No
     return int(row[0])
 
 
-def register_text_types(conn: psycopg2.extensions.connection, schema: TableSchema) -> None:
-    """Make *conn* return *schema*'s columns as the text their output functions print.
+def register_text_types(conn: psycopg2.extensions.connection) -> None:
+    """Make *conn* return every column as the text its type's output function prints.
 
     Every type psycopg2 would convert (ranges, json, arrays …) must come back as that
     text, like pgoutput sends it, so that one set of converters (and one form of keys)
     serves snapshot and stream rows alike."""
-    oids = sorted(set(psycopg2.extensions.string_types) | {c.type_oid for c in schema.columns})
+    # Only the types psycopg2 knows are converted; every other one arrives as text.
+    oids = sorted(psycopg2.extensions.string_types)
     as_text = psycopg2.extensions.new_type(tuple(oids), "TIDEMARK_TEXT", _as_text)
     psycopg2.extensions.register_type(as_text, conn)
 
@@ -60,7 +61,7 @@ def read_rows(
     conn: psycopg2.extensions.connection, schema: TableSchema, fetch_size: int
 ) -> Iterator[list[tuple[str | None, ...]]]:
     """The table's rows as text tuples, in chunks of *fetch_size* (server-side cursor)."""
-    register_text_types(conn, schema)
+    register_text_types(conn)
     query = sql.SQL("SELECT {} FROM {}.{}").format(
         sql.SQL(", ").join(sql.Identifier(c.name) for c in schema.columns),
         sql.Identifier(schema.table.schema),
