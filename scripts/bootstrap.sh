@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Installs what tidemark needs on a fresh machine: uv, the locked Python environment,
-# and (if missing) PostgreSQL server binaries and a Java runtime for Spark. Safe to run repeatedly.
+# and (if missing) PostgreSQL and MariaDB server binaries and a Java runtime for Spark.
+# Safe to run repeatedly.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -23,6 +24,18 @@ if ! have_pg; then
     else
         echo "PostgreSQL server binaries (initdb, pg_ctl) are missing: install postgresql-15" >&2
         exit 1
+    fi
+fi
+
+# The MariaDB source's tests and benchmarks run a private MariaDB server (Debian's).
+if ! command -v mariadbd >/dev/null 2>&1 && [ ! -x /usr/sbin/mariadbd ]; then
+    if [ "$(id -u)" = "0" ] && command -v apt-get >/dev/null 2>&1; then
+        echo "installing MariaDB server binaries with apt-get (for the MariaDB source's tests)" >&2
+        apt-get update -qq && DEBIAN_FRONTEND=noninteractive \
+            apt-get install -y -qq mariadb-server >/dev/null
+    else
+        echo "MariaDB server binaries (mariadbd) are missing: install mariadb-server to run" \
+             "the MariaDB tests" >&2
     fi
 fi
 

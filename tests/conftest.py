@@ -1,6 +1,7 @@
-"""Shared fixtures: one private PostgreSQL per test session, a fresh database per test.
+"""Shared fixtures: one private PostgreSQL (and, for the MariaDB tests, one private
+MariaDB) per test session, a fresh database per test.
 
-Nothing here skips: if PostgreSQL cannot start, every test that needs it errors.
+Nothing here skips: if a server cannot start, every test that needs it errors.
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ import psycopg2
 import pytest
 from hypothesis import settings
 
+from tidemark.testing.mariadb import MariaDbServer
 from tidemark.testing.postgres import PostgresCluster
 
 if TYPE_CHECKING:
@@ -92,6 +94,43 @@ def db(pg_cluster: PostgresCluster) -> Iterator[Database]:
         yield Database(pg_cluster, name)
     finally:
         pg_cluster.drop_database(name)
+
+
+class MariaDatabase:
+    """A fresh database of the session's MariaDB server, with small SQL helpers."""
+
+    def __init__(self, server: MariaDbServer, name: str) -> None:
+        self.server = server
+        self.name = name
+        self.dsn = server.dsn(name)
+
+    def execute(self, *statements: str, params: Any = None) -> None:
+        """Run *statements* in one transaction."""
+        conn = self.server.connect(self.name)
+        with contextlib.closing(conn), conn.cursor() as cur:
+            cur.execute("BEGIN")
+            for statement in statements:
+                cur.execute(statement, params)
+            cur.execute("COMMIT")
+
+    def query(self, sql: str, params: Any = None) -> list[tuple[Any, ...]]:
+        conn = self.server.connect(self.name)
+        with contextlib.closing(conn), conn.cursor() as cur:
+            cur.execute(sql, params)
+            return list(cur.fetchall())
+
+
+@pytest.fixture(scope="session")
+def mariadb_server() -> Iterator[MariaDbServer]:
+    with MariaDbServer() as server:
+        yield server
+
+
+@pytest.fixture
+def mdb(mariadb_server: MariaDbServer) -> Iterator[MariaDatabase]:
+    name = f"m{next(_counter)}"
+    with mariadb_server.database(name):
+        yield MariaDatabase(mariadb_server, name)
 
 
 @pytest.fixture(scope="session")

@@ -16,7 +16,7 @@ not send is :data:`UNAVAILABLE`, never ``None``.
 from __future__ import annotations
 
 import datetime as dt
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from enum import StrEnum
 from typing import Any, Final, TypeAlias
 
@@ -165,6 +165,9 @@ class SourceInfo(msgspec.Struct, frozen=True, gc=False):
     ``lsn`` is the LSN of the change itself, ``commit_lsn`` that of its transaction's
     commit record; ``ts_us`` is the commit time (µs since the Unix epoch). For snapshot
     rows ``lsn`` is the slot's consistent point and ``ts_us`` the snapshot start.
+    ``fields`` holds the block's fields of a source other than PostgreSQL, in
+    Debezium's order (MariaDB: ``server_id``, ``gtid``, ``file``, ``pos``, ``row``,
+    ``thread``, ``query``); ``lsn`` is then the source's int64 position.
     """
 
     connector: str
@@ -179,6 +182,7 @@ class SourceInfo(msgspec.Struct, frozen=True, gc=False):
     last_commit_lsn: int | None
     xmin: int | None = None
     origin: str | None = None
+    fields: Mapping[str, Any] | None = None
 
 
 class TransactionInfo(msgspec.Struct, frozen=True, gc=False):
@@ -200,6 +204,10 @@ class SourceContext(msgspec.Struct, frozen=True, gc=False):
 
     ``tx_id``/``commit_lsn`` are None for snapshot rows and non-transactional messages.
     Sharing one object per transaction keeps per-event allocation small.
+    ``commit_lsn`` is the source's int64 commit position (PostgreSQL: the commit LSN).
+    ``source_fields`` are the ``source`` block's fields of a source other than
+    PostgreSQL, after Debezium's common fields and ``table``; such a source may make one
+    context per event when a field (MariaDB's ``row``) differs between events.
     """
 
     connector: str
@@ -211,6 +219,7 @@ class SourceContext(msgspec.Struct, frozen=True, gc=False):
     tx_id: str | None = None
     commit_lsn: int | None = None
     origin: str | None = None
+    source_fields: tuple[tuple[str, Any], ...] | None = None
 
 
 class ChangeEvent(msgspec.Struct, frozen=True, gc=False):
@@ -246,8 +255,10 @@ class ChangeEvent(msgspec.Struct, frozen=True, gc=False):
         """Debezium's ``source`` block."""
         c = self.context
         table = self.table
+        fields = dict(c.source_fields) if c.source_fields is not None else None
         return SourceInfo(c.connector, c.name, c.db, table.schema, table.table, c.ts_us,
-                          self.snapshot, c.txid, self.lsn, c.last_commit_lsn, None, c.origin)
+                          self.snapshot, c.txid, self.lsn, c.last_commit_lsn, None, c.origin,
+                          fields)
 
     @property
     def transaction(self) -> TransactionInfo | None:

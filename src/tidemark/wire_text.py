@@ -384,17 +384,27 @@ def date_to_epoch_days(text: str) -> int:
     return _days_from_civil(year, month, day)
 
 
+_DURATION: Final = re.compile(r"(-?)(\d+):(\d\d):(\d\d)(?:\.(\d{1,6}))?")
+
+
 def time_to_micros(text: str) -> int:
     """Microseconds since midnight for a ``time`` value (Debezium's ``MicroTime``).
 
-    ``'24:00:00'`` gives 86,400,000,000.
+    ``'24:00:00'`` gives 86,400,000,000. MariaDB's ``time`` is a duration and may be
+    negative or longer than a day (``'-838:59:59.5'``): those give the signed total.
     """
     try:
         value = time.fromisoformat(text)
     except ValueError:
         if text == "24:00:00":
             return _US_PER_DAY
-        raise
+        match = _DURATION.fullmatch(text)
+        if match is None:
+            raise
+        sign, hours, minutes, seconds, fraction = match.groups()
+        total = ((int(hours) * 60 + int(minutes)) * 60 + int(seconds)) * _US_PER_SECOND \
+            + int((fraction or "0").ljust(6, "0"))
+        return -total if sign else total
     if value.tzinfo is not None:
         raise ValueError(f"time value with a UTC offset: {text!r}")
     return (

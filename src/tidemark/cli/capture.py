@@ -10,9 +10,10 @@ import signal
 import sys
 import time
 from types import FrameType
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import click
+from click.core import ParameterSource
 
 from tidemark.errors import TerminalError
 from tidemark.event import ChangeEvent, Record
@@ -28,6 +29,11 @@ from tidemark.source.postgres.config import (
     TimePrecisionMode,
 )
 from tidemark.source.postgres.connector import PostgresConnector
+from tidemark.source.registry import source_kind
+
+if TYPE_CHECKING:
+    from tidemark.source.mariadb.config import MariaDbSourceConfig
+    from tidemark.source.mariadb.connector import MariaDbConnector
 
 log = logging.getLogger(__name__)
 
@@ -67,8 +73,9 @@ def _first_events(records: list[Record], lines: list[str], remaining: int
 
 @click.command()
 @click.option("--dsn", envvar="TIDEMARK_DSN", required=True,
-              help="libpq connection string or URI (or $TIDEMARK_DSN, to keep secrets out "
-                   "of the process list).")
+              help="PostgreSQL: a libpq connection string or URI; MariaDB: "
+                   "mariadb://user:password@host:port/database (or $TIDEMARK_DSN, to keep "
+                   "secrets out of the process list).")
 @click.option("--table", "tables", multiple=True,
               help="schema.table to capture (repeatable; a regular expression matches "
                    "several). Default: all tables.")
@@ -129,23 +136,34 @@ def capture(dsn: str, tables: tuple[str, ...], exclude: tuple[str, ...], slot: s
         "heartbeat_interval_ms": heartbeat_interval_ms, "signal_table": signal_table,
         "incremental_snapshot_chunk_size": incremental_snapshot_chunk_size,
     }
-    config = PostgresSourceConfig.from_mapping(values)
     store: OffsetStore = FileOffsetStore(offsets) if offsets else MemoryOffsetStore()
-    serializer = DebeziumJsonSerializer(DebeziumJsonOptions(
-        topic_prefix=topic_prefix,
-        decimal_handling_mode=config.decimal_handling_mode,
-        time_precision_mode=config.time_precision_mode,
-        tombstones_on_delete=tombstones,
-        transaction_metadata=transaction_metadata,
-    ))
+    connector: PostgresConnector | MariaDbConnector
+    if source_kind(dsn) == "mariadb":
+        # Imported here: a PostgreSQL capture's start should not pay for PyMySQL.
+        from tidemark.source.mariadb.connector import MariaDbConnector  # noqa: PLC0415
+
+        mariadb = _mariadb_config(values)
+        serializer = DebeziumJsonSerializer(DebeziumJsonOptions(
+            topic_prefix=topic_prefix, decimal_handling_mode=mariadb.decimal_handling_mode,
+            time_precision_mode=mariadb.time_precision_mode, tombstones_on_delete=tombstones,
+            transaction_metadata=transaction_metadata))
+        connector = MariaDbConnector(mariadb)
+    else:
+        config = PostgresSourceConfig.from_mapping(values)
+        serializer = DebeziumJsonSerializer(DebeziumJsonOptions(
+            topic_prefix=topic_prefix,
+            decimal_handling_mode=config.decimal_handling_mode,
+            time_precision_mode=config.time_precision_mode,
+            tombstones_on_delete=tombstones,
+            transaction_metadata=transaction_metadata,
+        ))
+        # Without transaction metadata every streamed event is one JSON text that the
+        # connector can make straight from the pgoutput bytes (the fast path).
+        connector = PostgresConnector(config,
+                                      json_lines=None if transaction_metadata else serializer)
     flag = _StopFlag()
     signal.signal(signal.SIGINT, flag)
     signal.signal(signal.SIGTERM, flag)
-    # Without transaction metadata every streamed event is one JSON text that the
-    # connector can make straight from the pgoutput bytes (the fast path).
-    connector = PostgresConnector(config,
-                                  json_lines=None if transaction_metadata else serializer)
-    stop_at = _current_insert_lsn(config.dsn) if stop_at_end else None
     metrics = None
     if metrics_port is not None:
         # Imported only when asked for: every capture start would pay for it.
@@ -154,7 +172,11 @@ def capture(dsn: str, tables: tuple[str, ...], exclude: tuple[str, ...], slot: s
         stats = connector.stats
         metrics = serve(metrics_port, lambda: capture_metrics(stats, name=topic_prefix))
     try:
-        connector.start(store=store, stop_at_lsn=stop_at)
+        if isinstance(connector, PostgresConnector):
+            connector.start(store=store, stop_at_lsn=_current_insert_lsn(config.dsn)
+                            if stop_at_end else None)
+        else:
+            connector.start(store=store, stop_at_end=stop_at_end)
     except BaseException:
         if metrics is not None:
             metrics.close()
@@ -232,6 +254,32 @@ def capture(dsn: str, tables: tuple[str, ...], exclude: tuple[str, ...], slot: s
         raise OutputClosedError(
             f"stdout was closed by its reader after {delivered} change event"
             f"{'' if delivered == 1 else 's'}; {kept}, so a restart resumes after it")
+
+
+#: Options that only the PostgreSQL connector has; given explicitly with a MariaDB
+#: URL they are an error, not silently ignored.
+_POSTGRES_ONLY = {"slot": "slot_name", "publication": "publication_name",
+                  "signal_table": "signal_table",
+                  "incremental_snapshot_chunk_size": "incremental_snapshot_chunk_size"}
+_MARIADB_KEYS = ("dsn", "table_include_list", "table_exclude_list", "snapshot_mode",
+                 "provide_transaction_metadata", "topic_prefix", "decimal_handling_mode",
+                 "heartbeat_interval_ms")
+
+
+def _mariadb_config(values: dict[str, Any]) -> MariaDbSourceConfig:
+    from tidemark.source.mariadb.config import MariaDbSourceConfig  # noqa: PLC0415
+
+    context = click.get_current_context()
+    for option in _POSTGRES_ONLY:
+        if context.get_parameter_source(option) is ParameterSource.COMMANDLINE:
+            raise click.UsageError(f"--{option.replace('_', '-')} applies to PostgreSQL "
+                                   "only; a mariadb:// source has no such setting")
+    chosen = {key: values[key] for key in _MARIADB_KEYS}
+    # MariaDB's default time mode is Debezium's MySQL one (time always in microseconds);
+    # the option's own default is PostgreSQL's.
+    if context.get_parameter_source("time_precision_mode") is ParameterSource.COMMANDLINE:
+        chosen["time_precision_mode"] = values["time_precision_mode"]
+    return MariaDbSourceConfig.from_mapping(chosen)
 
 
 class OutputClosedError(TerminalError):

@@ -309,12 +309,14 @@ typedef struct {
     PyObject *binary;       /* non-str value -> JSON text */
     PyObject *escape;       /* str -> JSON string text */
     PyObject *general;      /* event -> (key, value), for events without an LSN */
-    PyObject *source_parts; /* (context, snapshot) -> (head, middle, end) of "source" */
+    PyObject *source_parts; /* (context, snapshot) -> (head, middle, end) of "source",
+                             * or (block,) for a block without the event's position */
     PyObject *ts_fields;    /* ts_us -> the value's ts_* fields and closing brace */
     PyObject *transaction;  /* event -> the "transaction" block, or None: null */
     /* The cache between events: the source block of the last context and snapshot
      * marker, the ts fields of the last timestamp, the value of the last op. */
     PyObject *context, *snapshot, *head, *middle, *end, *ts, *ts_text, *op_enum, *op;
+    int position_in_source; /* head + position + middle + position + end, else head */
     /* Whether the fields of events of event_type (at its version event_type_version)
      * are in slots (event_direct: msgspec.Struct fields are member descriptors), and
      * their offsets, read directly as the descriptors would read them: attribute
@@ -325,7 +327,7 @@ typedef struct {
     Py_ssize_t offsets[N_FIELDS];
 } Renderer;
 
-static PyObject *s_value_, *s_null;
+static PyObject *s_value_, *s_null, *s_empty;
 
 /* Every object the renderer holds, for traverse and clear. */
 /* The objects a writer is given, then those it caches; traverse and clear take both. */
@@ -785,15 +787,17 @@ refresh_source(Renderer *self, PyObject *context, PyObject *snapshot)
     if (parts == NULL) {
         return -1;
     }
-    if (!PyTuple_Check(parts) || PyTuple_GET_SIZE(parts) != 3) {
-        PyErr_Format(PyExc_TypeError, "source_parts returned %R, not (head, middle, end)",
-                     parts);
+    Py_ssize_t count = PyTuple_Check(parts) ? PyTuple_GET_SIZE(parts) : 0;
+    if (count != 3 && count != 1) {
+        PyErr_Format(PyExc_TypeError,
+                     "source_parts returned %R, not (head, middle, end) or (block,)", parts);
         Py_DECREF(parts);
         return -1;
     }
     PyObject *text[3];
     for (int i = 0; i < 3; i++) {
-        text[i] = as_text(Py_NewRef(PyTuple_GET_ITEM(parts, i)));
+        /* A whole block: the middle and end are empty and never written. */
+        text[i] = as_text(Py_NewRef(i < count ? PyTuple_GET_ITEM(parts, i) : s_empty));
         if (text[i] == NULL) {
             for (int j = 0; j < i; j++) {
                 Py_DECREF(text[j]);
@@ -808,6 +812,7 @@ refresh_source(Renderer *self, PyObject *context, PyObject *snapshot)
     store(&self->end, text[2]);
     store(&self->context, Py_NewRef(context));
     store(&self->snapshot, Py_NewRef(snapshot));
+    self->position_in_source = count == 3;
     return 0;
 }
 
@@ -925,6 +930,7 @@ render(Renderer *self, PyObject *event)
      * it) may change the cache. */
     PyObject *head = Py_NewRef(self->head), *middle = Py_NewRef(self->middle),
              *end = Py_NewRef(self->end);
+    int position_in_source = self->position_in_source;
     if (buf_own(&b, head) < 0 || buf_own(&b, middle) < 0 || buf_own(&b, end) < 0) {
         goto done;
     }
@@ -1044,20 +1050,22 @@ render(Renderer *self, PyObject *event)
     }
     PUSH_LITERAL(&b, ",\"source\":");
     push_str(&b, head);
-    if (lsn_text == NULL) {
-        push_ascii(&b, lsn_digits, lsn_len);
+    if (position_in_source) {
+        if (lsn_text == NULL) {
+            push_ascii(&b, lsn_digits, lsn_len);
+        }
+        else {
+            push_str(&b, lsn_text);
+        }
+        push_str(&b, middle);
+        if (lsn_text == NULL) {
+            push_ascii(&b, lsn_digits, lsn_len);
+        }
+        else {
+            push_str(&b, lsn_text);
+        }
+        push_str(&b, end);
     }
-    else {
-        push_str(&b, lsn_text);
-    }
-    push_str(&b, middle);
-    if (lsn_text == NULL) {
-        push_ascii(&b, lsn_digits, lsn_len);
-    }
-    else {
-        push_str(&b, lsn_text);
-    }
-    push_str(&b, end);
     if (transaction_text == NULL) {
         PUSH_LITERAL(&b, ",\"transaction\":null,\"op\":\"");
     }
@@ -1170,6 +1178,7 @@ PyInit__render(void)
         {&field_names[F_RAW_BEFORE], "raw_before"},
         {&s_value_, "_value_"},
         {&s_null, "null"},
+        {&s_empty, ""},
     };
     for (size_t i = 0; i < sizeof(names) / sizeof(names[0]); i++) {
         if (*names[i].slot == NULL &&

@@ -17,7 +17,7 @@ class EventRenderer:
         binary: Callable[[Any], str],
         escape: Callable[[str], str],
         general: Callable[[Any], tuple[str, str]],
-        source_parts: Callable[[Any, Any], tuple[str, str, str]],
+        source_parts: Callable[[Any, Any], tuple[str, ...]],
         ts_fields: Callable[[int], str],
         transaction: Callable[[Any], str] | None,
         params: bytes = ...,

@@ -34,6 +34,7 @@ from tidemark.event import (
     Op,
     SnapshotMarker,
     SourceContext,
+    TableId,
     TableSchema,
     TransactionBoundary,
 )
@@ -647,7 +648,7 @@ EventRenderer = Callable[[ChangeEvent], tuple[str, str]]
 
 def compile_event_renderer(schema: TableSchema, options: DebeziumJsonOptions,
                            source_parts: Callable[[SourceContext, SnapshotMarker],
-                                                  tuple[str, str, str]],
+                                                  tuple[str, ...]],
                            ts_fields: Callable[[int], str],
                            transaction: Callable[[ChangeEvent], str],
                            general: EventRenderer, *, compiled: bool = True) -> EventRenderer:
@@ -672,11 +673,14 @@ def compile_event_renderer(schema: TableSchema, options: DebeziumJsonOptions,
     namespace = _namespace()
     # The cache between events, a list because that is the cheapest mutable cell for
     # the generated code to read: [0] context and [1] snapshot marker of the last
-    # event, [2:5] its source block around the LSN, [5] its timestamp, [6] its ts fields.
-    state: list[Any] = [None, None, "", "", "", None, ""]
+    # event, [2:5] its source block around the LSN, [5] its timestamp, [6] its ts
+    # fields, [7] whether the LSN goes into the source block (else [2] is all of it).
+    state: list[Any] = [None, None, "", "", "", None, "", True]
 
     def refresh_source(context: SourceContext, snapshot: SnapshotMarker) -> None:
-        state[0:5] = [context, snapshot, *source_parts(context, snapshot)]
+        parts = source_parts(context, snapshot)
+        state[0:5] = [context, snapshot, *parts, "", ""][:5]
+        state[7] = len(parts) == 3
 
     def refresh_ts(ts_us: int) -> None:
         state[5:7] = [ts_us, ts_fields(ts_us)]
@@ -721,11 +725,12 @@ def compile_event_renderer(schema: TableSchema, options: DebeziumJsonOptions,
     else:
         lines.append('    key = "null"')
     transaction_text = "{tx(e)}" if options.transaction_metadata else "null"
-    lines.append(
-        '    return key, f\'{{"before":{before},"after":{after},"source":{st[2]}{lsn}'
-        f'{{st[3]}}{{lsn}}{{st[4]}},"transaction":{transaction_text},'
-        '"op":"{op}",{st[6]}\''
-    )
+    lines += [
+        '    source = f"{st[2]}{lsn}{st[3]}{lsn}{st[4]}" if st[7] else st[2]',
+        '    return key, f\'{{"before":{before},"after":{after},"source":{source}'
+        f',"transaction":{transaction_text},'
+        '"op":"{op}",{st[6]}\'',
+    ]
     exec("\n".join(lines), namespace)
     render: EventRenderer = namespace["render"]
     return render
@@ -733,7 +738,7 @@ def compile_event_renderer(schema: TableSchema, options: DebeziumJsonOptions,
 
 def compiled_event_renderer(schema: TableSchema, options: DebeziumJsonOptions,
                             source_parts: Callable[[SourceContext, SnapshotMarker],
-                                                   tuple[str, str, str]],
+                                                   tuple[str, ...]],
                             ts_fields: Callable[[int], str],
                             transaction: Callable[[ChangeEvent], str],
                             general: EventRenderer) -> EventRenderer:
@@ -766,17 +771,15 @@ def _member_prefix(position: int, name: str) -> str:
 
 
 class _Codec:
-    __slots__ = ("_converters", "options", "render", "schema", "source_tail")
+    __slots__ = ("_converters", "options", "render", "schema")
 
     def __init__(self, schema: TableSchema, serializer: DebeziumJsonSerializer) -> None:
         self.schema = schema
         self.options = options = serializer.options
-        self.source_tail = (f',"schema":{_escape(schema.table.schema)},'
-                            f'"table":{_escape(schema.table.table)},')
-        tail = self.source_tail
+        table = schema.table
         self.render = compile_event_renderer(
             schema, options,
-            lambda context, snapshot: serializer._cached_source_parts(context, snapshot, tail),
+            lambda context, snapshot: serializer._cached_source_parts(context, snapshot, table),
             serializer._ts_fields, serializer._transaction, serializer.general_key_and_value,
             compiled=serializer.compiled)
         self._converters: tuple[RowConverter, RowConverter | None] | None = None
@@ -809,14 +812,14 @@ class DebeziumJsonSerializer:
         self.compiled = compiled
         self._codecs: dict[int, tuple[TableSchema, _Codec]] = {}
         self._encoder = msgspec.json.Encoder()
-        self._message_tail = ',"schema":"","table":"",'
+        self._message_table = TableId("", "")
         self._metadata = self.options.transaction_metadata
         self._ts = -1
         self._ts_text = ""
         self._last_schema: TableSchema | None = None
         self._last_codec: _Codec = None  # type: ignore[assignment]
         self._parts_context: object = None
-        self._parts: dict[tuple[str, SnapshotMarker], tuple[str, str, str]] = {}
+        self._parts: dict[tuple[TableId, SnapshotMarker], tuple[str, ...]] = {}
 
     def _codec(self, schema: TableSchema) -> _Codec:
         if schema is self._last_schema:
@@ -828,23 +831,27 @@ class DebeziumJsonSerializer:
         self._last_schema, self._last_codec = entry
         return entry[1]
 
-    def _source(self, event: ChangeEvent, tail: str) -> str:
+    def _source(self, event: ChangeEvent, table: TableId) -> str:
         """The ``source`` block; only the LSN differs between events of a transaction,
         so the rest is built once per (transaction, table, snapshot marker)."""
         lsn = event.lsn
-        head, middle, end = self._cached_source_parts(event.context, event.snapshot, tail)
+        parts = self._cached_source_parts(event.context, event.snapshot, table)
+        if len(parts) == 1:
+            return parts[0]
+        head, middle, end = parts
         if lsn is None:
             return f'{head}null{middle}null{end}'.replace('"[null,\\"null\\"]"', "null")
         return f"{head}{lsn}{middle}{lsn}{end}"
 
     def _cached_source_parts(self, context: SourceContext, snapshot: SnapshotMarker,
-                             tail: str) -> tuple[str, str, str]:
+                             table: TableId) -> tuple[str, ...]:
         if context is not self._parts_context:
             self._parts_context = context
             self._parts.clear()
-        parts = self._parts.get((tail, snapshot))
+        parts = self._parts.get((table, snapshot))
         if parts is None:
-            parts = self._parts[(tail, snapshot)] = self._source_parts(context, snapshot, tail)
+            parts = self._parts[(table, snapshot)] = self._source_parts(context, snapshot,
+                                                                        table)
         return parts
 
     def _ts_fields(self, ts_us: int) -> str:
@@ -856,8 +863,20 @@ class DebeziumJsonSerializer:
 
     @staticmethod
     def _source_parts(c: SourceContext, snapshot: SnapshotMarker,
-                      tail: str) -> tuple[str, str, str]:
+                      table: TableId) -> tuple[str, ...]:
+        """The ``source`` block around the event's LSN (PostgreSQL's layout), or, for a
+        source with fields of its own (``source_fields``), the whole block: Debezium's
+        common fields, ``table``, then the source's fields in order."""
         ts = c.ts_us
+        if c.source_fields is not None:
+            own = "".join(f",{_escape(name)}:{json_fragment(value)}"
+                          for name, value in c.source_fields)
+            return (f'{{"version":"{SOURCE_VERSION}","connector":{_escape(c.connector)},'
+                    f'"name":{_escape(c.name)},"ts_ms":{ts // 1000},'
+                    f'"snapshot":"{snapshot.value}","db":{_escape(c.db)},"sequence":null,'
+                    f'"ts_us":{ts},"ts_ns":{ts * 1000},"table":{_escape(table.table)}'
+                    f'{own}}}',)
+        tail = f',"schema":{_escape(table.schema)},"table":{_escape(table.table)},'
         last = "null" if c.last_commit_lsn is None else f'\\"{c.last_commit_lsn}\\"'
         head = (
             f'{{"version":"{SOURCE_VERSION}","connector":{_escape(c.connector)},'
@@ -882,8 +901,10 @@ class DebeziumJsonSerializer:
         """
         if self._metadata:
             raise ValueError("stream_value_parts is for output without transaction metadata")
-        head, middle, end = self._cached_source_parts(context, SnapshotMarker.FALSE,
-                                                      self._codec(schema).source_tail)
+        parts = self._cached_source_parts(context, SnapshotMarker.FALSE, schema.table)
+        if len(parts) != 3:
+            raise ValueError("stream_value_parts is for sources with the LSN in the block")
+        head, middle, end = parts
         ts = self._ts_fields(ts_us)
         return head, middle, f'{end},"transaction":null,"op":"{op.value}",{ts}'
 
@@ -928,7 +949,7 @@ class DebeziumJsonSerializer:
             prefix = _escape(event.message_prefix or "")
             return f'{{"prefix":{prefix}}}', (
                 f'{{"op":"m","ts_ms":{ts // 1000},'
-                f'"source":{self._source(event, self._message_tail)},'
+                f'"source":{self._source(event, self._message_table)},'
                 f'"transaction":{self._transaction(event)},'
                 f'"message":{{"prefix":{prefix},"content":"{content}"}}}}'
             )
@@ -944,7 +965,7 @@ class DebeziumJsonSerializer:
             if key_row is not None:
                 key = key_of(key_row)
         value = (f'{{"before":{before},"after":{after},'
-                 f'"source":{self._source(event, codec.source_tail)},'
+                 f'"source":{self._source(event, schema.table)},'
                  f'"transaction":{self._transaction(event) if self._metadata else "null"},'
                  f'"op":"{op}",{self._ts_fields(ts)}')
         return key, value

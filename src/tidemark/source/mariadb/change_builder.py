@@ -1,0 +1,270 @@
+"""Binlog events -> change events, one whole transaction at a time.
+
+A MariaDB transaction in the binlog is a GTID event, table maps and rows events, and an
+XID event (InnoDB) or a ``COMMIT`` query (non-transactional engines); a DDL statement is
+a GTID event marked standalone and one query. Rows are held until the transaction's
+end, because its commit position and time are only known there and every event carries
+them, and handed on together: a consumer never sees part of a transaction.
+
+Events follow Debezium's MariaDB/MySQL connectors: ``source`` has ``server_id``,
+``gtid``, ``file``, ``pos`` (the rows event's position), ``row`` (the row's index in
+it), ``thread`` and ``query``; ``transaction.id`` is the GTID. ``TRUNCATE TABLE``
+becomes a truncate event (op ``t``) for a captured table, so that tables kept in step
+downstream are emptied too.
+"""
+
+from __future__ import annotations
+
+import logging
+import re
+import time
+from collections.abc import Callable
+from typing import Final
+
+from tidemark.event import (
+    ChangeEvent,
+    Op,
+    Record,
+    SourceContext,
+    TableId,
+    TableSchema,
+    TransactionBoundary,
+    WireTuple,
+)
+from tidemark.source.mariadb import binlog as b
+from tidemark.source.mariadb.binlog import EventHeader, TableMap
+from tidemark.source.mariadb.position import (
+    BinlogPosition,
+    format_gtid_state,
+    ordering_key,
+    parse_gtid_state,
+)
+from tidemark.source.mariadb.row_decoder import RowDecoder
+from tidemark.source.mariadb.types import table_column
+
+log = logging.getLogger(__name__)
+
+CONNECTOR: Final = "mariadb"
+_OPS: Final = {"c": Op.CREATE, "u": Op.UPDATE, "d": Op.DELETE}
+_TRUNCATE: Final = re.compile(
+    r"^\s*TRUNCATE\s+(?:TABLE\s+)?(?:`((?:[^`]|``)+)`|(\w+))(?:\s*\.\s*(?:`((?:[^`]|``)+)`|(\w+)))?",
+    re.IGNORECASE)
+_TABLE_MAP_CACHE_SIZE: Final = 1024
+
+
+class _Table:
+    """A table map, decoded once, and the table schema its events carry."""
+
+    __slots__ = ("decoder", "schema")
+
+    def __init__(self, table_map: TableMap, version: int) -> None:
+        self.decoder = RowDecoder(table_map)
+        key = table_map.primary_key
+        columns = tuple(table_column(c, i in key) for i, c in enumerate(table_map.columns))
+        self.schema = TableSchema(TableId(table_map.database, table_map.table), columns,
+                                  key, "default", version)
+
+
+class _Transaction:
+    __slots__ = ("events", "gtid", "rows", "server_id", "started_file", "thread")
+
+    def __init__(self, gtid: b.Gtid | None, server_id: int) -> None:
+        self.gtid = gtid
+        self.server_id = server_id
+        # (schema, op, before, after, position key, file, pos, row index)
+        self.rows: list[tuple[TableSchema, Op, WireTuple | None, WireTuple | None, int, str,
+                              int, int]] = []
+        self.thread: int | None = None
+
+
+class ChangeBuilder:
+    """Feeds on a dump's events in order; :meth:`handle` returns the records of each
+    completed transaction, with the position to resume from after them.
+
+    *captured*: whether a table is captured (its rows are skipped otherwise, cheaply:
+    before decoding). *position*: where the dump started (its file name is needed until
+    the first ROTATE event names it again).
+    """
+
+    def __init__(self, *, name: str, position: BinlogPosition,
+                 captured: Callable[[TableId], bool],
+                 transaction_metadata: bool = False) -> None:
+        self.name = name
+        self.file = position.file
+        self.next_pos = position.pos
+        self.gtid_state = parse_gtid_state(position.gtids)
+        self._captured = captured
+        self._metadata = transaction_metadata
+        self._decoder = b.EventDecoder()
+        self._maps: dict[bytes, _Table | None] = {}
+        self._by_id: dict[int, _Table | None] = {}
+        self._versions: dict[TableId, int] = {}
+        self._schemas: dict[TableId, tuple[str, ...]] = {}
+        self._tx: _Transaction | None = None
+        self.events_seen = 0
+        #: Commit time (µs since the epoch) of the last transaction handled.
+        self.commit_us: int | None = None
+
+    @property
+    def checksum(self) -> int:
+        return self._decoder.checksum
+
+    @checksum.setter
+    def checksum(self, value: int) -> None:
+        self._decoder.checksum = value
+
+    @property
+    def position(self) -> BinlogPosition:
+        """The position after the last complete transaction handled."""
+        return BinlogPosition(self.file, self.next_pos, format_gtid_state(self.gtid_state))
+
+    @property
+    def in_transaction(self) -> bool:
+        return self._tx is not None
+
+    def handle(self, event: bytes) -> list[Record] | None:
+        """The records of the transaction this event completes (possibly none, for a
+        transaction of uncaptured tables), or None when it completes nothing."""
+        header, body = self._decoder.split(event)
+        self.events_seen += 1
+        kind = header.type
+        if kind in b.ROWS_EVENTS:
+            self._rows(header, body)
+            return None
+        if kind == b.TABLE_MAP_EVENT:
+            self._table_map(body)
+            return None
+        if kind == b.GTID_EVENT:
+            gtid = b.parse_gtid(body, header.server_id)
+            self._tx = _Transaction(gtid, header.server_id)
+            return None
+        if kind == b.XID_EVENT:
+            return self._commit(header)
+        if kind == b.QUERY_EVENT:
+            return self._query(header, body)
+        if kind == b.ROTATE_EVENT:
+            rotate = b.parse_rotate(body)
+            self.file = rotate.file
+            if self._tx is None:
+                self.next_pos = rotate.position
+            return None
+        if kind == b.GTID_LIST_EVENT and self._tx is None:
+            for domain, server, sequence in b.parse_gtid_list(body).gtids:
+                if sequence >= self.gtid_state.get(domain, (0, -1))[1]:
+                    self.gtid_state[domain] = (server, sequence)
+        return None
+
+    # -- events ----------------------------------------------------------------------
+    def _table_map(self, body: bytes) -> None:
+        if body in self._maps:
+            table = self._maps[body]
+        else:
+            table_map = b.parse_table_map(body)
+            table_id = TableId(table_map.database, table_map.table)
+            if not self._captured(table_id):
+                table = None
+            else:
+                names = tuple(c.name for c in table_map.columns)
+                version = self._versions.get(table_id, -1)
+                if self._schemas.get(table_id) != names or version < 0:
+                    version += 1
+                    self._versions[table_id] = version
+                    self._schemas[table_id] = names
+                    if version:
+                        log.info("schema of %s changed: columns now %s", table_id,
+                                 ", ".join(names))
+                table = _Table(table_map, version)
+            if len(self._maps) >= _TABLE_MAP_CACHE_SIZE:
+                self._maps.clear()
+            self._maps[body] = table
+        self._by_id[int.from_bytes(body[0:6], "little")] = table
+
+    def _rows(self, header: EventHeader, body: bytes) -> None:
+        table_id = int.from_bytes(body[0:6], "little")
+        table = self._by_id.get(table_id)
+        if table is None:
+            return  # not captured (or a table map we never saw: a dump mid-transaction)
+        tx = self._tx
+        if tx is None:  # rows outside a GTID group: a server without GTIDs
+            tx = self._tx = _Transaction(None, header.server_id)
+        rows_event = b.parse_rows(body, header.type)
+        position = header.next_position - header.size
+        key = ordering_key(self.file, position)
+        op = _OPS[rows_event.op]
+        schema = table.schema
+        append = tx.rows.append
+        for index, (before, after) in enumerate(table.decoder.rows(rows_event)):
+            append((schema, op, before, after, key, self.file, position, index))
+
+    def _query(self, header: EventHeader, body: bytes) -> list[Record] | None:
+        query = b.parse_query(body)
+        sql = query.sql.lstrip()
+        head = sql[:8].upper()
+        if head.startswith("BEGIN"):
+            if self._tx is None:
+                self._tx = _Transaction(None, header.server_id)
+            self._tx.thread = query.thread_id
+            return None
+        if head.startswith("COMMIT"):
+            return self._commit(header)
+        # DDL, or another statement: a group of its own (GTID event standalone).
+        truncated = self._truncated(query.database, sql)
+        tx = self._tx or _Transaction(None, header.server_id)
+        self._tx = tx
+        if truncated is not None:
+            tx.rows.append((truncated, Op.TRUNCATE, None, None,
+                            ordering_key(self.file, header.next_position - header.size),
+                            self.file, header.next_position - header.size, 0))
+        elif head.startswith(("ALTER", "CREATE", "DROP", "RENAME")):
+            log.info("DDL in the binlog (%s): %s", tx.gtid or self.file, sql[:200])
+        tx.thread = query.thread_id
+        return self._commit(header)
+
+    def _truncated(self, database: str, sql: str) -> TableSchema | None:
+        match = _TRUNCATE.match(sql)
+        if match is None:
+            return None
+        first = (match.group(1) or match.group(2) or "").replace("``", "`")
+        second = (match.group(3) or match.group(4) or "").replace("``", "`")
+        table = TableId(first, second) if second else TableId(database, first)
+        if not self._captured(table):
+            return None
+        known = next((t.schema for t in self._by_id.values()
+                      if t is not None and t.schema.table == table), None)
+        return known or TableSchema(table, (), (), "default", self._versions.get(table, 0))
+
+    def _commit(self, header: EventHeader) -> list[Record]:
+        tx, self._tx = self._tx, None
+        self.next_pos = header.next_position
+        commit_key = ordering_key(self.file, header.next_position)
+        if tx is None:
+            return []
+        gtid = tx.gtid
+        if gtid is not None:
+            self.gtid_state[gtid.domain] = (gtid.server_id, gtid.sequence)
+        ts_us = self.commit_us = header.timestamp * 1_000_000
+        if not tx.rows:
+            return []
+        tx_id = str(gtid) if gtid is not None else f"{self.file}:{header.next_position}"
+        gtid_text = str(gtid) if gtid is not None else None
+        now_us = time.time_ns() // 1000
+        records: list[Record] = []
+        per_table: dict[TableId, int] = {}
+        for order, (schema, op, before, after, key, file, pos, row) in enumerate(tx.rows, 1):
+            table = schema.table
+            count = per_table.get(table, 0) + 1
+            per_table[table] = count
+            context = SourceContext(
+                CONNECTOR, self.name, table.schema, ts_us, None, None, tx_id, commit_key,
+                None, (("server_id", tx.server_id), ("gtid", gtid_text), ("file", file),
+                       ("pos", pos), ("row", row), ("thread", tx.thread), ("query", None)))
+            records.append(ChangeEvent(op, schema, before, after, context, key, order, count,
+                                       now_us))
+        if self._metadata:
+            begin = TransactionBoundary("BEGIN", tx_id, ts_us, commit_key,
+                                        topic_prefix=self.name)
+            end = TransactionBoundary(
+                "END", tx_id, ts_us, commit_key, len(tx.rows),
+                tuple((str(t), n) for t, n in per_table.items()), self.name)
+            records = [begin, *records, end]
+        return records

@@ -1,0 +1,141 @@
+"""Configuration of the MariaDB connector, validated when it is built.
+
+Keys follow Debezium's MariaDB/MySQL connectors with ``_`` for ``.``
+(``database_include_list`` for ``database.include.list``), as the PostgreSQL
+connector's do. Every invalid value raises :class:`tidemark.errors.ConfigError` naming
+the key and what it accepts.
+"""
+
+from __future__ import annotations
+
+import re
+import zlib
+from collections.abc import Mapping
+from typing import Any
+
+import msgspec
+
+from tidemark.config_mapping import struct_from_mapping
+from tidemark.errors import ConfigError
+from tidemark.event import TableId
+from tidemark.serde.modes import DecimalHandlingMode, TimePrecisionMode
+from tidemark.source.mariadb.client import ConnectionSettings, parse_url
+from tidemark.source.postgres.config import SnapshotMode
+
+__all__ = ["MariaDbSourceConfig", "SnapshotMode"]
+
+#: Databases that hold the server's own tables, never captured.
+SYSTEM_DATABASES = frozenset({"mysql", "information_schema", "performance_schema", "sys"})
+
+
+class MariaDbSourceConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
+    """Settings of one MariaDB capture. Build it with :meth:`from_mapping`."""
+
+    dsn: str
+    """``mariadb://user:password@host:port/database``: the server, and (optionally) the
+    database whose tables are captured by default."""
+    database_include_list: tuple[str, ...] = ()
+    """Databases to capture (regular expressions); default: the DSN's database, or every
+    non-system database when the DSN names none."""
+    table_include_list: tuple[str, ...] = ()
+    """``database.table`` names or regular expressions matched against the whole name."""
+    table_exclude_list: tuple[str, ...] = ()
+    server_id: int = 0
+    """The replica id tidemark announces (``server_id`` must be unique among a server's
+    replicas); 0 derives a stable one from the DSN in 5400-6399."""
+    snapshot_mode: SnapshotMode = SnapshotMode.INITIAL
+    decimal_handling_mode: DecimalHandlingMode = DecimalHandlingMode.PRECISE
+    time_precision_mode: TimePrecisionMode = TimePrecisionMode.ADAPTIVE_TIME_MICROSECONDS
+    topic_prefix: str = "tidemark"
+    """Debezium's ``topic.prefix``: the ``source.name`` of every event."""
+    provide_transaction_metadata: bool = False
+    heartbeat_interval_ms: int = 5_000
+    """How often the server sends a heartbeat on an idle stream; a stream silent for
+    three of them is taken for dead and reopened."""
+    max_batch_events: int = 10_000
+    """Largest number of change events handed on together (whole transactions: one
+    transaction larger than this is one batch)."""
+    snapshot_fetch_size: int = 10_000
+    reconnect_max_attempts: int = 10
+    reconnect_backoff_ms: int = 500
+
+    def __post_init__(self) -> None:
+        parse_url(self.dsn)
+        for key in ("database_include_list", "table_include_list", "table_exclude_list"):
+            for pattern in getattr(self, key):
+                try:
+                    re.compile(pattern)
+                except re.error as err:
+                    raise ConfigError(key, f"{pattern!r} is not a valid regular expression: "
+                                      f"{err}") from None
+        if not 0 <= self.server_id < 2**32:
+            raise ConfigError("server_id", f"must be in 0..4294967295, got {self.server_id}")
+        for key in ("max_batch_events", "snapshot_fetch_size", "reconnect_backoff_ms"):
+            if getattr(self, key) <= 0:
+                raise ConfigError(key, f"must be > 0, got {getattr(self, key)}")
+        for key in ("heartbeat_interval_ms", "reconnect_max_attempts"):
+            if getattr(self, key) < 0:
+                raise ConfigError(key, f"must be >= 0, got {getattr(self, key)}")
+
+    @classmethod
+    def from_mapping(cls, values: Mapping[str, Any], section: str = "") -> MariaDbSourceConfig:
+        """Build from a plain mapping (a TOML table, CLI options), naming any bad key."""
+        return struct_from_mapping(
+            cls, values, section,
+            required={"dsn": "the mariadb:// URL of the server to capture"})
+
+    @property
+    def connection(self) -> ConnectionSettings:
+        return parse_url(self.dsn)
+
+    @property
+    def replica_server_id(self) -> int:
+        """:attr:`server_id`, or the one derived from the DSN."""
+        if self.server_id:
+            return self.server_id
+        settings = self.connection
+        return 5400 + zlib.crc32(f"{settings.host}:{settings.port}/{self.topic_prefix}"
+                                 .encode()) % 1000
+
+    def redacted_dsn(self) -> str:
+        """The server and user, without the password."""
+        return self.connection.redacted()
+
+    def __repr__(self) -> str:
+        fields = ", ".join(f"{name}={getattr(self, name)!r}"
+                           for name in self.__struct_fields__ if name != "dsn")
+        return f"MariaDbSourceConfig(dsn={self.redacted_dsn()!r}, {fields})"
+
+    def table_filter(self) -> TableFilter:
+        return TableFilter(self)
+
+
+class TableFilter:
+    """Which ``database.table`` names a configuration captures."""
+
+    def __init__(self, config: MariaDbSourceConfig) -> None:
+        database = config.connection.database
+        databases = config.database_include_list or ((re.escape(database),) if database
+                                                     else ())
+        self._databases = [re.compile(p) for p in databases]
+        self._include = [re.compile(p) for p in config.table_include_list]
+        self._exclude = [re.compile(p) for p in config.table_exclude_list]
+        self._memo: dict[TableId, bool] = {}
+
+    def __call__(self, table: TableId) -> bool:
+        known = self._memo.get(table)
+        if known is None:
+            known = self._memo[table] = self._decide(table)
+        return known
+
+    def _decide(self, table: TableId) -> bool:
+        if table.schema in SYSTEM_DATABASES:
+            return False
+        name = f"{table.schema}.{table.table}"
+        if any(p.fullmatch(name) for p in self._exclude):
+            return False
+        if self._include:
+            return any(p.fullmatch(name) for p in self._include)
+        if self._databases:
+            return any(p.fullmatch(table.schema) for p in self._databases)
+        return True

@@ -1,0 +1,269 @@
+"""The MariaDB connector: checks, snapshot, then the binlog stream.
+
+Use it as the PostgreSQL connector: ``start(offset)``, then ``poll()`` repeatedly,
+handing each batch on and saving ``batch.offset`` once the batch is durable downstream;
+``stop()`` at the end. Offsets are taken only after whole transactions, so a restart
+resumes after the last saved one (at-least-once: the transactions after it may come
+again). The server keeps its binlog by time and size, not by reader, so
+:meth:`commit` releases nothing; a binlog purged before capture read it is reported
+as such, never skipped.
+
+The stream is read by a thread of its own (a binlog dump blocks until the server sends
+something), which decodes whole transactions and queues them for :meth:`poll`; the
+queue is bounded, so a slow consumer holds the reader back instead of growing memory.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import queue
+import threading
+from collections.abc import Iterator
+from typing import Any, Final
+
+import pymysql
+import pymysql.converters
+
+from tidemark.errors import SourceError, TransientError
+from tidemark.event import Record
+from tidemark.offsets.store import Offset, OffsetReader
+from tidemark.retry import retry_transient
+from tidemark.source.batch import SourceBatch
+from tidemark.source.capture_stats import CaptureStats
+from tidemark.source.mariadb import client
+from tidemark.source.mariadb import snapshot as snap
+from tidemark.source.mariadb.change_builder import ChangeBuilder
+from tidemark.source.mariadb.config import MariaDbSourceConfig, SnapshotMode
+from tidemark.source.mariadb.position import BinlogPosition
+
+log = logging.getLogger(__name__)
+
+_QUEUE_TRANSACTIONS: Final = 256
+_POLL_WAIT_S: Final = 0.5
+_MAX_BACKOFF_S: Final = 30.0
+_END: Final = object()  # the stream ended (a bounded capture reached the log's end)
+
+#: Decoders for the text protocol that return every value as the server sent it (str,
+#: or bytes for binary fields): the snapshot brings them to canonical text itself.
+_RAW_VALUES: Final = {k: v for k, v in pymysql.converters.conversions.items()
+                      if not isinstance(k, int)}
+
+
+class MariaDbConnector:
+    """Captures changes of the tables a :class:`MariaDbSourceConfig` selects."""
+
+    def __init__(self, config: MariaDbSourceConfig) -> None:
+        self.config = config
+        self.stats = CaptureStats()
+        self._settings = config.connection
+        self._batches: Iterator[SourceBatch] | None = None
+        self._queue: queue.Queue[Any] = queue.Queue(maxsize=_QUEUE_TRANSACTIONS)
+        self._reader: threading.Thread | None = None
+        self._stream: client.BinlogStream | None = None
+        self._stopping = threading.Event()
+        self._captured = config.table_filter()
+
+    @property
+    def partition(self) -> str:
+        """The offset key of this capture: one per server and topic prefix."""
+        s = self._settings
+        return f"mariadb/{s.host}:{s.port}/{self.config.topic_prefix}"
+
+    # -- lifecycle -------------------------------------------------------------------
+    def start(self, offset: Offset | None = None, *, store: OffsetReader | None = None,
+              stop_at_end: bool = False) -> None:
+        """Check the server, decide about the snapshot, and get ready to poll.
+
+        The resume position is *offset*, or what *store* holds under :attr:`partition`.
+        *stop_at_end*: finish at the end of the binlog as it is now (non-blocking dump).
+        """
+        try:
+            self._start(offset if offset is not None else
+                        (store.load(self.partition) if store is not None else None),
+                        stop_at_end)
+        except BaseException:
+            self.stop()
+            raise
+
+    def _start(self, offset: Offset | None, stop_at_end: bool) -> None:
+        cfg = self.config
+        conn = client.connect(self._settings)
+        with contextlib.closing(conn):
+            client.check_server(conn)
+            current = client.current_position(conn)
+        if offset is not None and "binlog" in offset:
+            position = BinlogPosition.from_offset(offset["binlog"])
+            log.info("resuming MariaDB capture at %s", position)
+            self._batches = self._stream_from(position, stop_at_end)
+        elif cfg.snapshot_mode in (SnapshotMode.INITIAL, SnapshotMode.INITIAL_ONLY,
+                                   SnapshotMode.WHEN_NEEDED):
+            self._batches = self._snapshot_then_stream(
+                stop_at_end, cfg.snapshot_mode == SnapshotMode.INITIAL_ONLY)
+        else:
+            log.info("starting MariaDB capture at the binlog's end, %s", current)
+            self._batches = self._stream_from(current, stop_at_end)
+
+    def poll(self) -> SourceBatch:
+        """The next batch (possibly empty when the server is idle; returns within about
+        half a second)."""
+        if self._batches is None:
+            raise SourceError("poll() before start()")
+        try:
+            return next(self._batches)
+        except StopIteration:
+            return SourceBatch([], None, finished=True)
+
+    def commit(self, offset: Offset) -> None:
+        """Nothing to release: the server keeps its binlog by time and size."""
+        self.stats.position_lsn = int(offset.get("binlog", {}).get("pos", 0) or 0)
+
+    def stop(self) -> None:
+        """Stop the reader thread and close the stream."""
+        self._stopping.set()
+        stream = self._stream
+        if stream is not None:
+            stream.close()  # ends a read blocked in the reader thread
+        reader, self._reader = self._reader, None
+        if reader is not None:
+            with contextlib.suppress(queue.Empty):
+                while True:  # unblock a reader waiting for queue space
+                    self._queue.get_nowait()
+            reader.join(timeout=10)
+        self.stats.connected = False
+
+    # -- snapshot ----------------------------------------------------------------------
+    def _snapshot_then_stream(self, stop_at_end: bool, only: bool) -> Iterator[SourceBatch]:
+        cfg = self.config
+        conn = client.connect(self._settings, conv=_RAW_VALUES)
+        self.stats.snapshot_running = True
+        try:
+            position = snap.begin_snapshot(conn)
+            tables = snap.captured_tables(conn, self._captured)
+            log.info("snapshot of %d table(s) at %s", len(tables), position)
+            for events in snap.snapshot_events(
+                    conn, tables, position=position, name=cfg.topic_prefix,
+                    server_id=cfg.replica_server_id, fetch_size=cfg.snapshot_fetch_size):
+                self.stats.count_rows(events)
+                yield SourceBatch(list(events), None)
+            conn.commit()
+        finally:
+            conn.close()
+        self.stats.snapshot_running = False
+        self.stats.snapshot_completed = True
+        if only:
+            yield SourceBatch([], {"binlog": position.to_offset()}, finished=True)
+        else:  # the stream's first batch holds the snapshot's position as offset
+            yield from self._stream_from(position, stop_at_end)
+
+    # -- streaming ---------------------------------------------------------------------
+    def _stream_from(self, position: BinlogPosition, stop_at_end: bool
+                     ) -> Iterator[SourceBatch]:
+        self._reader = threading.Thread(target=self._read, args=(position, stop_at_end),
+                                        name="tidemark-binlog-reader", daemon=True)
+        self._reader.start()
+        # Where the stream starts is already a position to resume from: a capture that
+        # starts at the log's end (no snapshot) and is restarted before any change must
+        # not take a snapshot, nor miss what was written in between.
+        yield SourceBatch([], {"binlog": position.to_offset()})
+        limit = self.config.max_batch_events
+        while True:
+            try:
+                item = self._queue.get(timeout=_POLL_WAIT_S)
+            except queue.Empty:
+                yield SourceBatch([], None)
+                continue
+            records: list[Record] = []
+            offset: Offset | None = None
+            while True:
+                if item is _END:
+                    yield SourceBatch(records, offset, finished=True)
+                    return
+                if isinstance(item, BaseException):
+                    if records:
+                        yield SourceBatch(records, offset)
+                    raise item
+                transaction, position_after, commit_us = item
+                records += transaction
+                offset = {"binlog": position_after.to_offset()}
+                if transaction:
+                    self.stats.saw_events(len(transaction), commit_us)
+                    self.stats.transactions_committed += 1
+                if len(records) >= limit:
+                    break
+                try:
+                    item = self._queue.get_nowait()
+                except queue.Empty:
+                    break
+            yield SourceBatch(records, offset)
+
+    def _read(self, position: BinlogPosition, stop_at_end: bool) -> None:
+        """The reader thread: dump, decode, queue whole transactions; reconnect on
+        transient failures from where the last whole transaction ended."""
+        cfg = self.config
+        resume = [position]
+
+        def log_retry(err: TransientError, attempt: int, delay: float) -> None:
+            log.warning("binlog stream failed (%s); reconnecting in %.1f s (attempt %d)",
+                        err, delay, attempt)
+
+        def sleep(delay: float) -> None:
+            if self._stopping.wait(delay):
+                raise _Stopped
+
+        try:
+            retry_transient(lambda: self._dump(resume, stop_at_end),
+                            max_retries=cfg.reconnect_max_attempts,
+                            initial_delay_s=cfg.reconnect_backoff_ms / 1000,
+                            max_delay_s=_MAX_BACKOFF_S, on_retry=log_retry, sleep=sleep)
+            self._put(_END)
+        except _Stopped:
+            return
+        except BaseException as err:  # handed to poll(), which raises it
+            if not self._stopping.is_set():
+                self._put(err)
+
+    def _dump(self, resume: list[BinlogPosition], stop_at_end: bool) -> None:
+        """One dump from ``resume[0]``, which it moves past every queued transaction:
+        a reconnect starts after the last whole one and decodes a partial one again."""
+        builder = ChangeBuilder(name=self.config.topic_prefix, position=resume[0],
+                                captured=self._captured,
+                                transaction_metadata=self.config.provide_transaction_metadata)
+        stream = client.BinlogStream(
+            self._settings, resume[0], server_id=self.config.replica_server_id,
+            blocking=not stop_at_end, heartbeat_s=self.config.heartbeat_interval_ms / 1000 or 5)
+        self._stream = stream
+        try:
+            stream.open()
+            builder.checksum = stream.checksum
+            self.stats.connected = True
+            handle = builder.handle
+            for event in stream.events():
+                records = handle(event)
+                if records is not None:
+                    position = resume[0] = builder.position
+                    self._put((records, position, builder.commit_us))
+                if self._stopping.is_set():
+                    raise _Stopped
+        except _Stopped:
+            raise
+        except Exception:
+            if self._stopping.is_set():
+                raise _Stopped from None
+            raise
+        finally:
+            self.stats.connected = False
+            stream.close()
+
+    def _put(self, item: object) -> None:
+        while not self._stopping.is_set():
+            try:
+                self._queue.put(item, timeout=0.5)
+                return
+            except queue.Full:
+                continue
+        raise _Stopped
+
+
+class _Stopped(Exception):  # noqa: N818 - a signal inside the reader thread, not an error
+    pass
