@@ -19,7 +19,7 @@ tidemark is captured four ways, all of which must write the same JSON:
 ``TIDEMARK_CONFORMANCE_DUMP=<dir>`` keeps tidemark's output, raw and normalized, there.
 
 A difference either is a bug to fix or is listed in ``ALLOWED`` with its reason (they
-are the README's "Where the JSON differs" list); an entry that no longer matches
+are the list in docs/debezium-format.md, "Where tidemark's JSON differs"); an entry that no longer matches
 anything fails the test too, so the list stays true.
 """
 
@@ -94,8 +94,8 @@ class Allowed:
                      or re.fullmatch(self.expected, difference.expected) is not None))
 
 
-#: Deliberate differences from Debezium 3.6.3, one line of reason each (the README's
-#: "Where the JSON differs"). Each must still occur: one that no longer does fails.
+#: Deliberate differences from Debezium 3.6.3, one line of reason each (the list in
+#: docs/debezium-format.md). Each must still occur: one that no longer does fails.
 ALLOWED: tuple[Allowed, ...] = (
     Allowed(r"value\.source\.version", "value",
             "source.version names tidemark and its version, not a Debezium release"),

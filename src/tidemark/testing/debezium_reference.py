@@ -27,7 +27,7 @@ snapshot time), BEGIN/END ``value.ts_ms``
                                              not even their order is stable between runs
 transaction ids ``"<txId>:<lsn>"`` (the      ``"<txN>:<lsn>"``: the xid numbered as ``txId``;
 ``transaction`` block, BEGIN/END key and     the LSN suffix dropped (tidemark's is the
-value)                                       commit LSN on purpose, see README)
+value)                                       commit LSN on purpose, see docs/debezium-format.md)
 BEGIN/END ``data_collections``               sorted by name, the logical-message entry's
                                              Java identity hash (``…Id@6c82be78``) dropped:
                                              Debezium takes both from a HashMap and an
