@@ -19,8 +19,8 @@ tidemark is captured four ways, all of which must write the same JSON:
 ``TIDEMARK_CONFORMANCE_DUMP=<dir>`` keeps tidemark's output, raw and normalized, there.
 
 A difference either is a bug to fix or is listed in ``ALLOWED`` with its reason (they
-are the list in docs/debezium-format.md, "Where tidemark's JSON differs"); an entry that no longer matches
-anything fails the test too, so the list stays true.
+are the list in docs/debezium-format.md, "Where tidemark's JSON differs"); an entry
+that no longer matches anything fails the test too, so the list stays true.
 """
 
 from __future__ import annotations

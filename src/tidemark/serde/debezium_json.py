@@ -379,6 +379,7 @@ class _Mapping:
 
 
 _PLACEHOLDER_BYTES = UNAVAILABLE_PLACEHOLDER.encode()
+_HEADS_KEPT: Final = 256  # source-block heads kept for sources with fields of their own
 # Array elements of these kinds are JSON numbers or booleans: an unavailable array of
 # them is written as the placeholder's bytes (Debezium's behaviour, by capture).
 _UNQUOTED_KINDS = INTEGER_KINDS | FLOAT_KINDS | {Kind.BOOL}
@@ -820,6 +821,7 @@ class DebeziumJsonSerializer:
         self._last_codec: _Codec = None  # type: ignore[assignment]
         self._parts_context: object = None
         self._parts: dict[tuple[TableId, SnapshotMarker], tuple[str, ...]] = {}
+        self._heads: dict[tuple[Any, ...], str] = {}
 
     def _codec(self, schema: TableSchema) -> _Codec:
         if schema is self._last_schema:
@@ -845,6 +847,8 @@ class DebeziumJsonSerializer:
 
     def _cached_source_parts(self, context: SourceContext, snapshot: SnapshotMarker,
                              table: TableId) -> tuple[str, ...]:
+        if context.source_fields is not None:
+            return (self._own_block(context, snapshot, table),)
         if context is not self._parts_context:
             self._parts_context = context
             self._parts.clear()
@@ -861,21 +865,30 @@ class DebeziumJsonSerializer:
             self._ts_text = f'"ts_ms":{ts_us // 1000},"ts_us":{ts_us},"ts_ns":{ts_us * 1000}}}'
         return self._ts_text
 
+    def _own_block(self, c: SourceContext, snapshot: SnapshotMarker, table: TableId) -> str:
+        """The whole ``source`` block of a source with fields of its own: Debezium's
+        common fields, ``table``, then ``source_fields`` in order. Such a source may make
+        a context per event (MariaDB's ``row``), so the common part is kept per
+        transaction and table, and the fields are written by msgspec in one call."""
+        key = (c.connector, c.name, c.ts_us, c.db, table, snapshot)
+        head = self._heads.get(key)
+        if head is None:
+            ts = c.ts_us
+            if len(self._heads) >= _HEADS_KEPT:
+                self._heads.clear()
+            head = self._heads[key] = (
+                f'{{"version":"{SOURCE_VERSION}","connector":{_escape(c.connector)},'
+                f'"name":{_escape(c.name)},"ts_ms":{ts // 1000},'
+                f'"snapshot":"{snapshot.value}","db":{_escape(c.db)},"sequence":null,'
+                f'"ts_us":{ts},"ts_ns":{ts * 1000},"table":{_escape(table.table)},')
+        assert c.source_fields is not None
+        return head + self._encoder.encode(dict(c.source_fields))[1:].decode()
+
     @staticmethod
     def _source_parts(c: SourceContext, snapshot: SnapshotMarker,
                       table: TableId) -> tuple[str, ...]:
-        """The ``source`` block around the event's LSN (PostgreSQL's layout), or, for a
-        source with fields of its own (``source_fields``), the whole block: Debezium's
-        common fields, ``table``, then the source's fields in order."""
+        """The ``source`` block around the event's LSN (PostgreSQL's layout)."""
         ts = c.ts_us
-        if c.source_fields is not None:
-            own = "".join(f",{_escape(name)}:{json_fragment(value)}"
-                          for name, value in c.source_fields)
-            return (f'{{"version":"{SOURCE_VERSION}","connector":{_escape(c.connector)},'
-                    f'"name":{_escape(c.name)},"ts_ms":{ts // 1000},'
-                    f'"snapshot":"{snapshot.value}","db":{_escape(c.db)},"sequence":null,'
-                    f'"ts_us":{ts},"ts_ns":{ts * 1000},"table":{_escape(table.table)}'
-                    f'{own}}}',)
         tail = f',"schema":{_escape(table.schema)},"table":{_escape(table.table)},'
         last = "null" if c.last_commit_lsn is None else f'\\"{c.last_commit_lsn}\\"'
         head = (

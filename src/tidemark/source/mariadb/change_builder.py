@@ -193,8 +193,16 @@ class ChangeBuilder:
         op = _OPS[rows_event.op]
         schema = table.schema
         append = tx.rows.append
+        keys = schema.key_indexes
         for index, (before, after) in enumerate(table.decoder.rows(rows_event)):
-            append((schema, op, before, after, key, self.file, position, index))
+            if op is Op.UPDATE and keys and before is not None and after is not None \
+                    and any(before[i] != after[i] for i in keys):
+                # A primary-key change is a delete of the old key and a create of the
+                # new one (Debezium's events), so that keyed consumers see both keys.
+                append((schema, Op.DELETE, before, None, key, self.file, position, index))
+                append((schema, Op.CREATE, None, after, key, self.file, position, index))
+            else:
+                append((schema, op, before, after, key, self.file, position, index))
 
     def _query(self, header: EventHeader, body: bytes) -> list[Record] | None:
         query = b.parse_query(body)

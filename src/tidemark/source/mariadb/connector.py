@@ -143,7 +143,7 @@ class MariaDbConnector:
             log.info("snapshot of %d table(s) at %s", len(tables), position)
             for events in snap.snapshot_events(
                     conn, tables, position=position, name=cfg.topic_prefix,
-                    server_id=cfg.replica_server_id, fetch_size=cfg.snapshot_fetch_size):
+                    fetch_size=cfg.snapshot_fetch_size):
                 self.stats.count_rows(events)
                 yield SourceBatch(list(events), None)
             conn.commit()

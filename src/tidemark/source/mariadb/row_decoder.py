@@ -397,7 +397,7 @@ def column_reader(column: TableColumn) -> Reader:
     if t == b.T_TIME2:
         return _memoized(_time2_reader(column), 3 + _fraction_bytes(meta))
     if t in (b.T_DATE, b.T_NEWDATE):
-        return _date_reader(column)
+        return _memoized(_date_reader(column), 3)
     if t == b.T_YEAR:
         return _read_year
     if t == b.T_BIT:
@@ -431,9 +431,16 @@ def _inline(i: int, column: TableColumn, namespace: dict[str, Any]) -> list[str]
         unsigned = column.unsigned and size < 8
         namespace[f"U{i}"] = struct.Struct("<" + (code.upper() if unsigned else code)).unpack_from
         return [f"v{i} = str(U{i}(data, pos)[0])", f"pos += {size}"]
-    if t in (b.T_VARCHAR, b.T_VAR_STRING) and column.metadata < 256 \
-            and column.charset != BINARY_CHARSET and _codec(column) == "utf-8":
+    utf8 = column.charset != BINARY_CHARSET and _codec(column) == "utf-8"
+    if t in (b.T_VARCHAR, b.T_VAR_STRING) and column.metadata < 256 and utf8:
         return ["e = pos + 1 + data[pos]", f"v{i} = data[pos + 1:e].decode()", "pos = e"]
+    two_byte_length = column.metadata == 2 if t == b.T_BLOB else column.metadata >= 256
+    if t in (b.T_VARCHAR, b.T_VAR_STRING, b.T_BLOB) and utf8 and two_byte_length:
+        return ["e = pos + 2 + (data[pos] | data[pos + 1] << 8)",
+                f"v{i} = data[pos + 2:e].decode()", "pos = e"]
+    if t == b.T_DOUBLE:
+        namespace["_double"] = _DOUBLE
+        return [f"v{i} = repr(_double(data, pos)[0])", "pos += 8"]
     namespace[f"R{i}"] = column_reader(column)
     return [f"v{i}, pos = R{i}(data, pos)"]
 

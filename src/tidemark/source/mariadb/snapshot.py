@@ -183,45 +183,54 @@ def begin_snapshot(conn: pymysql.Connection[Any]) -> BinlogPosition:
 
 
 def snapshot_events(conn: pymysql.Connection[Any], tables: Sequence[TableId], *,
-                    position: BinlogPosition, name: str, server_id: int, fetch_size: int
+                    position: BinlogPosition, name: str, fetch_size: int
                     ) -> Iterator[list[ChangeEvent]]:
     """The rows of *tables* as read events, in chunks of up to *fetch_size*, on *conn*
-    (inside the transaction :func:`begin_snapshot` opened)."""
+    (inside the transaction :func:`begin_snapshot` opened).
+
+    ``source.snapshot`` marks the rows as Debezium does: ``first`` (the snapshot's first
+    row), ``first_in_data_collection``/``last_in_data_collection`` (a table's first and
+    last), ``last`` (the snapshot's last row), ``true`` for the rest; ``server_id`` is 0
+    (the rows come from a query, not from a server's binlog event)."""
     ts_us = time.time_ns() // 1000
     key = ordering_key(position.file, position.pos)
-    for t_index, table in enumerate(tables):
+    held: list[ChangeEvent] = []  # the last chunk, held until it is known to be last
+    first_row = True
+    for table in tables:
         schema = table_schema(conn, table)
         columns = describe(conn, table)
         normalize = [_normalizer(c) for c in columns]
         context = SourceContext(
             CONNECTOR, name, table.schema, ts_us, None, None, None, None, None,
-            (("server_id", server_id), ("gtid", None), ("file", position.file),
+            (("server_id", 0), ("gtid", None), ("file", position.file),
              ("pos", position.pos), ("row", 0), ("thread", None), ("query", None)))
-        last_table = t_index == len(tables) - 1
-        marker = SnapshotMarker.TRUE
         select = "SELECT " + ", ".join(_quote(c.name) for c in columns) + \
             f" FROM {_quote(table.schema)}.{_quote(table.table)}"
         cursor = conn.cursor(pymysql.cursors.SSCursor)
+        table_first = True
         try:
             cursor.execute(select)
-            pending: list[ChangeEvent] = []
-            while True:
-                rows = cursor.fetchmany(fetch_size)
+            while rows := cursor.fetchmany(fetch_size):
                 events = [
                     ChangeEvent(Op.READ, schema, None,
                                 tuple(None if v is None else f(v)
                                       for f, v in zip(normalize, row, strict=True)),
-                                context, key, 0, 0, ts_us, marker)
+                                context, key, 0, 0, ts_us, SnapshotMarker.TRUE)
                     for row in rows]
-                if pending:
-                    if not rows and last_table:
-                        pending[-1] = _with_marker(pending[-1], SnapshotMarker.LAST)
-                    yield pending
-                pending = events
-                if not rows:
-                    break
+                if table_first:
+                    events[0] = _with_marker(events[0], SnapshotMarker.FIRST if first_row
+                                             else SnapshotMarker.FIRST_IN_DATA_COLLECTION)
+                    table_first = first_row = False
+                if held:
+                    yield held
+                held = events
         finally:
             cursor.close()
+        if held and held[-1].schema is schema and held[-1].snapshot is SnapshotMarker.TRUE:
+            held[-1] = _with_marker(held[-1], SnapshotMarker.LAST_IN_DATA_COLLECTION)
+    if held:
+        held[-1] = _with_marker(held[-1], SnapshotMarker.LAST)
+        yield held
 
 
 def _with_marker(event: ChangeEvent, marker: SnapshotMarker) -> ChangeEvent:

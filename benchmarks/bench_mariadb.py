@@ -1,0 +1,236 @@
+"""Benchmark: ``tidemark capture`` on MariaDB against ``mariadb-binlog``, same binlog, same run.
+
+Builds the MariaDB form of the shared workload (table ``t10``, 3,000 transactions of 60
+inserts, 30 updates and 10 deletes = 300,000 changes, generated server-side) in a
+private MariaDB, then reads exactly that stretch of the binlog with:
+
+* ``mariadb-binlog --read-from-remote-server -v --base64-output=decode-rows`` (the
+  server's own client printing every row, to /dev/null) — the baseline;
+* ``tidemark capture --stop-at-end`` (Debezium JSON lines to /dev/null), resumed from an
+  offsets file at the workload's start;
+* in-process, to choose the binlog decoder: python-mysql-replication's
+  ``BinLogStreamReader`` and tidemark's own decoder (rows to values, no JSON);
+* the time from starting ``tidemark capture`` to its first event on stdout;
+* peak RSS of each process (``wait4`` rusage).
+
+Runs alternate between contenders; the table gives the median.
+Usage: ``uv run python benchmarks/bench_mariadb.py [--transactions 3000] [--runs 3]``
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import os
+import re
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+from tidemark.source.mariadb import binlog as b
+from tidemark.source.mariadb import client
+from tidemark.source.mariadb.position import BinlogPosition
+from tidemark.source.mariadb.row_decoder import RowDecoder
+from tidemark.testing.mariadb import MariaDbServer
+
+T10_DDL = """
+CREATE TABLE t10 (
+    id BIGINT PRIMARY KEY, c_int INT, c_bigint BIGINT, c_text TEXT, c_numeric DECIMAL(12, 2),
+    c_ts TIMESTAMP(6) NULL, c_bool BOOLEAN, c_label TEXT, c_double DOUBLE, c_date DATE)
+"""
+
+WORKLOAD = """
+CREATE PROCEDURE workload(transactions INT)
+BEGIN
+    DECLARE i INT DEFAULT 0;
+    WHILE i < transactions DO
+        START TRANSACTION;
+        INSERT INTO t10
+        SELECT g, g % 1000, g * 1000003, CONCAT('row ', LPAD(g, 16, '0')),
+               (g % 100000) / 100.0, TIMESTAMP'2024-01-01 00:00:00' + INTERVAL g SECOND,
+               g % 2 = 0, CONCAT('label-', g % 97), g / 7.0,
+               DATE'2024-01-01' + INTERVAL (g % 365) DAY
+        FROM (SELECT i * 60 + seq AS g FROM seq_1_to_60) AS s;
+        UPDATE t10 SET c_int = c_int + 1, c_label = 'updated', c_double = c_double * 2
+        WHERE id BETWEEN i * 60 + 1 AND i * 60 + 30;
+        DELETE FROM t10 WHERE id BETWEEN i * 60 + 31 AND i * 60 + 40;
+        COMMIT;
+        SET i = i + 1;
+    END WHILE;
+END
+"""
+
+
+def _run(argv: list[str], env: dict[str, str] | None = None) -> tuple[float, int, str]:
+    """Run to completion, stdout to /dev/null; (seconds, peak RSS bytes, stderr)."""
+    started = time.perf_counter()
+    proc = subprocess.Popen(argv, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    assert proc.stderr is not None
+    err = proc.stderr.read().decode(errors="replace")
+    _, status, usage = os.wait4(proc.pid, 0)
+    elapsed = time.perf_counter() - started
+    code = os.waitstatus_to_exitcode(status)
+    if code != 0:
+        raise SystemExit(f"{argv[0]} failed ({code}):\n{err[-3000:]}")
+    return elapsed, usage.ru_maxrss * 1024, err
+
+
+def _first_event_seconds(argv: list[str], env: dict[str, str]) -> float:
+    started = time.perf_counter()
+    proc = subprocess.Popen(argv, env=env, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL)
+    assert proc.stdout is not None
+    proc.stdout.readline()
+    elapsed = time.perf_counter() - started
+    proc.terminate()
+    proc.wait()
+    return elapsed
+
+
+def _own_decoder(server: MariaDbServer, start: BinlogPosition, end: BinlogPosition) -> float:
+    """Rows/s of tidemark's decoder alone: dump, split, decode every row to values."""
+    settings = client.ConnectionSettings(host=server.host, port=server.port,
+                                         user=server.user, password=server.password)
+    rows = 0
+    started = time.perf_counter()
+    with client.BinlogStream(settings, start, server_id=7001, blocking=False) as stream:
+        decoder = b.EventDecoder(stream.checksum)
+        tables: dict[bytes, RowDecoder] = {}
+        by_id: dict[int, RowDecoder] = {}
+        for event in stream.events():
+            header, body = decoder.split(event)
+            if header.type == b.TABLE_MAP_EVENT:
+                table = tables.get(body)
+                if table is None:
+                    table = tables[body] = RowDecoder(b.parse_table_map(body))
+                by_id[table.table_map.table_id] = table
+            elif header.type in b.ROWS_EVENTS:
+                event_rows = b.parse_rows(body, header.type)
+                rows += len(by_id[event_rows.table_id].rows(event_rows))
+            if header.next_position >= end.pos and header.type == b.XID_EVENT:
+                break
+    return rows / (time.perf_counter() - started)
+
+
+def _library_decoder(server: MariaDbServer, start: BinlogPosition, end: BinlogPosition) -> float:
+    """Rows/s of python-mysql-replication on the same stretch of binlog."""
+    from pymysqlreplication import BinLogStreamReader  # noqa: PLC0415
+    from pymysqlreplication.event import XidEvent  # noqa: PLC0415
+    from pymysqlreplication.row_event import (  # noqa: PLC0415
+        DeleteRowsEvent,
+        UpdateRowsEvent,
+        WriteRowsEvent,
+    )
+
+    # Blocking, stopped at the workload's end: non-blocking, this version reconnects
+    # at the end of a MariaDB binlog and reads it again, forever.
+    reader = BinLogStreamReader(
+        connection_settings={"host": server.host, "port": server.port, "user": server.user,
+                             "passwd": server.password},
+        server_id=7002, log_file=start.file, log_pos=start.pos, resume_stream=True,
+        blocking=True, is_mariadb=True,
+        only_events=[WriteRowsEvent, UpdateRowsEvent, DeleteRowsEvent, XidEvent])
+    rows = 0
+    started = time.perf_counter()
+    try:
+        for event in reader:
+            if not isinstance(event, XidEvent):
+                rows += len(event.rows)
+            elif reader.log_pos >= end.pos:
+                break
+    finally:
+        reader.close()
+    return rows / (time.perf_counter() - started)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--transactions", type=int, default=3000,
+                        help="transactions of 100 changes (default 3000 = 300k changes)")
+    parser.add_argument("--runs", type=int, default=3, help="measurements per contender")
+    args = parser.parse_args()
+    sys.stdout.reconfigure(line_buffering=True)  # type: ignore[union-attr]
+    binlog_tool = shutil.which("mariadb-binlog") or shutil.which("mysqlbinlog")
+    if binlog_tool is None:
+        raise SystemExit("mariadb-binlog not found: install mariadb-client")
+
+    with MariaDbServer(settings={"max-binlog-size": "1G"}) as server:
+        conn = server.connect()
+        with contextlib.closing(conn), conn.cursor() as cur:
+            cur.execute("CREATE DATABASE bench")
+            cur.execute("USE bench")
+            cur.execute(T10_DDL)
+            cur.execute(WORKLOAD)
+            start = client.current_position(conn)
+            t0 = time.perf_counter()
+            cur.execute("CALL workload(%s)", (args.transactions,))
+            end = client.current_position(conn)
+            changes = args.transactions * 100
+            print(f"workload: {changes:,} changes in {args.transactions:,} transactions built "
+                  f"in {time.perf_counter() - t0:.1f} s; binlog {start} .. {end} "
+                  f"({(end.pos - start.pos) / 2**20:.1f} MB)")
+        if end.file != start.file:
+            raise SystemExit("the workload spans binlog files; raise max-binlog-size")
+
+        tmp = Path(tempfile.mkdtemp(prefix="tidemark-bench-"))
+        offsets = tmp / "offsets.json"
+        partition = f"mariadb/{server.host}:{server.port}/tidemark"
+        dsn = server.dsn("bench")
+        env = {**os.environ, "TIDEMARK_DSN": dsn}
+
+        def capture(*extra: str) -> list[str]:
+            offsets.write_text(json.dumps({partition: {"binlog": start.to_offset()}}))
+            return [sys.executable, "-m", "tidemark", "--log-level", "INFO", "capture",
+                    "--offsets", str(offsets), "--offset-flush-interval-ms", "1000", *extra]
+
+        binlog_argv = [binlog_tool, "--read-from-remote-server", f"--host={server.host}",
+                       f"--port={server.port}", f"--user={server.user}",
+                       f"--password={server.password}", "-v", "--base64-output=decode-rows",
+                       f"--start-position={start.pos}", f"--stop-position={end.pos}",
+                       start.file]
+        results: dict[str, list[tuple[float, int]]] = {"mariadb-binlog": [], "tidemark": []}
+        decoders: dict[str, list[float]] = {"python-mysql-replication": [], "tidemark": []}
+        for run in range(args.runs):
+            seconds, rss, _ = _run(binlog_argv)
+            results["mariadb-binlog"].append((changes / seconds, rss))
+            seconds, rss, err = _run(capture("--stop-at-end"), env)
+            match = re.search(r"delivered (\d+) change events", err)
+            delivered = int(match.group(1)) if match else -1
+            if delivered != changes:
+                raise SystemExit(f"tidemark delivered {delivered} events, expected {changes}"
+                                 f"\n{err[-2000:]}")
+            results["tidemark"].append((changes / seconds, rss))
+            decoders["tidemark"].append(_own_decoder(server, start, end))
+            decoders["python-mysql-replication"].append(_library_decoder(server, start, end))
+            print(f"run {run + 1}: mariadb-binlog {results['mariadb-binlog'][-1][0]:,.0f}/s, "
+                  f"tidemark capture {results['tidemark'][-1][0]:,.0f}/s; decoders: tidemark "
+                  f"{decoders['tidemark'][-1]:,.0f} rows/s, python-mysql-replication "
+                  f"{decoders['python-mysql-replication'][-1]:,.0f} rows/s")
+        first = _first_event_seconds(capture("--max-events", "1"), env)
+        shutil.rmtree(tmp, ignore_errors=True)
+
+    median = {name: statistics.median(r[0] for r in rows) for name, rows in results.items()}
+    peak = {name: max(r[1] for r in rows) for name, rows in results.items()}
+    print()
+    print(f"{'contender (median of ' + str(args.runs) + ')':<34}{'changes/s':>12}{'peak RSS':>12}")
+    print(f"{'mariadb-binlog -v (baseline)':<34}{median['mariadb-binlog']:>12,.0f}"
+          f"{peak['mariadb-binlog'] / 2**20:>10.0f}MB")
+    print(f"{'tidemark capture (JSON)':<34}{median['tidemark']:>12,.0f}"
+          f"{peak['tidemark'] / 2**20:>10.0f}MB")
+    paired = [t[0] / r[0] for t, r in zip(results["tidemark"], results["mariadb-binlog"],
+                                          strict=True)]
+    print(f"ratio tidemark / mariadb-binlog: {statistics.median(paired):.2f}x median of paired "
+          f"runs ({', '.join(f'{p:.2f}' for p in paired)})")
+    own, lib = (statistics.median(decoders[k]) for k in ("tidemark", "python-mysql-replication"))
+    print(f"binlog decoders, rows/s (median): tidemark {own:,.0f}, python-mysql-replication "
+          f"{lib:,.0f} ({own / lib:.1f}x)")
+    print(f"time from start to first event: {first:.3f} s (target <= 0.5 s)")
+    print(f"tidemark peak RSS: {peak['tidemark'] / 2**20:.0f} MB (target <= 200 MB)")
+
+
+if __name__ == "__main__":
+    main()
