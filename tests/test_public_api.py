@@ -15,6 +15,7 @@ PUBLIC = {
     "ApplySpec", "ArrowConverter", "AvroConverter", "ChangeEvent", "ConfigError",
     "DebeziumJsonConverter", "DeliveryMode", "Engine", "EngineConfig", "EventConverter",
     "ExtractNewRecordState", "FileOffsetStore", "Filter", "HashField", "LayeredOffsetStore",
+    "MariaDbConnector", "MariaDbSourceConfig", "MariaDbSourceConnector",
     "MaskField", "MemoryOffsetStore", "Op", "PostgresConnector", "PostgresOffsetStore",
     "PostgresSourceConfig", "PostgresSourceConnector", "Route", "SourceBatch",
     "SourceConnector", "SourceError", "SourceTask",

@@ -1,7 +1,8 @@
 """tidemark: change data capture for Python and Apache Spark.
 
 The names a user needs are importable from here, the one place to obtain them (``from
-tidemark import Engine, PostgresSourceConnector, FileOffsetStore, apply_changes``); the
+tidemark import Engine, PostgresSourceConnector, MariaDbSourceConnector, FileOffsetStore,
+apply_changes``); the
 modules under ``tidemark.*`` are internal and may move. Each name is loaded on first
 use, so ``import tidemark`` stays cheap: the capture command starts in a quarter of a
 second, and pyspark is never imported unless ``tidemark.spark`` is used.
@@ -25,6 +26,10 @@ _WHERE: dict[str, str] = {
     "PostgresSourceConfig": "tidemark.source.postgres.config",
     "PostgresSourceConnector": "tidemark.source.postgres.task",
     "send_signal": "tidemark.source.signals",
+    # MariaDB (and MySQL-protocol servers): the same two
+    "MariaDbConnector": "tidemark.source.mariadb.connector",
+    "MariaDbSourceConfig": "tidemark.source.mariadb.config",
+    "MariaDbSourceConnector": "tidemark.source.mariadb.task",
     # writing a source of your own
     "SourceConnector": "tidemark.source.spi",
     "SourceTask": "tidemark.source.spi",
@@ -79,6 +84,9 @@ __all__ = [
     "Filter",
     "HashField",
     "LayeredOffsetStore",
+    "MariaDbConnector",
+    "MariaDbSourceConfig",
+    "MariaDbSourceConnector",
     "MaskField",
     "MemoryOffsetStore",
     "Op",
@@ -129,6 +137,9 @@ if TYPE_CHECKING:  # what type checkers and IDEs see; at run time, __getattr__ l
     from tidemark.offsets.postgres import PostgresOffsetStore
     from tidemark.offsets.sqlite import SqliteOffsetStore
     from tidemark.source.batch import SourceBatch
+    from tidemark.source.mariadb.config import MariaDbSourceConfig
+    from tidemark.source.mariadb.connector import MariaDbConnector
+    from tidemark.source.mariadb.task import MariaDbSourceConnector
     from tidemark.source.postgres.config import PostgresSourceConfig
     from tidemark.source.postgres.connector import PostgresConnector
     from tidemark.source.postgres.task import PostgresSourceConnector

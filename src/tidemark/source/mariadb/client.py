@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import socket
 import struct
 from collections.abc import Iterator
 from typing import Any, Final
@@ -233,9 +234,15 @@ class BinlogStream:
                                       f"{self._settings.port} broke: {message}")
 
     def close(self) -> None:
-        """Close the connection (the server ends the dump)."""
+        """Close the connection (the server ends the dump). Safe from another thread:
+        a read blocked in :meth:`events` then ends (closing a socket alone does not wake
+        a thread blocked reading it; shutting it down does)."""
         conn, self._conn = self._conn, None
         if conn is not None:
+            sock: Any = getattr(conn, "_sock", None)
+            if sock is not None:
+                with contextlib.suppress(OSError):
+                    sock.shutdown(socket.SHUT_RDWR)
             with contextlib.suppress(Exception):
                 conn.close()
 
