@@ -51,6 +51,7 @@ from tidemark.pipeline.run_metrics import RunMetrics
 from tidemark.pipeline.run_record import record_batch, records_runs
 from tidemark.pipeline.written_targets import WrittenTargets
 from tidemark.source.postgres.column_defaults import existing_row_values
+from tidemark.source.registry import source_kind
 from tidemark.spark import wal
 from tidemark.spark.arrow_rows import envelope_table_schemas, typed_rows
 from tidemark.spark.offsets import SourceOffset
@@ -276,8 +277,12 @@ class Pipeline:
         transactions = _transactions(tables.values())
         changes: dict[str, int] = {}
         replayed: list[str] = []
-        offset = _batch_offset(self.config.checkpoint, batch_id)
-        loads = snapshot_loads(offset.snapshot)
+        raw_offset = _batch_offset(self.config.checkpoint, batch_id)
+        offset = None if self._mariadb else SourceOffset.parse(raw_offset)
+        # A MariaDB batch that holds a table's snapshot holds only its rows ("loaded").
+        loads: dict[str, SnapshotLoad] = (
+            dict.fromkeys(raw_offset.get("loaded", ()), "replace") if offset is None
+            else snapshot_loads(offset.snapshot))
         for target in self.config.targets:
             rows = tables.pop(target.table)
             load = loads.get(target.table)
@@ -298,7 +303,7 @@ class Pipeline:
                 replayed.append(target.table)
         faults.crash_point("after_write", batch_id)
         report = self._report(batch_id, changes, time.monotonic() - started, replayed,
-                              newest, offset)
+                              newest, offset, raw_offset)
         log.info("batch %d applied: %s", batch_id, changes)
         self._metrics.observe(report, 0 if replayed else transactions)
         self._batches_applied += 1
@@ -306,7 +311,13 @@ class Pipeline:
         if self._on_batch is not None:
             self._on_batch(report)
 
+    @property
+    def _mariadb(self) -> bool:
+        return source_kind(self.config.dsn) == "mariadb"
+
     def _existing_row_values(self, table: str, columns: Sequence[str]) -> dict[str, Any]:
+        if self._mariadb:
+            return {}  # new columns of a MariaDB table start null in Delta's older rows
         with contextlib.closing(wal.connect(self.config.dsn, purpose="catalog")) as conn:
             return existing_row_values(conn, TableId.parse(table), columns)
 
@@ -329,13 +340,15 @@ class Pipeline:
 
     def _report(self, batch_id: int, changes: dict[str, int], seconds: float,
                 replayed: list[str], newest_commit_us: int | None,
-                offset: SourceOffset) -> BatchReport:
+                offset: SourceOffset | None, raw_offset: dict[str, Any]) -> BatchReport:
         lag_bytes = 0
         try:
-            end = offset.lsn
-            if self._conn is None or self._conn.closed:
-                self._conn = wal.connect(self.config.dsn, purpose="progress")
-            lag_bytes = max(0, wal.flush_lsn(self._conn) - end)
+            if offset is None:
+                lag_bytes = _binlog_lag(self.config.dsn, raw_offset)
+            else:
+                if self._conn is None or self._conn.closed:
+                    self._conn = wal.connect(self.config.dsn, purpose="progress")
+                lag_bytes = max(0, wal.flush_lsn(self._conn) - offset.lsn)
         except Exception as err:  # progress must never fail the batch
             log.warning("cannot measure the lag behind the source: %s", err)
         # The age of the newest commit this batch applied (commit to Delta, end to end).
@@ -345,8 +358,8 @@ class Pipeline:
         lag_seconds = 0.0
         if newest_commit_us is not None:
             lag_seconds = max(0.0, time.time() - newest_commit_us / 1e6)
-        snapshot = "" if offset.snapshot is None else offset.snapshot.progress(
-            self.config.source.snapshot_chunk_rows)
+        snapshot = "" if offset is None or offset.snapshot is None else \
+            offset.snapshot.progress(self.config.source.snapshot_chunk_rows)
         return BatchReport(batch_id=batch_id, changes=changes, seconds=seconds,
                            lag_bytes=lag_bytes, lag_seconds=lag_seconds,
                            replayed=tuple(replayed), snapshot=snapshot)
@@ -389,11 +402,23 @@ def _checkpoint_query_id(checkpoint: str) -> str:
     return str(json.loads(text.splitlines()[0])["id"])
 
 
-def _batch_offset(checkpoint: str, batch_id: int) -> SourceOffset:
+def _batch_offset(checkpoint: str, batch_id: int) -> dict[str, Any]:
     """The batch's end offset from Spark's offset log (written before the batch runs)."""
     lines = (Path(checkpoint) / "offsets" / str(batch_id)).read_text(
         encoding="utf-8").splitlines()
-    return SourceOffset.parse(json.loads(lines[-1]))
+    offset: dict[str, Any] = json.loads(lines[-1])
+    return offset
+
+
+def _binlog_lag(dsn: str, end: dict[str, Any]) -> int:
+    """Bytes of binlog written after a MariaDB batch's end (0 across a file switch)."""
+    from tidemark.source.mariadb import client  # noqa: PLC0415
+    from tidemark.source.mariadb.position import BinlogPosition  # noqa: PLC0415
+
+    with contextlib.closing(client.connect(client.parse_url(dsn))) as conn:
+        now = client.current_position(conn)
+    done = BinlogPosition.from_offset(end)
+    return max(0, now.pos - done.pos) if now.file == done.file else 0
 
 
 def snapshot_loads(plan: SnapshotPlan | None) -> dict[str, SnapshotLoad]:

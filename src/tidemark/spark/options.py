@@ -20,6 +20,7 @@ import psycopg2.extensions
 from tidemark.errors import ConfigError
 from tidemark.event import TableId
 from tidemark.source.postgres.config import check_identifier, redact_dsn
+from tidemark.source.registry import source_kind
 
 
 class OnSchemaChange(StrEnum):
@@ -155,11 +156,16 @@ class SourceOptions:
         if not dsn:
             raise ConfigError(DSN, "required: the libpq connection string of the database, "
                               "e.g. 'host=db dbname=app user=cdc'")
-        try:
-            psycopg2.extensions.parse_dsn(dsn)
-        except psycopg2.ProgrammingError:
-            raise ConfigError(DSN, "not a valid libpq connection string; expected e.g. "
-                              "'host=db port=5432 dbname=app user=cdc'") from None
+        if source_kind(dsn) == "mariadb":
+            from tidemark.source.mariadb.client import parse_url  # noqa: PLC0415
+
+            parse_url(dsn)  # names what is wrong with the URL
+        else:
+            try:
+                psycopg2.extensions.parse_dsn(dsn)
+            except psycopg2.ProgrammingError:
+                raise ConfigError(DSN, "not a valid libpq connection string; expected e.g. "
+                                  "'host=db port=5432 dbname=app user=cdc'") from None
         table = _parse_table(TABLE, values[TABLE]) if TABLE in values else None
         tables = tuple(_parse_table(TABLES, t) for t in values.get(TABLES, "").split(",")
                        if t.strip())
@@ -215,7 +221,16 @@ class SourceOptions:
 
     def redacted_dsn(self) -> str:
         """The DSN without its password, for logs and errors."""
+        if self.is_mariadb:
+            from tidemark.source.mariadb.client import parse_url  # noqa: PLC0415
+
+            return parse_url(self.dsn).redacted()
         return redact_dsn(self.dsn)
+
+    @property
+    def is_mariadb(self) -> bool:
+        """The stream reads a MariaDB binlog (a ``mariadb://`` DSN), not PostgreSQL."""
+        return source_kind(self.dsn) == "mariadb"
 
     def __repr__(self) -> str:
         # dataclass's repr would print the DSN and its password.

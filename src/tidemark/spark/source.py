@@ -61,6 +61,10 @@ class TidemarkDataSource(DataSource):
     def schema(self) -> StructType:
         """Validate the options and the database, then build the stream's schema."""
         options = self._options()
+        if options.is_mariadb:
+            from tidemark.spark.mariadb_reader import table_schemas  # noqa: PLC0415
+
+            return self._stream_schema(options, table_schemas(options))
         with contextlib.closing(session.connect(options.dsn,
                                                 application_name="tidemark spark")) as conn:
             catalog.check_wal_level(conn)
@@ -80,6 +84,11 @@ class TidemarkDataSource(DataSource):
         if options.signal_table is not None:
             with contextlib.closing(wal.connect(options.dsn, purpose="catalog")) as signals:
                 check_signal_table(signals, options.signal_table)
+        return self._stream_schema(options, schemas)
+
+    @staticmethod
+    def _stream_schema(options: SourceOptions, schemas: dict[TableId, StructType]
+                       ) -> StructType:
         if options.table is not None:
             return schemas[options.table]
         metadata = {TABLE_SCHEMAS_KEY: {str(t): s.json() for t, s in schemas.items()}}
@@ -95,7 +104,12 @@ class TidemarkDataSource(DataSource):
                            for f in envelope.fields])
 
     def streamReader(self, schema: StructType) -> DataSourceStreamReader:  # noqa: N802 - pyspark API name
-        return TidemarkStreamReader(self._options(), schema)
+        options = self._options()
+        if options.is_mariadb:
+            from tidemark.spark.mariadb_reader import MariaDbStreamReader  # noqa: PLC0415
+
+            return MariaDbStreamReader(options, schema)
+        return TidemarkStreamReader(options, schema)
 
 
 def table_spark_schema(conn: Any, table: TableId, key: tuple[str, ...]) -> StructType:

@@ -119,8 +119,7 @@ def converter(dtype: DataType, arrow_type: pa.DataType) -> Converter:
     if isinstance(dtype, BooleanType):
         return _bool_column
     if isinstance(dtype, BinaryType):
-        return lambda texts: pa.array([None if t is None else wt.parse_bytea(t)
-                                       for t in _values(texts)], pa.binary())
+        return lambda texts: pa.array([_binary(t) for t in _values(texts)], pa.binary())
     if isinstance(dtype, ArrayType):
         parse_element = _element_parser(dtype.elementType)
         return lambda texts: _array_column(texts, parse_element, arrow_type)
@@ -131,6 +130,13 @@ def converter(dtype: DataType, arrow_type: pa.DataType) -> Converter:
     if fallback is None:
         raise TypeError(f"no conversion from text to Spark {name}")
     return lambda texts: _cast_column(texts, arrow_type, fallback, name)
+
+
+def _binary(value: str | bytes | None) -> bytes | None:
+    # PostgreSQL's bytea arrives as its hex text, a MariaDB binary string as bytes.
+    if value is None or isinstance(value, bytes):
+        return value
+    return wt.parse_bytea(value)
 
 
 def _strings(texts: Texts) -> pa.Array:

@@ -152,7 +152,17 @@ class ChangeBuilder:
             for domain, server, sequence in b.parse_gtid_list(body).gtids:
                 if sequence >= self.gtid_state.get(domain, (0, -1))[1]:
                     self.gtid_state[domain] = (server, sequence)
+        if self._tx is None and header.next_position:
+            # Between transactions every event moves the resume position (a new file's
+            # description, heartbeats): a reader waiting for a position past them
+            # knows when it is there.
+            self.next_pos = header.next_position
         return None
+
+    @property
+    def position_key(self) -> int:
+        """The int64 ordering key of :attr:`position` (cheap: for a check per event)."""
+        return ordering_key(self.file, self.next_pos)
 
     # -- events ----------------------------------------------------------------------
     def _table_map(self, body: bytes) -> None:

@@ -1,0 +1,236 @@
+"""The ``tidemark`` stream on a MariaDB source: micro-batches of whole binlog transactions.
+
+Offsets are binlog positions (``file``/``pos``, with the GTID state) taken between
+transactions; a batch is the stretch of binlog from the last batch's end to the server's
+binlog end when Spark asks (``SHOW MASTER STATUS``: always after a commit). A binlog is
+one ordered stream, so a batch is one partition: an executor dumps that stretch, decodes
+it with the same code as ``tidemark capture`` and hands the rows to the same sinks as
+the PostgreSQL stream, so typed streams, envelopes, ``apply_changes`` and ``tidemark run``
+work unchanged. Nothing is released on commit: the server keeps its binlog by time and
+size.
+
+``snapshot = initial`` takes a table's existing rows first. MariaDB cannot share one
+read view between connections, so the rows are read in the batch that starts at the
+position the snapshot was planned at, by a consistent read taken when the executor runs
+(at that position or later), and are ordered before every change of that batch. Every
+change after the planned position is then applied after the rows: a change the rows
+already hold is applied again, which an upsert by key (``apply_changes``, SCD type 1)
+absorbs. An SCD type 2 history may show such a change once more as a new version.
+
+Not supported on MariaDB (an error says so): ``maxChangesPerTrigger`` (a batch is
+everything up to the binlog's end), ``signalTable``.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+from collections.abc import Iterator, Sequence
+from typing import Any, Final
+
+import pyarrow as pa
+from pyspark.sql.datasource import DataSourceStreamReader, InputPartition
+from pyspark.sql.streaming.datasource import (
+    ReadAllAvailable,
+    ReadLimit,
+    SupportsTriggerAvailableNow,
+)
+from pyspark.sql.types import StructField, StructType
+
+from tidemark.errors import ConfigError, SourceError
+from tidemark.event import ChangeEvent, Op, TableId, TableSchema
+from tidemark.source.mariadb import client
+from tidemark.source.mariadb import snapshot as snap
+from tidemark.source.mariadb.change_builder import ChangeBuilder
+from tidemark.source.mariadb.position import BinlogPosition
+from tidemark.source.postgres.pgoutput import Relation, RelationColumn
+from tidemark.spark.decode import Txn
+from tidemark.spark.options import SnapshotMode, SourceOptions
+from tidemark.spark.snapshot_plan import ROW_SEQ
+
+log = logging.getLogger(__name__)
+
+_TEXT_OID: Final = 25  # the sinks read names and keys of a relation, never its types
+_SERVER_ID: Final = 6401  # the replica id an executor's dump announces
+
+
+def _raw_connection(options: SourceOptions) -> Any:
+    from tidemark.source.mariadb.connector import _RAW_VALUES  # noqa: PLC0415
+
+    return client.connect(client.parse_url(options.dsn), conv=_RAW_VALUES)
+
+
+class BinlogRange(InputPartition):
+    """One partition: the transactions between two binlog positions, and the tables whose
+    rows are read first (the snapshot of this batch)."""
+
+    def __init__(self, start: dict[str, Any], end: dict[str, Any],
+                 snapshot: Sequence[str] = ()) -> None:
+        super().__init__((start, end, tuple(snapshot)))
+        self.start = start
+        self.end = end
+        self.snapshot = tuple(snapshot)
+
+
+class MariaDbStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
+    """Micro-batches of whole MariaDB transactions (see the module docstring)."""
+
+    def __init__(self, options: SourceOptions, schema: StructType) -> None:
+        if options.max_changes_per_trigger is not None:
+            raise ConfigError("maxChangesPerTrigger", "not supported on a MariaDB source: a "
+                              "batch reads the binlog up to its end")
+        if options.signal_table is not None:
+            raise ConfigError("signalTable", "not supported on a MariaDB source yet")
+        self.options = options
+        self.schema = schema
+        self._settings = client.parse_url(options.dsn)
+        self._target: dict[str, Any] | None = None
+
+    def _current(self) -> BinlogPosition:
+        with contextlib.closing(client.connect(self._settings)) as conn:
+            return client.current_position(conn)
+
+    def initialOffset(self) -> dict[str, Any]:  # noqa: N802 - pyspark API name
+        """A new query starts at the binlog's end; with ``snapshot=initial`` its tables'
+        rows come first, in the first batch."""
+        position = self._current()
+        log.info("MariaDB stream starts at %s", position)
+        tables = [str(t) for t in self.options.snapshot_tables] \
+            if self.options.snapshot is SnapshotMode.INITIAL else []
+        return {**position.to_offset(), "snapshot": tables}
+
+    def getDefaultReadLimit(self) -> ReadLimit:  # noqa: N802 - pyspark API name
+        return ReadAllAvailable()
+
+    def prepareForTriggerAvailableNow(self) -> None:  # noqa: N802 - pyspark API name
+        self._target = self._current().to_offset()
+
+    def latestOffset(self, start: dict[str, Any], limit: ReadLimit) -> dict[str, Any]:  # noqa: N802 - pyspark API name
+        """Everything written so far (a batch holding a snapshot ends where it started:
+        its rows first, then the stream from there in the next batches)."""
+        if start.get("snapshot"):
+            # "loaded": the tables whose whole content this batch holds (tidemark run
+            # replaces its targets with them instead of merging).
+            return {**_position(start).to_offset(), "snapshot": [],
+                    "loaded": list(start["snapshot"])}
+        end = self._target if self._target is not None else self._current().to_offset()
+        if BinlogPosition.from_offset(end).key <= _position(start).key:
+            return dict(start)
+        return {**end, "snapshot": [], "loaded": []}
+
+    def partitions(self, start: dict[str, Any],
+                   end: dict[str, Any]) -> Sequence[InputPartition]:
+        return [BinlogRange(start, end, start.get("snapshot") or ())]
+
+    def commit(self, end: dict[str, Any]) -> None:
+        """Nothing to release: the server keeps its binlog by time and size."""
+
+    def read(self, partition: InputPartition) -> Iterator[pa.RecordBatch]:
+        assert isinstance(partition, BinlogRange)
+        from tidemark.spark.reader import _gc_paused, _sink  # noqa: PLC0415
+
+        sink = _sink(self.options, self.schema)
+        feeder = _Feeder(sink)
+        start, end = _position(partition.start), _position(partition.end)
+        with _gc_paused():
+            if partition.snapshot:
+                yield from self._snapshot(feeder, partition.snapshot, start)
+            if end.key > start.key:
+                yield from self._stream(feeder, start, end)
+        yield from sink.finish()
+
+    def _snapshot(self, feeder: _Feeder, tables: Sequence[str],
+                  at: BinlogPosition) -> Iterator[pa.RecordBatch]:
+        conn = _raw_connection(self.options)
+        with contextlib.closing(conn):
+            snap.begin_snapshot(conn)
+            for events in snap.snapshot_events(
+                    conn, [TableId.parse(t) for t in tables], position=at,
+                    name="tidemark", fetch_size=self.options.arrow_batch_rows):
+                for event in events:
+                    feeder.add(event, at.key, ROW_SEQ)
+                yield from feeder.sink.take()
+            conn.commit()
+
+    def _stream(self, feeder: _Feeder, start: BinlogPosition,
+                end: BinlogPosition) -> Iterator[pa.RecordBatch]:
+        wanted = {TableId.parse(str(t)) for t in self.options.tables}
+        builder = ChangeBuilder(name="tidemark", position=start,
+                                captured=wanted.__contains__)
+        stream = client.BinlogStream(self._settings, start, server_id=_SERVER_ID,
+                                     blocking=True)
+        with stream:
+            builder.checksum = stream.checksum
+            stop = end.key
+            for event in stream.events():
+                records = builder.handle(event)
+                if records is not None:
+                    for record in records:
+                        if isinstance(record, ChangeEvent):
+                            feeder.add(record, record.lsn or 0, record.total_order)
+                    yield from feeder.sink.take()
+                if not builder.in_transaction and builder.position_key >= stop:
+                    break
+
+
+def table_schemas(options: SourceOptions) -> dict[TableId, StructType]:
+    """Check the server and the tables, and return each table's typed Spark schema."""
+    from tidemark.spark.arrow_rows import typed_schema  # noqa: PLC0415
+    from tidemark.spark.type_mapping import spark_type  # noqa: PLC0415
+
+    with contextlib.closing(client.connect(client.parse_url(options.dsn))) as conn:
+        client.check_server(conn)
+        schemas: dict[TableId, StructType] = {}
+        keyless = []
+        for table in options.tables:
+            described = snap.table_schema(conn, table)
+            if not described.key_indexes:
+                keyless.append(str(table))
+            schemas[table] = typed_schema([
+                StructField(c.name, spark_type(c.logical), True,
+                            {"tidemark.key": True, "tidemark.type": c.type_name} if c.is_key
+                            else {"tidemark.type": c.type_name})
+                for c in described.columns])
+    if keyless:
+        raise SourceError(f"table(s) {', '.join(keyless)} have no primary key: change streams "
+                          "are keyed by it; add one (ALTER TABLE ... ADD PRIMARY KEY (...)) "
+                          "or leave the table out")
+    return schemas
+
+
+def _position(offset: dict[str, Any]) -> BinlogPosition:
+    return BinlogPosition.from_offset(offset)
+
+
+class _Feeder:
+    """Hands change events to a stream sink as the PostgreSQL walker would: a relation
+    per table schema, then one row change at a time."""
+
+    def __init__(self, sink: Any) -> None:
+        self.sink = sink
+        self._relations: dict[int, tuple[TableSchema, int]] = {}
+
+    def add(self, event: ChangeEvent, lsn: int, seq: int) -> None:
+        schema = event.schema
+        assert schema is not None
+        entry = self._relations.get(id(schema))
+        if entry is None or entry[0] is not schema:
+            relation_id = len(self._relations) + 1
+            entry = self._relations[id(schema)] = (schema, relation_id)
+            key = set(schema.key_indexes)
+            self.sink.relation(Relation(
+                None, relation_id, schema.table.schema, schema.table.table, "d",
+                tuple(RelationColumn(c.name, _TEXT_OID, -1, i in key)
+                      for i, c in enumerate(schema.columns))))
+        context = event.context
+        txn = Txn(context.commit_lsn if context.commit_lsn is not None else lsn,
+                  context.ts_us, 0)
+        op = event.op.value
+        if event.op is Op.DELETE:
+            values = event.raw_before
+        elif event.op is Op.TRUNCATE:
+            values = None
+        else:
+            values = event.raw_after
+        self.sink.add(entry[1], op, values, lsn, seq, txn, False,
+                      event.raw_before if event.op is Op.UPDATE else None)
