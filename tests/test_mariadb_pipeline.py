@@ -3,10 +3,20 @@ tables that equal the source tables (real MariaDB, real local Spark)."""
 
 from __future__ import annotations
 
+import contextlib
+import os
+import random
+import signal
+import subprocess
+import sys
+import threading
+import time
+from collections import Counter
 from decimal import Decimal
 from pathlib import Path
 from typing import Any
 
+import pyarrow.parquet as pq
 import pytest
 from deltalake import DeltaTable
 from pyspark.sql import SparkSession
@@ -18,12 +28,13 @@ from tidemark.pipeline.runner import Pipeline
 pytestmark = pytest.mark.integration
 
 
-def _pipeline(tmp_path: Path, mdb: MariaDatabase) -> Path:
+def _pipeline(tmp_path: Path, mdb: MariaDatabase, spark: str = "available_now = true",
+              extra: str = "") -> Path:
     file = tmp_path / "pipeline.toml"
     file.write_text(
-        f'[source]\ndsn = "{mdb.dsn}"\n[spark]\ncheckpoint = "chk"\navailable_now = true\n'
+        f'[source]\ndsn = "{mdb.dsn}"\n[spark]\ncheckpoint = "chk"\n{spark}\n'
         f'[targets."{mdb.name}.a"]\npath = "lake/a"\nkeys = ["id"]\n'
-        f'[targets."{mdb.name}.b"]\npath = "lake/b"\nkeys = ["k1", "k2"]\n')
+        f'[targets."{mdb.name}.b"]\npath = "lake/b"\nkeys = ["k1", "k2"]\n{extra}')
     return file
 
 
@@ -62,3 +73,93 @@ def test_snapshot_then_binlog_keeps_delta_equal_to_mariadb(
     version = DeltaTable(str(tmp_path / "lake/a")).version()
     Pipeline(config, spark=spark).run()
     assert DeltaTable(str(tmp_path / "lake/a")).version() == version
+
+
+class _Writer(threading.Thread):
+    """Small random transactions on a (ids 1..40 churn) until :meth:`finish`."""
+
+    def __init__(self, mdb: MariaDatabase, seed: int) -> None:
+        super().__init__(daemon=True)
+        self.mdb = mdb
+        self.rng = random.Random(seed)
+        self.committed = 0
+        self.error: BaseException | None = None
+        self._halt = threading.Event()
+
+    def run(self) -> None:
+        rng = self.rng
+        try:
+            conn = self.mdb.server.connect(self.mdb.name)
+            with contextlib.closing(conn), conn.cursor() as cur:
+                while not self._halt.is_set() and self.committed < 500:
+                    cur.execute("BEGIN")
+                    for _ in range(rng.randint(1, 4)):
+                        key, op = rng.randint(1, 40), rng.random()
+                        if op < 0.5:
+                            cur.execute("INSERT INTO a VALUES (%s, %s, 1) ON DUPLICATE KEY "
+                                        "UPDATE v = VALUES(v)", (key, f"v{rng.randint(0, 999)}"))
+                        elif op < 0.8:
+                            cur.execute("UPDATE a SET n = n + 1 WHERE id = %s", (key,))
+                        else:
+                            cur.execute("DELETE FROM a WHERE id = %s", (key,))
+                    cur.execute("COMMIT")
+                    self.committed += 1
+                    time.sleep(0.02)  # pacing the writer, not waiting for a condition
+        except BaseException as err:  # reported by finish()
+            self.error = err
+
+    def finish(self) -> None:
+        self._halt.set()
+        self.join(30)
+        assert not self.is_alive(), "the writer did not stop"
+        if self.error is not None:
+            raise self.error
+
+
+def _run_cli(config: Path, log: Path, *args: str) -> subprocess.Popen[bytes]:
+    env = {**os.environ, "PYSPARK_PYTHON": sys.executable}
+    with log.open("ab") as out:
+        # A session of its own: the SIGKILL of its group hits the driver and its JVM.
+        return subprocess.Popen([sys.executable, "-m", "tidemark", "run", str(config), *args],
+                                stdout=out, stderr=subprocess.STDOUT, env=env,
+                                start_new_session=True)
+
+
+@pytest.mark.slow
+def test_sigkill_mid_stream_then_restart_loses_and_doubles_nothing(
+        mdb: MariaDatabase, tmp_path: Path) -> None:
+    mdb.execute("CREATE TABLE a (id INT PRIMARY KEY, v VARCHAR(20), n DECIMAL(10,2))",
+                "CREATE TABLE b (k1 INT, k2 VARCHAR(5), note TEXT, PRIMARY KEY (k1, k2))",
+                "INSERT INTO a VALUES (1, 'first', 1)")
+    config = _pipeline(tmp_path, mdb, "trigger_interval_ms = 50",
+                       '\n[changelog]\npath = "lake/_changes"\n')
+    log = tmp_path / "run.log"
+    writer = _Writer(mdb, seed=7)
+    proc = _run_cli(config, log)
+    try:
+        deadline = time.monotonic() + 120
+        while "batch " not in log.read_text(errors="replace"):
+            assert proc.poll() is None and time.monotonic() < deadline, \
+                log.read_text(errors="replace")[-3000:]
+            time.sleep(0.05)
+        writer.start()
+        time.sleep(random.Random(7).uniform(1.0, 3.0))  # the kill's moment, not a wait
+        assert proc.poll() is None, log.read_text(errors="replace")[-3000:]
+        assert writer.is_alive(), "the writer had stopped: the kill was not mid-stream"
+    finally:
+        os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait(30)
+    at_kill = writer.committed
+    deadline = time.monotonic() + 30
+    while writer.committed < at_kill + 20:  # changes after the crash too
+        assert writer.is_alive() and time.monotonic() < deadline
+        time.sleep(0.02)
+    writer.finish()
+    restart = _run_cli(config, log, "--available-now")
+    assert restart.wait(180) == 0, log.read_text(errors="replace")[-3000:]
+    assert _lake(tmp_path, "a", ["id", "v", "n"]) == _source(mdb, "a", "id")
+    changelog = pq.read_table(tmp_path / "lake/_changes")
+    changes = Counter(zip(changelog.column("table").to_pylist(),
+                          changelog.column("_commit_lsn").to_pylist(),
+                          changelog.column("_seq").to_pylist(), strict=True))
+    assert changes and max(changes.values()) == 1, "a change is twice in the change log"
