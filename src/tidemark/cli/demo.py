@@ -62,6 +62,37 @@ _TARGETS = {  # table -> SCD type (key: id)
     "public.customers": 1, "public.products": 1, "public.orders": 2,
 }
 
+# The MariaDB round: the same shop; its first changes come before the pipeline's first
+# run, so they arrive through the initial snapshot, the second round through the binlog.
+_MARIADB_SCHEMA = [
+    "CREATE TABLE customers (id BIGINT PRIMARY KEY, name VARCHAR(40) NOT NULL, "
+    "email VARCHAR(80), balance DECIMAL(12, 2), created TIMESTAMP(6) NULL "
+    "DEFAULT CURRENT_TIMESTAMP(6))",
+    "CREATE TABLE products (id INT PRIMARY KEY, name VARCHAR(40), price DECIMAL(10, 2), "
+    "attrs JSON, manual LONGTEXT)",
+    "CREATE TABLE orders (id BIGINT PRIMARY KEY, customer_id BIGINT, product_id INT, "
+    "qty INT, status VARCHAR(10), placed DATETIME)",
+]
+_MARIADB_ROUND_1 = [
+    "INSERT INTO customers (id, name, email, balance) VALUES (1, 'Ada', 'ada@example.com', "
+    "100.50), (2, 'Grace', NULL, 0), (3, 'Linus', 'linus@example.com', 12.34)",
+    "INSERT INTO products VALUES (1, 'kettle', 39.90, '{\"color\": \"red\"}', "
+    "REPEAT('Boil water. ', 2000)), (2, 'teapot', 24.00, '{\"size\": [1, 2]}', 'Pour.')",
+    "INSERT INTO orders SELECT seq, 1 + seq % 3, 1 + seq % 2, 1 + seq % 5, 'new', "
+    "TIMESTAMP'2024-05-01 12:00:00' + INTERVAL seq MINUTE FROM seq_1_to_5000",
+]
+_MARIADB_ROUND_2 = [
+    "UPDATE customers SET balance = balance + 1 WHERE id = 1",
+    "UPDATE products SET price = 34.90 WHERE id = 1",
+    "UPDATE customers SET id = 20 WHERE id = 2",               # primary-key change
+    "DELETE FROM customers WHERE id = 3",
+    "UPDATE orders SET status = 'paid' WHERE id % 4 = 0",
+    "INSERT INTO customers (id, name, email, balance) VALUES (4, 'Edsger', "
+    "'ewd@example.com', 7)",
+    "DELETE FROM orders WHERE id > 4900",
+    "UPDATE products SET attrs = JSON_SET(attrs, '$.sale', true) WHERE id = 1",
+]
+
 
 class DemoMismatchError(TerminalError):
     """A Delta table does not equal its source table at the end of the demo."""
@@ -72,8 +103,14 @@ class DemoMismatchError(TerminalError):
               help="Only print the change events of a few statements as JSON lines.")
 @click.option("--keep", is_flag=True, help="Keep the demo directory (pipeline.toml, Delta "
                                            "tables) and print its path.")
-def demo(capture: bool, keep: bool) -> None:
-    """PostgreSQL changes into Delta Lake through Spark, on a private PostgreSQL."""
+@click.option("--source", type=click.Choice(["postgres", "mariadb"]), default="postgres",
+              show_default=True, help="The source database: a private PostgreSQL, or a "
+                                      "private MariaDB (Debian's mariadb-server).")
+def demo(capture: bool, keep: bool, source: str) -> None:
+    """Database changes into Delta Lake through Spark, on a private PostgreSQL or MariaDB."""
+    if source == "mariadb":
+        _mariadb_demo(keep)
+        return
     if capture:
         from tidemark.cli.demo_capture import capture_demo  # noqa: PLC0415
 
@@ -93,6 +130,34 @@ def demo(capture: bool, keep: bool) -> None:
     if not keep:
         import shutil  # noqa: PLC0415
 
+        shutil.rmtree(directory, ignore_errors=True)
+
+
+def _mariadb_demo(keep: bool) -> None:
+    import shutil  # noqa: PLC0415
+
+    from tidemark.testing.mariadb import MariaDbServer  # noqa: PLC0415
+
+    directory = Path(tempfile.mkdtemp(prefix="tidemark-demo-"))
+    with MariaDbServer() as server:
+        conn = server.connect()
+        with contextlib.closing(conn), conn.cursor() as cur:
+            cur.execute("CREATE DATABASE shop")
+            cur.execute("USE shop")
+            for statement in _MARIADB_SCHEMA:
+                cur.execute(statement)
+        dsn = server.dsn("shop")
+        click.echo(f"private MariaDB on port {server.port}; demo directory {directory}")
+        targets = "".join(
+            f'\n[targets."shop.{table.split(".")[1]}"]\npath = "lake/{table.split(".")[1]}"\n'
+            f'keys = ["id"]\nstored_as_scd_type = {scd}\n' for table, scd in _TARGETS.items())
+        config_file = directory / "pipeline.toml"
+        config_file.write_text(
+            f'[source]\ndsn = "{dsn}"\n\n[spark]\nmaster = "local[2]"\n'
+            'app_name = "tidemark-demo"\ncheckpoint = "checkpoint"\navailable_now = true\n'
+            '\n[changelog]\npath = "lake/_changes"\n' + targets, encoding="utf-8")
+        _run_demo(dsn, config_file, (_MARIADB_ROUND_1, _MARIADB_ROUND_2), "MariaDB")
+    if not keep:
         shutil.rmtree(directory, ignore_errors=True)
 
 
@@ -123,15 +188,26 @@ def _write_pipeline(directory: Path, dsn: str) -> Path:
 
 
 def _execute(dsn: str, statements: list[str]) -> None:
+    for statement in statements:
+        click.echo(f"  sql> {statement[:90]}{'…' if len(statement) > 90 else ''}")
+    if dsn.startswith("mariadb://"):
+        from tidemark.source.mariadb import client  # noqa: PLC0415
+
+        mariadb = client.connect(client.parse_url(dsn))
+        with contextlib.closing(mariadb), mariadb.cursor() as cursor:
+            for statement in statements:
+                cursor.execute(statement)
+        return
     from tidemark.source.postgres import session  # noqa: PLC0415
 
     with contextlib.closing(session.connect(dsn)) as conn, session.cursor(conn) as cur:
         for statement in statements:
-            click.echo(f"  sql> {statement[:90]}{'…' if len(statement) > 90 else ''}")
             cur.execute(statement)
 
 
-def _run_demo(dsn: str, config_file: Path) -> None:
+def _run_demo(dsn: str, config_file: Path,
+              rounds: tuple[list[str], list[str]] = (_ROUND_1, _ROUND_2),
+              database: str = "PostgreSQL") -> None:
     from tidemark.pipeline import BatchReport, format_report, load_config  # noqa: PLC0415
     from tidemark.pipeline.runner import Pipeline, build_session  # noqa: PLC0415
 
@@ -147,8 +223,8 @@ def _run_demo(dsn: str, config_file: Path) -> None:
         click.echo("  " + format_report(report))
 
     try:
-        for number, statements in ((1, _ROUND_1), (2, _ROUND_2)):
-            click.echo(f"\nround {number}: changes in PostgreSQL")
+        for number, statements in enumerate(rounds, 1):
+            click.echo(f"\nround {number}: changes in {database}")
             _execute(dsn, statements)
             click.echo(f"round {number}: tidemark run {config_file.name} (available_now)")
             Pipeline(config, spark=spark, on_batch=show).run()
@@ -157,16 +233,16 @@ def _run_demo(dsn: str, config_file: Path) -> None:
     rate = totals["changes"] / totals["seconds"] if totals["seconds"] else 0.0
     click.echo(f"\napplied {totals['changes']:,} changes in {totals['seconds']:.1f} s "
                f"({rate:,.0f} changes/s, Spark batches incl. Delta commits)")
-    _prove(dsn, config)
+    _prove(dsn, config, database)
 
 
-def _prove(dsn: str, config: Any) -> None:
+def _prove(dsn: str, config: Any, database: str = "PostgreSQL") -> None:
     import pyarrow as pa  # noqa: PLC0415
     from deltalake import DeltaTable  # noqa: PLC0415
 
     from tidemark.pipeline.compare import compare  # noqa: PLC0415
 
-    click.echo("\nDelta tables vs PostgreSQL:")
+    click.echo(f"\nDelta tables vs {database}:")
     mismatched = []
     for target in config.targets:
         scd2 = target.spec.stored_as_scd_type == 2
@@ -182,7 +258,7 @@ def _prove(dsn: str, config: Any) -> None:
         click.echo(f"  {target.table:18} source {len(source):5,} rows | Delta "
                    f"{len(lake):5,} current rows{history} | "
                    f"{'MATCH' if same else 'DIFFERENT'}")
-        if target.table == "public.customers":
+        if target.table.endswith(".customers"):
             _show_rows(columns, source, lake)
         if target.table == "public.products":
             manual = columns.index("manual")
@@ -190,8 +266,8 @@ def _prove(dsn: str, config: Any) -> None:
                        + ", ".join(f"id {r[0]}: {len(r[manual] or ''):,} chars"
                                    for r in lake))
     if mismatched:
-        raise DemoMismatchError(f"Delta differs from PostgreSQL for {', '.join(mismatched)}")
-    click.echo("\nall Delta tables equal their PostgreSQL tables")
+        raise DemoMismatchError(f"Delta differs from {database} for {', '.join(mismatched)}")
+    click.echo(f"\nall Delta tables equal their {database} tables")
 
 
 def _show_rows(columns: list[str], source: list[Any], lake: list[Any]) -> None:

@@ -1,13 +1,15 @@
-"""Compare a Delta target with its PostgreSQL source table (the demo's and tests' proof).
+"""Compare a Delta target with its source table (the demo's and tests' proof).
 
 Values are compared as Python objects after one normalisation: columns that the Spark
 type mapping carries as strings (json, jsonb, uuid, interval, …) are read from
-PostgreSQL as ``::text``, which is exactly the text pgoutput sent.
+PostgreSQL as ``::text``, which is exactly the text pgoutput sent; from MariaDB as
+``CAST(… AS CHAR)``, and its ``timestamp`` columns in UTC.
 """
 
 from __future__ import annotations
 
 import contextlib
+import datetime as dt
 from collections.abc import Sequence
 from typing import Any
 
@@ -16,6 +18,8 @@ import pyarrow as pa
 import pyarrow.compute as pc
 from deltalake import DeltaTable
 from psycopg2 import sql
+
+from tidemark.source.registry import source_kind
 
 Row = tuple[Any, ...]
 
@@ -30,8 +34,10 @@ def delta_rows(path: str, columns: Sequence[str], *, scd2: bool = False) -> list
 
 
 def source_rows(dsn: str, table: str, columns: Sequence[str],
-                text_columns: Sequence[str] = ()) -> list[Row]:
+                text_columns: Sequence[str] = (), utc_columns: Sequence[str] = ()) -> list[Row]:
     """The source table's rows, sorted like :func:`delta_rows`."""
+    if source_kind(dsn) == "mariadb":
+        return _mariadb_rows(dsn, table, columns, text_columns, utc_columns)
     schema, name = table.split(".", 1)
     selected = sql.SQL(", ").join(
         sql.SQL("{}::text").format(sql.Identifier(c)) if c in text_columns
@@ -41,6 +47,35 @@ def source_rows(dsn: str, table: str, columns: Sequence[str],
     with contextlib.closing(psycopg2.connect(dsn)) as conn, conn.cursor() as cur:
         cur.execute(query)
         return sorted((tuple(r) for r in cur.fetchall()), key=repr)
+
+
+def _mariadb_rows(dsn: str, table: str, columns: Sequence[str],
+                  text_columns: Sequence[str], utc_columns: Sequence[str]) -> list[Row]:
+    from tidemark.source.mariadb import client  # noqa: PLC0415
+
+    def quote(name: str) -> str:
+        return "`" + name.replace("`", "``") + "`"
+
+    database, name = table.split(".", 1)
+    selected = ", ".join(f"CAST({quote(c)} AS CHAR)" if c in text_columns else quote(c)
+                         for c in columns)
+    utc = [i for i, c in enumerate(columns) if c in utc_columns]
+    with contextlib.closing(client.connect(client.parse_url(dsn))) as conn, \
+            conn.cursor() as cur:
+        cur.execute("SET time_zone = '+00:00'")
+        cur.execute(f"SELECT {selected} FROM {quote(database)}.{quote(name)}")
+        rows = [list(r) for r in cur.fetchall()]
+    for row in rows:
+        for i in utc:
+            if isinstance(row[i], dt.datetime):
+                row[i] = row[i].replace(tzinfo=dt.UTC)
+    return sorted((tuple(r) for r in rows), key=repr)
+
+
+def utc_columns(path: str) -> list[str]:
+    """Columns the target stores as UTC instants."""
+    schema = pa.schema(DeltaTable(path).schema().to_arrow())
+    return [f.name for f in schema if pa.types.is_timestamp(f.type) and f.type.tz]
 
 
 def string_columns(path: str) -> list[str]:
@@ -55,4 +90,5 @@ def compare(dsn: str, table: str, path: str, columns: Sequence[str], *,
             scd2: bool = False) -> tuple[list[Row], list[Row]]:
     """``(source rows, target rows)`` of *columns*, ready to compare with ``==``."""
     text = string_columns(path)
-    return (source_rows(dsn, table, columns, text), delta_rows(path, columns, scd2=scd2))
+    return (source_rows(dsn, table, columns, text, utc_columns(path)),
+            delta_rows(path, columns, scd2=scd2))
