@@ -261,6 +261,12 @@ def test_bad_logins_hosts_grants_and_urls_are_clear_errors(mdb: MariaDatabase) -
     with pytest.raises(SourceError, match="grant the capture user") as caught:
         capture(MariaDbSourceConfig.from_mapping({"dsn": reader, "snapshot_mode": "no_data"}))
     assert "pw" not in str(caught.value)
+    # The grants the README names are enough for a snapshot and the stream.
+    with contextlib.closing(server.connect()) as conn, conn.cursor() as cur:
+        cur.execute("GRANT REPLICATION SLAVE, BINLOG MONITOR ON *.* TO 'reader'@'%'")
+    mdb.execute("CREATE TABLE t (id INT PRIMARY KEY)", "INSERT INTO t VALUES (1)")
+    records, _ = capture(MariaDbSourceConfig.from_mapping({"dsn": reader}))
+    assert [v["after"] for v in values(records)] == [{"id": 1}]
 
 
 # -- tidemark capture: restart, SIGKILL, server restart ----------------------------------
