@@ -221,6 +221,21 @@ def test_a_purged_binlog_is_an_error_that_says_what_to_do(mdb: MariaDatabase) ->
     assert "when_needed" in str(caught.value)
 
 
+def test_when_needed_takes_a_new_snapshot_after_the_binlog_was_purged(
+        mdb: MariaDatabase) -> None:
+    mdb.execute("CREATE TABLE t (id INT PRIMARY KEY)", "INSERT INTO t VALUES (1)")
+    _, offset = capture(_config(mdb))
+    assert offset is not None
+    mdb.execute("INSERT INTO t VALUES (2)")
+    # The offset names a binlog the server no longer has (as after PURGE BINARY LOGS).
+    gone = {"binlog": {**offset["binlog"], "file": "binlog.000000", "gtids": ""}}
+    with pytest.raises(SourceError, match="purged"):
+        capture(_config(mdb), gone)
+    records, after = capture(_config(mdb, snapshot_mode="when_needed"), gone)
+    assert sorted((v["op"], v["after"]["id"]) for v in values(records)) == [("r", 1), ("r", 2)]
+    assert after is not None and after["binlog"]["file"].startswith("binlog.0")
+
+
 @pytest.mark.parametrize(("variable", "value", "named"), [
     ("binlog_format", "STATEMENT", "binlog_format is STATEMENT"),
     ("binlog_row_image", "MINIMAL", "binlog_row_image is MINIMAL"),

@@ -140,6 +140,16 @@ def current_position(conn: pymysql.Connection[Any]) -> BinlogPosition:
     return BinlogPosition(str(row[0]), int(row[1]), str(gtid_row[0] if gtid_row else ""))
 
 
+def binlog_files(conn: pymysql.Connection[Any]) -> list[str]:
+    """The binlog files the server still has (``SHOW BINARY LOGS``), oldest first."""
+    try:
+        with conn.cursor() as cur:
+            cur.execute("SHOW BINARY LOGS")
+            return [str(row[0]) for row in cur.fetchall()]
+    except pymysql.err.OperationalError as err:
+        raise _privilege_error(err, "SHOW BINARY LOGS", "BINLOG MONITOR") from None
+
+
 def _privilege_error(err: pymysql.err.MySQLError, what: str, privilege: str) -> Exception:
     code = err.args[0] if err.args else 0
     if code in (ER_SPECIFIC_ACCESS_DENIED, 1044, 1142):

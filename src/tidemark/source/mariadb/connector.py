@@ -92,8 +92,17 @@ class MariaDbConnector:
         with contextlib.closing(conn):
             client.check_server(conn)
             current = client.current_position(conn)
-        if offset is not None and "binlog" in offset:
-            position = BinlogPosition.from_offset(offset["binlog"])
+            kept = client.binlog_files(conn) \
+                if cfg.snapshot_mode == SnapshotMode.WHEN_NEEDED else []
+        position = BinlogPosition.from_offset(offset["binlog"]) \
+            if offset is not None and "binlog" in offset else None
+        if position is not None and cfg.snapshot_mode == SnapshotMode.WHEN_NEEDED \
+                and position.file not in kept:
+            log.warning("the binlog capture stopped in (%s) was purged from the server: "
+                        "taking a new snapshot (snapshot_mode=when_needed)", position)
+            position = None
+            self._batches = self._snapshot_then_stream(stop_at_end, False)
+        elif position is not None:
             log.info("resuming MariaDB capture at %s", position)
             self._batches = self._stream_from(position, stop_at_end)
         elif cfg.snapshot_mode in (SnapshotMode.INITIAL, SnapshotMode.INITIAL_ONLY,
