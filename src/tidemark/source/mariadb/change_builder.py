@@ -66,7 +66,7 @@ class _Table:
 
 
 class _Transaction:
-    __slots__ = ("events", "gtid", "rows", "server_id", "started_file", "thread")
+    __slots__ = ("gtid", "rows", "server_id", "thread")
 
     def __init__(self, gtid: b.Gtid | None, server_id: int) -> None:
         self.gtid = gtid
@@ -101,7 +101,6 @@ class ChangeBuilder:
         self._versions: dict[TableId, int] = {}
         self._schemas: dict[TableId, tuple[str, ...]] = {}
         self._tx: _Transaction | None = None
-        self.events_seen = 0
         #: Commit time (µs since the epoch) of the last transaction handled.
         self.commit_us: int | None = None
 
@@ -126,7 +125,6 @@ class ChangeBuilder:
         """The records of the transaction this event completes (possibly none, for a
         transaction of uncaptured tables), or None when it completes nothing."""
         header, body = self._decoder.split(event)
-        self.events_seen += 1
         kind = header.type
         if kind in b.ROWS_EVENTS:
             self._rows(header, body)
