@@ -387,3 +387,28 @@ def test_capture_survives_a_server_restart_mid_stream(
         assert _ids(_wait_for_lines(out, 30, process)) == list(range(1, 31))
         process.send_signal(signal.SIGTERM)
         assert process.wait(timeout=30) == 0
+
+
+def test_status_reports_the_position_and_a_purged_binlog(
+        mdb: MariaDatabase, tmp_path: Path) -> None:
+    from tidemark.status import mariadb as status  # noqa: PLC0415
+
+    mdb.execute("CREATE TABLE t (id INT PRIMARY KEY)", "INSERT INTO t VALUES (1)")
+    _, offset = capture(_config(mdb))
+    assert offset is not None
+    settings = MariaDbSourceConfig.from_mapping({"dsn": mdb.dsn}).connection
+    offsets = tmp_path / "offsets.json"
+    key = f"mariadb/{settings.host}:{settings.port}/tidemark"
+    offsets.write_text(json.dumps({key: offset}))
+    mdb.execute("INSERT INTO t VALUES (2)")
+    healthy = status.capture_status(mdb.dsn, str(offsets))
+    assert healthy["healthy"] and healthy["offsets"]["found"]
+    assert healthy["lag"]["bytes"] > 0  # the insert after the saved offset
+    assert "binlog behind" in status.render_capture(healthy)
+
+    offsets.write_text(json.dumps({key: {"binlog": {**offset["binlog"],
+                                                    "file": "binlog.000000"}}}))
+    purged = status.capture_status(mdb.dsn, str(offsets))
+    assert not purged["healthy"]
+    assert "no longer has" in purged["problems"][0]
+    assert "snapshot_mode=when_needed" in purged["problems"][0]

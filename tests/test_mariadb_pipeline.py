@@ -74,6 +74,14 @@ def test_snapshot_then_binlog_keeps_delta_equal_to_mariadb(
     Pipeline(config, spark=spark).run()
     assert DeltaTable(str(tmp_path / "lake/a")).version() == version
 
+    from tidemark.status import mariadb as status  # noqa: PLC0415
+
+    report = status.pipeline_status(config, str(tmp_path / "pipeline.toml"))
+    assert report["healthy"], report["problems"]
+    assert report["lag"]["bytes"] == 0 and report["checkpoint"]["last_committed"]
+    assert [t["rows"] for t in report["targets"]] == [len(_source(mdb, "a", "id")), 2]
+    assert "last committed batch" in status.render_pipeline(report)
+
 
 class _Writer(threading.Thread):
     """Small random transactions on a (ids 1..40 churn) until :meth:`finish`."""

@@ -492,13 +492,17 @@ def test_date_to_epoch_days_rejects(text: str) -> None:
         ("12:34:56.5", (12 * 3600 + 34 * 60 + 56) * US + 500000),
         ("23:59:59.999999", DAY_US - 1),
         ("24:00:00", DAY_US),
+        # MariaDB's time is a duration: negative, or beyond a day.
+        ("24:00:00.000001", DAY_US + 1),
+        ("-00:00:01", -US),
+        ("-838:59:59.5", -((838 * 3600 + 59 * 60 + 59) * US + 500000)),
     ],
 )
 def test_time_to_micros(text: str, expected: int) -> None:
     assert time_to_micros(text) == expected
 
 
-@pytest.mark.parametrize("text", ["24:00:00.000001", "12:00:00+00", "x"])
+@pytest.mark.parametrize("text", ["12:00:00+00", "x", "12:60:00", "1:2:3"])
 def test_time_to_micros_rejects(text: str) -> None:
     with pytest.raises(ValueError):
         time_to_micros(text)

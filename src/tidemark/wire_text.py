@@ -399,7 +399,7 @@ def time_to_micros(text: str) -> int:
         if text == "24:00:00":
             return _US_PER_DAY
         match = _DURATION.fullmatch(text)
-        if match is None:
+        if match is None or int(match.group(3)) > 59 or int(match.group(4)) > 59:
             raise
         sign, hours, minutes, seconds, fraction = match.groups()
         total = ((int(hours) * 60 + int(minutes)) * 60 + int(seconds)) * _US_PER_SECOND \

@@ -11,8 +11,8 @@ import click
 @click.command()
 @click.argument("config_file", required=False, type=click.Path(dir_okay=False))
 @click.option("--dsn", envvar="TIDEMARK_DSN",
-              help="A capture's database: libpq connection string or URI (or $TIDEMARK_DSN). "
-                   "A pipeline's comes from its file.")
+              help="A capture's database: libpq connection string or URI, or a mariadb:// "
+                   "URL (or $TIDEMARK_DSN). A pipeline's comes from its file.")
 @click.option("--slot", default="tidemark", show_default=True,
               help="A capture's replication slot (capture's --slot).")
 @click.option("--offsets", type=click.Path(dir_okay=False),
@@ -49,6 +49,11 @@ def status(ctx: click.Context, config_file: str | None, dsn: str | None, slot: s
                 problem}], last_run {started_at, ended_at, outcome, error,
                 last_batch_id, last_batch_at, last_batch_changes,
                 last_batch_lag_bytes, last_batch_lag_seconds} (null if none)
+      A MariaDB source (mariadb:// DSN) has no slot: source "mariadb",
+      server {host, version, binlog_file, binlog_pos, gtids, oldest_binlog, binlogs},
+      lag {bytes, files_behind, note}, and capture: offsets {file, exists, found,
+      position, gtids}, or pipeline: checkpoint {path, query_id, last_committed_batch,
+      last_committed}, targets, last_run; a purged binlog is a problem.
     """
     # Imported here: `tidemark capture` must not pay for pyarrow and deltalake.
     import psycopg2  # noqa: PLC0415
@@ -62,21 +67,41 @@ def status(ctx: click.Context, config_file: str | None, dsn: str | None, slot: s
                     raise click.UsageError(f"--{name} is for a capture's status; a "
                                            "pipeline's comes from CONFIG_FILE")
             from tidemark.pipeline.config import load_config  # noqa: PLC0415
-            from tidemark.pipeline.status import (  # noqa: PLC0415
-                pipeline_status,
-                render_pipeline,
-            )
+            from tidemark.source.registry import source_kind  # noqa: PLC0415
 
-            result = pipeline_status(load_config(config_file), config_file)
-            text = render_pipeline
+            config = load_config(config_file)
+            if source_kind(config.dsn) == "mariadb":
+                from tidemark.status import mariadb  # noqa: PLC0415
+
+                result = mariadb.pipeline_status(config, config_file)
+                text = mariadb.render_pipeline
+            else:
+                from tidemark.pipeline.status import (  # noqa: PLC0415
+                    pipeline_status,
+                    render_pipeline,
+                )
+
+                result = pipeline_status(config, config_file)
+                text = render_pipeline
         else:
             if not dsn:
                 raise click.UsageError("give --dsn (or set TIDEMARK_DSN) for a capture's "
                                        "status, or a pipeline file")
-            from tidemark.status.capture import capture_status, render_capture  # noqa: PLC0415
+            from tidemark.source.registry import source_kind  # noqa: PLC0415
 
-            result = capture_status(dsn, slot, offsets)
-            text = render_capture
+            if source_kind(dsn) == "mariadb":
+                from tidemark.status import mariadb  # noqa: PLC0415
+
+                result = mariadb.capture_status(dsn, offsets)
+                text = mariadb.render_capture
+            else:
+                from tidemark.status.capture import (  # noqa: PLC0415
+                    capture_status,
+                    render_capture,
+                )
+
+                result = capture_status(dsn, slot, offsets)
+                text = render_capture
     except psycopg2.Error as err:
         message = (getattr(err, "pgerror", None) or str(err)).strip().splitlines()
         raise SourceError(f"cannot read the slot's state: "

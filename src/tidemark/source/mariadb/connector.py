@@ -100,7 +100,6 @@ class MariaDbConnector:
                 and position.file not in kept:
             log.warning("the binlog capture stopped in (%s) was purged from the server: "
                         "taking a new snapshot (snapshot_mode=when_needed)", position)
-            position = None
             self._batches = self._snapshot_then_stream(stop_at_end, False)
         elif position is not None:
             log.info("resuming MariaDB capture at %s", position)

@@ -1,0 +1,166 @@
+"""``tidemark status`` for a MariaDB source: the server's binlog, and where a capture's
+offsets file or a pipeline's checkpoint stands in it.
+
+A MariaDB capture holds nothing on the server (no slot): what can go wrong is that the
+binlog it needs was purged (``expire_logs_days``, ``PURGE BINARY LOGS``) before it read
+it, which the status reports as a problem, with the way out.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+from pathlib import Path
+from typing import Any
+
+from tidemark.errors import ConfigError
+from tidemark.offsets.store import decode_json_object
+from tidemark.source.mariadb import client
+from tidemark.source.mariadb.position import BinlogPosition
+from tidemark.status.report import Status, human_bytes, render, table
+
+
+def _server(dsn: str) -> tuple[dict[str, Any], list[str]]:
+    settings = client.parse_url(dsn)
+    with contextlib.closing(client.connect(settings)) as conn:
+        end = client.current_position(conn)
+        files = client.binlog_files(conn)
+        version = client.server_variables(conn, "version").get("version", "")
+    section = {"host": f"{settings.host}:{settings.port}", "version": version,
+               "binlog_file": end.file, "binlog_pos": end.pos, "gtids": end.gtids,
+               "oldest_binlog": files[0] if files else None, "binlogs": len(files)}
+    return section, files
+
+
+def _position_findings(position: BinlogPosition | None, server: dict[str, Any],
+                       files: list[str], what: str, problems: list[str]) -> dict[str, Any]:
+    """The ``lag`` section of *position* against the server's end."""
+    lag: dict[str, Any] = {"bytes": None, "files_behind": None, "note": None}
+    if position is None:
+        lag["note"] = f"no {what} position yet"
+        return lag
+    if position.file not in files:
+        problems.append(
+            f"the {what} position {position} is in a binlog the server no longer has (purged; "
+            f"oldest kept: {server['oldest_binlog']}): the changes since then are lost to the "
+            "stream. Restart with snapshot_mode=when_needed to take a new snapshot.")
+        return lag
+    behind = files.index(server["binlog_file"]) - files.index(position.file) \
+        if server["binlog_file"] in files else None
+    lag["files_behind"] = behind
+    if behind == 0:
+        lag["bytes"] = max(0, server["binlog_pos"] - position.pos)
+    return lag
+
+
+def capture_status(dsn: str, offsets_file: str | None) -> Status:
+    """A MariaDB capture's status: the server and its offsets file (if given)."""
+    problems: list[str] = []
+    warnings: list[str] = []
+    server, files = _server(dsn)
+    settings = client.parse_url(dsn)
+    offsets: dict[str, Any] | None = None
+    position = None
+    if offsets_file is not None:
+        path = Path(offsets_file)
+        offsets = {"file": str(path), "exists": path.exists(), "found": False,
+                   "position": None, "gtids": None}
+        if path.exists():
+            saved = decode_json_object(path.read_bytes(), str(path))
+            entries = [v for k, v in saved.items()
+                       if k.startswith(f"mariadb/{settings.host}:{settings.port}/")]
+            if entries and isinstance(entries[0], dict) and "binlog" in entries[0]:
+                try:
+                    position = BinlogPosition.from_offset(entries[0]["binlog"])
+                except ConfigError as err:
+                    problems.append(str(err))
+                else:
+                    offsets.update(found=True, position=f"{position.file}:{position.pos}",
+                                   gtids=position.gtids)
+            else:
+                warnings.append(f"{path} holds no offset of a capture of this server: the "
+                                "next capture starts with a snapshot (snapshot_mode)")
+        else:
+            warnings.append(f"{path} does not exist yet: the next capture starts with a "
+                            "snapshot (snapshot_mode)")
+    lag = _position_findings(position, server, files, "saved", problems)
+    return {"kind": "capture", "source": "mariadb", "healthy": not problems,
+            "problems": problems, "warnings": warnings, "server": server,
+            "offsets": offsets, "lag": lag}
+
+
+def pipeline_status(config: Any, config_file: str) -> Status:
+    """A MariaDB pipeline's status: server, checkpoint position, targets, last run."""
+    from tidemark.pipeline.status import (  # noqa: PLC0415 - shares the pipeline's parts
+        _last_batch,
+        _last_run,
+        _target,
+    )
+
+    problems: list[str] = []
+    warnings: list[str] = []
+    server, files = _server(config.dsn)
+    root = Path(config.checkpoint)
+    checkpoint: dict[str, Any] = {"path": config.checkpoint, "query_id": None,
+                                  "last_committed_batch": None, "last_committed": None}
+    position = None
+    with contextlib.suppress(FileNotFoundError):
+        metadata = (root / "metadata").read_text(encoding="utf-8")
+        checkpoint["query_id"] = str(json.loads(metadata.splitlines()[0])["id"])
+        committed = _last_batch(root / "commits")
+        checkpoint["last_committed_batch"] = committed
+        if committed is not None:
+            line = (root / "offsets" / str(committed)).read_text(encoding="utf-8")
+            offset = json.loads(line.splitlines()[-1])
+            position = BinlogPosition.from_offset(offset)
+            checkpoint["last_committed"] = f"{position.file}:{position.pos}"
+    if checkpoint["query_id"] is None:
+        warnings.append("the pipeline has not started yet")
+    targets = [_target(t, config.checkpoint, checkpoint["query_id"], problems)
+               for t in config.targets]
+    last_run = _last_run(config.checkpoint, problems)
+    lag = _position_findings(position, server, files, "checkpoint's", problems)
+    return {"kind": "pipeline", "source": "mariadb", "healthy": not problems,
+            "problems": problems, "warnings": warnings,
+            "config": str(Path(config_file).resolve()), "server": server,
+            "checkpoint": checkpoint, "targets": targets, "last_run": last_run, "lag": lag}
+
+
+def _server_rows(status: Status) -> list[tuple[str, str]]:
+    s, lag = status["server"], status["lag"]
+    rows = [("server", f"MariaDB {s['version']} at {s['host']}: binlog at {s['binlog_file']}:"
+                       f"{s['binlog_pos']} (GTID {s['gtids'] or '-'}); oldest kept "
+                       f"{s['oldest_binlog']} ({s['binlogs']} files)")]
+    if lag["bytes"] is not None:
+        rows.append(("lag", f"{human_bytes(lag['bytes'])} of binlog behind"))
+    elif lag["files_behind"] is not None:
+        rows.append(("lag", f"{lag['files_behind']} binlog file(s) behind"))
+    elif lag["note"]:
+        rows.append(("lag", lag["note"]))
+    return rows
+
+
+def render_capture(status: Status) -> str:
+    rows = _server_rows(status)
+    offsets = status["offsets"]
+    if offsets is not None:
+        where = offsets["position"] or "no offset of this server"
+        rows.append(("offsets", f"{offsets['file']}: {where}"))
+    return render("MariaDB capture", rows, status)
+
+
+def render_pipeline(status: Status) -> str:
+    from tidemark.pipeline.status import _run_line  # noqa: PLC0415
+
+    rows = _server_rows(status)
+    chk = status["checkpoint"]
+    rows.append(("checkpoint", f"{chk['path']}: " + (
+        "no query has started" if chk["query_id"] is None else
+        f"last committed batch {chk['last_committed_batch']} (up to {chk['last_committed']})")))
+    rows.append(("last run", _run_line(status["last_run"])))
+    body = [tuple("-" if v is None else str(v) for v in (
+        t["table"], "LOST" if t["lost"] else t["delta_version"], t["rows"],
+        t["last_batch_id"], t["last_commit_at"], t["path"])) for t in status["targets"]]
+    lines = ["targets:", *table(("table", "delta version", "rows", "last batch",
+                                 "last commit", "path"), body)]
+    return render(f"pipeline {status['config']}", rows, status, lines)
