@@ -123,9 +123,10 @@ def capture(dsn: str, tables: tuple[str, ...], exclude: tuple[str, ...], slot: s
             metrics_port: int | None) -> None:
     """Capture changes and write one JSON object per line: {"key": …, "value": …}.
 
-    Key and value are what Debezium's PostgreSQL connector emits through Kafka Connect's
-    JsonConverter (schemas.enable=false). Ctrl-C or SIGTERM stops after the current
-    batch and saves the offset.
+    Key and value are what Debezium's PostgreSQL connector (or, for a mariadb:// DSN,
+    its MariaDB/MySQL connector) emits through Kafka Connect's JsonConverter
+    (schemas.enable=false). Ctrl-C or SIGTERM stops after the current batch and saves
+    the offset.
     """
     values: dict[str, Any] = {
         "dsn": dsn, "table_include_list": list(tables), "table_exclude_list": list(exclude),
@@ -247,13 +248,19 @@ def capture(dsn: str, tables: tuple[str, ...], exclude: tuple[str, ...], slot: s
                  delivered / elapsed if elapsed > 0 else 0.0)
     if closed:
         _silence_stdout()
-        kept = (f"the offset of what was written in full is saved in {offsets}" if offsets
-                else "the replication slot is confirmed up to what was written in full")
+        if offsets:
+            kept = (f"the offset of what was written in full is saved in {offsets}, so a "
+                    "restart resumes after it")
+        elif isinstance(connector, PostgresConnector):
+            kept = ("the replication slot is confirmed up to what was written in full, so a "
+                    "restart resumes after it")
+        else:
+            kept = "no offset was saved (no --offsets): a restart starts over"
         # The reader may have wanted only this much (head -1), but a pipeline cannot tell
         # that from a consumer that died, so this is not a success.
         raise OutputClosedError(
             f"stdout was closed by its reader after {delivered} change event"
-            f"{'' if delivered == 1 else 's'}; {kept}, so a restart resumes after it")
+            f"{'' if delivered == 1 else 's'}; {kept}")
 
 
 #: Options that only the PostgreSQL connector has; given explicitly with a MariaDB

@@ -7,11 +7,11 @@ with their own types, plus these change-metadata columns:
 ``_op``                   ``c`` insert, ``u`` update, ``d`` delete (row = the before image, at
                           least the key), ``r`` snapshot read (an upsert), ``t`` truncate (all
                           table columns null)
-``_lsn``                  int64: the change's own WAL position
-``_commit_lsn``           int64: its transaction's commit LSN
+``_lsn``                  int64: the change's own position in the source's log
+``_commit_lsn``           int64: its transaction's commit position
 ``_seq``                  int64: 1-based order of the change within its transaction
 ``_commit_ts``            timestamp[us, tz=UTC]: its transaction's commit time
-``_txid``                 int64: its transaction id
+``_txid``                 int64: its transaction id (0 where the source has none)
 ``_unavailable``          list<string>: columns whose value was not sent because it is an
                           unchanged TOASTed value (the column holds null there, meaning
                           "unchanged", not NULL)
@@ -19,6 +19,11 @@ with their own types, plus these change-metadata columns:
 
 A batch holds whole transactions only; a primary-key change is a ``d`` of the old key then
 a ``c`` of the new key in the same transaction.
+
+Positions are int64s that grow in commit order on one server, each source encoding its
+own: PostgreSQL's LSN; MariaDB's binlog file number and byte position (``number << 32 |
+pos``). ``apply_changes`` orders by them only within one source, so compare them only
+within one source.
 """
 
 from __future__ import annotations

@@ -55,9 +55,7 @@ _SERVER_ID: Final = 6401  # the replica id an executor's dump announces
 
 
 def _raw_connection(options: SourceOptions) -> Any:
-    from tidemark.source.mariadb.connector import _RAW_VALUES  # noqa: PLC0415
-
-    return client.connect(client.parse_url(options.dsn), conv=_RAW_VALUES)
+    return client.connect(client.parse_url(options.dsn), conv=client.RAW_VALUES)
 
 
 class BinlogRange(InputPartition):
@@ -127,12 +125,12 @@ class MariaDbStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
 
     def read(self, partition: InputPartition) -> Iterator[pa.RecordBatch]:
         assert isinstance(partition, BinlogRange)
-        from tidemark.spark.reader import _gc_paused, _sink  # noqa: PLC0415
+        from tidemark.spark.reader import gc_paused, stream_sink  # noqa: PLC0415
 
-        sink = _sink(self.options, self.schema)
+        sink = stream_sink(self.options, self.schema)
         feeder = _Feeder(sink)
         start, end = _position(partition.start), _position(partition.end)
-        with _gc_paused():
+        with gc_paused():
             if partition.snapshot:
                 yield from self._snapshot(feeder, partition.snapshot, start)
             if end.key > start.key:

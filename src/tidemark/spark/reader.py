@@ -341,7 +341,8 @@ class TidemarkStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
 Sink = TypedSink | StructEnvelopeSink | EnvelopeSink
 
 
-def _sink(options: SourceOptions, schema: StructType) -> Sink:
+def stream_sink(options: SourceOptions, schema: StructType) -> Sink:
+    """The sink that builds *schema*'s record batches (typed, struct, packed or JSON)."""
     if options.table is not None:
         return TypedSink(options.table, schema, options.arrow_batch_rows,
                          options.on_schema_change)
@@ -359,10 +360,10 @@ def read_chunk(options: SourceOptions, schema: StructType,
     typed = schema if options.table is not None else \
         envelope_table_schemas(schema)[chunk.chunk.table]
     columns = [f.name for f in typed.fields if f.name not in META_NAMES]
-    with _gc_paused(), wal.connect(options.dsn, purpose="snapshot",
+    with gc_paused(), wal.connect(options.dsn, purpose="snapshot",
                                    server_timeout_s=options.server_timeout_ms / 1000) as conn:
         texts = read_chunk_text(conn, chunk.export, chunk.chunk, columns, chunk.keys)
-    sink = _sink(options, schema)
+    sink = stream_sink(options, schema)
     sink.snapshot(chunk.chunk.table, texts, chunk.at, chunk.taken_us, chunk.truncate_first,
                   chunk.keys)
     yield from sink.finish()
@@ -373,9 +374,9 @@ def read_slice(options: SourceOptions, schema: StructType, lo: int, hi: int,
                skip: dict[str, int] | None = None) -> Iterator[pa.RecordBatch]:
     """Decode the transactions committing in ``[lo, hi)`` into record batches of
     *schema*; a table in *skip* loses its changes committing before its LSN there."""
-    sink = _sink(options, schema)
+    sink = stream_sink(options, schema)
     walker = TransactionWalker(lo, hi, SkippingSink(sink, skip) if skip else sink)
-    with _gc_paused(), wal.connect(options.dsn, purpose="reader",
+    with gc_paused(), wal.connect(options.dsn, purpose="reader",
                                    server_timeout_s=options.server_timeout_ms / 1000) as conn, \
             wal.slot_copy_at(conn, options.slot, lo) as copy:
         for chunk in wal.peek(conn, copy, options.publication, hi):
@@ -388,7 +389,7 @@ def read_slice(options: SourceOptions, schema: StructType, lo: int, hi: int,
 
 
 @contextlib.contextmanager
-def _gc_paused() -> Iterator[None]:
+def gc_paused() -> Iterator[None]:
     """No cyclic garbage collection while decoding.
 
     Decoding allocates millions of short-lived, acyclic objects (freed by reference

@@ -22,6 +22,7 @@ from urllib.parse import unquote, urlsplit
 
 import msgspec
 import pymysql
+import pymysql.converters
 import pymysql.err
 
 from tidemark.errors import ConfigError, SourceError, SourceUnavailableError
@@ -40,6 +41,13 @@ ER_SPECIFIC_ACCESS_DENIED: Final = 1227
 ER_MASTER_FATAL_READING_BINLOG: Final = 1236
 ER_BAD_DB: Final = 1049
 CR_CONNECTION_ERRORS: Final = frozenset({2002, 2003, 2006, 2013, 2055})
+
+
+#: Converters for the text protocol that return every value as the server sent it (str,
+#: or bytes for binary fields; only the parameter encoders are kept): the snapshot
+#: brings values to canonical text itself.
+RAW_VALUES: Final = {k: v for k, v in pymysql.converters.conversions.items()
+                     if not isinstance(k, int)}
 
 
 class ConnectionSettings(msgspec.Struct, frozen=True, kw_only=True):

@@ -22,9 +22,6 @@ import threading
 from collections.abc import Iterator
 from typing import Any, Final
 
-import pymysql
-import pymysql.converters
-
 from tidemark.errors import SourceError, TransientError
 from tidemark.event import Record
 from tidemark.offsets.store import Offset, OffsetReader
@@ -44,10 +41,6 @@ _POLL_WAIT_S: Final = 0.5
 _MAX_BACKOFF_S: Final = 30.0
 _END: Final = object()  # the stream ended (a bounded capture reached the log's end)
 
-#: Decoders for the text protocol that return every value as the server sent it (str,
-#: or bytes for binary fields): the snapshot brings them to canonical text itself.
-_RAW_VALUES: Final = {k: v for k, v in pymysql.converters.conversions.items()
-                      if not isinstance(k, int)}
 
 
 class MariaDbConnector:
@@ -143,7 +136,7 @@ class MariaDbConnector:
     # -- snapshot ----------------------------------------------------------------------
     def _snapshot_then_stream(self, stop_at_end: bool, only: bool) -> Iterator[SourceBatch]:
         cfg = self.config
-        conn = client.connect(self._settings, conv=_RAW_VALUES)
+        conn = client.connect(self._settings, conv=client.RAW_VALUES)
         self.stats.snapshot_running = True
         try:
             position = snap.begin_snapshot(conn)
