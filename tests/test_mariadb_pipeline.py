@@ -29,10 +29,10 @@ pytestmark = pytest.mark.integration
 
 
 def _pipeline(tmp_path: Path, mdb: MariaDatabase, spark: str = "available_now = true",
-              extra: str = "") -> Path:
+              extra: str = "", source: str = "") -> Path:
     file = tmp_path / "pipeline.toml"
     file.write_text(
-        f'[source]\ndsn = "{mdb.dsn}"\n[spark]\ncheckpoint = "chk"\n{spark}\n'
+        f'[source]\ndsn = "{mdb.dsn}"\n{source}\n[spark]\ncheckpoint = "chk"\n{spark}\n'
         f'[targets."{mdb.name}.a"]\npath = "lake/a"\nkeys = ["id"]\n'
         f'[targets."{mdb.name}.b"]\npath = "lake/b"\nkeys = ["k1", "k2"]\n{extra}')
     return file
@@ -81,6 +81,22 @@ def test_snapshot_then_binlog_keeps_delta_equal_to_mariadb(
     assert report["lag"]["bytes"] == 0 and report["checkpoint"]["last_committed"]
     assert [t["rows"] for t in report["targets"]] == [len(_source(mdb, "a", "id")), 2]
     assert "last committed batch" in status.render_pipeline(report)
+
+
+def test_max_changes_per_trigger_cuts_the_binlog_at_transaction_ends(
+        spark: SparkSession, mdb: MariaDatabase, tmp_path: Path) -> None:
+    mdb.execute("CREATE TABLE a (id INT PRIMARY KEY, v VARCHAR(20), n DECIMAL(10,2))",
+                "CREATE TABLE b (k1 INT, k2 VARCHAR(5), note TEXT, PRIMARY KEY (k1, k2))")
+    config = load_config(_pipeline(tmp_path, mdb, source="maxChangesPerTrigger = 7"))
+    Pipeline(config, spark=spark).run()  # the empty snapshot; the stream starts here
+    for tx in range(6):  # transactions of 4 changes: at most one per batch of 7
+        mdb.execute(*(f"INSERT INTO a VALUES ({tx * 4 + i}, 'x', 1)" for i in range(4)))
+    mdb.execute("INSERT INTO a VALUES " + ",".join(f"({100 + i}, 'big', 2)" for i in range(10)))
+    reports: list[Any] = []
+    Pipeline(config, spark=spark, on_batch=reports.append).run()
+    sizes = [r.total for r in reports if r.total]
+    assert sizes == [4, 4, 4, 4, 4, 4, 10]  # whole transactions; the big one alone
+    assert _lake(tmp_path, "a", ["id", "v", "n"]) == _source(mdb, "a", "id")
 
 
 class _Writer(threading.Thread):

@@ -17,8 +17,9 @@ change after the planned position is then applied after the rows: a change the r
 already hold is applied again, which an upsert by key (``apply_changes``, SCD type 1)
 absorbs. An SCD type 2 history may show such a change once more as a new version.
 
-Not supported on MariaDB (an error says so): ``maxChangesPerTrigger`` (a batch is
-everything up to the binlog's end), ``signalTable``.
+``maxChangesPerTrigger`` ends a batch after the last whole transaction that keeps it
+within the limit (a larger transaction is a batch of its own): the driver decodes the
+stretch to find it. Not supported on MariaDB yet (an error says so): ``signalTable``.
 """
 
 from __future__ import annotations
@@ -33,6 +34,7 @@ from pyspark.sql.datasource import DataSourceStreamReader, InputPartition
 from pyspark.sql.streaming.datasource import (
     ReadAllAvailable,
     ReadLimit,
+    ReadMaxRows,
     SupportsTriggerAvailableNow,
 )
 from pyspark.sql.types import StructField, StructType
@@ -52,6 +54,7 @@ log = logging.getLogger(__name__)
 
 _TEXT_OID: Final = 25  # the sinks read names and keys of a relation, never its types
 _SERVER_ID: Final = 6401  # the replica id an executor's dump announces
+_SCAN_SERVER_ID: Final = 6402  # the driver's, when it plans a batch under a limit
 
 
 def _raw_connection(options: SourceOptions) -> Any:
@@ -74,9 +77,6 @@ class MariaDbStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
     """Micro-batches of whole MariaDB transactions (see the module docstring)."""
 
     def __init__(self, options: SourceOptions, schema: StructType) -> None:
-        if options.max_changes_per_trigger is not None:
-            raise ConfigError("maxChangesPerTrigger", "not supported on a MariaDB source: a "
-                              "batch reads the binlog up to its end")
         if options.signal_table is not None:
             raise ConfigError("signalTable", "not supported on a MariaDB source yet")
         self.options = options
@@ -98,7 +98,8 @@ class MariaDbStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         return {**position.to_offset(), "snapshot": tables}
 
     def getDefaultReadLimit(self) -> ReadLimit:  # noqa: N802 - pyspark API name
-        return ReadAllAvailable()
+        limit = self.options.max_changes_per_trigger
+        return ReadAllAvailable() if limit is None else ReadMaxRows(limit)
 
     def prepareForTriggerAvailableNow(self) -> None:  # noqa: N802 - pyspark API name
         self._target = self._current().to_offset()
@@ -114,7 +115,34 @@ class MariaDbStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         end = self._target if self._target is not None else self._current().to_offset()
         if BinlogPosition.from_offset(end).key <= _position(start).key:
             return dict(start)
+        if isinstance(limit, ReadMaxRows):
+            end = self._end_for_limit(_position(start), BinlogPosition.from_offset(end),
+                                      limit.max_rows).to_offset()
         return {**end, "snapshot": [], "loaded": []}
+
+    def _end_for_limit(self, start: BinlogPosition, end: BinlogPosition,
+                       max_changes: int) -> BinlogPosition:
+        """The end of the last whole transaction from *start* that keeps the batch within
+        *max_changes* captured changes (at least one transaction, however large), found
+        by decoding the binlog here on the driver."""
+        wanted = {TableId.parse(str(t)) for t in self.options.tables}
+        builder = ChangeBuilder(name="tidemark", position=start, captured=wanted.__contains__)
+        changes = 0
+        reached = start
+        with client.BinlogStream(self._settings, start, server_id=_SCAN_SERVER_ID,
+                                 blocking=False) as stream:
+            builder.checksum = stream.checksum
+            for event in stream.events():
+                records = builder.handle(event)
+                if records is not None:
+                    count = sum(1 for r in records if isinstance(r, ChangeEvent))
+                    if changes and changes + count > max_changes:
+                        return reached
+                    changes += count
+                    reached = builder.position
+                if not builder.in_transaction and builder.position_key >= end.key:
+                    return end
+        return reached if changes else end
 
     def partitions(self, start: dict[str, Any],
                    end: dict[str, Any]) -> Sequence[InputPartition]:
