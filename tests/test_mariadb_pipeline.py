@@ -99,6 +99,31 @@ def test_max_changes_per_trigger_cuts_the_binlog_at_transaction_ends(
     assert _lake(tmp_path, "a", ["id", "v", "n"]) == _source(mdb, "a", "id")
 
 
+def test_an_execute_snapshot_signal_repairs_a_drifted_target(
+        spark: SparkSession, mdb: MariaDatabase, tmp_path: Path) -> None:
+    mdb.execute("CREATE TABLE a (id INT PRIMARY KEY, v VARCHAR(20), n DECIMAL(10,2))",
+                "CREATE TABLE b (k1 INT, k2 VARCHAR(5), note TEXT, PRIMARY KEY (k1, k2))",
+                "CREATE TABLE dbz_signal (id VARCHAR(42) PRIMARY KEY, type VARCHAR(32) NOT "
+                "NULL, data VARCHAR(2048))",
+                "INSERT INTO dbz_signal VALUES ('old', 'execute-snapshot', "
+                f"'{{\"data-collections\": [\"{mdb.name}.a\"]}}')",  # history, not a request
+                "INSERT INTO a VALUES " + ",".join(f"({i}, 'v', 1)" for i in range(1, 21)))
+    config = load_config(_pipeline(tmp_path, mdb,
+                                   source=f'signal_table = "{mdb.name}.dbz_signal"'))
+    Pipeline(config, spark=spark).run()
+    assert _lake(tmp_path, "a", ["id", "v", "n"]) == _source(mdb, "a", "id")
+    DeltaTable(str(tmp_path / "lake/a")).delete("id <= 5")  # the target drifts
+    version = DeltaTable(str(tmp_path / "lake/a")).version()
+    Pipeline(config, spark=spark).run()
+    assert DeltaTable(str(tmp_path / "lake/a")).version() == version  # no new request
+
+    mdb.execute("INSERT INTO dbz_signal VALUES ('reload-1', 'execute-snapshot', "
+                f"'{{\"data-collections\": [\"{mdb.name}.a\"]}}')",
+                "UPDATE a SET v = 'after' WHERE id = 20")
+    Pipeline(config, spark=spark).run()
+    assert _lake(tmp_path, "a", ["id", "v", "n"]) == _source(mdb, "a", "id")
+
+
 class _Writer(threading.Thread):
     """Small random transactions on a (ids 1..40 churn) until :meth:`finish`."""
 

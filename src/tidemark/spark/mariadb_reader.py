@@ -19,7 +19,9 @@ absorbs. An SCD type 2 history may show such a change once more as a new version
 
 ``maxChangesPerTrigger`` ends a batch after the last whole transaction that keeps it
 within the limit (a larger transaction is a batch of its own): the driver decodes the
-stretch to find it. Not supported on MariaDB yet (an error says so): ``signalTable``.
+stretch to find it. ``signalTable`` (``db.table``, Debezium's columns): an
+``execute-snapshot`` signal reloads whole tables as the initial snapshot does (the
+driver reads the table before each batch, as for PostgreSQL).
 """
 
 from __future__ import annotations
@@ -39,7 +41,7 @@ from pyspark.sql.streaming.datasource import (
 )
 from pyspark.sql.types import StructField, StructType
 
-from tidemark.errors import ConfigError, SourceError
+from tidemark.errors import SourceError
 from tidemark.event import ChangeEvent, Op, TableId, TableSchema
 from tidemark.source.mariadb import client
 from tidemark.source.mariadb import snapshot as snap
@@ -55,6 +57,7 @@ log = logging.getLogger(__name__)
 _TEXT_OID: Final = 25  # the sinks read names and keys of a relation, never its types
 _SERVER_ID: Final = 6401  # the replica id an executor's dump announces
 _SCAN_SERVER_ID: Final = 6402  # the driver's, when it plans a batch under a limit
+_NO_SUCH_TABLE: Final = 1146
 
 
 def _raw_connection(options: SourceOptions) -> Any:
@@ -77,8 +80,6 @@ class MariaDbStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
     """Micro-batches of whole MariaDB transactions (see the module docstring)."""
 
     def __init__(self, options: SourceOptions, schema: StructType) -> None:
-        if options.signal_table is not None:
-            raise ConfigError("signalTable", "not supported on a MariaDB source yet")
         self.options = options
         self.schema = schema
         self._settings = client.parse_url(options.dsn)
@@ -95,7 +96,7 @@ class MariaDbStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         log.info("MariaDB stream starts at %s", position)
         tables = [str(t) for t in self.options.snapshot_tables] \
             if self.options.snapshot is SnapshotMode.INITIAL else []
-        return {**position.to_offset(), "snapshot": tables}
+        return {**position.to_offset(), "snapshot": tables, "signals": None}
 
     def getDefaultReadLimit(self) -> ReadLimit:  # noqa: N802 - pyspark API name
         limit = self.options.max_changes_per_trigger
@@ -107,18 +108,40 @@ class MariaDbStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
     def latestOffset(self, start: dict[str, Any], limit: ReadLimit) -> dict[str, Any]:  # noqa: N802 - pyspark API name
         """Everything written so far (a batch holding a snapshot ends where it started:
         its rows first, then the stream from there in the next batches)."""
+        signals = start.get("signals")
         if start.get("snapshot"):
             # "loaded": the tables whose whole content this batch holds (tidemark run
             # replaces its targets with them instead of merging).
             return {**_position(start).to_offset(), "snapshot": [],
-                    "loaded": list(start["snapshot"])}
+                    "loaded": list(start["snapshot"]), "signals": signals}
+        requested: list[str] = []
+        if self.options.signal_table is not None:
+            # Taken in this batch's end offset: the next batch reads the tables' rows.
+            requested, ids = self._signals(signals)
+            signals = list(ids)
         end = self._target if self._target is not None else self._current().to_offset()
         if BinlogPosition.from_offset(end).key <= _position(start).key:
-            return dict(start)
-        if isinstance(limit, ReadMaxRows):
+            end = _position(start).to_offset()
+        elif isinstance(limit, ReadMaxRows):
             end = self._end_for_limit(_position(start), BinlogPosition.from_offset(end),
                                       limit.max_rows).to_offset()
-        return {**end, "snapshot": [], "loaded": []}
+        result = {**end, "snapshot": requested, "loaded": [], "signals": signals}
+        same = _position(start).to_offset() == end and not requested \
+            and signals == start.get("signals")
+        return dict(start) if same else result
+
+    def _signals(self, seen: list[str] | None) -> tuple[list[str], tuple[str, ...]]:
+        from tidemark.spark.signals import requests_in  # noqa: PLC0415
+
+        table = self.options.signal_table
+        assert table is not None
+        with contextlib.closing(client.connect(self._settings)) as conn, \
+                conn.cursor() as cur:
+            cur.execute(f"SELECT id, type, data FROM {_quote(table.schema)}."
+                        f"{_quote(table.table)}")
+            rows = cur.fetchall()
+        return requests_in(rows, None if seen is None else tuple(seen),
+                           [str(t) for t in self.options.tables])
 
     def _end_for_limit(self, start: BinlogPosition, end: BinlogPosition,
                        max_changes: int) -> BinlogPosition:
@@ -221,7 +244,38 @@ def table_schemas(options: SourceOptions) -> dict[TableId, StructType]:
         raise SourceError(f"table(s) {', '.join(keyless)} have no primary key: change streams "
                           "are keyed by it; add one (ALTER TABLE ... ADD PRIMARY KEY (...)) "
                           "or leave the table out")
+    if options.signal_table is not None:
+        check_signal_table(options)
     return schemas
+
+
+def check_signal_table(options: SourceOptions) -> None:
+    """Raise SourceError unless the signal table has Debezium's columns and is readable."""
+    import pymysql.err  # noqa: PLC0415
+
+    from tidemark.source.signals import signal_table_ddl  # noqa: PLC0415
+
+    table = options.signal_table
+    assert table is not None
+    try:
+        with contextlib.closing(client.connect(client.parse_url(options.dsn))) as conn, \
+                conn.cursor() as cur:
+            cur.execute(f"SELECT id, type, data FROM {_quote(table.schema)}."
+                        f"{_quote(table.table)} LIMIT 0")
+    except pymysql.err.ProgrammingError as err:
+        code = err.args[0] if err.args else 0
+        if code == _NO_SUCH_TABLE:
+            raise SourceError(f"signal table {table} does not exist; create it with: "
+                              f"{signal_table_ddl(table)}") from None
+        raise SourceError(f"signal table {table} lacks Debezium's columns (id, type, data): "
+                          f"expected {signal_table_ddl(table)}") from None
+    except pymysql.err.OperationalError as err:
+        raise SourceError(f"signal table {table} is not readable ({err.args[-1]}): GRANT "
+                          "SELECT on it to the source's user") from None
+
+
+def _quote(name: str) -> str:
+    return "`" + name.replace("`", "``") + "`"
 
 
 def _position(offset: dict[str, Any]) -> BinlogPosition:

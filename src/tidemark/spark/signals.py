@@ -63,6 +63,13 @@ def snapshot_requests(conn: psycopg.Connection[Any], table: TableId,
     ids of every signal row now in *table* (the next call's *seen*)."""
     rows = conn.execute(sql.SQL("SELECT id, type, data FROM {}").format(
         sql.Identifier(table.schema, table.table))).fetchall()
+    return requests_in(rows, seen, tables)
+
+
+def requests_in(rows: Sequence[Sequence[Any]], seen: tuple[str, ...] | None,
+                tables: Sequence[str]) -> tuple[list[str], tuple[str, ...]]:
+    """:func:`snapshot_requests` on the signal table's rows, however they were read
+    (``(id, type, data)`` each): the part every source shares."""
     ids = tuple(sorted(str(row[0]) for row in rows))
     if seen is None:
         return [], ids
