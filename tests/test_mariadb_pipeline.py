@@ -4,6 +4,7 @@ tables that equal the source tables (real MariaDB, real local Spark)."""
 from __future__ import annotations
 
 import contextlib
+import datetime as dt
 import os
 import random
 import signal
@@ -212,3 +213,39 @@ def test_sigkill_mid_stream_then_restart_loses_and_doubles_nothing(
                           changelog.column("_commit_lsn").to_pylist(),
                           changelog.column("_seq").to_pylist(), strict=True))
     assert changes and max(changes.values()) == 1, "a change is twice in the change log"
+
+
+def test_every_type_reaches_delta_with_its_spark_type(
+        spark: SparkSession, mdb: MariaDatabase, tmp_path: Path) -> None:
+    from test_mariadb_capture import ALL_TYPES, ROW_1  # noqa: PLC0415
+
+    mdb.execute(ALL_TYPES, ROW_1)  # row 1 arrives through the snapshot
+    file = tmp_path / "pipeline.toml"
+    file.write_text(f'[source]\ndsn = "{mdb.dsn}"\n[spark]\ncheckpoint = "chk"\n'
+                    f'available_now = true\n[targets."{mdb.name}.everything"]\n'
+                    'path = "lake/e"\nkeys = ["id"]\n')
+    config = load_config(file)
+    Pipeline(config, spark=spark).run()
+    mdb.execute(ROW_1.replace("VALUES (1,", "VALUES (3,", 1),  # the same through the binlog
+                "INSERT INTO everything (id) VALUES (2)")
+    Pipeline(config, spark=spark).run()
+    rows = {r["id"]: r for r in DeltaTable(str(tmp_path / "lake/e")).to_pyarrow_table()
+            .to_pylist()}
+    assert sorted(rows) == [1, 2, 3]
+    expected = {
+        "ti": -128, "tu": 255, "si": -32768, "su": 65535, "mi": -8388608, "mu": 16777215,
+        "i": -2147483648, "iu": 4294967295, "bi": -9223372036854775808, "bu": -1,
+        "d": 2.2, "dec1": Decimal("-12.34"), "dec2": Decimal("-123456789012345678.9012345678"),
+        "dec3": Decimal("99999"), "b1": True, "b9": b"\x01\x01", "y": 2024,
+        "dt": dt.date(2024, 2, 29), "tm": "-838:59:59.123", "tm0": "12:00:00",
+        "dtm": dt.datetime(2024, 1, 2, 3, 4, 5, 678901),
+        "dtm0": dt.datetime(1999, 12, 31, 23, 59, 59),
+        "ts": dt.datetime(2024, 6, 1, 12, 0, 0, 500000, tzinfo=dt.UTC), "c": "ab",
+        "vc": "x" * 300, "tx": "h\u00e9llo", "bn": b"ab\x00\x00", "vb": b"\x00\xff",
+        "bl": b"\xde\xad\xbe\xef", "e": "b", "s": "x,z", "j": '{"a": 1}', "lat": "caf\u00e9",
+    }
+    for row_id in (1, 3):  # snapshot and stream give the same values
+        got = {k: rows[row_id][k] for k in expected}
+        assert abs(rows[row_id]["f"] - 1.1) < 1e-6
+        assert got == expected, row_id
+    assert all(v is None for k, v in rows[2].items() if k in expected)
