@@ -23,8 +23,10 @@ from deltalake import DeltaTable
 from pyspark.sql import SparkSession
 
 from conftest import MariaDatabase
+from tidemark import send_signal
 from tidemark.pipeline import load_config
 from tidemark.pipeline.runner import Pipeline
+from tidemark.source.signals import SignalError
 
 pytestmark = pytest.mark.integration
 
@@ -118,9 +120,11 @@ def test_an_execute_snapshot_signal_repairs_a_drifted_target(
     Pipeline(config, spark=spark).run()
     assert DeltaTable(str(tmp_path / "lake/a")).version() == version  # no new request
 
-    mdb.execute("INSERT INTO dbz_signal VALUES ('reload-1', 'execute-snapshot', "
-                f"'{{\"data-collections\": [\"{mdb.name}.a\"]}}')",
-                "UPDATE a SET v = 'after' WHERE id = 20")
+    send_signal(mdb.dsn, f"{mdb.name}.dbz_signal", "execute-snapshot",
+                {"data-collections": [f"{mdb.name}.a"]})
+    mdb.execute("UPDATE a SET v = 'after' WHERE id = 20")
+    with pytest.raises(SignalError, match="does not exist"):
+        send_signal(mdb.dsn, f"{mdb.name}.nope", "log", {"message": "x"})
     Pipeline(config, spark=spark).run()
     assert _lake(tmp_path, "a", ["id", "v", "n"]) == _source(mdb, "a", "id")
 

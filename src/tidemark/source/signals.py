@@ -496,6 +496,11 @@ def send_signal(dsn: str, signal_table: str | TableId, signal_type: str,
                               f"written as JSON: {err}") from None
     parse_signal(signal_id, signal_type, text)
 
+    from tidemark.source.registry import source_kind  # noqa: PLC0415
+
+    if source_kind(dsn) == "mariadb":
+        _send_mariadb(dsn, table, signal_id, signal_type, text)
+        return signal_id
     statement = sql.SQL("INSERT INTO {}.{} (id, type, data) VALUES (%s, %s, %s)").format(
         sql.Identifier(table.schema), sql.Identifier(table.table))
     conn = session.connect(dsn, application_name="tidemark signal")
@@ -505,6 +510,37 @@ def send_signal(dsn: str, signal_table: str | TableId, signal_type: str,
         except psycopg2.Error as err:
             raise _insert_error(conn, table, signal_id, text, err) from None
     return signal_id
+
+
+def _send_mariadb(dsn: str, table: TableId, signal_id: str, signal_type: str,
+                  text: str | None) -> None:
+    """The INSERT of :func:`send_signal` on a MariaDB server (``table`` is db.table)."""
+    import pymysql.err  # noqa: PLC0415
+
+    from tidemark.source.mariadb import client  # noqa: PLC0415
+
+    def quote(name: str) -> str:
+        return "`" + name.replace("`", "``") + "`"
+
+    conn = client.connect(client.parse_url(dsn))
+    with contextlib.closing(conn), conn.cursor() as cur:
+        try:
+            cur.execute(f"INSERT INTO {quote(table.schema)}.{quote(table.table)} "
+                        "(id, type, data) VALUES (%s, %s, %s)", (signal_id, signal_type, text))
+        except pymysql.err.MySQLError as err:
+            code = err.args[0] if err.args else 0
+            detail = err.args[-1] if err.args else str(err)
+            if code == 1146:
+                raise SignalError(f"signal table {table} does not exist ({detail}); create "
+                                  f"it with: {signal_table_ddl(table)}") from None
+            if code == 1062:
+                raise SignalError(f"signal table {table} has a signal with id {signal_id!r} "
+                                  "already; give another id (or none, for a random one)") \
+                    from None
+            if code in (1142, 1044):
+                raise SignalError(f"the user may not insert into signal table {table} "
+                                  f"({detail}); GRANT INSERT ON {table} TO it") from None
+            raise SignalError(f"cannot write the signal into {table}: {detail}") from None
 
 
 def _insert_error(conn: Any, table: TableId, signal_id: str, text: str | None,
