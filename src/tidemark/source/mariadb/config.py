@@ -24,6 +24,8 @@ from tidemark.source.postgres.config import SnapshotMode
 
 __all__ = ["MariaDbSourceConfig", "SnapshotMode"]
 
+_QUALIFIED = re.compile(r"[^.`\s]+\.[^.`\s]+")
+
 #: Databases that hold the server's own tables, never captured.
 SYSTEM_DATABASES = frozenset({"mysql", "information_schema", "performance_schema", "sys"})
 
@@ -58,6 +60,10 @@ class MariaDbSourceConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unkn
     snapshot_fetch_size: int = 10_000
     reconnect_max_attempts: int = 10
     reconnect_backoff_ms: int = 500
+    signal_table: str | None = None
+    """``database.table`` of Debezium's signal table (``id varchar(42) PRIMARY KEY, type
+    varchar(32), data varchar(2048)``): an insert there is a signal, read from the
+    binlog; ``execute-snapshot`` re-reads whole tables (Debezium's blocking snapshot)."""
 
     def __post_init__(self) -> None:
         parse_url(self.dsn)
@@ -73,6 +79,9 @@ class MariaDbSourceConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unkn
         for key in ("max_batch_events", "snapshot_fetch_size", "reconnect_backoff_ms"):
             if getattr(self, key) <= 0:
                 raise ConfigError(key, f"must be > 0, got {getattr(self, key)}")
+        if self.signal_table is not None and not _QUALIFIED.fullmatch(self.signal_table):
+            raise ConfigError("signal_table", f"{self.signal_table!r} is not a table name; "
+                              "expected database.table, e.g. shop.debezium_signal")
         for key in ("heartbeat_interval_ms", "reconnect_max_attempts"):
             if getattr(self, key) < 0:
                 raise ConfigError(key, f"must be >= 0, got {getattr(self, key)}")

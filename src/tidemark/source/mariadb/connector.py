@@ -23,7 +23,7 @@ from collections.abc import Iterator
 from typing import Any, Final
 
 from tidemark.errors import SourceError, TransientError
-from tidemark.event import Record
+from tidemark.event import ChangeEvent, Op, Record, SnapshotMarker, TableId
 from tidemark.offsets.store import Offset, OffsetReader
 from tidemark.retry import retry_transient
 from tidemark.source.batch import SourceBatch
@@ -33,6 +33,7 @@ from tidemark.source.mariadb import snapshot as snap
 from tidemark.source.mariadb.change_builder import ChangeBuilder
 from tidemark.source.mariadb.config import MariaDbSourceConfig, SnapshotMode
 from tidemark.source.mariadb.position import BinlogPosition
+from tidemark.source.signals import ExecuteSnapshot, LogSignal, SignalError, parse_signal
 
 log = logging.getLogger(__name__)
 
@@ -56,6 +57,8 @@ class MariaDbConnector:
         self._stream: client.BinlogStream | None = None
         self._stopping = threading.Event()
         self._captured = config.table_filter()
+        self._signal_table = TableId.parse(config.signal_table) \
+            if config.signal_table is not None else None
 
     @property
     def partition(self) -> str:
@@ -186,10 +189,13 @@ class MariaDbConnector:
                     raise item
                 transaction, position_after, commit_us = item
                 records += transaction
-                offset = {"binlog": position_after.to_offset()}
-                if transaction:
-                    self.stats.saw_events(len(transaction), commit_us)
-                    self.stats.transactions_committed += 1
+                if position_after is None:  # a signalled snapshot's rows: no position
+                    self.stats.count_rows(transaction)
+                else:
+                    offset = {"binlog": position_after.to_offset()}
+                    if transaction:
+                        self.stats.saw_events(len(transaction), commit_us)
+                        self.stats.transactions_committed += 1
                 if len(records) >= limit:
                     break
                 try:
@@ -227,9 +233,12 @@ class MariaDbConnector:
     def _dump(self, resume: list[BinlogPosition], stop_at_end: bool) -> None:
         """One dump from ``resume[0]``, which it moves past every queued transaction:
         a reconnect starts after the last whole one and decodes a partial one again."""
-        builder = ChangeBuilder(name=self.config.topic_prefix, position=resume[0],
-                                captured=self._captured,
-                                transaction_metadata=self.config.provide_transaction_metadata)
+        signals = self._signal_table
+        builder = ChangeBuilder(
+            name=self.config.topic_prefix, position=resume[0],
+            captured=self._captured if signals is None
+            else lambda t: t == signals or self._captured(t),
+            transaction_metadata=self.config.provide_transaction_metadata)
         stream = client.BinlogStream(
             self._settings, resume[0], server_id=self.config.replica_server_id,
             blocking=not stop_at_end, heartbeat_s=self.config.heartbeat_interval_ms / 1000 or 5)
@@ -242,7 +251,12 @@ class MariaDbConnector:
             for event in stream.events():
                 records = handle(event)
                 if records is not None:
+                    if signals is not None:
+                        records = self._take_signals(records, signals, builder.position)
                     position = resume[0] = builder.position
+                    # A signalled snapshot's rows were queued first: the position after
+                    # the signal is saved only once they are out, so a crash during the
+                    # snapshot takes the signal (and the snapshot) again.
                     self._put((records, position, builder.commit_us))
                 if self._stopping.is_set():
                     raise _Stopped
@@ -255,6 +269,53 @@ class MariaDbConnector:
         finally:
             self.stats.connected = False
             stream.close()
+
+    def _take_signals(self, records: list[Record], table: TableId,
+                      position: BinlogPosition) -> list[Record]:
+        """*records* without the signal table's; an ``execute-snapshot`` among them
+        reads its tables now (a blocking snapshot) and queues their rows as reads."""
+        kept: list[Record] = []
+        for record in records:
+            if not isinstance(record, ChangeEvent) or record.table != table:
+                kept.append(record)
+                continue
+            row = record.after
+            if record.op is not Op.CREATE or row is None:
+                continue
+            try:
+                signal = parse_signal(str(row.get("id")), str(row.get("type")),
+                                      row.get("data"))
+            except SignalError as err:
+                log.warning("signal skipped: %s", err)
+                continue
+            if isinstance(signal, LogSignal):
+                log.info("signal %s: %s", signal.id, signal.message)
+            elif not isinstance(signal, ExecuteSnapshot) or signal.additional_conditions \
+                    or signal.surrogate_key:
+                log.warning("signal %s skipped: a MariaDB capture takes execute-snapshot of "
+                            "whole tables (no additional-conditions or surrogate-key) and "
+                            "log signals", signal.id)
+            else:
+                tables = [t for t in signal.data_collections if self._captured(t)]
+                for skipped in set(signal.data_collections) - set(tables):
+                    log.warning("signal %s: table %s skipped: it is not captured",
+                                signal.id, skipped)
+                if tables:
+                    self._blocking_snapshot(signal.id, tables, position)
+        return kept
+
+    def _blocking_snapshot(self, signal_id: str, tables: list[TableId],
+                           position: BinlogPosition) -> None:
+        log.info("signal %s: snapshot of %s", signal_id, ", ".join(map(str, tables)))
+        conn = client.connect(self._settings, conv=client.RAW_VALUES)
+        with contextlib.closing(conn):
+            snap.begin_snapshot(conn)
+            for events in snap.snapshot_events(
+                    conn, tables, position=position, name=self.config.topic_prefix,
+                    fetch_size=self.config.snapshot_fetch_size,
+                    marker=SnapshotMarker.INCREMENTAL):
+                self._put((list(events), None, None))
+            conn.commit()
 
     def _put(self, item: object) -> None:
         while not self._stopping.is_set():

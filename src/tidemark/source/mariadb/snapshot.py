@@ -183,15 +183,16 @@ def begin_snapshot(conn: pymysql.Connection[Any]) -> BinlogPosition:
 
 
 def snapshot_events(conn: pymysql.Connection[Any], tables: Sequence[TableId], *,
-                    position: BinlogPosition, name: str, fetch_size: int
-                    ) -> Iterator[list[ChangeEvent]]:
+                    position: BinlogPosition, name: str, fetch_size: int,
+                    marker: SnapshotMarker | None = None) -> Iterator[list[ChangeEvent]]:
     """The rows of *tables* as read events, in chunks of up to *fetch_size*, on *conn*
     (inside the transaction :func:`begin_snapshot` opened).
 
     ``source.snapshot`` marks the rows as Debezium does: ``first`` (the snapshot's first
     row), ``first_in_data_collection``/``last_in_data_collection`` (a table's first and
     last), ``last`` (the snapshot's last row), ``true`` for the rest; ``server_id`` is 0
-    (the rows come from a query, not from a server's binlog event)."""
+    (the rows come from a query, not from a server's binlog event). With *marker*,
+    every row has that marker instead (``incremental`` for a signalled snapshot)."""
     ts_us = time.time_ns() // 1000
     key = ordering_key(position.file, position.pos)
     held: list[ChangeEvent] = []  # the last chunk, held until it is known to be last
@@ -215,9 +216,9 @@ def snapshot_events(conn: pymysql.Connection[Any], tables: Sequence[TableId], *,
                     ChangeEvent(Op.READ, schema, None,
                                 tuple(None if v is None else f(v)
                                       for f, v in zip(normalize, row, strict=True)),
-                                context, key, 0, 0, ts_us, SnapshotMarker.TRUE)
+                                context, key, 0, 0, ts_us, marker or SnapshotMarker.TRUE)
                     for row in rows]
-                if table_first:
+                if table_first and marker is None:
                     events[0] = _with_marker(events[0], SnapshotMarker.FIRST if first_row
                                              else SnapshotMarker.FIRST_IN_DATA_COLLECTION)
                     table_first = first_row = False
@@ -229,7 +230,8 @@ def snapshot_events(conn: pymysql.Connection[Any], tables: Sequence[TableId], *,
         if held and held[-1].schema is schema and held[-1].snapshot is SnapshotMarker.TRUE:
             held[-1] = _with_marker(held[-1], SnapshotMarker.LAST_IN_DATA_COLLECTION)
     if held:
-        held[-1] = _with_marker(held[-1], SnapshotMarker.LAST)
+        if marker is None:
+            held[-1] = _with_marker(held[-1], SnapshotMarker.LAST)
         yield held
 
 
