@@ -177,6 +177,18 @@ def test_truncate_and_ddl_mid_stream(mdb: MariaDatabase) -> None:
     assert rows[3]["source"]["table"] == "t"
 
 
+def test_a_table_without_a_primary_key_is_captured_keyless_with_a_warning(
+        mdb: MariaDatabase, caplog: pytest.LogCaptureFixture) -> None:
+    mdb.execute("CREATE TABLE nokey (a INT, b VARCHAR(5))")
+    _, offset = capture(_config(mdb, snapshot_mode="no_data"))
+    mdb.execute("INSERT INTO nokey VALUES (1, 'x')", "DELETE FROM nokey")
+    with caplog.at_level("WARNING", logger="tidemark.source.mariadb.change_builder"):
+        records, _ = capture(_config(mdb), offset)
+    assert [v["op"] for v in values(records)] == ["c", "d"]
+    assert [DebeziumJsonSerializer().key_and_value(r)[0] for r in records] == ["null", "null"]
+    assert f"table {mdb.name}.nokey has no primary key" in caplog.text
+
+
 def test_other_databases_and_excluded_tables_are_not_captured(mdb: MariaDatabase) -> None:
     mdb.execute("CREATE TABLE keep (id INT PRIMARY KEY)", "CREATE TABLE skip (id INT PRIMARY KEY)")
     other = f"{mdb.name}_other"

@@ -100,6 +100,7 @@ class ChangeBuilder:
         self._by_id: dict[int, _Table | None] = {}
         self._versions: dict[TableId, int] = {}
         self._schemas: dict[TableId, tuple[str, ...]] = {}
+        self._keyless: set[TableId] = set()
         self._tx: _Transaction | None = None
         #: Commit time (µs since the epoch) of the last transaction handled.
         self.commit_us: int | None = None
@@ -182,6 +183,12 @@ class ChangeBuilder:
                         log.info("schema of %s changed: columns now %s", table_id,
                                  ", ".join(names))
                 table = _Table(table_map, version)
+                if not table_map.primary_key and table_id not in self._keyless:
+                    self._keyless.add(table_id)
+                    log.warning("table %s has no primary key: its events have no key (as in "
+                                "Debezium), so keyed consumers (tidemark run, compacted "
+                                "topics) cannot apply them; add one (ALTER TABLE ... ADD "
+                                "PRIMARY KEY (...)) or leave the table out", table_id)
             if len(self._maps) >= _TABLE_MAP_CACHE_SIZE:
                 self._maps.clear()
             self._maps[body] = table
