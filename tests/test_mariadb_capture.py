@@ -160,6 +160,35 @@ def test_operations_transactions_and_the_source_block(mdb: MariaDatabase) -> Non
     assert after is not None and after["binlog"]["gtids"] == rows[-1]["source"]["gtid"]
 
 
+def test_savepoints_year_signedness_and_bits(mdb: MariaDatabase) -> None:
+    mdb.execute("CREATE TABLE t (id INT PRIMARY KEY, y YEAR, amount INT, bits BIT(16))",
+                "INSERT INTO t VALUES (1, 2024, -5, b'0000000100000000')")
+    snapshot, offset = capture(_config(mdb))
+    # An ORM's nested transaction: savepoints inside one transaction, which stays whole.
+    mdb.execute("INSERT INTO t VALUES (2, 2000, -7, b'1')", "SAVEPOINT sp1",
+                "INSERT INTO t VALUES (3, 2001, -8, b'1')", "ROLLBACK TO SAVEPOINT sp1",
+                "INSERT INTO t VALUES (4, 2002, -9, b'1')", "RELEASE SAVEPOINT sp1")
+    records, after = capture(_config(mdb), offset)
+    rows = values(records)
+    assert [(v["op"], v["after"]["id"]) for v in rows] == [("c", 2), ("c", 4)]
+    assert len({v["source"]["gtid"] for v in rows}) == 1
+    assert after is not None and after["binlog"]["gtids"] == rows[0]["source"]["gtid"]
+    # A YEAR before a signed column must not shift its sign; bit(n) is little-endian
+    # (Debezium's Bits): 256 is 00 01, in the snapshot and the stream alike.
+    first = values(snapshot)[0]["after"]
+    assert first == {"id": 1, "y": 2024, "amount": -5, "bits": "AAE="}
+    assert rows[0]["after"]["amount"] == -7 and rows[0]["after"]["bits"] == "AQA="
+
+
+def test_initial_only_does_nothing_more_once_taken(mdb: MariaDatabase) -> None:
+    mdb.execute("CREATE TABLE t (id INT PRIMARY KEY)", "INSERT INTO t VALUES (1)")
+    records, offset = capture(_config(mdb, snapshot_mode="initial_only"))
+    assert [v["op"] for v in values(records)] == ["r"]
+    mdb.execute("INSERT INTO t VALUES (2)")
+    again, _ = capture(_config(mdb, snapshot_mode="initial_only"), offset)
+    assert again == []
+
+
 def test_truncate_and_ddl_mid_stream(mdb: MariaDatabase) -> None:
     mdb.execute("CREATE TABLE t (id INT PRIMARY KEY, a INT)")
     _, offset = capture(_config(mdb, snapshot_mode="no_data"))

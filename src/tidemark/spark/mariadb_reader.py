@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import random
 from collections.abc import Iterator, Sequence
 from typing import Any, Final
 
@@ -55,8 +56,13 @@ from tidemark.spark.snapshot_plan import ROW_SEQ
 log = logging.getLogger(__name__)
 
 _TEXT_OID: Final = 25  # the sinks read names and keys of a relation, never its types
-_SERVER_ID: Final = 6401  # the replica id an executor's dump announces
-_SCAN_SERVER_ID: Final = 6402  # the driver's, when it plans a batch under a limit
+
+
+def _replica_id() -> int:
+    """A replica id for one dump. The server ends a dump when another connects with the
+    same id, so every dump of every query takes a random one (2^31 of them)."""
+    return random.randrange(1 << 20, 1 << 31)
+
 _NO_SUCH_TABLE: Final = 1146
 
 
@@ -152,7 +158,7 @@ class MariaDbStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         builder = ChangeBuilder(name="tidemark", position=start, captured=wanted.__contains__)
         changes = 0
         reached = start
-        with client.BinlogStream(self._settings, start, server_id=_SCAN_SERVER_ID,
+        with client.BinlogStream(self._settings, start, server_id=_replica_id(),
                                  blocking=False) as stream:
             builder.checksum = stream.checksum
             for event in stream.events():
@@ -206,7 +212,7 @@ class MariaDbStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         wanted = {TableId.parse(str(t)) for t in self.options.tables}
         builder = ChangeBuilder(name="tidemark", position=start,
                                 captured=wanted.__contains__)
-        stream = client.BinlogStream(self._settings, start, server_id=_SERVER_ID,
+        stream = client.BinlogStream(self._settings, start, server_id=_replica_id(),
                                      blocking=True)
         with stream:
             builder.checksum = stream.checksum

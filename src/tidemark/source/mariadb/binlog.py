@@ -120,8 +120,11 @@ T_VAR_STRING: Final = 253
 T_STRING: Final = 254
 T_GEOMETRY: Final = 255
 
+# The columns the table map's SIGNEDNESS bitmap has a bit for, in column order. YEAR is
+# one: servers write a bit for it (MariaDB sets it), and leaving it out shifts the bits
+# of every later numeric column.
 NUMERIC_TYPES: Final = frozenset({T_TINY, T_SHORT, T_INT24, T_LONG, T_LONGLONG, T_NEWDECIMAL,
-                                  T_FLOAT, T_DOUBLE, T_DECIMAL})
+                                  T_FLOAT, T_DOUBLE, T_DECIMAL, T_YEAR})
 _BLOB_TYPES: Final = frozenset({T_BLOB, T_TINY_BLOB, T_MEDIUM_BLOB, T_LONG_BLOB})
 
 

@@ -228,8 +228,17 @@ class ChangeBuilder:
                 self._tx = _Transaction(None, header.server_id)
             self._tx.thread = query.thread_id
             return None
-        if head.startswith("COMMIT"):
+        upper = sql[:16].upper()
+        if head.startswith("COMMIT") or (head.startswith("ROLLBACK")
+                                          and not upper.startswith("ROLLBACK TO")):
             return self._commit(header)
+        open_tx = self._tx
+        if open_tx is not None and (open_tx.gtid is None or not open_tx.gtid.standalone):
+            # A statement inside a transaction (SAVEPOINT, ROLLBACK TO SAVEPOINT,
+            # RELEASE SAVEPOINT, which ORMs write for nested transactions): part of it,
+            # never its end; only XID or COMMIT ends it.
+            log.debug("statement inside a transaction: %s", sql[:100])
+            return None
         # DDL, or another statement: a group of its own (GTID event standalone).
         truncated = self._truncated(query.database, sql)
         tx = self._tx or _Transaction(None, header.server_id)

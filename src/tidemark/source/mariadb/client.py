@@ -138,14 +138,20 @@ def current_position(conn: pymysql.Connection[Any]) -> BinlogPosition:
         with conn.cursor() as cur:
             cur.execute("SHOW MASTER STATUS")
             row = cur.fetchone()
-            cur.execute("SELECT @@GLOBAL.gtid_binlog_pos")
-            gtid_row = cur.fetchone()
+            # The GTID state at exactly that file/position: @@gtid_binlog_pos, read in a
+            # second statement, may already include a transaction committed in between,
+            # which a dump resumed from it would then skip.
+            gtid_row = None
+            if row is not None:
+                cur.execute("SELECT BINLOG_GTID_POS(%s, %s)", (row[0], row[1]))
+                gtid_row = cur.fetchone()
     except pymysql.err.OperationalError as err:
         raise _privilege_error(err, "SHOW MASTER STATUS", "BINLOG MONITOR") from None
     if row is None:
         raise SourceError("SHOW MASTER STATUS returned nothing: the binary log is off "
                           "(start the server with --log-bin)")
-    return BinlogPosition(str(row[0]), int(row[1]), str(gtid_row[0] if gtid_row else ""))
+    return BinlogPosition(str(row[0]), int(row[1]),
+                          str(gtid_row[0]) if gtid_row and gtid_row[0] is not None else "")
 
 
 def binlog_files(conn: pymysql.Connection[Any]) -> list[str]:

@@ -92,7 +92,11 @@ class MariaDbConnector:
                 if cfg.snapshot_mode == SnapshotMode.WHEN_NEEDED else []
         position = BinlogPosition.from_offset(offset["binlog"]) \
             if offset is not None and "binlog" in offset else None
-        if position is not None and cfg.snapshot_mode == SnapshotMode.WHEN_NEEDED \
+        if position is not None and cfg.snapshot_mode == SnapshotMode.INITIAL_ONLY:
+            log.info("the initial-only snapshot was taken before (offset at %s): nothing "
+                     "to do", position)
+            self._batches = iter([SourceBatch([], None, finished=True)])
+        elif position is not None and cfg.snapshot_mode == SnapshotMode.WHEN_NEEDED \
                 and position.file not in kept:
             log.warning("the binlog capture stopped in (%s) was purged from the server: "
                         "taking a new snapshot (snapshot_mode=when_needed)", position)
@@ -210,7 +214,15 @@ class MariaDbConnector:
         cfg = self.config
         resume = [position]
 
+        reached = [position]
+
         def log_retry(err: TransientError, attempt: int, delay: float) -> None:
+            if resume[0] != reached[0]:
+                # The dump got somewhere before it broke (a server restart a day): this
+                # outage starts a new count of attempts, and reconnects at once.
+                reached[0] = resume[0]
+                log.warning("binlog stream failed (%s); reconnecting", err)
+                raise _Progressed
             log.warning("binlog stream failed (%s); reconnecting in %.1f s (attempt %d)",
                         err, delay, attempt)
 
@@ -219,10 +231,16 @@ class MariaDbConnector:
                 raise _Stopped
 
         try:
-            retry_transient(lambda: self._dump(resume, stop_at_end),
-                            max_retries=cfg.reconnect_max_attempts,
-                            initial_delay_s=cfg.reconnect_backoff_ms / 1000,
-                            max_delay_s=_MAX_BACKOFF_S, on_retry=log_retry, sleep=sleep)
+            while True:
+                try:
+                    retry_transient(lambda: self._dump(resume, stop_at_end),
+                                    max_retries=cfg.reconnect_max_attempts,
+                                    initial_delay_s=cfg.reconnect_backoff_ms / 1000,
+                                    max_delay_s=_MAX_BACKOFF_S, on_retry=log_retry,
+                                    sleep=sleep)
+                    break
+                except _Progressed:
+                    continue
             self._put(_END)
         except _Stopped:
             return
@@ -325,6 +343,10 @@ class MariaDbConnector:
             except queue.Full:
                 continue
         raise _Stopped
+
+
+class _Progressed(Exception):  # noqa: N818 - restarts the retry count, not an error
+    pass
 
 
 class _Stopped(Exception):  # noqa: N818 - a signal inside the reader thread, not an error

@@ -263,7 +263,9 @@ def _bit_reader(bits: int) -> Reader:
     size = (bits + 7) >> 3
     if bits == 1:
         return lambda data, pos: ("t" if data[pos] & 1 else "f", pos + 1)
-    return lambda data, pos: (data[pos:pos + size], pos + size)
+    # The binlog stores bit(n) big-endian; Debezium's io.debezium.data.Bits is
+    # little-endian (java.util.BitSet.toByteArray), so the bytes are reversed.
+    return lambda data, pos: (data[pos:pos + size][::-1], pos + size)
 
 
 def _codec(column: TableColumn) -> str | None:

@@ -140,7 +140,8 @@ def _normalizer(column: TableColumn) -> Callable[[Any], WireValue]:
         size = (column.metadata + 7) >> 3
         if kind is Kind.BOOL:
             return lambda v: "t" if bytes(v)[-1] & 1 else "f"
-        return lambda v: bytes(v).rjust(size, b"\0")
+        # Little-endian, as Debezium's Bits (the server sends big-endian).
+        return lambda v: bytes(v).rjust(size, b"\0")[::-1]
     if column.type == b.T_LONGLONG and column.unsigned:
         def wrapped(v: Any) -> str:
             value = int(text(v))
