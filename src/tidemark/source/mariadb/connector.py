@@ -22,7 +22,9 @@ import threading
 from collections.abc import Iterator
 from typing import Any, Final
 
-from tidemark.errors import SourceError, TransientError
+import pymysql.err
+
+from tidemark.errors import SourceError, SourceUnavailableError, TransientError
 from tidemark.event import ChangeEvent, Op, Record, SnapshotMarker, TableId
 from tidemark.offsets.store import Offset, OffsetReader
 from tidemark.retry import retry_transient
@@ -127,8 +129,12 @@ class MariaDbConnector:
         self.stats.position_lsn = int(offset.get("binlog", {}).get("pos", 0) or 0)
 
     def stop(self) -> None:
-        """Stop the reader thread and close the stream."""
+        """Stop the reader thread and close the stream (and a snapshot's connection)."""
         self._stopping.set()
+        batches, self._batches = self._batches, None
+        if batches is not None and hasattr(batches, "close"):
+            with contextlib.suppress(Exception):  # running in another thread: it ends
+                batches.close()
         stream = self._stream
         if stream is not None:
             stream.close()  # ends a read blocked in the reader thread
@@ -155,6 +161,11 @@ class MariaDbConnector:
                 self.stats.count_rows(events)
                 yield SourceBatch(list(events), None)
             conn.commit()
+        except pymysql.err.OperationalError as err:
+            # A lost connection: worth retrying (the task reopens and snapshots again).
+            raise SourceUnavailableError(f"the snapshot's connection to "
+                                         f"{self._settings.host}:{self._settings.port} "
+                                         f"failed: {err.args[-1]}") from None
         finally:
             conn.close()
         self.stats.snapshot_running = False

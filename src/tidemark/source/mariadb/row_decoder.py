@@ -17,7 +17,9 @@ in a NOT NULL one.
 
 from __future__ import annotations
 
+import codecs
 import datetime as dt
+import logging
 import struct
 from collections.abc import Callable, Sequence
 from typing import Any, Final, TypeAlias
@@ -28,6 +30,8 @@ from tidemark.errors import DecodeError
 from tidemark.event import UNAVAILABLE, WireTuple, WireValue
 from tidemark.source.mariadb import binlog as b
 from tidemark.source.mariadb.binlog import RowsEvent, TableColumn, TableMap
+
+log = logging.getLogger(__name__)
 
 BINARY_CHARSET: Final = 63
 
@@ -277,10 +281,23 @@ def _codec(column: TableColumn) -> str | None:
     try:
         encoding = charset_by_id(column.charset).encoding
     except KeyError:
+        # Collations PyMySQL does not list (MariaDB 10.10+'s uca1400 ones, ids from
+        # 2048, the default of recent servers) are nearly always utf8mb4: read UTF-8,
+        # which fails loudly (a decode error naming the table) if a value is not.
+        log.warning("column %s: collation id %d is unknown to PyMySQL; reading it as "
+                    "UTF-8", column.name, column.charset)
+        return "utf-8"
+    if encoding in ("utf8", "utf8mb4", "utf8mb3"):
+        return "utf-8"
+    if encoding == "cp1252":
+        return "latin-1"  # MariaDB's latin1 holds every byte; cp1252 leaves five out
+    try:
+        codecs.lookup(encoding)
+    except LookupError:
         raise UnsupportedColumnError(
-            f"column {column.name}", 0, f"unknown collation id {column.charset}",
+            f"column {column.name}", 0, f"character set {encoding} has no Python codec",
             "binlog") from None
-    return "utf-8" if encoding in ("utf8", "utf8mb4", "utf8mb3") else encoding
+    return encoding
 
 
 def _string_reader(column: TableColumn, length_bytes: int) -> Reader:
