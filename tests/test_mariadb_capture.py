@@ -180,6 +180,16 @@ def test_savepoints_year_signedness_and_bits(mdb: MariaDatabase) -> None:
     assert rows[0]["after"]["amount"] == -7 and rows[0]["after"]["bits"] == "AQA="
 
 
+def test_a_geometry_column_keeps_the_charsets_of_later_columns(mdb: MariaDatabase) -> None:
+    mdb.execute("CREATE TABLE g (id INT PRIMARY KEY, shape GEOMETRY, name VARCHAR(10) "
+                "CHARACTER SET latin1, data VARBINARY(4))")
+    _, offset = capture(_config(mdb, snapshot_mode="no_data"))
+    mdb.execute("INSERT INTO g VALUES (1, ST_GeomFromText('POINT(1 2)'), 'caf\u00e9', "
+                "x'ff00fe01')")
+    after = values(capture(_config(mdb), offset)[0])[0]["after"]
+    assert after["name"] == "caf\u00e9" and after["data"] == "/wD+AQ=="
+
+
 def test_initial_only_does_nothing_more_once_taken(mdb: MariaDatabase) -> None:
     mdb.execute("CREATE TABLE t (id INT PRIMARY KEY)", "INSERT INTO t VALUES (1)")
     records, offset = capture(_config(mdb, snapshot_mode="initial_only"))

@@ -407,7 +407,10 @@ def _type_metadata(meta: bytes, types: list[int]) -> list[tuple[int, int]]:
 
 
 def _is_character(column_type: int, real_type: int) -> bool:
-    return real_type in (T_STRING, T_VARCHAR, T_VAR_STRING) or column_type in _BLOB_TYPES
+    # MariaDB lists GEOMETRY among the character columns of the charset metadata (its
+    # own mysqlbinlog reads it so); leaving it out shifts every later column's charset.
+    return real_type in (T_STRING, T_VARCHAR, T_VAR_STRING, T_GEOMETRY) \
+        or column_type in _BLOB_TYPES
 
 
 def _optional_metadata(body: bytes, pos: int, types: list[int],
