@@ -7,48 +7,30 @@ slots are per server, so each database's slot gets the database name appended.
 
 from __future__ import annotations
 
-import contextlib
-import logging
 from collections.abc import Mapping, Sequence
 from typing import Any
 
 import psycopg2.extensions
 
-from tidemark.errors import ConfigError, TransientError
+from tidemark.errors import ConfigError
 from tidemark.offsets.store import Offset, OffsetReader
 from tidemark.serde.debezium_json import DebeziumJsonOptions, DebeziumJsonSerializer
-from tidemark.source.batch import SourceBatch
 from tidemark.source.postgres.config import PostgresSourceConfig, check_identifier
 from tidemark.source.postgres.connector import PostgresConnector
+from tidemark.source.reopening_task import ReopeningTask
 from tidemark.source.spi import TaskConfig
 
-log = logging.getLogger(__name__)
 
-
-class PostgresTask:
+class PostgresTask(ReopeningTask[PostgresConnector]):
     """Captures one database; after a retriable failure the next poll reconnects from
     the last committed offset (records after it are delivered again: at-least-once)."""
 
     def __init__(self, config: PostgresSourceConfig, stop_at_lsn: int | None = None) -> None:
+        super().__init__()
         self.config = config
         self._stop_at_lsn = stop_at_lsn
         self._rendered: DebeziumJsonOptions | None = None
         self._converted_records = False
-        self._connector: PostgresConnector | None = None
-        self._offsets: OffsetReader | None = None
-        self._committed: Offset | None = None
-        self._broken = False
-
-    @property
-    def partition(self) -> str:
-        if self._connector is None:
-            raise ConfigError("partition", "known only after start()")
-        return self._connector.partition
-
-    @property
-    def connector(self) -> PostgresConnector | None:
-        """The running capture (for tests)."""
-        return self._connector
 
     def render_debezium_json(self, options: DebeziumJsonOptions, *,
                              converted_records: bool = False) -> bool:
@@ -64,51 +46,19 @@ class PostgresTask:
         self._converted_records = converted_records
         return True
 
-    def start(self, offsets: OffsetReader) -> None:
-        self._offsets = offsets
-        self._open(None)
-
-    def _open(self, offset: Offset | None) -> None:
+    def _new_connector(self) -> PostgresConnector:
         rendered = self._rendered
-        connector = PostgresConnector(
+        return PostgresConnector(
             self.config,
             rendered_json=None if rendered is None else DebeziumJsonSerializer(rendered),
             converted_records=self._converted_records)
-        self._connector = connector
-        connector.start(offset, store=self._offsets, stop_at_lsn=self._stop_at_lsn)
 
-    def poll(self) -> SourceBatch:
-        if self._connector is None:
-            raise ConfigError("poll", "start() the task first")
-        if self._broken:
-            self._reopen()
-        try:
-            return self._connector.poll()
-        except TransientError:
-            self._broken = True
-            raise
+    def _start_connector(self, connector: PostgresConnector, offset: Offset | None,
+                         offsets: OffsetReader | None) -> None:
+        connector.start(offset, store=offsets, stop_at_lsn=self._stop_at_lsn)
 
-    def _reopen(self) -> None:
-        assert self._connector is not None
-        with contextlib.suppress(Exception):
-            self._connector.stop()
-        resume = self._committed
-        if resume is None and self._offsets is not None:
-            with contextlib.suppress(Exception):
-                resume = self._offsets.load(self._connector.partition)
-        log.info("reconnecting capture of %s from %s", self.config.redacted_dsn(),
-                 resume or "its saved offset")
-        self._open(resume)
-        self._broken = False
-
-    def commit(self, offset: Offset) -> None:
-        self._committed = offset
-        if self._connector is not None and not self._broken:
-            self._connector.commit(offset)
-
-    def stop(self) -> None:
-        if self._connector is not None:
-            self._connector.stop()
+    def _describe(self) -> str:
+        return self.config.redacted_dsn()
 
 
 class PostgresSourceConnector:
