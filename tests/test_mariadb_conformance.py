@@ -24,23 +24,19 @@ from __future__ import annotations
 import difflib
 import os
 import re
-import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-from test_mariadb_capture import ALL_TYPES, ROW_1
-from tidemark.event import Record
-from tidemark.offsets.store import Offset
+from test_mariadb_capture import ALL_TYPES, ROW_1, capture
 from tidemark.serde.debezium_json import (
     COMPILED_RENDERER,
     DebeziumJsonOptions,
     DebeziumJsonSerializer,
 )
 from tidemark.source.mariadb.config import MariaDbSourceConfig
-from tidemark.source.mariadb.connector import MariaDbConnector
 from tidemark.testing.debezium_reference import Difference, Obj, differences, dump, parse
 from tidemark.testing.debezium_reference_mariadb import (
     RUNS,
@@ -108,27 +104,6 @@ ALLOWED: tuple[Allowed, ...] = (
 
 
 # -- capturing with tidemark ----------------------------------------------------------------
-def _capture(config: MariaDbSourceConfig, offset: Offset | None,
-             timeout_s: float = 60) -> tuple[list[Record], Offset | None]:
-    """Everything up to the binlog's end now: the records and the last offset."""
-    connector = MariaDbConnector(config)
-    records: list[Record] = []
-    last = offset
-    try:
-        connector.start(offset, stop_at_end=True)
-        deadline = time.monotonic() + timeout_s
-        while time.monotonic() < deadline:
-            batch = connector.poll()
-            records += batch.records
-            if batch.offset is not None:
-                last = batch.offset
-            if batch.finished:
-                return records, last
-        raise AssertionError(f"capture did not reach the binlog's end in {timeout_s} s")
-    finally:
-        connector.stop()
-
-
 def _serializer(config: MariaDbSourceConfig, *, compiled: bool) -> DebeziumJsonSerializer:
     """The serializer ``tidemark capture`` builds for a mariadb:// source."""
     return DebeziumJsonSerializer(DebeziumJsonOptions(
@@ -153,9 +128,9 @@ def captured(mariadb_server: MariaDbServer) -> Captured:
         run_statements(lambda: mariadb_server.connect(name), WORKLOAD.setup)
         config = MariaDbSourceConfig.from_mapping(
             {"dsn": mariadb_server.dsn(name), **RUN.tidemark_settings()})
-        records, offset = _capture(config, None)
+        records, offset = capture(config, None)
         run_statements(lambda: mariadb_server.connect(name), WORKLOAD.stream)
-        streamed, _ = _capture(config, offset)
+        streamed, _ = capture(config, offset)
     events = records + streamed
     serializers = {"serializer": _serializer(config, compiled=True),
                    "serializer-python": _serializer(config, compiled=False)}
