@@ -20,7 +20,6 @@ import contextlib
 import os
 import re
 import statistics
-import subprocess
 import sys
 import time
 from pathlib import Path
@@ -30,41 +29,11 @@ import psycopg2
 sys.path.insert(0, str(Path(__file__).parent))
 
 import workload
+from processes import first_line_seconds, run_measured
 
 from tidemark.testing.postgres import PostgresCluster
 
 PUBLICATION = "bench_pub"
-
-
-def _run(argv: list[str], env: dict[str, str], stdout: int | None = None,
-         stderr: int | None = None) -> tuple[float, int, str]:
-    """Run to completion; returns (seconds, peak RSS in bytes, stderr text)."""
-    started = time.perf_counter()
-    proc = subprocess.Popen(argv, env=env, stdout=stdout if stdout is not None else
-                            subprocess.DEVNULL, stderr=subprocess.PIPE)
-    assert proc.stderr is not None
-    err_chunks = []
-    # Read stderr while waiting; the process logs only a few lines.
-    for line in proc.stderr:
-        err_chunks.append(line.decode(errors="replace"))
-    _, status, usage = os.wait4(proc.pid, 0)
-    elapsed = time.perf_counter() - started
-    proc.returncode = os.waitstatus_to_exitcode(status)
-    text = "".join(err_chunks)
-    if proc.returncode != 0:
-        raise SystemExit(f"{argv[0]} failed ({proc.returncode}):\n{text}")
-    return elapsed, usage.ru_maxrss * 1024, text
-
-
-def _first_event_seconds(argv: list[str], env: dict[str, str]) -> float:
-    started = time.perf_counter()
-    proc = subprocess.Popen(argv, env=env, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL)
-    assert proc.stdout is not None
-    proc.stdout.readline()
-    elapsed = time.perf_counter() - started
-    proc.terminate()
-    proc.wait()
-    return elapsed
 
 
 def main() -> None:
@@ -113,9 +82,9 @@ def main() -> None:
 
         results: dict[str, list[tuple[float, int]]] = {"pg_recvlogical": [], "tidemark": []}
         for run in range(args.runs):
-            seconds, rss, _ = _run([*recv, "--slot", slots[2 * run]], env)
+            seconds, rss, _ = run_measured([*recv, "--slot", slots[2 * run]], env)
             results["pg_recvlogical"].append((changes / seconds, rss))
-            seconds, rss, err = _run(capture(slots[2 * run + 1], "--stop-at-end"),
+            seconds, rss, err = run_measured(capture(slots[2 * run + 1], "--stop-at-end"),
                                      capture_env)
             match = re.search(r"delivered (\d+) change events", err)
             delivered = int(match.group(1)) if match else -1
@@ -124,7 +93,7 @@ def main() -> None:
             results["tidemark"].append((changes / seconds, rss))
             print(f"run {run + 1}: pg_recvlogical {results['pg_recvlogical'][-1][0]:,.0f}/s, "
                   f"tidemark {results['tidemark'][-1][0]:,.0f}/s")
-        first = _first_event_seconds(capture(slots[-1], "--max-events", "1"), capture_env)
+        first = first_line_seconds(capture(slots[-1], "--max-events", "1"), capture_env)
 
     best = {name: max(r[0] for r in rows) for name, rows in results.items()}
     peak = {name: max(r[1] for r in rows) for name, rows in results.items()}

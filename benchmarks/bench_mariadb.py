@@ -43,6 +43,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+sys.path.insert(0, str(Path(__file__).parent))
+
+from processes import first_line_seconds, run_measured
+
 from tidemark.source.mariadb import binlog as b
 from tidemark.source.mariadb import client
 from tidemark.source.mariadb.position import BinlogPosition
@@ -78,31 +82,6 @@ BEGIN
     END WHILE;
 END
 """
-
-
-def _run(argv: list[str], env: dict[str, str] | None = None) -> tuple[float, int, str]:
-    """Run to completion, stdout to /dev/null; (seconds, peak RSS bytes, stderr)."""
-    started = time.perf_counter()
-    proc = subprocess.Popen(argv, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
-    assert proc.stderr is not None
-    err = proc.stderr.read().decode(errors="replace")
-    _, status, usage = os.wait4(proc.pid, 0)
-    elapsed = time.perf_counter() - started
-    code = os.waitstatus_to_exitcode(status)
-    if code != 0:
-        raise SystemExit(f"{argv[0]} failed ({code}):\n{err[-3000:]}")
-    return elapsed, usage.ru_maxrss * 1024, err
-
-
-def _first_event_seconds(argv: list[str], env: dict[str, str]) -> float:
-    started = time.perf_counter()
-    proc = subprocess.Popen(argv, env=env, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL)
-    assert proc.stdout is not None
-    proc.stdout.readline()
-    elapsed = time.perf_counter() - started
-    proc.terminate()
-    proc.wait()
-    return elapsed
 
 
 def _own_decoder(server: MariaDbServer, start: BinlogPosition, end: BinlogPosition) -> float:
@@ -323,9 +302,9 @@ def main() -> None:
         decoders: dict[str, list[float]] = {"python-mysql-replication": [], "tidemark": []}
         debezium: list[DebeziumRun] = []
         for run in range(args.runs):
-            seconds, rss, _ = _run(binlog_argv)
+            seconds, rss, _ = run_measured(binlog_argv)
             results["mariadb-binlog"].append((changes / seconds, rss))
-            seconds, rss, err = _run(capture("--stop-at-end"), env)
+            seconds, rss, err = run_measured(capture("--stop-at-end"), env)
             match = re.search(r"delivered (\d+) change events", err)
             delivered = int(match.group(1)) if match else -1
             if delivered != changes:
@@ -342,7 +321,7 @@ def main() -> None:
                 debezium.append(_debezium(server, start, changes, tmp / f"debezium-{run + 1}",
                                           args.debezium_stall_seconds, args.debezium_timeout))
                 print(f"run {run + 1}: Debezium MySqlConnector {_describe(debezium[-1], changes)}")
-        first = _first_event_seconds(capture("--max-events", "1"), env)
+        first = first_line_seconds(capture("--max-events", "1"), env)
         if all(run.status == "complete" for run in debezium):
             shutil.rmtree(tmp, ignore_errors=True)
         else:

@@ -46,28 +46,12 @@ import psycopg2
 sys.path.insert(0, str(Path(__file__).parent))
 
 import workload
+from processes import run_measured
 
 from tidemark.testing.postgres import PostgresCluster
 
 PUBLICATION = "bench_pub"
 SIGNALS = "public.dbz_signal"
-
-
-def _run(argv: list[str], env: dict[str, str],
-         stdout: int | IO[bytes] = subprocess.DEVNULL) -> tuple[float, int, str]:
-    """Run to completion; returns (seconds from start to exit, peak RSS in bytes,
-    stderr text)."""
-    started = time.perf_counter()
-    proc = subprocess.Popen(argv, env=env, stdout=stdout, stderr=subprocess.PIPE)
-    assert proc.stderr is not None
-    err = proc.stderr.read()  # a few log lines; EOF when the process exits
-    _, status, usage = os.wait4(proc.pid, 0)
-    elapsed = time.perf_counter() - started
-    proc.returncode = os.waitstatus_to_exitcode(status)
-    text = err.decode(errors="replace")
-    if proc.returncode != 0:
-        raise SystemExit(f"{argv[0]} {' '.join(argv[1:4])}… failed ({proc.returncode}):\n{text}")
-    return elapsed, usage.ru_maxrss * 1024, text
 
 
 class Writer(threading.Thread):
@@ -139,7 +123,7 @@ class Bench:
         psql = [str(Path(self.cluster.bindir) / "psql"), "-X", "-q", "-h", self.cluster.host,
                 "-p", str(self.cluster.port), "-U", self.cluster.superuser, "-d", "bench",
                 "-c", "COPY t10 TO STDOUT"]
-        seconds, rss, _ = _run(psql, self.env)
+        seconds, rss, _ = run_measured(psql, self.env)
         return Sample(seconds, rss)
 
     def _capture_argv(self, slot: str, chunk: int) -> list[str]:
@@ -155,7 +139,7 @@ class Bench:
         slot = f"snap_{self.slots}"
         self.sql("SELECT pg_create_logical_replication_slot(%s, 'pgoutput')", (slot,))
         argv = self._capture_argv(slot, chunk)
-        startup, _, _ = _run(argv, self.capture_env)
+        startup, _, _ = run_measured(argv, self.capture_env)
         self.sql("INSERT INTO dbz_signal VALUES (%s, 'execute-snapshot', %s)",
                  (f"bench-{self.slots}", json.dumps({"data-collections": ["public.t10"],
                                                      "type": "incremental"})))
@@ -165,7 +149,7 @@ class Bench:
             writer.start()
             writer.ready.wait()
         try:
-            seconds, rss, err = _run(argv, self.capture_env, stdout)
+            seconds, rss, err = run_measured(argv, self.capture_env, stdout)
         finally:
             if writer is not None:
                 writer.stop.set()
