@@ -49,7 +49,9 @@ from tidemark.testing.debezium_reference import (
     END_PREFIX,
     JVM_OPTIONS,
     RUNS,
+    EngineRun,
     ReferenceRun,
+    check_debezium_version,
     load_script,
     normalize_lines,
     prepare_embedded_debezium,
@@ -131,45 +133,12 @@ def capture(cluster: PostgresCluster, run: ReferenceRun, setup: tuple[str, ...],
             "offset.flush.interval.ms": "0",
         }
         engine = DebeziumJsonEngine(properties=properties, handler=Collect())
-        failure: list[BaseException] = []
-        closing = threading.Event()
-
-        def run_engine() -> None:
-            try:
-                engine.run()
-            except BaseException as err:  # reported by the main thread
-                # Closing interrupts the engine's thread, which may be in the batch
-                # that ended the script (an InterruptedException): all is in by then.
-                if not closing.is_set():
-                    failure.append(err)
-            finally:
-                snapshot_done.set()
-                script_done.set()
-
-        thread = threading.Thread(target=run_engine, name="debezium", daemon=True)
-        thread.start()
-        try:
-            _wait(snapshot_done, failure, "the snapshot's last record")
+        with EngineRun(engine, (snapshot_done, script_done), TIMEOUT_S) as running:
+            running.wait(snapshot_done, "the snapshot's last record")
             run_statements(dsn, stream)
-            _wait(script_done, failure, f"the {END_PREFIX!r} message")
-        finally:
-            closing.set()
-            engine.close()
-            thread.join(60)
-        if failure:
-            raise RuntimeError(f"the Debezium engine failed: {failure[0]}") from failure[0]
-    versions = {json.loads(r)["value"]["source"]["version"] for r in lines
-                if '"source":' in r}
-    if versions != {DEBEZIUM_VERSION}:
-        raise RuntimeError(f"expected Debezium {DEBEZIUM_VERSION}, got {versions}")
+            running.wait(script_done, f"the {END_PREFIX!r} message")
+    check_debezium_version(lines)
     return lines
-
-
-def _wait(event: threading.Event, failure: list[BaseException], what: str) -> None:
-    if not event.wait(TIMEOUT_S):
-        raise TimeoutError(f"Debezium did not emit {what} within {TIMEOUT_S:.0f} s")
-    if failure:
-        raise RuntimeError(f"the Debezium engine failed: {failure[0]}") from failure[0]
 
 
 def _server_version(cluster: PostgresCluster) -> str:

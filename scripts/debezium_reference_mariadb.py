@@ -44,7 +44,12 @@ from importlib import metadata
 from pathlib import Path
 from typing import Any
 
-from tidemark.testing.debezium_reference import JVM_OPTIONS, prepare_embedded_debezium
+from tidemark.testing.debezium_reference import (
+    JVM_OPTIONS,
+    EngineRun,
+    check_debezium_version,
+    prepare_embedded_debezium,
+)
 from tidemark.testing.debezium_reference_mariadb import (
     DEBEZIUM_VERSION,
     END_TABLE,
@@ -134,45 +139,12 @@ def capture(server: MariaDbServer, run: MariaDbReferenceRun, workload: Workload,
             "offset.flush.interval.ms": "0",
         }
         engine = DebeziumJsonEngine(properties=properties, handler=Collect())
-        failure: list[BaseException] = []
-        closing = threading.Event()
-
-        def run_engine() -> None:
-            try:
-                engine.run()
-            except BaseException as err:  # reported by the main thread
-                # Closing interrupts the engine's thread, which may be in the batch
-                # that ended the workload (an InterruptedException): all is in by then.
-                if not closing.is_set():
-                    failure.append(err)
-            finally:
-                snapshot_done.set()
-                workload_done.set()
-
-        thread = threading.Thread(target=run_engine, name="debezium", daemon=True)
-        thread.start()
-        try:
-            _wait(snapshot_done, failure, "the snapshot's last record")
+        with EngineRun(engine, (snapshot_done, workload_done), TIMEOUT_S) as running:
+            running.wait(snapshot_done, "the snapshot's last record")
             run_statements(lambda: server.connect(database), workload.stream)
-            _wait(workload_done, failure, f"the {END_TABLE!r} row")
-        finally:
-            closing.set()
-            engine.close()
-            thread.join(60)
-        if failure:
-            raise RuntimeError(f"the Debezium engine failed: {failure[0]}") from failure[0]
-    versions = {json.loads(r)["value"]["source"]["version"] for r in lines
-                if '"source":' in r}
-    if versions != {DEBEZIUM_VERSION}:
-        raise RuntimeError(f"expected Debezium {DEBEZIUM_VERSION}, got {versions}")
+            running.wait(workload_done, f"the {END_TABLE!r} row")
+    check_debezium_version(lines)
     return lines
-
-
-def _wait(event: threading.Event, failure: list[BaseException], what: str) -> None:
-    if not event.wait(TIMEOUT_S):
-        raise TimeoutError(f"Debezium did not emit {what} within {TIMEOUT_S:.0f} s")
-    if failure:
-        raise RuntimeError(f"the Debezium engine failed: {failure[0]}") from failure[0]
 
 
 def write_settings(announced: str, server_version: str) -> None:

