@@ -439,18 +439,15 @@ def _optional_metadata(body: bytes, pos: int, types: list[int],
             names: list[Any] = []
             at = 0
             while at < len(value):
-                size, at = read_lenenc(value, at)
-                names.append(value[at:at + size].decode("utf-8"))
-                at += size
+                name, at = _lenenc_text(value, at)
+                names.append(name)
             found[field] = names
         elif field in (_META_DEFAULT_CHARSET, _META_ENUM_AND_SET_DEFAULT_CHARSET):
             which = character if field == _META_DEFAULT_CHARSET else enum_columns + set_columns
             default, at = read_lenenc(value, 0)
             for i in which:
                 charsets[i] = default
-            while at < len(value):
-                index, at = read_lenenc(value, at)
-                collation, at = read_lenenc(value, at)
+            for index, collation in _lenenc_groups(value, at, 2):
                 charsets[which[index]] = collation
             found[_META_COLUMN_CHARSET] = charsets
         elif field in (_META_COLUMN_CHARSET, _META_ENUM_AND_SET_COLUMN_CHARSET):
@@ -466,29 +463,36 @@ def _optional_metadata(body: bytes, pos: int, types: list[int],
                 members, at = read_lenenc(value, at)
                 strings = []
                 for _ in range(members):
-                    size, at = read_lenenc(value, at)
-                    strings.append(value[at:at + size].decode("utf-8"))
-                    at += size
+                    member, at = _lenenc_text(value, at)
+                    strings.append(member)
                 values[i] = tuple(strings)
             found[_META_ENUM_STR_VALUE] = values
         elif field == _META_SIMPLE_PRIMARY_KEY:
-            keys: list[Any] = []
-            at = 0
-            while at < len(value):
-                index, at = read_lenenc(value, at)
-                keys.append(index)
-            found[field] = keys
+            found[field] = [index for index, in _lenenc_groups(value, 0, 1)]
         elif field == _META_PRIMARY_KEY_WITH_PREFIX:
             # A key on a column prefix (a BLOB's first bytes) is not a record key
             # that identifies rows by value; the columns still key the record.
-            prefixed: list[Any] = []
-            at = 0
-            while at < len(value):
-                index, at = read_lenenc(value, at)
-                _prefix, at = read_lenenc(value, at)
-                prefixed.append(index)
-            found[_META_SIMPLE_PRIMARY_KEY] = prefixed
+            found[_META_SIMPLE_PRIMARY_KEY] = [index for index, _prefix
+                                               in _lenenc_groups(value, 0, 2)]
     return found
+
+
+def _lenenc_text(data: bytes, pos: int) -> tuple[str, int]:
+    """A length-encoded UTF-8 string at *pos*: (text, position after it)."""
+    size, pos = read_lenenc(data, pos)
+    return data[pos:pos + size].decode("utf-8"), pos + size
+
+
+def _lenenc_groups(data: bytes, pos: int, width: int) -> list[tuple[int, ...]]:
+    """Groups of *width* length-encoded integers from *pos* to the end of *data*."""
+    groups = []
+    while pos < len(data):
+        group = []
+        for _ in range(width):
+            number, pos = read_lenenc(data, pos)
+            group.append(number)
+        groups.append(tuple(group))
+    return groups
 
 
 def parse_rows(body: bytes, event_type: int, post_header_len: int = 8) -> RowsEvent:
