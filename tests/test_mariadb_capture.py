@@ -399,6 +399,14 @@ def _wait_for_lines(path: Path, count: int, process: subprocess.Popen[bytes],
     return _lines(path)
 
 
+def _wait_for_offsets(offsets: Path, process: subprocess.Popen[bytes]) -> None:
+    """Wait until the capture saved its first offset (once its stream is open)."""
+    deadline = time.monotonic() + 30
+    while not offsets.exists():
+        assert process.poll() is None and time.monotonic() < deadline, "capture saved no offset"
+        time.sleep(0.02)
+
+
 def _ids(lines: list[str]) -> list[int]:
     values = [json.loads(line)["value"] for line in lines if line]
     return [v["after"]["id"] for v in values if v is not None and v["after"] is not None]
@@ -420,10 +428,7 @@ def test_sigkilled_capture_resumes_from_its_offsets_without_losing_a_row(
     offsets, out = tmp_path / "offsets.json", tmp_path / "first.jsonl"
     first = _capture_process(mdb.dsn, offsets, out, "--snapshot-mode", "no_data")
     kill_on_exit.append(first)
-    deadline = time.monotonic() + 30
-    while not offsets.exists():  # saved once the stream is open
-        assert first.poll() is None and time.monotonic() < deadline, "capture saved no offset"
-        time.sleep(0.02)
+    _wait_for_offsets(offsets, first)
     for tx in range(10):
         mdb.execute(*(f"INSERT INTO t VALUES ({tx * 10 + i + 1})" for i in range(10)))
     seen = _ids(_wait_for_lines(out, 50, first))
@@ -455,10 +460,7 @@ def test_capture_survives_a_server_restart_mid_stream(
         process = _capture_process(server.dsn("r"), offsets, out,
                                    "--snapshot-mode", "no_data")
         kill_on_exit.append(process)
-        deadline = time.monotonic() + 30
-        while not offsets.exists():
-            assert process.poll() is None and time.monotonic() < deadline
-            time.sleep(0.02)
+        _wait_for_offsets(offsets, process)
 
         def insert(first: int, last: int) -> None:
             conn = server.connect()

@@ -4,21 +4,13 @@ that resumes from the engine's saved offset (nothing lost, nothing from before i
 from __future__ import annotations
 
 import threading
-import time
-from typing import Any
 
 from conftest import MariaDatabase
+from test_engine_postgres import wait_for
 from tidemark import Engine, MariaDbSourceConnector, MemoryOffsetStore
 from tidemark.engine.converters import EventConverter
 from tidemark.event import ChangeEvent
 from tidemark.testing.sink import MemorySink
-
-
-def wait_for(condition: Any, timeout_s: float, what: str) -> None:
-    deadline = time.monotonic() + timeout_s
-    while not condition():
-        assert time.monotonic() < deadline, f"timed out waiting for {what}"
-        time.sleep(0.02)
 
 
 def ids(sink: MemorySink) -> list[int]:
