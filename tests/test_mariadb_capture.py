@@ -20,7 +20,7 @@ import pytest
 
 from conftest import MariaDatabase
 from tidemark.errors import ConfigError, SourceError, SourceUnavailableError
-from tidemark.event import ChangeEvent, Op, Record
+from tidemark.event import ChangeEvent, Record
 from tidemark.offsets.store import Offset
 from tidemark.serde.debezium_json import DebeziumJsonOptions, DebeziumJsonSerializer
 from tidemark.serde.modes import TimePrecisionMode
@@ -270,41 +270,6 @@ def test_a_purged_binlog_is_an_error_that_says_what_to_do(mdb: MariaDatabase) ->
     with pytest.raises(SourceError, match="purged") as caught:
         capture(_config(mdb), stale)
     assert "when_needed" in str(caught.value)
-
-
-def test_an_execute_snapshot_signal_rereads_tables_before_the_signal_is_passed(
-        mdb: MariaDatabase) -> None:
-    from tidemark import send_signal  # noqa: PLC0415
-
-    mdb.execute("CREATE TABLE t (id INT PRIMARY KEY, v INT)",
-                "CREATE TABLE other (id INT PRIMARY KEY)",
-                "CREATE TABLE sig (id VARCHAR(42) PRIMARY KEY, type VARCHAR(32) NOT NULL, "
-                "data VARCHAR(2048))",
-                "INSERT INTO t VALUES (1, 0), (2, 0)")
-    config = _config(mdb, snapshot_mode="no_data", signal_table=f"{mdb.name}.sig",
-                     table_exclude_list=[f"{mdb.name}\\.other"])
-    _, offset = capture(config)
-    send_signal(mdb.dsn, f"{mdb.name}.sig", "execute-snapshot",
-                {"data-collections": [f"{mdb.name}.t", f"{mdb.name}.other"]})
-    mdb.execute("UPDATE t SET v = 1 WHERE id = 1")
-    connector = MariaDbConnector(config)
-    batches = []
-    try:
-        connector.start(offset, stop_at_end=True)
-        while not (batch := connector.poll()).finished:
-            batches.append(batch)
-        batches.append(batch)
-    finally:
-        connector.stop()
-    rows = [(v["op"], v["after"]["id"], v["source"]["snapshot"], v["source"]["table"])
-            for b in batches for v in values(b.records)]
-    # The signal itself is not an event; the excluded table is not read; the update
-    # after the signal follows the rows.
-    assert rows == [("r", 1, "incremental", "t"), ("r", 2, "incremental", "t"),
-                    ("u", 1, "false", "t")]
-    first_rows = next(i for i, b in enumerate(batches) if b.records)
-    assert all(b.offset is None for b in batches[first_rows:] if b.records
-               and all(isinstance(r, ChangeEvent) and r.op is Op.READ for r in b.records))
 
 
 def test_when_needed_takes_a_new_snapshot_after_the_binlog_was_purged(

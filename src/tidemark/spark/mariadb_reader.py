@@ -143,8 +143,8 @@ class MariaDbStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         assert table is not None
         with contextlib.closing(client.connect(self._settings)) as conn, \
                 conn.cursor() as cur:
-            cur.execute(f"SELECT id, type, data FROM {_quote(table.schema)}."
-                        f"{_quote(table.table)}")
+            cur.execute(f"SELECT id, type, data FROM {snap.quote(table.schema)}."
+                        f"{snap.quote(table.table)}")
             rows = cur.fetchall()
         return requests_in(rows, None if seen is None else tuple(seen),
                            [str(t) for t in self.options.tables])
@@ -266,8 +266,8 @@ def check_signal_table(options: SourceOptions) -> None:
     try:
         with contextlib.closing(client.connect(client.parse_url(options.dsn))) as conn, \
                 conn.cursor() as cur:
-            cur.execute(f"SELECT id, type, data FROM {_quote(table.schema)}."
-                        f"{_quote(table.table)} LIMIT 0")
+            cur.execute(f"SELECT id, type, data FROM {snap.quote(table.schema)}."
+                        f"{snap.quote(table.table)} LIMIT 0")
     except pymysql.err.ProgrammingError as err:
         code = err.args[0] if err.args else 0
         if code == _NO_SUCH_TABLE:
@@ -278,10 +278,6 @@ def check_signal_table(options: SourceOptions) -> None:
     except pymysql.err.OperationalError as err:
         raise SourceError(f"signal table {table} is not readable ({err.args[-1]}): GRANT "
                           "SELECT on it to the source's user") from None
-
-
-def _quote(name: str) -> str:
-    return "`" + name.replace("`", "``") + "`"
 
 
 def _position(offset: dict[str, Any]) -> BinlogPosition:

@@ -18,6 +18,8 @@ from tidemark.source.postgres.slot_status import ServerWal, SlotState, read_serv
 from tidemark.status.report import (
     Status,
     human_bytes,
+    incremental,
+    incremental_row,
     lag_section,
     render,
     server_section,
@@ -143,20 +145,8 @@ def _snapshot(offsets: dict[str, Any] | None) -> dict[str, Any]:
         note = ("the initial snapshot is not complete: a capture in snapshot mode initial or "
                 "when_needed takes it again before streaming")
     return {"completed": completed, "source": "offsets" if completed is not None else None,
-            "incremental": _incremental(offsets.get("incremental_snapshot") if offsets
-                                        else None), "note": note}
-
-
-def _incremental(state: dict[str, Any] | None) -> dict[str, Any] | None:
-    """An incremental snapshot in progress, as the saved offset has it: the tables left,
-    and how far the current one is (its last key sent of its maximum key)."""
-    if not state or not state.get("tables"):
-        return None
-    tables = [t for t in state["tables"] if isinstance(t, dict)]
-    current = tables[0] if tables else {}
-    return {"tables": [t.get("table") for t in tables], "paused": bool(state.get("paused")),
-            "current": current.get("table"), "last_key": current.get("last_key"),
-            "max_key": current.get("max_key")}
+            "incremental": incremental(offsets.get("incremental_snapshot") if offsets
+                                       else None), "note": note}
 
 
 def render_capture(status: Status) -> str:
@@ -168,12 +158,9 @@ def render_capture(status: Status) -> str:
         value = f"{offsets['lsn']}: " if offsets["found"] else ""
         rows.append(("offsets", f"{where} {value}{offsets['meaning']}"))
     rows.append(("snapshot", status["snapshot"]["note"]))
-    incremental = status["snapshot"]["incremental"]
-    if incremental:
-        rows.append(("incremental snapshot",
-                     f"{', '.join(incremental['tables'])}: {incremental['current']} at key "
-                     f"{incremental['last_key'] or '(start)'} of {incremental['max_key'] or '?'}"
-                     f"{' (paused)' if incremental['paused'] else ''}"))
+    running = status["snapshot"]["incremental"]
+    if running:
+        rows.append(incremental_row(running))
     title = f"capture slot {status['slot']['name']} (database {status['server']['database']})"
     return render(title, rows, status)
 

@@ -17,7 +17,15 @@ from tidemark.errors import ConfigError
 from tidemark.offsets.store import decode_json_object
 from tidemark.source.mariadb import client
 from tidemark.source.mariadb.position import BinlogPosition
-from tidemark.status.report import Status, human_bytes, render, table
+from tidemark.source.snapshot_progress import OFFSET_KEY
+from tidemark.status.report import (
+    Status,
+    human_bytes,
+    incremental,
+    incremental_row,
+    render,
+    table,
+)
 
 
 def _server(dsn: str) -> tuple[dict[str, Any], list[str]]:
@@ -64,7 +72,7 @@ def capture_status(dsn: str, offsets_file: str | None) -> Status:
     if offsets_file is not None:
         path = Path(offsets_file)
         offsets = {"file": str(path), "exists": path.exists(), "found": False,
-                   "position": None, "gtids": None}
+                   "position": None, "gtids": None, "incremental_snapshot": None}
         if path.exists():
             saved = decode_json_object(path.read_bytes(), str(path))
             entries = [v for k, v in saved.items()
@@ -75,8 +83,10 @@ def capture_status(dsn: str, offsets_file: str | None) -> Status:
                 except ConfigError as err:
                     problems.append(str(err))
                 else:
+                    state = entries[0].get(OFFSET_KEY)
                     offsets.update(found=True, position=f"{position.file}:{position.pos}",
-                                   gtids=position.gtids)
+                                   gtids=position.gtids, incremental_snapshot=incremental(
+                                       state if isinstance(state, dict) else None))
             else:
                 warnings.append(f"{path} holds no offset of a capture of this server: the "
                                 "next capture starts with a snapshot (snapshot_mode)")
@@ -146,6 +156,8 @@ def render_capture(status: Status) -> str:
     if offsets is not None:
         where = offsets["position"] or "no offset of this server"
         rows.append(("offsets", f"{offsets['file']}: {where}"))
+        if offsets["incremental_snapshot"]:
+            rows.append(incremental_row(offsets["incremental_snapshot"]))
     return render("MariaDB capture", rows, status)
 
 

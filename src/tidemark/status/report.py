@@ -186,3 +186,23 @@ def table(header: Sequence[str], rows: Sequence[Sequence[str]]) -> list[str]:
     return ["  " + "  ".join(str(cell).ljust(width)
                              for cell, width in zip(line, widths, strict=True)).rstrip()
             for line in (header, *rows)]
+
+
+def incremental(state: dict[str, Any] | None) -> dict[str, Any] | None:
+    """An incremental snapshot in progress, as the saved offset has it: the tables left,
+    and how far the current one is (its last key sent of its maximum key)."""
+    if not state or not state.get("tables"):
+        return None
+    tables = [t for t in state["tables"] if isinstance(t, dict)]
+    current = tables[0] if tables else {}
+    return {"tables": [t.get("table") for t in tables], "paused": bool(state.get("paused")),
+            "current": current.get("table"), "last_key": current.get("last_key"),
+            "max_key": current.get("max_key")}
+
+
+def incremental_row(running: dict[str, Any]) -> tuple[str, str]:
+    """The status line of an incremental snapshot in progress."""
+    return ("incremental snapshot",
+            f"{', '.join(running['tables'])}: {running['current']} at key "
+            f"{running['last_key'] or '(start)'} of {running['max_key'] or '?'}"
+            f"{' (paused)' if running['paused'] else ''}")

@@ -63,7 +63,10 @@ class MariaDbSourceConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unkn
     signal_table: str | None = None
     """``database.table`` of Debezium's signal table (``id varchar(42) PRIMARY KEY, type
     varchar(32), data varchar(2048)``): an insert there is a signal, read from the
-    binlog; ``execute-snapshot`` re-reads whole tables (Debezium's blocking snapshot)."""
+    binlog; ``execute-snapshot`` re-reads tables chunk by chunk while the stream goes on
+    (an incremental snapshot)."""
+    incremental_snapshot_chunk_size: int = 1024
+    """Rows per chunk of an incremental snapshot (one consistent read each)."""
 
     def __post_init__(self) -> None:
         parse_url(self.dsn)
@@ -76,7 +79,8 @@ class MariaDbSourceConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unkn
                                       f"{err}") from None
         if not 0 <= self.server_id < 2**32:
             raise ConfigError("server_id", f"must be in 0..4294967295, got {self.server_id}")
-        for key in ("max_batch_events", "snapshot_fetch_size", "reconnect_backoff_ms"):
+        for key in ("max_batch_events", "snapshot_fetch_size", "reconnect_backoff_ms",
+                    "incremental_snapshot_chunk_size"):
             if getattr(self, key) <= 0:
                 raise ConfigError(key, f"must be > 0, got {getattr(self, key)}")
         if self.signal_table is not None and not _QUALIFIED.fullmatch(self.signal_table):

@@ -20,12 +20,12 @@ import logging
 import queue
 import threading
 from collections.abc import Iterator
-from typing import Any, Final
+from typing import Any, Final, NamedTuple
 
 import pymysql.err
 
 from tidemark.errors import SourceError, SourceUnavailableError, TransientError
-from tidemark.event import ChangeEvent, Op, Record, SnapshotMarker, TableId
+from tidemark.event import ChangeEvent, Op, Record, TableId
 from tidemark.offsets.store import Offset, OffsetReader
 from tidemark.retry import retry_transient
 from tidemark.source.batch import SourceBatch
@@ -34,8 +34,10 @@ from tidemark.source.mariadb import client
 from tidemark.source.mariadb import snapshot as snap
 from tidemark.source.mariadb.change_builder import ChangeBuilder
 from tidemark.source.mariadb.config import MariaDbSourceConfig, SnapshotMode
+from tidemark.source.mariadb.incremental_snapshot import ChunkedSnapshots
 from tidemark.source.mariadb.position import BinlogPosition
-from tidemark.source.signals import ExecuteSnapshot, LogSignal, SignalError, parse_signal
+from tidemark.source.signals import SignalError, parse_signal
+from tidemark.source.snapshot_progress import OFFSET_KEY
 
 log = logging.getLogger(__name__)
 
@@ -43,6 +45,19 @@ _QUEUE_TRANSACTIONS: Final = 256
 _POLL_WAIT_S: Final = 0.5
 _MAX_BACKOFF_S: Final = 30.0
 _END: Final = object()  # the stream ended (a bounded capture reached the log's end)
+
+
+class _Queued(NamedTuple):
+    """What the reader thread hands to :meth:`MariaDbConnector.poll`: a whole
+    transaction's records (or a snapshot chunk's reads), the position after them, and
+    the incremental snapshot's state there."""
+
+    records: list[Record]
+    position: BinlogPosition | None
+    """None for the rows of an initial snapshot (the stream's first batch has it)."""
+    commit_us: int | None
+    snapshot: dict[str, Any] | None
+    reads: bool = False
 
 
 
@@ -61,6 +76,7 @@ class MariaDbConnector:
         self._captured = config.table_filter()
         self._signal_table = TableId.parse(config.signal_table) \
             if config.signal_table is not None else None
+        self._snapshots = self._chunked_snapshots(None)
 
     @property
     def partition(self) -> str:
@@ -105,6 +121,13 @@ class MariaDbConnector:
             self._batches = self._snapshot_then_stream(stop_at_end, False)
         elif position is not None:
             log.info("resuming MariaDB capture at %s", position)
+            assert offset is not None
+            state = offset.get(OFFSET_KEY)
+            self._snapshots = self._chunked_snapshots(state if isinstance(state, dict)
+                                                      else None)
+            if self._snapshots.active:
+                log.info("continuing the incremental snapshot of %s",
+                         ", ".join(str(t.table) for t in self._snapshots.queue))
             self._batches = self._stream_from(position, stop_at_end)
         elif cfg.snapshot_mode in (SnapshotMode.INITIAL, SnapshotMode.INITIAL_ONLY,
                                    SnapshotMode.WHEN_NEEDED):
@@ -113,6 +136,12 @@ class MariaDbConnector:
         else:
             log.info("starting MariaDB capture at the binlog's end, %s", current)
             self._batches = self._stream_from(current, stop_at_end)
+
+    def _chunked_snapshots(self, state: dict[str, Any] | None) -> ChunkedSnapshots:
+        return ChunkedSnapshots(
+            connect=lambda: client.connect(self._settings, conv=client.RAW_VALUES),
+            captured=self._captured, chunk_size=self.config.incremental_snapshot_chunk_size,
+            name=self.config.topic_prefix, state=state)
 
     def poll(self) -> SourceBatch:
         """The next batch (possibly empty when the server is idle; returns within about
@@ -144,6 +173,7 @@ class MariaDbConnector:
                 while True:  # unblock a reader waiting for queue space
                     self._queue.get_nowait()
             reader.join(timeout=10)
+        self._snapshots.close()
         self.stats.connected = False
 
     # -- snapshot ----------------------------------------------------------------------
@@ -184,7 +214,7 @@ class MariaDbConnector:
         # Where the stream starts is already a position to resume from: a capture that
         # starts at the log's end (no snapshot) and is restarted before any change must
         # not take a snapshot, nor miss what was written in between.
-        yield SourceBatch([], {"binlog": position.to_offset()})
+        yield SourceBatch([], self._offset(position, self._snapshots.state()))
         limit = self.config.max_batch_events
         while True:
             try:
@@ -202,15 +232,16 @@ class MariaDbConnector:
                     if records:
                         yield SourceBatch(records, offset)
                     raise item
-                transaction, position_after, commit_us = item
-                records += transaction
-                if position_after is None:  # a signalled snapshot's rows: no position
-                    self.stats.count_rows(transaction)
-                else:
-                    offset = {"binlog": position_after.to_offset()}
-                    if transaction:
-                        self.stats.saw_events(len(transaction), commit_us)
-                        self.stats.transactions_committed += 1
+                queued: _Queued = item
+                records += queued.records
+                if queued.reads:
+                    self.stats.count_rows([r for r in queued.records
+                                           if isinstance(r, ChangeEvent)])
+                elif queued.records:
+                    self.stats.saw_events(len(queued.records), queued.commit_us)
+                    self.stats.transactions_committed += 1
+                if queued.position is not None:
+                    offset = self._offset(queued.position, queued.snapshot)
                 if len(records) >= limit:
                     break
                 try:
@@ -218,6 +249,13 @@ class MariaDbConnector:
                 except queue.Empty:
                     break
             yield SourceBatch(records, offset)
+
+    @staticmethod
+    def _offset(position: BinlogPosition, snapshot: dict[str, Any] | None) -> Offset:
+        offset: Offset = {"binlog": position.to_offset()}
+        if snapshot is not None:
+            offset[OFFSET_KEY] = snapshot
+        return offset
 
     def _read(self, position: BinlogPosition, stop_at_end: bool) -> None:
         """The reader thread: dump, decode, queue whole transactions; reconnect on
@@ -263,6 +301,7 @@ class MariaDbConnector:
         """One dump from ``resume[0]``, which it moves past every queued transaction:
         a reconnect starts after the last whole one and decodes a partial one again."""
         signals = self._signal_table
+        snapshots = self._snapshots
         builder = ChangeBuilder(
             name=self.config.topic_prefix, position=resume[0],
             captured=self._captured if signals is None
@@ -281,14 +320,21 @@ class MariaDbConnector:
                 records = handle(event)
                 if records is not None:
                     if signals is not None:
-                        records = self._take_signals(records, signals, builder.position)
+                        records = self._take_signals(records, signals)
                     position = resume[0] = builder.position
-                    # A signalled snapshot's rows were queued first: the position after
-                    # the signal is saved only once they are out, so a crash during the
-                    # snapshot takes the signal (and the snapshot) again.
-                    self._put((records, position, builder.commit_us))
+                    self._put(_Queued(records, position, builder.commit_us,
+                                      snapshots.state() if snapshots.queue else None))
+                if snapshots.queue and not builder.in_transaction:
+                    # Between transactions: a chunk whose read view the stream has
+                    # reached goes out here, before any later transaction.
+                    self._hand_on_chunks(builder)
                 if self._stopping.is_set():
                     raise _Stopped
+            if snapshots.queue:  # a bounded capture: the chunks the log's end allows
+                self._hand_on_chunks(builder)
+                if snapshots.queue:
+                    log.info("the incremental snapshot goes on in the next capture (its "
+                             "state is in the offset)")
         except _Stopped:
             raise
         except Exception:
@@ -299,10 +345,18 @@ class MariaDbConnector:
             self.stats.connected = False
             stream.close()
 
-    def _take_signals(self, records: list[Record], table: TableId,
-                      position: BinlogPosition) -> list[Record]:
-        """*records* without the signal table's; an ``execute-snapshot`` among them
-        reads its tables now (a blocking snapshot) and queues their rows as reads."""
+    def _hand_on_chunks(self, builder: ChangeBuilder) -> None:
+        snapshots = self._snapshots
+        while (chunk := snapshots.due(builder.position_key)) is not None:
+            position = builder.position
+            reads = snapshots.emit(chunk, position)
+            self._put(_Queued(list(reads), position, None, snapshots.state(), reads=True))
+            if self._stopping.is_set():
+                raise _Stopped
+        self.stats.snapshot_running = snapshots.active and not snapshots.paused
+
+    def _take_signals(self, records: list[Record], table: TableId) -> list[Record]:
+        """*records* without the signal table's, whose inserts are signals."""
         kept: list[Record] = []
         for record in records:
             if not isinstance(record, ChangeEvent) or record.table != table:
@@ -317,34 +371,8 @@ class MariaDbConnector:
             except SignalError as err:
                 log.warning("signal skipped: %s", err)
                 continue
-            if isinstance(signal, LogSignal):
-                log.info("signal %s: %s", signal.id, signal.message)
-            elif not isinstance(signal, ExecuteSnapshot) or signal.additional_conditions \
-                    or signal.surrogate_key:
-                log.warning("signal %s skipped: a MariaDB capture takes execute-snapshot of "
-                            "whole tables (no additional-conditions or surrogate-key) and "
-                            "log signals", signal.id)
-            else:
-                tables = [t for t in signal.data_collections if self._captured(t)]
-                for skipped in set(signal.data_collections) - set(tables):
-                    log.warning("signal %s: table %s skipped: it is not captured",
-                                signal.id, skipped)
-                if tables:
-                    self._blocking_snapshot(signal.id, tables, position)
+            self._snapshots.on_signal(signal)
         return kept
-
-    def _blocking_snapshot(self, signal_id: str, tables: list[TableId],
-                           position: BinlogPosition) -> None:
-        log.info("signal %s: snapshot of %s", signal_id, ", ".join(map(str, tables)))
-        conn = client.connect(self._settings, conv=client.RAW_VALUES)
-        with contextlib.closing(conn):
-            snap.begin_snapshot(conn)
-            for events in snap.snapshot_events(
-                    conn, tables, position=position, name=self.config.topic_prefix,
-                    fetch_size=self.config.snapshot_fetch_size,
-                    marker=SnapshotMarker.INCREMENTAL):
-                self._put((list(events), None, None))
-            conn.commit()
 
     def _put(self, item: object) -> None:
         while not self._stopping.is_set():

@@ -55,7 +55,8 @@ _MEMBER: Final = re.compile(r"'((?:[^']|'')*)'")
 _INT64_MAX: Final = 2**63 - 1
 
 
-def _quote(name: str) -> str:
+def quote(name: str) -> str:
+    """*name* as a MariaDB identifier."""
     return "`" + name.replace("`", "``") + "`"
 
 
@@ -121,14 +122,19 @@ def primary_key(conn: pymysql.Connection[Any], table: TableId) -> tuple[str, ...
 
 def table_schema(conn: pymysql.Connection[Any], table: TableId) -> TableSchema:
     """The :class:`TableSchema` of *table*, as the stream's events carry it."""
-    columns = describe(conn, table)
+    return schema_of(table, describe(conn, table), primary_key(conn, table))
+
+
+def schema_of(table: TableId, columns: Sequence[TableColumn],
+              key_names: Sequence[str]) -> TableSchema:
+    """The :class:`TableSchema` of *table* with *columns* and primary key *key_names*."""
     names = [c.name for c in columns]
-    key = tuple(names.index(k) for k in primary_key(conn, table))
+    key = tuple(names.index(k) for k in key_names)
     return TableSchema(table, tuple(table_column(c, i in key) for i, c in enumerate(columns)),
                        key, "default")
 
 
-def _normalizer(column: TableColumn) -> Callable[[Any], WireValue]:
+def normalizer(column: TableColumn) -> Callable[[Any], WireValue]:
     """From a value of the text protocol (bytes for binary-charset fields, str for
     others) to the canonical text the binlog decoder gives for the same value."""
     kind = logical_type(column).kind
@@ -201,13 +207,13 @@ def snapshot_events(conn: pymysql.Connection[Any], tables: Sequence[TableId], *,
     for table in tables:
         schema = table_schema(conn, table)
         columns = describe(conn, table)
-        normalize = [_normalizer(c) for c in columns]
+        normalize = [normalizer(c) for c in columns]
         context = SourceContext(
             CONNECTOR, name, table.schema, ts_us, None, None, None, None, None,
             (("server_id", 0), ("gtid", None), ("file", position.file),
              ("pos", position.pos), ("row", 0), ("thread", None), ("query", None)))
-        select = "SELECT " + ", ".join(_quote(c.name) for c in columns) + \
-            f" FROM {_quote(table.schema)}.{_quote(table.table)}"
+        select = "SELECT " + ", ".join(quote(c.name) for c in columns) + \
+            f" FROM {quote(table.schema)}.{quote(table.table)}"
         cursor = conn.cursor(pymysql.cursors.SSCursor)
         table_first = True
         try:

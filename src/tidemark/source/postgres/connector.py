@@ -30,7 +30,6 @@ from tidemark.source.postgres import catalog, session, slot
 from tidemark.source.postgres import offset as pg_offset
 from tidemark.source.postgres.change_builder import ChangeEventBuilder
 from tidemark.source.postgres.config import PostgresSourceConfig, SnapshotMode
-from tidemark.source.postgres.incremental_snapshot import OFFSET_KEY as SNAPSHOT_OFFSET_KEY
 from tidemark.source.postgres.incremental_snapshot import (
     IncrementalSnapshot,
     signal_table_layout,
@@ -45,6 +44,7 @@ from tidemark.source.postgres.partial_transaction import (
 )
 from tidemark.source.postgres.pgoutput import lsn_to_str
 from tidemark.source.postgres.snapshot import begin_snapshot, snapshot_events
+from tidemark.source.snapshot_progress import OFFSET_KEY as SNAPSHOT_OFFSET_KEY
 
 if TYPE_CHECKING:
     from tidemark.source.postgres.replication import ReplicationStream

@@ -56,23 +56,17 @@ from tidemark.source.postgres.snapshot import register_text_types
 from tidemark.source.signals import (
     SIGNAL_TABLE_COLUMNS,
     ExecuteSnapshot,
-    LogSignal,
-    PauseSnapshot,
-    ResumeSnapshot,
-    Signal,
     SignalError,
-    StopSnapshot,
     parse_signal,
     quoted_name,
     signal_table_ddl,
 )
+from tidemark.source.snapshot_progress import SignalledSnapshots, TableProgress
 
 log = logging.getLogger(__name__)
 
 #: Prefix of the watermark messages; their content is ``open:<id>`` or ``close:<id>``.
 WATERMARK_PREFIX: Final = "tidemark-snapshot-window"
-#: The offset's key for the snapshot's state.
-OFFSET_KEY: Final = "incremental_snapshot"
 #: Windows read ahead of the stream: the next chunk's SELECT and marks need not wait for
 #: the previous chunk's closing mark to come back through the stream (its round trip
 #: was most of a chunk's time). In the stream the windows still come one after another,
@@ -90,36 +84,6 @@ Key = tuple[Any, ...]
 
 class SnapshotTableError(TidemarkError):
     """A table cannot be snapshotted (no key, not captured, gone): it is skipped."""
-
-
-@dataclasses.dataclass
-class TableProgress:
-    """Where the snapshot of one table stands (persisted in the offset)."""
-
-    table: TableId
-    max_key: list[str | None] | None = None
-    """The table's largest key when its snapshot began (None: not read yet / empty)."""
-    last_key: list[str | None] | None = None
-    """The largest key emitted so far (None: none yet)."""
-    read_key: list[str | None] | None = None
-    """The largest key read into a window so far (not saved: a restart reads on from
-    ``last_key``)."""
-    read_all: bool = False
-    """Every chunk up to ``max_key`` has been read into a window."""
-    condition: str | None = None
-    """Debezium's ``additional-conditions`` filter for this table (raw SQL, by design)."""
-    surrogate_key: str | None = None
-
-    def to_json(self) -> dict[str, Any]:
-        return {"table": str(self.table), "max_key": self.max_key, "last_key": self.last_key,
-                "condition": self.condition, "surrogate_key": self.surrogate_key}
-
-    @classmethod
-    def from_json(cls, value: dict[str, Any]) -> TableProgress:
-        last = value.get("last_key")
-        return cls(TableId.parse(str(value["table"])), value.get("max_key"), last,
-                   read_key=last, condition=value.get("condition"),
-                   surrogate_key=value.get("surrogate_key"))
 
 
 @dataclasses.dataclass
@@ -161,16 +125,16 @@ class Split:
     after: list[Message] | None
 
 
-class IncrementalSnapshot:
+class IncrementalSnapshot(SignalledSnapshots):
     """The incremental snapshots of one connector: signals in, watermarked chunks out."""
 
     def __init__(self, *, dsn_connect: Callable[[], psycopg2.extensions.connection],
                  captured: Sequence[TableId], keys: dict[TableId, tuple[str, ...]],
                  signal_table: TableId | None, chunk_size: int, topic_prefix: str,
                  database: str, state: dict[str, Any] | None = None) -> None:
+        super().__init__(set(captured).__contains__, state)
         self._connect = dsn_connect
         self._conn: psycopg2.extensions.connection | None = None
-        self._captured = set(captured)
         self._keys = keys
         self.signal_table = signal_table
         self._signal_prefix: bytes | None = None
@@ -178,35 +142,18 @@ class IncrementalSnapshot:
         self._chunk_size = chunk_size
         self._prefix = topic_prefix
         self._database = database
-        self.queue: list[TableProgress] = []
-        self.paused = False
         self.windows: list[Window] = []
         """Windows read and not closed yet, in the order of their marks."""
-        self.changed = False  # state changed since the last offset
         self._drop_commit = False  # the next message is a watermark's Commit to leave out
         self._table_cache: dict[TableId, tuple[TableSchema, int]] = {}
         self._retry_at = 0.0
         self._retry_delay = 0.5
-        if state:
-            self.queue = [TableProgress.from_json(t) for t in state.get("tables", [])]
-            self.paused = bool(state.get("paused", False))
 
     # -- state --------------------------------------------------------------------------
-    @property
-    def active(self) -> bool:
-        """A snapshot is queued or running (paused or not)."""
-        return bool(self.queue)
-
     @property
     def scanning(self) -> bool:
         """Messages must be looked at: a window is open, or signals may arrive."""
         return bool(self.windows) or self._signal_prefix is not None
-
-    def state(self) -> dict[str, Any] | None:
-        """The offset's ``incremental_snapshot`` value (None when nothing is queued)."""
-        if not self.queue:
-            return None
-        return {"tables": [t.to_json() for t in self.queue], "paused": self.paused}
 
     def open(self) -> None:
         """Look up the signal table (its Inserts are the signals)."""
@@ -236,45 +183,14 @@ class IncrementalSnapshot:
         return self._conn
 
     # -- signals ------------------------------------------------------------------------
-    def _on_signal(self, signal: Signal) -> None:
-        if isinstance(signal, ExecuteSnapshot):
-            queued = {t.table for t in self.queue}
-            for table in signal.data_collections:
-                if table not in self._captured:
-                    log.error("signal %s: table %s is not captured (captured: %s); skipped",
-                              signal.id, table, ", ".join(sorted(map(str, self._captured))))
-                    continue
-                key = self._keys.get(table)
-                if not key and signal.surrogate_key is None:
-                    log.error("signal %s: table %s has no primary key; give a "
-                              "surrogate-key to snapshot it incrementally; skipped",
-                              signal.id, table)
-                    continue
-                if table in queued:
-                    log.info("signal %s: table %s is already being snapshotted", signal.id,
-                             table)
-                    continue
-                self.queue.append(TableProgress(
-                    table, condition=signal.additional_conditions.get(table),
-                    surrogate_key=signal.surrogate_key))
-                queued.add(table)
-                log.info("signal %s: incremental snapshot of %s queued", signal.id, table)
-        elif isinstance(signal, StopSnapshot):
-            stop = set(signal.data_collections) or {t.table for t in self.queue}
-            self.queue = [t for t in self.queue if t.table not in stop]
-            # Their windows' marks, when they come, are ignored.
-            self.windows = [w for w in self.windows if w.schema.table not in stop]
-            log.info("signal %s: incremental snapshot stopped for %s", signal.id,
-                     ", ".join(sorted(map(str, stop))) or "nothing")
-        elif isinstance(signal, PauseSnapshot):
-            self.paused = True
-            log.info("signal %s: incremental snapshot paused", signal.id)
-        elif isinstance(signal, ResumeSnapshot):
-            self.paused = False
-            log.info("signal %s: incremental snapshot resumed", signal.id)
-        elif isinstance(signal, LogSignal):
-            log.info("signal %s: %s", signal.id, signal.message)
-        self.changed = True
+    def refusal(self, table: TableId, signal: ExecuteSnapshot) -> str | None:
+        if not self._keys.get(table) and signal.surrogate_key is None:
+            return "has no primary key; give a surrogate-key to snapshot it incrementally"
+        return None
+
+    def stopped(self, tables: set[TableId]) -> None:
+        # Their windows' marks, when they come, are ignored.
+        self.windows = [w for w in self.windows if w.schema.table not in tables]
 
     def _read_signal(self, payload: bytes) -> None:
         try:
@@ -289,7 +205,7 @@ class IncrementalSnapshot:
         except DecodeError as err:
             log.error("signal skipped: the signal table's row cannot be read: %s", err)
             return
-        self._on_signal(signal)
+        self.on_signal(signal)
 
     # -- windows ------------------------------------------------------------------------
     def split(self, messages: list[Message], context: SourceContext | None) -> Split:
