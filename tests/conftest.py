@@ -9,6 +9,7 @@ from __future__ import annotations
 import contextlib
 import itertools
 import os
+import subprocess
 import sys
 import time
 from collections.abc import Iterator
@@ -150,3 +151,14 @@ def spark() -> Iterator[SparkSession]:
     tidemark.spark.register(session)
     yield session
     session.stop()
+
+
+@pytest.fixture
+def kill_on_exit() -> Iterator[list[subprocess.Popen[bytes]]]:
+    """Processes a test started: killed at its end if still running."""
+    processes: list[subprocess.Popen[bytes]] = []
+    yield processes
+    for process in processes:
+        if process.poll() is None:
+            process.kill()
+        process.wait(timeout=30)

@@ -12,7 +12,6 @@ import signal
 import subprocess
 import sys
 import time
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -375,16 +374,6 @@ def _wait_for_offsets(offsets: Path, process: subprocess.Popen[bytes]) -> None:
 def _ids(lines: list[str]) -> list[int]:
     values = [json.loads(line)["value"] for line in lines if line]
     return [v["after"]["id"] for v in values if v is not None and v["after"] is not None]
-
-
-@pytest.fixture
-def kill_on_exit() -> Iterator[list[subprocess.Popen[bytes]]]:
-    processes: list[subprocess.Popen[bytes]] = []
-    yield processes
-    for process in processes:
-        if process.poll() is None:
-            process.kill()
-        process.wait(timeout=30)
 
 
 def test_sigkilled_capture_resumes_from_its_offsets_without_losing_a_row(

@@ -265,11 +265,10 @@ def capture(dsn: str, tables: tuple[str, ...], exclude: tuple[str, ...], slot: s
 
 #: Options that only the PostgreSQL connector has; given explicitly with a MariaDB
 #: URL they are an error, not silently ignored.
-_POSTGRES_ONLY = {"slot": "slot_name", "publication": "publication_name",
-                  "incremental_snapshot_chunk_size": "incremental_snapshot_chunk_size"}
+_POSTGRES_ONLY = {"slot": "slot_name", "publication": "publication_name"}
 _MARIADB_KEYS = ("dsn", "table_include_list", "table_exclude_list", "snapshot_mode",
                  "provide_transaction_metadata", "topic_prefix", "decimal_handling_mode",
-                 "heartbeat_interval_ms", "signal_table")
+                 "heartbeat_interval_ms", "signal_table", "incremental_snapshot_chunk_size")
 
 
 def _mariadb_config(values: dict[str, Any]) -> MariaDbSourceConfig:
