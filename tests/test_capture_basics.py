@@ -9,9 +9,14 @@ import sys
 import time
 from typing import Any
 
+import pytest
+
 from capture_helpers import as_json, drain, events, make_connector, stream_changes
 from conftest import Database
 from tidemark.event import UNAVAILABLE, Op, SnapshotMarker
+
+# Run on every PostgreSQL version CI tests (scripts/test.sh).
+pytestmark = pytest.mark.every_pg_version
 
 
 def test_every_op_type(db: Database) -> None:

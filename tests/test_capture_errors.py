@@ -28,6 +28,9 @@ from tidemark.source.postgres.connector import PostgresConnector
 from tidemark.testing.local_server import free_port
 from tidemark.testing.postgres import PostgresCluster
 
+# Run on every PostgreSQL version CI tests (scripts/test.sh).
+pytestmark = pytest.mark.every_pg_version
+
 _SECRET = "Sekr3t-pw-7f3a9c"
 
 

@@ -31,6 +31,9 @@ from tidemark.offsets.memory import MemoryOffsetStore
 from tidemark.source.postgres.pgoutput import lsn_to_str, str_to_lsn
 from tidemark.source.postgres.task import PostgresSourceConnector
 
+# Run on every PostgreSQL version CI tests (scripts/test.sh).
+pytestmark = pytest.mark.every_pg_version
+
 SLOT = "tidemark"
 # Far beyond any WAL a test cluster writes: another server's offset, or a typo.
 _AHEAD_BY = 1 << 36

@@ -16,7 +16,7 @@ import pytest
 
 from conftest import Database
 
-pytestmark = [pytest.mark.integration, pytest.mark.slow]
+pytestmark = [pytest.mark.integration, pytest.mark.slow, pytest.mark.every_pg_version]
 
 ROWS = 60_000
 

@@ -29,6 +29,9 @@ from tidemark.event import ChangeEvent, Op, SnapshotMarker
 from tidemark.source.postgres.connector import PostgresConnector
 from tidemark.testing.postgres import PostgresCluster
 
+# Run on every PostgreSQL version CI tests (scripts/test.sh).
+pytestmark = pytest.mark.every_pg_version
+
 SLOT = "tidemark"
 
 

@@ -22,6 +22,9 @@ from conftest import Database
 from tidemark.errors import SourceError
 from tidemark.event import Op, TableId
 
+# Run on every PostgreSQL version CI tests (scripts/test.sh).
+pytestmark = pytest.mark.every_pg_version
+
 _PASSWORD = "cdc-role-pw-41d2"
 
 

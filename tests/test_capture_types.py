@@ -28,6 +28,9 @@ from tidemark.serde.modes import DecimalHandlingMode, TimePrecisionMode
 from tidemark.source.postgres.types import Interval
 from tidemark.testing.postgres import PostgresCluster
 
+# Run on every PostgreSQL version CI tests (scripts/test.sh).
+pytestmark = pytest.mark.every_pg_version
+
 UTC = dt.UTC
 PLUS_2 = dt.timezone(dt.timedelta(hours=2))
 UNCHECKED = object()  # a cell the reference leaves open, or that a dedicated test checks

@@ -14,7 +14,7 @@ from conftest import Database
 from tidemark.event import TableId
 from tidemark.source.postgres.column_defaults import existing_row_values
 
-pytestmark = pytest.mark.integration
+pytestmark = [pytest.mark.integration, pytest.mark.every_pg_version]
 
 
 def _values(db: Database, columns: list[str]) -> dict[str, object]:

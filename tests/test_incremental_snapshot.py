@@ -25,7 +25,7 @@ from tidemark.event import ChangeEvent, Op, SnapshotMarker
 from tidemark.source.postgres import incremental_snapshot
 from tidemark.source.postgres.connector import PostgresConnector
 
-pytestmark = pytest.mark.integration
+pytestmark = [pytest.mark.integration, pytest.mark.every_pg_version]
 
 SIGNALS = "public.dbz_signal"
 

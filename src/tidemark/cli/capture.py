@@ -82,6 +82,11 @@ def _first_events(records: list[Record], lines: list[str], remaining: int
 @click.option("--exclude-table", "exclude", multiple=True, help="Regex of tables to skip.")
 @click.option("--slot", default="tidemark", show_default=True, help="Replication slot.")
 @click.option("--publication", default="tidemark_publication", show_default=True)
+@click.option("--on-slot-lost", type=click.Choice(["fail", "resnapshot"]), default="fail",
+              show_default=True,
+              help="The slot the offsets need is gone or invalidated: fail with an error "
+                   "naming it, or create a new slot and re-read every table with an "
+                   "incremental snapshot.")
 @click.option("--snapshot-mode", type=click.Choice([m.value for m in SnapshotMode]),
               default=SnapshotMode.INITIAL.value, show_default=True)
 @click.option("--offsets", type=click.Path(dir_okay=False),
@@ -115,7 +120,8 @@ def _first_events(records: list[Record], lines: list[str], remaining: int
               help="Serve Prometheus metrics on this port (/metrics), with Debezium's "
                    "metric names.")
 def capture(dsn: str, tables: tuple[str, ...], exclude: tuple[str, ...], slot: str,
-            publication: str, snapshot_mode: str, offsets: str | None, stop_at_end: bool,
+            publication: str, on_slot_lost: str, snapshot_mode: str, offsets: str | None,
+            stop_at_end: bool,
             max_events: int | None, transaction_metadata: bool, tombstones: bool,
             topic_prefix: str, decimal_handling_mode: str, time_precision_mode: str,
             heartbeat_interval_ms: int, offset_flush_interval_ms: int,
@@ -131,6 +137,7 @@ def capture(dsn: str, tables: tuple[str, ...], exclude: tuple[str, ...], slot: s
     values: dict[str, Any] = {
         "dsn": dsn, "table_include_list": list(tables), "table_exclude_list": list(exclude),
         "slot_name": slot, "publication_name": publication, "snapshot_mode": snapshot_mode,
+        "on_slot_lost": on_slot_lost,
         "provide_transaction_metadata": transaction_metadata, "topic_prefix": topic_prefix,
         "decimal_handling_mode": decimal_handling_mode,
         "time_precision_mode": time_precision_mode,
@@ -265,7 +272,8 @@ def capture(dsn: str, tables: tuple[str, ...], exclude: tuple[str, ...], slot: s
 
 #: Options that only the PostgreSQL connector has; given explicitly with a MariaDB
 #: URL they are an error, not silently ignored.
-_POSTGRES_ONLY = {"slot": "slot_name", "publication": "publication_name"}
+_POSTGRES_ONLY = {"slot": "slot_name", "publication": "publication_name",
+                  "on_slot_lost": "on_slot_lost"}
 _MARIADB_KEYS = ("dsn", "table_include_list", "table_exclude_list", "snapshot_mode",
                  "provide_transaction_metadata", "topic_prefix", "decimal_handling_mode",
                  "heartbeat_interval_ms", "signal_table", "incremental_snapshot_chunk_size")

@@ -76,6 +76,8 @@ class SourceSection(msgspec.Struct, frozen=True):
     """Snapshot chunks per micro-batch (default: 2 per partition)."""
     signal_table: str | None = None
     """Debezium's signal table: ``execute-snapshot`` reloads the targets it names."""
+    slot_failover: bool | None = msgspec.field(default=None, name="slotFailover")
+    """Create the slot as a failover slot (PostgreSQL 17+); default: where supported."""
 
 
 class SparkSection(msgspec.Struct, frozen=True):

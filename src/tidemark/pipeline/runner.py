@@ -172,6 +172,8 @@ class Pipeline:
         options: dict[str, Any] = {"snapshotChunkRows": source.snapshot_chunk_rows}
         if source.signal_table is not None:
             options["signalTable"] = source.signal_table
+        if source.slot_failover is not None:
+            options["slotFailover"] = str(source.slot_failover).lower()
         wanted = [t.table for t in self.config.targets if t.snapshot is SnapshotMode.INITIAL]
         if wanted:
             options.update(snapshot=SnapshotMode.INITIAL.value,

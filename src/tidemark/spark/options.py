@@ -75,11 +75,12 @@ SNAPSHOT_TABLES: Final = "snapshotTables"
 SNAPSHOT_CHUNK_ROWS: Final = "snapshotChunkRows"
 SNAPSHOT_CHUNKS_PER_TRIGGER: Final = "snapshotChunksPerTrigger"
 SIGNAL_TABLE: Final = "signalTable"
+SLOT_FAILOVER: Final = "slotFailover"
 
 ALLOWED: Final = (DSN, TABLES, TABLE, SLOT, PUBLICATION, MAX_CHANGES_PER_TRIGGER,
                   NUM_PARTITIONS, ON_SCHEMA_CHANGE, ARROW_BATCH_ROWS, ROW_FORMAT,
                   SERVER_TIMEOUT_MS, SNAPSHOT, SNAPSHOT_TABLES, SNAPSHOT_CHUNK_ROWS,
-                  SNAPSHOT_CHUNKS_PER_TRIGGER, SIGNAL_TABLE)
+                  SNAPSHOT_CHUNKS_PER_TRIGGER, SIGNAL_TABLE, SLOT_FAILOVER)
 _BY_LOWER: Final = {name.lower(): name for name in ALLOWED}
 _TABLE_NAME: Final = re.compile(r"[^.\s]+\.[^.\s]+|[^.\s]+")
 
@@ -139,6 +140,9 @@ class SourceOptions:
     signal_table: TableId | None = None
     """Debezium's signal table: an ``execute-snapshot`` row inserted there reloads the
     tables it names (see :mod:`tidemark.spark.signals`)."""
+    slot_failover: bool | None = None
+    """Create the slot as a failover slot (PostgreSQL 17+; ``slotFailover``). None: where
+    the server supports it."""
 
     @classmethod
     def parse(cls, raw: Mapping[str, str], *, default_partitions: int = 1) -> SourceOptions:
@@ -217,6 +221,7 @@ class SourceOptions:
                 _positive_int(values, SNAPSHOT_CHUNKS_PER_TRIGGER)
                 if SNAPSHOT_CHUNKS_PER_TRIGGER in values
                 else SNAPSHOT_CHUNKS_PER_PARTITION * num_partitions),
+            slot_failover=_bool(values, SLOT_FAILOVER),
         )
 
     def redacted_dsn(self) -> str:
@@ -257,6 +262,15 @@ def _positive_int(values: Mapping[str, str], key: str) -> int:
     if number <= 0:
         raise ConfigError(key, f"must be > 0, got {number}")
     return number
+
+
+def _bool(values: Mapping[str, str], key: str) -> bool | None:
+    if key not in values:
+        return None
+    text = values[key].strip().lower()
+    if text not in ("true", "false"):
+        raise ConfigError(key, f"{values[key]!r} is not allowed; choose true or false")
+    return text == "true"
 
 
 E = TypeVar("E", bound=StrEnum)

@@ -132,7 +132,8 @@ class TidemarkStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
 
     def initialOffset(self) -> dict[str, str]:  # noqa: N802 - pyspark API name
         """A new query starts where the slot is, creating the slot if missing."""
-        position = wal.ensure_slot(self._connection(), self.options.slot)
+        position = wal.ensure_slot(self._connection(), self.options.slot,
+                                       self.options.slot_failover)
         log.info("slot %s starts at %s", self.options.slot, lsn_to_str(position))
         # No table is known yet: the first batch decides which ones get a snapshot.
         return SourceOffset(position, known=()).to_json()

@@ -25,7 +25,7 @@ from typing import Any, Final
 
 import psycopg
 
-from tidemark.errors import SourceError, TerminalError
+from tidemark.errors import ConfigError, SourceError, TerminalError
 from tidemark.source.postgres.pgoutput import lsn_to_str
 from tidemark.source.postgres.session import (
     classify_connect_message,
@@ -151,13 +151,25 @@ def slot_position(conn: psycopg.Connection[Any], slot: str) -> int:
     return int(position)
 
 
-def ensure_slot(conn: psycopg.Connection[Any], slot: str) -> int:
-    """Create the logical slot if missing; returns its position (``confirmed_flush_lsn``)."""
+def ensure_slot(conn: psycopg.Connection[Any], slot: str, failover: bool | None = None) -> int:
+    """Create the logical slot if missing; returns its position (``confirmed_flush_lsn``).
+
+    *failover*: a failover slot (PostgreSQL 17+), which standbys synchronise; None makes
+    one where the server can."""
     exists = conn.execute("SELECT 1 FROM pg_replication_slots WHERE slot_name = %s",
                           (slot,)).fetchone()
     if exists is None:
+        version = conn.info.server_version
+        if failover and version < 170000:
+            raise ConfigError("slotFailover", "failover slots need PostgreSQL 17 or later; "
+                              f"this server is {version // 10000}: set it to false")
         try:
-            conn.execute("SELECT pg_create_logical_replication_slot(%s, 'pgoutput')", (slot,))
+            if failover is not False and version >= 170000:
+                conn.execute("SELECT pg_create_logical_replication_slot(%s, 'pgoutput', "
+                             "false, false, true)", (slot,))
+            else:
+                conn.execute("SELECT pg_create_logical_replication_slot(%s, 'pgoutput')",
+                             (slot,))
             log.info("created replication slot %s", slot)
         except psycopg.errors.DuplicateObject:
             pass  # created concurrently by another query start; validated below

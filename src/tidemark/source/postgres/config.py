@@ -32,6 +32,13 @@ class SnapshotMode(StrEnum):
     WHEN_NEEDED = "when_needed"  # like initial, and again if the offset is unusable
 
 
+class SlotLostAction(StrEnum):
+    """What capture does when the slot its offset needs is gone or invalidated."""
+
+    FAIL = "fail"  # stop with an error that names the slot and what was lost
+    RESNAPSHOT = "resnapshot"  # new slot, then an incremental snapshot of every table
+
+
 _IDENTIFIER = re.compile(r"[a-z_][a-z0-9_]{0,62}")
 _QUALIFIED_NAME = re.compile(r"[a-z_][a-z0-9_]{0,62}\.[a-z_][a-z0-9_]{0,62}")
 
@@ -84,6 +91,18 @@ class PostgresSourceConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unk
     snapshot_fetch_size: int = 10_000
     """Rows fetched per round trip while snapshotting."""
     drop_slot_on_stop: bool = False
+    slot_failover: bool | None = None
+    """Create the slot as a failover slot (PostgreSQL 17+), which a standby with
+    ``sync_replication_slots = on`` keeps in step, so capture goes on after the standby
+    is promoted. None (the default): on where the server supports it; true on an older
+    server is an error."""
+    on_slot_lost: SlotLostAction = SlotLostAction.FAIL
+    """The slot the offset needs is gone (a failover to a standby without it, a drop) or
+    invalidated (its WAL exceeded ``max_slot_wal_keep_size``): ``fail`` stops with an
+    error naming the slot and the position since which changes are lost; ``resnapshot``
+    creates a new slot and re-reads every captured table with an incremental snapshot
+    while the stream goes on, so a target is repaired without a full reload (rows
+    deleted while the slot was gone are not in the snapshot: see the docs)."""
     signal_table: str | None = None
     """``schema.table`` of Debezium's signal table (``id varchar(42) PRIMARY KEY, type
     varchar(32), data varchar(2048)``): an Insert there is a signal (``execute-snapshot``

@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING, Any, TypeVar
 
 import psycopg2
 
-from tidemark.errors import SourceError, SourceUnavailableError, TransientError
+from tidemark.errors import ConfigError, SourceError, SourceUnavailableError, TransientError
 from tidemark.event import Record, TableId
 from tidemark.offsets.store import Offset, OffsetReader
 from tidemark.retry import retry_transient
@@ -29,7 +29,7 @@ from tidemark.source.capture_stats import CaptureStats
 from tidemark.source.postgres import catalog, session, slot
 from tidemark.source.postgres import offset as pg_offset
 from tidemark.source.postgres.change_builder import ChangeEventBuilder
-from tidemark.source.postgres.config import PostgresSourceConfig, SnapshotMode
+from tidemark.source.postgres.config import PostgresSourceConfig, SlotLostAction, SnapshotMode
 from tidemark.source.postgres.incremental_snapshot import (
     IncrementalSnapshot,
     signal_table_layout,
@@ -43,6 +43,7 @@ from tidemark.source.postgres.partial_transaction import (
     partial_of,
 )
 from tidemark.source.postgres.pgoutput import lsn_to_str
+from tidemark.source.postgres.slot import SlotLostError
 from tidemark.source.postgres.snapshot import begin_snapshot, snapshot_events
 from tidemark.source.snapshot_progress import OFFSET_KEY as SNAPSHOT_OFFSET_KEY
 
@@ -134,6 +135,10 @@ class PostgresConnector:
         conn = self._catalog_conn = session.connect(cfg.dsn)
         catalog.check_wal_level(conn)
         catalog.check_replication_privilege(conn)
+        if cfg.slot_failover and conn.server_version < 170000:
+            raise ConfigError("slot_failover", "failover slots need PostgreSQL 17 or later; "
+                              f"this server is {conn.server_version // 10000}: set "
+                              "slot_failover = false")
         self.database = catalog.current_database(conn)
         where = "the offset given to start()"
         if offset is None and store is not None:
@@ -318,20 +323,43 @@ class PostgresConnector:
         stream = ReplicationStream(cfg.dsn, cfg.slot_name, cfg.publication_name,
                                    status_interval_s=cfg.status_interval_ms / 1000,
                                    receive_timeout_s=cfg.wal_receive_timeout_ms / 1000)
+        if existing is not None and existing.invalidation is not None and offset:
+            existing = self._lost_slot(existing, start_lsn)
         if existing is None:
+            resnapshot = False
             if offset and completed:
-                if mode != SnapshotMode.WHEN_NEEDED:
-                    raise SourceError(
+                if mode == SnapshotMode.WHEN_NEEDED:
+                    log.warning("slot %s is missing: taking a new snapshot (when_needed)",
+                                cfg.slot_name)
+                elif cfg.on_slot_lost == SlotLostAction.RESNAPSHOT:
+                    resnapshot = True
+                else:
+                    raise SlotLostError(
                         f"replication slot {cfg.slot_name!r} is gone but the offsets say "
-                        f"capture had reached {lsn_to_str(start_lsn)}: changes since then "
-                        "are lost; use snapshot_mode=when_needed to re-snapshot, or reset "
-                        "the offsets"
-                    )
-                log.warning("slot %s is missing: taking a new snapshot (when_needed)",
-                            cfg.slot_name)
+                        f"capture had reached {lsn_to_str(start_lsn)}: the changes since "
+                        "then are lost to capture (the slot was dropped, or the server is "
+                        "a promoted standby that did not have it). Recover with "
+                        "on_slot_lost = \"resnapshot\" (a new slot, then an incremental "
+                        "snapshot of every captured table while the stream goes on), "
+                        "snapshot_mode = \"when_needed\" (a new full snapshot), or reset "
+                        "the offsets")
             stream.connect()
-            consistent, snapshot_name = stream.create_slot()
+            consistent, snapshot_name = stream.create_slot(failover=cfg.slot_failover)
             log.info("created replication slot %s at %s", cfg.slot_name, lsn_to_str(consistent))
+            if resnapshot:
+                stream.close()
+                state = {"tables": [{"table": str(t)} for t in self.tables if self._keys.get(t)],
+                         "paused": False}
+                self._committed = {**(offset or {}), SNAPSHOT_OFFSET_KEY: state}
+                log.warning("replication slot %s was lost after %s: a new one streams from "
+                            "%s, and every captured table with a key is re-read by an "
+                            "incremental snapshot (on_slot_lost=resnapshot)", cfg.slot_name,
+                            lsn_to_str(start_lsn), lsn_to_str(consistent))
+                yield SourceBatch([], {"lsn": consistent, "snapshot_completed": True,
+                                       SNAPSHOT_OFFSET_KEY: state})
+                self._stream = stream
+                yield from self._stream_changes(stream, consistent, consistent)
+                return
             start_lsn = consistent
             if mode == SnapshotMode.NO_DATA:
                 stream.close()
@@ -364,6 +392,30 @@ class PostgresConnector:
             start_lsn = max(start_lsn, slot_lsn)
         self._stream = stream
         yield from self._stream_changes(stream, start_lsn, last_commit)
+
+    def _lost_slot(self, existing: slot.SlotInfo, start_lsn: int) -> slot.SlotInfo | None:
+        """*existing* was invalidated by the server: an error that says what was lost,
+        or (``on_slot_lost = "resnapshot"``) None once the slot is dropped."""
+        cfg = self.config
+        why = {"wal_removed": "its WAL was removed (it exceeded max_slot_wal_keep_size)",
+               "rows_removed": "catalog rows it needed were removed (a standby's slot "
+                               "conflicting with recovery)",
+               "idle_timeout": "it was idle longer than idle_replication_slot_timeout",
+               "wal_level_insufficient": "wal_level is below logical on the primary"
+               }.get(existing.invalidation or "", existing.invalidation or "")
+        if cfg.on_slot_lost != SlotLostAction.RESNAPSHOT:
+            raise SlotLostError(
+                f"replication slot {cfg.slot_name!r} was invalidated by the server: {why}. "
+                f"Capture had reached {lsn_to_str(start_lsn)}; the changes since then are "
+                "lost to the slot. Recover with on_slot_lost = \"resnapshot\" (the slot is "
+                "dropped and created again, then every captured table is re-read by an "
+                "incremental snapshot while the stream goes on), or drop the slot "
+                f"(SELECT pg_drop_replication_slot('{cfg.slot_name}')) and restart with "
+                "snapshot_mode = \"when_needed\" for a full snapshot")
+        log.warning("replication slot %s was invalidated (%s): dropping it", cfg.slot_name,
+                    why)
+        self._catalog(lambda c: slot.drop_slot(c, cfg.slot_name))
+        return None
 
     def _dropping_slot_on_failure(self, stream: ReplicationStream,
                                   batches: Iterator[SourceBatch]) -> Iterator[SourceBatch]:

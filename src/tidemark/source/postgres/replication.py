@@ -27,14 +27,14 @@ import psycopg
 from psycopg import pq
 from psycopg.conninfo import conninfo_to_dict, make_conninfo
 
-from tidemark.errors import SourceError, SourceUnavailableError
+from tidemark.errors import ConfigError, SourceError, SourceUnavailableError
 from tidemark.source.postgres.pgoutput import PG_EPOCH_OFFSET_US, lsn_to_str, str_to_lsn
 from tidemark.source.postgres.session import (
     classify_connect_message,
     keepalive_params,
     session_options,
 )
-from tidemark.source.postgres.slot import SlotInUseError
+from tidemark.source.postgres.slot import SlotInUseError, SlotLostError
 
 log = logging.getLogger(__name__)
 
@@ -99,19 +99,27 @@ class ReplicationStream:
             raise SourceUnavailableError("the replication connection is closed")
         return self._conn
 
-    def create_slot(self, *, temporary: bool = False) -> tuple[int, str]:
+    def create_slot(self, *, temporary: bool = False,
+                    failover: bool | None = None) -> tuple[int, str]:
         """Create the slot, exporting its snapshot; returns (consistent LSN, snapshot name).
 
         The snapshot stays importable (``SET TRANSACTION SNAPSHOT``) until this
         connection runs another command, so import it before :meth:`start`. A
-        *temporary* slot disappears with the connection.
+        *temporary* slot disappears with the connection. *failover*: a failover slot
+        (PostgreSQL 17+) that standbys synchronise; None makes one where the server can.
         """
         conn = self._require()
+        version = conn.server_version
+        if failover and version < 170000:
+            raise ConfigError("slot_failover", f"failover slots need PostgreSQL 17 or later; "
+                              f"this server is {version // 10000}: set slot_failover = false")
+        options = ["SNAPSHOT 'export'"]
+        if failover is not False and not temporary and version >= 170000:
+            options.append("FAILOVER true")
         # The slot name was validated as a plain identifier by the config.
         kind = "TEMPORARY LOGICAL" if temporary else "LOGICAL"
-        result = self._exec(
-            conn, f'CREATE_REPLICATION_SLOT "{self._slot}" {kind} pgoutput EXPORT_SNAPSHOT'
-        )
+        result = self._exec(conn, f'CREATE_REPLICATION_SLOT "{self._slot}" {kind} pgoutput '
+                                  f"({', '.join(options)})")
         if result.status != pq.ExecStatus.TUPLES_OK:
             message = _result_error(result)
             if "already exists" in message:
@@ -140,7 +148,8 @@ class ReplicationStream:
                     f"replication slot {self._slot!r} is active in another process: {message}"
                 )
             if sqlstate and not sqlstate.startswith(("08", "57")):
-                raise SourceError(f"cannot stream from slot {self._slot!r}: {message}")
+                raise _slot_error(self._slot, f"cannot stream from slot {self._slot!r}: "
+                                              f"{message}")
             raise SourceUnavailableError(f"replication connection failed: {message}")
         conn.nonblocking = 1
         self._streaming = True
@@ -232,7 +241,7 @@ class ReplicationStream:
             message = _result_error(result)
             sqlstate = (result.error_field(pq.DiagnosticField.SQLSTATE) or b"").decode()
             if sqlstate and not sqlstate.startswith(("08", "57")):
-                return SourceError(f"replication stream failed: {message}")
+                return _slot_error(self._slot, f"replication stream failed: {message}")
         return SourceUnavailableError(f"replication stream broke: {message.strip()}")
 
     @property
@@ -296,6 +305,18 @@ class ReplicationStream:
             self._conn = None
             self._streaming = False
             conn.finish()
+
+
+def _slot_error(slot: str, message: str) -> SourceError:
+    """A server error about the stream; a slot the server invalidated says how to
+    recover."""
+    if "can no longer get changes" in message or "has been invalidated" in message:
+        return SlotLostError(
+            f"{message}: replication slot {slot!r} was invalidated by the server, and the "
+            "changes it held are lost to capture. Restart capture with on_slot_lost = "
+            "\"resnapshot\" (a new slot, then an incremental snapshot of every captured "
+            "table), or drop the slot and restart with snapshot_mode = \"when_needed\"")
+    return SourceError(message)
 
 
 def _result_error(result: pq.abc.PGresult) -> str:

@@ -28,29 +28,43 @@ class SlotInUseError(TransientError):
     """The replication slot is held by another process (which may be going away)."""
 
 
+class SlotLostError(SourceError):
+    """The slot the offsets need is gone or was invalidated: changes since the offset
+    cannot be streamed any more (the message says how to recover)."""
+
+
 class SlotInfo:
     """What the server reports about a slot."""
 
-    __slots__ = ("active_pid", "confirmed_flush_lsn", "database", "name", "plugin",
-                 "restart_lsn")
+    __slots__ = ("active_pid", "confirmed_flush_lsn", "database", "invalidation", "name",
+                 "plugin", "restart_lsn")
 
     def __init__(self, name: str, plugin: str, database: str, active_pid: int | None,
-                 confirmed_flush_lsn: int | None, restart_lsn: int | None) -> None:
+                 confirmed_flush_lsn: int | None, restart_lsn: int | None,
+                 invalidation: str | None = None) -> None:
         self.name = name
         self.plugin = plugin
         self.database = database
         self.active_pid = active_pid
         self.confirmed_flush_lsn = confirmed_flush_lsn
         self.restart_lsn = restart_lsn
+        self.invalidation = invalidation
+        """Why the server invalidated the slot (None: it is usable): ``wal_removed``
+        (its WAL exceeded ``max_slot_wal_keep_size``), ``rows_removed`` (a standby's
+        slot lost its catalog rows), ``idle_timeout``, ``wal_level_insufficient``."""
 
 
 def get_slot(conn: psycopg2.extensions.connection, name: str) -> SlotInfo | None:
     """The slot called *name*, or None if it does not exist."""
     with cursor(conn) as cur:
         cur.execute(
+            # invalidation_reason (17+) and conflicting (16+) through to_jsonb: older
+            # servers have only wal_status, whose "lost" means wal_removed.
             "SELECT slot_name, plugin, database, active_pid, "
-            "(confirmed_flush_lsn - '0/0')::bigint, (restart_lsn - '0/0')::bigint "
-            "FROM pg_replication_slots WHERE slot_name = %s",
+            "(confirmed_flush_lsn - '0/0')::bigint, (restart_lsn - '0/0')::bigint, "
+            "COALESCE(to_jsonb(s) ->> 'invalidation_reason', CASE WHEN wal_status = 'lost' "
+            "THEN 'wal_removed' WHEN to_jsonb(s) ->> 'conflicting' = 'true' THEN "
+            "'rows_removed' END) FROM pg_replication_slots s WHERE slot_name = %s",
             (name,),
         )
         row = cur.fetchone()
@@ -58,7 +72,7 @@ def get_slot(conn: psycopg2.extensions.connection, name: str) -> SlotInfo | None
         return None
     return SlotInfo(row[0], row[1] or "", row[2] or "", row[3],
                     None if row[4] is None else int(row[4]),
-                    None if row[5] is None else int(row[5]))
+                    None if row[5] is None else int(row[5]), row[6])
 
 
 def validate_slot(slot: SlotInfo, database: str) -> None:
