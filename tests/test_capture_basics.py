@@ -211,6 +211,41 @@ def test_partitioned_table_has_one_name_in_snapshot_and_stream(db: Database) -> 
     assert {e.table.table for e in got} == {"m"}
 
 
+def test_partitions_added_and_attached_later_and_generated_columns(
+        db: Database, caplog: pytest.LogCaptureFixture) -> None:
+    """Rows of partitions created or attached while capture runs stream under the
+    parent's name; generated columns are left out of snapshot and stream alike, and the
+    start names them and the partition operations no stream carries."""
+    db.execute("CREATE TABLE m (id int PRIMARY KEY, v text) PARTITION BY RANGE (id)",
+               "CREATE TABLE m1 PARTITION OF m FOR VALUES FROM (0) TO (100)",
+               "CREATE TABLE g (id int PRIMARY KEY, a int, "
+               "twice int GENERATED ALWAYS AS (a * 2) STORED)",
+               "INSERT INTO m VALUES (1, 'one')", "INSERT INTO g VALUES (1, 10)")
+    conn = make_connector(db.dsn, "public.m", "public.g")
+    with caplog.at_level("INFO", logger="tidemark"):
+        conn.start()
+    try:
+        snapshot = events(drain(conn, db.insert_lsn()))
+        db.autocommit("CREATE TABLE m2 PARTITION OF m FOR VALUES FROM (100) TO (200)",
+                      "INSERT INTO m VALUES (150, 'new partition')",
+                      "CREATE TABLE m3 (id int PRIMARY KEY, v text)",
+                      "ALTER TABLE m ATTACH PARTITION m3 FOR VALUES FROM (200) TO (300)",
+                      "INSERT INTO m VALUES (250, 'attached')",
+                      "UPDATE g SET a = 11 WHERE id = 1")
+        streamed = events(drain(conn, db.insert_lsn()))
+    finally:
+        conn.stop()
+    assert sorted((e.table.table, str(e.after)) for e in snapshot) == [
+        ("g", str({"id": 1, "a": 10})), ("m", str({"id": 1, "v": "one"}))]
+    assert all(e.after is None or "twice" not in e.after for e in snapshot + streamed)
+    assert [(e.op, e.table.table, e.after) for e in streamed] == [
+        (Op.CREATE, "m", {"id": 150, "v": "new partition"}),
+        (Op.CREATE, "m", {"id": 250, "v": "attached"}),
+        (Op.UPDATE, "g", {"id": 1, "a": 11})]
+    assert "generated column(s) twice are left out" in caplog.text
+    assert "table public.m is partitioned" in caplog.text and "ATTACH PARTITION" in caplog.text
+
+
 def test_drop_slot_on_stop(db: Database) -> None:
     db.execute("CREATE TABLE t (id int PRIMARY KEY)")
     conn = make_connector(db.dsn, "public.t", snapshot_mode="no_data", slot_name="dropme",

@@ -387,3 +387,38 @@ def warn_about_keyless(
             )
         else:
             log.warning("table %s has no primary key: its events have no key", table)
+
+
+def warn_about_unstreamed(conn: psycopg2.extensions.connection,
+                          tables: Iterable[TableId]) -> None:
+    """Say at start what of *tables* the stream cannot keep current: generated columns
+    (left out of every event, snapshot rows included, so a target never gets a NULL or a
+    stale value for them), and for partitioned tables the partition operations that
+    reach no stream (PostgreSQL publishes row changes only)."""
+    names = [str(t) for t in tables]
+    if not names:
+        return
+    with cursor(conn) as cur:
+        cur.execute(
+            "SELECT format('%%I.%%I', n.nspname, c.relname), c.relkind, "
+            "array_remove(array_agg(a.attname::text ORDER BY a.attnum) FILTER "
+            "(WHERE a.attgenerated <> ''), NULL) "
+            "FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace "
+            "JOIN pg_attribute a ON a.attrelid = c.oid AND a.attnum > 0 "
+            "AND NOT a.attisdropped "
+            "WHERE format('%%s.%%s', n.nspname, c.relname) = ANY(%s) "
+            "GROUP BY 1, 2 ORDER BY 1", (names,))
+        rows = cur.fetchall()
+    for table, kind, generated in rows:
+        if generated:
+            log.warning(
+                "table %s: generated column(s) %s are left out of its events (PostgreSQL "
+                "publishes no generated columns to tidemark): compute them downstream",
+                table, ", ".join(generated))
+        if kind == "p":
+            log.info(
+                "table %s is partitioned: its partitions' rows stream under its name, and "
+                "partitions created later are included; TRUNCATE of one partition, "
+                "ATTACH PARTITION of a table with rows and DETACH PARTITION change no "
+                "row in the stream: re-snapshot the table after one (tidemark signal "
+                "execute-snapshot %s; a tidemark run target is reloaded)", table, table)

@@ -160,6 +160,7 @@ class PostgresConnector:
         catalog.check_read_privileges(conn, self.tables)
         self._keys = catalog.primary_keys(conn, self.tables)
         catalog.warn_about_keyless(conn, self.tables, self._keys)
+        catalog.warn_about_unstreamed(conn, self.tables)
         self._stop_at = stop_at_lsn
         if cfg.snapshot_mode == SnapshotMode.INITIAL_ONLY:
             if offset and offset.get("snapshot_completed"):
