@@ -61,6 +61,23 @@ def _replay(records: list[Any], rows: dict[int, dict[str, Any]]) -> None:
             rows[event.after["id"]] = dict(event.after)
 
 
+def _until_now(connector: Any, dsn: str) -> tuple[list[Any], Offset | None]:
+    """Poll *connector* (started) until its offset passes the server's WAL position now:
+    the records and that offset."""
+    target = _query(dsn, "SELECT (pg_current_wal_lsn() - '0/0')::bigint")[0][0]
+    records: list[Any] = []
+    offset: Offset | None = None
+    deadline = time.monotonic() + 60
+    while offset is None or offset["lsn"] < target:
+        assert time.monotonic() < deadline, "capture did not catch up"
+        batch = connector.poll()
+        records += batch.records
+        if batch.offset is not None and "lsn" in batch.offset:
+            connector.commit(batch.offset)
+            offset = batch.offset
+    return records, offset
+
+
 def _invalidate_by_wal(dsn: str) -> None:
     """Write WAL past the slot's 1 MB allowance until a checkpoint invalidates it."""
     deadline = time.monotonic() + 60
@@ -80,18 +97,10 @@ def test_a_lost_slot_is_refused_by_name_and_repaired_by_an_incremental_snapshot(
              "INSERT INTO t SELECT i, 'v0' FROM generate_series(1, 500) i")
     replica: dict[int, dict[str, Any]] = {}
     first = make_connector(dsn, "public.t")
-    offset: Offset | None = None
     first.start()
     try:
-        target = _query(dsn, "SELECT (pg_current_wal_lsn() - '0/0')::bigint")[0][0]
-        deadline = time.monotonic() + 60
-        while offset is None or offset["lsn"] < target:
-            assert time.monotonic() < deadline, "the first capture did not catch up"
-            batch = first.poll()
-            _replay(batch.records, replica)
-            if batch.offset is not None:
-                first.commit(batch.offset)
-                offset = batch.offset
+        records, offset = _until_now(first, dsn)
+        _replay(records, replica)
     finally:
         first.stop()
     assert offset is not None and len(replica) == 500
@@ -165,3 +174,26 @@ def test_slot_failover_is_on_where_the_server_has_it_and_refused_where_not(
             assert _query(dsn, "SELECT failover FROM pg_replication_slots WHERE slot_name = "
                                f"'{name}'") == [(setting is not False,)]
         _execute(dsn, f"SELECT pg_drop_replication_slot('{name}')")
+
+
+def test_when_needed_takes_a_full_snapshot_after_the_slot_was_invalidated(dsn: str) -> None:
+    _execute(dsn, "CREATE TABLE t (id int PRIMARY KEY)",
+             "INSERT INTO t SELECT generate_series(1, 20)")
+    first = make_connector(dsn, "public.t", snapshot_mode="when_needed")
+    first.start()
+    try:
+        _, offset = _until_now(first, dsn)
+    finally:
+        first.stop()
+    assert offset is not None
+    _execute(dsn, "DELETE FROM t WHERE id > 10")
+    _invalidate_by_wal(dsn)
+    again = make_connector(dsn, "public.t", snapshot_mode="when_needed")
+    again.start(offset)
+    try:
+        records = drain(again, timeout_s=60, until_lsn=_query(
+            dsn, "SELECT (pg_current_wal_lsn() - '0/0')::bigint")[0][0])
+    finally:
+        again.stop()
+    reads = [e for e in records if isinstance(e, ChangeEvent) and e.op is Op.READ]
+    assert sorted(e.after["id"] for e in reads if e.after) == list(range(1, 11))

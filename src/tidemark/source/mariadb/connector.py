@@ -53,12 +53,10 @@ class _Queued(NamedTuple):
     the incremental snapshot's state there."""
 
     records: list[Record]
-    position: BinlogPosition | None
-    """None for the rows of an initial snapshot (the stream's first batch has it)."""
+    position: BinlogPosition
     commit_us: int | None
     snapshot: dict[str, Any] | None
     reads: bool = False
-
 
 
 class MariaDbConnector:
@@ -240,8 +238,7 @@ class MariaDbConnector:
                 elif queued.records:
                     self.stats.saw_events(len(queued.records), queued.commit_us)
                     self.stats.transactions_committed += 1
-                if queued.position is not None:
-                    offset = self._offset(queued.position, queued.snapshot)
+                offset = self._offset(queued.position, queued.snapshot)
                 if len(records) >= limit:
                     break
                 try:

@@ -396,7 +396,8 @@ class PostgresConnector:
 
     def _lost_slot(self, existing: slot.SlotInfo, start_lsn: int) -> slot.SlotInfo | None:
         """*existing* was invalidated by the server: an error that says what was lost,
-        or (``on_slot_lost = "resnapshot"``) None once the slot is dropped."""
+        or (``on_slot_lost = "resnapshot"``, ``snapshot_mode = "when_needed"``) None once
+        the slot is dropped, to be made again as a missing one is."""
         cfg = self.config
         why = {"wal_removed": "its WAL was removed (it exceeded max_slot_wal_keep_size)",
                "rows_removed": "catalog rows it needed were removed (a standby's slot "
@@ -404,7 +405,8 @@ class PostgresConnector:
                "idle_timeout": "it was idle longer than idle_replication_slot_timeout",
                "wal_level_insufficient": "wal_level is below logical on the primary"
                }.get(existing.invalidation or "", existing.invalidation or "")
-        if cfg.on_slot_lost != SlotLostAction.RESNAPSHOT:
+        if cfg.on_slot_lost != SlotLostAction.RESNAPSHOT \
+                and cfg.snapshot_mode != SnapshotMode.WHEN_NEEDED:
             raise SlotLostError(
                 f"replication slot {cfg.slot_name!r} was invalidated by the server: {why}. "
                 f"Capture had reached {lsn_to_str(start_lsn)}; the changes since then are "
