@@ -254,3 +254,42 @@ def test_a_fill_cut_off_by_a_crash_is_finished_by_the_next_batch(tmp_path: Path)
     apply_changes(tmp_path, rows(change("c", 2, id=2, name="b", note="own"), table=wider),
                   spec, app_id="q", version=1)
     assert read(tmp_path, "id", "note") == [{"id": 1, "note": "x"}, {"id": 2, "note": "own"}]
+
+
+def test_soft_deletes_keep_the_row_flagged_with_its_last_values(tmp_path: Path) -> None:
+    path = tmp_path / "t"
+    spec = ApplySpec(keys=("id",), soft_delete_column="_deleted")
+    apply(path, rows(change("c", 10, 1, id=1, name="a", body="x"),
+                     change("c", 10, 2, id=2, name="b", body="y"),
+                     change("c", 10, 3, id=3, name="c", body="z")), 0, spec)
+    # A delete under REPLICA IDENTITY DEFAULT brings only the key.
+    result = apply(path, rows(change("d", 11, 1, id=1), change("u", 11, 2, id=2, name="B",
+                                                               body="y")), 1, spec)
+    assert result.deleted == 0
+    assert read(path, "id", "name", "body", "_deleted") == [
+        {"id": 1, "name": "a", "body": "x", "_deleted": True},
+        {"id": 2, "name": "B", "body": "y", "_deleted": False},
+        {"id": 3, "name": "c", "body": "z", "_deleted": False}]
+    # An older change replayed out of order does not bring the deleted row back; an
+    # insert after the delete does.
+    apply(path, rows(change("u", 10, 9, id=1, name="old", body="x")), 2,
+          ApplySpec(keys=("id",), soft_delete_column="_deleted", ordered_batches=False))
+    assert read(path, "id", "name", "_deleted")[0] == {"id": 1, "name": "a", "_deleted": True}
+    apply(path, rows(change("c", 12, 1, id=1, name="again", body="x2")), 3, spec)
+    assert read(path, "id", "name", "_deleted")[0] == {"id": 1, "name": "again",
+                                                        "_deleted": False}
+    # A truncate marks every row before it; a row written after it stays live.
+    apply(path, rows(change("t", 13, 1), change("c", 14, 1, id=4, name="d", body="w")), 4,
+          spec)
+    assert [(r["id"], r["_deleted"]) for r in read(path, "id", "_deleted")] == [
+        (1, True), (2, True), (3, True), (4, False)]
+
+
+def test_a_soft_delete_column_is_checked(tmp_path: Path) -> None:
+    with pytest.raises(ConfigError, match=r"soft_delete_column.*stored_as_scd_type=1"):
+        ApplySpec(keys=("id",), soft_delete_column="_deleted", stored_as_scd_type=2)
+    with pytest.raises(ConfigError, match=r"soft_delete_column.*key or sequence"):
+        ApplySpec(keys=("id",), soft_delete_column="id")
+    with pytest.raises(ConfigError, match=r"soft_delete_column.*the source does not have"):
+        apply(tmp_path / "t", rows(change("c", 10, id=1, name="a")), 0,
+              ApplySpec(keys=("id",), soft_delete_column="name"))

@@ -196,6 +196,8 @@ def _target_fields(schema: pa.Schema, columns: ResolvedColumns,
     if spec.stored_as_scd_type == 2:
         at = schema.field(spec.version_column).type
         fields += [pa.field(cr.START_AT, at, nullable=False), pa.field(cr.END_AT, at)]
+    if spec.soft_delete_column is not None:
+        fields.append(pa.field(spec.soft_delete_column, pa.bool_()))
     return fields
 
 
@@ -333,8 +335,11 @@ def _load(table: DeltaTable, batch: PreparedBatch, spec: ApplySpec, columns: Res
     if batch.truncates:  # a restarted snapshot's truncate: replaced anyway
         rows = rows.filter(sequence_after(rows, spec.sequence_by, batch.truncates[-1]))
     rows = rows.filter(pc.invert(rows.column(IS_DELETE)))
-    data = rows.select(list(columns.data)).cast(
-        pa.schema(_target_fields(rows.schema, columns, spec)))
+    data = rows.select(list(columns.data))
+    if spec.soft_delete_column is not None:
+        data = data.append_column(spec.soft_delete_column,
+                                  pa.array([False] * len(data), pa.bool_()))
+    data = data.cast(pa.schema(_target_fields(rows.schema, columns, spec)))
     before = _row_count(table) if how == "replace" else 0
     write_deltalake(table, data, mode="overwrite" if how == "replace" else "append",
                     commit_properties=commit)
@@ -379,15 +384,32 @@ def _merge_scd1(table: DeltaTable, batch: PreparedBatch, spec: ApplySpec,
     is_delete = sql.column("s", IS_DELETE)
     merger = table.merge(source, predicate=sql.keys_equal(spec.keys), source_alias="s",
                          target_alias="t", commit_properties=commit, streamed_exec=False)
+    soft = sql.quote(spec.soft_delete_column) if spec.soft_delete_column else None
     if len(source):
         updates = {sql.quote(n): _value(n, keep) for n in columns.data if n not in spec.keys}
-        merger = merger.when_matched_update(updates, predicate=f"NOT {is_delete} AND {newer}")
-        merger = merger.when_matched_delete(predicate=f"{is_delete} AND {newer}")
-        merger = merger.when_not_matched_insert(
-            {sql.quote(n): sql.column("s", n) for n in columns.data}, predicate=f"NOT {is_delete}")
+        inserts = {sql.quote(n): sql.column("s", n) for n in columns.data}
+        if soft is None:
+            merger = merger.when_matched_update(updates,
+                                                predicate=f"NOT {is_delete} AND {newer}")
+            merger = merger.when_matched_delete(predicate=f"{is_delete} AND {newer}")
+        else:
+            # A delete keeps the row's last values (a DEFAULT identity's delete brings
+            # only its key) and takes the delete's sequence, so an older change that
+            # comes later cannot bring the row back.
+            updates[soft] = inserts[soft] = "false"
+            merger = merger.when_matched_update(updates,
+                                                predicate=f"NOT {is_delete} AND {newer}")
+            merger = merger.when_matched_update(
+                {soft: "true", **{sql.quote(n): sql.column("s", n) for n in seq}},
+                predicate=f"{is_delete} AND {newer}")
+        merger = merger.when_not_matched_insert(inserts, predicate=f"NOT {is_delete}")
     if batch.truncates:
-        merger = merger.when_not_matched_by_source_delete(
-            predicate=sql.sequence_before_literal("t", seq, batch.truncates[-1]))
+        before = sql.sequence_before_literal("t", seq, batch.truncates[-1])
+        if soft is None:
+            merger = merger.when_not_matched_by_source_delete(predicate=before)
+        else:
+            merger = merger.when_not_matched_by_source_update({soft: "true"},
+                                                               predicate=before)
     metrics = merger.execute()
     written = (int(metrics.get("num_target_rows_inserted", 0))
                + int(metrics.get("num_target_rows_updated", 0)))

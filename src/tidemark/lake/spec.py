@@ -88,6 +88,12 @@ class ApplySpec:
     partition_by: tuple[str, ...] = ()
     """Partition columns used when the target is created."""
 
+    soft_delete_column: str | None = None
+    """SCD1: a boolean column (e.g. ``_deleted``) that marks deleted rows instead of
+    removing them. A delete sets it true and keeps the row's last values (and moves its
+    sequence on, so an older change cannot bring it back); a later insert or update of
+    the key sets it false; a truncate marks every row before it. None: deletes remove."""
+
     def __post_init__(self) -> None:
         fix = object.__setattr__  # frozen: normalise lists to tuples once, here
         fix(self, "keys", _names(self.keys, "keys", allow_empty=False))
@@ -117,6 +123,14 @@ class ApplySpec:
             if not isinstance(getattr(self, setting), bool):
                 raise ConfigError(setting, f"must be true or false, got "
                                            f"{getattr(self, setting)!r}")
+        if self.soft_delete_column is not None:
+            check_identifier(self.soft_delete_column, "soft_delete_column")
+            if self.stored_as_scd_type != 1:
+                raise ConfigError("soft_delete_column", "only applies to stored_as_scd_type=1 "
+                                  "(SCD2 closes a deleted row's version instead)")
+            if self.soft_delete_column in (*self.keys, *self.sequence_by):
+                raise ConfigError("soft_delete_column", f"{self.soft_delete_column!r} is a "
+                                  "key or sequence column; name a column of its own")
         for name in (*self.keys, *self.sequence_by):
             if name.startswith(cr.WORK_PREFIX) or name in (cr.START_AT, cr.END_AT):
                 raise ConfigError("keys", f"{name!r} is a reserved column name")
@@ -150,6 +164,9 @@ class ApplySpec:
             if name.startswith(cr.WORK_PREFIX) or name in (cr.START_AT, cr.END_AT):
                 raise ConfigError("change rows", f"column {name!r} uses a reserved name "
                                   f"(prefix {cr.WORK_PREFIX!r}, {cr.START_AT}, {cr.END_AT})")
+        if self.soft_delete_column in present:
+            raise ConfigError("soft_delete_column", f"{self.soft_delete_column!r} is a column "
+                              "of the change rows; name a column the source does not have")
         table_columns = [n for n in schema.names if n not in cr.METADATA_COLUMNS]
         for setting in ("column_list", "except_column_list", "track_history_column_list",
                         "track_history_except_column_list"):
