@@ -246,6 +246,43 @@ def test_partitions_added_and_attached_later_and_generated_columns(
     assert "table public.m is partitioned" in caplog.text and "ATTACH PARTITION" in caplog.text
 
 
+def test_each_replica_identity_gives_the_before_images_it_can(
+        db: Database, caplog: pytest.LogCaptureFixture) -> None:
+    """DEFAULT: no old row on update, the key on delete. FULL: the whole old row.
+    USING INDEX on the primary key: as DEFAULT; on other columns: deletes carry only
+    those (the start warns, naming the fix). NOTHING: never published (its UPDATEs
+    and DELETEs would fail in the application), named at start."""
+    identities = {"default": "DEFAULT", "full": "FULL", "pkindex": "USING INDEX {t}_pkey",
+                  "uindex": "USING INDEX {t}_u_key", "nothing": "NOTHING"}
+    for name, identity in identities.items():
+        t = f"ri_{name}"
+        db.execute(f"CREATE TABLE {t} (id int PRIMARY KEY, u int NOT NULL UNIQUE, v text)",
+                   f"ALTER TABLE {t} REPLICA IDENTITY {identity.format(t=t)}",
+                   f"INSERT INTO {t} VALUES (1, 10, 'a'), (2, 20, 'b')")
+    conn = make_connector(db.dsn, "public.ri_.*", snapshot_mode="no_data")
+    with caplog.at_level("INFO", logger="tidemark"):
+        conn.start()
+    try:
+        drain(conn, db.insert_lsn())
+        for name in identities:
+            db.autocommit(f"UPDATE ri_{name} SET v = 'x' WHERE id = 1",
+                          f"DELETE FROM ri_{name} WHERE id = 2")
+        got = events(drain(conn, db.insert_lsn()))
+    finally:
+        conn.stop()
+    seen = {(e.table.table, e.op.value): e.before for e in got}
+    assert seen == {
+        ("ri_default", "u"): None, ("ri_default", "d"): {"id": 2, "u": None, "v": None},
+        ("ri_full", "u"): {"id": 1, "u": 10, "v": "a"},
+        ("ri_full", "d"): {"id": 2, "u": 20, "v": "b"},
+        ("ri_pkindex", "u"): None, ("ri_pkindex", "d"): {"id": 2, "u": None, "v": None},
+        ("ri_uindex", "u"): None, ("ri_uindex", "d"): {"id": None, "u": 20, "v": None}}
+    assert "ri_uindex has REPLICA IDENTITY USING INDEX on (u)" in caplog.text
+    assert "public.ri_pkindex has REPLICA IDENTITY USING INDEX" not in caplog.text
+    assert "ri_nothing has REPLICA IDENTITY NOTHING" in caplog.text
+    assert db.scalar("SELECT v FROM ri_nothing WHERE id = 1") == "x"  # the app still works
+
+
 def test_drop_slot_on_stop(db: Database) -> None:
     db.execute("CREATE TABLE t (id int PRIMARY KEY)")
     conn = make_connector(db.dsn, "public.t", snapshot_mode="no_data", slot_name="dropme",

@@ -80,6 +80,7 @@ class TidemarkDataSource(DataSource):
                 )
             catalog.check_read_privileges(conn, tables)
             catalog.warn_about_unstreamed(conn, tables)
+            catalog.warn_about_identity_index(conn, tables, keys)
             slot.ensure_publication(conn, options.publication, tables)
             schemas = {t: table_spark_schema(conn, t, keys[t]) for t in tables}
         if options.signal_table is not None:

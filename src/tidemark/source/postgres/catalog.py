@@ -422,3 +422,31 @@ def warn_about_unstreamed(conn: psycopg2.extensions.connection,
                 "ATTACH PARTITION of a table with rows and DETACH PARTITION change no "
                 "row in the stream: re-snapshot the table after one (tidemark signal "
                 "execute-snapshot %s; a tidemark run target is reloaded)", table, table)
+
+
+def warn_about_identity_index(conn: psycopg2.extensions.connection,
+                              tables: Iterable[TableId],
+                              keys: dict[TableId, tuple[str, ...]]) -> None:
+    """Warn about tables whose ``REPLICA IDENTITY USING INDEX`` is not on their primary
+    key: PostgreSQL then sends a delete (and an update of the index's columns) with
+    the index's columns only, so the event's key (the primary key) is null."""
+    for table in tables:
+        key = keys.get(table)
+        if not key:
+            continue
+        with cursor(conn) as cur:
+            cur.execute(
+                "SELECT array_agg(a.attname::text ORDER BY a.attnum) FROM pg_index i "
+                "JOIN pg_class c ON c.oid = i.indrelid JOIN pg_namespace n "
+                "ON n.oid = c.relnamespace JOIN pg_attribute a ON a.attrelid = c.oid "
+                "AND a.attnum = ANY(i.indkey) WHERE n.nspname = %s AND c.relname = %s "
+                "AND i.indisreplident", (table.schema, table.table))
+            row = cur.fetchone()
+        index = tuple(row[0]) if row and row[0] else ()
+        if index and set(index) != set(key):
+            log.warning(
+                "table %s has REPLICA IDENTITY USING INDEX on (%s), not on its primary key "
+                "(%s): its deletes arrive without the primary key, so their events have a "
+                "null key and a target keyed by (%s) cannot apply them; use ALTER TABLE %s "
+                "REPLICA IDENTITY DEFAULT (or FULL), or key the target by (%s)", table,
+                ", ".join(index), ", ".join(key), ", ".join(key), table, ", ".join(index))

@@ -161,6 +161,7 @@ class PostgresConnector:
         self._keys = catalog.primary_keys(conn, self.tables)
         catalog.warn_about_keyless(conn, self.tables, self._keys)
         catalog.warn_about_unstreamed(conn, self.tables)
+        catalog.warn_about_identity_index(conn, self.tables, self._keys)
         self._stop_at = stop_at_lsn
         if cfg.snapshot_mode == SnapshotMode.INITIAL_ONLY:
             if offset and offset.get("snapshot_completed"):
