@@ -456,3 +456,32 @@ def test_ranges_in_snapshot_and_stream_and_negative_scale(db: Database) -> None:
     # numeric(5,-2): 12345 is stored as 12300, scale -2 -> unscaled 123
     assert rows[0]["hundreds"] == base64.b64encode(bytes([123])).decode()
     assert rows[1]["hundreds"] == base64.b64encode(bytes([5])).decode()
+
+
+def test_times_are_the_same_in_snapshot_and_stream_when_the_server_is_not_on_utc(
+        db: Database) -> None:
+    """The snapshot reads values as text through a session; the stream gets the text
+    of the walsender's session. With a TimeZone that is not UTC (set for the database,
+    as a server's would be) both must still give one value for one instant."""
+    db.autocommit(f"ALTER DATABASE {db.name} SET timezone TO 'America/St_Johns'")
+    db.execute("CREATE TABLE tz (id int PRIMARY KEY, n int, ts timestamp, tstz timestamptz, "
+               "t time, ttz timetz, d date)",
+               "INSERT INTO tz VALUES (1, 0, '2024-03-10 02:30:00', "
+               "'2024-03-10 02:30:00+00', '23:59:59.5', '12:00:00+05:30', '2024-03-10'), "
+               "(2, 0, '1999-12-31 23:59:59.999999', '1999-12-31 23:59:59.999999-08', "
+               "'00:00:00', '00:00:00-03', '1999-12-31')")
+    conn = make_connector(db.dsn, "public.tz")
+    conn.start()
+    try:
+        snapshot = events(drain(conn, db.insert_lsn()))
+        db.autocommit("UPDATE tz SET n = 1")
+        streamed = events(drain(conn, db.insert_lsn()))
+    finally:
+        conn.stop()
+    def values(rows: list[ChangeEvent]) -> dict[int, dict[str, object]]:
+        afters = [line["value"]["after"] for line in as_json(rows)]
+        return {a["id"]: {k: x for k, x in a.items() if k != "n"} for a in afters}
+    assert len(snapshot) == len(streamed) == 2
+    assert values(snapshot) == values(streamed)
+    assert values(snapshot)[1]["tstz"] == "2024-03-10T02:30:00.000000Z"
+
