@@ -214,8 +214,9 @@ def test_partitioned_table_has_one_name_in_snapshot_and_stream(db: Database) -> 
 def test_partitions_added_and_attached_later_and_generated_columns(
         db: Database, caplog: pytest.LogCaptureFixture) -> None:
     """Rows of partitions created or attached while capture runs stream under the
-    parent's name; generated columns are left out of snapshot and stream alike, and the
-    start names them and the partition operations no stream carries."""
+    parent's name; stored generated columns are in snapshot and stream alike where the
+    server publishes them (18+), else in neither and named at start, as are the
+    partition operations no stream carries."""
     db.execute("CREATE TABLE m (id int PRIMARY KEY, v text) PARTITION BY RANGE (id)",
                "CREATE TABLE m1 PARTITION OF m FOR VALUES FROM (0) TO (100)",
                "CREATE TABLE g (id int PRIMARY KEY, a int, "
@@ -235,14 +236,18 @@ def test_partitions_added_and_attached_later_and_generated_columns(
         streamed = events(drain(conn, db.insert_lsn()))
     finally:
         conn.stop()
+    # PostgreSQL 18 publishes stored generated columns (tidemark's publication asks
+    # for them): snapshot and stream carry them. Before 18, neither does.
+    published = int(db.scalar("SHOW server_version_num")) >= 180000
+    g10, g11 = ({"id": 1, "a": 10, "twice": 20}, {"id": 1, "a": 11, "twice": 22}) \
+        if published else ({"id": 1, "a": 10}, {"id": 1, "a": 11})
     assert sorted((e.table.table, str(e.after)) for e in snapshot) == [
-        ("g", str({"id": 1, "a": 10})), ("m", str({"id": 1, "v": "one"}))]
-    assert all(e.after is None or "twice" not in e.after for e in snapshot + streamed)
+        ("g", str(g10)), ("m", str({"id": 1, "v": "one"}))]
     assert [(e.op, e.table.table, e.after) for e in streamed] == [
         (Op.CREATE, "m", {"id": 150, "v": "new partition"}),
         (Op.CREATE, "m", {"id": 250, "v": "attached"}),
-        (Op.UPDATE, "g", {"id": 1, "a": 11})]
-    assert "generated column(s) twice are left out" in caplog.text
+        (Op.UPDATE, "g", g11)]
+    assert ("generated column(s) twice are left out" in caplog.text) is not published
     assert "table public.m is partitioned" in caplog.text and "ATTACH PARTITION" in caplog.text
 
 

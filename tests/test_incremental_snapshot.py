@@ -104,6 +104,32 @@ def test_a_signalled_snapshot_emits_every_row_as_incremental_reads(db: Database)
     assert connector.stats.rows_scanned["public.t"] == 2500
 
 
+def test_incremental_reads_have_the_columns_the_stream_has(db: Database) -> None:
+    """A stored generated column is in the chunk's rows exactly when the stream carries
+    it (PostgreSQL 18, tidemark's publication), so reads and changes look alike."""
+    db.execute("CREATE TABLE g (id int PRIMARY KEY, a int, "
+               "twice int GENERATED ALWAYS AS (a * 2) STORED)",
+               "INSERT INTO g SELECT i, i FROM generate_series(1, 5) i",
+               "CREATE TABLE dbz_signal (id varchar(42) PRIMARY KEY, type varchar(32) NOT NULL,"
+               " data varchar(2048) NULL)")
+    connector = make_connector(db.dsn, "public.g", snapshot_mode="no_data",
+                               signal_table=SIGNALS, incremental_snapshot_chunk_size=2)
+    connector.start()
+    drain(connector, db.insert_lsn())
+    try:
+        _signal(db, "execute-snapshot", _snapshot_rows(db, ["public.g"]))
+        db.execute("UPDATE g SET a = 10 WHERE id = 1")
+        got = _collect(connector, lambda r: len(_reads(r)) >= 5 and _done(connector))
+    finally:
+        connector.stop()
+    columns = {tuple(e.after) for e in events(got) if e.after}
+    published = int(db.scalar("SHOW server_version_num")) >= 180000
+    assert columns == {("id", "a", "twice") if published else ("id", "a")}
+    if published:
+        assert {e.after["id"]: e.after["twice"] for e in _reads(got) if e.after} == {
+            1: 20, 2: 4, 3: 6, 4: 8, 5: 10}
+
+
 def test_seed_001_buffer_example_k1_to_k6(db: Database,
                                          monkeypatch: pytest.MonkeyPatch) -> None:
     """K2, K3, K4 exist. Before the window: K1 inserted, K2 updated, K3 deleted. The

@@ -737,3 +737,35 @@ def test_unchanged_toast_truncate_and_a_new_column_reach_delta(
                                ["id", "v", "big", "note"])
     assert source_a == lake_a
     assert [row[3] for row in lake_a] == ["none", "none", "n3", "none"]
+
+
+def test_numbers_at_their_limits_reach_delta_unrounded(
+        spark: SparkSession, db: Database, tmp_path: Path) -> None:
+    """numeric(p, s) up to 38 digits lands as decimal(p, s) exactly; wider or
+    unconstrained numerics, NaN and infinities land as their exact text (Spark decimals
+    stop at 38 digits); snapshot and stream agree."""
+    db.execute("CREATE TABLE a (id int PRIMARY KEY, v text, n numeric(38, 10), "
+               "wide numeric(50, 2), free numeric, f8 float8)",
+               "CREATE TABLE b (id int PRIMARY KEY, v text)")
+    source = _prepare(db, "a", "b") + f'dsn = "{db.dsn}"\n'
+    values = [
+        (1, "9999999999999999999999999999.9999999999", "9" * 48 + ".99",
+         "0.000000000000000000000000000001", "1.7976931348623157e308"),
+        (2, "-9999999999999999999999999999.9999999999", "-1.01",
+         "123456789012345678901234567890.5", "-0.0"),
+        (3, "0.0000000001", "0", "NaN", "Infinity"),
+        (4, "1", "2", "Infinity", "NaN")]
+    for row in values:
+        db.execute("INSERT INTO a VALUES (%s, 'x', %s, %s, %s, %s)", params=row)
+    config = load_config(_pipeline_file(tmp_path, source, "available_now = true",
+                                        changelog=False))
+    Pipeline(config, spark=spark).run()
+    lake = DeltaTable(str(tmp_path / "lake/a")).to_pyarrow_table().sort_by("id").to_pylist()
+    assert [(r["id"], str(r["n"]), r["wide"], r["free"]) for r in lake] == [
+        (1, values[0][1], values[0][2], "0.000000000000000000000000000001"),
+        (2, values[1][1], values[1][2], values[1][3]),
+        (3, values[2][1], "0.00", "NaN"),
+        (4, "1.0000000000", "2.00", "Infinity")]
+    source_a, lake_a = compare(db.dsn, "public.a", str(tmp_path / "lake/a"),
+                               ["id", "n", "wide", "free", "f8"])
+    assert source_a == lake_a

@@ -79,10 +79,12 @@ class TidemarkDataSource(DataSource):
                     "the table out"
                 )
             catalog.check_read_privileges(conn, tables)
-            catalog.warn_about_unstreamed(conn, tables)
             catalog.warn_about_identity_index(conn, tables, keys)
             slot.ensure_publication(conn, options.publication, tables)
-            schemas = {t: table_spark_schema(conn, t, keys[t]) for t in tables}
+            generated = catalog.publishes_generated(conn, options.publication)
+            catalog.warn_about_unstreamed(conn, tables, generated_published=generated)
+            schemas = {t: table_spark_schema(conn, t, keys[t], generated=generated)
+                       for t in tables}
         if options.signal_table is not None:
             with contextlib.closing(wal.connect(options.dsn, purpose="catalog")) as signals:
                 check_signal_table(signals, options.signal_table)
@@ -114,10 +116,12 @@ class TidemarkDataSource(DataSource):
         return TidemarkStreamReader(options, schema)
 
 
-def table_spark_schema(conn: Any, table: TableId, key: tuple[str, ...]) -> StructType:
-    """The typed schema of *table* from the catalog; the key columns are marked in each
+def table_spark_schema(conn: Any, table: TableId, key: tuple[str, ...], *,
+                       generated: bool = False) -> StructType:
+    """The typed schema of *table* from the catalog (stored generated columns with
+    *generated*: the publication sends them); the key columns are marked in each
     field's metadata (``{"tidemark.key": true}``) for ``apply_changes``."""
-    described = catalog.table_schema(conn, table, key)
+    described = catalog.table_schema(conn, table, key, generated=generated)
     columns = [
         StructField(c.name, spark_type(c.logical), True,
                     {"tidemark.key": True, "tidemark.pg_type": c.type_name} if c.is_key

@@ -336,9 +336,13 @@ def type_info(conn: psycopg2.extensions.connection, oid: int) -> tuple[str, int]
 
 
 def table_schema(
-    conn: psycopg2.extensions.connection, table: TableId, key: Sequence[str] | None
+    conn: psycopg2.extensions.connection, table: TableId, key: Sequence[str] | None,
+    *, generated: bool = False,
 ) -> TableSchema:
-    """The current columns of *table* from the catalog (used by the snapshot)."""
+    """The current columns of *table* from the catalog (used by the snapshot): the
+    columns the stream carries, so stored generated columns only with *generated* (a
+    publication that publishes them, :func:`publishes_generated`)."""
+    kinds = "('', 's')" if generated else "('')"
     with cursor(conn) as cur:
         cur.execute(
             "SELECT a.attname, a.atttypid, a.atttypmod, format_type(a.atttypid, NULL), "
@@ -346,7 +350,7 @@ def table_schema(
             "FROM pg_attribute a JOIN pg_class c ON c.oid = a.attrelid "
             "JOIN pg_namespace n ON n.oid = c.relnamespace "
             "WHERE n.nspname = %s AND c.relname = %s AND a.attnum > 0 "
-            "AND NOT a.attisdropped AND a.attgenerated = '' ORDER BY a.attnum",
+            f"AND NOT a.attisdropped AND a.attgenerated IN {kinds} ORDER BY a.attnum",
             (table.schema, table.table),
         )
         rows: list[Any] = cur.fetchall()
@@ -389,12 +393,26 @@ def warn_about_keyless(
             log.warning("table %s has no primary key: its events have no key", table)
 
 
+def publishes_generated(conn: psycopg2.extensions.connection, publication: str) -> bool:
+    """Whether *publication* sends stored generated columns (PostgreSQL 18's
+    ``publish_generated_columns = stored``)."""
+    if conn.server_version < 180000:
+        return False
+    with cursor(conn) as cur:
+        cur.execute("SELECT pubgencols = 's' FROM pg_publication WHERE pubname = %s",
+                    (publication,))
+        row = cur.fetchone()
+    return bool(row and row[0])
+
+
 def warn_about_unstreamed(conn: psycopg2.extensions.connection,
-                          tables: Iterable[TableId]) -> None:
+                          tables: Iterable[TableId], *,
+                          generated_published: bool = False) -> None:
     """Say at start what of *tables* the stream cannot keep current: generated columns
-    (left out of every event, snapshot rows included, so a target never gets a NULL or a
-    stale value for them), and for partitioned tables the partition operations that
-    reach no stream (PostgreSQL publishes row changes only)."""
+    that the publication does not send (left out of every event, snapshot rows
+    included, so a target never gets a NULL or a stale value for them; virtual ones
+    always), and for partitioned tables the partition operations that reach no stream
+    (PostgreSQL publishes row changes only)."""
     names = [str(t) for t in tables]
     if not names:
         return
@@ -402,19 +420,20 @@ def warn_about_unstreamed(conn: psycopg2.extensions.connection,
         cur.execute(
             "SELECT format('%%I.%%I', n.nspname, c.relname), c.relkind, "
             "array_remove(array_agg(a.attname::text ORDER BY a.attnum) FILTER "
-            "(WHERE a.attgenerated <> ''), NULL) "
+            "(WHERE a.attgenerated <> '' AND NOT (%s AND a.attgenerated = 's')), NULL) "
             "FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace "
             "JOIN pg_attribute a ON a.attrelid = c.oid AND a.attnum > 0 "
             "AND NOT a.attisdropped "
             "WHERE format('%%s.%%s', n.nspname, c.relname) = ANY(%s) "
-            "GROUP BY 1, 2 ORDER BY 1", (names,))
+            "GROUP BY 1, 2 ORDER BY 1", (generated_published, names))
         rows = cur.fetchall()
     for table, kind, generated in rows:
         if generated:
             log.warning(
                 "table %s: generated column(s) %s are left out of its events (PostgreSQL "
-                "publishes no generated columns to tidemark): compute them downstream",
-                table, ", ".join(generated))
+                "publishes stored generated columns from version 18 on, through a "
+                "publication with publish_generated_columns = stored, and virtual ones "
+                "never): compute them downstream", table, ", ".join(generated))
         if kind == "p":
             log.info(
                 "table %s is partitioned: its partitions' rows stream under its name, and "

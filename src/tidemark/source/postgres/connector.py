@@ -91,6 +91,7 @@ class PostgresConnector:
         self._batches: Iterator[SourceBatch] | None = None
         self._stop_at: int | None = None
         self._keys: dict[TableId, tuple[str, ...]] = {}
+        self._generated = False  # the publication sends stored generated columns (18+)
         self._type_infos: dict[int, tuple[str, int]] = {}
         self._stopped = False
         #: What this capture has done so far (read by metrics and status).
@@ -160,10 +161,10 @@ class PostgresConnector:
         catalog.check_read_privileges(conn, self.tables)
         self._keys = catalog.primary_keys(conn, self.tables)
         catalog.warn_about_keyless(conn, self.tables, self._keys)
-        catalog.warn_about_unstreamed(conn, self.tables)
         catalog.warn_about_identity_index(conn, self.tables, self._keys)
         self._stop_at = stop_at_lsn
         if cfg.snapshot_mode == SnapshotMode.INITIAL_ONLY:
+            catalog.warn_about_unstreamed(conn, self.tables)
             if offset and offset.get("snapshot_completed"):
                 self._batches = iter([SourceBatch([], offset, finished=True)])
             else:
@@ -174,6 +175,8 @@ class PostgresConnector:
         for table in signals:
             signal_table_layout(conn, table)
         slot.ensure_publication(conn, cfg.publication_name, [*self.tables, *signals])
+        self._generated = catalog.publishes_generated(conn, cfg.publication_name)
+        catalog.warn_about_unstreamed(conn, self.tables, generated_published=self._generated)
         existing = self._wait_for_slot()
         self._batches = self._run(offset, existing)
 
@@ -282,7 +285,8 @@ class PostgresConnector:
         conn = session.connect(cfg.dsn, application_name="tidemark-snapshot")
         try:
             txid = begin_snapshot(conn, snapshot_name)
-            schemas = [catalog.table_schema(conn, t, self._keys.get(t)) for t in self.tables]
+            schemas = [catalog.table_schema(conn, t, self._keys.get(t), generated=self._generated)
+                       for t in self.tables]
             started = time.time_ns() // 1000
             log.info("snapshot of %d tables at %s started", len(schemas), lsn_to_str(lsn))
             stats = self.stats
@@ -606,7 +610,8 @@ class PostgresConnector:
             captured=self.tables, keys=self._keys,
             signal_table=TableId.parse(cfg.signal_table) if cfg.signal_table else None,
             chunk_size=cfg.incremental_snapshot_chunk_size, topic_prefix=cfg.topic_prefix,
-            database=self.database, state=state if isinstance(state, dict) else None)
+            database=self.database, state=state if isinstance(state, dict) else None,
+            generated=self._generated)
         snap.open()
         self._snapshots = snap
         snap.maybe_open_window()

@@ -131,7 +131,8 @@ class IncrementalSnapshot(SignalledSnapshots):
     def __init__(self, *, dsn_connect: Callable[[], psycopg2.extensions.connection],
                  captured: Sequence[TableId], keys: dict[TableId, tuple[str, ...]],
                  signal_table: TableId | None, chunk_size: int, topic_prefix: str,
-                 database: str, state: dict[str, Any] | None = None) -> None:
+                 database: str, state: dict[str, Any] | None = None,
+                 generated: bool = False) -> None:
         super().__init__(set(captured).__contains__, state)
         self._connect = dsn_connect
         self._conn: psycopg2.extensions.connection | None = None
@@ -148,6 +149,7 @@ class IncrementalSnapshot(SignalledSnapshots):
         self._table_cache: dict[TableId, tuple[TableSchema, int]] = {}
         self._retry_at = 0.0
         self._retry_delay = 0.5
+        self._generated = generated  # the stream carries stored generated columns
 
     # -- state --------------------------------------------------------------------------
     @property
@@ -374,7 +376,8 @@ class IncrementalSnapshot(SignalledSnapshots):
         if cached is None:
             # Once per table's snapshot: its columns and OID (the Relation id of its
             # stream messages); a change of its columns found in a window drops this.
-            schema = catalog.table_schema(conn, progress.table, record_key)
+            schema = catalog.table_schema(conn, progress.table, record_key,
+                                          generated=self._generated)
             register_text_types(conn)
             with conn.cursor() as cur:
                 cur.execute("SELECT %s::regclass::oid", (quoted_name(progress.table),))

@@ -184,13 +184,15 @@ def ensure_publication(
 def _create_publication(cur: Any, name: str, tables: Sequence[TableId]) -> None:
     if not tables:
         raise SourceError(f"no tables to capture for publication {name!r}")
+    # Partitioned tables publish under their own name, as the snapshot reads them, not
+    # under each partition's; from PostgreSQL 18 on, stored generated columns too.
+    options = "publish_via_partition_root = true"
+    if cur.connection.server_version >= 180000:
+        options += ", publish_generated_columns = stored"
     try:
-        # Partitioned tables publish under their own name, as the snapshot reads them,
-        # not under each partition's.
         cur.execute(
-            sql.SQL("CREATE PUBLICATION {} FOR TABLE {} "
-                    "WITH (publish_via_partition_root = true)").format(
-                sql.Identifier(name), _table_list(tables)
+            sql.SQL("CREATE PUBLICATION {} FOR TABLE {} WITH ({})").format(
+                sql.Identifier(name), _table_list(tables), sql.SQL(options)
             )
         )
     except psycopg2.errors.InsufficientPrivilege as err:
@@ -200,7 +202,7 @@ def _create_publication(cur: Any, name: str, tables: Sequence[TableId]) -> None:
             f"cannot create publication {name!r}: {_first_line(err)}; creating it needs "
             "the CREATE privilege on the database and ownership of the tables: ask their "
             f"owner (or a superuser) to run CREATE PUBLICATION {quoted} FOR TABLE "
-            f"{_readable_names(cur, tables)} WITH (publish_via_partition_root = true)"
+            f"{_readable_names(cur, tables)} WITH ({options})"
         ) from None
     log.info("created publication %s for %d tables", name, len(tables))
 
