@@ -388,17 +388,15 @@ def _merge_scd1(table: DeltaTable, batch: PreparedBatch, spec: ApplySpec,
     if len(source):
         updates = {sql.quote(n): _value(n, keep) for n in columns.data if n not in spec.keys}
         inserts = {sql.quote(n): sql.column("s", n) for n in columns.data}
+        if soft is not None:
+            updates[soft] = inserts[soft] = "false"
+        merger = merger.when_matched_update(updates, predicate=f"NOT {is_delete} AND {newer}")
         if soft is None:
-            merger = merger.when_matched_update(updates,
-                                                predicate=f"NOT {is_delete} AND {newer}")
             merger = merger.when_matched_delete(predicate=f"{is_delete} AND {newer}")
         else:
             # A delete keeps the row's last values (a DEFAULT identity's delete brings
             # only its key) and takes the delete's sequence, so an older change that
             # comes later cannot bring the row back.
-            updates[soft] = inserts[soft] = "false"
-            merger = merger.when_matched_update(updates,
-                                                predicate=f"NOT {is_delete} AND {newer}")
             merger = merger.when_matched_update(
                 {soft: "true", **{sql.quote(n): sql.column("s", n) for n in seq}},
                 predicate=f"{is_delete} AND {newer}")

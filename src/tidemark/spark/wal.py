@@ -25,13 +25,14 @@ from typing import Any, Final
 
 import psycopg
 
-from tidemark.errors import ConfigError, SourceError, TerminalError
+from tidemark.errors import SourceError, TerminalError
 from tidemark.source.postgres.pgoutput import lsn_to_str
 from tidemark.source.postgres.session import (
     classify_connect_message,
     keepalive_params,
     session_options,
 )
+from tidemark.source.postgres.slot import makes_failover_slot
 from tidemark.spark.offsets import TxnSummary
 
 log = logging.getLogger(__name__)
@@ -159,12 +160,8 @@ def ensure_slot(conn: psycopg.Connection[Any], slot: str, failover: bool | None 
     exists = conn.execute("SELECT 1 FROM pg_replication_slots WHERE slot_name = %s",
                           (slot,)).fetchone()
     if exists is None:
-        version = conn.info.server_version
-        if failover and version < 170000:
-            raise ConfigError("slotFailover", "failover slots need PostgreSQL 17 or later; "
-                              f"this server is {version // 10000}: set it to false")
         try:
-            if failover is not False and version >= 170000:
+            if makes_failover_slot(conn.info.server_version, failover, "slotFailover"):
                 conn.execute("SELECT pg_create_logical_replication_slot(%s, 'pgoutput', "
                              "false, false, true)", (slot,))
             else:

@@ -320,7 +320,7 @@ class MariaDbConnector:
                         records = self._take_signals(records, signals)
                     position = resume[0] = builder.position
                     self._put(_Queued(records, position, builder.commit_us,
-                                      snapshots.state() if snapshots.queue else None))
+                                      snapshots.state()))
                 if snapshots.queue and not builder.in_transaction:
                     # Between transactions: a chunk whose read view the stream has
                     # reached goes out here, before any later transaction.

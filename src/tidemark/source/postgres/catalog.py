@@ -449,20 +449,23 @@ def warn_about_identity_index(conn: psycopg2.extensions.connection,
     """Warn about tables whose ``REPLICA IDENTITY USING INDEX`` is not on their primary
     key: PostgreSQL then sends a delete (and an update of the index's columns) with
     the index's columns only, so the event's key (the primary key) is null."""
-    for table in tables:
-        key = keys.get(table)
-        if not key:
-            continue
-        with cursor(conn) as cur:
-            cur.execute(
-                "SELECT array_agg(a.attname::text ORDER BY a.attnum) FROM pg_index i "
-                "JOIN pg_class c ON c.oid = i.indrelid JOIN pg_namespace n "
-                "ON n.oid = c.relnamespace JOIN pg_attribute a ON a.attrelid = c.oid "
-                "AND a.attnum = ANY(i.indkey) WHERE n.nspname = %s AND c.relname = %s "
-                "AND i.indisreplident", (table.schema, table.table))
-            row = cur.fetchone()
-        index = tuple(row[0]) if row and row[0] else ()
-        if index and set(index) != set(key):
+    keyed = {str(t): t for t in tables if keys.get(t)}
+    if not keyed:
+        return
+    with cursor(conn) as cur:  # one query for all tables: this runs at every start
+        cur.execute(
+            "SELECT format('%%s.%%s', n.nspname, c.relname), "
+            "array_agg(a.attname::text ORDER BY a.attnum) FROM pg_index i "
+            "JOIN pg_class c ON c.oid = i.indrelid JOIN pg_namespace n "
+            "ON n.oid = c.relnamespace JOIN pg_attribute a ON a.attrelid = c.oid "
+            "AND a.attnum = ANY(i.indkey) WHERE i.indisreplident "
+            "AND format('%%s.%%s', n.nspname, c.relname) = ANY(%s) GROUP BY 1 ORDER BY 1",
+            (list(keyed),))
+        rows = cur.fetchall()
+    for name, columns in rows:
+        table, index = keyed[name], tuple(columns)
+        key = keys[table]
+        if set(index) != set(key):
             log.warning(
                 "table %s has REPLICA IDENTITY USING INDEX on (%s), not on its primary key "
                 "(%s): its deletes arrive without the primary key, so their events have a "

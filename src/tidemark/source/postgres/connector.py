@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING, Any, TypeVar
 
 import psycopg2
 
-from tidemark.errors import ConfigError, SourceError, SourceUnavailableError, TransientError
+from tidemark.errors import SourceError, SourceUnavailableError, TransientError
 from tidemark.event import Record, TableId
 from tidemark.offsets.store import Offset, OffsetReader
 from tidemark.retry import retry_transient
@@ -136,10 +136,8 @@ class PostgresConnector:
         conn = self._catalog_conn = session.connect(cfg.dsn)
         catalog.check_wal_level(conn)
         catalog.check_replication_privilege(conn)
-        if cfg.slot_failover and conn.server_version < 170000:
-            raise ConfigError("slot_failover", "failover slots need PostgreSQL 17 or later; "
-                              f"this server is {conn.server_version // 10000}: set "
-                              "slot_failover = false")
+        # Before anything is created; create_slot decides the same way later.
+        slot.makes_failover_slot(conn.server_version, cfg.slot_failover, "slot_failover")
         self.database = catalog.current_database(conn)
         where = "the offset given to start()"
         if offset is None and store is not None:

@@ -27,14 +27,14 @@ import psycopg
 from psycopg import pq
 from psycopg.conninfo import conninfo_to_dict, make_conninfo
 
-from tidemark.errors import ConfigError, SourceError, SourceUnavailableError
+from tidemark.errors import SourceError, SourceUnavailableError
 from tidemark.source.postgres.pgoutput import PG_EPOCH_OFFSET_US, lsn_to_str, str_to_lsn
 from tidemark.source.postgres.session import (
     classify_connect_message,
     keepalive_params,
     session_options,
 )
-from tidemark.source.postgres.slot import SlotInUseError, SlotLostError
+from tidemark.source.postgres.slot import SlotInUseError, SlotLostError, makes_failover_slot
 
 log = logging.getLogger(__name__)
 
@@ -109,12 +109,9 @@ class ReplicationStream:
         (PostgreSQL 17+) that standbys synchronise; None makes one where the server can.
         """
         conn = self._require()
-        version = conn.server_version
-        if failover and version < 170000:
-            raise ConfigError("slot_failover", f"failover slots need PostgreSQL 17 or later; "
-                              f"this server is {version // 10000}: set slot_failover = false")
         options = ["SNAPSHOT 'export'"]
-        if failover is not False and not temporary and version >= 170000:
+        if not temporary and makes_failover_slot(conn.server_version, failover,
+                                                 "slot_failover"):
             options.append("FAILOVER true")
         # The slot name was validated as a plain identifier by the config.
         kind = "TEMPORARY LOGICAL" if temporary else "LOGICAL"

@@ -16,7 +16,7 @@ import psycopg2.errors
 import psycopg2.extensions
 from psycopg2 import sql
 
-from tidemark.errors import SourceError, TransientError
+from tidemark.errors import ConfigError, SourceError, TransientError
 from tidemark.event import TableId
 from tidemark.source.postgres import catalog
 from tidemark.source.postgres.session import cursor
@@ -31,6 +31,16 @@ class SlotInUseError(TransientError):
 class SlotLostError(SourceError):
     """The slot the offsets need is gone or was invalidated: changes since the offset
     cannot be streamed any more (the message says how to recover)."""
+
+
+def makes_failover_slot(server_version: int, setting: bool | None, name: str) -> bool:
+    """Whether a new slot is a failover slot (PostgreSQL 17+): *setting* None means
+    where the server can; true on an older server is an error naming the setting
+    *name*."""
+    if setting and server_version < 170000:
+        raise ConfigError(name, "failover slots need PostgreSQL 17 or later; this server "
+                                f"is {server_version // 10000}: set {name} = false")
+    return setting is not False and server_version >= 170000
 
 
 class SlotInfo:
