@@ -308,20 +308,24 @@ def test_one_compiled_writer_shared_by_threads_writes_every_event_right() -> Non
             **{field: getattr(event, field) for field in ChangeEvent.__struct_fields__}))
     python = DebeziumJsonSerializer(compiled=False).renderer(schema)
     expected = [python(event) for event in events]
-    tail = ',"schema":"public","table":"t",'
     shared = debezium_json.compiled_event_renderer(
         schema, DebeziumJsonOptions(),
-        lambda context, snapshot: DebeziumJsonSerializer._source_parts(context, snapshot, tail),
+        lambda context, snapshot: DebeziumJsonSerializer._source_parts(
+            context, snapshot, schema.table),
         lambda ts: f'"ts_ms":{ts // 1000},"ts_us":{ts},"ts_ns":{ts * 1000}}}',
         lambda event: "null", DebeziumJsonSerializer().general_key_and_value)
     wrong: list[int] = []
+    raised: list[BaseException] = []
 
     def write(offset: int) -> None:
-        for _ in range(5):
-            for n in range(len(events)):
-                i = (n + offset) % len(events)
-                if shared(events[i]) != expected[i]:
-                    wrong.append(i)
+        try:
+            for _ in range(5):
+                for n in range(len(events)):
+                    i = (n + offset) % len(events)
+                    if shared(events[i]) != expected[i]:
+                        wrong.append(i)
+        except BaseException as error:  # a thread's error must fail the test, not warn
+            raised.append(error)
 
     interval = sys.getswitchinterval()
     sys.setswitchinterval(1e-6)
@@ -333,6 +337,7 @@ def test_one_compiled_writer_shared_by_threads_writes_every_event_right() -> Non
             thread.join()
     finally:
         sys.setswitchinterval(interval)
+    assert raised == []
     assert wrong == []
 
 

@@ -30,7 +30,7 @@ _SERVER_SQL: Final = (
     "THEN greatest(pg_last_wal_receive_lsn(), pg_last_wal_replay_lsn()) "
     "ELSE pg_current_wal_insert_lsn() END - '0/0')::bigint, "
     "(CASE WHEN pg_is_in_recovery() THEN pg_last_wal_replay_lsn() "
-    "ELSE pg_current_wal_lsn() END - '0/0')::bigint"
+    "ELSE pg_current_wal_insert_lsn() END - '0/0')::bigint"
 )
 
 # wal_status and safe_wal_size exist from PostgreSQL 13 on.
@@ -66,8 +66,10 @@ class ServerWal:
     """The end of the server's WAL (``pg_current_wal_insert_lsn()``; on a standby the
     WAL received or replayed): no position of this server can be beyond it."""
     current_lsn: int | None
-    """``pg_current_wal_lsn()`` (on a standby the replay position): lags are taken
-    against it."""
+    """``pg_current_wal_insert_lsn()`` (on a standby the replay position): lags are taken
+    against it. Not ``pg_current_wal_lsn()``: under ``synchronous_commit = off`` a
+    commit is visible before the WAL writer writes it out, and a lag taken against the
+    write position would read 0 for changes already committed."""
 
 
 @dataclasses.dataclass(frozen=True)
