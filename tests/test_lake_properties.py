@@ -1,7 +1,8 @@
 """Property: random transactions over a few keys, split into random batches and applied in
 order (with replays of earlier batches) give the same table as applying the changes one
 at a time to a Python dict (SCD1), and the same version history as a per-transaction
-model (SCD2)."""
+model (SCD2) — also when each batch is applied in pieces cut anywhere, even inside a
+transaction (``apply_changes_in_steps``), which must still make one commit per batch."""
 
 from __future__ import annotations
 
@@ -9,11 +10,13 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
+from deltalake import DeltaTable
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from lake_helpers import change, read, rows
 from tidemark.lake import ApplySpec, apply_changes
+from tidemark.lake.delta_writer import apply_changes_in_steps
 
 KEYS = (1, 2, 3, 4)
 Txn = list[dict[str, Any]]
@@ -72,15 +75,29 @@ def _batches(txns: list[Txn], sizes: list[int]) -> list[list[dict[str, Any]]]:
 
 
 def _run(path: Path, spec: ApplySpec, txns: list[Txn], sizes: list[int],
-         replays: list[tuple[int, str]]) -> None:
+         replays: list[tuple[int, str]], piece: int | None = None) -> None:
+    """Apply the batches in order; with *piece*, each in pieces of that many changes."""
     batches = _batches(txns, sizes)
     for version, batch in enumerate(batches):
-        apply_changes(path, rows(*batch), spec, app_id="q", version=version)
+        if piece is None:
+            apply_changes(path, rows(*batch), spec, app_id="q", version=version)
+        else:
+            before = _version(path)
+            ordered = sorted(batch, key=lambda c: (c["_commit_lsn"], c["_seq"]))
+            apply_changes_in_steps(path, (rows(*ordered[i:i + piece])
+                                          for i in range(0, len(ordered), piece)),
+                                   spec, app_id="q", version=version)
+            # One commit for the batch (after the one creating the table).
+            assert _version(path) - max(before, 0) <= 1
         for when, app in replays:
             if when == version:  # replay an earlier batch after this one
                 earlier = version // 2
                 apply_changes(path, rows(*batches[earlier]), spec, app_id=app,
                               version=earlier)
+
+
+def _version(path: Path) -> int:
+    return DeltaTable(str(path)).version() if (path / "_delta_log").exists() else -1
 
 
 def _model_scd1(txns: list[Txn]) -> list[dict[str, Any]]:
@@ -140,25 +157,30 @@ def _model_scd2(txns: list[Txn]) -> list[tuple[Any, ...]]:
 
 
 @settings(max_examples=20, deadline=None, suppress_health_check=[HealthCheck.too_slow])
-@given(workloads(), st.booleans())
-def test_scd1_batches_and_replays_equal_the_dict_model(workload: Any, ordered: bool) -> None:
+@given(workloads(), st.booleans(), st.sampled_from([None, 1, 2, 3]))
+def test_scd1_batches_and_replays_equal_the_dict_model(workload: Any, ordered: bool,
+                                                       piece: int | None) -> None:
     txns, sizes, replays = workload
     if not ordered:  # no high-water mark: only app-transaction replays are recognised
         replays = [(when, "q") for when, _ in replays]
     with tempfile.TemporaryDirectory() as tmp:
         path = Path(tmp) / "t"
-        _run(path, ApplySpec(keys=("id",), ordered_batches=ordered), txns, sizes, replays)
+        _run(path, ApplySpec(keys=("id",), ordered_batches=ordered), txns, sizes, replays,
+             piece)
+        assert not (path / "_tidemark_branches").exists()
         actual = read(path, "id", "name", "body") if (path / "_delta_log").exists() else []
     assert actual == _model_scd1(txns)
 
 
 @settings(max_examples=20, deadline=None, suppress_health_check=[HealthCheck.too_slow])
-@given(workloads())
-def test_scd2_batches_and_replays_equal_the_version_model(workload: Any) -> None:
+@given(workloads(), st.sampled_from([None, 1, 2, 3]))
+def test_scd2_batches_and_replays_equal_the_version_model(workload: Any,
+                                                          piece: int | None) -> None:
     txns, sizes, replays = workload
     with tempfile.TemporaryDirectory() as tmp:
         path = Path(tmp) / "t"
-        _run(path, ApplySpec(keys=("id",), stored_as_scd_type=2), txns, sizes, replays)
+        _run(path, ApplySpec(keys=("id",), stored_as_scd_type=2), txns, sizes, replays,
+             piece)
         actual = []
         if (path / "_delta_log").exists():
             table = read(path, "id", "name", "body", "__START_AT", "__END_AT")

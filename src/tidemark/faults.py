@@ -5,6 +5,9 @@ moments that decide it, by SIGKILL at a named point of the pipeline:
 
 * ``after_read:n`` — batch *n* has been read from the source (and cached), nothing of it
   is in Delta yet;
+* ``between_steps:n`` — batch *n* was too big to collect and is being applied in steps:
+  its first steps are merged into a branch of a target, which holds the rest back from
+  readers (:mod:`tidemark.lake.branch`), nothing of it is committed to Delta;
 * ``between_targets:n`` — batch *n* is in the first Delta target it has changes for
   (in the pipeline file's order), not yet in the others;
 * ``after_write:n`` — batch *n* is in every Delta target, Spark has not written it to
@@ -32,7 +35,8 @@ from typing import Final
 log = logging.getLogger(__name__)
 
 ENV: Final = "TIDEMARK_FAULT"
-POINTS: Final = ("after_read", "between_targets", "after_write", "before_advance")
+POINTS: Final = ("after_read", "between_steps", "between_targets", "after_write",
+                  "before_advance")
 
 
 @functools.cache

@@ -13,10 +13,11 @@ from __future__ import annotations
 import dataclasses
 import datetime as dt
 import decimal
+import itertools
 import json
 import logging
 import os
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any, Final, Literal
 
 import pyarrow as pa
@@ -27,6 +28,7 @@ from deltalake.exceptions import DeltaError, TableNotFoundError
 from tidemark.errors import ConfigError
 from tidemark.lake import change_rows as cr
 from tidemark.lake import sql
+from tidemark.lake.branch import Branch, BranchUnsupportedError
 from tidemark.lake.collapse import (
     IS_DELETE,
     PreparedBatch,
@@ -80,6 +82,25 @@ class ApplyResult:
     delta_version: int | None = None
     already_applied: bool = False
 
+    def __add__(self, other: ApplyResult) -> ApplyResult:
+        return ApplyResult(
+            inserted=self.inserted + other.inserted, updated=self.updated + other.updated,
+            deleted=self.deleted + other.deleted, skipped=self.skipped + other.skipped,
+            superseded=self.superseded + other.superseded,
+            delta_version=other.delta_version if other.delta_version is not None
+            else self.delta_version,
+            already_applied=self.already_applied and other.already_applied)
+
+
+def _check_arguments(changes: object, app_id: object, version: object) -> None:
+    if not isinstance(changes, pa.Table):
+        raise ConfigError("changes", f"must be a pyarrow.Table of change rows, "
+                                     f"got {type(changes).__name__}")
+    if not isinstance(app_id, str) or not app_id:
+        raise ConfigError("app_id", "must be a non-empty string (e.g. the query id)")
+    if not isinstance(version, int) or version < 0:
+        raise ConfigError("version", f"must be a non-negative integer, got {version!r}")
+
 
 def apply_changes(target: str | os.PathLike[str], changes: pa.Table, spec: ApplySpec, *,
                   app_id: str, version: int,
@@ -104,13 +125,7 @@ def apply_changes(target: str | os.PathLike[str], changes: pa.Table, spec: Apply
     ``"append"`` adds them (its later chunks, whose keys no earlier chunk holds). The
     batch is then written, not merged. SCD type 1 only; an SCD2 target merges anyway.
     """
-    if not isinstance(changes, pa.Table):
-        raise ConfigError("changes", f"must be a pyarrow.Table of change rows, "
-                                     f"got {type(changes).__name__}")
-    if not isinstance(app_id, str) or not app_id:
-        raise ConfigError("app_id", "must be a non-empty string (e.g. the query id)")
-    if not isinstance(version, int) or version < 0:
-        raise ConfigError("version", f"must be a non-negative integer, got {version!r}")
+    _check_arguments(changes, app_id, version)
     uri = os.fspath(target)
     columns = spec.resolve(changes.schema)
     table = _open(uri, storage_options)
@@ -156,6 +171,123 @@ def apply_changes(target: str | os.PathLike[str], changes: pa.Table, spec: Apply
     return ApplyResult(inserted=inserted, updated=updated, deleted=deleted,
                        skipped=skipped + not_applied, superseded=superseded,
                        delta_version=table.version())
+
+
+def apply_changes_in_steps(target: str | os.PathLike[str], pieces: Iterable[pa.Table],
+                           spec: ApplySpec, *, app_id: str, version: int,
+                           storage_options: dict[str, str] | None = None,
+                           new_column_values: NewColumnValues | None = None) -> ApplyResult:
+    """Apply one batch given as consecutive *pieces* of its change rows (in commit order,
+    one schema) as one Delta commit, holding one piece at a time in memory.
+
+    The same as :func:`apply_changes` of the pieces put together, for batches too big to
+    merge at once (a bulk load's transaction): each piece is merged into a branch of the
+    target (:class:`tidemark.lake.branch.Branch`), which is then committed to the target
+    as one transaction with the app transaction ``(app_id, version)``. A reader sees all
+    of the batch or none of it. A target the branch cannot serve (not on the local file
+    system) gets the pieces put together in one merge instead. A replayed batch the
+    target already holds is skipped without reading the pieces (``skipped`` is 0 then).
+
+    An SCD type 2 target makes one version of a key per ``version_column`` value (per
+    transaction), which must be planned from all of its changes at once: its pieces are
+    cut again at such boundaries, so one transaction is held whole.
+    """
+    chunks = iter(pieces)
+    if spec.stored_as_scd_type == 2:
+        chunks = iter(_whole_versions(chunks, spec.version_column))
+    first = next(chunks, None)
+    if first is None:
+        return ApplyResult()
+    second = next(chunks, None)
+    if second is None:
+        return apply_changes(target, first, spec, app_id=app_id, version=version,
+                             storage_options=storage_options,
+                             new_column_values=new_column_values)
+    _check_arguments(first, app_id, version)
+    uri = os.fspath(target)
+    columns = spec.resolve(first.schema)
+    table = _open(uri, storage_options)
+    if table is not None:
+        done = table.transaction_version(app_id)
+        if done is not None and done >= version:
+            log.info("batch %s of %s is already in %s (it holds version %s); skipping",
+                     version, app_id, uri, done)
+            return ApplyResult(delta_version=table.version(), already_applied=True)
+        table = _add_new_columns(table, first.schema, columns, spec, new_column_values)
+    else:
+        table = _create(uri, first.schema, columns, spec, storage_options)
+    previous_high_water = read_high_water(table, spec, first.schema) \
+        if spec.ordered_batches else None
+    try:
+        branch = Branch(table, f"{app_id}-{version}")
+    except BranchUnsupportedError as err:
+        log.warning("%s: applying the batch in one merge, not in steps (%s)", uri, err)
+        return apply_changes(target, pa.concat_tables([first, second, *chunks]), spec,
+                             app_id=app_id, version=version, storage_options=storage_options,
+                             new_column_values=new_column_values)
+    result = ApplyResult()
+    high_water: tuple[Any, ...] | None = None
+    steps = 0
+    try:
+        for piece in itertools.chain((first, second), chunks):
+            applied, top = _apply_step(branch.table, piece, spec, columns,
+                                       previous_high_water, uri)
+            result += applied
+            steps += 1
+            if top is not None and (high_water is None or top > high_water):
+                high_water = top
+        if high_water is None:  # every change was already applied
+            branch.discard()
+            return result
+        commit = CommitProperties(
+            app_transactions=[Transaction(app_id, version)],
+            custom_metadata={HIGH_WATER_KEY: _encode_high_water(spec, high_water)})
+        delta_version = branch.publish(commit)
+    except BaseException:
+        branch.discard()
+        raise
+    log.info("applied batch %s to %s in %d steps as one commit (version %d)", version, uri,
+             steps, delta_version)
+    return dataclasses.replace(result, delta_version=delta_version)
+
+
+def _whole_versions(pieces: Iterable[pa.Table], column: str) -> Iterable[pa.Table]:
+    """*pieces* cut again so that no value of *column* (in commit order, so its rows are
+    contiguous) spans two pieces: each piece's last value moves on to the next."""
+    carry: pa.Table | None = None
+    for piece in pieces:
+        rows = piece if carry is None else pa.concat_tables([carry, piece])
+        if not len(rows):
+            continue
+        values = rows.column(column)
+        tail = pc.index(values, values[-1]).as_py()
+        if tail > 0:
+            yield rows.slice(0, tail)
+        carry = rows.slice(tail)
+    if carry is not None and len(carry):
+        yield carry
+
+
+def _apply_step(table: DeltaTable, changes: pa.Table, spec: ApplySpec,
+                columns: ResolvedColumns, previous_high_water: tuple[Any, ...] | None,
+                uri: str) -> tuple[ApplyResult, tuple[Any, ...] | None]:
+    """Merge one piece of a batch into *table* (a branch); returns what it did and the
+    piece's highest sequence (None when it held nothing to apply)."""
+    batch = prepare_batch(changes, spec, columns)
+    skipped = 0
+    if previous_high_water is not None:
+        batch, skipped = drop_applied(batch, spec.sequence_by, previous_high_water)
+    if len(batch.rows) == 0 and not batch.truncates:
+        return ApplyResult(skipped=skipped), None
+    merge = _merge_scd1 if spec.stored_as_scd_type == 1 else _merge_scd2
+    metrics, not_applied, superseded = merge(table, batch, spec, columns, CommitProperties(),
+                                             uri)
+    table.update_incremental()
+    return ApplyResult(inserted=int(metrics.get("num_target_rows_inserted", 0)),
+                       updated=int(metrics.get("num_target_rows_updated", 0)),
+                       deleted=int(metrics.get("num_target_rows_deleted", 0)),
+                       skipped=skipped + not_applied,
+                       superseded=superseded), _high_water(batch, spec)
 
 
 # -- the target table ---------------------------------------------------------------------

@@ -89,6 +89,13 @@ class SparkSection(msgspec.Struct, frozen=True):
     trigger_interval_ms: Annotated[int, msgspec.Meta(ge=0)] | None = None
     available_now: bool = False
     conf: dict[str, str] = msgspec.field(default_factory=dict)
+    collect_max_mb: Annotated[int, msgspec.Meta(ge=0)] = 256
+    """A batch spanning more source log than this is not collected to the driver whole:
+    the executors write it to Parquet in the checkpoint, and it is applied from there in
+    steps (0: every batch)."""
+    apply_step_rows: Positive = 500_000
+    """Change rows of one table merged per step when a batch is applied from Parquet;
+    the steps of a batch are committed to its Delta table as one commit."""
 
 
 class MetricsSection(msgspec.Struct, frozen=True):

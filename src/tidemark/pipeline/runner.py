@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import itertools
 import json
 import logging
 import os
@@ -26,15 +27,17 @@ import sys
 import threading
 import time
 import warnings
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from pathlib import Path
 from typing import Any, Final
 
 import psycopg
 import pyarrow as pa
 import pyarrow.compute as pc
+from deltalake.exceptions import DeltaError
 from pyspark.errors import PySparkException
 from pyspark.sql import DataFrame, SparkSession
+from pyspark.sql.pandas.types import to_arrow_schema
 from pyspark.sql.streaming.query import StreamingQuery
 from pyspark.sql.types import StructType
 
@@ -42,18 +45,20 @@ import tidemark.spark as ts
 from tidemark import faults
 from tidemark.errors import TerminalError
 from tidemark.event import TableId
-from tidemark.lake import apply_changes
-from tidemark.lake.delta_writer import SnapshotLoad
+from tidemark.lake import ApplyResult, apply_changes
+from tidemark.lake.delta_writer import SnapshotLoad, apply_changes_in_steps
 from tidemark.metrics import serve
+from tidemark.pipeline import spill
 from tidemark.pipeline.config import PipelineConfig, Target
 from tidemark.pipeline.progress import BatchReport
 from tidemark.pipeline.run_metrics import RunMetrics
 from tidemark.pipeline.run_record import record_batch, records_runs
 from tidemark.pipeline.written_targets import WrittenTargets
 from tidemark.source.postgres.column_defaults import existing_row_values
+from tidemark.source.postgres.pgoutput import lsn_to_str
 from tidemark.source.registry import source_kind
 from tidemark.spark import wal
-from tidemark.spark.arrow_rows import envelope_table_schemas, typed_rows
+from tidemark.spark.arrow_rows import arrow_schema, envelope_table_schemas, typed_rows
 from tidemark.spark.offsets import SourceOffset
 from tidemark.spark.options import SnapshotMode
 from tidemark.spark.snapshot_plan import SnapshotPlan
@@ -120,6 +125,7 @@ class Pipeline:
         self._conn: psycopg.Connection[Any] | None = None
         self._schemas: dict[str, StructType] | None = None
         self._written: WrittenTargets | None = None
+        self._spill_path: Path | None = None
         self._batches_applied = 0
         self._metrics = RunMetrics(config.spark.app_name)
         self.metrics_port: int | None = None
@@ -253,10 +259,55 @@ class Pipeline:
     # -- the micro-batch, on the driver ------------------------------------------------
     def _process(self, batch: DataFrame, batch_id: int) -> None:
         started = time.monotonic()
-        # One Spark action brings the batch to the driver, where apply_changes runs
-        # anyway: every table's rows and the batch's statistics come from that one
-        # Arrow table. The change log is a second action, so then the source is read
-        # once into Spark's cache.
+        raw_offset = _batch_offset(self.config.checkpoint, batch_id)
+        offset = None if self._mariadb else SourceOffset.parse(raw_offset)
+        # A MariaDB batch that holds a table's snapshot holds only its rows ("loaded").
+        loads: dict[str, SnapshotLoad] = (
+            dict.fromkeys(raw_offset.get("loaded", ()), "replace") if offset is None
+            else snapshot_loads(offset.snapshot))
+        if self._schemas is None:
+            self._schemas = envelope_table_schemas(batch.schema)
+        size = spill.batch_log_bytes(self.config.checkpoint, batch_id, raw_offset,
+                                     self._log_position)
+        limit = self.config.spark.collect_max_mb << 20
+        if size is None or size > limit:
+            inputs = self._spilled(batch, batch_id, size)
+        else:
+            inputs = self._collected(batch, batch_id)
+        seen = _Seen()
+        changes: dict[str, int] = {}
+        replayed: list[str] = []
+        try:
+            for target in self.config.targets:
+                rows = inputs.pop(target.table)
+                load = loads.get(target.table)
+                result = self._apply(target, rows, load, batch_id, seen)
+                if result is None:
+                    changes[target.table] = 0
+                    continue
+                faults.crash_point("between_targets", batch_id)
+                changes[target.table] = 0 if result.already_applied else \
+                    seen.rows.get(target.table, 0)
+                if result.already_applied:
+                    replayed.append(target.table)
+        finally:
+            if self._spill_path is not None:
+                spill.remove(self._spill_path)
+                self._spill_path = None
+        faults.crash_point("after_write", batch_id)
+        report = self._report(batch_id, changes, time.monotonic() - started, replayed,
+                              seen.newest_commit_us, offset, raw_offset)
+        log.info("batch %d applied: %s", batch_id, changes)
+        self._metrics.observe(report, 0 if replayed else len(seen.commits))
+        self._batches_applied += 1
+        record_batch(self.config.checkpoint, report)  # for tidemark status
+        if self._on_batch is not None:
+            self._on_batch(report)
+
+    def _collected(self, batch: DataFrame, batch_id: int) -> dict[str, pa.Table]:
+        """Every target's rows of the batch, brought to the driver in one Spark action."""
+        # One action gives every table's rows and the batch's statistics. The change
+        # log is a second action, so then the source is read once into Spark's cache.
         persisted = bool(self.config.changelog)
         if persisted:
             batch.persist()
@@ -268,54 +319,97 @@ class Pipeline:
         finally:
             if persisted:
                 batch.unpersist()
-        if self._schemas is None:
-            self._schemas = envelope_table_schemas(batch.schema)
-        tables = {t.table: typed_rows(envelope, t.table, self._schemas[t.table])
-                  for t in self.config.targets}
-        del envelope
-        # Microseconds since the epoch (the column's unit), None for an empty batch.
-        newest = max((pc.max(rows.column("_commit_ts")).value for rows in tables.values()
-                      if rows.num_rows), default=None)
-        transactions = _transactions(tables.values())
-        changes: dict[str, int] = {}
-        replayed: list[str] = []
-        raw_offset = _batch_offset(self.config.checkpoint, batch_id)
-        offset = None if self._mariadb else SourceOffset.parse(raw_offset)
-        # A MariaDB batch that holds a table's snapshot holds only its rows ("loaded").
-        loads: dict[str, SnapshotLoad] = (
-            dict.fromkeys(raw_offset.get("loaded", ()), "replace") if offset is None
-            else snapshot_loads(offset.snapshot))
-        for target in self.config.targets:
-            rows = tables.pop(target.table)
-            load = loads.get(target.table)
-            if not rows.num_rows and load != "replace":
-                changes[target.table] = 0
-                continue
-            written = self._written_targets()
-            written.check((target,), identity=False)  # deleted while the query runs
-            result = apply_changes(
-                target.path, rows, target.spec, app_id=self._app_id(target),
-                version=batch_id,
-                new_column_values=functools.partial(self._existing_row_values, target.table),
-                snapshot_load=load)
-            written.record(target)
-            faults.crash_point("between_targets", batch_id)
-            changes[target.table] = 0 if result.already_applied else rows.num_rows
-            if result.already_applied:
-                replayed.append(target.table)
-        faults.crash_point("after_write", batch_id)
-        report = self._report(batch_id, changes, time.monotonic() - started, replayed,
-                              newest, offset, raw_offset)
-        log.info("batch %d applied: %s", batch_id, changes)
-        self._metrics.observe(report, 0 if replayed else transactions)
-        self._batches_applied += 1
-        record_batch(self.config.checkpoint, report)  # for tidemark status
-        if self._on_batch is not None:
-            self._on_batch(report)
+        assert self._schemas is not None
+        return {t.table: typed_rows(envelope, t.table, self._schemas[t.table])
+                for t in self.config.targets}
+
+    def _spilled(self, batch: DataFrame, batch_id: int,
+                 size: int | None) -> dict[str, Iterator[pa.Table]]:
+        """Every target's rows of the batch as pieces read from the executors' spill."""
+        path = spill.spill_dir(self.config.checkpoint, batch_id)
+        step = self.config.spark.apply_step_rows
+        log.info("batch %d spans %s of source log (spark.collect_max_mb = %d): the "
+                 "executors write it to %s and it is applied in steps of %d rows",
+                 batch_id, "an unknown amount" if size is None else f"{size / 2**20:.0f} MB",
+                 self.config.spark.collect_max_mb, path, step)
+        persisted = bool(self.config.changelog)
+        if persisted:
+            batch.persist()
+        try:
+            if persisted:
+                self._write_changelog(batch, batch_id)
+            spill.spill(batch, path)
+            faults.crash_point("after_read", batch_id)
+        finally:
+            if persisted:
+                batch.unpersist()
+        self._spill_path = path
+        assert self._schemas is not None
+        # What toArrow() would give (pyspark 4.3's DataFrame.toArrow).
+        large = batch.sparkSession.conf.get("spark.sql.execution.arrow.useLargeVarTypes")
+        envelope = to_arrow_schema(batch.schema, error_on_duplicated_field_names_in_struct=True,
+                                   timezone="UTC", prefers_large_types=large == "true")
+        return {t.table: spill.table_pieces(path, t.table, self._schemas[t.table], envelope,
+                                            step)
+                for t in self.config.targets}
+
+    def _apply(self, target: Target, rows: pa.Table | Iterator[pa.Table],
+               load: SnapshotLoad | None, batch_id: int, seen: _Seen) -> ApplyResult | None:
+        """Apply one target's rows of the batch (a table, or pieces of a spilled batch);
+        None when there was nothing to apply."""
+        pieces = seen.count(target.table, [rows] if isinstance(rows, pa.Table) else rows)
+        if load is not None:  # a snapshot's rows, bounded by the snapshot's chunk settings
+            assert self._schemas is not None
+            pieces = iter([pa.concat_tables([*pieces, arrow_schema(
+                self._schemas[target.table]).empty_table()])])
+        first = next(pieces, None)
+        if first is None or (not first.num_rows and load != "replace"):
+            return None
+        written = self._written_targets()
+        written.check((target,), identity=False)  # deleted while the query runs
+        new_column_values = functools.partial(self._existing_row_values, target.table)
+        try:
+            if load is not None:
+                result = apply_changes(
+                    target.path, first, target.spec, app_id=self._app_id(target),
+                    version=batch_id, new_column_values=new_column_values,
+                    snapshot_load=load)
+            else:
+                result = apply_changes_in_steps(
+                    target.path, _crash_between_steps(itertools.chain([first], pieces),
+                                                      batch_id), target.spec,
+                    app_id=self._app_id(target), version=batch_id,
+                    new_column_values=new_column_values)
+        except (MemoryError, DeltaError) as err:
+            if isinstance(err, DeltaError) and "Resources exhausted" not in str(err):
+                raise
+            raise PipelineError(
+                f"batch {batch_id} could not be applied to {target.path}: {err} (after "
+                f"{seen.rows.get(target.table, 0)} change rows of {target.table}, "
+                f"transactions committing up to {seen.last_commit(self._position_text)}); "
+                f"lower "
+                f"spark.apply_step_rows (now {self.config.spark.apply_step_rows}) or "
+                "spark.collect_max_mb, or give the driver more memory. Nothing of the "
+                "batch was committed: the pipeline resumes from its checkpoint and "
+                "applies it again") from None
+        written.record(target)
+        return result
 
     @property
     def _mariadb(self) -> bool:
         return source_kind(self.config.dsn) == "mariadb"
+
+    def _position_text(self, position: int) -> str:
+        return f"binlog {position >> 32}:{position & 0xFFFFFFFF}" if self._mariadb \
+            else lsn_to_str(position)
+
+    def _log_position(self, offset: dict[str, Any]) -> int:
+        """A batch end's position in the source's log, as a number of bytes."""
+        if self._mariadb:
+            from tidemark.source.mariadb.position import BinlogPosition  # noqa: PLC0415
+
+            return BinlogPosition.from_offset(offset).key
+        return SourceOffset.parse(offset).lsn
 
     def _existing_row_values(self, table: str, columns: Sequence[str]) -> dict[str, Any]:
         if self._mariadb:
@@ -367,12 +461,40 @@ class Pipeline:
                            replayed=tuple(replayed), snapshot=snapshot)
 
 
-def _transactions(tables: Iterable[pa.Table]) -> int:
-    """How many source transactions the change rows of *tables* come from."""
-    commits = [pc.unique(rows.column("_commit_lsn")) for rows in tables if rows.num_rows]
-    if not commits:
-        return 0
-    return int(pc.count_distinct(pa.chunked_array(commits)).as_py())
+def _crash_between_steps(pieces: Iterator[pa.Table], batch_id: int) -> Iterator[pa.Table]:
+    """*pieces*, with :mod:`tidemark.faults`' ``between_steps`` point when the third is
+    asked for: the first two are merged into the target's branch by then."""
+    for n, piece in enumerate(pieces):
+        if n == 2:
+            faults.crash_point("between_steps", batch_id)
+        yield piece
+
+
+class _Seen:
+    """What a batch's change rows held, counted as they pass on to Delta: rows per
+    table, the transactions (commit positions) and the newest commit time."""
+
+    def __init__(self) -> None:
+        self.rows: dict[str, int] = {}
+        self.commits: set[int] = set()
+        self.newest_commit_us: int | None = None
+        """Microseconds since the epoch (the column's unit), None for an empty batch."""
+
+    def last_commit(self, position: Callable[[int], str]) -> str:
+        """The newest commit position seen, as *position* writes it."""
+        return position(max(self.commits)) if self.commits else "none"
+
+    def count(self, table: str, pieces: Iterable[pa.Table]) -> Iterator[pa.Table]:
+        """*pieces*, counted as they are read."""
+        for piece in pieces:
+            if piece.num_rows:
+                self.rows[table] = self.rows.get(table, 0) + piece.num_rows
+                self.commits.update(pc.unique(piece.column("_commit_lsn")).to_pylist())
+                newest = pc.max(piece.column("_commit_ts")).value
+                if newest is not None and (self.newest_commit_us is None
+                                           or newest > self.newest_commit_us):
+                    self.newest_commit_us = newest
+            yield piece
 
 
 #: Longest wait for a moment between two batches before stopping anyway.

@@ -1,0 +1,112 @@
+"""Batches too big to collect: spilled by the executors, applied in steps, one commit.
+
+``spark.collect_max_mb = 0`` sends every batch through the spill and ``apply_step_rows``
+of a few rows cuts one transaction into many steps, so small tables exercise what a
+10M-row bulk load does (``benchmarks/bench_big_transaction.py`` runs that one).
+"""
+
+from __future__ import annotations
+
+import signal
+from pathlib import Path
+
+import pytest
+from deltalake import DeltaTable
+from pyspark.sql import SparkSession
+
+from conftest import Database
+from test_pipeline_run import (
+    _assert_equal_to_source,
+    _batch_lines,
+    _pipeline_file,
+    _prepare,
+    _tidemark_run,
+)
+from tidemark.lake.branch import BRANCHES_DIR
+from tidemark.pipeline import load_config
+from tidemark.pipeline.progress import BatchReport
+from tidemark.pipeline.runner import Pipeline
+from tidemark.pipeline.spill import SPILL_DIR
+
+pytestmark = pytest.mark.integration
+
+_SPILL_EVERYTHING = ('master = "local[1]"\navailable_now = true\ncollect_max_mb = 0\n'
+                     'apply_step_rows = 7\nconf = { "spark.ui.enabled" = "false", '
+                     '"spark.sql.shuffle.partitions" = "1" }')
+
+#: One transaction touching every key several times: updates, a key change, a delete
+#: and a re-insert of the deleted key, an SCD2 key updated and deleted and brought back.
+_BIG_TRANSACTION = (
+    "UPDATE a SET v = 'first pass'",
+    "UPDATE a SET v = 'second pass', n = n + 1 WHERE id % 2 = 0",
+    "UPDATE a SET id = 1000 WHERE id = 3",
+    "DELETE FROM a WHERE id BETWEEN 10 AND 14",
+    "INSERT INTO a VALUES (12, 'back', 0)",
+    "INSERT INTO a SELECT g, 'new', g FROM generate_series(100, 140) g",
+    "UPDATE b SET v = 'changed' WHERE id <= 10",
+    "DELETE FROM b WHERE id = 4",
+    "INSERT INTO b VALUES (4, 'returned')",
+    "UPDATE b SET v = 'changed twice' WHERE id = 5",
+)
+
+
+def _workload(db: Database) -> None:
+    db.execute("INSERT INTO a SELECT g, 'x' || g, g / 4.0 FROM generate_series(1, 60) g",
+               "INSERT INTO b SELECT g, 'first' FROM generate_series(1, 20) g")
+    db.execute(*_BIG_TRANSACTION)
+    db.execute("UPDATE a SET v = 'after' WHERE id = 1", "DELETE FROM b WHERE id = 20")
+
+
+def _setup(db: Database, tmp_path: Path, *, changelog: bool) -> Path:
+    db.execute("CREATE TABLE a (id int PRIMARY KEY, v text, n numeric(10, 2))",
+               "CREATE TABLE b (id int PRIMARY KEY, v text)")
+    source = _prepare(db, "a", "b") + f'dsn = "{db.dsn}"\n'
+    _workload(db)
+    return _pipeline_file(tmp_path, source, _SPILL_EVERYTHING, changelog=changelog)
+
+
+@pytest.mark.parametrize("changelog", [False, True], ids=["arrow-rows", "struct-rows"])
+def test_a_transaction_of_many_steps_becomes_one_delta_commit_per_target(
+        spark: SparkSession, db: Database, tmp_path: Path, changelog: bool) -> None:
+    """Every batch is spilled and applied 7 rows at a time; the targets equal the source
+    and each batch is one Delta version per target (the first after the one creating
+    it), so no reader could see part of a transaction. Both row formats: the change
+    log's ``struct`` rows come back from Parquet cast to what Spark collects."""
+    config = _setup(db, tmp_path, changelog=changelog)
+    reports: list[BatchReport] = []
+    Pipeline(load_config(config), spark=spark, on_batch=reports.append).run()
+
+    _assert_equal_to_source(db, tmp_path)
+    total = sum(r.total for r in reports)
+    assert total > 200, "the workload is many steps of 7 rows"
+    for name in ("public.a", "public.b"):
+        batches = [r for r in reports if r.changes.get(name)]
+        table = DeltaTable(str(tmp_path / "lake" / name.split(".")[1]))
+        assert batches and table.version() == len(batches), (
+            f"{name}: {table.version()} versions after creating it, for {len(batches)} "
+            "batches")
+        assert not (tmp_path / "lake" / name.split(".")[1] / BRANCHES_DIR).exists()
+    assert not any((tmp_path / "chk" / SPILL_DIR).glob("*/*"))
+
+
+@pytest.mark.slow
+def test_sigkill_between_steps_then_restart_loses_and_doubles_nothing(
+        spark: SparkSession, db: Database, tmp_path: Path) -> None:
+    """A SIGKILL while batch 0 is half merged into a branch: the target shows none of
+    it; the restart removes the branch, replays the batch and the targets equal the
+    source."""
+    config = _setup(db, tmp_path, changelog=False)
+    log = tmp_path / "run.log"
+    proc = _tidemark_run(config, log, extra_env={"TIDEMARK_FAULT": "between_steps:0"})
+    assert proc.wait(180) == -signal.SIGKILL, log.read_text(errors="replace")[-3000:]
+    assert _batch_lines(log) == []
+    killed_in = [t for t in "ab" if (tmp_path / "lake" / t / BRANCHES_DIR).exists()]
+    assert killed_in == ["a"], "the kill came while a's steps went into its branch"
+    # The target was created before the steps, and holds nothing of the batch.
+    assert DeltaTable(str(tmp_path / "lake/a")).to_pyarrow_dataset().count_rows() == 0
+
+    reports: list[BatchReport] = []
+    Pipeline(load_config(config), spark=spark, on_batch=reports.append).run()
+    assert reports and reports[0].batch_id == 0 and not reports[0].replayed
+    _assert_equal_to_source(db, tmp_path)
+    assert not (tmp_path / "lake/a" / BRANCHES_DIR).exists()
