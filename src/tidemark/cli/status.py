@@ -45,10 +45,11 @@ def status(ctx: click.Context, config_file: str | None, dsn: str | None, slot: s
       pipeline: config, checkpoint {path, query_id, last_offset_batch,
                 last_offset_lsn, last_committed_batch, last_committed_lsn,
                 batch_in_progress}, targets [{table, path, exists, lost,
-                delta_version, rows, app_id, last_batch_id, last_commit_at,
-                problem}], last_run {started_at, ended_at, outcome, error,
-                last_batch_id, last_batch_at, last_batch_changes,
-                last_batch_lag_bytes, last_batch_lag_seconds} (null if none)
+                delta_version, rows, files, checkpoint_version, app_id,
+                last_batch_id, last_commit_at, problem}], last_run {started_at,
+                ended_at, outcome, error, last_batch_id, last_batch_at,
+                last_batch_changes, last_batch_lag_bytes, last_batch_lag_seconds,
+                upkeep} (null if none)
       A MariaDB source (mariadb:// DSN) has no slot: source "mariadb",
       server {host, version, binlog_file, binlog_pos, gtids, oldest_binlog, binlogs},
       lag {bytes, files_behind, note}, and capture: offsets {file, exists, found,

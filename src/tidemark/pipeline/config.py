@@ -29,6 +29,7 @@ from tidemark.errors import ConfigError, unknown_key_error
 from tidemark.event import TableId
 from tidemark.lake.delta_writer import check_target
 from tidemark.lake.spec import ApplySpec, spec_from_mapping
+from tidemark.lake.upkeep import UpkeepSettings
 from tidemark.spark.options import (
     DEFAULT_PUBLICATION,
     DEFAULT_SLOT,
@@ -38,7 +39,7 @@ from tidemark.spark.options import (
 )
 
 DEFAULT_DSN_ENV: Final = "TIDEMARK_DSN"
-_SECTIONS: Final = ("source", "spark", "targets", "changelog", "metrics")
+_SECTIONS: Final = ("source", "spark", "targets", "changelog", "metrics", "upkeep")
 _TABLE_NAME: Final = re.compile(r"[^.\s]+\.[^.\s]+")
 # A URI scheme (s3://, abfss://): the runner reads Spark's checkpoint files (query id,
 # batch offsets) with plain file I/O, so only local paths are supported for now.
@@ -121,6 +122,9 @@ class Target:
     snapshot: SnapshotMode = SnapshotMode.INITIAL
     """``initial``: the table's existing rows are loaded before its changes, on the
     pipeline's first start or when the target is added later; ``never``: changes only."""
+    upkeep: UpkeepSettings = dataclasses.field(default_factory=UpkeepSettings)
+    """Compaction, checkpoints, log cleanup and vacuum (``[upkeep]``, then the target's
+    own ``upkeep = {…}``)."""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -187,7 +191,9 @@ def parse_config(raw: Mapping[str, Any], *, base: Path,
                            "with a 'path'")
     if not isinstance(raw_targets, Mapping) or not raw_targets:
         raise ConfigError("targets", 'must hold [targets."schema.table"] sections')
-    targets = tuple(_target(name, values, base) for name, values in raw_targets.items())
+    upkeep = _section(UpkeepSettings, raw.get("upkeep", {}), "upkeep")
+    targets = tuple(_target(name, values, base, upkeep)
+                    for name, values in raw_targets.items())
     tables = _tables(source, targets)
     changelog = None
     if "changelog" in raw:
@@ -253,7 +259,7 @@ def _section(cls: type[S], values: object, section: str, *,
         raise config_error_from(cls, err, section) from None
 
 
-def _target(name: str, values: object, base: Path) -> Target:
+def _target(name: str, values: object, base: Path, upkeep: UpkeepSettings) -> Target:
     section = f'targets."{name}"'
     if not _TABLE_NAME.fullmatch(name):
         raise ConfigError(section, f"{name!r} is not a table name; write "
@@ -262,7 +268,7 @@ def _target(name: str, values: object, base: Path) -> Target:
         raise ConfigError(section, f"must be a table with 'path' and apply settings, "
                           f"got {values!r}")
     settings = dict(values)
-    allowed = {"path", "snapshot"} | {f.name for f in dataclasses.fields(ApplySpec)} - {
+    allowed = {"path", "snapshot", "upkeep"} | {f.name for f in dataclasses.fields(ApplySpec)} - {
         "apply_as_deletes", "apply_as_truncates"}
     for key in settings:
         if key not in allowed:
@@ -272,6 +278,11 @@ def _target(name: str, values: object, base: Path) -> Target:
     path = settings.pop("path")
     if not isinstance(path, str) or not path:
         raise ConfigError(f"{section}.path", f"must be a directory path, got {path!r}")
+    overrides = settings.pop("upkeep", {})
+    if overrides:
+        upkeep = _section(UpkeepSettings, {**msgspec.structs.asdict(upkeep), **overrides}
+                          if isinstance(overrides, Mapping) else overrides,
+                          f"{section}.upkeep")
     snapshot = settings.pop("snapshot", SnapshotMode.INITIAL.value)
     try:
         mode = SnapshotMode(snapshot)
@@ -291,7 +302,8 @@ def _target(name: str, values: object, base: Path) -> Target:
         check_target(resolved)  # here, before Spark starts and the source is read
     except ConfigError as err:
         raise ConfigError(f"{section}.path", str(err).removeprefix(f"{err.key}: ")) from None
-    return Target(table=str(TableId.parse(name)), path=resolved, spec=spec, snapshot=mode)
+    return Target(table=str(TableId.parse(name)), path=resolved, spec=spec, snapshot=mode,
+                  upkeep=upkeep)
 
 
 def _tables(source: SourceSection, targets: tuple[Target, ...]) -> tuple[str, ...]:

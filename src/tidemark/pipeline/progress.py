@@ -25,6 +25,9 @@ class BatchReport:
     """Tables whose Delta target already held this batch (a replay after a crash)."""
     snapshot: str = ""
     """Progress of a running snapshot (table, chunks), empty when none runs."""
+    upkeep: tuple[tuple[str, str, str], ...] = ()
+    """Upkeep tasks that ran after the batch, as (table, task, what it did): ``("public.a",
+    "checkpoint", "checkpoint at version 40 (0.1 s)")``; see :mod:`tidemark.lake.upkeep`."""
 
     @property
     def total(self) -> int:
@@ -42,8 +45,10 @@ def format_report(report: BatchReport) -> str:
                           if count) or "no changes"
     replay = f" (replayed, skipped: {', '.join(report.replayed)})" if report.replayed else ""
     snapshot = f" | {report.snapshot}" if report.snapshot else ""
+    upkeep = (" | upkeep " + "; ".join(f"{table}: {text}" for table, _, text in report.upkeep)
+              if report.upkeep else "")
     return (f"batch {report.batch_id}: {per_table}{replay} | {report.rate:,.0f} changes/s | "
-            f"lag {_bytes(report.lag_bytes)}, {report.lag_seconds:.1f} s{snapshot}")
+            f"lag {_bytes(report.lag_bytes)}, {report.lag_seconds:.1f} s{snapshot}{upkeep}")
 
 
 def _bytes(count: int) -> str:

@@ -46,6 +46,9 @@ class RunRecord(msgspec.Struct, kw_only=True):
     last_batch_changes: dict[str, int] | None = None
     last_batch_lag_bytes: int | None = None
     last_batch_lag_seconds: float | None = None
+    upkeep: dict[str, str] | None = None
+    """The last run of each upkeep task of each target (``"public.a compact"``), with
+    when it ran and what it did."""
 
 
 def read_record(checkpoint: str) -> RunRecord | None:
@@ -64,9 +67,14 @@ def read_record(checkpoint: str) -> RunRecord | None:
 
 def record_batch(checkpoint: str, report: BatchReport) -> None:
     """Note that *report*'s batch was applied."""
-    _update(checkpoint, last_batch_id=report.batch_id, last_batch_at=_now(),
-            last_batch_changes=dict(report.changes), last_batch_lag_bytes=report.lag_bytes,
-            last_batch_lag_seconds=report.lag_seconds)
+    now = _now()
+    changes: dict[str, object] = {
+        "last_batch_id": report.batch_id, "last_batch_at": now,
+        "last_batch_changes": dict(report.changes), "last_batch_lag_bytes": report.lag_bytes,
+        "last_batch_lag_seconds": report.lag_seconds}
+    upkeep = {f"{table} {task}": f"{now.isoformat(timespec='seconds')}: {text}"
+              for table, task, text in report.upkeep}
+    _update(checkpoint, upkeep_done=upkeep, **changes)
 
 
 class _Run(Protocol):
@@ -97,7 +105,8 @@ def records_runs(run: Callable[[R], None]) -> Callable[[R], None]:
     return recorded
 
 
-def _update(checkpoint: str, **changes: object) -> None:
+def _update(checkpoint: str, upkeep_done: dict[str, str] | None = None,
+            **changes: object) -> None:
     file = Path(checkpoint) / FILE_NAME
     try:
         with _lock:
@@ -105,6 +114,8 @@ def _update(checkpoint: str, **changes: object) -> None:
                 record = read_record(checkpoint) or RunRecord()
             except ValueError:
                 record = RunRecord()  # not ours or torn: start it over
+            if upkeep_done:
+                changes["upkeep"] = {**(record.upkeep or {}), **upkeep_done}
             record = msgspec.structs.replace(record, **changes)
             write_atomically(file, msgspec.json.encode(record))
     except OSError as err:

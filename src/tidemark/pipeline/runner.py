@@ -17,6 +17,7 @@ batch, and each Delta table either already has it (skipped) or gets it once.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import functools
 import itertools
 import json
@@ -34,6 +35,7 @@ from typing import Any, Final
 import psycopg
 import pyarrow as pa
 import pyarrow.compute as pc
+from deltalake import DeltaTable
 from deltalake.exceptions import DeltaError
 from pyspark.errors import PySparkException
 from pyspark.sql import DataFrame, SparkSession
@@ -47,6 +49,7 @@ from tidemark.errors import TerminalError
 from tidemark.event import TableId
 from tidemark.lake import ApplyResult, apply_changes
 from tidemark.lake.delta_writer import SnapshotLoad, apply_changes_in_steps
+from tidemark.lake.upkeep import UpkeepState, upkeep
 from tidemark.metrics import serve
 from tidemark.pipeline import spill
 from tidemark.pipeline.config import PipelineConfig, Target
@@ -126,6 +129,7 @@ class Pipeline:
         self._schemas: dict[str, StructType] | None = None
         self._written: WrittenTargets | None = None
         self._spill_path: Path | None = None
+        self._upkeep_state: dict[str, UpkeepState] = {}
         self._batches_applied = 0
         self._metrics = RunMetrics(config.spark.app_name)
         self.metrics_port: int | None = None
@@ -295,14 +299,35 @@ class Pipeline:
                 spill.remove(self._spill_path)
                 self._spill_path = None
         faults.crash_point("after_write", batch_id)
-        report = self._report(batch_id, changes, time.monotonic() - started, replayed,
-                              seen.newest_commit_us, offset, raw_offset)
+        applied = time.monotonic() - started
+        upkeep = self._upkeep([t for t in self.config.targets if changes.get(t.table)])
+        report = self._report(batch_id, changes, applied, replayed, seen.newest_commit_us,
+                              offset, raw_offset)
+        report = dataclasses.replace(report, upkeep=upkeep)
         log.info("batch %d applied: %s", batch_id, changes)
         self._metrics.observe(report, 0 if replayed else len(seen.commits))
         self._batches_applied += 1
         record_batch(self.config.checkpoint, report)  # for tidemark status
         if self._on_batch is not None:
             self._on_batch(report)
+
+    def _upkeep(self, targets: Sequence[Target]) -> tuple[tuple[str, str, str], ...]:
+        """Upkeep of the targets the batch wrote to, between this batch and the next
+        (compaction or vacuum of one target at most, so a batch waits for one at most).
+        A failure is logged: the batch is committed, and the next batch tries again."""
+        done: list[tuple[str, str, str]] = []
+        heavy = True
+        for target in targets:
+            state = self._upkeep_state.setdefault(target.table, UpkeepState())
+            try:
+                tasks = upkeep(DeltaTable(target.path), target.upkeep, state, heavy=heavy)
+            except Exception as err:
+                log.warning("upkeep of %s failed (the batch is committed; the next batch "
+                            "tries again): %s", target.path, err)
+                continue
+            heavy = heavy and not any(t.name in ("compact", "vacuum") for t in tasks)
+            done += [(target.table, task.name, str(task)) for task in tasks]
+        return tuple(done)
 
     def _collected(self, batch: DataFrame, batch_id: int) -> dict[str, pa.Table]:
         """Every target's rows of the batch, brought to the driver in one Spark action."""

@@ -22,6 +22,7 @@ from deltalake import DeltaTable
 from deltalake.exceptions import DeltaError
 
 from tidemark.errors import TidemarkError
+from tidemark.lake.upkeep import last_checkpoint
 from tidemark.pipeline.config import PipelineConfig, Target
 from tidemark.pipeline.run_record import read_record
 from tidemark.pipeline.written_targets import TargetLostError, WrittenTargets
@@ -208,8 +209,8 @@ def _target(target: Target, checkpoint: str, query_id: str | None,
     section: dict[str, Any] = {
         "table": target.table, "path": target.path,
         "exists": os.path.isdir(os.path.join(target.path, "_delta_log")), "lost": False,
-        "delta_version": None, "rows": None, "app_id": app_id, "last_batch_id": None,
-        "last_commit_at": None, "problem": None}
+        "delta_version": None, "rows": None, "files": None, "checkpoint_version": None,
+        "app_id": app_id, "last_batch_id": None, "last_commit_at": None, "problem": None}
     try:
         WrittenTargets(checkpoint).check((target,))
     except TargetLostError as err:
@@ -223,6 +224,8 @@ def _target(target: Target, checkpoint: str, query_id: str | None,
         delta = DeltaTable(target.path)
         section["delta_version"] = delta.version()
         section["rows"] = _row_count(delta)
+        section["files"] = len(delta.file_uris())
+        section["checkpoint_version"] = last_checkpoint(Path(target.path))
         if app_id is not None:
             section["last_batch_id"] = delta.transaction_version(app_id)
         history = delta.history(1)
@@ -269,7 +272,8 @@ def _last_run(checkpoint: str, problems: list[str]) -> dict[str, Any] | None:
             "last_batch_id": record.last_batch_id, "last_batch_at": when(record.last_batch_at),
             "last_batch_changes": record.last_batch_changes,
             "last_batch_lag_bytes": record.last_batch_lag_bytes,
-            "last_batch_lag_seconds": record.last_batch_lag_seconds}
+            "last_batch_lag_seconds": record.last_batch_lag_seconds,
+            "upkeep": record.upkeep or {}}
 
 
 # -- human output ----------------------------------------------------------------------
@@ -288,19 +292,22 @@ def render_pipeline(status: Status) -> str:
                     f"{chk['last_offset_lsn']})" if chk["batch_in_progress"] else "")
         rows.append(("checkpoint", f"{chk['path']}: {committed}{progress}"))
     rows.append(("last run", _run_line(status["last_run"])))
+    for task, text in sorted(((status["last_run"] or {}).get("upkeep") or {}).items()):
+        rows.append((f"upkeep {task}", text))
     rows.append(("snapshot", status["snapshot"]["note"]))
-    header = ("table", "delta version", "rows", "last batch", "last commit", "path")
+    header = ("table", "delta version", "rows", "files", "checkpoint", "last batch",
+              "last commit", "path")
     body: list[tuple[str, ...]] = []
     for t in status["targets"]:
         if t["lost"]:
-            body.append((t["table"], "LOST", "-", "-", "-", t["path"]))
+            body.append((t["table"], "LOST", "-", "-", "-", "-", "-", t["path"]))
             continue
         if not t["exists"]:
-            body.append((t["table"], "not created yet", "-", "-", "-", t["path"]))
+            body.append((t["table"], "not created yet", "-", "-", "-", "-", "-", t["path"]))
             continue
         body.append(tuple("-" if v is None else str(v) for v in (
-            t["table"], t["delta_version"], t["rows"], t["last_batch_id"],
-            t["last_commit_at"], t["path"])))
+            t["table"], t["delta_version"], t["rows"], t["files"], t["checkpoint_version"],
+            t["last_batch_id"], t["last_commit_at"], t["path"])))
     lines = ["targets:", *table(header, body)]
     return render(f"pipeline {status['config']}", rows, status, lines)
 

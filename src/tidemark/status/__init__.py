@@ -29,11 +29,14 @@ Keys (``--json``)::
     config           the pipeline file
     checkpoint       {path, query_id, last_offset_batch, last_offset_lsn,
                       last_committed_batch, last_committed_lsn, batch_in_progress}
-    targets          [{table, path, exists, lost, delta_version, rows, app_id,
-                       last_batch_id, last_commit_at, problem}]
+    targets          [{table, path, exists, lost, delta_version, rows, files,
+                       checkpoint_version, app_id, last_batch_id, last_commit_at,
+                       problem}]
     last_run         null if no run recorded it, else {started_at, ended_at, outcome,
                       error, last_batch_id, last_batch_at, last_batch_changes,
-                      last_batch_lag_bytes, last_batch_lag_seconds}
+                      last_batch_lag_bytes, last_batch_lag_seconds, upkeep}
+                      (upkeep: "<table> <task>" -> when the task last ran and what
+                      it did)
 
 LSNs are PostgreSQL's text form (``"16/B374D848"``), sizes bytes, times ISO 8601 UTC.
 ``offsets.state`` is one of ``in_step``, ``behind_slot``, ``ahead_of_slot``,

@@ -1,0 +1,173 @@
+"""Benchmark: one huge transaction (a bulk load) through capture, the engine and ``tidemark run``.
+
+A single ``INSERT … SELECT`` of ``--rows`` rows (default 10,000,000; about 1 GB of WAL)
+into ``big (id bigint PRIMARY KEY, v text, n integer)`` in a private PostgreSQL, read from
+copies of one slot made before it, with default settings everywhere:
+
+* ``pg_recvlogical`` to /dev/null — the baseline: the server's decoding and the wire;
+* ``tidemark capture --stop-at-end`` (Debezium JSON lines to /dev/null);
+* the embedded engine (batch mode, Debezium JSON, a counting consumer that checks the
+  count);
+* ``tidemark run --available-now`` into a new Delta table (``local[2]``), checked after the
+  run: the table holds every row, and the transaction is one Delta commit.
+
+Each prints changes/s (rows / wall time from process start to exit) and its ratio to the
+baseline of the same run, and peak RSS: capture and the engine from ``wait4``; for
+``tidemark run`` the Python driver, Spark's JVM (executors included in local mode) and the
+Python workers, sampled every 0.1 s. One run per contender: each takes minutes at 10M.
+
+Usage: ``uv run python benchmarks/bench_big_transaction.py [--rows 10000000]
+[--skip-run] [--skip-engine]``
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import os
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import psycopg2
+from deltalake import DeltaTable
+
+sys.path.insert(0, str(Path(__file__).parent))
+
+from bench_pipeline_snapshot import Peaks
+from processes import run_measured
+
+from tidemark.engine.consumers import BatchCommitter
+from tidemark.engine.converters import ConvertedRecord
+from tidemark.engine.engine import Engine
+from tidemark.source.postgres.task import PostgresSourceConnector
+from tidemark.testing.postgres import PostgresCluster
+
+_SLOTS = ("recv", "capture", "engine", "run")
+
+
+def _mib(n: float) -> str:
+    return f"{n / 2**20:,.0f} MiB"
+
+
+def engine_child(slot: str, stop_at: int, expect: int) -> None:
+    """The engine on *slot* until *stop_at*, checking it delivered *expect* records."""
+    count = [0]
+
+    class Counter:
+        def handle_batch(self, records: list[ConvertedRecord],
+                         committer: BatchCommitter) -> None:
+            count[0] += len(records)
+
+    connector = PostgresSourceConnector(
+        {"dsn": os.environ["TIDEMARK_DSN"], "table_include_list": ["public.big"],
+         "slot_name": slot, "publication_name": "bench_pub", "snapshot_mode": "no_data"},
+        stop_at_lsn=stop_at)
+    Engine(connector, Counter(), config={"delivery_mode": "batch", "worker_count": 1}).run()
+    if count[0] != expect:
+        raise SystemExit(f"engine delivered {count[0]} records, expected {expect}")
+
+
+def _run_pipeline(dsn: str, work: Path) -> tuple[float, Peaks, Path, str]:
+    file = work / "pipeline.toml"
+    file.write_text(
+        f'[source]\ndsn = "{dsn}"\nslot = "run"\npublication = "bench_pub"\n'
+        '[spark]\ncheckpoint = "chk"\navailable_now = true\n'
+        'conf = { "spark.ui.enabled" = "false" }\n'
+        '[targets."public.big"]\npath = "lake"\nkeys = ["id"]\nsnapshot = "never"\n')
+    log = work / "run.log"
+    env = {**os.environ, "PYSPARK_PYTHON": sys.executable}
+    started = time.perf_counter()
+    with log.open("wb") as out:
+        proc = subprocess.Popen([sys.executable, "-m", "tidemark", "--log-level", "INFO",
+                                 "run", str(file)],
+                                env=env, stdout=out, stderr=subprocess.STDOUT)
+        peaks = Peaks(proc.pid)
+        peaks.start()
+        code = proc.wait()
+    seconds = time.perf_counter() - started
+    peaks.stop.set()
+    peaks.join()
+    text = log.read_text(errors="replace")
+    if code != 0:
+        raise SystemExit(f"tidemark run failed ({code}):\n{text[-3000:]}")
+    return seconds, peaks, work / "lake", text
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--rows", type=int, default=10_000_000)
+    parser.add_argument("--skip-run", action="store_true", help="no tidemark run")
+    parser.add_argument("--skip-engine", action="store_true", help="no embedded engine")
+    parser.add_argument("--engine-child", help=argparse.SUPPRESS)
+    parser.add_argument("--stop-at", type=int, help=argparse.SUPPRESS)
+    parser.add_argument("--expect", type=int, help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    if args.engine_child:
+        engine_child(args.engine_child, args.stop_at, args.expect)
+        return
+    rows = args.rows
+    with PostgresCluster() as cluster, tempfile.TemporaryDirectory() as tmp:
+        dsn = cluster.create_database("bench")
+        with contextlib.closing(psycopg2.connect(dsn)) as conn:
+            conn.autocommit = True
+            with conn.cursor() as cur:
+                cur.execute("CREATE TABLE big (id bigint PRIMARY KEY, v text, n integer)")
+                cur.execute("CREATE PUBLICATION bench_pub FOR TABLE big")
+                for slot in _SLOTS:
+                    cur.execute("SELECT pg_create_logical_replication_slot(%s, 'pgoutput')",
+                                (slot,))
+                started = time.perf_counter()
+                cur.execute("INSERT INTO big SELECT g, 'value ' || lpad(g::text, 12, '0'), "
+                            f"g % 1000 FROM generate_series(1, {rows}) g")
+                insert_s = time.perf_counter() - started
+                cur.execute("SELECT pg_current_wal_insert_lsn()::text, "
+                            "(pg_current_wal_insert_lsn() - '0/0')::bigint, "
+                            "pg_wal_lsn_diff(pg_current_wal_insert_lsn(), "
+                            "(SELECT restart_lsn FROM pg_replication_slots "
+                            "WHERE slot_name = 'recv'))")
+                end_text, end_lsn, wal_bytes = cur.fetchone()
+        print(f"one transaction of {rows:,} inserts ({_mib(float(wal_bytes))} of WAL, "
+              f"written in {insert_s:.0f} s); one run per contender, default settings")
+        env = {**os.environ, "PGPASSWORD": cluster.password, "TIDEMARK_DSN": dsn}
+        recv = [str(Path(cluster.bindir) / "pg_recvlogical"), "-h", cluster.host, "-p",
+                str(cluster.port), "-U", cluster.superuser, "-d", "bench", "--start",
+                "-o", "proto_version=1", "-o", "publication_names=bench_pub",
+                "-f", "/dev/null", "-E", end_text, "--no-loop", "--slot", "recv"]
+        base_s, base_rss, _ = run_measured(recv, env)
+        base = rows / base_s
+        print(f"  {'pg_recvlogical (baseline)':<28}{base:>12,.0f} changes/s "
+              f"({base_s:.0f} s), peak RSS {_mib(base_rss)}")
+        capture = [sys.executable, "-m", "tidemark", "capture", "--table", "public.big",
+                   "--slot", "capture", "--publication", "bench_pub",
+                   "--snapshot-mode", "no_data", "--stop-at-end"]
+        seconds, rss, _ = run_measured(capture, env)
+        print(f"  {'tidemark capture (JSON)':<28}{rows / seconds:>12,.0f} changes/s "
+              f"({seconds:.0f} s, {rows / seconds / base:.2f}x baseline), peak RSS "
+              f"{_mib(rss)}")
+        if not args.skip_engine:
+            engine = [sys.executable, __file__, "--engine-child", "engine",
+                      "--stop-at", str(end_lsn), "--expect", str(rows)]
+            seconds, rss, _ = run_measured(engine, env)
+            print(f"  {'embedded engine (JSON)':<28}{rows / seconds:>12,.0f} changes/s "
+                  f"({seconds:.0f} s, {rows / seconds / base:.2f}x baseline), peak RSS "
+                  f"{_mib(rss)}")
+        if not args.skip_run:
+            seconds, peaks, lake, log = _run_pipeline(dsn, Path(tmp))
+            table = DeltaTable(str(lake))
+            delta_rows = table.to_pyarrow_dataset().count_rows()
+            if delta_rows != rows:
+                raise SystemExit(f"Delta holds {delta_rows} rows, the transaction {rows}")
+            commits = [c for c in table.history() if c.get("operation") != "CREATE TABLE"]
+            steps = "applied in steps" if "in steps" in log else "collected whole"
+            print(f"  {'tidemark run local[2]':<28}{rows / seconds:>12,.0f} changes/s "
+                  f"({seconds:.0f} s with Spark's start, {rows / seconds / base:.2f}x "
+                  f"baseline; {steps}, {len(commits)} Delta commit(s)) | peak RSS: driver "
+                  f"{_mib(peaks.driver)}, JVM {_mib(peaks.jvm)}, Python workers "
+                  f"{_mib(peaks.workers)}")
+
+
+if __name__ == "__main__":
+    main()

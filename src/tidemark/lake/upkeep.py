@@ -1,0 +1,176 @@
+"""Keeping a Delta table healthy while it takes a commit every batch, for months.
+
+A pipeline commits to each target once per micro-batch: at two a second an insert-heavy
+target gains thousands of small files an hour and its ``_delta_log`` one JSON file per
+batch, and every reader (Spark, DuckDB, Polars, delta-rs) slows down listing and
+opening them. :func:`upkeep` is run by the writer itself between its batches, so it never
+conflicts with a merge; each task runs only when due:
+
+* **compaction** (``optimize.compact``, which keeps the files' order, so a table
+  clustered by key stays so): when ``compact_min_files`` files are smaller than half of
+  ``target_file_mb``. A compaction commit changes no data: readers and the app
+  transactions that make batches exactly-once are unaffected. Its cost is bounded by the
+  small files it rewrites, not the table.
+* **checkpoint** every ``checkpoint_every`` commits, so a reader loads one Parquet
+  checkpoint and the JSON commits after it instead of the whole log;
+* **log cleanup** after a checkpoint: commits older than ``log_retention_hours`` (which
+  also bounds time travel) are deleted;
+* **vacuum** every ``vacuum_every_minutes``: data files that no version newer than
+  ``vacuum_retention_hours`` references are deleted (the default, 7 days, is Delta's:
+  longer than any reader or time travel should need).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import logging
+import time
+from pathlib import Path
+from typing import Annotated, Final
+
+import msgspec
+import pyarrow as pa
+import pyarrow.compute as pc
+from deltalake import DeltaTable
+
+log = logging.getLogger(__name__)
+
+_LOG_RETENTION: Final = "delta.logRetentionDuration"
+
+
+Count = Annotated[int, msgspec.Meta(ge=0)]
+
+
+class UpkeepSettings(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
+    """How a target is kept healthy (``[upkeep]`` in ``pipeline.toml``, or per target)."""
+
+    enabled: bool = True
+    target_file_mb: Annotated[int, msgspec.Meta(ge=1)] = 64
+    """Compaction writes files of about this size; smaller merges then rewrite less."""
+    compact_min_files: Count = 16
+    """Compact once this many files are smaller than half of ``target_file_mb``
+    (0: never compact)."""
+    checkpoint_every: Count = 20
+    """Commits between two checkpoints (0: only delta-rs' own, every 100 commits)."""
+    log_retention_hours: Count = 168
+    """Commits older than this are deleted after a checkpoint (time travel goes this far
+    back at most)."""
+    vacuum_every_minutes: Count = 60
+    """How often unreferenced data files are deleted (0: never)."""
+    vacuum_retention_hours: Count = 168
+    """A file no version newer than this references is deleted by vacuum."""
+
+
+@dataclasses.dataclass(frozen=True)
+class UpkeepTask:
+    """One upkeep task that ran: what it did and how long it took."""
+
+    name: str
+    """``compact``, ``checkpoint``, ``cleanup`` or ``vacuum``."""
+    detail: str
+    seconds: float
+
+    def __str__(self) -> str:
+        return f"{self.detail} ({self.seconds:.1f} s)"
+
+
+@dataclasses.dataclass
+class UpkeepState:
+    """What upkeep remembers of a target between batches (this process only)."""
+
+    last_vacuum: float | None = None
+
+
+def small_files(table: DeltaTable, settings: UpkeepSettings) -> int:
+    """How many of the table's files are under half of ``target_file_mb``."""
+    sizes = pa.table(table.get_add_actions(flatten=True)).column("size_bytes")
+    limit = settings.target_file_mb << 19  # half of target_file_mb, in bytes
+    return int(pc.sum(pc.less(sizes, limit)).as_py() or 0)
+
+
+def last_checkpoint(root: Path) -> int | None:
+    """The version of the local table's last checkpoint (None: none yet)."""
+    try:
+        return int(json.loads((root / "_delta_log" / "_last_checkpoint").read_text())
+                   ["version"])
+    except (OSError, ValueError, KeyError):
+        return None
+
+
+def table_properties(settings: UpkeepSettings) -> dict[str, str]:
+    """The table properties that carry *settings* into delta-rs."""
+    return {_LOG_RETENTION: f"interval {settings.log_retention_hours} hours",
+            "delta.deletedFileRetentionDuration":
+                f"interval {settings.vacuum_retention_hours} hours",
+            "delta.targetFileSize": str(settings.target_file_mb << 20)}
+
+
+def upkeep(table: DeltaTable, settings: UpkeepSettings, state: UpkeepState,
+           *, now: float | None = None, heavy: bool = True) -> list[UpkeepTask]:
+    """Run the upkeep tasks that are due on the local *table*; returns those that ran.
+
+    With *heavy* false, compaction and vacuum (which read or list files) wait for a
+    later call even when due: a pipeline runs at most one of them per batch, so a batch
+    is never late by more than one."""
+    if not settings.enabled:
+        return []
+    now = time.time() if now is None else now
+    root = Path(table.table_uri.removeprefix("file://"))
+    _ensure_properties(table, settings)
+    tasks: list[UpkeepTask] = []
+    if heavy and settings.compact_min_files and small_files(table, settings) >= \
+            settings.compact_min_files:
+        started = time.monotonic()
+        metrics = table.optimize.compact(target_size=settings.target_file_mb << 20,
+                                         max_concurrent_tasks=1)
+        table.update_incremental()
+        tasks.append(UpkeepTask(
+            "compact", f"compacted {metrics.get('numFilesRemoved', 0)} files into "
+                       f"{metrics.get('numFilesAdded', 0)}", time.monotonic() - started))
+    version = table.version()
+    last = last_checkpoint(root)
+    if settings.checkpoint_every and version - (last if last is not None else -1) >= \
+            settings.checkpoint_every:
+        started = time.monotonic()
+        table.create_checkpoint()
+        tasks.append(UpkeepTask("checkpoint", f"checkpoint at version {version}",
+                                time.monotonic() - started))
+        before = _log_files(root)
+        started = time.monotonic()
+        table.cleanup_metadata()
+        removed = before - _log_files(root)
+        if removed > 0:
+            tasks.append(UpkeepTask("cleanup", f"deleted {removed} old log files",
+                                    time.monotonic() - started))
+    heavy = heavy and not any(task.name == "compact" for task in tasks)
+    if heavy and settings.vacuum_every_minutes and (
+            state.last_vacuum is None
+            or now - state.last_vacuum >= settings.vacuum_every_minutes * 60):
+        started = time.monotonic()
+        deleted = table.vacuum(retention_hours=settings.vacuum_retention_hours,
+                               dry_run=False, enforce_retention_duration=False,
+                               full=True)
+        state.last_vacuum = now
+        tasks.append(UpkeepTask("vacuum", f"vacuum deleted {len(deleted)} files",
+                                time.monotonic() - started))
+    for task in tasks:
+        log.debug("%s: %s", table.table_uri, task)
+    return tasks
+
+
+def _log_files(root: Path) -> int:
+    return sum(1 for _ in (root / "_delta_log").glob("*.json"))
+
+
+def _ensure_properties(table: DeltaTable, settings: UpkeepSettings) -> None:
+    """Give the table the properties of *settings* (one commit, only when they differ):
+    delta-rs reads them when it writes files (``delta.targetFileSize``), cleans up the
+    log (``delta.logRetentionDuration``) and vacuums. Checkpoints are taken here, not by
+    delta-rs' own interval (every 100 commits), so that each shows in the batch line."""
+    wanted = table_properties(settings)
+    current = table.metadata().configuration
+    if any(current.get(key) != value for key, value in wanted.items()):
+        table.alter.set_table_properties(wanted)
+        table.update_incremental()
+

@@ -1,0 +1,123 @@
+"""Upkeep of a Delta target under many small batches: compaction, checkpoints, log
+cleanup and vacuum keep it small to read, and never change what it holds."""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+
+import pytest
+from deltalake import DeltaTable
+
+from lake_helpers import change, read, rows
+from tidemark.lake import ApplySpec, apply_changes
+from tidemark.lake.upkeep import UpkeepSettings, UpkeepState, upkeep
+
+SPEC = ApplySpec(keys=("id",))
+
+
+def _batch(n: int) -> list[dict[str, object]]:
+    """Batch *n*: five new rows (an insert-heavy target: a new file per batch), and in
+    every tenth an update of a row of the batch before."""
+    lsn = 10 * (n + 1)
+    changes = [change("c", lsn, s, id=5 * n + s, name=f"n{n}", body="x") for s in range(1, 6)]
+    if n % 10 == 9:
+        changes.append(change("u", lsn, 6, id=5 * n - 1, name="updated", body="y"))
+    return changes
+
+
+def _model(batches: int) -> list[dict[str, object]]:
+    table = {}
+    for n in range(batches):
+        for c in _batch(n):
+            table[c["id"]] = {"id": c["id"], "name": c["name"], "body": c["body"]}
+    return [table[k] for k in sorted(table)]
+
+
+def _live(path: Path) -> set[str]:
+    return {Path(u).name for u in DeltaTable(str(path)).file_uris()}
+
+
+def _files(path: Path) -> int:
+    return len(DeltaTable(str(path)).file_uris())
+
+
+def test_many_small_batches_stay_few_files_with_a_checkpoint_and_the_same_rows(
+        tmp_path: Path) -> None:
+    path = tmp_path / "t"
+    settings = UpkeepSettings(target_file_mb=1, compact_min_files=8, checkpoint_every=10,
+                              vacuum_every_minutes=0)
+    state = UpkeepState()
+    ran: list[str] = []
+    most = 0
+    for n in range(40):
+        apply_changes(path, rows(*_batch(n)), SPEC, app_id="q", version=n)
+        ran += [task.name for task in upkeep(DeltaTable(str(path)), settings, state)]
+        most = max(most, _files(path))
+    assert "compact" in ran and "checkpoint" in ran
+    # Compaction starts at 8 small files; a merge adds at most one file per batch.
+    assert most <= 8
+    assert (path / "_delta_log" / "_last_checkpoint").exists()
+    # A reader opens it from the checkpoint, sees every row, and the batches stay
+    # exactly-once (compaction commits keep the app transaction).
+    started = time.monotonic()
+    table = DeltaTable(str(path))
+    assert time.monotonic() - started < 5
+    assert table.transaction_version("q") == 39
+    assert read(path, "id", "name", "body") == _model(40)
+    result = apply_changes(path, rows(*_batch(39)), SPEC, app_id="q", version=39)
+    assert result.already_applied
+
+
+def test_without_upkeep_the_files_pile_up(tmp_path: Path) -> None:
+    """The control: the same batches leave a file per batch (so the bound above is
+    upkeep's doing)."""
+    path = tmp_path / "t"
+    for n in range(20):
+        apply_changes(path, rows(*_batch(n)), SPEC, app_id="q", version=n)
+        upkeep(DeltaTable(str(path)), UpkeepSettings(enabled=False), UpkeepState())
+    assert _files(path) >= 15
+
+
+def test_log_cleanup_and_vacuum_delete_what_no_reader_needs(tmp_path: Path) -> None:
+    path = tmp_path / "t"
+    settings = UpkeepSettings(target_file_mb=1, compact_min_files=4, checkpoint_every=5,
+                              log_retention_hours=0, vacuum_every_minutes=1,
+                              vacuum_retention_hours=0)
+    state = UpkeepState()
+    clock = 1_000_000.0
+    tasks = []
+    for n in range(12):
+        apply_changes(path, rows(*_batch(n)), SPEC, app_id="q", version=n)
+        clock += 61
+        tasks += upkeep(DeltaTable(str(path)), settings, state, now=clock)
+    assert {"compact", "checkpoint", "cleanup", "vacuum"} <= {t.name for t in tasks}
+    assert any(t.name == "vacuum" and t.detail != "vacuum deleted 0 files" for t in tasks)
+    logs = sorted(p.name for p in (path / "_delta_log").glob("*.json"))
+    assert "00000000000000000000.json" not in logs  # cleaned up before the checkpoint
+    # Whatever the last compaction replaced goes with the next vacuum.
+    last = upkeep(DeltaTable(str(path)), settings, state, now=clock + 61)
+    assert [t.name for t in last] == ["vacuum"]
+    assert {p.name for p in path.glob("*.parquet")} == _live(path)
+    assert read(path, "id", "name", "body") == _model(12)
+
+
+def test_heavy_tasks_wait_when_the_batch_had_one(tmp_path: Path) -> None:
+    path = tmp_path / "t"
+    for n in range(10):
+        apply_changes(path, rows(*_batch(n)), SPEC, app_id="q", version=n)
+    settings = UpkeepSettings(target_file_mb=1, compact_min_files=4, checkpoint_every=0)
+    state = UpkeepState()
+    assert upkeep(DeltaTable(str(path)), settings, state, heavy=False) == []
+    assert [t.name for t in upkeep(DeltaTable(str(path)), settings, state)] == ["compact"]
+    # Vacuum was due too, and waits for the next call.
+    assert [t.name for t in upkeep(DeltaTable(str(path)), settings, state)] == ["vacuum"]
+
+
+@pytest.mark.parametrize("field", ["compact_min_files", "checkpoint_every",
+                                   "vacuum_retention_hours"])
+def test_negative_settings_are_refused(field: str) -> None:
+    import msgspec  # noqa: PLC0415
+
+    with pytest.raises(msgspec.ValidationError, match=f"`\\$.{field}`"):
+        msgspec.convert({field: -1}, UpkeepSettings)
