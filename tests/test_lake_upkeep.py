@@ -106,12 +106,17 @@ def test_heavy_tasks_wait_when_the_batch_had_one(tmp_path: Path) -> None:
     path = tmp_path / "t"
     for n in range(10):
         apply_changes(path, rows(*_batch(n)), SPEC, app_id="q", version=n)
-    settings = UpkeepSettings(target_file_mb=1, compact_min_files=4, checkpoint_every=0)
+    settings = UpkeepSettings(target_file_mb=1, compact_min_files=4, checkpoint_every=0,
+                              vacuum_every_minutes=1)
     state = UpkeepState()
-    assert upkeep(DeltaTable(str(path)), settings, state, heavy=False) == []
-    assert [t.name for t in upkeep(DeltaTable(str(path)), settings, state)] == ["compact"]
+    assert upkeep(DeltaTable(str(path)), settings, state, heavy=False, now=0) == []
+    tasks = upkeep(DeltaTable(str(path)), settings, state, now=61)
+    assert [t.name for t in tasks] == ["compact"]
     # Vacuum was due too, and waits for the next call.
-    assert [t.name for t in upkeep(DeltaTable(str(path)), settings, state)] == ["vacuum"]
+    tasks = upkeep(DeltaTable(str(path)), settings, state, now=62)
+    assert [t.name for t in tasks] == ["vacuum"]
+    # The first call only starts vacuum's clock.
+    assert upkeep(DeltaTable(str(path)), settings, UpkeepState(), now=0) == []
 
 
 @pytest.mark.parametrize("field", ["compact_min_files", "checkpoint_every",

@@ -62,7 +62,10 @@ def _setup(db: Database, tmp_path: Path, *, changelog: bool) -> Path:
                "CREATE TABLE b (id int PRIMARY KEY, v text)")
     source = _prepare(db, "a", "b") + f'dsn = "{db.dsn}"\n'
     _workload(db)
-    return _pipeline_file(tmp_path, source, _SPILL_EVERYTHING, changelog=changelog)
+    file = _pipeline_file(tmp_path, source, _SPILL_EVERYTHING, changelog=changelog)
+    with file.open("a") as out:  # no upkeep commits: every Delta version is a batch
+        out.write("\n[upkeep]\nenabled = false\n")
+    return file
 
 
 @pytest.mark.parametrize("changelog", [False, True], ids=["arrow-rows", "struct-rows"])

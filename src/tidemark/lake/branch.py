@@ -70,14 +70,19 @@ class Branch:
         # Left by a crash: a target has one writer, so no other branch is in use.
         shutil.rmtree(branches, ignore_errors=True)
         self.root.mkdir(parents=True)
-        shutil.copytree(self.target_root / "_delta_log", self.root / "_delta_log")
         linked = 0
-        for uri in target.file_uris():
-            source = Path(unquote(urlparse(uri).path)) if "://" in uri else Path(uri)
-            relative = source.relative_to(self.target_root)
-            (self.root / relative).parent.mkdir(parents=True, exist_ok=True)
-            os.link(source, self.root / relative)
-            linked += 1
+        try:
+            shutil.copytree(self.target_root / "_delta_log", self.root / "_delta_log")
+            for uri in target.file_uris():
+                source = Path(unquote(urlparse(uri).path)) if "://" in uri else Path(uri)
+                relative = source.relative_to(self.target_root)
+                (self.root / relative).parent.mkdir(parents=True, exist_ok=True)
+                os.link(source, self.root / relative)
+                linked += 1
+        except (ValueError, OSError) as err:  # a file outside the table, another device
+            self.discard()
+            raise BranchUnsupportedError(f"cannot link {self.target_root}'s files into a "
+                                         f"branch: {err}") from err
         self.table = DeltaTable(str(self.root))
         log.debug("branched %s at version %d (%d files linked)", self.target_root,
                   self.base_version, linked)

@@ -80,6 +80,7 @@ class UpkeepState:
     """What upkeep remembers of a target between batches (this process only)."""
 
     last_vacuum: float | None = None
+    """When vacuum last ran (``time.time()``); the first call of :func:`upkeep` sets it."""
 
 
 def small_files(table: DeltaTable, settings: UpkeepSettings) -> int:
@@ -116,8 +117,9 @@ def upkeep(table: DeltaTable, settings: UpkeepSettings, state: UpkeepState,
     if not settings.enabled:
         return []
     now = time.time() if now is None else now
+    if state.last_vacuum is None:  # the first vacuum comes one interval after the start
+        state.last_vacuum = now
     root = Path(table.table_uri.removeprefix("file://"))
-    _ensure_properties(table, settings)
     tasks: list[UpkeepTask] = []
     if heavy and settings.compact_min_files and small_files(table, settings) >= \
             settings.compact_min_files:
@@ -136,6 +138,7 @@ def upkeep(table: DeltaTable, settings: UpkeepSettings, state: UpkeepState,
         table.create_checkpoint()
         tasks.append(UpkeepTask("checkpoint", f"checkpoint at version {version}",
                                 time.monotonic() - started))
+        _ensure_properties(table, settings)
         before = _log_files(root)
         started = time.monotonic()
         table.cleanup_metadata()
@@ -144,9 +147,8 @@ def upkeep(table: DeltaTable, settings: UpkeepSettings, state: UpkeepState,
             tasks.append(UpkeepTask("cleanup", f"deleted {removed} old log files",
                                     time.monotonic() - started))
     heavy = heavy and not any(task.name == "compact" for task in tasks)
-    if heavy and settings.vacuum_every_minutes and (
-            state.last_vacuum is None
-            or now - state.last_vacuum >= settings.vacuum_every_minutes * 60):
+    if heavy and settings.vacuum_every_minutes and \
+            now - state.last_vacuum >= settings.vacuum_every_minutes * 60:
         started = time.monotonic()
         deleted = table.vacuum(retention_hours=settings.vacuum_retention_hours,
                                dry_run=False, enforce_retention_duration=False,
@@ -164,10 +166,10 @@ def _log_files(root: Path) -> int:
 
 
 def _ensure_properties(table: DeltaTable, settings: UpkeepSettings) -> None:
-    """Give the table the properties of *settings* (one commit, only when they differ):
-    delta-rs reads them when it writes files (``delta.targetFileSize``), cleans up the
-    log (``delta.logRetentionDuration``) and vacuums. Checkpoints are taken here, not by
-    delta-rs' own interval (every 100 commits), so that each shows in the batch line."""
+    """Give the table the properties of *settings* (one commit, once, at its first
+    checkpoint): delta-rs reads them when it writes files (``delta.targetFileSize``) and
+    cleans up the log (``delta.logRetentionDuration``). Checkpoints are taken here, not
+    by delta-rs' own interval (every 100 commits), so that each shows in the batch line."""
     wanted = table_properties(settings)
     current = table.metadata().configuration
     if any(current.get(key) != value for key, value in wanted.items()):

@@ -273,6 +273,8 @@ class Pipeline:
             self._schemas = envelope_table_schemas(batch.schema)
         size = spill.batch_log_bytes(self.config.checkpoint, batch_id, raw_offset,
                                      self._log_position)
+        if size is None and offset is not None:
+            size = self._first_batch_bytes(offset.lsn)
         limit = self.config.spark.collect_max_mb << 20
         if size is None or size > limit:
             inputs = self._spilled(batch, batch_id, size)
@@ -423,6 +425,17 @@ class Pipeline:
     @property
     def _mariadb(self) -> bool:
         return source_kind(self.config.dsn) == "mariadb"
+
+    def _first_batch_bytes(self, end: int) -> int | None:
+        """The WAL a query's first batch spans: from the slot (where the source starts a
+        new query) to *end*; None when the slot cannot be read."""
+        try:
+            if self._conn is None or self._conn.closed:
+                self._conn = wal.connect(self.config.dsn, purpose="progress")
+            return max(0, end - wal.slot_position(self._conn, self.config.source.slot))
+        except Exception as err:  # only sizing: the spill is the safe choice
+            log.debug("cannot read the slot's position: %s", err)
+            return None
 
     def _position_text(self, position: int) -> str:
         return f"binlog {position >> 32}:{position & 0xFFFFFFFF}" if self._mariadb \

@@ -41,7 +41,7 @@ def batch_log_bytes(checkpoint: str, batch_id: int, end: dict[str, Any],
                     position: Callable[[dict[str, Any]], int]) -> int | None:
     """How much source log the batch spans: from the end of the batch before it (Spark's
     offset log) to its own *end*, both turned into log positions by *position*; None
-    when the start is unknown (the first batch of a query)."""
+    when the start is not there (the first batch of a query)."""
     previous = Path(checkpoint) / "offsets" / str(batch_id - 1)
     try:
         lines = previous.read_text(encoding="utf-8").splitlines()
