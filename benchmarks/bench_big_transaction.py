@@ -160,11 +160,13 @@ def main() -> None:
             delta_rows = table.to_pyarrow_dataset().count_rows()
             if delta_rows != rows:
                 raise SystemExit(f"Delta holds {delta_rows} rows, the transaction {rows}")
-            commits = [c for c in table.history() if c.get("operation") != "CREATE TABLE"]
+            commits = [c.get("operation") for c in table.history()
+                       if c.get("operation") != "CREATE TABLE"]
             steps = "applied in steps" if "in steps" in log else "collected whole"
             print(f"  {'tidemark run local[2]':<28}{rows / seconds:>12,.0f} changes/s "
                   f"({seconds:.0f} s with Spark's start, {rows / seconds / base:.2f}x "
-                  f"baseline; {steps}, {len(commits)} Delta commit(s)) | peak RSS: driver "
+                  f"baseline; {steps}, Delta commits after CREATE TABLE: {', '.join(commits)}) | "
+                  f"peak RSS: driver "
                   f"{_mib(peaks.driver)}, JVM {_mib(peaks.jvm)}, Python workers "
                   f"{_mib(peaks.workers)}")
 

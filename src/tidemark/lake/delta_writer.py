@@ -17,7 +17,7 @@ import itertools
 import json
 import logging
 import os
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from typing import Any, Final, Literal
 
 import pyarrow as pa
@@ -228,8 +228,11 @@ def apply_changes_in_steps(target: str | os.PathLike[str], pieces: Iterable[pa.T
     result = ApplyResult()
     high_water: tuple[Any, ...] | None = None
     steps = 0
+    # The first two pieces are let go once merged, like every other one.
+    held = [first, second]
+    del first, second
     try:
-        for piece in itertools.chain((first, second), chunks):
+        for piece in itertools.chain(_taken(held), chunks):
             applied, top = _apply_step(branch.table, piece, spec, columns,
                                        previous_high_water, uri)
             result += applied
@@ -249,6 +252,12 @@ def apply_changes_in_steps(target: str | os.PathLike[str], pieces: Iterable[pa.T
     log.info("applied batch %s to %s in %d steps as one commit (version %d)", version, uri,
              steps, delta_version)
     return dataclasses.replace(result, delta_version=delta_version)
+
+
+def _taken(pieces: list[pa.Table]) -> Iterator[pa.Table]:
+    """The items of *pieces*, each removed from the list as it is handed out."""
+    while pieces:
+        yield pieces.pop(0)
 
 
 def _whole_versions(pieces: Iterable[pa.Table], column: str) -> Iterable[pa.Table]:

@@ -90,7 +90,7 @@ class SparkSection(msgspec.Struct, frozen=True):
     trigger_interval_ms: Annotated[int, msgspec.Meta(ge=0)] | None = None
     available_now: bool = False
     conf: dict[str, str] = msgspec.field(default_factory=dict)
-    collect_max_mb: Annotated[int, msgspec.Meta(ge=0)] = 256
+    collect_max_mb: Annotated[int, msgspec.Meta(ge=0)] = 64
     """A batch spanning more source log than this is not collected to the driver whole:
     the executors write it to Parquet in the checkpoint, and it is applied from there in
     steps (0: every batch)."""

@@ -19,7 +19,6 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import functools
-import itertools
 import json
 import logging
 import os
@@ -402,9 +401,10 @@ class Pipeline:
                     version=batch_id, new_column_values=new_column_values,
                     snapshot_load=load)
             else:
+                stream = _crash_between_steps(_first_then(first, pieces), batch_id)
+                del first  # the stream lets go of it once merged, like any other piece
                 result = apply_changes_in_steps(
-                    target.path, _crash_between_steps(itertools.chain([first], pieces),
-                                                      batch_id), target.spec,
+                    target.path, stream, target.spec,
                     app_id=self._app_id(target), version=batch_id,
                     new_column_values=new_column_values)
         except (MemoryError, DeltaError) as err:
@@ -497,6 +497,13 @@ class Pipeline:
         return BatchReport(batch_id=batch_id, changes=changes, seconds=seconds,
                            lag_bytes=lag_bytes, lag_seconds=lag_seconds,
                            replayed=tuple(replayed), snapshot=snapshot)
+
+
+def _first_then(first: pa.Table, rest: Iterator[pa.Table]) -> Iterator[pa.Table]:
+    """*first*, then *rest*, holding no reference to a piece already handed out."""
+    yield first
+    del first
+    yield from rest
 
 
 def _crash_between_steps(pieces: Iterator[pa.Table], batch_id: int) -> Iterator[pa.Table]:

@@ -103,5 +103,6 @@ def table_pieces(path: Path, table: str, schema: StructType, envelope: pa.Schema
                     yield joined.slice(start, rows_per_piece)
                     start += rows_per_piece
                 pending, held = [joined.slice(start)], held - start
+                del joined  # only the rest's rows are held while the next piece fills
     if held:
         yield pa.concat_tables(pending)
