@@ -11,14 +11,14 @@ Each target is laid out two ways, written fresh for every measurement:
 
 * ``one file``: the whole table in one Parquet file: what continuous merges left behind
   before targets were sized (every merge rewrote it): the baseline;
-* ``sized``: files of ``--file-mb`` (tidemark's ``upkeep.target_file_mb``, default 64),
+* ``sized``: files of ``--file-mb`` (tidemark's ``upkeep.target_file_mb``, default 16),
   in key order, as compaction of an insert-ordered table keeps them.
 
 Prints the merge time (median of ``--runs``) and the bytes the merge rewrote (files it
 removed), and the ratio to the baseline of the same run.
 
 Usage: ``uv run python benchmarks/bench_merge_scaling.py [--rows 1000000 --rows 10000000]
-[--batch 10000] [--runs 3] [--file-mb 64]``
+[--batch 10000] [--runs 3] [--file-mb 16]``
 """
 
 from __future__ import annotations
@@ -44,7 +44,7 @@ from tidemark.lake import ApplySpec, apply_changes
 from tidemark.lake.change_rows import change_rows_schema
 
 _TAIL = 100_000
-_WRITE_ROWS = 1_000_000  # rows per write_deltalake call while building a target
+_WRITE_ROWS = 250_000  # rows per write (several files, so compaction writes them all)
 
 
 def _rows(ids: np.ndarray, label: str) -> pa.Table:
@@ -67,13 +67,10 @@ def _rows(ids: np.ndarray, label: str) -> pa.Table:
 
 
 def build_target(path: Path, rows: int, file_mb: int | None) -> None:
-    """The table's rows 1..rows in key order: one file, or files of *file_mb*."""
+    """The table's rows 1..rows in key order: one file, or files of *file_mb*; both
+    compacted (the same Parquet compression, zstd, as upkeep's compaction writes)."""
     size = (1 << 40) if file_mb is None else file_mb << 20
     DeltaTable.create(str(path), TABLE, configuration={"delta.targetFileSize": str(size)})
-    if file_mb is None:
-        write_deltalake(str(path), _rows(np.arange(1, rows + 1), "old"), mode="append",
-                        target_file_size=size)
-        return
     for start in range(1, rows + 1, _WRITE_ROWS):
         ids = np.arange(start, min(rows, start + _WRITE_ROWS - 1) + 1)
         write_deltalake(str(path), _rows(ids, "old"), mode="append", target_file_size=size)
@@ -130,7 +127,7 @@ def main() -> None:
     parser.add_argument("--rows", type=int, action="append")
     parser.add_argument("--batch", type=int, default=10_000)
     parser.add_argument("--runs", type=int, default=3)
-    parser.add_argument("--file-mb", type=int, default=64)
+    parser.add_argument("--file-mb", type=int, default=16)
     args = parser.parse_args()
     sizes = args.rows or [1_000_000, 10_000_000]
     print(f"one batch of {args.batch:,} changes (60% inserts, 30% updates, 10% deletes) "

@@ -46,7 +46,7 @@ class UpkeepSettings(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     """How a target is kept healthy (``[upkeep]`` in ``pipeline.toml``, or per target)."""
 
     enabled: bool = True
-    target_file_mb: Annotated[int, msgspec.Meta(ge=1)] = 64
+    target_file_mb: Annotated[int, msgspec.Meta(ge=1)] = 16
     """Compaction writes files of about this size; smaller merges then rewrite less."""
     compact_min_files: Count = 16
     """Compact once this many files are smaller than half of ``target_file_mb``
