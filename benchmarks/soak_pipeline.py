@@ -3,8 +3,11 @@
 A private PostgreSQL holds ``t10`` (the shared 10-column layout) with ``--rows`` rows
 (default 1M), loaded into Delta by the pipeline's snapshot. Then for ``--minutes``
 (default 30) a writer makes ``--rate`` changes/s (default 10,000) in transactions of 100:
-60 inserts of new keys, 30 updates and 10 deletes of random existing keys; and a probe
-writer inserts one row a second into ``probe (id, at)`` in its own transaction.
+60 inserts of new keys, 30 updates and 10 deletes of existing keys picked at random among
+the newest 100,000 (``--keys tail``, the common case) or among all (``--keys uniform``:
+every merge then rewrites the whole table, which grows by 5,000 rows a second, so
+freshness must degrade: see ``bench_merge_scaling.py``); and a probe writer inserts one
+row a second into ``probe (id, at)`` in its own transaction.
 ``tidemark run`` (``trigger_interval_ms = 500``, ``local[2]``, default upkeep) applies
 both tables.
 
@@ -16,7 +19,7 @@ table every 0.1 s; a probe row's lag is the moment it is first seen minus its co
 check: the last window's p99 within 1.3x of the first's.
 
 Usage: ``uv run python benchmarks/soak_pipeline.py [--minutes 30] [--window 5]
-[--rows 1000000] [--rate 10000]``
+[--rows 1000000] [--rate 10000] [--keys tail|uniform]``
 """
 
 from __future__ import annotations
@@ -44,14 +47,15 @@ import workload
 from tidemark.testing.postgres import PostgresCluster
 
 _TXN = 100
+_TAIL = 100_000
 
 
 class Writer(threading.Thread):
     """Mixed transactions of 100 changes at *rate* changes/s until stopped."""
 
-    def __init__(self, dsn: str, first_new: int, rate: int) -> None:
+    def __init__(self, dsn: str, first_new: int, rate: int, keys: str) -> None:
         super().__init__(daemon=True)
-        self.dsn, self.next_id, self.rate = dsn, first_new, rate
+        self.dsn, self.next_id, self.rate, self.keys = dsn, first_new, rate, keys
         self.changes = 0
         self.stop = threading.Event()
         self.error: BaseException | None = None
@@ -64,7 +68,8 @@ class Writer(threading.Thread):
                 due = time.monotonic()
                 while not self.stop.is_set():
                     lo, self.next_id = self.next_id, self.next_id + 60
-                    keys = [int(k) for k in rng.integers(1, lo, 40)]
+                    low = 1 if self.keys == "uniform" else max(1, lo - _TAIL)
+                    keys = [int(k) for k in rng.integers(low, lo, 40)]
                     with conn, conn.cursor() as cur:
                         cur.execute(workload.T10_FILL.replace("generate_series(1, {rows})",
                                                               f"generate_series({lo}, "
@@ -131,6 +136,7 @@ def main() -> None:
     parser.add_argument("--window", type=float, default=5)
     parser.add_argument("--rows", type=int, default=1_000_000)
     parser.add_argument("--rate", type=int, default=10_000)
+    parser.add_argument("--keys", choices=("tail", "uniform"), default="tail")
     args = parser.parse_args()
     with PostgresCluster() as cluster, tempfile.TemporaryDirectory() as tmp:
         dsn = cluster.create_database("soak")
@@ -164,9 +170,9 @@ def main() -> None:
                     raise SystemExit(f"the snapshot did not finish:\n{log.read_text()[-3000:]}")
                 time.sleep(1)  # polling the snapshot's progress
             print(f"{args.rows:,} rows loaded by the snapshot; soaking {args.minutes:g} min at "
-                  f"{args.rate:,} changes/s (transactions of {_TXN}), windows of "
-                  f"{args.window:g} min")
-            writer = Writer(dsn, args.rows + 1, args.rate)
+                  f"{args.rate:,} changes/s (transactions of {_TXN}, {args.keys} keys), "
+                  f"windows of {args.window:g} min")
+            writer = Writer(dsn, args.rows + 1, args.rate, args.keys)
             probe = Probe(dsn, work / "lake/probe")
             writer.start()
             probe.start()
