@@ -15,7 +15,8 @@ Commit→visible lag is measured as a reader sees it: a thread reads the ``probe
 table every 0.1 s; a probe row's lag is the moment it is first seen minus its commit time
 (``clock_timestamp()`` at the end of its transaction, same machine clock). Per window of
 ``--window`` minutes it prints the p50/p99 probe lag, the changes the writer made, and the
-``t10`` target's file count and ``_delta_log`` size at the window's end. The freshness
+``t10`` target's file count, ``_delta_log`` size and bytes on disk at the window's end
+(replaced files stay until vacuum deletes them, ``vacuum_retention_hours`` later). The freshness
 check: the last window's p99 within 1.3x of the first's.
 
 Usage: ``uv run python benchmarks/soak_pipeline.py [--minutes 30] [--window 5]
@@ -125,6 +126,11 @@ class Probe(threading.Thread):
                             self.lags.append((at, at - self.committed[probe_id]))
 
 
+def _disk(path: Path) -> int:
+    """Bytes under *path* (data files no version references stay until vacuum)."""
+    return sum(f.stat().st_size for f in path.rglob("*") if f.is_file())
+
+
 def _log_size(lake: Path) -> tuple[int, int]:
     files = list((lake / "_delta_log").iterdir())
     return len(files), sum(f.stat().st_size for f in files if f.is_file())
@@ -204,7 +210,7 @@ def main() -> None:
                       f"commit->visible p50 {p50:.2f} s, p99 {p99:.2f} s ({len(lags)} "
                       f"probes) | t10: {len(table.file_uris())} files, version "
                       f"{table.version()}, _delta_log {log_files} files "
-                      f"{log_bytes / 2**20:.1f} MiB")
+                      f"{log_bytes / 2**20:.1f} MiB, on disk {_disk(lake) / 2**30:.1f} GiB")
             writer.stop.set()
             probe.stop.set()
             if len(windows) >= 2:
