@@ -58,6 +58,18 @@ def test_a_good_file_resolves_paths_and_the_dsn_from_the_environment(tmp_path: P
     assert config.with_available_now().spark.available_now
 
 
+def test_upkeep_comes_from_its_section_and_each_target_may_change_it(
+        tmp_path: Path) -> None:
+    text = (_GOOD + '\n[targets."public.customers"]\npath = "lake/customers"\n'
+            'keys = ["id"]\nupkeep = { compact_min_files = 0 }\n'
+            "\n[upkeep]\ncheckpoint_every = 5\n")
+    config = load_config(_write(tmp_path, text), environ=_ENV)
+    orders, customers = config.targets
+    assert orders.upkeep.checkpoint_every == customers.upkeep.checkpoint_every == 5
+    assert orders.upkeep.compact_min_files == 16 and customers.upkeep.compact_min_files == 0
+    assert config.spark.collect_max_mb == 64 and config.spark.apply_step_rows == 500_000
+
+
 def _write(tmp_path: Path, text: str) -> Path:
     file = tmp_path / "pipeline.toml"
     file.write_text(text)
@@ -96,6 +108,12 @@ def _write(tmp_path: Path, text: str) -> Path:
      "source.signal_table", "schema.table"),
     (_GOOD.replace('slot = "s1"', 'slot = "s1"\nsnapshotChunkRows = 0'),
      "source.snapshotChunkRows", ">= 1"),
+    (_GOOD.replace("trigger_interval_ms = 500", "collect_max_mb = -1"),
+     "spark.collect_max_mb", ">= 0"),
+    (_GOOD + "\n[upkeep]\ncompact_min_files = -1\n", "upkeep.compact_min_files", ">= 0"),
+    (_GOOD + "\n[upkeep]\nvacum = 1\n", "upkeep.vacum", "vacuum_every_minutes"),
+    (_GOOD.replace('keys = ["id"]', 'keys = ["id"]\nupkeep = { target_file_mb = 0 }'),
+     'targets."public.orders".upkeep.target_file_mb', ">= 1"),
 ])
 def test_each_bad_value_is_named(tmp_path: Path, text: str, key: str, says: str) -> None:
     err = _error(tmp_path, text)
