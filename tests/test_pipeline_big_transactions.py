@@ -24,6 +24,7 @@ from test_pipeline_run import (
 )
 from tidemark.lake.branch import BRANCHES_DIR
 from tidemark.pipeline import load_config
+from tidemark.pipeline.compare import compare
 from tidemark.pipeline.progress import BatchReport
 from tidemark.pipeline.runner import Pipeline
 from tidemark.pipeline.spill import SPILL_DIR
@@ -113,3 +114,22 @@ def test_sigkill_between_steps_then_restart_loses_and_doubles_nothing(
     assert reports and reports[0].batch_id == 0 and not reports[0].replayed
     _assert_equal_to_source(db, tmp_path)
     assert not (tmp_path / "lake/a" / BRANCHES_DIR).exists()
+
+
+def test_a_snapshot_and_an_empty_table_s_snapshot_through_the_spill(
+        spark: SparkSession, db: Database, tmp_path: Path) -> None:
+    """Snapshot chunks come through the spill too (loads put their pieces together), and
+    an empty table's snapshot still creates its target."""
+    db.execute("CREATE TABLE c (id int PRIMARY KEY, v text)",
+               "INSERT INTO c SELECT g, 'row ' || g FROM generate_series(1, 35) g",
+               "CREATE TABLE e (id int PRIMARY KEY, v text)")
+    file = tmp_path / "pipeline.toml"
+    file.write_text(f'[source]\ndsn = "{db.dsn}"\nslot = "s_{db.name}"\n'
+                    f'publication = "p_{db.name}"\nsnapshotChunkRows = 10\n'
+                    f"[spark]\ncheckpoint = \"chk\"\n{_SPILL_EVERYTHING}\n"
+                    '[targets."public.c"]\npath = "lake/c"\nkeys = ["id"]\n'
+                    '[targets."public.e"]\npath = "lake/e"\nkeys = ["id"]\n')
+    Pipeline(load_config(file), spark=spark).run()
+    source, lake = compare(db.dsn, "public.c", str(tmp_path / "lake/c"), ["id", "v"])
+    assert source == lake and len(lake) == 35
+    assert DeltaTable(str(tmp_path / "lake/e")).to_pyarrow_dataset().count_rows() == 0

@@ -386,8 +386,9 @@ class Pipeline:
         pieces = seen.count(target.table, [rows] if isinstance(rows, pa.Table) else rows)
         if load is not None:  # a snapshot's rows, bounded by the snapshot's chunk settings
             assert self._schemas is not None
-            pieces = iter([pa.concat_tables([*pieces, arrow_schema(
-                self._schemas[target.table]).empty_table()])])
+            chunks = list(pieces)
+            pieces = iter([pa.concat_tables(chunks) if chunks else
+                           arrow_schema(self._schemas[target.table]).empty_table()])
         first = next(pieces, None)
         if first is None or (not first.num_rows and load != "replace"):
             return None
