@@ -63,7 +63,8 @@ def test_a_bad_value_names_the_points(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv(faults.ENV, "after_wirte:1")
     faults._armed.cache_clear()
     try:
-        with pytest.raises(ValueError, match="after_read, between_targets, after_write, "
+        with pytest.raises(ValueError, match="after_read, between_steps, between_targets, "
+                                             "after_write, "
                                              "before_advance"):
             faults.crash_point("after_write", 1)
     finally:
