@@ -129,13 +129,9 @@ def apply_changes(target: str | os.PathLike[str], changes: pa.Table, spec: Apply
     uri = os.fspath(target)
     columns = spec.resolve(changes.schema)
     table = _open(uri, storage_options)
-    if table is not None:
-        done = table.transaction_version(app_id)
-        if done is not None and done >= version:
-            log.info("batch %s of %s is already in %s (it holds version %s); skipping",
-                     version, app_id, uri, done)
-            return ApplyResult(skipped=len(changes), delta_version=table.version(),
-                               already_applied=True)
+    if table is not None and _holds(table, app_id, version, uri):
+        return ApplyResult(skipped=len(changes), delta_version=table.version(),
+                           already_applied=True)
     batch = prepare_batch(changes, spec, columns)
     skipped = 0
     previous_high_water = None
@@ -208,10 +204,7 @@ def apply_changes_in_steps(target: str | os.PathLike[str], pieces: Iterable[pa.T
     columns = spec.resolve(first.schema)
     table = _open(uri, storage_options)
     if table is not None:
-        done = table.transaction_version(app_id)
-        if done is not None and done >= version:
-            log.info("batch %s of %s is already in %s (it holds version %s); skipping",
-                     version, app_id, uri, done)
+        if _holds(table, app_id, version, uri):
             return ApplyResult(delta_version=table.version(), already_applied=True)
         table = _add_new_columns(table, first.schema, columns, spec, new_column_values)
     else:
@@ -258,6 +251,16 @@ def _taken(pieces: list[pa.Table]) -> Iterator[pa.Table]:
     """The items of *pieces*, each removed from the list as it is handed out."""
     while pieces:
         yield pieces.pop(0)
+
+
+def _holds(table: DeltaTable, app_id: str, version: int, uri: str) -> bool:
+    """Whether *table* already holds batch *version* of *app_id* (a replay)."""
+    done = table.transaction_version(app_id)
+    if done is not None and done >= version:
+        log.info("batch %s of %s is already in %s (it holds version %s); skipping",
+                 version, app_id, uri, done)
+        return True
+    return False
 
 
 def _whole_versions(pieces: Iterable[pa.Table], column: str) -> Iterable[pa.Table]:

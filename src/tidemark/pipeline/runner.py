@@ -29,7 +29,7 @@ import time
 import warnings
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from pathlib import Path
-from typing import Any, Final
+from typing import Any, Final, TypeVar
 
 import psycopg
 import pyarrow as pa
@@ -66,6 +66,8 @@ from tidemark.spark.options import SnapshotMode
 from tidemark.spark.snapshot_plan import SnapshotPlan
 
 log = logging.getLogger(__name__)
+
+T = TypeVar("T")
 
 _POLL_SECONDS = 0.2
 _MAX_BACKOFF_S = 30.0
@@ -330,21 +332,27 @@ class Pipeline:
             done += [(target.table, task.name, str(task)) for task in tasks]
         return tuple(done)
 
-    def _collected(self, batch: DataFrame, batch_id: int) -> dict[str, pa.Table]:
-        """Every target's rows of the batch, brought to the driver in one Spark action."""
-        # One action gives every table's rows and the batch's statistics. The change
-        # log is a second action, so then the source is read once into Spark's cache.
+    def _read_once(self, batch: DataFrame, batch_id: int, read: Callable[[], T]) -> T:
+        """*read* the batch (a Spark action), writing the change log first if there is
+        one: that is a second action, so then the source is read once into Spark's
+        cache."""
         persisted = bool(self.config.changelog)
         if persisted:
             batch.persist()
         try:
             if persisted:
                 self._write_changelog(batch, batch_id)
-            envelope = batch.toArrow()
+            result = read()
             faults.crash_point("after_read", batch_id)
         finally:
             if persisted:
                 batch.unpersist()
+        return result
+
+    def _collected(self, batch: DataFrame, batch_id: int) -> dict[str, pa.Table]:
+        """Every target's rows of the batch, brought to the driver in one Spark action."""
+        # One action gives every table's rows and the batch's statistics.
+        envelope = self._read_once(batch, batch_id, batch.toArrow)
         assert self._schemas is not None
         return {t.table: typed_rows(envelope, t.table, self._schemas[t.table])
                 for t in self.config.targets}
@@ -358,17 +366,7 @@ class Pipeline:
                  "executors write it to %s and it is applied in steps of %d rows",
                  batch_id, "an unknown amount" if size is None else f"{size / 2**20:.0f} MB",
                  self.config.spark.collect_max_mb, path, step)
-        persisted = bool(self.config.changelog)
-        if persisted:
-            batch.persist()
-        try:
-            if persisted:
-                self._write_changelog(batch, batch_id)
-            spill.spill(batch, path)
-            faults.crash_point("after_read", batch_id)
-        finally:
-            if persisted:
-                batch.unpersist()
+        self._read_once(batch, batch_id, lambda: spill.spill(batch, path))
         self._spill_path = path
         assert self._schemas is not None
         # What toArrow() would give (pyspark 4.3's DataFrame.toArrow).
