@@ -25,7 +25,6 @@ from __future__ import annotations
 import argparse
 import contextlib
 import os
-import subprocess
 import sys
 import tempfile
 import time
@@ -36,13 +35,10 @@ from deltalake import DeltaTable
 
 sys.path.insert(0, str(Path(__file__).parent))
 
-from bench_pipeline_snapshot import Peaks
+from bench_engine import e2e_child
+from bench_pipeline_snapshot import run_pipeline
 from processes import run_measured
 
-from tidemark.engine.consumers import BatchCommitter
-from tidemark.engine.converters import ConvertedRecord
-from tidemark.engine.engine import Engine
-from tidemark.source.postgres.task import PostgresSourceConnector
 from tidemark.testing.postgres import PostgresCluster
 
 _SLOTS = ("recv", "capture", "engine", "run")
@@ -52,48 +48,14 @@ def _mib(n: float) -> str:
     return f"{n / 2**20:,.0f} MiB"
 
 
-def engine_child(slot: str, stop_at: int, expect: int) -> None:
-    """The engine on *slot* until *stop_at*, checking it delivered *expect* records."""
-    count = [0]
-
-    class Counter:
-        def handle_batch(self, records: list[ConvertedRecord],
-                         committer: BatchCommitter) -> None:
-            count[0] += len(records)
-
-    connector = PostgresSourceConnector(
-        {"dsn": os.environ["TIDEMARK_DSN"], "table_include_list": ["public.big"],
-         "slot_name": slot, "publication_name": "bench_pub", "snapshot_mode": "no_data"},
-        stop_at_lsn=stop_at)
-    Engine(connector, Counter(), config={"delivery_mode": "batch", "worker_count": 1}).run()
-    if count[0] != expect:
-        raise SystemExit(f"engine delivered {count[0]} records, expected {expect}")
-
-
-def _run_pipeline(dsn: str, work: Path) -> tuple[float, Peaks, Path, str]:
+def _write_pipeline(dsn: str, work: Path) -> Path:
     file = work / "pipeline.toml"
     file.write_text(
         f'[source]\ndsn = "{dsn}"\nslot = "run"\npublication = "bench_pub"\n'
         '[spark]\ncheckpoint = "chk"\navailable_now = true\n'
         'conf = { "spark.ui.enabled" = "false" }\n'
         '[targets."public.big"]\npath = "lake"\nkeys = ["id"]\nsnapshot = "never"\n')
-    log = work / "run.log"
-    env = {**os.environ, "PYSPARK_PYTHON": sys.executable}
-    started = time.perf_counter()
-    with log.open("wb") as out:
-        proc = subprocess.Popen([sys.executable, "-m", "tidemark", "--log-level", "INFO",
-                                 "run", str(file)],
-                                env=env, stdout=out, stderr=subprocess.STDOUT)
-        peaks = Peaks(proc.pid)
-        peaks.start()
-        code = proc.wait()
-    seconds = time.perf_counter() - started
-    peaks.stop.set()
-    peaks.join()
-    text = log.read_text(errors="replace")
-    if code != 0:
-        raise SystemExit(f"tidemark run failed ({code}):\n{text[-3000:]}")
-    return seconds, peaks, work / "lake", text
+    return file
 
 
 def main() -> None:
@@ -106,7 +68,7 @@ def main() -> None:
     parser.add_argument("--expect", type=int, help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.engine_child:
-        engine_child(args.engine_child, args.stop_at, args.expect)
+        e2e_child(args.engine_child, args.stop_at, args.expect, table="public.big")
         return
     rows = args.rows
     with PostgresCluster() as cluster, tempfile.TemporaryDirectory() as tmp:
@@ -155,7 +117,9 @@ def main() -> None:
                   f"({seconds:.0f} s, {rows / seconds / base:.2f}x baseline), peak RSS "
                   f"{_mib(rss)}")
         if not args.skip_run:
-            seconds, peaks, lake, log = _run_pipeline(dsn, Path(tmp))
+            seconds, peaks, log = run_pipeline(_write_pipeline(dsn, Path(tmp)),
+                                               "--log-level", "INFO")
+            lake = Path(tmp) / "lake"
             table = DeltaTable(str(lake))
             delta_rows = table.to_pyarrow_dataset().count_rows()
             if delta_rows != rows:

@@ -216,7 +216,9 @@ def end_to_end(transactions: int, runs: int) -> None:
               f"all runs together {cpu_total[0] / cpu_total[1]:.2f}x")
 
 
-def e2e_child(slot: str, stop_at: int, expect: int) -> None:
+def e2e_child(slot: str, stop_at: int, expect: int, table: str = "public.t10") -> None:
+    """The engine on *slot* (publication ``bench_pub``) until *stop_at*, checking that
+    it delivered *expect* records of *table*."""
     count = [0]
 
     class Counter:
@@ -228,7 +230,7 @@ def e2e_child(slot: str, stop_at: int, expect: int) -> None:
             count[0] += len(records)
 
     connector = PostgresSourceConnector(
-        {"dsn": os.environ["TIDEMARK_DSN"], "table_include_list": ["public.t10"],
+        {"dsn": os.environ["TIDEMARK_DSN"], "table_include_list": [table],
          "slot_name": slot, "publication_name": "bench_pub", "snapshot_mode": "no_data"},
         stop_at_lsn=stop_at)
     Engine(connector, Counter(), config={"delivery_mode": "batch", "worker_count": 1}).run()

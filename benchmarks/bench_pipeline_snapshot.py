@@ -70,6 +70,27 @@ class Peaks(threading.Thread):
                 self.jvm, self.workers = max(self.jvm, jvm), max(self.workers, workers)
 
 
+def run_pipeline(file: Path, *args: str) -> tuple[float, Peaks, str]:
+    """Run ``tidemark [args] run file`` to its end: wall seconds, the peaks of its
+    process tree and its output (a failure ends the benchmark with the output's end)."""
+    env = {**os.environ, "PYSPARK_PYTHON": sys.executable}
+    log = file.parent / "run.log"
+    started = time.perf_counter()
+    with log.open("wb") as out:
+        proc = subprocess.Popen([sys.executable, "-m", "tidemark", *args, "run", str(file)],
+                                env=env, stdout=out, stderr=subprocess.STDOUT)
+        peaks = Peaks(proc.pid)
+        peaks.start()
+        code = proc.wait()
+    seconds = time.perf_counter() - started
+    peaks.stop.set()
+    peaks.join()
+    text = log.read_text(errors="replace")
+    if code != 0:
+        raise SystemExit(f"tidemark run failed ({code}):\n{text[-3000:]}")
+    return seconds, peaks, text
+
+
 @dataclass
 class Sample:
     seconds: float
@@ -124,20 +145,7 @@ class Bench:
 
     def _run(self, table: str, master: str) -> tuple[Sample, Path]:
         file, lake = self._pipeline(table, master)
-        env = {**os.environ, "PYSPARK_PYTHON": sys.executable}
-        log = file.parent / "run.log"
-        started = time.perf_counter()
-        with log.open("wb") as out:
-            proc = subprocess.Popen([sys.executable, "-m", "tidemark", "run", str(file)],
-                                    env=env, stdout=out, stderr=subprocess.STDOUT)
-            peaks = Peaks(proc.pid)
-            peaks.start()
-            code = proc.wait()
-        seconds = time.perf_counter() - started
-        peaks.stop.set()
-        peaks.join()
-        if code != 0:
-            raise SystemExit(f"tidemark run failed ({code}):\n{log.read_text()[-3000:]}")
+        seconds, peaks, _ = run_pipeline(file)
         with self.conn.cursor() as cur:
             cur.execute(f"SELECT pg_drop_replication_slot('bench_{self.runs}')")
         return Sample(seconds, driver=peaks.driver, jvm=peaks.jvm,
