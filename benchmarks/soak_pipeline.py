@@ -20,7 +20,7 @@ table every 0.1 s; a probe row's lag is the moment it is first seen minus its co
 check: the last window's p99 within 1.3x of the first's.
 
 Usage: ``uv run python benchmarks/soak_pipeline.py [--minutes 30] [--window 5]
-[--rows 1000000] [--rate 10000] [--keys tail|uniform]``
+[--rows 1000000] [--rate 10000] [--keys tail|uniform] [--log FILE]``
 """
 
 from __future__ import annotations
@@ -143,6 +143,8 @@ def main() -> None:
     parser.add_argument("--rows", type=int, default=1_000_000)
     parser.add_argument("--rate", type=int, default=10_000)
     parser.add_argument("--keys", choices=("tail", "uniform"), default="tail")
+    parser.add_argument("--log", type=Path, help="keep tidemark run's output (its batch "
+                        "lines) in this file instead of the temporary directory")
     args = parser.parse_args()
     with PostgresCluster() as cluster, tempfile.TemporaryDirectory() as tmp:
         dsn = cluster.create_database("soak")
@@ -161,10 +163,12 @@ def main() -> None:
             'conf = { "spark.ui.enabled" = "false" }\n'
             '[targets."public.t10"]\npath = "lake/t10"\nkeys = ["id"]\n'
             '[targets."public.probe"]\npath = "lake/probe"\nkeys = ["id"]\n')
-        log = work / "run.log"
+        log = args.log or work / "run.log"
         env = {**os.environ, "PYSPARK_PYTHON": sys.executable}
         with log.open("wb") as out:
-            proc = subprocess.Popen([sys.executable, "-m", "tidemark", "run", str(file)],
+            proc = subprocess.Popen([sys.executable, "-m", "tidemark",
+                                     *(["--log-level", "debug"] if args.log else []),
+                                     "run", str(file)],
                                     env=env, stdout=out, stderr=subprocess.STDOUT,
                                     start_new_session=True)
         try:

@@ -224,3 +224,78 @@ def _lake_equals(db: Database, tmp_path: Path) -> bool:
     except AssertionError:
         return False
     return True
+
+
+def test_capture_reads_from_a_standby_and_resumes_there_after_a_kill(
+        primary_and_standby: tuple[PostgresCluster, PostgresCluster], tmp_path: Path,
+        kill_on_exit: list[subprocess.Popen[bytes]]) -> None:
+    """Logical decoding on a standby (PostgreSQL 16+): the slot lives on the standby, the
+    publication comes from the primary; snapshot, stream, SIGKILL and resume lose
+    nothing, and the primary holds no slot of tidemark's."""
+    primary, standby = primary_and_standby
+    _execute(primary.dsn("app"), "INSERT INTO t SELECT g, 'before' FROM generate_series(1, 50) g",
+             "CREATE PUBLICATION on_primary FOR TABLE t")
+    _wait_for_replay(primary, standby)
+    offsets, out = tmp_path / "offsets.json", tmp_path / "out.jsonl"
+
+    def start() -> subprocess.Popen[bytes]:
+        with out.open("ab") as sink:
+            capture = subprocess.Popen(
+                [sys.executable, "-m", "tidemark", "capture", "--dsn", standby.dsn("app"),
+                 "--slot", "on_standby", "--publication", "on_primary", "--offsets",
+                 str(offsets), "--offset-flush-interval-ms", "0", "--table", "public.t"],
+                stdout=sink, stderr=subprocess.PIPE)
+        kill_on_exit.append(capture)
+        return capture
+
+    def running(capture: subprocess.Popen[bytes]) -> None:
+        if capture.poll() is not None:
+            err = capture.stderr.read().decode() if capture.stderr else ""
+            raise AssertionError(f"capture exited with {capture.returncode}: {err[-3000:]}")
+
+    capture = start()
+
+    def snapshotted() -> bool:
+        running(capture)
+        # A slot on a standby is ready once the primary's next running-transactions
+        # record has been replayed there; the primary writes one every 15 s while busy.
+        _execute(primary.dsn("app"), "SELECT pg_log_standby_snapshot()")
+        return len(_ids(out)) >= 50
+    wait_for(snapshotted, timeout_s=120, what="the snapshot read from the standby")
+    for tx in range(5, 15):
+        _execute(primary.dsn("app"), *(f"INSERT INTO t VALUES ({tx * 10 + i + 1}, 'a')"
+                                       for i in range(10)))
+    wait_for(lambda: (running(capture), len(set(_ids(out))) >= 150)[1], timeout_s=60,
+             what="the changes streamed from the standby")
+    capture.kill()
+    capture.wait(30)
+    _execute(primary.dsn("app"), "UPDATE t SET v = 'while down' WHERE id <= 10",
+             *(f"INSERT INTO t VALUES ({200 + i}, 'b')" for i in range(1, 51)))
+    capture = start()
+    expected = set(range(1, 151)) | set(range(201, 251))
+    wait_for(lambda: (running(capture), set(_ids(out)) >= expected)[1], timeout_s=120,
+             what="the changes made while capture was down")
+    events = [json.loads(line)["value"] for line in out.read_text().splitlines() if line]
+    updated = {e["after"]["id"] for e in events if e and e["op"] == "u"}
+    assert updated == set(range(1, 11))
+    assert sorted(e["after"]["id"] for e in events if e and e["op"] == "r") == \
+        list(range(1, 51)), "the snapshot was read again after the restart"
+    capture.terminate()
+    capture.wait(60)
+    for cluster, has_slot in ((standby, True), (primary, False)):
+        with contextlib.closing(cluster.connect()) as conn, conn.cursor() as cur:
+            cur.execute("SELECT count(*) FROM pg_replication_slots "
+                        "WHERE slot_name = 'on_standby'")
+            assert cur.fetchone() == (int(has_slot),)
+
+
+def test_capture_from_a_standby_names_what_only_the_primary_can_create(
+        primary_and_standby: tuple[PostgresCluster, PostgresCluster]) -> None:
+    _, standby = primary_and_standby
+    result = subprocess.run(
+        [sys.executable, "-m", "tidemark", "capture", "--dsn", standby.dsn("app"),
+         "--publication", "missing_pub", "--table", "public.t", "--max-events", "1"],
+        check=False, capture_output=True, text=True, timeout=120)
+    assert result.returncode != 0
+    assert "standby" in result.stderr and "CREATE PUBLICATION" in result.stderr and \
+        "primary" in result.stderr, result.stderr[-2000:]

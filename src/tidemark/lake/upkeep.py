@@ -11,6 +11,10 @@ conflicts with a merge; each task runs only when due:
   ``target_file_mb``. A compaction commit changes no data: readers and the app
   transactions that make batches exactly-once are unaffected. Its cost is bounded by the
   small files it rewrites, not the table.
+* **clustering** (:mod:`tidemark.lake.clustering`): when ``cluster_min_files`` files
+  overlap in their range of the first key column and hold more than one and a half
+  target files, their rows are rewritten sorted by key, so that later merges, pruned by
+  those ranges, rewrite few files;
 * **checkpoint** every ``checkpoint_every`` commits, so a reader loads one Parquet
   checkpoint and the JSON commits after it instead of the whole log;
 * **log cleanup** after a checkpoint: commits older than ``log_retention_hours`` (which
@@ -26,6 +30,7 @@ import dataclasses
 import json
 import logging
 import time
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Annotated, Final
 
@@ -34,9 +39,19 @@ import pyarrow as pa
 import pyarrow.compute as pc
 from deltalake import DeltaTable
 
+from tidemark.lake.clustering import cluster
+
 log = logging.getLogger(__name__)
 
 _LOG_RETENTION: Final = "delta.logRetentionDuration"
+#: The largest group of overlapping files clustering sorts, in target file sizes: a
+#: bigger one is most of the table (changes hitting keys everywhere), not worth a rewrite.
+_CLUSTER_MAX_FILES: Final = 4
+#: Calls (batches) between two clusterings of a target at least. Where the changes'
+#: keys spread over more than the files clustering leaves, each merge makes its files
+#: overlap again and sorting them would not make the next merge cheaper: this bounds
+#: that waste to a twentieth of the merges' work.
+_CLUSTER_EVERY: Final = 20
 
 
 Count = Annotated[int, msgspec.Meta(ge=0)]
@@ -51,6 +66,10 @@ class UpkeepSettings(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     compact_min_files: Count = 16
     """Compact once this many files are smaller than half of ``target_file_mb``
     (0: never compact)."""
+    cluster_min_files: Count = 2
+    """Sort a group of files by key once this many overlap in their key range and hold
+    more than one and a half ``target_file_mb`` (0: never); see
+    :mod:`tidemark.lake.clustering`."""
     checkpoint_every: Count = 20
     """Commits between two checkpoints (0: only delta-rs' own, every 100 commits)."""
     log_retention_hours: Count = 168
@@ -67,7 +86,7 @@ class UpkeepTask:
     """One upkeep task that ran: what it did and how long it took."""
 
     name: str
-    """``compact``, ``checkpoint``, ``cleanup`` or ``vacuum``."""
+    """``compact``, ``cluster``, ``checkpoint``, ``cleanup`` or ``vacuum``."""
     detail: str
     seconds: float
 
@@ -81,6 +100,8 @@ class UpkeepState:
 
     last_vacuum: float | None = None
     """When vacuum last ran (``time.time()``); the first call of :func:`upkeep` sets it."""
+    batches_since_cluster: int = _CLUSTER_EVERY
+    """Calls of :func:`upkeep` since clustering last ran (the first may cluster)."""
 
 
 def small_files(table: DeltaTable, settings: UpkeepSettings) -> int:
@@ -108,12 +129,14 @@ def table_properties(settings: UpkeepSettings) -> dict[str, str]:
 
 
 def upkeep(table: DeltaTable, settings: UpkeepSettings, state: UpkeepState,
-           *, now: float | None = None, heavy: bool = True) -> list[UpkeepTask]:
-    """Run the upkeep tasks that are due on the local *table*; returns those that ran.
+           *, keys: Sequence[str] = (), now: float | None = None,
+           heavy: bool = True) -> list[UpkeepTask]:
+    """Run the upkeep tasks that are due on the local *table* (whose rows are keyed by
+    *keys*, if any); returns those that ran.
 
-    With *heavy* false, compaction and vacuum (which read or list files) wait for a
-    later call even when due: a pipeline runs at most one of them per batch, so a batch
-    is never late by more than one."""
+    With *heavy* false, compaction, clustering and vacuum (which read or list files)
+    wait for a later call even when due: a pipeline runs at most one of them per batch,
+    so a batch is never late by more than one."""
     if not settings.enabled:
         return []
     now = time.time() if now is None else now
@@ -130,6 +153,17 @@ def upkeep(table: DeltaTable, settings: UpkeepSettings, state: UpkeepState,
         tasks.append(UpkeepTask(
             "compact", f"compacted {metrics.get('numFilesRemoved', 0)} files into "
                        f"{metrics.get('numFilesAdded', 0)}", time.monotonic() - started))
+    state.batches_since_cluster += 1
+    if heavy and not tasks and settings.cluster_min_files and \
+            state.batches_since_cluster >= _CLUSTER_EVERY:
+        started = time.monotonic()
+        target = settings.target_file_mb << 20
+        done = cluster(table, keys, min_files=settings.cluster_min_files,
+                       min_bytes=target * 3 // 2, max_bytes=_CLUSTER_MAX_FILES * target,
+                       target_file_size=target)
+        if done is not None:
+            state.batches_since_cluster = 0
+            tasks.append(UpkeepTask("cluster", done, time.monotonic() - started))
     version = table.version()
     last = last_checkpoint(root)
     if settings.checkpoint_every and version - (last if last is not None else -1) >= \
@@ -146,7 +180,7 @@ def upkeep(table: DeltaTable, settings: UpkeepSettings, state: UpkeepState,
         if removed > 0:
             tasks.append(UpkeepTask("cleanup", f"deleted {removed} old log files",
                                     time.monotonic() - started))
-    heavy = heavy and not any(task.name == "compact" for task in tasks)
+    heavy = heavy and not any(task.name in ("compact", "cluster") for task in tasks)
     if heavy and settings.vacuum_every_minutes and \
             now - state.last_vacuum >= settings.vacuum_every_minutes * 60:
         started = time.monotonic()

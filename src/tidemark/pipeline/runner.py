@@ -281,6 +281,7 @@ class Pipeline:
             inputs = self._spilled(batch, batch_id, size)
         else:
             inputs = self._collected(batch, batch_id)
+        timings = [f"read {time.monotonic() - started:.2f} s"]
         seen = _Seen()
         changes: dict[str, int] = {}
         replayed: list[str] = []
@@ -288,7 +289,9 @@ class Pipeline:
             for target in self.config.targets:
                 rows = inputs.pop(target.table)
                 load = loads.get(target.table)
+                step_started = time.monotonic()
                 result = self._apply(target, rows, load, batch_id, seen)
+                timings.append(f"{target.table} {time.monotonic() - step_started:.2f} s")
                 if result is None:
                     changes[target.table] = 0
                     continue
@@ -308,6 +311,7 @@ class Pipeline:
                               offset, raw_offset)
         report = dataclasses.replace(report, upkeep=upkeep)
         log.info("batch %d applied: %s", batch_id, changes)
+        log.debug("batch %d took %.2f s: %s", batch_id, applied, ", ".join(timings))
         self._metrics.observe(report, 0 if replayed else len(seen.commits))
         self._batches_applied += 1
         record_batch(self.config.checkpoint, report)  # for tidemark status
@@ -323,12 +327,14 @@ class Pipeline:
         for target in targets:
             state = self._upkeep_state.setdefault(target.table, UpkeepState())
             try:
-                tasks = upkeep(DeltaTable(target.path), target.upkeep, state, heavy=heavy)
+                tasks = upkeep(DeltaTable(target.path), target.upkeep, state,
+                               keys=target.spec.keys, heavy=heavy)
             except Exception as err:
                 log.warning("upkeep of %s failed (the batch is committed; the next batch "
                             "tries again): %s", target.path, err)
                 continue
-            heavy = heavy and not any(t.name in ("compact", "vacuum") for t in tasks)
+            heavy = heavy and not any(t.name in ("compact", "cluster", "vacuum")
+                                     for t in tasks)
             done += [(target.table, task.name, str(task)) for task in tasks]
         return tuple(done)
 

@@ -137,7 +137,8 @@ class PostgresConnector:
         catalog.check_wal_level(conn)
         catalog.check_replication_privilege(conn)
         # Before anything is created; create_slot decides the same way later.
-        slot.makes_failover_slot(conn.server_version, cfg.slot_failover, "slot_failover")
+        slot.makes_failover_slot(conn.server_version, cfg.slot_failover, "slot_failover",
+                                 standby=conn.get_parameter_status("in_hot_standby") == "on")
         self.database = catalog.current_database(conn)
         where = "the offset given to start()"
         if offset is None and store is not None:
@@ -303,10 +304,8 @@ class PostgresConnector:
             conn.close()
 
     def _snapshot_only(self) -> Iterator[SourceBatch]:
-        with contextlib.closing(session.connect(self.config.dsn)) as conn, \
-                session.cursor(conn) as cur:
-            cur.execute("SELECT (pg_current_wal_lsn() - '0/0')::bigint")
-            lsn = int(cur.fetchone()[0])
+        with contextlib.closing(session.connect(self.config.dsn)) as conn:
+            lsn = pg_offset.server_position(conn) or 0  # a standby has no WAL of its own
         yield from self._snapshot(None, lsn)
         yield SourceBatch([], {"lsn": lsn, "snapshot_completed": True}, finished=True)
 

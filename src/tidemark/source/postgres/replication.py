@@ -110,9 +110,15 @@ class ReplicationStream:
         """
         conn = self._require()
         options = ["SNAPSHOT 'export'"]
+        standby = conn.parameter_status(b"in_hot_standby") == b"on"
         if not temporary and makes_failover_slot(conn.server_version, failover,
-                                                 "slot_failover"):
+                                                 "slot_failover", standby=standby):
             options.append("FAILOVER true")
+        if standby:
+            log.info("creating slot %s on a standby: it is ready once the primary's next "
+                     "running-transactions record is replayed here (every 15 s while the "
+                     "primary is busy; SELECT pg_log_standby_snapshot() on the primary "
+                     "writes one now)", self._slot)
         # The slot name was validated as a plain identifier by the config.
         kind = "TEMPORARY LOGICAL" if temporary else "LOGICAL"
         result = self._exec(conn, f'CREATE_REPLICATION_SLOT "{self._slot}" {kind} pgoutput '

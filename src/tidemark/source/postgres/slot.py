@@ -33,14 +33,19 @@ class SlotLostError(SourceError):
     cannot be streamed any more (the message says how to recover)."""
 
 
-def makes_failover_slot(server_version: int, setting: bool | None, name: str) -> bool:
+def makes_failover_slot(server_version: int, setting: bool | None, name: str, *,
+                        standby: bool = False) -> bool:
     """Whether a new slot is a failover slot (PostgreSQL 17+): *setting* None means
-    where the server can; true on an older server is an error naming the setting
-    *name*."""
+    where the server can; true on an older server, or on a *standby* (PostgreSQL
+    refuses failover for a slot made there), is an error naming the setting *name*."""
     if setting and server_version < 170000:
         raise ConfigError(name, "failover slots need PostgreSQL 17 or later; this server "
                                 f"is {server_version // 10000}: set {name} = false")
-    return setting is not False and server_version >= 170000
+    if setting and standby:
+        raise ConfigError(name, "this server is a standby, and a slot created on a standby "
+                                f"cannot be a failover slot: set {name} = false, or capture "
+                                "from the primary")
+    return setting is not False and server_version >= 170000 and not standby
 
 
 class SlotInfo:
@@ -157,10 +162,11 @@ def ensure_publication(
         if refused:
             raise SourceError(f"not adding to publication {name!r}: "
                               + "; ".join(refused[t] for t in missing if t in refused))
+        if row is not None and not missing:
+            return
+        _refuse_on_standby(cur, name, missing, exists=row is not None)
         if row is None:
             _create_publication(cur, name, tables)
-            return
-        if not missing:
             return
         _, owner, may_alter, user, quoted = row
         statement = sql.SQL("ALTER PUBLICATION {} ADD TABLE {}").format(
@@ -191,14 +197,41 @@ def ensure_publication(
                     listed, name, name)
 
 
-def _create_publication(cur: Any, name: str, tables: Sequence[TableId]) -> None:
-    if not tables:
-        raise SourceError(f"no tables to capture for publication {name!r}")
+def _publication_options(server_version: int) -> str:
     # Partitioned tables publish under their own name, as the snapshot reads them, not
     # under each partition's; from PostgreSQL 18 on, stored generated columns too.
     options = "publish_via_partition_root = true"
-    if cur.connection.server_version >= 180000:
+    if server_version >= 180000:
         options += ", publish_generated_columns = stored"
+    return options
+
+
+def _refuse_on_standby(cur: Any, name: str, missing: Sequence[TableId], *,
+                       exists: bool) -> None:
+    """A standby (logical decoding there: PostgreSQL 16+) is read-only: the publication
+    must come from the primary, by replication. Say so with the statement to run there."""
+    cur.execute("SELECT pg_is_in_recovery(), quote_ident(%s)", (name,))
+    in_recovery, quoted = cur.fetchone()
+    if not in_recovery:
+        return
+    listed = _readable_names(cur, missing)
+    if exists:
+        fix = f"ALTER PUBLICATION {quoted} ADD TABLE {listed}"
+        what = f"publication {name!r} lacks table(s) {listed}"
+    else:
+        options = _publication_options(cur.connection.server_version)
+        fix = f"CREATE PUBLICATION {quoted} FOR TABLE {listed} WITH ({options})"
+        what = f"publication {name!r} does not exist"
+    raise SourceError(
+        f"{what}, and this server is a standby (read-only), where tidemark cannot change "
+        f"it: run {fix} on the primary (it reaches the standby by replication), then "
+        "start again")
+
+
+def _create_publication(cur: Any, name: str, tables: Sequence[TableId]) -> None:
+    if not tables:
+        raise SourceError(f"no tables to capture for publication {name!r}")
+    options = _publication_options(cur.connection.server_version)
     try:
         cur.execute(
             sql.SQL("CREATE PUBLICATION {} FOR TABLE {} WITH ({})").format(
