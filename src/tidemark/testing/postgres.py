@@ -196,7 +196,8 @@ class PostgresCluster:
         self._make_dir()
         source = primary.dsn("postgres")
         self._run([str(self.bindir / "pg_basebackup"), "-d", source, "-D", str(self.datadir),
-                   "-S", slot, "-X", "stream", "-R", "--no-sync"])
+                   "-S", slot, "-X", "stream", "-R", "--no-sync",
+                   "--checkpoint=fast"])
         extra = {"primary_conninfo": f"'{source}'", "primary_slot_name": f"'{slot}'",
                  "hot_standby_feedback": "on"}
         if self.server_version() >= 17:

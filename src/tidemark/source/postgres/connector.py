@@ -346,23 +346,12 @@ class PostgresConnector:
                         "snapshot of every captured table while the stream goes on), "
                         "snapshot_mode = \"when_needed\" (a new full snapshot), or reset "
                         "the offsets")
+            if resnapshot:
+                yield from self._resnapshot(stream, start_lsn)
+                return
             stream.connect()
             consistent, snapshot_name = stream.create_slot(failover=cfg.slot_failover)
             log.info("created replication slot %s at %s", cfg.slot_name, lsn_to_str(consistent))
-            if resnapshot:
-                stream.close()
-                state = {"tables": [{"table": str(t)} for t in self.tables if self._keys.get(t)],
-                         "paused": False}
-                self._committed = {**(offset or {}), SNAPSHOT_OFFSET_KEY: state}
-                log.warning("replication slot %s was lost after %s: a new one streams from "
-                            "%s, and every captured table with a key is re-read by an "
-                            "incremental snapshot (on_slot_lost=resnapshot)", cfg.slot_name,
-                            lsn_to_str(start_lsn), lsn_to_str(consistent))
-                yield SourceBatch([], {"lsn": consistent, "snapshot_completed": True,
-                                       SNAPSHOT_OFFSET_KEY: state})
-                self._stream = stream
-                yield from self._stream_changes(stream, consistent, consistent)
-                return
             start_lsn = consistent
             if mode == SnapshotMode.NO_DATA:
                 stream.close()
@@ -394,7 +383,52 @@ class PostgresConnector:
                 yield SourceBatch([], {"lsn": start_lsn, "snapshot_completed": True})
             start_lsn = max(start_lsn, slot_lsn)
         self._stream = stream
-        yield from self._stream_changes(stream, start_lsn, last_commit)
+        yield from self._recovering(stream, self._stream_changes(stream, start_lsn,
+                                                                 last_commit))
+
+    def _recovering(self, stream: ReplicationStream,
+                    batches: Iterator[SourceBatch]) -> Iterator[SourceBatch]:
+        """*batches* of the stream; if the server invalidates or drops the slot under
+        it, ``on_slot_lost = "resnapshot"`` goes on with a new slot and an incremental
+        snapshot, in this run (otherwise the error stops capture)."""
+        try:
+            yield from batches
+        except SlotLostError as err:
+            if self.config.on_slot_lost != SlotLostAction.RESNAPSHOT:
+                raise
+            lost_at = stream.confirmed_lsn
+            log.warning("%s", str(err).split(":", 1)[0])
+            stream.close()
+            if self._snapshots is not None:
+                self._snapshots.close()
+                self._snapshots = None
+            existing = self._catalog(lambda c: slot.get_slot(c, self.config.slot_name))
+            if existing is not None:
+                self._catalog(lambda c: slot.drop_slot(c, self.config.slot_name))
+            yield from self._resnapshot(stream, lost_at)
+
+    def _resnapshot(self, stream: ReplicationStream, lost_at: int) -> Iterator[SourceBatch]:
+        """After the slot was lost past *lost_at*: a new slot, and every captured table
+        with a key re-read by an incremental snapshot while the new slot streams."""
+        cfg = self.config
+        stream.connect()
+        consistent, _ = stream.create_slot(failover=cfg.slot_failover)
+        stream.close()
+        state = {"tables": [{"table": str(t)} for t in self.tables if self._keys.get(t)],
+                 "paused": False}
+        self._committed = {**(self._committed or {}), "lsn": consistent,
+                           "snapshot_completed": True, SNAPSHOT_OFFSET_KEY: state}
+        for key in (COMMIT_LSN_KEY, MESSAGES_KEY):  # of the old slot's stream
+            self._committed.pop(key, None)
+        log.warning("replication slot %s was lost after %s: a new one streams from %s, and "
+                    "every captured table with a key is re-read by an incremental snapshot "
+                    "(on_slot_lost=resnapshot)", cfg.slot_name, lsn_to_str(lost_at),
+                    lsn_to_str(consistent))
+        yield SourceBatch([], {"lsn": consistent, "snapshot_completed": True,
+                               SNAPSHOT_OFFSET_KEY: state})
+        self._stream = stream
+        yield from self._recovering(stream, self._stream_changes(stream, consistent,
+                                                                 consistent))
 
     def _lost_slot(self, existing: slot.SlotInfo, start_lsn: int) -> slot.SlotInfo | None:
         """*existing* was invalidated by the server: an error that says what was lost,

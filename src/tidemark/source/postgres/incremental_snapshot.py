@@ -188,7 +188,17 @@ class IncrementalSnapshot(SignalledSnapshots):
     def refusal(self, table: TableId, signal: ExecuteSnapshot) -> str | None:
         if not self._keys.get(table) and signal.surrogate_key is None:
             return "has no primary key; give a surrogate-key to snapshot it incrementally"
+        if self._on_standby():
+            return ("cannot be snapshotted incrementally on a standby: the snapshot's "
+                    "watermarks are written to the WAL (pg_logical_emit_message), which "
+                    "only the primary can do; capture from the primary for that")
         return None
+
+    def _on_standby(self) -> bool:
+        try:
+            return self._connection().get_parameter_status("in_hot_standby") == "on"
+        except (psycopg2.Error, SourceUnavailableError):
+            return False  # reading the chunk will tell, and is retried
 
     def stopped(self, tables: set[TableId]) -> None:
         # Their windows' marks, when they come, are ignored.

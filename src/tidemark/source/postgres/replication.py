@@ -313,12 +313,18 @@ class ReplicationStream:
 def _slot_error(slot: str, message: str) -> SourceError:
     """A server error about the stream; a slot the server invalidated says how to
     recover."""
-    if "can no longer get changes" in message or "has been invalidated" in message:
+    # PostgreSQL 15 at START_REPLICATION: "cannot read from logical replication slot";
+    # 16-17 "can no longer get changes from replication slot"; 18 "can no longer access
+    # replication slot".
+    if "can no longer" in message or "has been invalidated" in message or \
+            "cannot read from logical replication slot" in message or \
+            ("replication slot" in message and "does not exist" in message):
         return SlotLostError(
-            f"{message}: replication slot {slot!r} was invalidated by the server, and the "
-            "changes it held are lost to capture. Restart capture with on_slot_lost = "
-            "\"resnapshot\" (a new slot, then an incremental snapshot of every captured "
-            "table), or drop the slot and restart with snapshot_mode = \"when_needed\"")
+            f"{message}: replication slot {slot!r} was invalidated by the server or "
+            "dropped, and the changes it held are lost to capture. Run capture with "
+            "on_slot_lost = \"resnapshot\" (a new slot, then an incremental snapshot of "
+            "every captured table), or drop the slot and restart with snapshot_mode = "
+            "\"when_needed\"")
     return SourceError(message)
 
 
