@@ -78,6 +78,23 @@ def _until_now(connector: Any, dsn: str) -> tuple[list[Any], Offset | None]:
     return records, offset
 
 
+def _until_reread(connector: Any, replica: dict[int, dict[str, Any]],
+                  deadline: float) -> int:
+    """Poll (and commit) *connector*, replaying into *replica*, until an incremental
+    snapshot has re-read rows and finished; the number of rows it read."""
+    reads = 0
+    while True:
+        assert time.monotonic() < deadline, "the incremental snapshot did not finish"
+        batch = connector.poll()
+        _replay(batch.records, replica)
+        reads += sum(1 for r in batch.records if isinstance(r, ChangeEvent)
+                     and r.snapshot is SnapshotMarker.INCREMENTAL)
+        if batch.offset is not None:
+            connector.commit(batch.offset)
+            if reads and "incremental_snapshot" not in batch.offset:
+                return reads
+
+
 def _invalidate_by_wal(dsn: str) -> None:
     """Write WAL past the slot's 1 MB allowance until a checkpoint invalidates it."""
     deadline = time.monotonic() + 60
@@ -124,20 +141,9 @@ def test_a_lost_slot_is_refused_by_name_and_repaired_by_an_incremental_snapshot(
     repairing = make_connector(dsn, "public.t", on_slot_lost="resnapshot",
                                incremental_snapshot_chunk_size=100)
     repairing.start(offset)
-    reads = 0
     try:
         _execute(dsn, "UPDATE t SET v = 'after' WHERE id = 2")  # streamed, not lost
-        deadline = time.monotonic() + 60
-        while True:
-            assert time.monotonic() < deadline, "the incremental snapshot did not finish"
-            batch = repairing.poll()
-            _replay(batch.records, replica)
-            reads += sum(1 for r in batch.records if isinstance(r, ChangeEvent)
-                         and r.snapshot is SnapshotMarker.INCREMENTAL)
-            if batch.offset is not None:
-                repairing.commit(batch.offset)
-                if reads and "incremental_snapshot" not in batch.offset:
-                    break
+        reads = _until_reread(repairing, replica, time.monotonic() + 60)
         drain(repairing, timeout_s=30, until_lsn=_query(
             dsn, "SELECT (pg_current_wal_lsn() - '0/0')::bigint")[0][0])
     finally:
@@ -227,17 +233,7 @@ def test_a_slot_invalidated_while_streaming_stops_capture_or_is_repaired_in_the_
                     connector.poll()
             assert "'tidemark'" in str(caught.value) and "resnapshot" in str(caught.value)
             return
-        reads = 0
-        while True:
-            assert time.monotonic() < deadline, "the slot was not replaced and re-read"
-            batch = connector.poll()
-            _replay(batch.records, replica)
-            reads += sum(1 for r in batch.records if isinstance(r, ChangeEvent)
-                         and r.snapshot is SnapshotMarker.INCREMENTAL)
-            if batch.offset is not None:
-                connector.commit(batch.offset)
-                if reads and "incremental_snapshot" not in batch.offset:
-                    break
+        reads = _until_reread(connector, replica, deadline)
         _execute(dsn, "UPDATE t SET v = 'after' WHERE id = 2")
         _replay(drain(connector, timeout_s=30, until_lsn=_query(
             dsn, "SELECT (pg_current_wal_lsn() - '0/0')::bigint")[0][0]), replica)

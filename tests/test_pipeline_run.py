@@ -96,6 +96,15 @@ def _assert_equal_to_source(db: Database, tmp_path: Path) -> int:
     return history.num_rows
 
 
+def _lake_equals(db: Database, tmp_path: Path) -> bool:
+    """Whether both targets equal the source now (for polling)."""
+    try:
+        _assert_equal_to_source(db, tmp_path)
+    except AssertionError:
+        return False
+    return True
+
+
 def _batch_files(checkpoint: Path, log: str) -> set[int]:
     """The batch ids in Spark's ``offsets`` or ``commits`` log."""
     return {int(f.name) for f in (checkpoint / log).iterdir() if f.name.isdigit()}

@@ -16,7 +16,13 @@ from pyspark.sql import SparkSession
 
 from conftest import Database
 from test_engine_postgres import wait_for
-from test_pipeline_run import _assert_equal_to_source, _LivePipeline, _pipeline_file, _prepare
+from test_pipeline_run import (
+    _assert_equal_to_source,
+    _lake_equals,
+    _LivePipeline,
+    _pipeline_file,
+    _prepare,
+)
 from tidemark.pipeline import load_config
 from tidemark.testing.postgres import PostgresCluster
 
@@ -216,14 +222,6 @@ def test_tidemark_run_follows_its_failover_slot_to_the_promoted_standby(
         assert live.running
     assert not live.failures, live.failures
     _assert_equal_to_source(new, tmp_path)
-
-
-def _lake_equals(db: Database, tmp_path: Path) -> bool:
-    try:
-        _assert_equal_to_source(db, tmp_path)
-    except AssertionError:
-        return False
-    return True
 
 
 def test_capture_reads_from_a_standby_and_resumes_there_after_a_kill(

@@ -15,6 +15,7 @@ from conftest import Database
 from test_engine_postgres import wait_for
 from test_pipeline_run import (
     _assert_equal_to_source,
+    _lake_equals,
     _pipeline_file,
     _prepare,
     _tidemark_run,
@@ -24,14 +25,6 @@ from test_pipeline_run import (
 from tidemark.testing.spark_cluster import SparkStandaloneCluster
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
-
-
-def _equal(db: Database, tmp_path: Path) -> bool:
-    try:
-        _assert_equal_to_source(db, tmp_path)
-    except AssertionError:
-        return False
-    return True
 
 
 def _executor_dirs(cluster: SparkStandaloneCluster, index: int) -> list[Path]:
@@ -67,7 +60,7 @@ def test_tidemark_run_on_a_standalone_cluster_goes_on_when_a_worker_is_killed(
                      what="writes after the kill")
             writer.finish()
             deadline = time.monotonic() + 180
-            while not _equal(db, tmp_path):
+            while not _lake_equals(db, tmp_path):
                 assert proc.poll() is None, log.read_text(errors="replace")[-3000:]
                 assert time.monotonic() < deadline, \
                     "Delta did not catch up with the source:\n" + \
