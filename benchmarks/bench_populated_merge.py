@@ -181,7 +181,11 @@ def main() -> None:
                 contender.drivers.append(peaks.driver)
                 contender.jvms.append(peaks.jvm)
                 print(f"  {contender.name}: {changes:,} changes merged in {window:.2f} s "
-                      f"({changes / window:,.0f}/s; read {read:.2f} s, merge {merge:.2f} s; "
+                      f"({changes / window:,.0f}/s; "
+                      f"{sum(1 for line in log.splitlines() if _TOOK.match(line))} batches, "
+                      f"read {read:.2f} s"
+                      f"{' (spilled)' if 'the executors write it to' in log else ''}, "
+                      f"merge {merge:.2f} s; "
                       f"run {seconds:.1f} s wall), driver "
                       f"{peaks.driver / 2**20:.0f} MiB, its JVM {peaks.jvm / 2**20:.0f} MiB; "
                       "Delta equals PostgreSQL")
