@@ -115,11 +115,7 @@ class Bench:
         self.runs = 0
         self.conn = psycopg2.connect(self.dsn)
         self.conn.autocommit = True
-        workload.create_table(self.dsn)
-        with self.conn.cursor() as cur:
-            cur.execute(workload.T10_FILL.format(rows=rows))
-            cur.execute("VACUUM ANALYZE t10")
-            cur.execute("CREATE TABLE empty (LIKE t10 INCLUDING ALL)")
+        workload.fill_t10(self.dsn, rows, "CREATE TABLE empty (LIKE t10 INCLUDING ALL)")
 
     def copy(self) -> Sample:
         psql = [str(Path(self.cluster.bindir) / "psql"), "-X", "-q", "-h", self.cluster.host,

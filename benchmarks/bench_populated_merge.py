@@ -52,24 +52,19 @@ from tidemark.pipeline.compare import compare
 from tidemark.testing.postgres import PostgresCluster
 from tidemark.testing.spark_cluster import SparkStandaloneCluster
 
-_CHANGES = """
+_CHANGES = f"""
 DO $$
 DECLARE
     i integer;
 BEGIN
-    FOR i IN 0 .. {transactions} - 1 LOOP
+    FOR i IN 0 .. {{transactions}} - 1 LOOP
         UPDATE t10 SET c_int = c_int + 1, c_label = 'updated ' || i
-        WHERE id IN (SELECT (((i * 100 + k)::bigint * 2654435761) % {rows}) + 1
+        WHERE id IN (SELECT (((i * 100 + k)::bigint * 2654435761) % {{rows}}) + 1
                      FROM generate_series(1, 70) AS k);
         DELETE FROM t10
-        WHERE id IN (SELECT (((i * 100 + k)::bigint * 2654435761) % {rows}) + 1
+        WHERE id IN (SELECT (((i * 100 + k)::bigint * 2654435761) % {{rows}}) + 1
                      FROM generate_series(71, 90) AS k);
-        INSERT INTO t10
-        SELECT g, g % 1000, g::bigint * 1000003, 'row ' || lpad(g::text, 16, '0'),
-               (g % 100000) / 100.0,
-               timestamptz '2024-01-01 00:00:00+00' + g * interval '1 second',
-               g % 2 = 0, 'label-' || (g % 97), g / 7.0, date '2024-01-01' + (g % 365)
-        FROM generate_series({rows} + i * 10 + 1, {rows} + i * 10 + 10) AS g;
+        {workload.t10_insert("{rows} + i * 10 + 1", "{rows} + i * 10 + 10")};
         COMMIT;
     END LOOP;
 END
@@ -136,13 +131,7 @@ def main() -> None:
                                    memory_mb=3072) as spark_cluster:
         work = Path(tmp)
         dsn = pg.create_database("bench")
-        workload.create_table(dsn)
-        with contextlib.closing(psycopg2.connect(dsn)) as conn:
-            conn.autocommit = True
-            with conn.cursor() as cur:
-                cur.execute(workload.T10_FILL.format(rows=args.rows))
-                cur.execute("VACUUM ANALYZE t10")
-                cur.execute("CREATE PUBLICATION bench FOR TABLE t10")
+        workload.fill_t10(dsn, args.rows, "CREATE PUBLICATION bench FOR TABLE t10")
         loaded = work / "loaded"
         loaded.mkdir()
         seconds, _, _ = run_pipeline(_pipeline_file(loaded, dsn, "load", "local[2]", ""))

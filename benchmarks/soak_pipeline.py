@@ -72,9 +72,7 @@ class Writer(threading.Thread):
                     low = 1 if self.keys == "uniform" else max(1, lo - _TAIL)
                     keys = [int(k) for k in rng.integers(low, lo, 40)]
                     with conn, conn.cursor() as cur:
-                        cur.execute(workload.T10_FILL.replace("generate_series(1, {rows})",
-                                                              f"generate_series({lo}, "
-                                                              f"{lo + 59})"))
+                        cur.execute(workload.t10_insert(lo, lo + 59))
                         cur.execute("UPDATE t10 SET c_int = c_int + 1, c_label = 'soak' "
                                     "WHERE id = ANY(%s)", (keys[:30],))
                         cur.execute("DELETE FROM t10 WHERE id = ANY(%s)", (keys[30:],))
@@ -148,13 +146,8 @@ def main() -> None:
     args = parser.parse_args()
     with PostgresCluster() as cluster, tempfile.TemporaryDirectory() as tmp:
         dsn = cluster.create_database("soak")
-        workload.create_table(dsn)
-        with contextlib.closing(psycopg2.connect(dsn)) as conn:
-            conn.autocommit = True
-            with conn.cursor() as cur:
-                cur.execute(workload.T10_FILL.format(rows=args.rows))
-                cur.execute("CREATE TABLE probe (id int PRIMARY KEY, at timestamptz)")
-                cur.execute("VACUUM ANALYZE t10")
+        workload.fill_t10(dsn, args.rows,
+                          "CREATE TABLE probe (id int PRIMARY KEY, at timestamptz)")
         work = Path(tmp)
         file = work / "pipeline.toml"
         file.write_text(

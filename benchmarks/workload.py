@@ -26,17 +26,24 @@ CREATE TABLE IF NOT EXISTS t10 (
 )
 """
 
-_WORKLOAD = """
+def t10_insert(first: object, last: object) -> str:
+    """SQL inserting the ``t10`` rows with ids *first* to *last* (numbers, or SQL
+    expressions), the same values for an id every time."""
+    return f"""
+INSERT INTO t10
+SELECT g, g % 1000, g::bigint * 1000003, 'row ' || lpad(g::text, 16, '0'),
+       (g % 100000) / 100.0, timestamptz '2024-01-01 00:00:00+00' + g * interval '1 second',
+       g % 2 = 0, 'label-' || (g % 97), g / 7.0, date '2024-01-01' + (g % 365)
+FROM generate_series({first}, {last}) AS g"""
+
+
+_WORKLOAD = f"""
 DO $$
 DECLARE
     i integer;
 BEGIN
-    FOR i IN 0 .. {transactions} - 1 LOOP
-        INSERT INTO t10
-        SELECT g, g % 1000, g::bigint * 1000003, 'row ' || lpad(g::text, 16, '0'),
-               (g % 100000) / 100.0, timestamptz '2024-01-01 00:00:00+00' + g * interval '1 second',
-               g % 2 = 0, 'label-' || (g % 97), g / 7.0, date '2024-01-01' + (g % 365)
-        FROM generate_series(i * 60 + 1, i * 60 + 60) AS g;
+    FOR i IN 0 .. {{transactions}} - 1 LOOP
+        {t10_insert("i * 60 + 1", "i * 60 + 60")};
         UPDATE t10 SET c_int = c_int + 1, c_label = 'updated', c_double = c_double * 2
         WHERE id BETWEEN i * 60 + 1 AND i * 60 + 30;
         DELETE FROM t10 WHERE id BETWEEN i * 60 + 31 AND i * 60 + 40;
@@ -49,13 +56,20 @@ $$
 
 #: ``t10`` filled with ids 1..{rows} (``.format(rows=N)``), the same values every time:
 #: the table the snapshot benchmarks read.
-T10_FILL = """
-INSERT INTO t10
-SELECT g, g % 1000, g::bigint * 1000003, 'row ' || lpad(g::text, 16, '0'),
-       (g % 100000) / 100.0, timestamptz '2024-01-01 00:00:00+00' + g * interval '1 second',
-       g % 2 = 0, 'label-' || (g % 97), g / 7.0, date '2024-01-01' + (g % 365)
-FROM generate_series(1, {rows}) AS g
-"""
+T10_FILL = t10_insert(1, "{rows}")
+
+
+def fill_t10(dsn: str, rows: int, *statements: str) -> None:
+    """Create ``t10`` with ids 1..*rows*, run *statements*, then ``VACUUM ANALYZE``
+    it (statistics and the visibility map set before anything is measured)."""
+    create_table(dsn)
+    with contextlib.closing(psycopg2.connect(dsn)) as conn:
+        conn.autocommit = True
+        with conn.cursor() as cur:
+            cur.execute(T10_FILL.format(rows=int(rows)))
+            for statement in statements:
+                cur.execute(statement)
+            cur.execute("VACUUM ANALYZE t10")
 
 
 def create_table(dsn: str) -> None:

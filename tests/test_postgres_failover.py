@@ -251,6 +251,10 @@ def test_capture_reads_from_a_standby_and_resumes_there_after_a_kill(
             err = capture.stderr.read().decode() if capture.stderr else ""
             raise AssertionError(f"capture exited with {capture.returncode}: {err[-3000:]}")
 
+    def captured(capture: subprocess.Popen[bytes]) -> set[int]:
+        running(capture)
+        return set(_ids(out))
+
     capture = start()
 
     def snapshotted() -> bool:
@@ -263,7 +267,7 @@ def test_capture_reads_from_a_standby_and_resumes_there_after_a_kill(
     for tx in range(5, 15):
         _execute(primary.dsn("app"), *(f"INSERT INTO t VALUES ({tx * 10 + i + 1}, 'a')"
                                        for i in range(10)))
-    wait_for(lambda: (running(capture), len(set(_ids(out))) >= 150)[1], timeout_s=60,
+    wait_for(lambda: len(captured(capture)) >= 150, timeout_s=60,
              what="the changes streamed from the standby")
     capture.kill()
     capture.wait(30)
@@ -271,7 +275,7 @@ def test_capture_reads_from_a_standby_and_resumes_there_after_a_kill(
              *(f"INSERT INTO t VALUES ({200 + i}, 'b')" for i in range(1, 51)))
     capture = start()
     expected = set(range(1, 151)) | set(range(201, 251))
-    wait_for(lambda: (running(capture), set(_ids(out)) >= expected)[1], timeout_s=120,
+    wait_for(lambda: captured(capture) >= expected, timeout_s=120,
              what="the changes made while capture was down")
     events = [json.loads(line)["value"] for line in out.read_text().splitlines() if line]
     updated = {e["after"]["id"] for e in events if e and e["op"] == "u"}

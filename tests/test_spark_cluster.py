@@ -6,13 +6,12 @@ from __future__ import annotations
 
 import os
 import signal
-import time
 from pathlib import Path
 
 import pytest
 
 from conftest import Database
-from test_engine_postgres import wait_for
+from test_capture_resilience import wait_for
 from test_pipeline_run import (
     _assert_equal_to_source,
     _lake_equals,
@@ -52,20 +51,22 @@ def test_tidemark_run_on_a_standalone_cluster_goes_on_when_a_worker_is_killed(
             # Each worker runs an executor of the pipeline: the work is in their JVMs.
             assert _executor_dirs(cluster, 0) and _executor_dirs(cluster, 1)
             writer.start()
-            wait_for(lambda: writer.committed >= 150, timeout_s=60, what="writes")
+            wait_for(lambda: writer.committed >= 150, 60, "writes")
             cluster.kill_worker(0)  # mid-run, with batches in flight
             cluster.wait_for_workers(1, timeout_s=120)
             killed_at = writer.committed
-            wait_for(lambda: writer.committed >= killed_at + 150, timeout_s=60,
-                     what="writes after the kill")
+            wait_for(lambda: writer.committed >= killed_at + 150, 60, "writes after the kill")
             writer.finish()
-            deadline = time.monotonic() + 180
-            while not _lake_equals(db, tmp_path):
+
+            def caught_up() -> bool:
                 assert proc.poll() is None, log.read_text(errors="replace")[-3000:]
-                assert time.monotonic() < deadline, \
-                    "Delta did not catch up with the source:\n" + \
-                    log.read_text(errors="replace")[-3000:]
-                time.sleep(0.5)  # polling the Delta tables
+                return _lake_equals(db, tmp_path)
+            try:
+                # Every poll compares both tables with PostgreSQL: not too often.
+                wait_for(caught_up, 180, "Delta to equal the source", interval_s=0.5)
+            except AssertionError as err:
+                raise AssertionError(f"{err}:\n{log.read_text(errors='replace')[-3000:]}") \
+                    from None
             assert proc.poll() is None, "the pipeline stopped when a worker was lost"
         finally:
             writer.finish()

@@ -32,7 +32,6 @@ are truncated, their ranges cannot be trusted) and an unpartitioned table.
 from __future__ import annotations
 
 import dataclasses
-import logging
 from collections.abc import Sequence
 
 import pyarrow as pa
@@ -40,8 +39,6 @@ import pyarrow.compute as pc
 from deltalake import DeltaTable, write_deltalake
 
 from tidemark.lake import sql
-
-log = logging.getLogger(__name__)
 
 
 @dataclasses.dataclass(frozen=True)

@@ -52,6 +52,8 @@ _CLUSTER_MAX_FILES: Final = 4
 #: overlap again and sorting them would not make the next merge cheaper: this bounds
 #: that waste to a twentieth of the merges' work.
 _CLUSTER_EVERY: Final = 20
+#: The tasks that read or list the table's files: at most one of them runs per batch.
+HEAVY_TASKS: Final = frozenset({"compact", "cluster", "vacuum"})
 
 
 Count = Annotated[int, msgspec.Meta(ge=0)]
@@ -180,7 +182,7 @@ def upkeep(table: DeltaTable, settings: UpkeepSettings, state: UpkeepState,
         if removed > 0:
             tasks.append(UpkeepTask("cleanup", f"deleted {removed} old log files",
                                     time.monotonic() - started))
-    heavy = heavy and not any(task.name in ("compact", "cluster") for task in tasks)
+    heavy = heavy and not any(task.name in HEAVY_TASKS for task in tasks)
     if heavy and settings.vacuum_every_minutes and \
             now - state.last_vacuum >= settings.vacuum_every_minutes * 60:
         started = time.monotonic()

@@ -48,7 +48,7 @@ from tidemark.errors import TerminalError
 from tidemark.event import TableId
 from tidemark.lake import ApplyResult, apply_changes
 from tidemark.lake.delta_writer import SnapshotLoad, apply_changes_in_steps
-from tidemark.lake.upkeep import UpkeepState, upkeep
+from tidemark.lake.upkeep import HEAVY_TASKS, UpkeepState, upkeep
 from tidemark.metrics import serve
 from tidemark.pipeline import spill
 from tidemark.pipeline.config import PipelineConfig, Target
@@ -333,8 +333,7 @@ class Pipeline:
                 log.warning("upkeep of %s failed (the batch is committed; the next batch "
                             "tries again): %s", target.path, err)
                 continue
-            heavy = heavy and not any(t.name in ("compact", "cluster", "vacuum")
-                                     for t in tasks)
+            heavy = heavy and not any(t.name in HEAVY_TASKS for t in tasks)
             done += [(target.table, task.name, str(task)) for task in tasks]
         return tuple(done)
 

@@ -13,10 +13,8 @@ from __future__ import annotations
 
 import contextlib
 import json
-import logging
 import os
 import signal
-import socket
 import subprocess
 import time
 import urllib.request
@@ -26,18 +24,11 @@ from types import TracebackType
 import pyspark
 
 from tidemark.errors import TidemarkError
-
-log = logging.getLogger(__name__)
+from tidemark.testing.local_server import free_port
 
 
 class SparkClusterError(TidemarkError):
     """The standalone cluster did not start."""
-
-
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
 
 
 class SparkStandaloneCluster:
@@ -48,7 +39,7 @@ class SparkStandaloneCluster:
                  memory_mb: int = 2048) -> None:
         self.work_dir = work_dir
         self.workers, self.cores, self.memory_mb = workers, cores, memory_mb
-        self.port, self.ui_port = _free_port(), _free_port()
+        self.port, self.ui_port = free_port(), free_port()
         self._master: subprocess.Popen[bytes] | None = None
         self._workers: list[subprocess.Popen[bytes]] = []
         self._spark_class = Path(pyspark.__file__).parent / "bin" / "spark-class"
@@ -115,10 +106,7 @@ class SparkStandaloneCluster:
 
     def kill_worker(self, index: int) -> None:
         """SIGKILL worker *index* and its executors (a machine lost)."""
-        worker = self._workers[index]
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(worker.pid, signal.SIGKILL)
-        worker.wait(30)
+        _kill(self._workers[index])
 
     def _log_tail(self, name: str) -> str:
         path = self.work_dir / f"{name}.log"
@@ -127,9 +115,7 @@ class SparkStandaloneCluster:
     def stop(self) -> None:
         """Kill the workers and the master (their state is not needed afterwards)."""
         for process in [*self._workers, *([self._master] if self._master else [])]:
-            with contextlib.suppress(ProcessLookupError):
-                os.killpg(process.pid, signal.SIGKILL)
-            process.wait(30)
+            _kill(process)
         self._workers, self._master = [], None
 
     def __enter__(self) -> SparkStandaloneCluster:
@@ -142,3 +128,10 @@ class SparkStandaloneCluster:
     def __exit__(self, kind: type[BaseException] | None, error: BaseException | None,
                  trace: TracebackType | None) -> None:
         self.stop()
+
+
+def _kill(process: subprocess.Popen[bytes]) -> None:
+    """SIGKILL *process* and its session (a worker's executors with it)."""
+    with contextlib.suppress(ProcessLookupError):
+        os.killpg(process.pid, signal.SIGKILL)
+    process.wait(30)

@@ -138,7 +138,7 @@ class PostgresConnector:
         catalog.check_replication_privilege(conn)
         # Before anything is created; create_slot decides the same way later.
         slot.makes_failover_slot(conn.server_version, cfg.slot_failover, "slot_failover",
-                                 standby=conn.get_parameter_status("in_hot_standby") == "on")
+                                 standby=session.on_standby(conn))
         self.database = catalog.current_database(conn)
         where = "the offset given to start()"
         if offset is None and store is not None:
@@ -402,9 +402,8 @@ class PostgresConnector:
             if self._snapshots is not None:
                 self._snapshots.close()
                 self._snapshots = None
-            existing = self._catalog(lambda c: slot.get_slot(c, self.config.slot_name))
-            if existing is not None:
-                self._catalog(lambda c: slot.drop_slot(c, self.config.slot_name))
+            # drop_slot does nothing if the slot was dropped, not invalidated.
+            self._catalog(lambda c: slot.drop_slot(c, self.config.slot_name))
             yield from self._resnapshot(stream, lost_at)
 
     def _resnapshot(self, stream: ReplicationStream, lost_at: int) -> Iterator[SourceBatch]:

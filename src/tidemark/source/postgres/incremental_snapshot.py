@@ -52,6 +52,7 @@ from tidemark.event import (
 )
 from tidemark.source.postgres import catalog, pgoutput
 from tidemark.source.postgres.change_builder import CONNECTOR_NAME
+from tidemark.source.postgres.session import on_standby
 from tidemark.source.postgres.snapshot import register_text_types
 from tidemark.source.signals import (
     SIGNAL_TABLE_COLUMNS,
@@ -196,7 +197,7 @@ class IncrementalSnapshot(SignalledSnapshots):
 
     def _on_standby(self) -> bool:
         try:
-            return self._connection().get_parameter_status("in_hot_standby") == "on"
+            return on_standby(self._connection())
         except (psycopg2.Error, SourceUnavailableError):
             return False  # reading the chunk will tell, and is retried
 

@@ -90,6 +90,12 @@ def classify_connect_message(dsn: str, message: str) -> Exception:
     )
 
 
+def on_standby(conn: psycopg2.extensions.connection) -> bool:
+    """Whether *conn* is to a standby (read-only, in recovery): the server reports
+    ``in_hot_standby`` on connecting and when it is promoted, so no query is needed."""
+    return bool(conn.get_parameter_status("in_hot_standby") == "on")
+
+
 @contextlib.contextmanager
 def cursor(conn: psycopg2.extensions.connection) -> Any:
     """A cursor that is closed afterwards (typed as Any: psycopg2's stubs are loose)."""

@@ -19,7 +19,7 @@ from psycopg2 import sql
 from tidemark.errors import ConfigError, SourceError, TransientError
 from tidemark.event import TableId
 from tidemark.source.postgres import catalog
-from tidemark.source.postgres.session import cursor
+from tidemark.source.postgres.session import cursor, on_standby
 
 log = logging.getLogger(__name__)
 
@@ -210,10 +210,10 @@ def _refuse_on_standby(cur: Any, name: str, missing: Sequence[TableId], *,
                        exists: bool) -> None:
     """A standby (logical decoding there: PostgreSQL 16+) is read-only: the publication
     must come from the primary, by replication. Say so with the statement to run there."""
-    cur.execute("SELECT pg_is_in_recovery(), quote_ident(%s)", (name,))
-    in_recovery, quoted = cur.fetchone()
-    if not in_recovery:
+    if not on_standby(cur.connection):
         return
+    cur.execute("SELECT quote_ident(%s)", (name,))
+    (quoted,) = cur.fetchone()
     listed = _readable_names(cur, missing)
     if exists:
         fix = f"ALTER PUBLICATION {quoted} ADD TABLE {listed}"
