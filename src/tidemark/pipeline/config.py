@@ -20,7 +20,7 @@ import re
 import tomllib
 from collections.abc import Mapping
 from pathlib import Path
-from typing import Annotated, Any, Final, TypeVar
+from typing import Annotated, Any, Final, Literal, TypeVar
 
 import msgspec
 
@@ -95,8 +95,20 @@ class SparkSection(msgspec.Struct, frozen=True):
     the executors write it to Parquet in the checkpoint, and it is applied from there in
     steps (0: every batch)."""
     apply_step_rows: Positive = 500_000
-    """Change rows of one table merged per step when a batch is applied from Parquet;
-    the steps of a batch are committed to its Delta table as one commit."""
+    """Change rows of one table merged per step when a batch is applied from Parquet
+    (or on the executors); the steps of a batch are committed to its Delta table as one
+    commit."""
+    apply_on: Literal["driver", "executors"] = "driver"
+    """Where batches are merged into Delta: ``driver`` collects each batch and merges it
+    there; ``executors`` merges on Spark's executors, one task per target at least and
+    a big batch of a big target split by key ranges, committed as one by the driver
+    (:mod:`tidemark.pipeline.executor_apply`)."""
+    apply_parts: Positive | None = None
+    """Most tasks one target's batch is split into on the executors; default: Spark's
+    default parallelism."""
+    apply_part_mb: Annotated[int, msgspec.Meta(ge=0)] = 8
+    """Source log per part of a split batch: a smaller batch is not worth the parts'
+    branches (0: split every batch into ``apply_parts``)."""
 
 
 class MetricsSection(msgspec.Struct, frozen=True):

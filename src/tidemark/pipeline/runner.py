@@ -48,10 +48,12 @@ from tidemark.errors import TerminalError
 from tidemark.event import TableId
 from tidemark.lake import ApplyResult, apply_changes
 from tidemark.lake.delta_writer import SnapshotLoad, apply_changes_in_steps
+from tidemark.lake.split_apply import plan_target
 from tidemark.lake.upkeep import HEAVY_TASKS, UpkeepState, upkeep
 from tidemark.metrics import serve
 from tidemark.pipeline import spill
 from tidemark.pipeline.config import PipelineConfig, Target
+from tidemark.pipeline.executor_apply import TargetWork, apply_on_executors
 from tidemark.pipeline.progress import BatchReport
 from tidemark.pipeline.run_metrics import RunMetrics
 from tidemark.pipeline.run_record import record_batch, records_runs
@@ -276,6 +278,10 @@ class Pipeline:
                                      self._log_position)
         if size is None and offset is not None:
             size = self._first_batch_bytes(offset.lsn)
+        if self.config.spark.apply_on == "executors":
+            self._process_on_executors(batch, batch_id, raw_offset, offset, loads, size,
+                                       started)
+            return
         limit = self.config.spark.collect_max_mb << 20
         if size is None or size > limit:
             inputs = self._spilled(batch, batch_id, size)
@@ -304,6 +310,99 @@ class Pipeline:
             if self._spill_path is not None:
                 spill.remove(self._spill_path)
                 self._spill_path = None
+        self._finish(batch_id, changes, replayed, seen, timings, offset, raw_offset, started)
+
+    def _process_on_executors(self, batch: DataFrame, batch_id: int,
+                              raw_offset: dict[str, Any], offset: SourceOffset | None,
+                              loads: dict[str, SnapshotLoad], size: int | None,
+                              started: float) -> None:
+        """Apply the batch on the executors (:mod:`tidemark.pipeline.executor_apply`):
+        the driver plans each target and commits the parts of split ones."""
+        assert self._schemas is not None
+        if self.config.changelog:
+            # Two actions (the log, the apply): the source is read once into the cache.
+            batch.persist()
+            try:
+                self._write_changelog(batch, batch_id)
+                self._apply_on_executors(batch, batch_id, raw_offset, offset, loads, size,
+                                         started)
+            finally:
+                batch.unpersist()
+        else:
+            self._apply_on_executors(batch, batch_id, raw_offset, offset, loads, size,
+                                     started)
+
+    def _apply_on_executors(self, batch: DataFrame, batch_id: int,
+                            raw_offset: dict[str, Any], offset: SourceOffset | None,
+                            loads: dict[str, SnapshotLoad], size: int | None,
+                            started: float) -> None:
+        assert self._schemas is not None
+        faults.crash_point("after_read", batch_id)
+        written = self._written_targets()
+        written.check(self.config.targets, identity=False)  # deleted while the query runs
+        parts = self._apply_parts(size)
+        changes: dict[str, int] = {}
+        replayed: list[str] = []
+        work: list[TargetWork] = []
+        for target in self.config.targets:
+            typed = self._schemas[target.table]
+            plan = plan_target(
+                target.path, target.spec, arrow_schema(typed), app_id=self._app_id(target),
+                version=batch_id, parts=parts, step_rows=self.config.spark.apply_step_rows,
+                snapshot_load=loads.get(target.table),
+                new_column_values=functools.partial(self._existing_row_values, target.table))
+            if isinstance(plan, ApplyResult):
+                changes[target.table] = 0
+                replayed.append(target.table)
+                continue
+            work.append(TargetWork(target.table, typed, plan, functools.partial(
+                existing_row_values_of, self.config.dsn, self._mariadb, target.table)))
+        planned = time.monotonic()
+        outcomes = apply_on_executors(batch, work)
+        seen = _Seen()
+        for item in work:
+            outcome = outcomes.get(item.table)
+            if outcome is None and item.plan.snapshot_load == "replace":
+                # An empty table's snapshot: no task had rows, and the target must still
+                # become (or be replaced by) the empty table.
+                apply_changes(item.plan.uri, arrow_schema(item.schema).empty_table(),
+                              item.plan.spec, app_id=item.plan.app_id, version=batch_id,
+                              snapshot_load="replace")
+            if outcome is None:
+                changes[item.table] = 0
+                continue
+            seen.add(item.table, outcome.seen.rows, outcome.seen.commits,
+                     outcome.seen.newest_commit_us)
+            if outcome.result.already_applied:
+                changes[item.table] = 0
+                replayed.append(item.table)
+            else:
+                changes[item.table] = outcome.seen.rows
+            written.record(next(t for t in self.config.targets if t.table == item.table))
+        split = {t: o.parts for t, o in outcomes.items() if o.parts > 1}
+        timings = [f"plan {planned - started:.2f} s",
+                   f"executors {time.monotonic() - planned:.2f} s"
+                   + (f" ({', '.join(f'{t} in {n} parts' for t, n in split.items())})"
+                      if split else "")]
+        self._finish(batch_id, changes, replayed, seen, timings, offset, raw_offset, started)
+
+    def _apply_parts(self, size: int | None) -> int:
+        """How many parts a target's batch may be split into: ``spark.apply_parts``
+        (default: Spark's default parallelism), one per ``spark.apply_part_mb`` of
+        source log."""
+        most = self.config.spark.apply_parts
+        if most is None:
+            spark = self._spark
+            most = spark.sparkContext.defaultParallelism if spark is not None else 1
+        per_part = self.config.spark.apply_part_mb << 20
+        if size is None or not per_part:
+            return most
+        return max(1, min(most, size // per_part))
+
+    def _finish(self, batch_id: int, changes: dict[str, int], replayed: list[str],
+                seen: _Seen, timings: list[str], offset: SourceOffset | None,
+                raw_offset: dict[str, Any], started: float) -> None:
+        """What follows a batch's writes: the crash point, upkeep, the report."""
         faults.crash_point("after_write", batch_id)
         applied = time.monotonic() - started
         upkeep = self._upkeep([t for t in self.config.targets if changes.get(t.table)])
@@ -405,7 +504,7 @@ class Pipeline:
                     version=batch_id, new_column_values=new_column_values,
                     snapshot_load=load)
             else:
-                stream = _crash_between_steps(_first_then(first, pieces), batch_id)
+                stream = _crash_between_steps(spill.first_then(first, pieces), batch_id)
                 del first  # the stream lets go of it once merged, like any other piece
                 result = apply_changes_in_steps(
                     target.path, stream, target.spec,
@@ -454,10 +553,7 @@ class Pipeline:
         return SourceOffset.parse(offset).lsn
 
     def _existing_row_values(self, table: str, columns: Sequence[str]) -> dict[str, Any]:
-        if self._mariadb:
-            return {}  # new columns of a MariaDB table start null in Delta's older rows
-        with contextlib.closing(wal.connect(self.config.dsn, purpose="catalog")) as conn:
-            return existing_row_values(conn, TableId.parse(table), columns)
+        return existing_row_values_of(self.config.dsn, self._mariadb, table, columns)
 
     def _written_targets(self) -> WrittenTargets:
         if self._written is None:
@@ -503,11 +599,14 @@ class Pipeline:
                            replayed=tuple(replayed), snapshot=snapshot)
 
 
-def _first_then(first: pa.Table, rest: Iterator[pa.Table]) -> Iterator[pa.Table]:
-    """*first*, then *rest*, holding no reference to a piece already handed out."""
-    yield first
-    del first
-    yield from rest
+def existing_row_values_of(dsn: str, mariadb: bool, table: str,
+                           columns: Sequence[str]) -> dict[str, Any]:
+    """The values the source's existing rows hold in *columns*, new to the target (a
+    module function: executors call it too)."""
+    if mariadb:
+        return {}  # new columns of a MariaDB table start null in Delta's older rows
+    with contextlib.closing(wal.connect(dsn, purpose="catalog")) as conn:
+        return existing_row_values(conn, TableId.parse(table), columns)
 
 
 def _crash_between_steps(pieces: Iterator[pa.Table], batch_id: int) -> Iterator[pa.Table]:
@@ -532,6 +631,15 @@ class _Seen:
     def last_commit(self, position: Callable[[int], str]) -> str:
         """The newest commit position seen, as *position* writes it."""
         return position(max(self.commits)) if self.commits else "none"
+
+    def add(self, table: str, rows: int, commits: Iterable[int],
+            newest_commit_us: int | None) -> None:
+        """Count what a task saw of *table*."""
+        self.rows[table] = self.rows.get(table, 0) + rows
+        self.commits.update(commits)
+        if newest_commit_us is not None and (self.newest_commit_us is None
+                                             or newest_commit_us > self.newest_commit_us):
+            self.newest_commit_us = newest_commit_us
 
     def count(self, table: str, pieces: Iterable[pa.Table]) -> Iterator[pa.Table]:
         """*pieces*, counted as they are read."""

@@ -16,7 +16,7 @@ import json
 import logging
 import re
 import shutil
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
 from typing import Any, Final
 
@@ -81,8 +81,11 @@ def table_pieces(path: Path, table: str, schema: StructType, envelope: pa.Schema
     order, in pieces of *rows_per_piece* rows (the last one smaller; a piece may end
     inside a transaction). *envelope* is the Arrow schema Spark collects the batch as,
     which a struct envelope read back from Parquet is cast to."""
-    pending: list[pa.Table] = []
-    held = 0
+    return pieces(_table_rows(path, table, schema, envelope), rows_per_piece)
+
+
+def _table_rows(path: Path, table: str, schema: StructType,
+                envelope: pa.Schema | None) -> Iterator[pa.Table]:
     for file in _files_in_order(path):
         parquet = pq.ParquetFile(file)
         packed = is_packed_envelope(parquet.schema_arrow.names)
@@ -91,18 +94,33 @@ def table_pieces(path: Path, table: str, schema: StructType, envelope: pa.Schema
             read = pa.Table.from_batches([record_batch])
             if not packed and envelope is not None:
                 read = read.cast(envelope)
-            rows = typed_rows(read, table, schema)
-            if not rows.num_rows:
-                continue
-            pending.append(rows)
-            held += rows.num_rows
-            if held >= rows_per_piece:
-                joined = pa.concat_tables(pending)
-                start = 0
-                while held - start >= rows_per_piece:
-                    yield joined.slice(start, rows_per_piece)
-                    start += rows_per_piece
-                pending, held = [joined.slice(start)], held - start
-                del joined  # only the rest's rows are held while the next piece fills
+            yield typed_rows(read, table, schema)
+
+
+def pieces(tables: Iterable[pa.Table], rows_per_piece: int) -> Iterator[pa.Table]:
+    """The rows of *tables* (one schema, in order) in pieces of *rows_per_piece* rows,
+    the last one smaller; only the rows of the piece being filled are held."""
+    pending: list[pa.Table] = []
+    held = 0
+    for rows in tables:
+        if not rows.num_rows:
+            continue
+        pending.append(rows)
+        held += rows.num_rows
+        if held >= rows_per_piece:
+            joined = pa.concat_tables(pending)
+            start = 0
+            while held - start >= rows_per_piece:
+                yield joined.slice(start, rows_per_piece)
+                start += rows_per_piece
+            pending, held = [joined.slice(start)], held - start
+            del joined  # only the rest's rows are held while the next piece fills
     if held:
         yield pa.concat_tables(pending)
+
+
+def first_then(first: pa.Table, rest: Iterator[pa.Table]) -> Iterator[pa.Table]:
+    """*first*, then *rest*, holding no reference to a piece already handed out."""
+    yield first
+    del first
+    yield from rest
