@@ -72,8 +72,9 @@ $$
 """
 _COLUMNS = ["id", "c_int", "c_bigint", "c_text", "c_numeric", "c_ts", "c_bool", "c_label",
             "c_double", "c_date"]
+# Driver: "read 1.2 s, public.t10 0.8 s"; executors: "plan 0.01 s, executors 2.1 s".
 _TOOK = re.compile(r"^(\S+ \S+) DEBUG tidemark\.pipeline\.runner: batch \d+ took ([\d.]+) s: "
-                   r"read ([\d.]+) s, public\.t10 ([\d.]+) s")
+                   r"(?:read|plan) ([\d.]+) s, (?:public\.t10|executors) ([\d.]+) s")
 _APPLIED = re.compile(r"^batch \d+: (.*?) \|")
 
 
@@ -82,17 +83,20 @@ class Contender:
     name: str
     master: str
     conf: str = ""
+    apply_on: str = "driver"
     rates: list[float] = field(default_factory=list)
     walls: list[float] = field(default_factory=list)
     drivers: list[int] = field(default_factory=list)
     jvms: list[int] = field(default_factory=list)
 
 
-def _pipeline_file(base: Path, dsn: str, slot: str, master: str, conf: str) -> Path:
+def _pipeline_file(base: Path, dsn: str, slot: str, master: str, conf: str,
+                   apply_on: str = "driver") -> Path:
     file = base / "pipeline.toml"
     file.write_text(
         f'[source]\ndsn = "{dsn}"\nslot = "{slot}"\npublication = "bench"\n'
         f'[spark]\ncheckpoint = "chk"\nmaster = "{master}"\navailable_now = true\n'
+        f'apply_on = "{apply_on}"\n'
         f'conf = {{ "spark.ui.enabled" = "false"{conf} }}\n'
         '[targets."public.t10"]\npath = "lake/t10"\nkeys = ["id"]\n')
     return file
@@ -136,12 +140,15 @@ def main() -> None:
         loaded.mkdir()
         seconds, _, _ = run_pipeline(_pipeline_file(loaded, dsn, "load", "local[2]", ""))
         print(f"{args.rows:,} rows loaded into Delta by the snapshot in {seconds:.1f} s")
+        cluster_conf = ', "spark.driver.host" = "127.0.0.1", "spark.executor.memory" = "2g"'
         contenders = [
-            Contender("local[1]", "local[1]"),
-            Contender("local[2]", "local[2]"),
-            Contender("standalone, 2 workers x 1 core", spark_cluster.master_url,
-                      ', "spark.driver.host" = "127.0.0.1", '
-                      '"spark.executor.memory" = "2g"'),
+            Contender("local[1], driver apply", "local[1]"),
+            Contender("local[2], driver apply", "local[2]"),
+            Contender("standalone, driver apply", spark_cluster.master_url, cluster_conf),
+            Contender("local[1], executor apply", "local[1]", apply_on="executors"),
+            Contender("local[2], executor apply", "local[2]", apply_on="executors"),
+            Contender("standalone, executor apply", spark_cluster.master_url, cluster_conf,
+                      apply_on="executors"),
         ]
         slots = {(c.name, run): f"c{i}_{run}" for i, c in enumerate(contenders)
                  for run in range(args.runs)}
@@ -159,7 +166,7 @@ def main() -> None:
                 base = work / f"{slots[(contender.name, run)]}"
                 shutil.copytree(loaded, base)
                 file = _pipeline_file(base, dsn, slots[(contender.name, run)],
-                                      contender.master, contender.conf)
+                                      contender.master, contender.conf, contender.apply_on)
                 seconds, peaks, log = run_pipeline(file, "--log-level", "debug")
                 changes, window, read, merge = _batch_window(log)
                 source, lake = compare(dsn, "public.t10", str(base / "lake/t10"), _COLUMNS)
@@ -172,23 +179,25 @@ def main() -> None:
                 print(f"  {contender.name}: {changes:,} changes merged in {window:.2f} s "
                       f"({changes / window:,.0f}/s; "
                       f"{sum(1 for line in log.splitlines() if _TOOK.match(line))} batches, "
-                      f"read {read:.2f} s"
+                      f"{'read' if contender.apply_on == 'driver' else 'plan'} {read:.2f} s"
                       f"{' (spilled)' if 'the executors write it to' in log else ''}, "
-                      f"merge {merge:.2f} s; "
+                      f"{'merge' if contender.apply_on == 'driver' else 'executors'} "
+                      f"{merge:.2f} s; "
                       f"run {seconds:.1f} s wall), driver "
                       f"{peaks.driver / 2**20:.0f} MiB, its JVM {peaks.jvm / 2**20:.0f} MiB; "
                       "Delta equals PostgreSQL")
                 shutil.rmtree(base)
         print(f"\nmedians of {args.runs} runs:")
-        base_rate = statistics.median(contenders[0].rates)
-        for contender in contenders:
-            rate = statistics.median(contender.rates)
-            print(f"  {contender.name:32s} {rate:>9,.0f} changes/s ({rate / base_rate:.2f}x "
-                  f"local[1]), driver {statistics.median(contender.drivers) / 2**20:.0f} MiB, "
-                  f"JVM {statistics.median(contender.jvms) / 2**20:.0f} MiB")
-        local2 = statistics.median(contenders[1].rates)
-        cluster = statistics.median(contenders[2].rates)
-        print(f"  standalone / local[2]: {cluster / local2:.2f}x")
+        for group in (contenders[:3], contenders[3:]):
+            local1, local2, cluster = (statistics.median(c.rates) for c in group)
+            for contender in group:
+                rate = statistics.median(contender.rates)
+                print(f"  {contender.name:28s} {rate:>9,.0f} changes/s ({rate / local1:.2f}x "
+                      f"local[1]), driver "
+                      f"{statistics.median(contender.drivers) / 2**20:.0f} MiB, JVM "
+                      f"{statistics.median(contender.jvms) / 2**20:.0f} MiB")
+            print(f"  {group[0].apply_on} apply: local[2] / local[1] {local2 / local1:.2f}x, "
+                  f"standalone / local[2] {cluster / local2:.2f}x")
 
 
 if __name__ == "__main__":

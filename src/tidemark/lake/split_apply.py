@@ -26,7 +26,7 @@ from __future__ import annotations
 
 import dataclasses
 import logging
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Iterable, Sequence
 from typing import Any
 
 import numpy as np
@@ -157,20 +157,18 @@ def cut_points(files: Sequence[FileRange], parts: int) -> tuple[int, ...]:
     return tuple(cuts)
 
 
-def split_rows(plan: TargetPlan, rows: pa.Table) -> Iterator[tuple[int, pa.Table]]:
-    """*rows* by the part that applies them: ``(part, rows)`` for each part that has
-    any. Rows without a key (truncates) go to the first part, which then asks for the
-    batch to be applied whole (:attr:`PartResult.needs_one_part`)."""
+def part_rows(plan: TargetPlan, part: int, rows: pa.Table) -> pa.Table:
+    """The rows of *rows* that *part* applies: those whose first key falls in its range.
+    Rows without a key (truncates, which reach every range) are kept, and the part then
+    asks for the batch to be applied whole (:attr:`PartResult.needs_one_part`)."""
     if plan.parts == 1:
-        yield 0, rows
-        return
+        return rows
     keys = rows.column(plan.spec.keys[0])
     if keys.null_count:
-        keys = keys.fill_null(plan.bounds[0] - 1)
+        return rows
     numbers = np.searchsorted(np.asarray(plan.bounds, dtype=np.int64), keys.to_numpy(),
                               side="right")
-    for part in np.unique(numbers):
-        yield int(part), rows.filter(pa.array(numbers == part))
+    return rows.filter(pa.array(numbers == part))
 
 
 def apply_part(plan: TargetPlan, part: int, pieces: Iterable[pa.Table], attempt: str, *,

@@ -2,18 +2,20 @@
 
 The driver never holds the batch. One Spark job per batch, two stages:
 
-1. **route** (``mapInArrow``, one task per source partition, where the batch was
-   decoded): each envelope record batch is turned into every target's typed change
-   rows, cut by the target's parts (:func:`tidemark.lake.split_apply.split_rows`) and
-   sent on as Arrow IPC, keyed by ``(task, order)``: *task* numbers a (target, part),
-   *order* is the source partition and the record batch's place in it, so sorting by it
-   gives commit order back (partitions are WAL slices in commit order, then snapshot
-   chunks).
-2. **apply** (one task per (target, part), placed exactly by its number, its rows
-   sorted by order with Spark's external sort, which spills): the task merges its rows
-   in steps of ``spark.apply_step_rows``
-   (:func:`tidemark.lake.split_apply.apply_part`) and returns what it did and what it
-   saw (rows, transactions, newest commit time), a few bytes.
+1. **send** (where the source decoded the batch, no Python): every envelope row gets
+   its place in commit order (``monotonically_increasing_id``: the source partition,
+   then the row's place in it; partitions are WAL slices in commit order, then snapshot
+   chunks) and goes to every task of its table (*task*: a part of a target), by a key
+   that Spark's hash places in that task's partition exactly (:func:`placing_keys`).
+2. **apply** (``mapInArrow``, one task per part, its rows sorted by commit order with
+   Spark's external sort, which spills): the task keeps the change rows of its part's
+   key range (:func:`tidemark.lake.split_apply.part_rows`), merges them in steps of
+   ``spark.apply_step_rows`` (:func:`tidemark.lake.split_apply.apply_part`) and returns
+   what it did and what it saw (rows, transactions, newest commit time), a few bytes.
+
+Every part of a split target reads all of the target's rows and keeps its range: the
+rows cross the shuffle once per part, as Arrow IPC blobs (the ``arrow`` row format) that
+cost little to skip, which spares a Python stage to cut them before the shuffle.
 
 A target of one part is committed by its task, with the batch's app transaction as
 always. The parts of a split target each leave a branch, which the driver publishes as
@@ -29,26 +31,30 @@ replays the batch, as on the driver path.
 from __future__ import annotations
 
 import dataclasses
+import itertools
 import logging
+import pickle
 from collections.abc import Iterable, Iterator, Sequence
 
+import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 from pyspark import TaskContext
-from pyspark.sql import DataFrame
+from pyspark.sql import DataFrame, SparkSession
+from pyspark.sql import functions as F  # noqa: N812 (pyspark's convention)
 from pyspark.sql.types import StructType
 
 from tidemark.lake.branch import OverlapError
 from tidemark.lake.delta_writer import ApplyResult, NewColumnValues
-from tidemark.lake.split_apply import PartResult, TargetPlan, apply_part, publish, split_rows
+from tidemark.lake.split_apply import PartResult, TargetPlan, apply_part, part_rows, publish
 from tidemark.pipeline import spill
 from tidemark.spark.arrow_rows import typed_rows
 
 log = logging.getLogger(__name__)
 
-_ROUTED = "task int, seq long, rows binary"
-#: Record batches per source partition the order key has room for (2**40).
-_SEQ_BITS = 40
+_TASK = "_tidemark_task"
+_SEQ = "_tidemark_seq"
+_OUTCOME = pa.schema([("outcome", pa.binary())])
 
 
 @dataclasses.dataclass(frozen=True)
@@ -114,55 +120,81 @@ def apply_on_executors(batch: DataFrame, work: Sequence[TargetWork]
 
 def _run(batch: DataFrame, work: Sequence[TargetWork]
          ) -> dict[str, list[tuple[PartResult, Seen]]]:
-    """One Spark job: route, then apply; the task results by table."""
+    """One Spark job: the batch's rows sent to their tasks, then applied; the task
+    results by table."""
     tasks = [(t, part) for t, item in enumerate(work) for part in range(item.plan.parts)]
-    number = {task: n for n, task in enumerate(tasks)}
+    keys = placing_keys(batch.sparkSession, len(tasks))
+    task_of = {key: n for n, key in enumerate(keys)}
+    columns = batch.columns
     work = list(work)
+    by_table: dict[str, list[int]] = {}
+    for n, (t, _) in enumerate(tasks):
+        by_table.setdefault(work[t].table, []).append(keys[n])
 
-    def route(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
-        context = TaskContext.get()
-        partition = context.partitionId() if context is not None else 0
-        for n, record_batch in enumerate(batches):
-            envelope = pa.Table.from_batches([record_batch])
-            order = (partition << _SEQ_BITS) + n
-            for t, item in enumerate(work):
-                rows = typed_rows(envelope, item.table, item.schema)
-                if not rows.num_rows:
-                    continue
-                for part, mine in split_rows(item.plan, rows):
-                    yield pa.RecordBatch.from_pydict(
-                        {"task": [number[(t, part)]], "seq": [order], "rows": [_ipc(mine)]},
-                        schema=pa.schema([("task", pa.int32()), ("seq", pa.int64()),
-                                          ("rows", pa.binary())]))
+    def apply(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
+        for key, group in itertools.groupby(_task_slices(batches, columns),
+                                            key=lambda item: item[0]):
+            t, part = tasks[task_of[key]]
+            item = work[t]
+            counted = _Counter()
+            rows = (part_rows(item.plan, part, typed_rows(envelope, item.table, item.schema))
+                    for _, envelope in group)
+            pieces = spill.pieces(counted.count(rows), item.plan.step_rows)
+            first = next(pieces, None)
+            if first is None:
+                continue
+            context = TaskContext.get()
+            attempt = str(context.taskAttemptId()) if context is not None else "0"
+            result = apply_part(item.plan, part, spill.first_then(first, pieces), attempt,
+                                new_column_values=item.new_column_values)
+            outcome = pickle.dumps((item.table, result, counted.seen()))
+            yield pa.RecordBatch.from_pydict({"outcome": [outcome]}, schema=_OUTCOME)
 
-    def apply(index: int, items: Iterable[tuple[tuple[int, int], bytes]]
-              ) -> Iterator[tuple[str, PartResult, Seen]]:
-        t, part = tasks[index]
-        item = work[t]
-        counted = _Counter()
-        pieces = spill.pieces(counted.count(_tables(blob for _, blob in items)),
-                         item.plan.step_rows)
-        first = next(pieces, None)
-        if first is None:
-            return
-        context = TaskContext.get()
-        attempt = str(context.taskAttemptId()) if context is not None else "0"
-        result = apply_part(item.plan, part, spill.first_then(first, pieces), attempt,
-                            new_column_values=item.new_column_values)
-        # What is left unread of a part that stopped early (needs_one_part).
-        for _ in pieces:
-            pass
-        yield item.table, result, counted.seen()
+    mapping = F.create_map(*(value for table, placed in by_table.items()
+                             for value in (F.lit(table), F.array(*map(F.lit, placed)))))
+    routed = (batch.withColumn(_SEQ, F.monotonically_increasing_id())
+              .withColumn(_TASK, F.explode(mapping[F.col("table")]))
+              .repartition(len(tasks), _TASK)
+              .sortWithinPartitions(_TASK, _SEQ))
+    results: dict[str, list[tuple[PartResult, Seen]]] = {}
+    for row in routed.mapInArrow(apply, "outcome binary").collect():
+        table, result, seen = pickle.loads(row[0])
+        results.setdefault(table, []).append((result, seen))
+    return results
 
-    routed = batch.mapInArrow(route, _ROUTED)
-    keyed = routed.rdd.map(lambda row: ((row[0], row[1]), bytes(row[2])))
-    results = (keyed.repartitionAndSortWithinPartitions(
-        numPartitions=max(1, len(tasks)), partitionFunc=lambda key: key[0])
-        .mapPartitionsWithIndex(apply).collect())
-    by_table: dict[str, list[tuple[PartResult, Seen]]] = {}
-    for table, result, seen in results:
-        by_table.setdefault(table, []).append((result, seen))
-    return by_table
+
+def placing_keys(spark: SparkSession, count: int) -> list[int]:
+    """*count* integers that ``repartition(count, column)`` sends to partitions 0, 1, …
+    in turn: Spark hashes a column (Murmur3) to place a row, so task numbers 0..n-1
+    would share partitions by chance, and tasks sharing one run one after the other."""
+    if count not in _PLACING:
+        found: dict[int, int] = {}
+        candidates = 64 * count
+        while len(found) < count:
+            rows = spark.range(candidates).select(
+                F.col("id").cast("int").alias("k"),
+                F.expr(f"pmod(hash(CAST(id AS INT)), {count})").alias("p")).collect()
+            for key, place in rows:
+                found.setdefault(place, key)
+            candidates *= 4
+        _PLACING[count] = [found[p] for p in range(count)]
+    return _PLACING[count]
+
+
+_PLACING: dict[int, list[int]] = {}
+
+
+def _task_slices(batches: Iterable[pa.RecordBatch], columns: Sequence[str]
+                 ) -> Iterator[tuple[int, pa.Table]]:
+    """The runs of rows of one task in *batches* (sorted by task): (its key, the rows
+    with the envelope's *columns*)."""
+    for record_batch in batches:
+        table = pa.Table.from_batches([record_batch])
+        tasks = table.column(_TASK).to_numpy()
+        starts = [0, *(np.flatnonzero(tasks[1:] != tasks[:-1]) + 1).tolist(), len(tasks)]
+        for lo, hi in itertools.pairwise(starts):
+            if hi > lo:
+                yield int(tasks[lo]), table.slice(lo, hi - lo).select(list(columns))
 
 
 def _merged(seens: Iterable[Seen]) -> Seen:

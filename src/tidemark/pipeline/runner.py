@@ -89,7 +89,10 @@ def build_session(config: PipelineConfig) -> SparkSession:
     builder = (SparkSession.builder.master(config.spark.master)
                .appName(config.spark.app_name)
                # The console progress bar would garble the per-batch lines.
-               .config("spark.ui.showConsoleProgress", "false"))
+               .config("spark.ui.showConsoleProgress", "false")
+               # An arrow envelope row holds thousands of change rows: Spark's Arrow
+               # batches for the executors' apply are cut by bytes, not only by rows.
+               .config("spark.sql.execution.arrow.maxBytesPerBatch", str(64 << 20)))
     for key, value in config.spark.conf.items():
         builder = builder.config(key, value)
     session = builder.getOrCreate()
