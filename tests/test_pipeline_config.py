@@ -58,6 +58,22 @@ def test_a_good_file_resolves_paths_and_the_dsn_from_the_environment(tmp_path: P
     assert config.with_available_now().spark.available_now
 
 
+def test_a_target_may_be_an_object_store_with_storage_options(tmp_path: Path) -> None:
+    """An object store's URI is kept (delta-rs reaches it with the options, which
+    ``repr`` leaves out: they may hold credentials); a ``file://`` URI is a local path."""
+    text = _GOOD.replace('path = "lake/orders"', 'path = "s3://bucket/orders"\n'
+                         'storage_options = { AWS_REGION = "eu-west-1", '
+                         'AWS_SECRET_ACCESS_KEY = "hush" }')
+    (target,) = load_config(_write(tmp_path, text), environ=_ENV).targets
+    assert target.path == "s3://bucket/orders" and not target.local
+    assert target.storage_options == {"AWS_REGION": "eu-west-1",
+                                      "AWS_SECRET_ACCESS_KEY": "hush"}
+    assert "hush" not in repr(target)
+    local = _GOOD.replace('path = "lake/orders"', f'path = "file://{tmp_path}/lake/o"')
+    (target,) = load_config(_write(tmp_path, local), environ=_ENV).targets
+    assert target.path == str(tmp_path / "lake/o") and target.local
+
+
 def test_upkeep_comes_from_its_section_and_each_target_may_change_it(
         tmp_path: Path) -> None:
     text = (_GOOD + '\n[targets."public.customers"]\npath = "lake/customers"\n'
@@ -111,6 +127,12 @@ def _write(tmp_path: Path, text: str) -> Path:
     (_GOOD.replace("trigger_interval_ms = 500", "collect_max_mb = -1"),
      "spark.collect_max_mb", ">= 0"),
     (_GOOD + "\n[upkeep]\ncompact_min_files = -1\n", "upkeep.compact_min_files", ">= 0"),
+    (_GOOD.replace('keys = ["id"]', 'keys = ["id"]\nstorage_options = { AWS_MAX_RETRIES = 3 }'),
+     'targets."public.orders".storage_options', "table of strings"),
+    (_GOOD.replace("trigger_interval_ms = 500", 'apply_on = "workers"'),
+     "spark.apply_on", "driver"),
+    (_GOOD.replace("trigger_interval_ms = 500", "apply_parts = 0"),
+     "spark.apply_parts", ">= 1"),
     (_GOOD + "\n[upkeep]\nvacum = 1\n", "upkeep.vacum", "vacuum_every_minutes"),
     (_GOOD.replace('keys = ["id"]', 'keys = ["id"]\nupkeep = { target_file_mb = 0 }'),
      'targets."public.orders".upkeep.target_file_mb', ">= 1"),

@@ -31,11 +31,16 @@ _EXECUTORS = ('master = "local[2]"\navailable_now = true\napply_on = "executors"
               'conf = { "spark.ui.enabled" = "false", "spark.sql.shuffle.partitions" = "2" }')
 
 
-def _setup(db: Database, tmp_path: Path, *, changelog: bool = False) -> Path:
+def _setup(db: Database, tmp_path: Path, *, changelog: bool = False,
+           storage_options: bool = False) -> Path:
     db.execute("CREATE TABLE a (id int PRIMARY KEY, v text, n numeric(10, 2))",
                "CREATE TABLE b (id int PRIMARY KEY, v text)")
     source = _prepare(db, "a", "b") + f'dsn = "{db.dsn}"\nmaxChangesPerTrigger = 1000\n'
     file = _pipeline_file(tmp_path, source, _EXECUTORS, changelog=changelog)
+    if storage_options:  # a target given as a URI, with delta-rs' storage options
+        file.write_text(file.read_text().replace(
+            'path = "lake/a"', f'path = "file://{tmp_path}/lake/a"\n'
+                               'storage_options = { timeout = "120s" }'))
     with file.open("a") as out:  # no upkeep commits: every Delta version is a batch
         out.write("\n[upkeep]\nenabled = false\n")
     return file
@@ -79,7 +84,8 @@ def test_split_batches_are_one_commit_per_target_and_equal_the_source(
 def test_a_truncate_in_a_split_batch_is_applied_whole(
         spark: SparkSession, db: Database, tmp_path: Path,
         caplog: pytest.LogCaptureFixture) -> None:
-    config = _setup(db, tmp_path)
+    config = _setup(db, tmp_path, storage_options=True)
+    assert load_config(config).targets[0].storage_options == {"timeout": "120s"}
     db.execute("INSERT INTO a SELECT g, 'x' || g, 1 FROM generate_series(1, 1000) g",
                "INSERT INTO b SELECT g, 'first' FROM generate_series(1, 10) g")
     db.execute("INSERT INTO a SELECT g, 'y' || g, 2 FROM generate_series(1001, 1800) g")

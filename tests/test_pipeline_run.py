@@ -216,12 +216,14 @@ class _Writer(threading.Thread):
 
 
 def _tidemark_run(config: Path, log: Path, *args: str,
-                  extra_env: dict[str, str] | None = None) -> subprocess.Popen[bytes]:
+                  extra_env: dict[str, str] | None = None,
+                  log_level: str = "WARNING") -> subprocess.Popen[bytes]:
     env = {**os.environ, "PYSPARK_PYTHON": sys.executable, **(extra_env or {})}
     with log.open("ab") as out:
         # A new session: a SIGKILL of its process group (the tests' or tidemark.faults')
         # hits the driver and its JVM together.
-        return subprocess.Popen([sys.executable, "-m", "tidemark", "run", str(config), *args],
+        return subprocess.Popen([sys.executable, "-m", "tidemark", "--log-level", log_level,
+                                 "run", str(config), *args],
                                 stdout=out, stderr=subprocess.STDOUT, env=env,
                                 start_new_session=True)
 

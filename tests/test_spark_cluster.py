@@ -1,6 +1,7 @@
 """``tidemark run`` on a Spark standalone cluster (a master and two one-core workers, each
-its own JVM, from the pyspark wheel), not ``local[N]``: the executors decode in their
-own JVMs and Python workers, and a worker killed mid-run costs nothing."""
+its own JVM, from the pyspark wheel), not ``local[N]``: the executors decode and merge
+into Delta (``apply_on = "executors"``) in their own JVMs and Python workers, and a
+worker killed mid-run costs nothing."""
 
 from __future__ import annotations
 
@@ -39,13 +40,14 @@ def test_tidemark_run_on_a_standalone_cluster_goes_on_when_a_worker_is_killed(
     monkeypatch.setenv("TIDEMARK_DSN", db.dsn)
     with SparkStandaloneCluster(tmp_path / "spark", workers=2, cores=1) as cluster:
         spark = (f'master = "{cluster.master_url}"\ntrigger_interval_ms = 200\n'
+                 'apply_on = "executors"\n'
                  'conf = { "spark.driver.host" = "127.0.0.1", '
                  '"spark.executor.memory" = "1g" }')
         config = _pipeline_file(tmp_path, source, spark, changelog=False)
         db.execute("INSERT INTO a VALUES (1, 'first', 1)", "INSERT INTO b VALUES (1, 'first')")
         log = tmp_path / "run.log"
         writer = _Writer(db.dsn, 11, limit=None)
-        proc = _tidemark_run(config, log)
+        proc = _tidemark_run(config, log, log_level="DEBUG")
         try:
             _wait_for_batches(log, 1, proc)
             # Each worker runs an executor of the pipeline: the work is in their JVMs.
@@ -68,6 +70,10 @@ def test_tidemark_run_on_a_standalone_cluster_goes_on_when_a_worker_is_killed(
                 raise AssertionError(f"{err}:\n{log.read_text(errors='replace')[-3000:]}") \
                     from None
             assert proc.poll() is None, "the pipeline stopped when a worker was lost"
+            text = log.read_text(errors="replace")
+            # The batches were applied by the executors' tasks, not on the driver.
+            assert "s: plan " in text and ", executors " in text
+            assert "s: read " not in text
         finally:
             writer.finish()
             os.killpg(proc.pid, signal.SIGTERM)

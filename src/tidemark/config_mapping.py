@@ -70,4 +70,6 @@ def enum_choices(cls: type[msgspec.Struct], field: str) -> str:
     for candidate in candidates:
         if isinstance(candidate, type) and issubclass(candidate, enum.Enum):
             return ", ".join(str(member.value) for member in candidate)
+        if typing.get_origin(candidate) is typing.Literal:
+            return ", ".join(str(value) for value in typing.get_args(candidate))
     return "the documented values"

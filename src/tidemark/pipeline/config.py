@@ -21,6 +21,7 @@ import tomllib
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Annotated, Any, Final, Literal, TypeVar
+from urllib.parse import unquote, urlparse
 
 import msgspec
 
@@ -41,8 +42,9 @@ from tidemark.spark.options import (
 DEFAULT_DSN_ENV: Final = "TIDEMARK_DSN"
 _SECTIONS: Final = ("source", "spark", "targets", "changelog", "metrics", "upkeep")
 _TABLE_NAME: Final = re.compile(r"[^.\s]+\.[^.\s]+")
-# A URI scheme (s3://, abfss://): the runner reads Spark's checkpoint files (query id,
-# batch offsets) with plain file I/O, so only local paths are supported for now.
+# A URI scheme (s3://, abfss://): a target may be one (delta-rs reaches it with the
+# target's storage options); the runner reads Spark's checkpoint files (query id, batch
+# offsets) with plain file I/O, so the checkpoint and the change log must be local.
 _URI: Final = re.compile(r"^[A-Za-z][A-Za-z0-9+.-]*://")
 
 S = TypeVar("S", bound=msgspec.Struct)
@@ -137,6 +139,14 @@ class Target:
     upkeep: UpkeepSettings = dataclasses.field(default_factory=UpkeepSettings)
     """Compaction, checkpoints, log cleanup and vacuum (``[upkeep]``, then the target's
     own ``upkeep = {…}``)."""
+    storage_options: dict[str, str] | None = dataclasses.field(default=None, repr=False)
+    """delta-rs' storage options for an object store (``AWS_REGION``, …); left out of
+    ``repr``: they may hold credentials."""
+
+    @property
+    def local(self) -> bool:
+        """Whether the target is a directory of this machine (not an object store)."""
+        return not _URI.match(self.path)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -229,7 +239,7 @@ def _check_disjoint(targets: tuple[Target, ...], checkpoint: str,
     """No two places the pipeline writes may be the same directory or nested: two
     targets in one path would merge two tables into one Delta table, and a table inside
     the checkpoint (or the reverse) would be deleted or corrupted with it."""
-    places = [(f'targets."{t.table}".path', Path(t.path)) for t in targets]
+    places = [(f'targets."{t.table}".path', Path(t.path)) for t in targets if t.local]
     places.append(("spark.checkpoint", Path(checkpoint)))
     if changelog is not None:
         places.append(("changelog.path", Path(changelog)))
@@ -280,8 +290,9 @@ def _target(name: str, values: object, base: Path, upkeep: UpkeepSettings) -> Ta
         raise ConfigError(section, f"must be a table with 'path' and apply settings, "
                           f"got {values!r}")
     settings = dict(values)
-    allowed = {"path", "snapshot", "upkeep"} | {f.name for f in dataclasses.fields(ApplySpec)} - {
-        "apply_as_deletes", "apply_as_truncates"}
+    allowed = {"path", "snapshot", "upkeep", "storage_options"} | {
+        f.name for f in dataclasses.fields(ApplySpec)} - {"apply_as_deletes",
+                                                          "apply_as_truncates"}
     for key in settings:
         if key not in allowed:
             raise unknown_key_error(section, key, allowed)
@@ -290,6 +301,7 @@ def _target(name: str, values: object, base: Path, upkeep: UpkeepSettings) -> Ta
     path = settings.pop("path")
     if not isinstance(path, str) or not path:
         raise ConfigError(f"{section}.path", f"must be a directory path, got {path!r}")
+    options = settings.pop("storage_options", None)
     overrides = settings.pop("upkeep", {})
     if overrides:
         upkeep = _section(UpkeepSettings, {**msgspec.structs.asdict(upkeep), **overrides}
@@ -309,13 +321,30 @@ def _target(name: str, values: object, base: Path, upkeep: UpkeepSettings) -> Ta
         raise ConfigError(f"{section}.{err.key}", message) from None
     except TypeError as err:  # a required ApplySpec field (keys) left out
         raise ConfigError(f"{section}.keys", f"required: the key columns ({err})") from None
-    resolved = _local_path(path, base, f"{section}.path")
-    try:
-        check_target(resolved)  # here, before Spark starts and the source is read
-    except ConfigError as err:
-        raise ConfigError(f"{section}.path", str(err).removeprefix(f"{err.key}: ")) from None
+    storage_options = _storage_options(options, f"{section}.storage_options")
+    if path.startswith("file://"):
+        path = unquote(urlparse(path).path)
+    if _URI.match(path):
+        resolved = path  # an object store: delta-rs reaches it with the storage options
+    else:
+        resolved = _local_path(path, base, f"{section}.path")
+        try:
+            check_target(resolved)  # here, before Spark starts and the source is read
+        except ConfigError as err:
+            raise ConfigError(f"{section}.path",
+                              str(err).removeprefix(f"{err.key}: ")) from None
     return Target(table=str(TableId.parse(name)), path=resolved, spec=spec, snapshot=mode,
-                  upkeep=upkeep)
+                  upkeep=upkeep, storage_options=storage_options)
+
+
+def _storage_options(values: object, key: str) -> dict[str, str] | None:
+    if values is None:
+        return None
+    if not isinstance(values, Mapping) or not all(
+            isinstance(k, str) and isinstance(v, str) for k, v in values.items()):
+        raise ConfigError(key, "must be a table of strings, delta-rs' storage options "
+                               '(e.g. { AWS_REGION = "eu-west-1" })')
+    return dict(values)
 
 
 def _tables(source: SourceSection, targets: tuple[Target, ...]) -> tuple[str, ...]:

@@ -352,7 +352,7 @@ class Pipeline:
             plan = plan_target(
                 target.path, target.spec, arrow_schema(typed), app_id=self._app_id(target),
                 version=batch_id, parts=parts, step_rows=self.config.spark.apply_step_rows,
-                snapshot_load=loads.get(target.table),
+                snapshot_load=loads.get(target.table), storage_options=target.storage_options,
                 new_column_values=functools.partial(self._existing_row_values, target.table))
             if isinstance(plan, ApplyResult):
                 changes[target.table] = 0
@@ -370,7 +370,8 @@ class Pipeline:
                 # become (or be replaced by) the empty table.
                 apply_changes(item.plan.uri, arrow_schema(item.schema).empty_table(),
                               item.plan.spec, app_id=item.plan.app_id, version=batch_id,
-                              snapshot_load="replace")
+                              snapshot_load="replace",
+                              storage_options=item.plan.storage_options)
             if outcome is None:
                 changes[item.table] = 0
                 continue
@@ -429,7 +430,8 @@ class Pipeline:
         for target in targets:
             state = self._upkeep_state.setdefault(target.table, UpkeepState())
             try:
-                tasks = upkeep(DeltaTable(target.path), target.upkeep, state,
+                table = DeltaTable(target.path, storage_options=target.storage_options)
+                tasks = upkeep(table, target.upkeep, state,
                                keys=target.spec.keys, heavy=heavy)
             except Exception as err:
                 log.warning("upkeep of %s failed (the batch is committed; the next batch "
@@ -505,6 +507,7 @@ class Pipeline:
                 result = apply_changes(
                     target.path, first, target.spec, app_id=self._app_id(target),
                     version=batch_id, new_column_values=new_column_values,
+                    storage_options=target.storage_options,
                     snapshot_load=load)
             else:
                 stream = _crash_between_steps(spill.first_then(first, pieces), batch_id)
@@ -512,6 +515,7 @@ class Pipeline:
                 result = apply_changes_in_steps(
                     target.path, stream, target.spec,
                     app_id=self._app_id(target), version=batch_id,
+                    storage_options=target.storage_options,
                     new_column_values=new_column_values)
         except (MemoryError, DeltaError) as err:
             if isinstance(err, DeltaError) and "Resources exhausted" not in str(err):

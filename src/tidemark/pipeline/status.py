@@ -25,7 +25,7 @@ from tidemark.errors import TidemarkError
 from tidemark.lake.upkeep import last_checkpoint
 from tidemark.pipeline.config import PipelineConfig, Target
 from tidemark.pipeline.run_record import read_record
-from tidemark.pipeline.written_targets import TargetLostError, WrittenTargets
+from tidemark.pipeline.written_targets import TargetLostError, WrittenTargets, exists
 from tidemark.source.postgres import session
 from tidemark.source.postgres.pgoutput import lsn_to_str, str_to_lsn
 from tidemark.source.postgres.slot_status import ServerWal, SlotState, read_server, read_slot
@@ -208,7 +208,7 @@ def _target(target: Target, checkpoint: str, query_id: str | None,
     app_id = f"tidemark-{query_id}-{target.table}" if query_id is not None else None
     section: dict[str, Any] = {
         "table": target.table, "path": target.path,
-        "exists": os.path.isdir(os.path.join(target.path, "_delta_log")), "lost": False,
+        "exists": exists(target), "lost": False,
         "delta_version": None, "rows": None, "files": None, "checkpoint_version": None,
         "app_id": app_id, "last_batch_id": None, "last_commit_at": None, "problem": None}
     try:
@@ -221,11 +221,12 @@ def _target(target: Target, checkpoint: str, query_id: str | None,
     if not section["exists"]:
         return section  # no change applied to it yet
     try:
-        delta = DeltaTable(target.path)
+        delta = DeltaTable(target.path, storage_options=target.storage_options)
         section["delta_version"] = delta.version()
         section["rows"] = _row_count(delta)
         section["files"] = len(delta.file_uris())
-        section["checkpoint_version"] = last_checkpoint(Path(target.path))
+        if target.local:
+            section["checkpoint_version"] = last_checkpoint(Path(target.path))
         if app_id is not None:
             section["last_batch_id"] = delta.transaction_version(app_id)
         history = delta.history(1)

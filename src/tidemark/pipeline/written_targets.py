@@ -37,11 +37,19 @@ class _Entry(msgspec.Struct, frozen=True):
     delta_table_id: str
 
 
-def _delta_table_id(path: str) -> str | None:
-    if not os.path.isdir(os.path.join(path, "_delta_log")):
+def exists(target: Target) -> bool:
+    """Whether *target* holds a Delta table (a local directory or an object store)."""
+    if target.local:
+        return os.path.isdir(os.path.join(target.path, "_delta_log"))
+    return DeltaTable.is_deltatable(target.path, storage_options=target.storage_options)
+
+
+def _delta_table_id(target: Target) -> str | None:
+    if not exists(target):
         return None
     try:
-        return str(DeltaTable(path).metadata().id)
+        return str(DeltaTable(target.path, storage_options=target.storage_options)
+                   .metadata().id)
     except DeltaError:
         return None
 
@@ -70,10 +78,9 @@ class WrittenTargets:
             if entry is None:
                 continue
             if identity:
-                found = _delta_table_id(target.path)
+                found = _delta_table_id(target)
             else:
-                found = entry.delta_table_id if os.path.isdir(
-                    os.path.join(target.path, "_delta_log")) else None
+                found = entry.delta_table_id if exists(target) else None
             if found == entry.delta_table_id:
                 continue
             what = ("is gone" if found is None else
@@ -90,7 +97,7 @@ class WrittenTargets:
         """Note that a batch has written to *target* (once per table)."""
         if target.path in self._entries:
             return
-        table_id = _delta_table_id(target.path)
+        table_id = _delta_table_id(target)
         if table_id is None:
             return
         self._entries[target.path] = _Entry(target.table, table_id)
