@@ -35,6 +35,7 @@ from __future__ import annotations
 
 import os
 import sys
+import weakref
 from collections.abc import Iterator, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
@@ -69,7 +70,15 @@ def register(spark: SparkSession) -> None:
     from tidemark.spark.source import TidemarkDataSource  # noqa: PLC0415
 
     os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
+    # Once per session: a Spark Declarative Pipeline forbids registering inside its
+    # query functions, so it registers at import and read_table must not do it again.
+    if spark in _registered:
+        return
     spark.dataSource.register(TidemarkDataSource)
+    _registered.add(spark)
+
+
+_registered: weakref.WeakSet[SparkSession] = weakref.WeakSet()
 
 
 def _default_parallelism(spark: SparkSession) -> int:
