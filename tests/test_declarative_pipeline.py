@@ -1,7 +1,8 @@
 """The example Spark Declarative Pipeline (``examples/declarative-pipeline``) run by
 ``tidemark pipelines run`` against a private PostgreSQL: the snapshot and the changes
-reach the streaming table, the materialized view equals the source table, and a second
-run reads only what came after the first."""
+reach the streaming table, the materialized view and the Delta table kept by
+``create_delta_cdc_flow`` equal the source table, and a second run reads only what came
+after the first."""
 
 from __future__ import annotations
 
@@ -15,8 +16,10 @@ from pathlib import Path
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 import pytest
+from deltalake import DeltaTable
 
 from conftest import Database
+from tidemark.pipeline.compare import compare
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 
@@ -24,7 +27,8 @@ _EXAMPLE = Path(__file__).parent.parent / "examples" / "declarative-pipeline"
 
 
 def _run(project: Path, dsn: str) -> str:
-    env = {**os.environ, "TIDEMARK_DSN": dsn, "PYSPARK_PYTHON": sys.executable}
+    env = {**os.environ, "TIDEMARK_DSN": dsn, "PYSPARK_PYTHON": sys.executable,
+           "TIDEMARK_LAKE": str(project / "lake")}
     done = subprocess.run([sys.executable, "-m", "tidemark", "pipelines", "--conf",
                            "spark.sql.catalogImplementation=hive", "run"],
                           cwd=project, env=env, capture_output=True, text=True, timeout=600,
@@ -46,6 +50,12 @@ def _source(db: Database) -> list[dict[str, object]]:
             for i, item, qty in db.query("SELECT id, item, qty FROM orders ORDER BY id")]
 
 
+def _assert_delta_equals_source(project: Path, db: Database) -> None:
+    source, lake = compare(db.dsn, "public.orders", str(project / "lake/orders"),
+                           ["id", "item", "qty"])
+    assert source == lake and len(lake) > 0
+
+
 def test_the_example_pipeline_keeps_the_view_equal_to_the_source(
         db: Database, tmp_path: Path) -> None:
     db.execute("CREATE TABLE orders (id int PRIMARY KEY, item text, qty int)",
@@ -58,6 +68,7 @@ def test_the_example_pipeline_keeps_the_view_equal_to_the_source(
 
     _run(project, db.dsn)  # the snapshot: the 50 rows
     assert _table(project, "orders") == _source(db)
+    _assert_delta_equals_source(project, db)
 
     db.execute("UPDATE orders SET qty = qty * 10 WHERE id <= 10",
                "DELETE FROM orders WHERE id BETWEEN 41 AND 45",
@@ -65,6 +76,10 @@ def test_the_example_pipeline_keeps_the_view_equal_to_the_source(
     db.execute("UPDATE orders SET item = 'again' WHERE id = 1")
     _run(project, db.dsn)  # only the changes since the first run
     assert _table(project, "orders") == _source(db)
+    _assert_delta_equals_source(project, db)
+    # One Delta commit per micro-batch of the flow, each with its app transaction.
+    delta = DeltaTable(str(project / "lake/orders"))
+    assert delta.transaction_version("tidemark-cdc-flow-orders_delta") is not None
     changes = pq.read_table(project / "spark-warehouse" / "orders_changes")
     ops = changes.column("_op").to_pylist()
     assert ops.count("r") == 50, "the snapshot was read once, not on the second run"

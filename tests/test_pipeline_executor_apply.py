@@ -96,6 +96,7 @@ def test_a_truncate_in_a_split_batch_is_applied_whole(
     _assert_equal_to_source(db, tmp_path)
     assert any("public.a: applying batch 2 as one part, not 2 (the batch holds a truncate)"
                in r.getMessage() for r in caplog.records), caplog.text
+    assert not (tmp_path / "lake/a" / BRANCHES_DIR).exists(), "the parts' branches stayed"
 
 
 def test_sigkill_of_the_driver_while_executors_apply_loses_and_doubles_nothing(

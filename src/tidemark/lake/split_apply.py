@@ -213,6 +213,11 @@ def _apply_whole(plan: TargetPlan, pieces: Iterable[pa.Table],
                          snapshot_load=plan.snapshot_load)
 
 
+def abandon(plan: TargetPlan) -> None:
+    """Remove every branch the parts of a split plan made (nothing is published)."""
+    discard_branches(local_root(DeltaTable(plan.uri, storage_options=plan.storage_options)))
+
+
 def publish(plan: TargetPlan, parts: Sequence[PartResult]) -> ApplyResult:
     """Commit the branches of a split plan's *parts* as one Delta transaction (with the
     batch's app transaction and high-water mark) and remove every branch of the batch.

@@ -46,7 +46,14 @@ from pyspark.sql.types import StructType
 
 from tidemark.lake.branch import OverlapError
 from tidemark.lake.delta_writer import ApplyResult, NewColumnValues
-from tidemark.lake.split_apply import PartResult, TargetPlan, apply_part, part_rows, publish
+from tidemark.lake.split_apply import (
+    PartResult,
+    TargetPlan,
+    abandon,
+    apply_part,
+    part_rows,
+    publish,
+)
 from tidemark.pipeline import spill
 from tidemark.spark.arrow_rows import typed_rows
 
@@ -93,6 +100,7 @@ def apply_on_executors(batch: DataFrame, work: Sequence[TargetWork]
     if not work:
         return {}
     outcomes = _run(batch, work)
+    used = {item.table: item.plan.parts for item in work}
     again = []
     for item in work:
         parts = outcomes.get(item.table)
@@ -100,6 +108,7 @@ def apply_on_executors(batch: DataFrame, work: Sequence[TargetWork]
             continue
         if any(p.needs_one_part for p, _ in parts):
             reason = "the batch holds a truncate"
+            abandon(item.plan)
         else:
             try:
                 result = publish(item.plan, [p for p, _ in parts])
@@ -111,10 +120,10 @@ def apply_on_executors(batch: DataFrame, work: Sequence[TargetWork]
         log.info("%s: applying batch %d as one part, not %d (%s)", item.table,
                  item.plan.version, item.plan.parts, reason)
         again.append(dataclasses.replace(item, plan=item.plan.one_part()))
+        used[item.table] = 1
     if again:
         outcomes.update(_run(batch, again))
-    return {table: TargetOutcome(parts[0][0].result, parts[0][1],
-                                 next(w.plan.parts for w in work if w.table == table))
+    return {table: TargetOutcome(parts[0][0].result, parts[0][1], used[table])
             for table, parts in outcomes.items()}
 
 
@@ -152,8 +161,12 @@ def _run(batch: DataFrame, work: Sequence[TargetWork]
 
     mapping = F.create_map(*(value for table, placed in by_table.items()
                              for value in (F.lit(table), F.array(*map(F.lit, placed)))))
-    routed = (batch.withColumn(_SEQ, F.monotonically_increasing_id())
-              .withColumn(_TASK, F.explode(mapping[F.col("table")]))
+    # Plain names: a struct envelope's columns are table names, dots included, which
+    # Spark's column resolution would take apart. The tasks give the names back.
+    plain = [f"_c{i}" for i in range(len(columns))]
+    routed = (batch.toDF(*plain)
+              .withColumn(_SEQ, F.monotonically_increasing_id())
+              .withColumn(_TASK, F.explode(mapping[F.col(plain[columns.index("table")])]))
               .repartition(len(tasks), _TASK)
               .sortWithinPartitions(_TASK, _SEQ))
     results: dict[str, list[tuple[PartResult, Seen]]] = {}
@@ -187,14 +200,15 @@ _PLACING: dict[int, list[int]] = {}
 def _task_slices(batches: Iterable[pa.RecordBatch], columns: Sequence[str]
                  ) -> Iterator[tuple[int, pa.Table]]:
     """The runs of rows of one task in *batches* (sorted by task): (its key, the rows
-    with the envelope's *columns*)."""
+    of the envelope, whose *columns* come first, under their names)."""
     for record_batch in batches:
         table = pa.Table.from_batches([record_batch])
         tasks = table.column(_TASK).to_numpy()
         starts = [0, *(np.flatnonzero(tasks[1:] != tasks[:-1]) + 1).tolist(), len(tasks)]
         for lo, hi in itertools.pairwise(starts):
             if hi > lo:
-                yield int(tasks[lo]), table.slice(lo, hi - lo).select(list(columns))
+                envelope = table.slice(lo, hi - lo).select(list(range(len(columns))))
+                yield int(tasks[lo]), envelope.rename_columns(list(columns))
 
 
 def _merged(seens: Iterable[Seen]) -> Seen:
