@@ -363,26 +363,27 @@ class Pipeline:
         planned = time.monotonic()
         outcomes = apply_on_executors(batch, work)
         seen = _Seen()
+        targets = {t.table: t for t in self.config.targets}
         for item in work:
             outcome = outcomes.get(item.table)
-            if outcome is None and item.plan.snapshot_load == "replace":
-                # An empty table's snapshot: no task had rows, and the target must still
-                # become (or be replaced by) the empty table.
-                apply_changes(item.plan.uri, arrow_schema(item.schema).empty_table(),
-                              item.plan.spec, app_id=item.plan.app_id, version=batch_id,
-                              snapshot_load="replace",
-                              storage_options=item.plan.storage_options)
+            changes[item.table] = 0
             if outcome is None:
-                changes[item.table] = 0
+                if item.plan.snapshot_load == "replace":
+                    # An empty table's snapshot: no task had rows, and the target must
+                    # still become (or be replaced by) the empty table.
+                    apply_changes(item.plan.uri, arrow_schema(item.schema).empty_table(),
+                                  item.plan.spec, app_id=item.plan.app_id,
+                                  version=batch_id, snapshot_load="replace",
+                                  storage_options=item.plan.storage_options)
+                    written.record(targets[item.table])
                 continue
             seen.add(item.table, outcome.seen.rows, outcome.seen.commits,
                      outcome.seen.newest_commit_us)
             if outcome.result.already_applied:
-                changes[item.table] = 0
                 replayed.append(item.table)
             else:
                 changes[item.table] = outcome.seen.rows
-            written.record(next(t for t in self.config.targets if t.table == item.table))
+            written.record(targets[item.table])
         split = {t: o.parts for t, o in outcomes.items() if o.parts > 1}
         timings = [f"plan {planned - started:.2f} s",
                    f"executors {time.monotonic() - planned:.2f} s"
