@@ -72,16 +72,16 @@ class SinkOptions:
     app_id: str
     staging: str
     step_rows: int
-    storage_options: dict[str, str] | None
+    storage_options: dict[str, str] | None = dataclasses.field(repr=False)
+    """delta-rs' options (``storage.<name>``); left out of ``repr``: credentials."""
 
     @classmethod
     def parse(cls, raw: Mapping[str, str]) -> SinkOptions:
         """Validate *raw* (Spark's case-insensitive option map)."""
-        values = {k: v for k, v in raw.items()}
         lowered = {k.lower(): k for k in _OPTIONS}
         given: dict[str, str] = {}
         storage: dict[str, str] = {}
-        for key, value in values.items():
+        for key, value in raw.items():
             if key.lower().startswith("storage."):
                 storage[key[len("storage."):]] = value
             elif key.lower() in lowered:
