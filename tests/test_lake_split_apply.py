@@ -43,6 +43,13 @@ def _changes() -> list[dict[str, Any]]:
     return changes
 
 
+def _plan(path: Path, spec: ApplySpec = SPEC, *, version: int = 2,
+          parts: int = 2) -> TargetPlan | ApplyResult:
+    """The plan for batch *version* of app ``q`` in up to *parts* parts."""
+    return plan_target(str(path), spec, SCHEMA, app_id="q", version=version, parts=parts,
+                       step_rows=1000)
+
+
 def _apply_in_parts(plan: TargetPlan, changes: list[dict[str, Any]]) -> ApplyResult:
     parts = [apply_part(plan, part, [part_rows(plan, part, rows(*changes))], attempt="0")
              for part in range(plan.parts)]
@@ -54,8 +61,7 @@ def test_a_batch_applied_in_two_parts_is_one_commit_equal_to_one_merge(
     path, whole = tmp_path / "t", tmp_path / "whole"
     _two_files(path)
     _two_files(whole)
-    plan = plan_target(str(path), SPEC, SCHEMA, app_id="q", version=2, parts=2,
-                       step_rows=1000)
+    plan = _plan(path)
     assert isinstance(plan, TargetPlan) and plan.bounds == (51,)
     before = DeltaTable(str(path)).version()
 
@@ -68,8 +74,7 @@ def test_a_batch_applied_in_two_parts_is_one_commit_equal_to_one_merge(
     assert read(path, "id", "name", "body") == read(whole, "id", "name", "body")
     assert not (path / BRANCHES_DIR).exists()
     # The replay of the batch is recognised before any part runs.
-    replay = plan_target(str(path), SPEC, SCHEMA, app_id="q", version=2, parts=2,
-                         step_rows=1000)
+    replay = _plan(path)
     assert isinstance(replay, ApplyResult) and replay.already_applied
 
 
@@ -77,8 +82,7 @@ def test_parts_that_rewrite_the_same_file_publish_nothing(tmp_path: Path) -> Non
     """A cut inside a file (not what plan_target makes): both parts rewrite it."""
     path = tmp_path / "t"
     _two_files(path)
-    plan = plan_target(str(path), SPEC, SCHEMA, app_id="q", version=2, parts=2,
-                       step_rows=1000)
+    plan = _plan(path)
     assert isinstance(plan, TargetPlan)
     inside = dataclasses.replace(plan, bounds=(25,))
     before = read(path)
@@ -92,8 +96,7 @@ def test_parts_that_rewrite_the_same_file_publish_nothing(tmp_path: Path) -> Non
 def test_a_truncate_asks_for_the_batch_whole(tmp_path: Path) -> None:
     path = tmp_path / "t"
     _two_files(path)
-    plan = plan_target(str(path), SPEC, SCHEMA, app_id="q", version=2, parts=2,
-                       step_rows=1000)
+    plan = _plan(path)
     assert isinstance(plan, TargetPlan)
     batch = rows(change("u", 20, 1, id=3, name="new", body="y"), change("t", 21, 1))
     results = [apply_part(plan, p, [part_rows(plan, p, batch)], "0") for p in range(2)]
@@ -106,16 +109,14 @@ def test_no_split_without_a_gap_between_files_or_an_integer_key(tmp_path: Path) 
     path = tmp_path / "t"
     apply_changes(path, rows(*[change("c", 10, i, id=i, name="a", body="x")
                                for i in range(1, 51)]), SPEC, app_id="q", version=0)
-    one_file = plan_target(str(path), SPEC, SCHEMA, app_id="q", version=1, parts=4,
-                           step_rows=1000)
+    one_file = _plan(path, version=1, parts=4)
     assert isinstance(one_file, TargetPlan) and one_file.parts == 1
     by_name = ApplySpec(keys=("name",))
     apply_changes(tmp_path / "s", rows(change("c", 10, 1, id=1, name="a", body="x")),
                   by_name, app_id="q", version=0)
     apply_changes(tmp_path / "s", rows(change("c", 11, 1, id=2, name="b", body="x")),
                   by_name, app_id="q", version=1)
-    strings = plan_target(str(tmp_path / "s"), by_name, SCHEMA, app_id="q", version=2,
-                          parts=2, step_rows=1000)
+    strings = _plan(tmp_path / "s", by_name)
     assert isinstance(strings, TargetPlan) and strings.parts == 1
 
 

@@ -120,13 +120,20 @@ def test_a_snapshot_and_an_empty_table_s_snapshot_through_the_spill(
         spark: SparkSession, db: Database, tmp_path: Path) -> None:
     """Snapshot chunks come through the spill too (loads put their pieces together), and
     an empty table's snapshot still creates its target."""
+    check_a_snapshot_and_an_empty_table_s_snapshot(spark, db, tmp_path, _SPILL_EVERYTHING)
+
+
+def check_a_snapshot_and_an_empty_table_s_snapshot(spark: SparkSession, db: Database,
+                                                   tmp_path: Path, settings: str) -> None:
+    """Table c (35 rows, chunks of 10) and the empty table e, loaded by their snapshots
+    with the ``[spark]`` *settings*: c equals the source, e exists and is empty."""
     db.execute("CREATE TABLE c (id int PRIMARY KEY, v text)",
                "INSERT INTO c SELECT g, 'row ' || g FROM generate_series(1, 35) g",
                "CREATE TABLE e (id int PRIMARY KEY, v text)")
     file = tmp_path / "pipeline.toml"
     file.write_text(f'[source]\ndsn = "{db.dsn}"\nslot = "s_{db.name}"\n'
                     f'publication = "p_{db.name}"\nsnapshotChunkRows = 10\n'
-                    f"[spark]\ncheckpoint = \"chk\"\n{_SPILL_EVERYTHING}\n"
+                    f"[spark]\ncheckpoint = \"chk\"\n{settings}\n"
                     '[targets."public.c"]\npath = "lake/c"\nkeys = ["id"]\n'
                     '[targets."public.e"]\npath = "lake/e"\nkeys = ["id"]\n')
     Pipeline(load_config(file), spark=spark).run()

@@ -13,6 +13,7 @@ from deltalake import DeltaTable
 from pyspark.sql import SparkSession
 
 from conftest import Database
+from test_pipeline_big_transactions import check_a_snapshot_and_an_empty_table_s_snapshot
 from test_pipeline_run import (
     _assert_equal_to_source,
     _batch_lines,
@@ -22,7 +23,6 @@ from test_pipeline_run import (
 )
 from tidemark.lake.branch import BRANCHES_DIR
 from tidemark.pipeline import load_config
-from tidemark.pipeline.compare import compare
 from tidemark.pipeline.progress import BatchReport
 from tidemark.pipeline.runner import Pipeline
 
@@ -121,16 +121,4 @@ def test_snapshots_and_an_empty_table_s_snapshot_on_the_executors(
         spark: SparkSession, db: Database, tmp_path: Path) -> None:
     """Snapshot chunks are loaded by the tasks (replace, then append), and an empty
     table's snapshot, which no task has rows for, still creates its target."""
-    db.execute("CREATE TABLE c (id int PRIMARY KEY, v text)",
-               "INSERT INTO c SELECT g, 'row ' || g FROM generate_series(1, 35) g",
-               "CREATE TABLE e (id int PRIMARY KEY, v text)")
-    file = tmp_path / "pipeline.toml"
-    file.write_text(f'[source]\ndsn = "{db.dsn}"\nslot = "s_{db.name}"\n'
-                    f'publication = "p_{db.name}"\nsnapshotChunkRows = 10\n'
-                    f"[spark]\ncheckpoint = \"chk\"\n{_EXECUTORS}\n"
-                    '[targets."public.c"]\npath = "lake/c"\nkeys = ["id"]\n'
-                    '[targets."public.e"]\npath = "lake/e"\nkeys = ["id"]\n')
-    Pipeline(load_config(file), spark=spark).run()
-    source, lake = compare(db.dsn, "public.c", str(tmp_path / "lake/c"), ["id", "v"])
-    assert source == lake and len(lake) == 35
-    assert DeltaTable(str(tmp_path / "lake/e")).to_pyarrow_dataset().count_rows() == 0
+    check_a_snapshot_and_an_empty_table_s_snapshot(spark, db, tmp_path, _EXECUTORS)

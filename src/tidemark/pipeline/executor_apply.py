@@ -38,7 +38,6 @@ from collections.abc import Iterable, Iterator, Sequence
 
 import numpy as np
 import pyarrow as pa
-import pyarrow.compute as pc
 from pyspark import TaskContext
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F  # noqa: N812 (pyspark's convention)
@@ -55,6 +54,7 @@ from tidemark.lake.split_apply import (
     publish,
 )
 from tidemark.pipeline import spill
+from tidemark.pipeline.batch_seen import BatchSeen
 from tidemark.spark.arrow_rows import typed_rows
 
 log = logging.getLogger(__name__)
@@ -76,20 +76,11 @@ class TargetWork:
 
 
 @dataclasses.dataclass(frozen=True)
-class Seen:
-    """What the change rows of one task held."""
-
-    rows: int = 0
-    commits: frozenset[int] = frozenset()
-    newest_commit_us: int | None = None
-
-
-@dataclasses.dataclass(frozen=True)
 class TargetOutcome:
     """What a batch did to one target."""
 
     result: ApplyResult
-    seen: Seen
+    seen: BatchSeen
     parts: int
 
 
@@ -112,8 +103,11 @@ def apply_on_executors(batch: DataFrame, work: Sequence[TargetWork]
         else:
             try:
                 result = publish(item.plan, [p for p, _ in parts])
+                seen = BatchSeen()
+                for _, part_seen in parts:
+                    seen.merge(part_seen)
                 outcomes[item.table] = [(dataclasses.replace(parts[0][0], result=result),
-                                         _merged(s for _, s in parts))]
+                                         seen)]
                 continue
             except OverlapError as err:
                 reason = str(err)
@@ -128,7 +122,7 @@ def apply_on_executors(batch: DataFrame, work: Sequence[TargetWork]
 
 
 def _run(batch: DataFrame, work: Sequence[TargetWork]
-         ) -> dict[str, list[tuple[PartResult, Seen]]]:
+         ) -> dict[str, list[tuple[PartResult, BatchSeen]]]:
     """One Spark job: the batch's rows sent to their tasks, then applied; the task
     results by table."""
     tasks = [(t, part) for t, item in enumerate(work) for part in range(item.plan.parts)]
@@ -145,10 +139,10 @@ def _run(batch: DataFrame, work: Sequence[TargetWork]
                                             key=lambda item: item[0]):
             t, part = tasks[task_of[key]]
             item = work[t]
-            counted = _Counter()
+            seen = BatchSeen()
             rows = (part_rows(item.plan, part, typed_rows(envelope, item.table, item.schema))
                     for _, envelope in group)
-            pieces = spill.pieces(counted.count(rows), item.plan.step_rows)
+            pieces = spill.pieces(seen.count(item.table, rows), item.plan.step_rows)
             first = next(pieces, None)
             if first is None:
                 continue
@@ -156,7 +150,7 @@ def _run(batch: DataFrame, work: Sequence[TargetWork]
             attempt = str(context.taskAttemptId()) if context is not None else "0"
             result = apply_part(item.plan, part, spill.first_then(first, pieces), attempt,
                                 new_column_values=item.new_column_values)
-            outcome = pickle.dumps((item.table, result, counted.seen()))
+            outcome = pickle.dumps((item.table, result, seen))
             yield pa.RecordBatch.from_pydict({"outcome": [outcome]}, schema=_OUTCOME)
 
     mapping = F.create_map(*(value for table, placed in by_table.items()
@@ -169,7 +163,7 @@ def _run(batch: DataFrame, work: Sequence[TargetWork]
               .withColumn(_TASK, F.explode(mapping[F.col(plain[columns.index("table")])]))
               .repartition(len(tasks), _TASK)
               .sortWithinPartitions(_TASK, _SEQ))
-    results: dict[str, list[tuple[PartResult, Seen]]] = {}
+    results: dict[str, list[tuple[PartResult, BatchSeen]]] = {}
     for row in routed.mapInArrow(apply, "outcome binary").collect():
         table, result, seen = pickle.loads(row[0])
         results.setdefault(table, []).append((result, seen))
@@ -209,48 +203,3 @@ def _task_slices(batches: Iterable[pa.RecordBatch], columns: Sequence[str]
             if hi > lo:
                 envelope = table.slice(lo, hi - lo).select(list(range(len(columns))))
                 yield int(tasks[lo]), envelope.rename_columns(list(columns))
-
-
-def _merged(seens: Iterable[Seen]) -> Seen:
-    rows, commits, newest = 0, set[int](), None
-    for seen in seens:
-        rows += seen.rows
-        commits |= seen.commits
-        if seen.newest_commit_us is not None and (newest is None
-                                                  or seen.newest_commit_us > newest):
-            newest = seen.newest_commit_us
-    return Seen(rows, frozenset(commits), newest)
-
-
-class _Counter:
-    def __init__(self) -> None:
-        self.rows = 0
-        self.commits: set[int] = set()
-        self.newest: int | None = None
-
-    def count(self, tables: Iterable[pa.Table]) -> Iterator[pa.Table]:
-        for table in tables:
-            if table.num_rows:
-                self.rows += table.num_rows
-                self.commits.update(pc.unique(table.column("_commit_lsn")).to_pylist())
-                newest = pc.max(table.column("_commit_ts")).value
-                if newest is not None and (self.newest is None or newest > self.newest):
-                    self.newest = newest
-            yield table
-
-    def seen(self) -> Seen:
-        return Seen(self.rows, frozenset(self.commits), self.newest)
-
-
-def _ipc(table: pa.Table) -> bytes:
-    sink = pa.BufferOutputStream()
-    with pa.ipc.new_stream(sink, table.schema) as writer:
-        writer.write_table(table)
-    return bytes(sink.getvalue().to_pybytes())
-
-
-def _tables(blobs: Iterable[bytes]) -> Iterator[pa.Table]:
-    for blob in blobs:
-        yield pa.ipc.open_stream(blob).read_all()
-
-

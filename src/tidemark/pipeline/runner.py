@@ -27,13 +27,12 @@ import sys
 import threading
 import time
 import warnings
-from collections.abc import Callable, Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import Any, Final, TypeVar
 
 import psycopg
 import pyarrow as pa
-import pyarrow.compute as pc
 from deltalake import DeltaTable
 from deltalake.exceptions import DeltaError
 from pyspark.errors import PySparkException
@@ -52,6 +51,7 @@ from tidemark.lake.split_apply import plan_target
 from tidemark.lake.upkeep import HEAVY_TASKS, UpkeepState, upkeep
 from tidemark.metrics import serve
 from tidemark.pipeline import spill
+from tidemark.pipeline.batch_seen import BatchSeen
 from tidemark.pipeline.config import PipelineConfig, Target
 from tidemark.pipeline.executor_apply import TargetWork, apply_on_executors
 from tidemark.pipeline.progress import BatchReport
@@ -291,7 +291,7 @@ class Pipeline:
         else:
             inputs = self._collected(batch, batch_id)
         timings = [f"read {time.monotonic() - started:.2f} s"]
-        seen = _Seen()
+        seen = BatchSeen()
         changes: dict[str, int] = {}
         replayed: list[str] = []
         try:
@@ -321,17 +321,7 @@ class Pipeline:
                               started: float) -> None:
         """Apply the batch on the executors (:mod:`tidemark.pipeline.executor_apply`):
         the driver plans each target and commits the parts of split ones."""
-        assert self._schemas is not None
-        if self.config.changelog:
-            # Two actions (the log, the apply): the source is read once into the cache.
-            batch.persist()
-            try:
-                self._write_changelog(batch, batch_id)
-                self._apply_on_executors(batch, batch_id, raw_offset, offset, loads, size,
-                                         started)
-            finally:
-                batch.unpersist()
-        else:
+        with self._changelog_first(batch, batch_id):
             self._apply_on_executors(batch, batch_id, raw_offset, offset, loads, size,
                                      started)
 
@@ -362,7 +352,7 @@ class Pipeline:
                 existing_row_values_of, self.config.dsn, self._mariadb, target.table)))
         planned = time.monotonic()
         outcomes = apply_on_executors(batch, work)
-        seen = _Seen()
+        seen = BatchSeen()
         targets = {t.table: t for t in self.config.targets}
         for item in work:
             outcome = outcomes.get(item.table)
@@ -377,12 +367,11 @@ class Pipeline:
                                   storage_options=item.plan.storage_options)
                     written.record(targets[item.table])
                 continue
-            seen.add(item.table, outcome.seen.rows, outcome.seen.commits,
-                     outcome.seen.newest_commit_us)
+            seen.merge(outcome.seen)
             if outcome.result.already_applied:
                 replayed.append(item.table)
             else:
-                changes[item.table] = outcome.seen.rows
+                changes[item.table] = outcome.seen.rows.get(item.table, 0)
             written.record(targets[item.table])
         split = {t: o.parts for t, o in outcomes.items() if o.parts > 1}
         timings = [f"plan {planned - started:.2f} s",
@@ -405,7 +394,7 @@ class Pipeline:
         return max(1, min(most, size // per_part))
 
     def _finish(self, batch_id: int, changes: dict[str, int], replayed: list[str],
-                seen: _Seen, timings: list[str], offset: SourceOffset | None,
+                seen: BatchSeen, timings: list[str], offset: SourceOffset | None,
                 raw_offset: dict[str, Any], started: float) -> None:
         """What follows a batch's writes: the crash point, upkeep, the report."""
         faults.crash_point("after_write", batch_id)
@@ -443,21 +432,26 @@ class Pipeline:
         return tuple(done)
 
     def _read_once(self, batch: DataFrame, batch_id: int, read: Callable[[], T]) -> T:
-        """*read* the batch (a Spark action), writing the change log first if there is
-        one: that is a second action, so then the source is read once into Spark's
-        cache."""
+        """*read* the batch (a Spark action), the change log written first."""
+        with self._changelog_first(batch, batch_id):
+            result = read()
+            faults.crash_point("after_read", batch_id)
+        return result
+
+    @contextlib.contextmanager
+    def _changelog_first(self, batch: DataFrame, batch_id: int) -> Iterator[None]:
+        """Write the change log (if there is one) before the batch's next Spark action:
+        that makes two actions, so the source is then read once into Spark's cache."""
         persisted = bool(self.config.changelog)
         if persisted:
             batch.persist()
         try:
             if persisted:
                 self._write_changelog(batch, batch_id)
-            result = read()
-            faults.crash_point("after_read", batch_id)
+            yield
         finally:
             if persisted:
                 batch.unpersist()
-        return result
 
     def _collected(self, batch: DataFrame, batch_id: int) -> dict[str, pa.Table]:
         """Every target's rows of the batch, brought to the driver in one Spark action."""
@@ -488,7 +482,7 @@ class Pipeline:
                 for t in self.config.targets}
 
     def _apply(self, target: Target, rows: pa.Table | Iterator[pa.Table],
-               load: SnapshotLoad | None, batch_id: int, seen: _Seen) -> ApplyResult | None:
+               load: SnapshotLoad | None, batch_id: int, seen: BatchSeen) -> ApplyResult | None:
         """Apply one target's rows of the batch (a table, or pieces of a spilled batch);
         None when there was nothing to apply."""
         pieces = seen.count(target.table, [rows] if isinstance(rows, pa.Table) else rows)
@@ -624,42 +618,6 @@ def _crash_between_steps(pieces: Iterator[pa.Table], batch_id: int) -> Iterator[
         if n == 2:
             faults.crash_point("between_steps", batch_id)
         yield piece
-
-
-class _Seen:
-    """What a batch's change rows held, counted as they pass on to Delta: rows per
-    table, the transactions (commit positions) and the newest commit time."""
-
-    def __init__(self) -> None:
-        self.rows: dict[str, int] = {}
-        self.commits: set[int] = set()
-        self.newest_commit_us: int | None = None
-        """Microseconds since the epoch (the column's unit), None for an empty batch."""
-
-    def last_commit(self, position: Callable[[int], str]) -> str:
-        """The newest commit position seen, as *position* writes it."""
-        return position(max(self.commits)) if self.commits else "none"
-
-    def add(self, table: str, rows: int, commits: Iterable[int],
-            newest_commit_us: int | None) -> None:
-        """Count what a task saw of *table*."""
-        self.rows[table] = self.rows.get(table, 0) + rows
-        self.commits.update(commits)
-        if newest_commit_us is not None and (self.newest_commit_us is None
-                                             or newest_commit_us > self.newest_commit_us):
-            self.newest_commit_us = newest_commit_us
-
-    def count(self, table: str, pieces: Iterable[pa.Table]) -> Iterator[pa.Table]:
-        """*pieces*, counted as they are read."""
-        for piece in pieces:
-            if piece.num_rows:
-                self.rows[table] = self.rows.get(table, 0) + piece.num_rows
-                self.commits.update(pc.unique(piece.column("_commit_lsn")).to_pylist())
-                newest = pc.max(piece.column("_commit_ts")).value
-                if newest is not None and (self.newest_commit_us is None
-                                           or newest > self.newest_commit_us):
-                    self.newest_commit_us = newest
-            yield piece
 
 
 #: Longest wait for a moment between two batches before stopping anyway.

@@ -61,12 +61,14 @@ __all__ = ["TidemarkDataSource", "read_changes", "read_table", "register", "tabl
 
 
 def register(spark: SparkSession) -> None:
-    """Make ``spark.readStream.format("tidemark")`` available in *spark*.
+    """Make ``spark.readStream.format("tidemark")`` and the ``tidemark-delta`` sink
+    (:mod:`tidemark.spark.delta_sink`) available in *spark*.
 
     Also points ``PYSPARK_PYTHON`` at this interpreter when it is unset, so that Spark's
     Python workers import the same tidemark (local mode; on a cluster, install tidemark
     on the executors' Python).
     """
+    from tidemark.spark.delta_sink import DeltaChangesSink  # noqa: PLC0415
     from tidemark.spark.source import TidemarkDataSource  # noqa: PLC0415
 
     os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
@@ -75,6 +77,7 @@ def register(spark: SparkSession) -> None:
     if spark in _registered:
         return
     spark.dataSource.register(TidemarkDataSource)
+    spark.dataSource.register(DeltaChangesSink)
     _registered.add(spark)
 
 

@@ -13,16 +13,15 @@ column), deletes and truncates are known without ``apply_as_deletes``.
 
 from __future__ import annotations
 
-import os
 import re
-import sys
 from collections.abc import Sequence
 from typing import Any, Literal
 
 from pyspark.sql import DataFrame, SparkSession
 
 from tidemark.errors import ConfigError
-from tidemark.spark.delta_sink import NAME, DeltaChangesSink
+from tidemark.spark import register
+from tidemark.spark.delta_sink import NAME
 
 _IDENTIFIER = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 _SEQUENCE = "_tidemark_sequence"
@@ -54,8 +53,7 @@ def create_delta_cdc_flow(
     if column_list is not None and except_column_list is not None:
         raise ConfigError("column_list", "give column_list or except_column_list, not both")
     spark = SparkSession.active()
-    os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
-    spark.dataSource.register(DeltaChangesSink)
+    register(spark)
     # A list of columns (an extension: tidemark's order is _commit_lsn, then _seq), one
     # column, or an expression computed into a column by the flow.
     if isinstance(sequence_by, str):
