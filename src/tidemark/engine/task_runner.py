@@ -20,7 +20,7 @@ from tidemark.engine.offset_tracker import OffsetTracker
 from tidemark.errors import TransientError
 from tidemark.offsets.store import Offset, OffsetReader, OffsetStore
 from tidemark.retry import retry_transient
-from tidemark.source.spi import SourceTask
+from tidemark.source.spi import SourceTask, save_offset
 
 log = logging.getLogger(__name__)
 _T = TypeVar("_T")
@@ -152,7 +152,7 @@ class TaskRunner:
         if offset is None:
             return
         with self._store_lock:
-            self._store.save(self.task.partition, offset)
+            save_offset(self._store, self.task, offset)
         self._committed = offset
         self.retrying(lambda: self.task.commit(offset), "commit")
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import tempfile
+from collections.abc import Mapping
 from pathlib import Path
 
 import msgspec
@@ -78,4 +79,9 @@ class FileOffsetStore:
     def save(self, key: str, offset: Offset) -> None:
         self._offsets = self._read()
         self._offsets[key] = dict(offset)
+        write_atomically(self.path, msgspec.json.encode(self._offsets))
+
+    def save_many(self, offsets: Mapping[str, Offset]) -> None:
+        self._offsets = self._read()
+        self._offsets.update((key, dict(offset)) for key, offset in offsets.items())
         write_atomically(self.path, msgspec.json.encode(self._offsets))

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from types import TracebackType
 
 from tidemark.offsets.store import Offset, OffsetStore
@@ -51,6 +52,11 @@ class LayeredOffsetStore:
         """Durably save *offset* locally, then remotely."""
         self.local.save(key, offset)
         self.remote.save(key, offset)
+
+    def save_many(self, offsets: Mapping[str, Offset]) -> None:
+        """Durably save *offsets* locally, then remotely."""
+        self.local.save_many(offsets)
+        self.remote.save_many(offsets)
 
     def close(self) -> None:
         """Close both stores (those that have a ``close``), remote last."""

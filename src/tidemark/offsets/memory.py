@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import copy
+from collections.abc import Mapping
 
 from tidemark.offsets.store import Offset
 
@@ -23,3 +24,6 @@ class MemoryOffsetStore:
 
     def save(self, key: str, offset: Offset) -> None:
         self.offsets[key] = copy.deepcopy(offset)
+
+    def save_many(self, offsets: Mapping[str, Offset]) -> None:
+        self.offsets.update(copy.deepcopy(dict(offsets)))

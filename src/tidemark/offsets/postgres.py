@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from types import TracebackType
 from typing import Any, TypeVar
 
@@ -49,6 +49,12 @@ class PostgresOffsetStore:
             self._name)
         self._save_sql = sql.SQL(
             'INSERT INTO {} (key, "offset", updated_at) VALUES (%s, %s::jsonb, now()) '
+            'ON CONFLICT (key) DO UPDATE SET "offset" = excluded."offset", '
+            "updated_at = excluded.updated_at"
+        ).format(self._name)
+        self._save_many_sql = sql.SQL(
+            'INSERT INTO {} (key, "offset", updated_at) '
+            "SELECT k, o::jsonb, now() FROM unnest(%s::text[], %s::text[]) AS u(k, o) "
             'ON CONFLICT (key) DO UPDATE SET "offset" = excluded."offset", '
             "updated_at = excluded.updated_at"
         ).format(self._name)
@@ -179,6 +185,16 @@ class PostgresOffsetStore:
 
         def upsert(cur: Any) -> None:
             cur.execute(self._save_sql, (key, data))
+
+        self._run("save", upsert)
+
+    def save_many(self, offsets: Mapping[str, Offset]) -> None:
+        """Replace several offsets in one statement (one commit)."""
+        keys = list(offsets)
+        data = [msgspec.json.encode(offsets[key]).decode() for key in keys]
+
+        def upsert(cur: Any) -> None:
+            cur.execute(self._save_many_sql, (keys, data))
 
         self._run("save", upsert)
 

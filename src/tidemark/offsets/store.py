@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import Any, Protocol, TypeAlias
 
 import msgspec
@@ -54,4 +55,10 @@ class OffsetStore(Protocol):
 
     def save(self, key: str, offset: Offset) -> None:
         """Durably replace the offset of *key*."""
+        ...
+
+    def save_many(self, offsets: Mapping[str, Offset]) -> None:
+        """Durably replace the offsets of several keys at once: all or none (a source
+        with one offset per stream group saves thousands of keys; one write, not one
+        per key)."""
         ...

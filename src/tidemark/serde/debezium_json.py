@@ -394,6 +394,10 @@ class DebeziumJsonOptions(msgspec.Struct, frozen=True, kw_only=True):
     interval_handling_mode: str = "numeric"
     tombstones_on_delete: bool = True
     transaction_metadata: bool = False
+    cells: bool = False
+    """Non-key columns as ScyllaDB's cells: ``{"value": …}`` for a value set,
+    ``{"value": null}`` for one set to NULL, ``null`` for one left unchanged
+    (:data:`~tidemark.event.UNAVAILABLE`) — the log-table sources' format."""
 
 
 def column_mapping(column: Column, options: DebeziumJsonOptions) -> _Mapping:
@@ -562,10 +566,26 @@ def _column_writer(column: Column, options: DebeziumJsonOptions
     """:func:`column_fragment` with the column's kind for the compiled writer first."""
     mapping = column_mapping(column, options)
     kind, template, function = _fragment_converter(mapping)
+    if options.cells and not column.is_key:
+        return (KIND_FUNCTION, None, _cell(template, function), '{"value":null}', None)
     # Debezium writes a type's fallback value, not null, for a NOT NULL column that
     # has no value: the non-key columns of a delete under REPLICA IDENTITY DEFAULT.
     null_text = "null" if column.nullable else mapping.fallback
     return kind, template, function, null_text, mapping.placeholder
+
+
+def _cell(template: str | None, function: Callable[[str], str] | None
+          ) -> Callable[[str], str]:
+    """A text -> JSON-text function that wraps the column's value in a cell."""
+    if function is None:
+        assert template is not None
+        function = eval(f"lambda v: {template.format(v='v')}", dict(TEMPLATE_NAMES))
+    inner = function
+
+    def cell(text: str) -> str:
+        return '{"value":' + inner(text) + "}"
+
+    return cell
 
 
 def _row_code(columns: list[Column], options: DebeziumJsonOptions, namespace: dict[str, Any],

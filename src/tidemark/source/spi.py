@@ -13,7 +13,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any, Protocol, runtime_checkable
 
-from tidemark.offsets.store import Offset, OffsetReader
+from tidemark.offsets.store import Offset, OffsetReader, OffsetStore
 from tidemark.serde.debezium_json import DebeziumJsonOptions
 from tidemark.source.batch import SourceBatch
 
@@ -85,3 +85,29 @@ class SourceConnector(Protocol):
     def create_task(self, config: TaskConfig) -> SourceTask:
         """A new, not yet started task for one of :meth:`task_configs`' entries."""
         ...
+
+
+@runtime_checkable
+class SavesOffsetsByKey(Protocol):
+    """Optional for a task with many offset keys (a log-table task: one per stream
+    group): its batch offset is split into keys to store, and told when they are."""
+
+    def offsets_by_key(self, offset: Offset) -> dict[str, Offset]:
+        """The stored offsets that *offset* stands for (only those that changed)."""
+        ...
+
+    def saved(self, offset: Offset) -> None:
+        """*offset*'s keys are durably stored."""
+        ...
+
+
+def save_offset(store: OffsetStore, task: Any, offset: Offset) -> None:
+    """Durably store a task's committable *offset*: under its ``partition``, or, for a
+    task with many keys, as one :meth:`OffsetStore.save_many` of the keys that moved."""
+    if isinstance(task, SavesOffsetsByKey):
+        by_key = task.offsets_by_key(offset)
+        if by_key:
+            store.save_many(by_key)
+        task.saved(offset)
+    else:
+        store.save(task.partition, offset)

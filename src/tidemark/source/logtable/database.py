@@ -1,0 +1,106 @@
+"""What a database must provide for its log tables to be read: the reader interface.
+
+The reader (:mod:`tidemark.source.logtable.reader`) knows groups, positions and events;
+a :class:`LogDatabase` knows its SQL: how the log was installed, how to read one
+group's next changes after a position without ever missing a late commit, and how to
+delete what every reader has passed. PostgreSQL (:mod:`.postgres`) and SQLite
+(:mod:`.sqlite`) implement it; a ScyllaDB adapter would read its own CDC log the same
+way (its ``cdc$time`` windows and confidence delay in place of PostgreSQL's snapshots).
+
+A *position* is a JSON-able dict (stored as one offset per group) whose meaning only
+the database that made it knows; :meth:`LogDatabase.start_position` is the position
+before the first change of an empty log.
+"""
+
+from __future__ import annotations
+
+from typing import Any, NamedTuple, Protocol
+
+import msgspec
+
+from tidemark.event import TableId, TableSchema, WireTuple
+from tidemark.source.logtable.layout import Generation
+
+Position = dict[str, Any]
+
+
+class LogTable(msgspec.Struct, frozen=True):
+    """A captured table: its current columns and key (``schema``) and its log's name."""
+
+    table: TableId
+    log: str
+    schema: TableSchema
+
+
+class LogRow(NamedTuple):
+    """One change read from a log table.
+
+    ``values`` follow the captured table's columns: text (or bytes) for a set value,
+    None for NULL, :data:`~tidemark.event.UNAVAILABLE` for an unchanged column. A
+    delete carries the key columns only (the others unchanged).
+    """
+
+    time: int
+    table: int  # index into the tables passed to read()
+    stream: int
+    generation: int
+    operation: int
+    batch_seq: int
+    ts_us: int
+    txid: int | None
+    values: WireTuple
+
+
+class ReadResult(NamedTuple):
+    """Rows in ``cdc$time`` order, the position after them, and whether the group has
+    nothing more to read right now (the caller may move to another group or wait)."""
+
+    rows: list[LogRow]
+    position: Position
+    caught_up: bool
+
+
+class LogDatabase(Protocol):
+    """One connection's worth of log-table access. Not thread-safe: one per task."""
+
+    @property
+    def connector(self) -> str:
+        """The ``source.connector`` of its events (``postgresql``, ``sqlite``)."""
+        ...
+
+    @property
+    def database(self) -> str:
+        """The ``source.db`` of its events."""
+        ...
+
+    def generations(self) -> list[Generation]:
+        """The stream description, oldest generation first (checked for gaps)."""
+        ...
+
+    def tables(self, include: list[str]) -> list[LogTable]:
+        """The captured tables named by *include* (``schema.table`` or ``table``; empty:
+        every table with a log); raises ConfigError for a table without a log."""
+        ...
+
+    def start_position(self) -> Position:
+        """The position before everything the log holds."""
+        ...
+
+    def read(self, group: int, position: Position, tables: list[LogTable],
+             limit: int) -> ReadResult:
+        """Up to *limit* changes of *group* after *position*, over all *tables*."""
+        ...
+
+    def prune(self, group: int, position: Position, tables: list[LogTable],
+              retention_s: float) -> int:
+        """Delete *group*'s log rows that *position* is past and that are older than
+        *retention_s*; the number deleted."""
+        ...
+
+    def check_unchanged(self, tables: list[LogTable]) -> None:
+        """Raise SourceError when a captured table's columns no longer match its log."""
+        ...
+
+    def close(self) -> None:
+        """Close the connection."""
+        ...

@@ -1,0 +1,260 @@
+"""Reading PostgreSQL log tables without a fixed delay and without missing late commits.
+
+Transactions commit out of ``cdc$time`` order: a row written early by a long transaction
+becomes visible after later-timed rows were read. Scylla's reader waits a fixed
+"confidence window" and can still miss such a row. Here each read step is the
+difference of two snapshots (``pg_current_snapshot()``): a step returns the rows whose
+writing transaction is visible in the new snapshot and was not in the previous one —
+exactly the transactions that committed in between, each read once, whenever it
+committed.
+
+A step is paged by ``cdc$time`` through the ``(cdc$group, cdc$time)`` index, from just
+below its earliest row, which the ``(cdc$group, cdc$txid)`` index finds: every
+transaction not visible in the previous snapshot has an xid at or above that
+snapshot's ``xmin``. (A bound from the time sequence would not do: a transaction may
+hold an xid, and have written early rows, while not yet appearing in a snapshot's
+in-progress list.) A position is::
+
+    {"snapshot": "xmin:xmax:xip",
+     "step": {"snapshot": …, "after": time}}   # while a step is paged
+
+``step.after`` is the last time returned in that step.
+"""
+
+from __future__ import annotations
+
+import heapq
+import logging
+from collections.abc import Iterator
+from typing import Any, Final
+
+import psycopg2
+import psycopg2.extensions
+from psycopg2 import sql
+
+from tidemark.errors import ConfigError, SourceError, SourceUnavailableError
+from tidemark.event import UNAVAILABLE, TableId, WireValue
+from tidemark.source.logtable import layout as L
+from tidemark.source.logtable import postgres_install as install
+from tidemark.source.logtable.database import LogRow, LogTable, Position, ReadResult
+from tidemark.source.postgres.catalog import current_database
+from tidemark.source.postgres.session import connect, cursor
+
+log = logging.getLogger(__name__)
+
+#: The snapshot in which no transaction is visible: a log's beginning.
+EMPTY_SNAPSHOT: Final = "1:1:"
+
+
+def _xip(snapshot: str) -> list[str]:
+    parts = snapshot.split(":")
+    if len(parts) != 3:
+        raise ConfigError("offset", f"stored position {snapshot!r} is not a PostgreSQL "
+                          "snapshot (xmin:xmax:xip): was it written by another source?")
+    return [x for x in parts[2].split(",") if x]
+
+
+class PostgresLogDatabase:
+    """Log tables on one PostgreSQL database (psycopg2, autocommit: every statement sees
+    what is committed when it starts, which is all a step needs)."""
+
+    def __init__(self, dsn: str) -> None:
+        self._dsn = dsn
+        try:
+            self._conn = connect(dsn, application_name="tidemark-logtable")
+        except psycopg2.OperationalError as err:  # pragma: no cover - connect classifies
+            raise SourceUnavailableError(str(err)) from None
+        self._db = current_database(self._conn)
+        self._queries: dict[tuple[str, int], sql.Composed] = {}
+
+    @property
+    def connector(self) -> str:
+        return "postgresql"
+
+    @property
+    def database(self) -> str:
+        return self._db
+
+    def generations(self) -> list[L.Generation]:
+        with cursor(self._conn) as cur:
+            cur.execute("SELECT to_regclass(%s) IS NOT NULL",
+                        (f"{install.SCHEMA}.{install.STREAMS_TABLE}",))
+            if not cur.fetchone()[0]:
+                raise ConfigError("logtable", f"database {self._db} has no log tables "
+                                  "(schema tidemark_cdc is missing): run `tidemark logtable "
+                                  "install DSN --table …` first")
+            cur.execute(sql.SQL("SELECT generation, streams, groups, started_at::text "
+                                "FROM {}.{} ORDER BY generation").format(
+                sql.Identifier(install.SCHEMA), sql.Identifier(install.STREAMS_TABLE)))
+            generations = [L.Generation(*row) for row in cur.fetchall()]
+        L.check_generations(generations, f"{install.SCHEMA}.{install.STREAMS_TABLE}")
+        return generations
+
+    def tables(self, include: list[str]) -> list[LogTable]:
+        installed = install.installed_tables(self._conn)
+        if include:
+            wanted = [TableId.parse(name) for name in include]
+            for table in wanted:
+                if table not in installed:
+                    raise ConfigError("tables", f"table {table} has no log table: run "
+                                      f"`tidemark logtable install DSN --table {table}`")
+        else:
+            wanted = installed
+        if not wanted:
+            raise ConfigError("tables", f"database {self._db} has no captured tables: run "
+                              "`tidemark logtable install DSN --table …` first")
+        out = []
+        for table in wanted:
+            install.check_installed(self._conn, table)
+            schema = install.captured_schema(self._conn, table)
+            out.append(LogTable(table, L.log_table_name(table.table), schema))
+        self.check_unchanged(out)
+        return out
+
+    def check_unchanged(self, tables: list[LogTable]) -> None:
+        with cursor(self._conn) as cur:
+            for entry in tables:
+                cur.execute("SELECT a.attname FROM pg_attribute a WHERE a.attrelid = "
+                            "%s::regclass AND a.attnum > 0 AND NOT a.attisdropped",
+                            (sql.Identifier(entry.table.schema, entry.log).as_string(cur),))
+                present = {name for (name,) in cur.fetchall()}
+                missing = [c.name for c in entry.schema.columns if c.name not in present]
+                if missing:
+                    raise SourceError(
+                        f"table {entry.table} has column(s) {', '.join(missing)} that its "
+                        f"log table {entry.log} lacks (ALTER TABLE without the log): changes "
+                        "to them were not logged. Run `tidemark logtable install` for the "
+                        "table, then re-load it (changes since the ALTER are incomplete)")
+
+    def start_position(self) -> Position:
+        return {"snapshot": EMPTY_SNAPSHOT}
+
+    def _query(self, entry: LogTable) -> sql.Composed:
+        key = (entry.log, id(entry.schema))
+        query = self._queries.get(key)
+        if query is None:
+            values = []
+            for column in entry.schema.columns:
+                values.append(sql.SQL("{}::text").format(sql.Identifier(column.name)))
+                if not column.is_key:
+                    values.append(sql.Identifier(L.deleted_column(column.name)))
+            query = sql.SQL(
+                "SELECT {time}, {stream}, {generation}, {op}, {batch}, "
+                "(extract(epoch FROM {ts}) * 1000000)::bigint, {txid}::text::bigint, {values} "
+                "FROM {log} WHERE {group} = %(group)s AND {time} > %(after)s "
+                "AND pg_visible_in_snapshot({txid}, %(now)s::pg_snapshot) "
+                "AND NOT pg_visible_in_snapshot({txid}, %(prev)s::pg_snapshot) "
+                "ORDER BY {time} LIMIT %(limit)s"
+            ).format(time=sql.Identifier(L.TIME), stream=sql.Identifier(L.STREAM),
+                     generation=sql.Identifier(L.GENERATION), op=sql.Identifier(L.OPERATION),
+                     batch=sql.Identifier(L.BATCH_SEQ), ts=sql.Identifier(L.TS),
+                     txid=sql.Identifier(L.TXID), values=sql.SQL(", ").join(values),
+                     log=sql.Identifier(entry.table.schema, entry.log),
+                     group=sql.Identifier(L.GROUP))
+            self._queries[key] = query
+        return query
+
+    def _begin_step(self, group: int, position: Position,
+                    tables: list[LogTable]) -> dict[str, Any] | None:
+        """The next step after *position*: its snapshot and the time just below its
+        first row; None when nothing committed in the group since *position*."""
+        prev = position["snapshot"]
+        with cursor(self._conn) as cur:
+            cur.execute("SELECT pg_current_snapshot()::text")
+            now = str(cur.fetchone()[0])
+            if now == prev:
+                return None
+            earliest: int | None = None
+            for entry in tables:
+                # Every transaction not visible in prev has an xid >= its xmin: the
+                # (group, txid) index finds the step's rows, whatever their times.
+                cur.execute(sql.SQL(
+                    "SELECT min({time}) FROM {log} WHERE {group} = %(group)s "
+                    "AND {txid} >= pg_snapshot_xmin(%(prev)s::pg_snapshot) "
+                    "AND pg_visible_in_snapshot({txid}, %(now)s::pg_snapshot) "
+                    "AND NOT pg_visible_in_snapshot({txid}, %(prev)s::pg_snapshot)").format(
+                        time=sql.Identifier(L.TIME), txid=sql.Identifier(L.TXID),
+                        log=sql.Identifier(entry.table.schema, entry.log),
+                        group=sql.Identifier(L.GROUP)),
+                    {"group": group, "prev": prev, "now": now})
+                found = cur.fetchone()[0]
+                if found is not None and (earliest is None or found < earliest):
+                    earliest = int(found)
+        if earliest is None:
+            return {"snapshot": now, "after": None}
+        return {"snapshot": now, "after": earliest - 1}
+
+    def read(self, group: int, position: Position, tables: list[LogTable],
+             limit: int) -> ReadResult:
+        try:
+            return self._read(group, position, tables, limit)
+        except psycopg2.OperationalError as err:
+            raise SourceUnavailableError(f"reading the log tables of {self._db}: "
+                                         f"{str(err).strip()}") from None
+
+    def _read(self, group: int, position: Position, tables: list[LogTable],
+              limit: int) -> ReadResult:
+        _xip(position.get("snapshot", ""))
+        step = position.get("step")
+        if step is None:
+            step = self._begin_step(group, position, tables)
+            if step is None:
+                return ReadResult([], position, True)
+            if step["after"] is None:  # commits, none in this group: move on
+                return ReadResult([], {"snapshot": step["snapshot"]}, True)
+        params = {"group": group, "after": int(step["after"]), "now": step["snapshot"],
+                  "prev": position["snapshot"], "limit": limit}
+        pages: list[list[LogRow]] = []
+        full = False
+        with cursor(self._conn) as cur:
+            for index, entry in enumerate(tables):
+                cur.execute(self._query(entry), params)
+                fetched = cur.fetchall()
+                full = full or len(fetched) >= limit
+                pages.append(list(_rows(index, entry, fetched)))
+        rows = list(heapq.merge(*pages, key=lambda row: row.time))
+        if not full:
+            # The whole step is read: the group is at the step's snapshot.
+            return ReadResult(rows, {"snapshot": step["snapshot"]}, True)
+        rows = rows[:limit]
+        return ReadResult(rows, {"snapshot": position["snapshot"],
+                                 "step": {**step, "after": rows[-1].time}}, False)
+
+    def prune(self, group: int, position: Position, tables: list[LogTable],
+              retention_s: float) -> int:
+        if "step" in position:
+            return 0
+        deleted = 0
+        with cursor(self._conn) as cur:
+            for entry in tables:
+                cur.execute(sql.SQL(
+                    "DELETE FROM {log} WHERE {group} = %s AND {txid} < "
+                    "pg_snapshot_xmin(%s::pg_snapshot) AND {ts} < clock_timestamp() - "
+                    "make_interval(secs => %s)").format(
+                        log=sql.Identifier(entry.table.schema, entry.log),
+                        group=sql.Identifier(L.GROUP), txid=sql.Identifier(L.TXID),
+                        ts=sql.Identifier(L.TS)),
+                    (group, position["snapshot"], retention_s))
+                deleted += cur.rowcount
+        return deleted
+
+    def close(self) -> None:
+        self._conn.close()
+
+
+def _rows(index: int, entry: LogTable, fetched: list[tuple[Any, ...]]) -> Iterator[LogRow]:
+    columns = entry.schema.columns
+    for record in fetched:
+        values: list[WireValue] = []
+        i = 7
+        for column in columns:
+            value = record[i]
+            i += 1
+            if column.is_key:
+                values.append(value)
+                continue
+            deleted = record[i]
+            i += 1
+            values.append(value if value is not None else None if deleted else UNAVAILABLE)
+        yield LogRow(record[0], index, record[1], record[2], record[3], record[4], record[5],
+                     record[6], tuple(values))

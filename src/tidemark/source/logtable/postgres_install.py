@@ -1,0 +1,449 @@
+"""Install, update and remove PostgreSQL log tables: the DDL and the trigger code.
+
+Per captured table ``s.t``: the log table ``s.t_cdc_log`` (layout in
+:mod:`~tidemark.source.logtable.layout`), a row trigger that writes it and a TRUNCATE
+trigger that logs a delete per row (a group's reader must see each key's removal at
+its place in that group's order; one "truncate" event per group could not be placed).
+Shared, in schema ``tidemark_cdc``: the ``streams`` description, the ``time`` sequence
+that orders all changes, and the trigger functions.
+
+Installing is idempotent: run again after ``ALTER TABLE`` it adds the new columns to the
+log and rewrites the trigger, in one transaction; with ``streams`` changed it starts a
+new generation (all tables' triggers are rewritten in the same transaction, holding
+their locks, so no transaction writes the old generation after the new one starts).
+
+An event trigger (installed where the user may create one, that is a superuser) stops
+``ALTER TABLE`` / ``DROP TABLE`` of a captured table unless it runs inside
+``tidemark logtable install``'s own transaction, so a column can never be added
+without its log following it.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Sequence
+from typing import Any, Final
+
+import psycopg2.extensions
+from psycopg2 import sql
+
+from tidemark.errors import ConfigError, SourceError
+from tidemark.event import TableId, TableSchema
+from tidemark.source.logtable import layout as L
+from tidemark.source.postgres.catalog import primary_keys, table_schema
+from tidemark.source.postgres.session import cursor
+
+log = logging.getLogger(__name__)
+
+SCHEMA: Final = "tidemark_cdc"
+STREAMS_TABLE: Final = "streams"
+TABLES_TABLE: Final = "tables"
+TIME_SEQUENCE: Final = "time"
+DDL_SETTING: Final = "tidemark.logtable_ddl"
+
+_SHARED = sql.SQL("""
+CREATE SCHEMA IF NOT EXISTS {schema};
+CREATE TABLE IF NOT EXISTS {schema}.{streams} (
+    generation integer PRIMARY KEY,
+    streams integer NOT NULL,
+    groups integer NOT NULL,
+    started_xid xid8 NOT NULL DEFAULT pg_current_xact_id(),
+    started_at timestamptz NOT NULL DEFAULT now());
+CREATE TABLE IF NOT EXISTS {schema}.{tables} (
+    table_schema text NOT NULL,
+    table_name text NOT NULL,
+    log_table text NOT NULL,
+    installed_at timestamptz NOT NULL DEFAULT now(),
+    PRIMARY KEY (table_schema, table_name));
+CREATE SEQUENCE IF NOT EXISTS {schema}.{time} AS bigint CACHE 1;
+""")
+
+# Stops DDL on captured tables outside tidemark's own install transaction.
+_DDL_GUARD = sql.SQL("""
+CREATE OR REPLACE FUNCTION {schema}.ddl_guard() RETURNS event_trigger
+LANGUAGE plpgsql AS $fn$
+DECLARE cmd record;
+BEGIN
+  IF current_setting({setting}, true) = 'on' THEN RETURN; END IF;
+  FOR cmd IN SELECT * FROM pg_event_trigger_ddl_commands() LOOP
+    IF cmd.object_type = 'table' AND EXISTS (
+        SELECT 1 FROM {schema}.{tables} t
+        WHERE format('%I.%I', t.table_schema, t.table_name) = cmd.object_identity) THEN
+      RAISE EXCEPTION 'table % is captured by a tidemark log table', cmd.object_identity
+        USING HINT = 'change it in the transaction of `tidemark logtable install` '
+                     '(--ddl "ALTER TABLE ..."), so that its log table follows, or '
+                     'run `tidemark logtable uninstall` first';
+    END IF;
+  END LOOP;
+END $fn$;
+CREATE OR REPLACE FUNCTION {schema}.drop_guard() RETURNS event_trigger
+LANGUAGE plpgsql AS $fn$
+DECLARE obj record;
+BEGIN
+  IF current_setting({setting}, true) = 'on' THEN RETURN; END IF;
+  FOR obj IN SELECT * FROM pg_event_trigger_dropped_objects() LOOP
+    IF obj.object_type = 'table' AND EXISTS (
+        SELECT 1 FROM {schema}.{tables} t
+        WHERE t.table_schema = obj.schema_name AND t.table_name = obj.object_name) THEN
+      RAISE EXCEPTION 'table %.% is captured by a tidemark log table',
+        obj.schema_name, obj.object_name
+        USING HINT = 'run `tidemark logtable uninstall` for it first';
+    END IF;
+  END LOOP;
+END $fn$;
+DROP EVENT TRIGGER IF EXISTS tidemark_cdc_ddl_guard;
+CREATE EVENT TRIGGER tidemark_cdc_ddl_guard ON ddl_command_end
+  WHEN TAG IN ('ALTER TABLE') EXECUTE FUNCTION {schema}.ddl_guard();
+DROP EVENT TRIGGER IF EXISTS tidemark_cdc_drop_guard;
+CREATE EVENT TRIGGER tidemark_cdc_drop_guard ON sql_drop
+  WHEN TAG IN ('DROP TABLE') EXECUTE FUNCTION {schema}.drop_guard();
+""")
+
+
+def _ident(*parts: str) -> sql.Identifier:
+    return sql.Identifier(*parts)
+
+
+def _shared_names() -> dict[str, Any]:
+    return {"schema": _ident(SCHEMA), "streams": _ident(STREAMS_TABLE),
+            "tables": _ident(TABLES_TABLE), "time": _ident(TIME_SEQUENCE),
+            "setting": sql.Literal(DDL_SETTING)}
+
+
+def resolve(conn: psycopg2.extensions.connection, names: Sequence[str]) -> list[TableId]:
+    """The tables *names* (``schema.table`` or ``table`` in ``public``) that exist;
+    raises ConfigError naming a missing one."""
+    tables = [TableId.parse(name) for name in names]
+    for table in tables:
+        L.check_name("schema", table.schema)
+        L.check_name("table", table.table)
+    with cursor(conn) as cur:
+        cur.execute("SELECT n.nspname, c.relname FROM pg_class c JOIN pg_namespace n "
+                    "ON n.oid = c.relnamespace WHERE c.relkind IN ('r', 'p') AND "
+                    "(n.nspname, c.relname) IN (SELECT * FROM unnest(%s::text[], %s::text[]))",
+                    ([t.schema for t in tables], [t.table for t in tables]))
+        found = {TableId(s, t) for s, t in cur.fetchall()}
+    for table in tables:
+        if table not in found:
+            raise ConfigError("tables", f"table {table} does not exist")
+    return tables
+
+
+def installed_tables(conn: psycopg2.extensions.connection) -> list[TableId]:
+    """The tables that have a log, in name order (empty when nothing is installed)."""
+    with cursor(conn) as cur:
+        cur.execute("SELECT to_regclass(%s) IS NOT NULL", (f"{SCHEMA}.{TABLES_TABLE}",))
+        if not cur.fetchone()[0]:
+            return []
+        cur.execute(sql.SQL("SELECT table_schema, table_name FROM {}.{} ORDER BY 1, 2")
+                    .format(_ident(SCHEMA), _ident(TABLES_TABLE)))
+        return [TableId(s, t) for s, t in cur.fetchall()]
+
+
+def current_generation(conn: psycopg2.extensions.connection) -> L.Generation | None:
+    """The newest stream generation, or None before the first install."""
+    with cursor(conn) as cur:
+        cur.execute("SELECT to_regclass(%s) IS NOT NULL", (f"{SCHEMA}.{STREAMS_TABLE}",))
+        if not cur.fetchone()[0]:
+            return None
+        cur.execute(sql.SQL("SELECT generation, streams, groups, started_at::text FROM {}.{} "
+                            "ORDER BY generation DESC LIMIT 1")
+                    .format(_ident(SCHEMA), _ident(STREAMS_TABLE)))
+        row = cur.fetchone()
+    return None if row is None else L.Generation(*row)
+
+
+def captured_schema(conn: psycopg2.extensions.connection, table: TableId) -> TableSchema:
+    """*table*'s columns and primary key; raises ConfigError for a table without one."""
+    keys = primary_keys(conn, [table]).get(table)
+    if not keys:
+        raise ConfigError("tables", f"table {table} has no primary key: a log table spreads "
+                          "changes over streams by key, and Delta applies them by key; add "
+                          "a primary key")
+    schema = table_schema(conn, table, keys, generated=True)
+    L.check_columns(str(table), schema.column_names)
+    return schema
+
+
+def install(conn: psycopg2.extensions.connection, names: Sequence[str], *,
+            streams: int | None = None, groups: int | None = None,
+            ddl: Sequence[str] = ()) -> list[TableId]:
+    """Create or update the log tables and triggers of *names* (with none: update every
+    installed table), in one transaction; *ddl* statements run first in that same
+    transaction (the way to alter a captured table). Returns the tables installed."""
+    names_given = list(names)
+    previous = current_generation(conn)
+    wanted_groups = groups if groups is not None else (
+        previous.groups if previous else L.DEFAULT_GROUPS)
+    wanted_streams = streams if streams is not None else (
+        previous.streams if previous else L.DEFAULT_STREAMS)
+    L.check_stream_counts(wanted_streams, wanted_groups)
+    if previous is not None and wanted_groups != previous.groups:
+        raise ConfigError("groups", f"the log tables have {previous.groups} groups; groups "
+                          "cannot change (every reader's offsets are per group): uninstall "
+                          "and install again to change them")
+    conn.autocommit = False
+    try:
+        with cursor(conn) as cur:
+            cur.execute("SELECT set_config(%s, 'on', true)", (DDL_SETTING,))
+            cur.execute(_SHARED.format(**_shared_names()))
+            _install_guard(cur)
+            for statement in ddl:
+                cur.execute(statement)
+            already = installed_tables(conn)
+            tables = resolve(conn, names_given) if names_given else list(already)
+            everything = sorted(set(tables) | set(already), key=str)
+            # Writers of every captured table wait here; those already running finish
+            # first, so no change of the old generation commits after the new one.
+            for table in everything:
+                cur.execute(sql.SQL("LOCK TABLE {} IN SHARE ROW EXCLUSIVE MODE")
+                            .format(_ident(table.schema, table.table)))
+            generation = previous
+            if previous is None or wanted_streams != previous.streams:
+                number = 1 if previous is None else previous.number + 1
+                cur.execute(sql.SQL("INSERT INTO {}.{} (generation, streams, groups) "
+                                    "VALUES (%s, %s, %s)")
+                            .format(_ident(SCHEMA), _ident(STREAMS_TABLE)),
+                            (number, wanted_streams, wanted_groups))
+                generation = L.Generation(number, wanted_streams, wanted_groups)
+                if previous is not None:
+                    log.info("stream generation %d: %d streams in %d groups", number,
+                             wanted_streams, wanted_groups)
+            assert generation is not None
+            rewrite = everything if generation is not previous else tables
+            for table in rewrite:
+                _install_table(cur, captured_schema(conn, table), generation)
+        conn.commit()
+    except BaseException:
+        conn.rollback()
+        raise
+    finally:
+        conn.autocommit = True
+    return tables
+
+
+def _install_guard(cur: Any) -> None:
+    cur.execute("SELECT rolsuper FROM pg_roles WHERE rolname = current_user")
+    if cur.fetchone()[0]:
+        cur.execute(_DDL_GUARD.format(**_shared_names()))
+    else:
+        log.warning("not a superuser: no event trigger guards the captured tables against "
+                    "ALTER TABLE; alter them only with `tidemark logtable install --ddl`, or "
+                    "the readers stop when a table and its log differ")
+
+
+def _install_table(cur: Any, schema: TableSchema, generation: L.Generation) -> None:
+    table = schema.table
+    log_name = L.log_table_name(table.table)
+    log_id = _ident(table.schema, log_name)
+    columns = schema.columns
+    value_columns = [sql.SQL("{} {}{}").format(
+        _ident(c.name), sql.SQL(_column_type(cur, table, c.name)),
+        sql.SQL(" NOT NULL") if c.is_key else sql.SQL("")) for c in columns]
+    flags = [sql.SQL("{} boolean").format(_ident(L.deleted_column(c.name)))
+             for c in columns if not c.is_key]
+    cur.execute(sql.SQL(
+        "CREATE TABLE IF NOT EXISTS {log} ({stream} integer NOT NULL, {group} integer NOT NULL, "
+        "{generation} integer NOT NULL, {time} bigint NOT NULL, {batch} integer NOT NULL, "
+        "{op} smallint NOT NULL, {txid} xid8 NOT NULL DEFAULT pg_current_xact_id(), "
+        "{ts} timestamptz NOT NULL DEFAULT clock_timestamp(), {columns})"
+    ).format(log=log_id, stream=_ident(L.STREAM), group=_ident(L.GROUP),
+             generation=_ident(L.GENERATION), time=_ident(L.TIME), batch=_ident(L.BATCH_SEQ),
+             op=_ident(L.OPERATION), txid=_ident(L.TXID), ts=_ident(L.TS),
+             columns=sql.SQL(", ").join(value_columns + flags)))
+    # After ALTER TABLE: bring the log's columns in line (new ones added; dropped ones
+    # kept, so that old log rows still read, and written as NULL from now on).
+    cur.execute("SELECT a.attname FROM pg_attribute a WHERE a.attrelid = %s::regclass "
+                "AND a.attnum > 0 AND NOT a.attisdropped",
+                (sql.Identifier(table.schema, log_name).as_string(cur),))
+    present = {name for (name,) in cur.fetchall()}
+    for c in columns:
+        if c.name not in present:
+            cur.execute(sql.SQL("ALTER TABLE {} ADD COLUMN {} {}").format(
+                log_id, _ident(c.name), sql.SQL(_column_type(cur, table, c.name))))
+        if not c.is_key and L.deleted_column(c.name) not in present:
+            cur.execute(sql.SQL("ALTER TABLE {} ADD COLUMN {} boolean").format(
+                log_id, _ident(L.deleted_column(c.name))))
+    for index_name, index_columns in ((f"{log_name}_group", (L.GROUP, L.TIME)),
+                                      (f"{log_name}_txid", (L.GROUP, L.TXID))):
+        cur.execute(sql.SQL("CREATE INDEX IF NOT EXISTS {} ON {} ({})").format(
+            _ident(index_name[:L.MAX_IDENTIFIER]), log_id,
+            sql.SQL(", ").join(_ident(c) for c in index_columns)))
+    function = _ident(SCHEMA, f"{table.schema}.{table.table}"[:L.MAX_IDENTIFIER])
+    cur.execute(_trigger_function(schema, log_id, function, generation))
+    cur.execute(_truncate_function(schema, log_id, generation))
+    source = _ident(table.schema, table.table)
+    cur.execute(sql.SQL("DROP TRIGGER IF EXISTS tidemark_cdc ON {}").format(source))
+    cur.execute(sql.SQL("CREATE TRIGGER tidemark_cdc AFTER INSERT OR UPDATE OR DELETE ON {} "
+                        "FOR EACH ROW EXECUTE FUNCTION {}()").format(source, function))
+    cur.execute(sql.SQL("DROP TRIGGER IF EXISTS tidemark_cdc_truncate ON {}").format(source))
+    cur.execute(sql.SQL("CREATE TRIGGER tidemark_cdc_truncate BEFORE TRUNCATE ON {} "
+                        "FOR EACH STATEMENT EXECUTE FUNCTION {}()").format(
+                            source, _truncate_name(table)))
+    cur.execute(sql.SQL("INSERT INTO {}.{} (table_schema, table_name, log_table) "
+                        "VALUES (%s, %s, %s) ON CONFLICT DO NOTHING")
+                .format(_ident(SCHEMA), _ident(TABLES_TABLE)),
+                (table.schema, table.table, log_name))
+
+
+def _column_type(cur: Any, table: TableId, column: str) -> str:
+    cur.execute("SELECT format_type(a.atttypid, a.atttypmod) FROM pg_attribute a "
+                "WHERE a.attrelid = %s::regclass AND a.attname = %s",
+                (sql.Identifier(table.schema, table.table).as_string(cur), column))
+    return str(cur.fetchone()[0])
+
+
+def _truncate_name(table: TableId) -> sql.Identifier:
+    return _ident(SCHEMA, f"{table.schema}.{table.table}#truncate"[:L.MAX_IDENTIFIER])
+
+
+def _hash(row: str, keys: Sequence[str]) -> sql.Composable:
+    """The key's hash in [0, 2^31): the same text for NEW, OLD and a table row, so a key
+    always lands in the same group."""
+    fields = sql.SQL(", ").join(sql.SQL("{}.{}").format(sql.SQL(row), _ident(k)) for k in keys)
+    return sql.SQL("(hashtext(ROW({})::text)::bigint & 2147483647)").format(fields)
+
+
+def _meta_columns() -> sql.Composable:
+    return sql.SQL(", ").join(_ident(c) for c in (L.STREAM, L.GROUP, L.GENERATION, L.TIME,
+                                                  L.BATCH_SEQ, L.OPERATION))
+
+
+def _meta_values(hash_expr: sql.Composable, generation: L.Generation, batch_seq: int,
+                 op: L.Operation) -> sql.Composable:
+    return sql.SQL("({h} * {n}) >> 31, ({h} * {g}) >> 31, {gen}, "
+                   "nextval({seq}), {batch}, {op}").format(
+        h=hash_expr, n=sql.Literal(generation.streams), g=sql.Literal(generation.groups),
+        gen=sql.Literal(generation.number),
+        seq=sql.Literal(f'{SCHEMA}."{TIME_SEQUENCE}"'),
+        batch=sql.Literal(batch_seq), op=sql.Literal(int(op)))
+
+
+def _trigger_function(schema: TableSchema, log_id: sql.Identifier, function: sql.Identifier,
+                      generation: L.Generation) -> sql.Composable:
+    keys = [c.name for c in schema.columns if c.is_key]
+    others = [c.name for c in schema.columns if not c.is_key]
+    key_ids = [_ident(k) for k in keys]
+    insert_cols = sql.SQL(", ").join([_meta_columns(), *key_ids,
+                                      *(_ident(c) for c in others),
+                                      *(_ident(L.deleted_column(c)) for c in others)])
+    key_cols = sql.SQL(", ").join([_meta_columns(), *key_ids])
+
+    def new(c: str) -> sql.Composable:
+        return sql.SQL("NEW.{}").format(_ident(c))
+
+    def insert_row(batch_seq: int) -> sql.Composable:
+        values = [_meta_values(_hash("NEW", keys), generation, batch_seq, L.Operation.INSERT),
+                  *(new(k) for k in keys), *(new(c) for c in others),
+                  *(sql.SQL("CASE WHEN NEW.{c} IS NULL THEN true END").format(c=_ident(c))
+                    for c in others)]
+        return sql.SQL("INSERT INTO {} ({}) VALUES ({});").format(
+            log_id, insert_cols, sql.SQL(", ").join(values))
+
+    def delete_row(batch_seq: int) -> sql.Composable:
+        values = [_meta_values(_hash("OLD", keys), generation, batch_seq,
+                               L.Operation.ROW_DELETE),
+                  *(sql.SQL("OLD.{}").format(_ident(k)) for k in keys)]
+        return sql.SQL("INSERT INTO {} ({}) VALUES ({});").format(
+            log_id, key_cols, sql.SQL(", ").join(values))
+
+    changed = [sql.SQL("CASE WHEN NEW.{c} IS DISTINCT FROM OLD.{c} THEN NEW.{c} END")
+               .format(c=_ident(c)) for c in others]
+    nulled = [sql.SQL("CASE WHEN NEW.{c} IS NULL AND OLD.{c} IS NOT NULL THEN true END")
+              .format(c=_ident(c)) for c in others]
+    update_values = [_meta_values(_hash("NEW", keys), generation, 0, L.Operation.UPDATE),
+                     *(new(k) for k in keys), *changed, *nulled]
+    update_row = sql.SQL("INSERT INTO {} ({}) VALUES ({});").format(
+        log_id, insert_cols, sql.SQL(", ").join(update_values))
+    key_changed = sql.SQL(" OR ").join(
+        sql.SQL("NEW.{k} IS DISTINCT FROM OLD.{k}").format(k=_ident(k)) for k in keys)
+    body = sql.SQL("""
+CREATE OR REPLACE FUNCTION {function}() RETURNS trigger LANGUAGE plpgsql AS $fn$
+BEGIN
+  IF TG_OP = 'INSERT' THEN
+    {insert}
+  ELSIF TG_OP = 'UPDATE' THEN
+    IF {key_changed} THEN
+      {delete0}
+      {insert1}
+    ELSE
+      {update}
+    END IF;
+  ELSE
+    {delete}
+  END IF;
+  RETURN NULL;
+END $fn$""")
+    return body.format(function=function, insert=insert_row(0), key_changed=key_changed,
+                       delete0=delete_row(0), insert1=insert_row(1), update=update_row,
+                       delete=delete_row(0))
+
+
+def _truncate_function(schema: TableSchema, log_id: sql.Identifier,
+                       generation: L.Generation) -> sql.Composable:
+    keys = [c.name for c in schema.columns if c.is_key]
+    key_ids = [_ident(k) for k in keys]
+    table = schema.table
+    cols = sql.SQL(", ").join([_meta_columns(), *key_ids])
+    values = sql.SQL(", ").join([
+        _meta_values(_hash("t", keys), generation, 0, L.Operation.ROW_DELETE),
+        *(sql.SQL("t.{}").format(k) for k in key_ids)])
+    return sql.SQL("""
+CREATE OR REPLACE FUNCTION {function}() RETURNS trigger LANGUAGE plpgsql AS $fn$
+BEGIN
+  INSERT INTO {log} ({cols}) SELECT {values} FROM {source} AS t;
+  RETURN NULL;
+END $fn$""").format(function=_truncate_name(table), log=log_id, cols=cols, values=values,
+                    source=_ident(table.schema, table.table))
+
+
+def uninstall(conn: psycopg2.extensions.connection, names: Sequence[str]) -> list[TableId]:
+    """Remove the triggers and log tables of *names* (none: all, and the shared schema).
+    Unread changes in a removed log are lost, which is what the user asked for."""
+    installed = installed_tables(conn)
+    tables = [TableId.parse(n) for n in names] if names else installed
+    for table in tables:
+        if table not in installed:
+            raise ConfigError("tables", f"table {table} has no log table to remove")
+    conn.autocommit = False
+    try:
+        with cursor(conn) as cur:
+            cur.execute("SELECT set_config(%s, 'on', true)", (DDL_SETTING,))
+            for table in tables:
+                source = _ident(table.schema, table.table)
+                cur.execute(sql.SQL("DROP TRIGGER IF EXISTS tidemark_cdc ON {}").format(source))
+                cur.execute(sql.SQL("DROP TRIGGER IF EXISTS tidemark_cdc_truncate ON {}")
+                            .format(source))
+                cur.execute(sql.SQL("DROP TABLE IF EXISTS {}").format(
+                    _ident(table.schema, L.log_table_name(table.table))))
+                cur.execute(sql.SQL("DROP FUNCTION IF EXISTS {}()").format(
+                    _ident(SCHEMA, f"{table.schema}.{table.table}"[:L.MAX_IDENTIFIER])))
+                cur.execute(sql.SQL("DROP FUNCTION IF EXISTS {}()").format(
+                    _truncate_name(table)))
+                cur.execute(sql.SQL("DELETE FROM {}.{} WHERE table_schema = %s AND "
+                                    "table_name = %s")
+                            .format(_ident(SCHEMA), _ident(TABLES_TABLE)),
+                            (table.schema, table.table))
+            if not names or set(tables) == set(installed):
+                cur.execute("DROP EVENT TRIGGER IF EXISTS tidemark_cdc_ddl_guard")
+                cur.execute("DROP EVENT TRIGGER IF EXISTS tidemark_cdc_drop_guard")
+                cur.execute(sql.SQL("DROP SCHEMA IF EXISTS {} CASCADE").format(_ident(SCHEMA)))
+        conn.commit()
+    except BaseException:
+        conn.rollback()
+        raise
+    finally:
+        conn.autocommit = True
+    return tables
+
+
+def check_installed(conn: psycopg2.extensions.connection, table: TableId) -> None:
+    """Raise SourceError when *table*'s log table is missing."""
+    with cursor(conn) as cur:
+        cur.execute("SELECT to_regclass(%s) IS NOT NULL",
+                    (sql.Identifier(table.schema, L.log_table_name(table.table))
+                     .as_string(cur),))
+        if not cur.fetchone()[0]:
+            raise SourceError(f"the log table of {table} is missing (dropped?): run "
+                              f"`tidemark logtable install` for {table}; changes made "
+                              "since it was dropped were not logged")

@@ -1,0 +1,200 @@
+"""The log-table reader: one task's stream groups, polled in turn, one offset per group.
+
+A task reads the groups the connector gave it (:func:`~.layout.assign_groups`), each
+from its own position. A poll reads the next group that has changes, up to
+``max_batch_events`` of them, and hands them on with the positions of all the task's
+groups (the batch's offset: ``{"groups": {"3": position, …}}``).
+:meth:`LogTableReader.offsets_by_key` splits that into one stored offset per group —
+only the groups that moved since the last save — so thousands of groups cost one
+small write per save.
+
+Events are Debezium envelopes: an insert ``c`` and an update ``u`` carry ``after``, a
+delete ``d`` carries ``before`` with the key; non-key columns that a change did not set
+are :data:`~tidemark.event.UNAVAILABLE` (written as Scylla's ``null`` cell, or kept
+from the target by ``apply_changes``). ``source`` adds the log's fields: ``stream_id``,
+``generation``, ``time``, ``batch_seq_no`` (and ``txId`` on PostgreSQL).
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from typing import Any
+
+from tidemark.errors import ConfigError
+from tidemark.event import ChangeEvent, Op, SourceContext
+from tidemark.offsets.store import Offset, OffsetReader
+from tidemark.source.batch import SourceBatch
+from tidemark.source.logtable.config import LogTableSourceConfig, is_sqlite
+from tidemark.source.logtable.database import LogDatabase, LogRow, LogTable, Position
+from tidemark.source.logtable.layout import Operation
+
+log = logging.getLogger(__name__)
+
+_OPS = {Operation.INSERT: Op.CREATE, Operation.UPDATE: Op.UPDATE,
+        Operation.ROW_DELETE: Op.DELETE}
+
+
+def open_database(dsn: str) -> LogDatabase:
+    """The log-table access of the database *dsn* names."""
+    if is_sqlite(dsn):
+        from tidemark.source.logtable.sqlite import SqliteLogDatabase  # noqa: PLC0415
+
+        return SqliteLogDatabase(dsn)
+    from tidemark.source.logtable.postgres import PostgresLogDatabase  # noqa: PLC0415
+
+    return PostgresLogDatabase(dsn)
+
+
+class LogTableReader:
+    """Reads one task's groups; the engine's task and ``tidemark capture`` drive it."""
+
+    def __init__(self, config: LogTableSourceConfig) -> None:
+        self.config = config
+        self._db: LogDatabase | None = None
+        self._tables: list[LogTable] = []
+        self._groups: list[int] = []
+        self._positions: dict[int, Position] = {}
+        self._saved: dict[int, Position] = {}
+        self._next = 0
+        self._caught_up: set[int] = set()
+        self._stop_at_end = False
+        self._last_prune = time.monotonic()
+
+    @property
+    def partition(self) -> str:
+        """The offset key prefix of this task's groups."""
+        return f"{self.config.topic_prefix}/logtable"
+
+    @property
+    def groups(self) -> list[int]:
+        return list(self._groups)
+
+    def start(self, offset: Offset | None = None, *, store: OffsetReader | None = None,
+              stop_at_end: bool = False) -> None:
+        """Open the database and position every group: at *offset* (a batch's offset,
+        after a reconnect) or its stored offset in *store*, else at the log's start."""
+        self._stop_at_end = stop_at_end
+        db = self._db = open_database(self.config.dsn)
+        generations = db.generations()
+        total = generations[0].groups
+        groups = list(self.config.groups) or list(range(total))
+        beyond = [g for g in groups if g >= total]
+        if beyond:
+            raise ConfigError("groups", f"groups {beyond} do not exist: the log has {total} "
+                              "groups (0 to {total - 1})")
+        self._groups = groups
+        self._tables = db.tables(list(self.config.table_include_list))
+        given = (offset or {}).get("groups", {})
+        for group in groups:
+            position = given.get(str(group))
+            if position is None and store is not None:
+                position = store.load(self.config.offset_key(group))
+            self._positions[group] = dict(position) if position else db.start_position()
+        self._saved = {g: p for g, p in self._positions.items()}
+        log.info("reading %d log table(s) of %s, groups %s", len(self._tables),
+                 self.config.redacted_dsn(), _ranges(groups))
+
+    def poll(self) -> SourceBatch:
+        """The next group's changes (empty when every group is idle)."""
+        db = self._require()
+        moved = False
+        for _ in range(len(self._groups)):
+            group = self._groups[self._next]
+            self._next = (self._next + 1) % len(self._groups)
+            position = self._positions[group]
+            result = db.read(group, position, self._tables, self.config.max_batch_events)
+            if result.position != position:
+                self._positions[group] = result.position
+                moved = True
+            if result.caught_up:
+                self._caught_up.add(group)
+            if result.rows:
+                self._maybe_prune()
+                return SourceBatch(self._events(result.rows), self._offset())
+        finished = self._stop_at_end and len(self._caught_up) == len(self._groups)
+        if not finished:
+            self._maybe_prune()
+        return SourceBatch([], self._offset() if moved or finished else None, finished)
+
+    def _offset(self) -> Offset:
+        return {"groups": {str(g): p for g, p in self._positions.items()}}
+
+    def offsets_by_key(self, offset: Offset) -> dict[str, Offset]:
+        """*offset* (a batch's) as one stored offset per group, only the groups whose
+        position differs from the last call's."""
+        out: dict[str, Offset] = {}
+        for key, position in offset.get("groups", {}).items():
+            group = int(key)
+            if self._saved.get(group) != position:
+                out[self.config.offset_key(group)] = position
+        return out
+
+    def saved(self, offset: Offset) -> None:
+        """*offset*'s positions are stored: later :meth:`offsets_by_key` calls skip them."""
+        for key, position in offset.get("groups", {}).items():
+            self._saved[int(key)] = position
+
+    def commit(self, offset: Offset) -> None:
+        """Everything up to *offset* is stored and processed: prune may delete it."""
+        self.saved(offset)
+
+    def _maybe_prune(self) -> None:
+        config = self.config
+        if config.retention_s < 0:
+            return
+        now = time.monotonic()
+        if now - self._last_prune < config.prune_interval_s:
+            return
+        self._last_prune = now
+        db = self._require()
+        deleted = 0
+        for group, position in self._saved.items():
+            deleted += db.prune(group, position, self._tables, config.retention_s)
+        if deleted:
+            log.info("deleted %d log rows read by every reader and older than %.0f s",
+                     deleted, config.retention_s)
+
+    def _events(self, rows: list[LogRow]) -> list[Any]:
+        db = self._require()
+        tables = self._tables
+        prefix = self.config.topic_prefix
+        connector, database = db.connector, db.database
+        now_us = time.time_ns() // 1000
+        events: list[Any] = []
+        for row in rows:
+            schema = tables[row.table].schema
+            op = _OPS.get(Operation(row.operation))
+            fields: tuple[tuple[str, Any], ...] = (
+                ("stream_id", row.stream), ("generation", row.generation),
+                ("time", row.time), ("batch_seq_no", row.batch_seq))
+            if row.txid is not None:
+                fields += (("txId", row.txid),)
+            context = SourceContext(connector, prefix, database, row.ts_us, row.txid, None,
+                                    commit_lsn=row.time, source_fields=fields)
+            if op is Op.DELETE:
+                events.append(ChangeEvent(op, schema, row.values, None, context, row.time, 0,
+                                          0, now_us))
+            else:
+                assert op is not None
+                events.append(ChangeEvent(op, schema, None, row.values, context, row.time, 0,
+                                          0, now_us))
+        return events
+
+    def _require(self) -> LogDatabase:
+        if self._db is None:
+            raise ConfigError("poll", "start() the reader first")
+        return self._db
+
+    def stop(self) -> None:
+        if self._db is not None:
+            self._db.close()
+            self._db = None
+
+
+def _ranges(groups: list[int]) -> str:
+    if not groups:
+        return "none"
+    if groups == list(range(groups[0], groups[-1] + 1)):
+        return f"{groups[0]}-{groups[-1]}" if len(groups) > 1 else str(groups[0])
+    return ",".join(map(str, groups))

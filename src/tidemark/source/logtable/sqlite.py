@@ -1,0 +1,290 @@
+"""Reading SQLite log tables: one writer at a time makes ``cdc$time`` the commit order.
+
+A group's position is the last ``cdc$time`` read (``{"after": time}``): a transaction in
+progress holds times above every committed one, and a reader in WAL mode sees only
+committed rows, so nothing can appear later below a position. All tables of a read are
+queried in one read transaction (one snapshot), so the merge across tables never skips
+a row that another table's page passed over.
+
+SQLite declares types loosely; a column maps to a logical type by its declared type's
+affinity (``INTEGER`` → int64, ``REAL`` → float64, ``TEXT`` → string, ``BLOB`` → bytes,
+``BOOLEAN`` → bool, ``NUMERIC``/``DECIMAL`` → a decimal of variable scale). A stored
+value of another type than its column's (SQLite allows ``'abc'`` in an INTEGER column
+unless the table is STRICT) stops the reader with an error naming it.
+"""
+
+from __future__ import annotations
+
+import heapq
+import math
+import sqlite3
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from tidemark import wire_text
+from tidemark.errors import ConfigError, DecodeError, SourceError, SourceUnavailableError
+from tidemark.event import UNAVAILABLE, Column, TableId, TableSchema, WireValue
+from tidemark.logical_type import Kind, LogicalType
+from tidemark.source.logtable import layout as L
+from tidemark.source.logtable import sqlite_install as install
+from tidemark.source.logtable.database import LogRow, LogTable, Position, ReadResult
+
+SCHEMES = ("sqlite://", "sqlite:")
+
+
+def sqlite_path(dsn: str) -> Path:
+    """The file a ``sqlite:///abs/path.db`` or ``sqlite:relative.db`` DSN names."""
+    text = dsn.strip()
+    for scheme in SCHEMES:
+        if text.lower().startswith(scheme):
+            text = text[len(scheme):]
+            break
+    if not text:
+        raise ConfigError("dsn", f"{dsn!r} names no file: write sqlite:///path/to/file.db")
+    return Path(text)
+
+
+def _dsn_of(path: Path) -> str:
+    return f"sqlite://{path}" if path.is_absolute() else f"sqlite:{path}"
+
+
+def connect(dsn: str) -> sqlite3.Connection:
+    """A connection to an existing SQLite file, in autocommit mode (explicit BEGINs)."""
+    path = sqlite_path(dsn)
+    if not path.is_file():
+        raise SourceError(f"SQLite database {path} does not exist")
+    try:
+        conn = sqlite3.connect(path, isolation_level=None, check_same_thread=False,
+                               timeout=30.0)
+    except sqlite3.Error as err:
+        raise SourceError(f"cannot open SQLite database {path}: {err}") from None
+    return conn
+
+
+def _logical(declared: str) -> LogicalType:
+    upper = declared.upper()
+    if "INT" in upper:
+        return LogicalType(Kind.INT64)
+    if "BOOL" in upper:
+        return LogicalType(Kind.BOOL)
+    if any(word in upper for word in ("CHAR", "CLOB", "TEXT")):
+        return LogicalType(Kind.STRING)
+    if "BLOB" in upper or not upper:
+        return LogicalType(Kind.BYTES)
+    if any(word in upper for word in ("REAL", "FLOA", "DOUB")):
+        return LogicalType(Kind.FLOAT64)
+    if "DEC" in upper or "NUMERIC" in upper:
+        return LogicalType(Kind.DECIMAL)
+    return LogicalType(Kind.STRING)  # DATE, DATETIME, JSON …: stored as text
+
+
+_PARSERS: dict[Kind, Callable[[str], Any]] = {
+    Kind.INT64: wire_text.parse_int, Kind.BOOL: wire_text.parse_bool,
+    Kind.FLOAT64: wire_text.parse_float, Kind.DECIMAL: wire_text.parse_numeric,
+    Kind.BYTES: wire_text.parse_bytea, Kind.STRING: str,
+}
+
+
+def table_schema(conn: sqlite3.Connection, table: str) -> TableSchema:
+    """*table*'s columns as tidemark sees them; raises ConfigError if it is missing or
+    has no primary key."""
+    columns = install.table_columns(conn, table)
+    if not columns:
+        raise ConfigError("tables", f"table {table!r} does not exist")
+    keys = install.key_columns(conn, table)
+    if not keys:
+        raise ConfigError("tables", f"table {table!r} has no primary key; declare one")
+    out = []
+    for name, declared, _ in columns:
+        logical = _logical(declared)
+        out.append(Column(name, logical, declared.lower() or "blob", name in keys,
+                          _PARSERS[logical.kind]))
+    names = [c.name for c in out]
+    return TableSchema(TableId("main", table), tuple(out), tuple(names.index(k) for k in keys),
+                       "default")
+
+
+def _to_text(kind: Kind, value: Any, where: Callable[[], str]) -> WireValue:
+    """A stored value as the canonical wire text of its column's logical type."""
+    cls = value.__class__
+    if kind is Kind.INT64:
+        if cls is int:
+            return str(value)
+        if cls is float and value.is_integer():
+            return str(int(value))
+    elif kind is Kind.STRING:
+        if cls is str:
+            return value  # type: ignore[no-any-return]
+        if cls in (int, float):
+            return str(value)
+        if cls is bytes:
+            return value.decode("utf-8", "replace")  # type: ignore[no-any-return]
+    elif kind is Kind.FLOAT64:
+        if cls in (int, float):
+            number = float(value)
+            if math.isnan(number):
+                return "NaN"
+            if math.isinf(number):
+                return "Infinity" if number > 0 else "-Infinity"
+            return repr(number)
+    elif kind is Kind.BYTES:
+        if cls is bytes:
+            return "\\x" + value.hex()
+        if cls is str:
+            return "\\x" + value.encode().hex()
+    elif kind is Kind.BOOL:
+        if cls is int and value in (0, 1):
+            return "t" if value else "f"
+    elif kind is Kind.DECIMAL:
+        if cls is int:
+            return str(value)
+        if cls is float and math.isfinite(value):
+            return repr(value)
+        if cls is str:
+            try:
+                wire_text.parse_numeric(value)
+            except (ValueError, ArithmeticError):
+                pass
+            else:
+                return value  # type: ignore[no-any-return]
+    raise DecodeError(f"{where()} holds {value!r}, which is not a {kind} value: declare the "
+                      "column with the type of what it stores (or make the table STRICT)")
+
+
+class SqliteLogDatabase:
+    """Log tables in one SQLite file."""
+
+    def __init__(self, dsn: str) -> None:
+        self._path = sqlite_path(dsn)
+        self._conn = connect(dsn)
+        self._queries: dict[str, str] = {}
+
+    @property
+    def connector(self) -> str:
+        return "sqlite"
+
+    @property
+    def database(self) -> str:
+        return self._path.stem
+
+    def generations(self) -> list[L.Generation]:
+        generations = install.generations(self._conn)
+        L.check_generations(generations, f"{self._path} ({install.STREAMS_TABLE})")
+        return generations
+
+    def tables(self, include: list[str]) -> list[LogTable]:
+        installed = install.installed_tables(self._conn)
+        wanted = [install.table_name(n) for n in include] if include else installed
+        for table in wanted:
+            if table not in installed:
+                raise ConfigError("tables", f"table {table!r} has no log table: run "
+                                  f"`tidemark logtable install {_dsn_of(self._path)} "
+                                  f"--table {table}`")
+        if not wanted:
+            raise ConfigError("tables", f"{self._path} has no captured tables: run "
+                              "`tidemark logtable install` first")
+        out = [LogTable(TableId("main", t), L.log_table_name(t), table_schema(self._conn, t))
+               for t in wanted]
+        self.check_unchanged(out)
+        return out
+
+    def check_unchanged(self, tables: list[LogTable]) -> None:
+        for entry in tables:
+            present = {name for name, _, _ in install.table_columns(self._conn, entry.log)}
+            if not present:
+                raise SourceError(f"the log table {entry.log} of {entry.table.table} is "
+                                  "missing (dropped?): run `tidemark logtable install` for it; "
+                                  "changes made since it was dropped were not logged")
+            missing = [c.name for c in entry.schema.columns if c.name not in present]
+            if missing:
+                raise SourceError(f"table {entry.table.table} has column(s) "
+                                  f"{', '.join(missing)} that its log table lacks: run "
+                                  "`tidemark logtable install` for it")
+
+    def start_position(self) -> Position:
+        return {"after": 0}
+
+    def _query(self, entry: LogTable) -> str:
+        query = self._queries.get(entry.log)
+        if query is None:
+            q = install.quote
+            values = []
+            for column in entry.schema.columns:
+                values.append(q(column.name))
+                if not column.is_key:
+                    values.append(q(L.deleted_column(column.name)))
+            query = (f"SELECT {q(L.TIME)}, {q(L.STREAM)}, {q(L.GENERATION)}, "
+                     f"{q(L.OPERATION)}, {q(L.BATCH_SEQ)}, {q(L.TS)}, {', '.join(values)} "
+                     f"FROM {q(entry.log)} WHERE {q(L.GROUP)} = ? AND {q(L.TIME)} > ? "
+                     f"ORDER BY {q(L.TIME)} LIMIT ?")
+            self._queries[entry.log] = query
+        return query
+
+    def read(self, group: int, position: Position, tables: list[LogTable],
+             limit: int) -> ReadResult:
+        try:
+            after = int(position["after"])
+        except (KeyError, TypeError, ValueError):
+            raise ConfigError("offset", f"stored position {position!r} is not a SQLite log "
+                              "position ({\"after\": time}): was it written by another "
+                              "source?") from None
+        pages: list[list[LogRow]] = []
+        full = False
+        try:
+            self._conn.execute("BEGIN")
+            try:
+                for index, entry in enumerate(tables):
+                    fetched = self._conn.execute(self._query(entry),
+                                                 (group, after, limit)).fetchall()
+                    full = full or len(fetched) >= limit
+                    pages.append(_rows(index, entry, fetched))
+            finally:
+                self._conn.execute("COMMIT")
+        except sqlite3.OperationalError as err:
+            if "locked" in str(err) or "busy" in str(err):
+                raise SourceUnavailableError(f"reading {self._path}: {err}") from None
+            raise SourceError(f"reading the log tables of {self._path}: {err}") from None
+        rows = list(heapq.merge(*pages, key=lambda row: row.time))[:limit]
+        if rows:
+            position = {"after": rows[-1].time}
+        return ReadResult(rows, position, not full)
+
+    def prune(self, group: int, position: Position, tables: list[LogTable],
+              retention_s: float) -> int:
+        q = install.quote
+        deleted = 0
+        cutoff = f"{install.NOW_MICROS} - {int(retention_s * 1_000_000)}"
+        for entry in tables:
+            cursor = self._conn.execute(
+                f"DELETE FROM {q(entry.log)} WHERE {q(L.GROUP)} = ? AND {q(L.TIME)} <= ? "
+                f"AND {q(L.TS)} < {cutoff}", (group, int(position["after"])))
+            deleted += cursor.rowcount
+        return deleted
+
+    def close(self) -> None:
+        self._conn.close()
+
+
+def _rows(index: int, entry: LogTable, fetched: list[tuple[Any, ...]]) -> list[LogRow]:
+    columns = entry.schema.columns
+    out = []
+    for record in fetched:
+        values: list[WireValue] = []
+        i = 6
+        for column in columns:
+            value = record[i]
+            i += 1
+            if value is not None:
+                values.append(_to_text(column.logical.kind, value,
+                                       lambda c=column: f"column {c.name} of "
+                                       f"{entry.table.table} (log time {record[0]})"))
+            elif column.is_key:
+                values.append(None)
+            else:
+                values.append(None if record[i] else UNAVAILABLE)
+            if not column.is_key:
+                i += 1
+        out.append(LogRow(record[0], index, record[1], record[2], record[3], record[4],
+                          record[5], None, tuple(values)))
+    return out

@@ -1,0 +1,274 @@
+"""Install, update and remove SQLite log tables: plain SQL triggers, nothing to load.
+
+SQLite has no sequences, no hash function and no user functions that outlive the
+application's connection, so everything is written in core SQL: a one-row
+``tidemark_cdc_clock`` table gives every change its ``cdc$time`` (SQLite has one writer
+at a time, so that order is the commit order and a reader never meets a late commit);
+the key hash is a polynomial over the key's ``quote()`` text. Every trigger first checks
+that the table still has the columns it was installed with and aborts the write
+otherwise (``ALTER TABLE ADD COLUMN`` would else be logged without the new column):
+re-running ``tidemark logtable install`` brings the log in line.
+
+The database is switched to WAL mode (readers never block the application's writer).
+"""
+
+from __future__ import annotations
+
+import sqlite3
+from collections.abc import Sequence
+from typing import Final
+
+from tidemark.errors import ConfigError
+from tidemark.event import TableId
+from tidemark.source.logtable import layout as L
+
+STREAMS_TABLE: Final = "tidemark_cdc_streams"
+TABLES_TABLE: Final = "tidemark_cdc_tables"
+CLOCK_TABLE: Final = "tidemark_cdc_clock"
+#: Characters of the key text that the hash reads, from its end (where keys differ).
+_HASHED_CHARS: Final = 12
+#: µs since the Unix epoch (julianday has millisecond resolution).
+NOW_MICROS: Final = "CAST((julianday('now') - 2440587.5) * 86400000000 AS INTEGER)"
+
+_SHARED = f"""
+CREATE TABLE IF NOT EXISTS {STREAMS_TABLE} (
+    generation INTEGER PRIMARY KEY, streams INTEGER NOT NULL, groups INTEGER NOT NULL,
+    started_at TEXT NOT NULL DEFAULT (strftime('%Y-%m-%d %H:%M:%f', 'now')));
+CREATE TABLE IF NOT EXISTS {TABLES_TABLE} (
+    table_name TEXT PRIMARY KEY, log_table TEXT NOT NULL,
+    installed_at TEXT NOT NULL DEFAULT (strftime('%Y-%m-%d %H:%M:%f', 'now')));
+CREATE TABLE IF NOT EXISTS {CLOCK_TABLE} (
+    id INTEGER PRIMARY KEY CHECK (id = 1), time INTEGER NOT NULL);
+INSERT OR IGNORE INTO {CLOCK_TABLE} VALUES (1, 0);
+"""
+
+
+def quote(name: str) -> str:
+    """An SQLite identifier, quoted."""
+    L.check_name("identifier", name)
+    return '"' + name.replace('"', '""') + '"'
+
+
+def _literal(text: str) -> str:
+    return "'" + text.replace("'", "''") + "'"
+
+
+def table_columns(conn: sqlite3.Connection, table: str) -> list[tuple[str, str, bool]]:
+    """(name, declared type, is key) of *table*'s columns in order; [] if it is missing."""
+    rows = conn.execute("SELECT name, type, pk FROM pragma_table_info(?)", (table,)).fetchall()
+    return [(str(name), str(type_ or ""), bool(pk)) for name, type_, pk in rows]
+
+
+def key_columns(conn: sqlite3.Connection, table: str) -> list[str]:
+    """The primary-key columns of *table* in key order ([] for a rowid-only table)."""
+    rows = conn.execute("SELECT name, pk FROM pragma_table_info(?) WHERE pk > 0 ORDER BY pk",
+                        (table,)).fetchall()
+    return [str(name) for name, _ in rows]
+
+
+def installed_tables(conn: sqlite3.Connection) -> list[str]:
+    """The tables that have a log, in name order."""
+    if not conn.execute("SELECT 1 FROM sqlite_master WHERE name = ?",
+                        (TABLES_TABLE,)).fetchone():
+        return []
+    return [str(name) for (name,) in conn.execute(
+        f"SELECT table_name FROM {TABLES_TABLE} ORDER BY 1")]
+
+
+def generations(conn: sqlite3.Connection) -> list[L.Generation]:
+    """The stream description, oldest first ([] before the first install)."""
+    if not conn.execute("SELECT 1 FROM sqlite_master WHERE name = ?",
+                        (STREAMS_TABLE,)).fetchone():
+        return []
+    return [L.Generation(*row) for row in conn.execute(
+        f"SELECT generation, streams, groups, started_at FROM {STREAMS_TABLE} "
+        "ORDER BY generation")]
+
+
+def table_name(name: str) -> str:
+    """A table name as given (``main.t`` or ``t``) without the ``main`` schema."""
+    schema, dot, table = name.partition(".")
+    if dot and schema != "main":
+        raise ConfigError("tables", f"{name!r}: only tables of the main database can be "
+                          "captured (attached databases have their own log)")
+    return L.check_name("table", table if dot else schema)
+
+
+def install(conn: sqlite3.Connection, names: Sequence[str], *, streams: int | None = None,
+            groups: int | None = None, ddl: Sequence[str] = ()) -> list[str]:
+    """Create or update the log tables and triggers of *names* (none: every installed
+    table) in one transaction, after the *ddl* statements; returns the tables."""
+    conn.execute("PRAGMA journal_mode=WAL")
+    existing = generations(conn)
+    previous = existing[-1] if existing else None
+    wanted_groups = groups if groups is not None else (
+        previous.groups if previous else L.DEFAULT_GROUPS)
+    wanted_streams = streams if streams is not None else (
+        previous.streams if previous else L.DEFAULT_STREAMS)
+    L.check_stream_counts(wanted_streams, wanted_groups)
+    if previous is not None and wanted_groups != previous.groups:
+        raise ConfigError("groups", f"the log tables have {previous.groups} groups; groups "
+                          "cannot change (every reader's offsets are per group): uninstall "
+                          "and install again to change them")
+    conn.execute("BEGIN IMMEDIATE")
+    try:
+        for statement in ddl:
+            conn.execute(statement)
+        for statement in filter(None, (s.strip() for s in _SHARED.split(";"))):
+            conn.execute(statement)
+        already = installed_tables(conn)
+        tables = [table_name(n) for n in names] if names else list(already)
+        generation = previous
+        if previous is None or wanted_streams != previous.streams:
+            number = 1 if previous is None else previous.number + 1
+            conn.execute(f"INSERT INTO {STREAMS_TABLE} (generation, streams, groups) "
+                         "VALUES (?, ?, ?)", (number, wanted_streams, wanted_groups))
+            generation = L.Generation(number, wanted_streams, wanted_groups)
+        assert generation is not None
+        # One writer at a time: everything written before this transaction used the old
+        # generation, everything after it uses the new one.
+        rewrite = sorted(set(tables) | set(already)) if generation is not previous else tables
+        for table in rewrite:
+            _install_table(conn, table, generation)
+        conn.execute("COMMIT")
+    except BaseException:
+        conn.execute("ROLLBACK")
+        raise
+    return tables
+
+
+def _install_table(conn: sqlite3.Connection, table: str, generation: L.Generation) -> None:
+    columns = table_columns(conn, table)
+    if not columns:
+        raise ConfigError("tables", f"table {table!r} does not exist")
+    keys = key_columns(conn, table)
+    if not keys:
+        raise ConfigError("tables", f"table {table!r} has no primary key: a log table "
+                          "spreads changes over streams by key, and Delta applies them by "
+                          "key; declare a PRIMARY KEY")
+    L.check_columns(table, [name for name, _, _ in columns])
+    log = L.log_table_name(table)
+    others = [name for name, _, _ in columns if name not in keys]
+    declared = {name: type_ for name, type_, _ in columns}
+    column_defs = [f"{quote(name)} {declared[name]}" for name, _, _ in columns]
+    flags = [f"{quote(L.deleted_column(c))} INTEGER" for c in others]
+    conn.execute(
+        f"CREATE TABLE IF NOT EXISTS {quote(log)} ({quote(L.STREAM)} INTEGER NOT NULL, "
+        f"{quote(L.GROUP)} INTEGER NOT NULL, {quote(L.GENERATION)} INTEGER NOT NULL, "
+        f"{quote(L.TIME)} INTEGER NOT NULL, {quote(L.BATCH_SEQ)} INTEGER NOT NULL, "
+        f"{quote(L.OPERATION)} INTEGER NOT NULL, {quote(L.TS)} INTEGER NOT NULL, "
+        f"{', '.join(column_defs + flags)})")
+    present = {name for name, _, _ in table_columns(conn, log)}
+    for name, _, _ in columns:
+        if name not in present:
+            conn.execute(f"ALTER TABLE {quote(log)} ADD COLUMN {quote(name)} {declared[name]}")
+        if name in others and L.deleted_column(name) not in present:
+            conn.execute(f"ALTER TABLE {quote(log)} ADD COLUMN "
+                         f"{quote(L.deleted_column(name))} INTEGER")
+    conn.execute(f"CREATE INDEX IF NOT EXISTS {quote(log + '_group')} ON {quote(log)} "
+                 f"({quote(L.GROUP)}, {quote(L.TIME)})")
+    for statement in _triggers(table, log, [n for n, _, _ in columns], keys, others,
+                               generation):
+        conn.execute(statement)
+    conn.execute(f"INSERT OR IGNORE INTO {TABLES_TABLE} (table_name, log_table) VALUES (?, ?)",
+                 (table, log))
+
+
+def _hash(row: str, keys: Sequence[str]) -> str:
+    text = " || '|' || ".join(f"quote({row}.{quote(k)})" for k in keys)
+    h = f"length({text})"
+    for i in range(1, _HASHED_CHARS + 1):
+        h = f"(({h}) * 31 + coalesce(unicode(substr({text}, -{i}, 1)), 0)) % 2147483648"
+    # A multiplicative scramble: the stream and group come from the high bits.
+    return f"((({h}) * 1103515245 + 12345) % 2147483648)"
+
+
+def _trigger_names(table: str) -> list[str]:
+    return [f"tidemark_cdc_{table}_{what}"
+            for what in ("insert", "update", "key_update", "delete")]
+
+
+def _triggers(table: str, log: str, columns: list[str], keys: list[str], others: list[str],
+              generation: L.Generation) -> list[str]:
+    names = _trigger_names(table)
+    expected = ",".join(columns)
+    guard = (f"SELECT RAISE(ABORT, {_literal(f'table {table} changed since its tidemark log table was installed: run tidemark logtable install for it')}) "  # noqa: E501
+             f"WHERE (SELECT group_concat(name, ',') FROM pragma_table_info({_literal(table)})) "
+             f"IS NOT {_literal(expected)};")
+    tick = f"UPDATE {CLOCK_TABLE} SET time = time + 1;"
+    meta = ", ".join(quote(c) for c in (L.STREAM, L.GROUP, L.GENERATION, L.TIME, L.BATCH_SEQ,
+                                        L.OPERATION, L.TS))
+    all_cols = ", ".join([meta, *(quote(c) for c in keys), *(quote(c) for c in others),
+                          *(quote(L.deleted_column(c)) for c in others)])
+    key_cols = ", ".join([meta, *(quote(c) for c in keys)])
+
+    def meta_values(row: str, batch: int, op: L.Operation) -> str:
+        return (f"(k.h * {generation.streams}) >> 31, (k.h * {generation.groups}) >> 31, "
+                f"{generation.number}, c.time, {batch}, {int(op)}, {NOW_MICROS}")
+
+    def source(row: str) -> str:
+        return f"FROM {CLOCK_TABLE} AS c, (SELECT {_hash(row, keys)} AS h) AS k"
+
+    def insert_row(batch: int) -> str:
+        values = [meta_values("NEW", batch, L.Operation.INSERT),
+                  *(f"NEW.{quote(c)}" for c in keys), *(f"NEW.{quote(c)}" for c in others),
+                  *(f"CASE WHEN NEW.{quote(c)} IS NULL THEN 1 END" for c in others)]
+        return f"{tick} INSERT INTO {quote(log)} ({all_cols}) SELECT {', '.join(values)} " \
+               f"{source('NEW')};"
+
+    def delete_row(batch: int) -> str:
+        values = [meta_values("OLD", batch, L.Operation.ROW_DELETE),
+                  *(f"OLD.{quote(c)}" for c in keys)]
+        return f"{tick} INSERT INTO {quote(log)} ({key_cols}) SELECT {', '.join(values)} " \
+               f"{source('OLD')};"
+
+    update_values = [
+        meta_values("NEW", 0, L.Operation.UPDATE), *(f"NEW.{quote(c)}" for c in keys),
+        *(f"CASE WHEN NEW.{quote(c)} IS NOT OLD.{quote(c)} THEN NEW.{quote(c)} END"
+          for c in others),
+        *(f"CASE WHEN NEW.{quote(c)} IS NULL AND OLD.{quote(c)} IS NOT NULL THEN 1 END"
+          for c in others)]
+    update_row = (f"{tick} INSERT INTO {quote(log)} ({all_cols}) SELECT "
+                  f"{', '.join(update_values)} {source('NEW')};")
+    key_changed = " OR ".join(f"NEW.{quote(k)} IS NOT OLD.{quote(k)}" for k in keys)
+    target = quote(table)
+    return [
+        *(f"DROP TRIGGER IF EXISTS {quote(name)}" for name in names),
+        f"CREATE TRIGGER {quote(names[0])} AFTER INSERT ON {target} BEGIN {guard} "
+        f"{insert_row(0)} END",
+        f"CREATE TRIGGER {quote(names[1])} AFTER UPDATE ON {target} WHEN NOT ({key_changed}) "
+        f"BEGIN {guard} {update_row} END",
+        f"CREATE TRIGGER {quote(names[2])} AFTER UPDATE ON {target} WHEN ({key_changed}) "
+        f"BEGIN {guard} {delete_row(0)} {insert_row(1)} END",
+        f"CREATE TRIGGER {quote(names[3])} AFTER DELETE ON {target} BEGIN {guard} "
+        f"{delete_row(0)} END",
+    ]
+
+
+def uninstall(conn: sqlite3.Connection, names: Sequence[str]) -> list[str]:
+    """Remove the triggers and log tables of *names* (none: all, and the shared tables)."""
+    installed = installed_tables(conn)
+    tables = [table_name(n) for n in names] if names else installed
+    for table in tables:
+        if table not in installed:
+            raise ConfigError("tables", f"table {table!r} has no log table to remove")
+    conn.execute("BEGIN IMMEDIATE")
+    try:
+        for table in tables:
+            for trigger in _trigger_names(table):
+                conn.execute(f"DROP TRIGGER IF EXISTS {quote(trigger)}")
+            conn.execute(f"DROP TABLE IF EXISTS {quote(L.log_table_name(table))}")
+            conn.execute(f"DELETE FROM {TABLES_TABLE} WHERE table_name = ?", (table,))
+        if set(tables) == set(installed):
+            for shared in (STREAMS_TABLE, TABLES_TABLE, CLOCK_TABLE):
+                conn.execute(f"DROP TABLE IF EXISTS {shared}")
+        conn.execute("COMMIT")
+    except BaseException:
+        conn.execute("ROLLBACK")
+        raise
+    return tables
+
+
+def log_table_of(table: TableId) -> str:
+    """The log of a captured table (SQLite tables live in schema ``main``)."""
+    return L.log_table_name(table.table)
