@@ -7,6 +7,7 @@ the feature (TRUNCATE, the DDL guard, late commits are PostgreSQL's).
 
 from __future__ import annotations
 
+import json
 import random
 import threading
 import time
@@ -21,6 +22,7 @@ from logtable_helpers import LogDb, drain, reader, replay
 from tidemark.errors import ConfigError, SourceError
 from tidemark.event import UNAVAILABLE, Op
 from tidemark.offsets.memory import MemoryOffsetStore
+from tidemark.serde.debezium_json import DebeziumJsonOptions, DebeziumJsonSerializer
 from tidemark.source.logtable import layout
 from tidemark.source.logtable.task import LogTableSourceConnector
 from tidemark.source.spi import save_offset
@@ -75,14 +77,11 @@ def test_every_operation_gives_its_event_with_three_column_states(logdb: LogDb) 
 
 
 def test_cells_are_written_as_scylla_writes_them(logdb: LogDb) -> None:
-    from tidemark.serde.debezium_json import DebeziumJsonOptions, DebeziumJsonSerializer
-
     logdb.execute(ORDERS)
     logdb.install(["orders"])
     logdb.execute("INSERT INTO orders VALUES (1, 'apple', 2, 1.5)")
     logdb.execute("UPDATE orders SET name = NULL, qty = 5 WHERE id = 1")
     events = sorted(drain(reader(logdb)), key=lambda e: e.lsn or 0)
-    import json
     lines = DebeziumJsonSerializer(DebeziumJsonOptions(cells=True)).encode_lines(events)
     values = [json.loads(line)["value"] for line in lines.decode().splitlines()]
     assert values[0]["after"] == {"id": 1, "name": {"value": "apple"}, "qty": {"value": 2},
@@ -186,7 +185,7 @@ def test_retention_deletes_only_rows_every_reader_has_passed(logdb: LogDb) -> No
     events = drain(r)
     assert events
     batch = r.poll()
-    offset = r._offset()  # noqa: SLF001 - the positions the reader has reached
+    offset = r._offset()
     save_offset(store, r, offset)
     r.commit(offset)
     del batch
@@ -197,15 +196,15 @@ def test_retention_deletes_only_rows_every_reader_has_passed(logdb: LogDb) -> No
     logdb.execute("UPDATE orders SET qty = 1")
     r2 = reader(logdb, store=store, groups=(1,), retention_s=3600, prune_interval_s=0)
     drain(r2)
-    save_offset(store, r2, r2._offset())  # noqa: SLF001
-    r2.commit(r2._offset())  # noqa: SLF001
+    save_offset(store, r2, r2._offset())
+    r2.commit(r2._offset())
     r2.poll()
     assert logdb.query("SELECT count(*) FROM orders_cdc_log")[0][0] == 100 - len(events)
 
 
 def test_a_table_without_a_primary_key_is_refused(logdb: LogDb) -> None:
     logdb.execute("CREATE TABLE loose (a integer, b text)")
-    with pytest.raises(ConfigError, match="loose.*no primary key"):
+    with pytest.raises(ConfigError, match=r"loose.*no primary key"):
         logdb.install(["loose"])
 
 
@@ -215,7 +214,7 @@ def test_a_missing_log_or_description_says_what_to_do(logdb: LogDb) -> None:
         reader(logdb)
     logdb.install(["orders"])
     logdb.execute("CREATE TABLE other (id integer PRIMARY KEY)")
-    with pytest.raises(ConfigError, match="other.? has no log table"):
+    with pytest.raises(ConfigError, match=r"other.? has no log table"):
         reader(logdb, table_include_list=["other"])
     streams = "tidemark_cdc.streams" if logdb.kind == "postgres" else "tidemark_cdc_streams"
     logdb.execute(f"INSERT INTO {streams} (generation, streams, groups) VALUES (3, 256, 16)")
@@ -314,7 +313,7 @@ def test_interleaved_long_writers_lose_and_repeat_nothing(logdb: LogDb) -> None:
                         if rng.random() < 0.3:
                             time.sleep(rng.random() * 0.05)  # a long transaction
                     cur.execute("COMMIT")
-        except BaseException as err:  # noqa: BLE001 - reported by the test
+        except BaseException as err:
             errors.append(err)
 
     threads = [threading.Thread(target=writer, args=(n,)) for n in range(4)]

@@ -382,3 +382,17 @@ def test_layered_sqlite_over_postgres_survives_losing_the_machine(
         assert second.load("db/slot") == {"lsn": 42, "snapshot_completed": True}
         assert isinstance(second.local, SqliteOffsetStore)
         assert second.local.load("db/slot") == {"lsn": 42, "snapshot_completed": True}
+
+
+def test_ten_thousand_keys_save_at_once_and_load_each(backend: Backend) -> None:
+    """A log-table capture keeps one offset per stream group: thousands of keys, saved
+    together (one write, all or none) and each loaded by a lookup."""
+    store = backend.open()
+    offsets = {f"shop/logtable/group-{g}": {"after": g * 7} for g in range(10_000)}
+    store.save_many(offsets)
+    store.save_many({"shop/logtable/group-5": {"after": 1}})
+    store = backend.open()
+    assert store.load("shop/logtable/group-5") == {"after": 1}
+    assert store.load("shop/logtable/group-9999") == {"after": 9999 * 7}
+    assert all(store.load(key) == value for key, value in offsets.items()
+               if key != "shop/logtable/group-5")

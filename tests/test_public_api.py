@@ -16,6 +16,7 @@ PUBLIC = {
     "DebeziumJsonConverter", "DeliveryMode", "Engine", "EngineConfig", "EventConverter",
     "ExtractNewRecordState", "FileOffsetStore", "Filter", "HashField", "LayeredOffsetStore",
     "MariaDbConnector", "MariaDbSourceConfig", "MariaDbSourceConnector",
+    "LogTableSourceConfig", "LogTableSourceConnector",
     "MaskField", "MemoryOffsetStore", "Op", "PostgresConnector", "PostgresOffsetStore",
     "PostgresSourceConfig", "PostgresSourceConnector", "Route", "SourceBatch",
     "SourceConnector", "SourceError", "SourceTask",

@@ -30,6 +30,9 @@ _WHERE: dict[str, str] = {
     "MariaDbConnector": "tidemark.source.mariadb.connector",
     "MariaDbSourceConfig": "tidemark.source.mariadb.config",
     "MariaDbSourceConnector": "tidemark.source.mariadb.task",
+    # CDC log tables (PostgreSQL, SQLite): the engine's connector and its settings
+    "LogTableSourceConfig": "tidemark.source.logtable.config",
+    "LogTableSourceConnector": "tidemark.source.logtable.task",
     # writing a source of your own
     "SourceConnector": "tidemark.source.spi",
     "SourceTask": "tidemark.source.spi",
@@ -84,6 +87,8 @@ __all__ = [
     "Filter",
     "HashField",
     "LayeredOffsetStore",
+    "LogTableSourceConfig",
+    "LogTableSourceConnector",
     "MariaDbConnector",
     "MariaDbSourceConfig",
     "MariaDbSourceConnector",

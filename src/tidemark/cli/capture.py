@@ -21,6 +21,7 @@ from tidemark.offsets.file import FileOffsetStore
 from tidemark.offsets.memory import MemoryOffsetStore
 from tidemark.offsets.store import OffsetStore
 from tidemark.serde.debezium_json import DebeziumJsonOptions, DebeziumJsonSerializer
+from tidemark.source.logtable.reader import LogTableReader
 from tidemark.source.postgres import session
 from tidemark.source.postgres.config import (
     DecimalHandlingMode,
@@ -29,9 +30,11 @@ from tidemark.source.postgres.config import (
     TimePrecisionMode,
 )
 from tidemark.source.postgres.connector import PostgresConnector
-from tidemark.source.registry import source_kind
+from tidemark.source.registry import KINDS, source_kind
+from tidemark.source.spi import save_offset
 
 if TYPE_CHECKING:
+    from tidemark.source.logtable.config import LogTableSourceConfig
     from tidemark.source.mariadb.config import MariaDbSourceConfig
     from tidemark.source.mariadb.connector import MariaDbConnector
 
@@ -74,8 +77,24 @@ def _first_events(records: list[Record], lines: list[str], remaining: int
 @click.command()
 @click.option("--dsn", envvar="TIDEMARK_DSN", required=True,
               help="PostgreSQL: a libpq connection string or URI; MariaDB: "
-                   "mariadb://user:password@host:port/database (or $TIDEMARK_DSN, to keep "
-                   "secrets out of the process list).")
+                   "mariadb://user:password@host:port/database; SQLite (log tables): "
+                   "sqlite:///path/to/file.db (or $TIDEMARK_DSN, to keep secrets out of the "
+                   "process list).")
+@click.option("--source", "source", type=click.Choice(KINDS), default=None,
+              help="How to capture a PostgreSQL database: from its WAL (replication, the "
+                   "default) or from log tables written by triggers (logtable; see "
+                   "`tidemark logtable install`). SQLite is always log tables.")
+@click.option("--tasks", type=click.IntRange(min=1), default=1, show_default=True,
+              help="Log tables: split the stream groups over this many captures ...")
+@click.option("--task", "task_index", type=click.IntRange(min=0), default=0,
+              show_default=True, help="... of which this is one (0-based).")
+@click.option("--cells/--no-cells", default=True, show_default=True,
+              help="Log tables: write non-key columns as Scylla's cells ({\"value\": …} "
+                   "set, {\"value\": null} set to NULL, null unchanged); --no-cells writes "
+                   "plain values with Debezium's placeholder for unchanged ones.")
+@click.option("--retention-s", type=float, default=86_400.0, show_default=True,
+              help="Log tables: delete log rows read by this capture once older than this "
+                   "(negative: never).")
 @click.option("--table", "tables", multiple=True,
               help="schema.table to capture (repeatable; a regular expression matches "
                    "several). Default: all tables.")
@@ -119,7 +138,8 @@ def _first_events(records: list[Record], lines: list[str], remaining: int
 @click.option("--metrics-port", type=click.IntRange(min=0, max=65535),
               help="Serve Prometheus metrics on this port (/metrics), with Debezium's "
                    "metric names.")
-def capture(dsn: str, tables: tuple[str, ...], exclude: tuple[str, ...], slot: str,
+def capture(dsn: str, source: str | None, tasks: int, task_index: int, cells: bool,
+            retention_s: float, tables: tuple[str, ...], exclude: tuple[str, ...], slot: str,
             publication: str, on_slot_lost: str, snapshot_mode: str, offsets: str | None,
             stop_at_end: bool,
             max_events: int | None, transaction_metadata: bool, tombstones: bool,
@@ -145,8 +165,14 @@ def capture(dsn: str, tables: tuple[str, ...], exclude: tuple[str, ...], slot: s
         "incremental_snapshot_chunk_size": incremental_snapshot_chunk_size,
     }
     store: OffsetStore = FileOffsetStore(offsets) if offsets else MemoryOffsetStore()
-    connector: PostgresConnector | MariaDbConnector
-    if source_kind(dsn) == "mariadb":
+    connector: PostgresConnector | MariaDbConnector | LogTableReader
+    kind = source_kind(dsn, source)
+    if kind == "logtable":
+        logtable = _logtable_config(values, tasks, task_index, retention_s)
+        serializer = DebeziumJsonSerializer(DebeziumJsonOptions(
+            topic_prefix=topic_prefix, tombstones_on_delete=tombstones, cells=cells))
+        connector = LogTableReader(logtable)
+    elif kind == "mariadb":
         # Imported here: a PostgreSQL capture's start should not pay for PyMySQL.
         from tidemark.source.mariadb.connector import MariaDbConnector  # noqa: PLC0415
 
@@ -183,6 +209,8 @@ def capture(dsn: str, tables: tuple[str, ...], exclude: tuple[str, ...], slot: s
         if isinstance(connector, PostgresConnector):
             connector.start(store=store, stop_at_lsn=_current_insert_lsn(config.dsn)
                             if stop_at_end else None)
+        elif isinstance(connector, LogTableReader):
+            connector.start(store=store, stop_at_end=stop_at_end)
         else:
             connector.start(store=store, stop_at_end=stop_at_end)
     except BaseException:
@@ -205,7 +233,7 @@ def capture(dsn: str, tables: tuple[str, ...], exclude: tuple[str, ...], slot: s
 
     def save(offset: dict[str, Any]) -> None:
         nonlocal last_save
-        store.save(connector.partition, offset)
+        save_offset(store, connector, offset)
         connector.commit(offset)
         last_save = time.monotonic()
 
@@ -293,6 +321,42 @@ def _mariadb_config(values: dict[str, Any]) -> MariaDbSourceConfig:
     if context.get_parameter_source("time_precision_mode") is ParameterSource.COMMANDLINE:
         chosen["time_precision_mode"] = values["time_precision_mode"]
     return MariaDbSourceConfig.from_mapping(chosen)
+
+
+#: Options that a log-table capture has, beside the DSN and the table list.
+_LOGTABLE_UNUSED = ("slot", "publication", "on_slot_lost", "snapshot_mode",
+                    "transaction_metadata", "decimal_handling_mode", "time_precision_mode",
+                    "signal_table", "exclude")
+
+
+def _logtable_config(values: dict[str, Any], tasks: int, task_index: int,
+                     retention_s: float) -> LogTableSourceConfig:
+    from tidemark.source.logtable.config import LogTableSourceConfig  # noqa: PLC0415
+    from tidemark.source.logtable.layout import assign_groups  # noqa: PLC0415
+    from tidemark.source.logtable.reader import open_database  # noqa: PLC0415
+
+    context = click.get_current_context()
+    for option in _LOGTABLE_UNUSED:
+        if context.get_parameter_source(option) is ParameterSource.COMMANDLINE:
+            raise click.UsageError(f"--{option.replace('_', '-')} does not apply to log "
+                                   "tables")
+    if task_index >= tasks:
+        raise click.UsageError(f"--task {task_index} is not one of --tasks {tasks} (0 to "
+                               f"{tasks - 1})")
+    base = {"dsn": values["dsn"], "table_include_list": values["table_include_list"],
+            "topic_prefix": values["topic_prefix"], "retention_s": retention_s}
+    groups: tuple[int, ...] = ()
+    if tasks > 1:
+        db = open_database(values["dsn"])
+        try:
+            total = db.generations()[0].groups
+        finally:
+            db.close()
+        split = assign_groups(total, tasks)
+        if task_index >= len(split):
+            raise click.UsageError(f"the log has {total} groups: at most {total} tasks")
+        groups = tuple(split[task_index])
+    return LogTableSourceConfig.from_mapping({**base, "groups": groups})
 
 
 class OutputClosedError(TerminalError):

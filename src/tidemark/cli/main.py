@@ -10,6 +10,7 @@ from tidemark import __version__
 from tidemark.cli import logs
 from tidemark.cli.capture import capture
 from tidemark.cli.demo import demo
+from tidemark.cli.logtable import logtable
 from tidemark.cli.pipelines import pipelines
 from tidemark.cli.run import run
 from tidemark.cli.signal import signal
@@ -30,6 +31,7 @@ def cli(log_level: str) -> None:
 
 cli.add_command(capture)
 cli.add_command(demo)
+cli.add_command(logtable)
 cli.add_command(pipelines)
 cli.add_command(run)
 cli.add_command(signal)

@@ -34,7 +34,7 @@ from psycopg2 import sql
 
 from tidemark.errors import ConfigError, SourceError, SourceUnavailableError
 from tidemark.event import UNAVAILABLE, TableId, WireValue
-from tidemark.source.logtable import layout as L
+from tidemark.source.logtable import layout
 from tidemark.source.logtable import postgres_install as install
 from tidemark.source.logtable.database import LogRow, LogTable, Position, ReadResult
 from tidemark.source.postgres.catalog import current_database
@@ -75,7 +75,7 @@ class PostgresLogDatabase:
     def database(self) -> str:
         return self._db
 
-    def generations(self) -> list[L.Generation]:
+    def generations(self) -> list[layout.Generation]:
         with cursor(self._conn) as cur:
             cur.execute("SELECT to_regclass(%s) IS NOT NULL",
                         (f"{install.SCHEMA}.{install.STREAMS_TABLE}",))
@@ -86,8 +86,8 @@ class PostgresLogDatabase:
             cur.execute(sql.SQL("SELECT generation, streams, groups, started_at::text "
                                 "FROM {}.{} ORDER BY generation").format(
                 sql.Identifier(install.SCHEMA), sql.Identifier(install.STREAMS_TABLE)))
-            generations = [L.Generation(*row) for row in cur.fetchall()]
-        L.check_generations(generations, f"{install.SCHEMA}.{install.STREAMS_TABLE}")
+            generations = [layout.Generation(*row) for row in cur.fetchall()]
+        layout.check_generations(generations, f"{install.SCHEMA}.{install.STREAMS_TABLE}")
         return generations
 
     def tables(self, include: list[str]) -> list[LogTable]:
@@ -107,7 +107,7 @@ class PostgresLogDatabase:
         for table in wanted:
             install.check_installed(self._conn, table)
             schema = install.captured_schema(self._conn, table)
-            out.append(LogTable(table, L.log_table_name(table.table), schema))
+            out.append(LogTable(table, layout.log_table_name(table.table), schema))
         self.check_unchanged(out)
         return out
 
@@ -133,11 +133,11 @@ class PostgresLogDatabase:
         key = (entry.log, id(entry.schema))
         query = self._queries.get(key)
         if query is None:
-            values = []
+            values: list[sql.Composable] = []
             for column in entry.schema.columns:
                 values.append(sql.SQL("{}::text").format(sql.Identifier(column.name)))
                 if not column.is_key:
-                    values.append(sql.Identifier(L.deleted_column(column.name)))
+                    values.append(sql.Identifier(layout.deleted_column(column.name)))
             query = sql.SQL(
                 "SELECT {time}, {stream}, {generation}, {op}, {batch}, "
                 "(extract(epoch FROM {ts}) * 1000000)::bigint, {txid}::text::bigint, {values} "
@@ -145,12 +145,13 @@ class PostgresLogDatabase:
                 "AND pg_visible_in_snapshot({txid}, %(now)s::pg_snapshot) "
                 "AND NOT pg_visible_in_snapshot({txid}, %(prev)s::pg_snapshot) "
                 "ORDER BY {time} LIMIT %(limit)s"
-            ).format(time=sql.Identifier(L.TIME), stream=sql.Identifier(L.STREAM),
-                     generation=sql.Identifier(L.GENERATION), op=sql.Identifier(L.OPERATION),
-                     batch=sql.Identifier(L.BATCH_SEQ), ts=sql.Identifier(L.TS),
-                     txid=sql.Identifier(L.TXID), values=sql.SQL(", ").join(values),
+            ).format(time=sql.Identifier(layout.TIME), stream=sql.Identifier(layout.STREAM),
+                     generation=sql.Identifier(layout.GENERATION),
+                     op=sql.Identifier(layout.OPERATION),
+                     batch=sql.Identifier(layout.BATCH_SEQ), ts=sql.Identifier(layout.TS),
+                     txid=sql.Identifier(layout.TXID), values=sql.SQL(", ").join(values),
                      log=sql.Identifier(entry.table.schema, entry.log),
-                     group=sql.Identifier(L.GROUP))
+                     group=sql.Identifier(layout.GROUP))
             self._queries[key] = query
         return query
 
@@ -173,9 +174,9 @@ class PostgresLogDatabase:
                     "AND {txid} >= pg_snapshot_xmin(%(prev)s::pg_snapshot) "
                     "AND pg_visible_in_snapshot({txid}, %(now)s::pg_snapshot) "
                     "AND NOT pg_visible_in_snapshot({txid}, %(prev)s::pg_snapshot)").format(
-                        time=sql.Identifier(L.TIME), txid=sql.Identifier(L.TXID),
+                        time=sql.Identifier(layout.TIME), txid=sql.Identifier(layout.TXID),
                         log=sql.Identifier(entry.table.schema, entry.log),
-                        group=sql.Identifier(L.GROUP)),
+                        group=sql.Identifier(layout.GROUP)),
                     {"group": group, "prev": prev, "now": now})
                 found = cur.fetchone()[0]
                 if found is not None and (earliest is None or found < earliest):
@@ -232,8 +233,8 @@ class PostgresLogDatabase:
                     "pg_snapshot_xmin(%s::pg_snapshot) AND {ts} < clock_timestamp() - "
                     "make_interval(secs => %s)").format(
                         log=sql.Identifier(entry.table.schema, entry.log),
-                        group=sql.Identifier(L.GROUP), txid=sql.Identifier(L.TXID),
-                        ts=sql.Identifier(L.TS)),
+                        group=sql.Identifier(layout.GROUP), txid=sql.Identifier(layout.TXID),
+                        ts=sql.Identifier(layout.TS)),
                     (group, position["snapshot"], retention_s))
                 deleted += cur.rowcount
         return deleted

@@ -29,7 +29,7 @@ from psycopg2 import sql
 
 from tidemark.errors import ConfigError, SourceError
 from tidemark.event import TableId, TableSchema
-from tidemark.source.logtable import layout as L
+from tidemark.source.logtable import layout
 from tidemark.source.postgres.catalog import primary_keys, table_schema
 from tidemark.source.postgres.session import cursor
 
@@ -115,8 +115,8 @@ def resolve(conn: psycopg2.extensions.connection, names: Sequence[str]) -> list[
     raises ConfigError naming a missing one."""
     tables = [TableId.parse(name) for name in names]
     for table in tables:
-        L.check_name("schema", table.schema)
-        L.check_name("table", table.table)
+        layout.check_name("schema", table.schema)
+        layout.check_name("table", table.table)
     with cursor(conn) as cur:
         cur.execute("SELECT n.nspname, c.relname FROM pg_class c JOIN pg_namespace n "
                     "ON n.oid = c.relnamespace WHERE c.relkind IN ('r', 'p') AND "
@@ -140,7 +140,7 @@ def installed_tables(conn: psycopg2.extensions.connection) -> list[TableId]:
         return [TableId(s, t) for s, t in cur.fetchall()]
 
 
-def current_generation(conn: psycopg2.extensions.connection) -> L.Generation | None:
+def current_generation(conn: psycopg2.extensions.connection) -> layout.Generation | None:
     """The newest stream generation, or None before the first install."""
     with cursor(conn) as cur:
         cur.execute("SELECT to_regclass(%s) IS NOT NULL", (f"{SCHEMA}.{STREAMS_TABLE}",))
@@ -150,7 +150,7 @@ def current_generation(conn: psycopg2.extensions.connection) -> L.Generation | N
                             "ORDER BY generation DESC LIMIT 1")
                     .format(_ident(SCHEMA), _ident(STREAMS_TABLE)))
         row = cur.fetchone()
-    return None if row is None else L.Generation(*row)
+    return None if row is None else layout.Generation(*row)
 
 
 def captured_schema(conn: psycopg2.extensions.connection, table: TableId) -> TableSchema:
@@ -161,7 +161,7 @@ def captured_schema(conn: psycopg2.extensions.connection, table: TableId) -> Tab
                           "changes over streams by key, and Delta applies them by key; add "
                           "a primary key")
     schema = table_schema(conn, table, keys, generated=True)
-    L.check_columns(str(table), schema.column_names)
+    layout.check_columns(str(table), schema.column_names)
     return schema
 
 
@@ -174,10 +174,10 @@ def install(conn: psycopg2.extensions.connection, names: Sequence[str], *,
     names_given = list(names)
     previous = current_generation(conn)
     wanted_groups = groups if groups is not None else (
-        previous.groups if previous else L.DEFAULT_GROUPS)
+        previous.groups if previous else layout.DEFAULT_GROUPS)
     wanted_streams = streams if streams is not None else (
-        previous.streams if previous else L.DEFAULT_STREAMS)
-    L.check_stream_counts(wanted_streams, wanted_groups)
+        previous.streams if previous else layout.DEFAULT_STREAMS)
+    layout.check_stream_counts(wanted_streams, wanted_groups)
     if previous is not None and wanted_groups != previous.groups:
         raise ConfigError("groups", f"the log tables have {previous.groups} groups; groups "
                           "cannot change (every reader's offsets are per group): uninstall "
@@ -205,7 +205,7 @@ def install(conn: psycopg2.extensions.connection, names: Sequence[str], *,
                                     "VALUES (%s, %s, %s)")
                             .format(_ident(SCHEMA), _ident(STREAMS_TABLE)),
                             (number, wanted_streams, wanted_groups))
-                generation = L.Generation(number, wanted_streams, wanted_groups)
+                generation = layout.Generation(number, wanted_streams, wanted_groups)
                 if previous is not None:
                     log.info("stream generation %d: %d streams in %d groups", number,
                              wanted_streams, wanted_groups)
@@ -232,24 +232,25 @@ def _install_guard(cur: Any) -> None:
                     "the readers stop when a table and its log differ")
 
 
-def _install_table(cur: Any, schema: TableSchema, generation: L.Generation) -> None:
+def _install_table(cur: Any, schema: TableSchema, generation: layout.Generation) -> None:
     table = schema.table
-    log_name = L.log_table_name(table.table)
+    log_name = layout.log_table_name(table.table)
     log_id = _ident(table.schema, log_name)
     columns = schema.columns
     value_columns = [sql.SQL("{} {}{}").format(
         _ident(c.name), sql.SQL(_column_type(cur, table, c.name)),
         sql.SQL(" NOT NULL") if c.is_key else sql.SQL("")) for c in columns]
-    flags = [sql.SQL("{} boolean").format(_ident(L.deleted_column(c.name)))
+    flags = [sql.SQL("{} boolean").format(_ident(layout.deleted_column(c.name)))
              for c in columns if not c.is_key]
     cur.execute(sql.SQL(
         "CREATE TABLE IF NOT EXISTS {log} ({stream} integer NOT NULL, {group} integer NOT NULL, "
         "{generation} integer NOT NULL, {time} bigint NOT NULL, {batch} integer NOT NULL, "
         "{op} smallint NOT NULL, {txid} xid8 NOT NULL DEFAULT pg_current_xact_id(), "
         "{ts} timestamptz NOT NULL DEFAULT clock_timestamp(), {columns})"
-    ).format(log=log_id, stream=_ident(L.STREAM), group=_ident(L.GROUP),
-             generation=_ident(L.GENERATION), time=_ident(L.TIME), batch=_ident(L.BATCH_SEQ),
-             op=_ident(L.OPERATION), txid=_ident(L.TXID), ts=_ident(L.TS),
+    ).format(log=log_id, stream=_ident(layout.STREAM), group=_ident(layout.GROUP),
+             generation=_ident(layout.GENERATION), time=_ident(layout.TIME),
+             batch=_ident(layout.BATCH_SEQ),
+             op=_ident(layout.OPERATION), txid=_ident(layout.TXID), ts=_ident(layout.TS),
              columns=sql.SQL(", ").join(value_columns + flags)))
     # After ALTER TABLE: bring the log's columns in line (new ones added; dropped ones
     # kept, so that old log rows still read, and written as NULL from now on).
@@ -261,15 +262,15 @@ def _install_table(cur: Any, schema: TableSchema, generation: L.Generation) -> N
         if c.name not in present:
             cur.execute(sql.SQL("ALTER TABLE {} ADD COLUMN {} {}").format(
                 log_id, _ident(c.name), sql.SQL(_column_type(cur, table, c.name))))
-        if not c.is_key and L.deleted_column(c.name) not in present:
+        if not c.is_key and layout.deleted_column(c.name) not in present:
             cur.execute(sql.SQL("ALTER TABLE {} ADD COLUMN {} boolean").format(
-                log_id, _ident(L.deleted_column(c.name))))
-    for index_name, index_columns in ((f"{log_name}_group", (L.GROUP, L.TIME)),
-                                      (f"{log_name}_txid", (L.GROUP, L.TXID))):
+                log_id, _ident(layout.deleted_column(c.name))))
+    for index_name, index_columns in ((f"{log_name}_group", (layout.GROUP, layout.TIME)),
+                                      (f"{log_name}_txid", (layout.GROUP, layout.TXID))):
         cur.execute(sql.SQL("CREATE INDEX IF NOT EXISTS {} ON {} ({})").format(
-            _ident(index_name[:L.MAX_IDENTIFIER]), log_id,
+            _ident(index_name[:layout.MAX_IDENTIFIER]), log_id,
             sql.SQL(", ").join(_ident(c) for c in index_columns)))
-    function = _ident(SCHEMA, f"{table.schema}.{table.table}"[:L.MAX_IDENTIFIER])
+    function = _ident(SCHEMA, f"{table.schema}.{table.table}"[:layout.MAX_IDENTIFIER])
     cur.execute(_trigger_function(schema, log_id, function, generation))
     cur.execute(_truncate_function(schema, log_id, generation))
     source = _ident(table.schema, table.table)
@@ -294,7 +295,7 @@ def _column_type(cur: Any, table: TableId, column: str) -> str:
 
 
 def _truncate_name(table: TableId) -> sql.Identifier:
-    return _ident(SCHEMA, f"{table.schema}.{table.table}#truncate"[:L.MAX_IDENTIFIER])
+    return _ident(SCHEMA, f"{table.schema}.{table.table}#truncate"[:layout.MAX_IDENTIFIER])
 
 
 def _hash(row: str, keys: Sequence[str]) -> sql.Composable:
@@ -305,12 +306,13 @@ def _hash(row: str, keys: Sequence[str]) -> sql.Composable:
 
 
 def _meta_columns() -> sql.Composable:
-    return sql.SQL(", ").join(_ident(c) for c in (L.STREAM, L.GROUP, L.GENERATION, L.TIME,
-                                                  L.BATCH_SEQ, L.OPERATION))
+    return sql.SQL(", ").join(_ident(c) for c in (layout.STREAM, layout.GROUP,
+                                                  layout.GENERATION, layout.TIME,
+                                                  layout.BATCH_SEQ, layout.OPERATION))
 
 
-def _meta_values(hash_expr: sql.Composable, generation: L.Generation, batch_seq: int,
-                 op: L.Operation) -> sql.Composable:
+def _meta_values(hash_expr: sql.Composable, generation: layout.Generation, batch_seq: int,
+                 op: layout.Operation) -> sql.Composable:
     return sql.SQL("({h} * {n}) >> 31, ({h} * {g}) >> 31, {gen}, "
                    "nextval({seq}), {batch}, {op}").format(
         h=hash_expr, n=sql.Literal(generation.streams), g=sql.Literal(generation.groups),
@@ -320,20 +322,20 @@ def _meta_values(hash_expr: sql.Composable, generation: L.Generation, batch_seq:
 
 
 def _trigger_function(schema: TableSchema, log_id: sql.Identifier, function: sql.Identifier,
-                      generation: L.Generation) -> sql.Composable:
+                      generation: layout.Generation) -> sql.Composable:
     keys = [c.name for c in schema.columns if c.is_key]
     others = [c.name for c in schema.columns if not c.is_key]
     key_ids = [_ident(k) for k in keys]
     insert_cols = sql.SQL(", ").join([_meta_columns(), *key_ids,
                                       *(_ident(c) for c in others),
-                                      *(_ident(L.deleted_column(c)) for c in others)])
+                                      *(_ident(layout.deleted_column(c)) for c in others)])
     key_cols = sql.SQL(", ").join([_meta_columns(), *key_ids])
 
     def new(c: str) -> sql.Composable:
         return sql.SQL("NEW.{}").format(_ident(c))
 
     def insert_row(batch_seq: int) -> sql.Composable:
-        values = [_meta_values(_hash("NEW", keys), generation, batch_seq, L.Operation.INSERT),
+        values = [_meta_values(_hash("NEW", keys), generation, batch_seq, layout.Operation.INSERT),
                   *(new(k) for k in keys), *(new(c) for c in others),
                   *(sql.SQL("CASE WHEN NEW.{c} IS NULL THEN true END").format(c=_ident(c))
                     for c in others)]
@@ -342,7 +344,7 @@ def _trigger_function(schema: TableSchema, log_id: sql.Identifier, function: sql
 
     def delete_row(batch_seq: int) -> sql.Composable:
         values = [_meta_values(_hash("OLD", keys), generation, batch_seq,
-                               L.Operation.ROW_DELETE),
+                               layout.Operation.ROW_DELETE),
                   *(sql.SQL("OLD.{}").format(_ident(k)) for k in keys)]
         return sql.SQL("INSERT INTO {} ({}) VALUES ({});").format(
             log_id, key_cols, sql.SQL(", ").join(values))
@@ -351,7 +353,7 @@ def _trigger_function(schema: TableSchema, log_id: sql.Identifier, function: sql
                .format(c=_ident(c)) for c in others]
     nulled = [sql.SQL("CASE WHEN NEW.{c} IS NULL AND OLD.{c} IS NOT NULL THEN true END")
               .format(c=_ident(c)) for c in others]
-    update_values = [_meta_values(_hash("NEW", keys), generation, 0, L.Operation.UPDATE),
+    update_values = [_meta_values(_hash("NEW", keys), generation, 0, layout.Operation.UPDATE),
                      *(new(k) for k in keys), *changed, *nulled]
     update_row = sql.SQL("INSERT INTO {} ({}) VALUES ({});").format(
         log_id, insert_cols, sql.SQL(", ").join(update_values))
@@ -380,13 +382,13 @@ END $fn$""")
 
 
 def _truncate_function(schema: TableSchema, log_id: sql.Identifier,
-                       generation: L.Generation) -> sql.Composable:
+                       generation: layout.Generation) -> sql.Composable:
     keys = [c.name for c in schema.columns if c.is_key]
     key_ids = [_ident(k) for k in keys]
     table = schema.table
     cols = sql.SQL(", ").join([_meta_columns(), *key_ids])
     values = sql.SQL(", ").join([
-        _meta_values(_hash("t", keys), generation, 0, L.Operation.ROW_DELETE),
+        _meta_values(_hash("t", keys), generation, 0, layout.Operation.ROW_DELETE),
         *(sql.SQL("t.{}").format(k) for k in key_ids)])
     return sql.SQL("""
 CREATE OR REPLACE FUNCTION {function}() RETURNS trigger LANGUAGE plpgsql AS $fn$
@@ -415,9 +417,9 @@ def uninstall(conn: psycopg2.extensions.connection, names: Sequence[str]) -> lis
                 cur.execute(sql.SQL("DROP TRIGGER IF EXISTS tidemark_cdc_truncate ON {}")
                             .format(source))
                 cur.execute(sql.SQL("DROP TABLE IF EXISTS {}").format(
-                    _ident(table.schema, L.log_table_name(table.table))))
+                    _ident(table.schema, layout.log_table_name(table.table))))
                 cur.execute(sql.SQL("DROP FUNCTION IF EXISTS {}()").format(
-                    _ident(SCHEMA, f"{table.schema}.{table.table}"[:L.MAX_IDENTIFIER])))
+                    _ident(SCHEMA, f"{table.schema}.{table.table}"[:layout.MAX_IDENTIFIER])))
                 cur.execute(sql.SQL("DROP FUNCTION IF EXISTS {}()").format(
                     _truncate_name(table)))
                 cur.execute(sql.SQL("DELETE FROM {}.{} WHERE table_schema = %s AND "
@@ -441,7 +443,7 @@ def check_installed(conn: psycopg2.extensions.connection, table: TableId) -> Non
     """Raise SourceError when *table*'s log table is missing."""
     with cursor(conn) as cur:
         cur.execute("SELECT to_regclass(%s) IS NOT NULL",
-                    (sql.Identifier(table.schema, L.log_table_name(table.table))
+                    (sql.Identifier(table.schema, layout.log_table_name(table.table))
                      .as_string(cur),))
         if not cur.fetchone()[0]:
             raise SourceError(f"the log table of {table} is missing (dropped?): run "

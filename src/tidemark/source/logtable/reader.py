@@ -25,6 +25,7 @@ from tidemark.errors import ConfigError
 from tidemark.event import ChangeEvent, Op, SourceContext
 from tidemark.offsets.store import Offset, OffsetReader
 from tidemark.source.batch import SourceBatch
+from tidemark.source.capture_stats import CaptureStats
 from tidemark.source.logtable.config import LogTableSourceConfig, is_sqlite
 from tidemark.source.logtable.database import LogDatabase, LogRow, LogTable, Position
 from tidemark.source.logtable.layout import Operation
@@ -60,6 +61,7 @@ class LogTableReader:
         self._caught_up: set[int] = set()
         self._stop_at_end = False
         self._last_prune = time.monotonic()
+        self.stats = CaptureStats()
 
     @property
     def partition(self) -> str:
@@ -92,6 +94,7 @@ class LogTableReader:
                 position = store.load(self.config.offset_key(group))
             self._positions[group] = dict(position) if position else db.start_position()
         self._saved = {g: p for g, p in self._positions.items()}
+        self.stats.connected = True
         log.info("reading %d log table(s) of %s, groups %s", len(self._tables),
                  self.config.redacted_dsn(), _ranges(groups))
 
@@ -111,7 +114,10 @@ class LogTableReader:
                 self._caught_up.add(group)
             if result.rows:
                 self._maybe_prune()
-                return SourceBatch(self._events(result.rows), self._offset())
+                events = self._events(result.rows)
+                self.stats.saw_events(len(events), result.rows[-1].ts_us)
+                self.stats.position_lsn = result.rows[-1].time
+                return SourceBatch(events, self._offset())
         finished = self._stop_at_end and len(self._caught_up) == len(self._groups)
         if not finished:
             self._maybe_prune()
@@ -190,6 +196,7 @@ class LogTableReader:
         if self._db is not None:
             self._db.close()
             self._db = None
+        self.stats.connected = False
 
 
 def _ranges(groups: list[int]) -> str:

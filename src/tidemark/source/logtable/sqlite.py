@@ -23,10 +23,10 @@ from pathlib import Path
 from typing import Any
 
 from tidemark import wire_text
-from tidemark.errors import ConfigError, DecodeError, SourceError, SourceUnavailableError
+from tidemark.errors import ConfigError, SourceError, SourceUnavailableError
 from tidemark.event import UNAVAILABLE, Column, TableId, TableSchema, WireValue
 from tidemark.logical_type import Kind, LogicalType
-from tidemark.source.logtable import layout as L
+from tidemark.source.logtable import layout
 from tidemark.source.logtable import sqlite_install as install
 from tidemark.source.logtable.database import LogRow, LogTable, Position, ReadResult
 
@@ -105,7 +105,7 @@ def table_schema(conn: sqlite3.Connection, table: str) -> TableSchema:
                        "default")
 
 
-def _to_text(kind: Kind, value: Any, where: Callable[[], str]) -> WireValue:
+def _to_text(kind: Kind, value: Any, table: str, column: str, time: int) -> WireValue:
     """A stored value as the canonical wire text of its column's logical type."""
     cls = value.__class__
     if kind is Kind.INT64:
@@ -130,9 +130,9 @@ def _to_text(kind: Kind, value: Any, where: Callable[[], str]) -> WireValue:
             return repr(number)
     elif kind is Kind.BYTES:
         if cls is bytes:
-            return "\\x" + value.hex()
+            return "\\x" + str(value.hex())
         if cls is str:
-            return "\\x" + value.encode().hex()
+            return "\\x" + str(value.encode().hex())
     elif kind is Kind.BOOL:
         if cls is int and value in (0, 1):
             return "t" if value else "f"
@@ -148,8 +148,9 @@ def _to_text(kind: Kind, value: Any, where: Callable[[], str]) -> WireValue:
                 pass
             else:
                 return value  # type: ignore[no-any-return]
-    raise DecodeError(f"{where()} holds {value!r}, which is not a {kind} value: declare the "
-                      "column with the type of what it stores (or make the table STRICT)")
+    raise SourceError(f"column {column} of {table} (log time {time}) holds {value!r}, which "
+                      f"is not a {kind} value: declare the column with the type of what it "
+                      "stores (or make the table STRICT)")
 
 
 class SqliteLogDatabase:
@@ -168,9 +169,9 @@ class SqliteLogDatabase:
     def database(self) -> str:
         return self._path.stem
 
-    def generations(self) -> list[L.Generation]:
+    def generations(self) -> list[layout.Generation]:
         generations = install.generations(self._conn)
-        L.check_generations(generations, f"{self._path} ({install.STREAMS_TABLE})")
+        layout.check_generations(generations, f"{self._path} ({install.STREAMS_TABLE})")
         return generations
 
     def tables(self, include: list[str]) -> list[LogTable]:
@@ -184,7 +185,7 @@ class SqliteLogDatabase:
         if not wanted:
             raise ConfigError("tables", f"{self._path} has no captured tables: run "
                               "`tidemark logtable install` first")
-        out = [LogTable(TableId("main", t), L.log_table_name(t), table_schema(self._conn, t))
+        out = [LogTable(TableId("main", t), layout.log_table_name(t), table_schema(self._conn, t))
                for t in wanted]
         self.check_unchanged(out)
         return out
@@ -213,11 +214,12 @@ class SqliteLogDatabase:
             for column in entry.schema.columns:
                 values.append(q(column.name))
                 if not column.is_key:
-                    values.append(q(L.deleted_column(column.name)))
-            query = (f"SELECT {q(L.TIME)}, {q(L.STREAM)}, {q(L.GENERATION)}, "
-                     f"{q(L.OPERATION)}, {q(L.BATCH_SEQ)}, {q(L.TS)}, {', '.join(values)} "
-                     f"FROM {q(entry.log)} WHERE {q(L.GROUP)} = ? AND {q(L.TIME)} > ? "
-                     f"ORDER BY {q(L.TIME)} LIMIT ?")
+                    values.append(q(layout.deleted_column(column.name)))
+            query = (f"SELECT {q(layout.TIME)}, {q(layout.STREAM)}, "
+                     f"{q(layout.GENERATION)}, {q(layout.OPERATION)}, {q(layout.BATCH_SEQ)}, "
+                     f"{q(layout.TS)}, {', '.join(values)} "
+                     f"FROM {q(entry.log)} WHERE {q(layout.GROUP)} = ? AND {q(layout.TIME)} > ? "
+                     f"ORDER BY {q(layout.TIME)} LIMIT ?")
             self._queries[entry.log] = query
         return query
 
@@ -257,8 +259,8 @@ class SqliteLogDatabase:
         cutoff = f"{install.NOW_MICROS} - {int(retention_s * 1_000_000)}"
         for entry in tables:
             cursor = self._conn.execute(
-                f"DELETE FROM {q(entry.log)} WHERE {q(L.GROUP)} = ? AND {q(L.TIME)} <= ? "
-                f"AND {q(L.TS)} < {cutoff}", (group, int(position["after"])))
+                f"DELETE FROM {q(entry.log)} WHERE {q(layout.GROUP)} = ? AND {q(layout.TIME)} <= ? "
+                f"AND {q(layout.TS)} < {cutoff}", (group, int(position["after"])))
             deleted += cursor.rowcount
         return deleted
 
@@ -276,9 +278,8 @@ def _rows(index: int, entry: LogTable, fetched: list[tuple[Any, ...]]) -> list[L
             value = record[i]
             i += 1
             if value is not None:
-                values.append(_to_text(column.logical.kind, value,
-                                       lambda c=column: f"column {c.name} of "
-                                       f"{entry.table.table} (log time {record[0]})"))
+                values.append(_to_text(column.logical.kind, value, entry.table.table,
+                                       column.name, record[0]))
             elif column.is_key:
                 values.append(None)
             else:

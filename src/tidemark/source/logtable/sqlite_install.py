@@ -20,7 +20,7 @@ from typing import Final
 
 from tidemark.errors import ConfigError
 from tidemark.event import TableId
-from tidemark.source.logtable import layout as L
+from tidemark.source.logtable import layout
 
 STREAMS_TABLE: Final = "tidemark_cdc_streams"
 TABLES_TABLE: Final = "tidemark_cdc_tables"
@@ -45,7 +45,7 @@ INSERT OR IGNORE INTO {CLOCK_TABLE} VALUES (1, 0);
 
 def quote(name: str) -> str:
     """An SQLite identifier, quoted."""
-    L.check_name("identifier", name)
+    layout.check_name("identifier", name)
     return '"' + name.replace('"', '""') + '"'
 
 
@@ -75,12 +75,12 @@ def installed_tables(conn: sqlite3.Connection) -> list[str]:
         f"SELECT table_name FROM {TABLES_TABLE} ORDER BY 1")]
 
 
-def generations(conn: sqlite3.Connection) -> list[L.Generation]:
+def generations(conn: sqlite3.Connection) -> list[layout.Generation]:
     """The stream description, oldest first ([] before the first install)."""
     if not conn.execute("SELECT 1 FROM sqlite_master WHERE name = ?",
                         (STREAMS_TABLE,)).fetchone():
         return []
-    return [L.Generation(*row) for row in conn.execute(
+    return [layout.Generation(*row) for row in conn.execute(
         f"SELECT generation, streams, groups, started_at FROM {STREAMS_TABLE} "
         "ORDER BY generation")]
 
@@ -91,7 +91,7 @@ def table_name(name: str) -> str:
     if dot and schema != "main":
         raise ConfigError("tables", f"{name!r}: only tables of the main database can be "
                           "captured (attached databases have their own log)")
-    return L.check_name("table", table if dot else schema)
+    return layout.check_name("table", table if dot else schema)
 
 
 def install(conn: sqlite3.Connection, names: Sequence[str], *, streams: int | None = None,
@@ -102,10 +102,10 @@ def install(conn: sqlite3.Connection, names: Sequence[str], *, streams: int | No
     existing = generations(conn)
     previous = existing[-1] if existing else None
     wanted_groups = groups if groups is not None else (
-        previous.groups if previous else L.DEFAULT_GROUPS)
+        previous.groups if previous else layout.DEFAULT_GROUPS)
     wanted_streams = streams if streams is not None else (
-        previous.streams if previous else L.DEFAULT_STREAMS)
-    L.check_stream_counts(wanted_streams, wanted_groups)
+        previous.streams if previous else layout.DEFAULT_STREAMS)
+    layout.check_stream_counts(wanted_streams, wanted_groups)
     if previous is not None and wanted_groups != previous.groups:
         raise ConfigError("groups", f"the log tables have {previous.groups} groups; groups "
                           "cannot change (every reader's offsets are per group): uninstall "
@@ -123,7 +123,7 @@ def install(conn: sqlite3.Connection, names: Sequence[str], *, streams: int | No
             number = 1 if previous is None else previous.number + 1
             conn.execute(f"INSERT INTO {STREAMS_TABLE} (generation, streams, groups) "
                          "VALUES (?, ?, ?)", (number, wanted_streams, wanted_groups))
-            generation = L.Generation(number, wanted_streams, wanted_groups)
+            generation = layout.Generation(number, wanted_streams, wanted_groups)
         assert generation is not None
         # One writer at a time: everything written before this transaction used the old
         # generation, everything after it uses the new one.
@@ -137,7 +137,7 @@ def install(conn: sqlite3.Connection, names: Sequence[str], *, streams: int | No
     return tables
 
 
-def _install_table(conn: sqlite3.Connection, table: str, generation: L.Generation) -> None:
+def _install_table(conn: sqlite3.Connection, table: str, generation: layout.Generation) -> None:
     columns = table_columns(conn, table)
     if not columns:
         raise ConfigError("tables", f"table {table!r} does not exist")
@@ -146,27 +146,27 @@ def _install_table(conn: sqlite3.Connection, table: str, generation: L.Generatio
         raise ConfigError("tables", f"table {table!r} has no primary key: a log table "
                           "spreads changes over streams by key, and Delta applies them by "
                           "key; declare a PRIMARY KEY")
-    L.check_columns(table, [name for name, _, _ in columns])
-    log = L.log_table_name(table)
+    layout.check_columns(table, [name for name, _, _ in columns])
+    log = layout.log_table_name(table)
     others = [name for name, _, _ in columns if name not in keys]
     declared = {name: type_ for name, type_, _ in columns}
     column_defs = [f"{quote(name)} {declared[name]}" for name, _, _ in columns]
-    flags = [f"{quote(L.deleted_column(c))} INTEGER" for c in others]
+    flags = [f"{quote(layout.deleted_column(c))} INTEGER" for c in others]
     conn.execute(
-        f"CREATE TABLE IF NOT EXISTS {quote(log)} ({quote(L.STREAM)} INTEGER NOT NULL, "
-        f"{quote(L.GROUP)} INTEGER NOT NULL, {quote(L.GENERATION)} INTEGER NOT NULL, "
-        f"{quote(L.TIME)} INTEGER NOT NULL, {quote(L.BATCH_SEQ)} INTEGER NOT NULL, "
-        f"{quote(L.OPERATION)} INTEGER NOT NULL, {quote(L.TS)} INTEGER NOT NULL, "
+        f"CREATE TABLE IF NOT EXISTS {quote(log)} ({quote(layout.STREAM)} INTEGER NOT NULL, "
+        f"{quote(layout.GROUP)} INTEGER NOT NULL, {quote(layout.GENERATION)} INTEGER NOT NULL, "
+        f"{quote(layout.TIME)} INTEGER NOT NULL, {quote(layout.BATCH_SEQ)} INTEGER NOT NULL, "
+        f"{quote(layout.OPERATION)} INTEGER NOT NULL, {quote(layout.TS)} INTEGER NOT NULL, "
         f"{', '.join(column_defs + flags)})")
     present = {name for name, _, _ in table_columns(conn, log)}
     for name, _, _ in columns:
         if name not in present:
             conn.execute(f"ALTER TABLE {quote(log)} ADD COLUMN {quote(name)} {declared[name]}")
-        if name in others and L.deleted_column(name) not in present:
+        if name in others and layout.deleted_column(name) not in present:
             conn.execute(f"ALTER TABLE {quote(log)} ADD COLUMN "
-                         f"{quote(L.deleted_column(name))} INTEGER")
+                         f"{quote(layout.deleted_column(name))} INTEGER")
     conn.execute(f"CREATE INDEX IF NOT EXISTS {quote(log + '_group')} ON {quote(log)} "
-                 f"({quote(L.GROUP)}, {quote(L.TIME)})")
+                 f"({quote(layout.GROUP)}, {quote(layout.TIME)})")
     for statement in _triggers(table, log, [n for n, _, _ in columns], keys, others,
                                generation):
         conn.execute(statement)
@@ -189,20 +189,21 @@ def _trigger_names(table: str) -> list[str]:
 
 
 def _triggers(table: str, log: str, columns: list[str], keys: list[str], others: list[str],
-              generation: L.Generation) -> list[str]:
+              generation: layout.Generation) -> list[str]:
     names = _trigger_names(table)
     expected = ",".join(columns)
     guard = (f"SELECT RAISE(ABORT, {_literal(f'table {table} changed since its tidemark log table was installed: run tidemark logtable install for it')}) "  # noqa: E501
              f"WHERE (SELECT group_concat(name, ',') FROM pragma_table_info({_literal(table)})) "
              f"IS NOT {_literal(expected)};")
     tick = f"UPDATE {CLOCK_TABLE} SET time = time + 1;"
-    meta = ", ".join(quote(c) for c in (L.STREAM, L.GROUP, L.GENERATION, L.TIME, L.BATCH_SEQ,
-                                        L.OPERATION, L.TS))
+    meta = ", ".join(quote(c) for c in (layout.STREAM, layout.GROUP, layout.GENERATION,
+                                        layout.TIME, layout.BATCH_SEQ, layout.OPERATION,
+                                        layout.TS))
     all_cols = ", ".join([meta, *(quote(c) for c in keys), *(quote(c) for c in others),
-                          *(quote(L.deleted_column(c)) for c in others)])
+                          *(quote(layout.deleted_column(c)) for c in others)])
     key_cols = ", ".join([meta, *(quote(c) for c in keys)])
 
-    def meta_values(row: str, batch: int, op: L.Operation) -> str:
+    def meta_values(row: str, batch: int, op: layout.Operation) -> str:
         return (f"(k.h * {generation.streams}) >> 31, (k.h * {generation.groups}) >> 31, "
                 f"{generation.number}, c.time, {batch}, {int(op)}, {NOW_MICROS}")
 
@@ -210,20 +211,20 @@ def _triggers(table: str, log: str, columns: list[str], keys: list[str], others:
         return f"FROM {CLOCK_TABLE} AS c, (SELECT {_hash(row, keys)} AS h) AS k"
 
     def insert_row(batch: int) -> str:
-        values = [meta_values("NEW", batch, L.Operation.INSERT),
+        values = [meta_values("NEW", batch, layout.Operation.INSERT),
                   *(f"NEW.{quote(c)}" for c in keys), *(f"NEW.{quote(c)}" for c in others),
                   *(f"CASE WHEN NEW.{quote(c)} IS NULL THEN 1 END" for c in others)]
         return f"{tick} INSERT INTO {quote(log)} ({all_cols}) SELECT {', '.join(values)} " \
                f"{source('NEW')};"
 
     def delete_row(batch: int) -> str:
-        values = [meta_values("OLD", batch, L.Operation.ROW_DELETE),
+        values = [meta_values("OLD", batch, layout.Operation.ROW_DELETE),
                   *(f"OLD.{quote(c)}" for c in keys)]
         return f"{tick} INSERT INTO {quote(log)} ({key_cols}) SELECT {', '.join(values)} " \
                f"{source('OLD')};"
 
     update_values = [
-        meta_values("NEW", 0, L.Operation.UPDATE), *(f"NEW.{quote(c)}" for c in keys),
+        meta_values("NEW", 0, layout.Operation.UPDATE), *(f"NEW.{quote(c)}" for c in keys),
         *(f"CASE WHEN NEW.{quote(c)} IS NOT OLD.{quote(c)} THEN NEW.{quote(c)} END"
           for c in others),
         *(f"CASE WHEN NEW.{quote(c)} IS NULL AND OLD.{quote(c)} IS NOT NULL THEN 1 END"
@@ -257,7 +258,7 @@ def uninstall(conn: sqlite3.Connection, names: Sequence[str]) -> list[str]:
         for table in tables:
             for trigger in _trigger_names(table):
                 conn.execute(f"DROP TRIGGER IF EXISTS {quote(trigger)}")
-            conn.execute(f"DROP TABLE IF EXISTS {quote(L.log_table_name(table))}")
+            conn.execute(f"DROP TABLE IF EXISTS {quote(layout.log_table_name(table))}")
             conn.execute(f"DELETE FROM {TABLES_TABLE} WHERE table_name = ?", (table,))
         if set(tables) == set(installed):
             for shared in (STREAMS_TABLE, TABLES_TABLE, CLOCK_TABLE):
@@ -271,4 +272,4 @@ def uninstall(conn: sqlite3.Connection, names: Sequence[str]) -> list[str]:
 
 def log_table_of(table: TableId) -> str:
     """The log of a captured table (SQLite tables live in schema ``main``)."""
-    return L.log_table_name(table.table)
+    return layout.log_table_name(table.table)

@@ -1,0 +1,69 @@
+"""The embedded engine with the log-table connector: the groups split over two tasks,
+offsets saved per group by the engine, and a restart that resumes from them."""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from logtable_helpers import LogDb
+from test_engine_postgres import wait_for
+from tidemark import Engine, LogTableSourceConnector, SqliteOffsetStore
+from tidemark.engine.converters import EventConverter
+from tidemark.event import ChangeEvent
+from tidemark.testing.sink import MemorySink
+
+
+@pytest.fixture(params=["postgres", "sqlite"])
+def logdb(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[LogDb]:
+    if request.param == "sqlite":
+        path = tmp_path / "app.db"
+        path.touch()
+        yield LogDb("sqlite", f"sqlite:///{path}", path)
+    else:
+        yield LogDb("postgres", request.getfixturevalue("db").dsn)
+
+
+def _times(sink: MemorySink) -> list[Any]:
+    return [r.value.lsn for r in sink.records if isinstance(r.value, ChangeEvent)]
+
+
+def _run(logdb: LogDb, store: SqliteOffsetStore, sink: MemorySink
+         ) -> tuple[Engine, threading.Thread]:
+    connector = LogTableSourceConnector({"dsn": logdb.dsn, "poll_interval_ms": 50})
+    engine = Engine(connector, sink, config={"offset_flush_interval_ms": 0, "tasks_max": 2},
+                    converter=EventConverter(), offset_store=store)
+    thread = threading.Thread(target=engine.run, daemon=True)
+    thread.start()
+    return engine, thread
+
+
+def test_two_tasks_read_every_change_once_and_resume_after_a_restart(
+        logdb: LogDb, tmp_path: Path) -> None:
+    logdb.execute("CREATE TABLE t (id integer PRIMARY KEY, v text)")
+    logdb.install(["t"], streams=16, groups=4)
+    logdb.execute(*(f"INSERT INTO t VALUES ({i}, 'a')" for i in range(300)))
+    store, sink = SqliteOffsetStore(tmp_path / "offsets.db"), MemorySink()
+    engine, thread = _run(logdb, store, sink)
+    wait_for(lambda: len(_times(sink)) >= 300, 30, "the inserts")
+    logdb.execute("UPDATE t SET v = 'b' WHERE id < 100")
+    wait_for(lambda: len(_times(sink)) >= 400, 30, "the updates")
+    engine.close()
+    thread.join(timeout=30)
+    assert sorted(_times(sink)) == sorted(set(_times(sink))) and len(_times(sink)) == 400
+    # One offset per group, saved by the engine.
+    for group in range(4):
+        assert store.load(f"tidemark/logtable/group-{group}") is not None
+
+    logdb.execute("DELETE FROM t WHERE id >= 250")
+    again = MemorySink()
+    engine, thread = _run(logdb, store, again)
+    wait_for(lambda: len(_times(again)) >= 50, 30, "the deletes made while stopped")
+    engine.close()
+    thread.join(timeout=30)
+    assert len(_times(again)) == 50
+    assert {r.value.op.value for r in again.records} == {"d"}  # type: ignore[union-attr]
