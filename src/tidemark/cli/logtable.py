@@ -135,7 +135,7 @@ def _postgres_status(conn: psycopg2.extensions.connection) -> dict[str, Any]:
     current = postgres_install.current_generation(conn)
     if current is None:
         return {"generations": [], "tables": []}
-    cur = conn.cursor()
+    cur: Any = conn.cursor()
     cur.execute(sql.SQL("SELECT generation, streams, groups, started_at::text FROM {}.{} "
                         "ORDER BY 1").format(sql.Identifier(postgres_install.SCHEMA),
                                              sql.Identifier(postgres_install.STREAMS_TABLE)))

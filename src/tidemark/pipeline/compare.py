@@ -38,6 +38,8 @@ def source_rows(dsn: str, table: str, columns: Sequence[str],
     """The source table's rows, sorted like :func:`delta_rows`."""
     if source_kind(dsn) == "mariadb":
         return _mariadb_rows(dsn, table, columns, text_columns, utc_columns)
+    if source_kind(dsn) == "logtable":  # a sqlite: DSN
+        return _sqlite_rows(dsn, table, columns)
     schema, name = table.split(".", 1)
     selected = sql.SQL(", ").join(
         sql.SQL("{}::text").format(sql.Identifier(c)) if c in text_columns
@@ -47,6 +49,17 @@ def source_rows(dsn: str, table: str, columns: Sequence[str],
     with contextlib.closing(psycopg2.connect(dsn)) as conn, conn.cursor() as cur:
         cur.execute(query)
         return sorted((tuple(r) for r in cur.fetchall()), key=repr)
+
+
+def _sqlite_rows(dsn: str, table: str, columns: Sequence[str]) -> list[Row]:
+    from tidemark.source.logtable.sqlite import connect  # noqa: PLC0415
+    from tidemark.source.logtable.sqlite_install import quote  # noqa: PLC0415
+
+    name = table.split(".", 1)[-1]
+    with contextlib.closing(connect(dsn)) as conn:
+        rows = conn.execute(f"SELECT {', '.join(quote(c) for c in columns)} FROM "
+                            f"{quote(name)}").fetchall()
+    return sorted((tuple(r) for r in rows), key=repr)
 
 
 def _mariadb_rows(dsn: str, table: str, columns: Sequence[str],

@@ -56,6 +56,10 @@ class SourceSection(msgspec.Struct, frozen=True):
 
     dsn: str | None = None
     dsn_env: str = DEFAULT_DSN_ENV
+    kind: Literal["replication", "logtable"] | None = None
+    """How a PostgreSQL database is read: its WAL (``replication``, the default) or its
+    CDC log tables (``logtable``, see ``tidemark logtable install``). A ``sqlite:`` DSN
+    is always log tables, a ``mariadb://`` one its binlog."""
     slot: str = DEFAULT_SLOT
     publication: str = DEFAULT_PUBLICATION
     tables: list[str] | None = None

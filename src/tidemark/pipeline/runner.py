@@ -60,7 +60,7 @@ from tidemark.pipeline.run_record import record_batch, records_runs
 from tidemark.pipeline.written_targets import WrittenTargets
 from tidemark.source.postgres.column_defaults import existing_row_values
 from tidemark.source.postgres.pgoutput import lsn_to_str
-from tidemark.source.registry import source_kind
+from tidemark.source.registry import SourceKind, source_kind
 from tidemark.spark import wal
 from tidemark.spark.arrow_rows import arrow_schema, envelope_table_schemas, typed_rows
 from tidemark.spark.offsets import SourceOffset
@@ -161,13 +161,16 @@ class Pipeline:
 
     def _start(self, spark: SparkSession) -> StreamingQuery:
         source = self.config.source
+        # A replication slot and publication exist only where the WAL is read.
+        replication = {} if self._kind == "logtable" else {
+            "slot": source.slot, "publication": source.publication}
         stream = ts.read_changes(
-            spark, dsn=self.config.dsn, tables=list(self.config.tables), slot=source.slot,
-            publication=source.publication,
+            spark, dsn=self.config.dsn, tables=list(self.config.tables), **replication,
             max_changes_per_trigger=source.max_changes_per_trigger,
             num_partitions=source.num_partitions,
             onSchemaChange=source.on_schema_change.value,
             serverTimeoutMs=source.server_timeout_ms,
+            **({"source": source.kind} if source.kind is not None else {}),
             **self._snapshot_options(),
             # Typed Arrow batches pass through Spark as opaque values: this query only
             # collects them. The change log is written by Spark's Parquet sink, which
@@ -188,7 +191,7 @@ class Pipeline:
         options: dict[str, Any] = {"snapshotChunkRows": source.snapshot_chunk_rows}
         if source.signal_table is not None:
             options["signalTable"] = source.signal_table
-        if source.slot_failover is not None:
+        if source.slot_failover is not None and self._kind != "logtable":
             options["slotFailover"] = str(source.slot_failover).lower()
         wanted = [t.table for t in self.config.targets if t.snapshot is SnapshotMode.INITIAL]
         if wanted:
@@ -270,8 +273,9 @@ class Pipeline:
     def _process(self, batch: DataFrame, batch_id: int) -> None:
         started = time.monotonic()
         raw_offset = _batch_offset(self.config.checkpoint, batch_id)
-        offset = None if self._mariadb else SourceOffset.parse(raw_offset)
-        # A MariaDB batch that holds a table's snapshot holds only its rows ("loaded").
+        offset = None if self._kind != "postgres" else SourceOffset.parse(raw_offset)
+        # A MariaDB or log-table batch that holds a table's snapshot holds only its rows
+        # ("loaded").
         loads: dict[str, SnapshotLoad] = (
             dict.fromkeys(raw_offset.get("loaded", ()), "replace") if offset is None
             else snapshot_loads(offset.snapshot))
@@ -349,7 +353,7 @@ class Pipeline:
                 replayed.append(target.table)
                 continue
             work.append(TargetWork(target.table, typed, plan, functools.partial(
-                existing_row_values_of, self.config.dsn, self._mariadb, target.table)))
+                existing_row_values_of, self.config.dsn, self._catalog, target.table)))
         planned = time.monotonic()
         outcomes = apply_on_executors(batch, work)
         seen = BatchSeen()
@@ -528,8 +532,14 @@ class Pipeline:
         return result
 
     @property
-    def _mariadb(self) -> bool:
-        return source_kind(self.config.dsn) == "mariadb"
+    def _kind(self) -> SourceKind:
+        return source_kind(self.config.dsn, self.config.source.kind)
+
+    @property
+    def _catalog(self) -> bool:
+        """The source is a PostgreSQL database whose catalog tells column defaults."""
+        return self._kind == "postgres" or (self._kind == "logtable"
+                                            and not self.config.dsn.startswith("sqlite:"))
 
     def _first_batch_bytes(self, end: int) -> int | None:
         """The WAL a query's first batch spans: from the slot (where the source starts a
@@ -543,19 +553,24 @@ class Pipeline:
             return None
 
     def _position_text(self, position: int) -> str:
-        return f"binlog {position >> 32}:{position & 0xFFFFFFFF}" if self._mariadb \
+        if self._kind == "logtable":
+            return f"log position {position}"
+        return f"binlog {position >> 32}:{position & 0xFFFFFFFF}" if self._kind == "mariadb" \
             else lsn_to_str(position)
 
     def _log_position(self, offset: dict[str, Any]) -> int:
         """A batch end's position in the source's log, as a number of bytes."""
-        if self._mariadb:
+        if self._kind == "logtable":
+            # Log rows counted by the log's clock, at a size a typical row has as text.
+            return int(offset.get("clock", 0)) * _LOG_ROW_BYTES
+        if self._kind == "mariadb":
             from tidemark.source.mariadb.position import BinlogPosition  # noqa: PLC0415
 
             return BinlogPosition.from_offset(offset).key
         return SourceOffset.parse(offset).lsn
 
     def _existing_row_values(self, table: str, columns: Sequence[str]) -> dict[str, Any]:
-        return existing_row_values_of(self.config.dsn, self._mariadb, table, columns)
+        return existing_row_values_of(self.config.dsn, self._catalog, table, columns)
 
     def _written_targets(self) -> WrittenTargets:
         if self._written is None:
@@ -601,12 +616,13 @@ class Pipeline:
                            replayed=tuple(replayed), snapshot=snapshot)
 
 
-def existing_row_values_of(dsn: str, mariadb: bool, table: str,
+def existing_row_values_of(dsn: str, catalog: bool, table: str,
                            columns: Sequence[str]) -> dict[str, Any]:
     """The values the source's existing rows hold in *columns*, new to the target (a
-    module function: executors call it too)."""
-    if mariadb:
-        return {}  # new columns of a MariaDB table start null in Delta's older rows
+    module function: executors call it too); without a PostgreSQL *catalog* to ask
+    (MariaDB, SQLite), none: new columns start null in Delta's older rows."""
+    if not catalog:
+        return {}
     with contextlib.closing(wal.connect(dsn, purpose="catalog")) as conn:
         return existing_row_values(conn, TableId.parse(table), columns)
 
@@ -619,6 +635,9 @@ def _crash_between_steps(pieces: Iterator[pa.Table], batch_id: int) -> Iterator[
             faults.crash_point("between_steps", batch_id)
         yield piece
 
+
+#: Bytes a log-table change is taken to span when sizing a batch (spill or collect).
+_LOG_ROW_BYTES: Final = 256
 
 #: Longest wait for a moment between two batches before stopping anyway.
 _STOP_WAIT_S: Final = 10.0

@@ -43,20 +43,16 @@ from pyspark.sql.streaming.datasource import (
 from pyspark.sql.types import StructField, StructType
 
 from tidemark.errors import SourceError
-from tidemark.event import ChangeEvent, Op, TableId, TableSchema
+from tidemark.event import ChangeEvent, TableId
 from tidemark.source.mariadb import client
 from tidemark.source.mariadb import snapshot as snap
 from tidemark.source.mariadb.change_builder import ChangeBuilder
 from tidemark.source.mariadb.position import BinlogPosition
-from tidemark.source.postgres.pgoutput import Relation, RelationColumn
-from tidemark.spark.decode import Txn
+from tidemark.spark.event_feeder import EventFeeder
 from tidemark.spark.options import SnapshotMode, SourceOptions
 from tidemark.spark.snapshot_plan import ROW_SEQ
 
 log = logging.getLogger(__name__)
-
-_TEXT_OID: Final = 25  # the sinks read names and keys of a relation, never its types
-
 
 def _replica_id() -> int:
     """A replica id for one dump. The server ends a dump when another connects with the
@@ -185,7 +181,7 @@ class MariaDbStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         from tidemark.spark.reader import gc_paused, stream_sink  # noqa: PLC0415
 
         sink = stream_sink(self.options, self.schema)
-        feeder = _Feeder(sink)
+        feeder = EventFeeder(sink)
         start, end = _position(partition.start), _position(partition.end)
         with gc_paused():
             if partition.snapshot:
@@ -194,7 +190,7 @@ class MariaDbStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
                 yield from self._stream(feeder, start, end)
         yield from sink.finish()
 
-    def _snapshot(self, feeder: _Feeder, tables: Sequence[str],
+    def _snapshot(self, feeder: EventFeeder, tables: Sequence[str],
                   at: BinlogPosition) -> Iterator[pa.RecordBatch]:
         conn = _raw_connection(self.options)
         with contextlib.closing(conn):
@@ -207,7 +203,7 @@ class MariaDbStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
                 yield from feeder.sink.take()
             conn.commit()
 
-    def _stream(self, feeder: _Feeder, start: BinlogPosition,
+    def _stream(self, feeder: EventFeeder, start: BinlogPosition,
                 end: BinlogPosition) -> Iterator[pa.RecordBatch]:
         wanted = {TableId.parse(str(t)) for t in self.options.tables}
         builder = ChangeBuilder(name="tidemark", position=start,
@@ -282,37 +278,3 @@ def check_signal_table(options: SourceOptions) -> None:
 
 def _position(offset: dict[str, Any]) -> BinlogPosition:
     return BinlogPosition.from_offset(offset)
-
-
-class _Feeder:
-    """Hands change events to a stream sink as the PostgreSQL walker would: a relation
-    per table schema, then one row change at a time."""
-
-    def __init__(self, sink: Any) -> None:
-        self.sink = sink
-        self._relations: dict[int, tuple[TableSchema, int]] = {}
-
-    def add(self, event: ChangeEvent, lsn: int, seq: int) -> None:
-        schema = event.schema
-        assert schema is not None
-        entry = self._relations.get(id(schema))
-        if entry is None or entry[0] is not schema:
-            relation_id = len(self._relations) + 1
-            entry = self._relations[id(schema)] = (schema, relation_id)
-            key = set(schema.key_indexes)
-            self.sink.relation(Relation(
-                None, relation_id, schema.table.schema, schema.table.table, "d",
-                tuple(RelationColumn(c.name, _TEXT_OID, -1, i in key)
-                      for i, c in enumerate(schema.columns))))
-        context = event.context
-        txn = Txn(context.commit_lsn if context.commit_lsn is not None else lsn,
-                  context.ts_us, 0)
-        op = event.op.value
-        if event.op is Op.DELETE:
-            values = event.raw_before
-        elif event.op is Op.TRUNCATE:
-            values = None
-        else:
-            values = event.raw_after
-        self.sink.add(entry[1], op, values, lsn, seq, txn, False,
-                      event.raw_before if event.op is Op.UPDATE else None)

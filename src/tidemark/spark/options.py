@@ -20,7 +20,7 @@ import psycopg2.extensions
 from tidemark.errors import ConfigError
 from tidemark.event import TableId
 from tidemark.source.postgres.config import check_identifier, redact_dsn
-from tidemark.source.registry import source_kind
+from tidemark.source.registry import SourceKind, source_kind
 
 
 class OnSchemaChange(StrEnum):
@@ -76,11 +76,12 @@ SNAPSHOT_CHUNK_ROWS: Final = "snapshotChunkRows"
 SNAPSHOT_CHUNKS_PER_TRIGGER: Final = "snapshotChunksPerTrigger"
 SIGNAL_TABLE: Final = "signalTable"
 SLOT_FAILOVER: Final = "slotFailover"
+SOURCE: Final = "source"
 
 ALLOWED: Final = (DSN, TABLES, TABLE, SLOT, PUBLICATION, MAX_CHANGES_PER_TRIGGER,
                   NUM_PARTITIONS, ON_SCHEMA_CHANGE, ARROW_BATCH_ROWS, ROW_FORMAT,
                   SERVER_TIMEOUT_MS, SNAPSHOT, SNAPSHOT_TABLES, SNAPSHOT_CHUNK_ROWS,
-                  SNAPSHOT_CHUNKS_PER_TRIGGER, SIGNAL_TABLE, SLOT_FAILOVER)
+                  SNAPSHOT_CHUNKS_PER_TRIGGER, SIGNAL_TABLE, SLOT_FAILOVER, SOURCE)
 _BY_LOWER: Final = {name.lower(): name for name in ALLOWED}
 _TABLE_NAME: Final = re.compile(r"[^.\s]+\.[^.\s]+|[^.\s]+")
 
@@ -143,6 +144,9 @@ class SourceOptions:
     slot_failover: bool | None = None
     """Create the slot as a failover slot (PostgreSQL 17+; ``slotFailover``). None: where
     the server supports it."""
+    kind: SourceKind = "postgres"
+    """What is read: a PostgreSQL WAL (``postgres``), a MariaDB binlog (``mariadb://``),
+    or log tables (``source=logtable`` on PostgreSQL, or a ``sqlite:`` DSN)."""
 
     @classmethod
     def parse(cls, raw: Mapping[str, str], *, default_partitions: int = 1) -> SourceOptions:
@@ -160,19 +164,28 @@ class SourceOptions:
         if not dsn:
             raise ConfigError(DSN, "required: the libpq connection string of the database, "
                               "e.g. 'host=db dbname=app user=cdc'")
-        if source_kind(dsn) == "mariadb":
+        kind = source_kind(dsn, values.get(SOURCE, "").strip().lower() or None)
+        sqlite = dsn.lower().startswith("sqlite:")
+        if kind == "mariadb":
             from tidemark.source.mariadb.client import parse_url  # noqa: PLC0415
 
             parse_url(dsn)  # names what is wrong with the URL
-        else:
+        elif not sqlite:
             try:
                 psycopg2.extensions.parse_dsn(dsn)
             except psycopg2.ProgrammingError:
                 raise ConfigError(DSN, "not a valid libpq connection string; expected e.g. "
                                   "'host=db port=5432 dbname=app user=cdc'") from None
-        table = _parse_table(TABLE, values[TABLE]) if TABLE in values else None
-        tables = tuple(_parse_table(TABLES, t) for t in values.get(TABLES, "").split(",")
-                       if t.strip())
+        if kind == "logtable":
+            for unsupported in (SIGNAL_TABLE, MAX_CHANGES_PER_TRIGGER, SLOT, PUBLICATION,
+                                SLOT_FAILOVER):
+                if values.get(unsupported, "").strip():
+                    raise ConfigError(unsupported, "does not apply to log tables (a batch "
+                                      "reads every stream group up to the log's end)")
+        schema = "main" if sqlite else "public"
+        table = _parse_table(TABLE, values[TABLE], schema) if TABLE in values else None
+        tables = tuple(_parse_table(TABLES, t, schema)
+                       for t in values.get(TABLES, "").split(",") if t.strip())
         if table is not None:
             if tables and tables != (table,):
                 raise ConfigError(TABLES, f"a typed stream reads one table: leave out "
@@ -185,7 +198,7 @@ class SourceOptions:
             raise ConfigError(TABLES, "names a table more than once")
         snapshot_tables = tables
         if SNAPSHOT_TABLES in values:
-            snapshot_tables = tuple(_parse_table(SNAPSHOT_TABLES, t)
+            snapshot_tables = tuple(_parse_table(SNAPSHOT_TABLES, t, schema)
                                     for t in values[SNAPSHOT_TABLES].split(",") if t.strip())
             stray = [str(t) for t in snapshot_tables if t not in tables]
             if stray:
@@ -222,6 +235,7 @@ class SourceOptions:
                 if SNAPSHOT_CHUNKS_PER_TRIGGER in values
                 else SNAPSHOT_CHUNKS_PER_PARTITION * num_partitions),
             slot_failover=_bool(values, SLOT_FAILOVER),
+            kind=kind,
         )
 
     def redacted_dsn(self) -> str:
@@ -230,12 +244,19 @@ class SourceOptions:
             from tidemark.source.mariadb.client import parse_url  # noqa: PLC0415
 
             return parse_url(self.dsn).redacted()
+        if self.dsn.lower().startswith("sqlite:"):
+            return self.dsn
         return redact_dsn(self.dsn)
 
     @property
     def is_mariadb(self) -> bool:
         """The stream reads a MariaDB binlog (a ``mariadb://`` DSN), not PostgreSQL."""
-        return source_kind(self.dsn) == "mariadb"
+        return self.kind == "mariadb"
+
+    @property
+    def is_logtable(self) -> bool:
+        """The stream reads log tables (PostgreSQL with ``source=logtable``, SQLite)."""
+        return self.kind == "logtable"
 
     def __repr__(self) -> str:
         # dataclass's repr would print the DSN and its password.
@@ -244,12 +265,12 @@ class SourceOptions:
         return f"SourceOptions(dsn={self.redacted_dsn()!r}, {fields})"
 
 
-def _parse_table(key: str, text: str) -> TableId:
+def _parse_table(key: str, text: str, default_schema: str = "public") -> TableId:
     name = text.strip()
     if not _TABLE_NAME.fullmatch(name):
         raise ConfigError(key, f"{text!r} is not a table name; expected schema.table, e.g. "
                           "public.orders")
-    return TableId.parse(name)
+    return TableId.parse(name, default_schema)
 
 
 def _positive_int(values: Mapping[str, str], key: str) -> int:

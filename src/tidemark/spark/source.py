@@ -65,6 +65,10 @@ class TidemarkDataSource(DataSource):
             from tidemark.spark.mariadb_reader import table_schemas  # noqa: PLC0415
 
             return self._stream_schema(options, table_schemas(options))
+        if options.is_logtable:
+            from tidemark.spark import logtable_reader  # noqa: PLC0415
+
+            return self._stream_schema(options, logtable_reader.table_schemas(options))
         with contextlib.closing(session.connect(options.dsn,
                                                 application_name="tidemark spark")) as conn:
             catalog.check_wal_level(conn)
@@ -113,6 +117,10 @@ class TidemarkDataSource(DataSource):
             from tidemark.spark.mariadb_reader import MariaDbStreamReader  # noqa: PLC0415
 
             return MariaDbStreamReader(options, schema)
+        if options.is_logtable:
+            from tidemark.spark.logtable_reader import LogTableStreamReader  # noqa: PLC0415
+
+            return LogTableStreamReader(options, schema)
         return TidemarkStreamReader(options, schema)
 
 

@@ -14,6 +14,7 @@ before the first change of an empty log.
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from typing import Any, NamedTuple, Protocol
 
 import msgspec
@@ -89,6 +90,32 @@ class LogDatabase(Protocol):
     def read(self, group: int, position: Position, tables: list[LogTable],
              limit: int) -> ReadResult:
         """Up to *limit* changes of *group* after *position*, over all *tables*."""
+        ...
+
+    def end_position(self) -> Position:
+        """The position after everything committed now (the same for every group)."""
+        ...
+
+    def clock(self) -> int:
+        """The newest ``cdc$time`` handed out: how many changes were ever logged, near
+        enough (it sizes a batch before it is read)."""
+        ...
+
+    def position_key(self, position: Position) -> int:
+        """An int64 that grows with positions taken by :meth:`end_position`: a later
+        end position that holds more changes has a larger key (it orders batches)."""
+        ...
+
+    def read_range(self, group: int, start: Position, end: Position,
+                   tables: list[LogTable], limit: int) -> Iterator[list[LogRow]]:
+        """*group*'s changes after *start* up to *end* (an :meth:`end_position`), in
+        pages of at most *limit*, in ``cdc$time`` order."""
+        ...
+
+    def snapshot(self, tables: list[LogTable], fetch_rows: int
+                 ) -> tuple[Position, Iterator[tuple[int, list[tuple[str | None, ...]]]]]:
+        """The tables' rows as one consistent read: the position it was taken at, and
+        ``(table index, rows as text)`` chunks (read lazily; exhaust the iterator)."""
         ...
 
     def prune(self, group: int, position: Position, tables: list[LogTable],

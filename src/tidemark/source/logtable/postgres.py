@@ -42,6 +42,7 @@ from tidemark.source.postgres.session import connect, cursor
 
 log = logging.getLogger(__name__)
 
+_XIP_BITS: Final = 24
 #: The snapshot in which no transaction is visible: a log's beginning.
 EMPTY_SNAPSHOT: Final = "1:1:"
 
@@ -155,14 +156,87 @@ class PostgresLogDatabase:
             self._queries[key] = query
         return query
 
-    def _begin_step(self, group: int, position: Position,
-                    tables: list[LogTable]) -> dict[str, Any] | None:
-        """The next step after *position*: its snapshot and the time just below its
-        first row; None when nothing committed in the group since *position*."""
-        prev = position["snapshot"]
+    def end_position(self) -> Position:
+        return {"snapshot": self._current_snapshot()}
+
+    def clock(self) -> int:
+        with cursor(self._conn) as cur:
+            cur.execute(sql.SQL("SELECT last_value FROM {}.{}").format(
+                sql.Identifier(install.SCHEMA), sql.Identifier(install.TIME_SEQUENCE)))
+            return int(cur.fetchone()[0])
+
+    def position_key(self, position: Position) -> int:
+        # Between two snapshots with the same xmax only transactions below it can have
+        # ended, which shortens the in-progress list: xmax first, then the list's
+        # shortness, orders them (xid8 values stay far below 2^39 in practice).
+        snapshot = str(position["snapshot"])
+        xmax = int(snapshot.split(":")[1])
+        return xmax << _XIP_BITS | ((1 << _XIP_BITS) - 1 - min(len(_xip(snapshot)),
+                                                             (1 << _XIP_BITS) - 1))
+
+    def _current_snapshot(self) -> str:
         with cursor(self._conn) as cur:
             cur.execute("SELECT pg_current_snapshot()::text")
-            now = str(cur.fetchone()[0])
+            return str(cur.fetchone()[0])
+
+    def read_range(self, group: int, start: Position, end: Position,
+                   tables: list[LogTable], limit: int) -> Iterator[list[LogRow]]:
+        _xip(start.get("snapshot", ""))
+        _xip(end.get("snapshot", ""))
+        step = self._begin_step(group, start, tables, end["snapshot"])
+        if step is None or step["after"] is None:
+            return
+        position: Position = {"snapshot": start["snapshot"], "step": step}
+        while True:
+            result = self.read(group, position, tables, limit)
+            if result.rows:
+                yield result.rows
+            if result.caught_up:
+                return
+            position = result.position
+
+    def snapshot(self, tables: list[LogTable], fetch_rows: int
+                 ) -> tuple[Position, Iterator[tuple[int, list[tuple[str | None, ...]]]]]:
+        conn = connect(self._dsn, application_name="tidemark-logtable-snapshot")
+        conn.autocommit = False
+        conn.set_session(isolation_level="REPEATABLE READ", readonly=True)
+        with cursor(conn) as cur:
+            # The transaction's snapshot is the position: the rows read in it are the
+            # tables' state there, and the log from there on is what came after.
+            cur.execute("SELECT pg_current_snapshot()::text")
+            position = {"snapshot": str(cur.fetchone()[0])}
+
+        def rows() -> Iterator[tuple[int, list[tuple[str | None, ...]]]]:
+            try:
+                for index, entry in enumerate(tables):
+                    names = sql.SQL(", ").join(
+                        sql.SQL("{}::text").format(sql.Identifier(c.name))
+                        for c in entry.schema.columns)
+                    with conn.cursor(name=f"tidemark_snapshot_{index}") as cur:
+                        cur.itersize = fetch_rows
+                        cur.execute(sql.SQL("SELECT {} FROM {}").format(
+                            names, sql.Identifier(entry.table.schema, entry.table.table)))
+                        while True:
+                            fetched = cur.fetchmany(fetch_rows)
+                            if not fetched:
+                                break
+                            yield index, fetched
+                conn.commit()
+            finally:
+                conn.close()
+
+        return position, rows()
+
+    def _begin_step(self, group: int, position: Position, tables: list[LogTable],
+                    now: str | None = None) -> dict[str, Any] | None:
+        """The next step after *position* (to snapshot *now*, default the current one):
+        its snapshot and the time just below its first row; None when nothing committed
+        since *position*."""
+        prev = position["snapshot"]
+        with cursor(self._conn) as cur:
+            if now is None:
+                cur.execute("SELECT pg_current_snapshot()::text")
+                now = str(cur.fetchone()[0])
             if now == prev:
                 return None
             earliest: int | None = None

@@ -21,7 +21,7 @@ import logging
 import time
 from typing import Any
 
-from tidemark.errors import ConfigError
+from tidemark.errors import ConfigError, SourceError
 from tidemark.event import ChangeEvent, Op, SourceContext
 from tidemark.offsets.store import Offset, OffsetReader
 from tidemark.source.batch import SourceBatch
@@ -162,30 +162,7 @@ class LogTableReader:
                      deleted, config.retention_s)
 
     def _events(self, rows: list[LogRow]) -> list[Any]:
-        db = self._require()
-        tables = self._tables
-        prefix = self.config.topic_prefix
-        connector, database = db.connector, db.database
-        now_us = time.time_ns() // 1000
-        events: list[Any] = []
-        for row in rows:
-            schema = tables[row.table].schema
-            op = _OPS.get(Operation(row.operation))
-            fields: tuple[tuple[str, Any], ...] = (
-                ("stream_id", row.stream), ("generation", row.generation),
-                ("time", row.time), ("batch_seq_no", row.batch_seq))
-            if row.txid is not None:
-                fields += (("txId", row.txid),)
-            context = SourceContext(connector, prefix, database, row.ts_us, row.txid, None,
-                                    commit_lsn=row.time, source_fields=fields)
-            if op is Op.DELETE:
-                events.append(ChangeEvent(op, schema, row.values, None, context, row.time, 0,
-                                          0, now_us))
-            else:
-                assert op is not None
-                events.append(ChangeEvent(op, schema, None, row.values, context, row.time, 0,
-                                          0, now_us))
-        return events
+        return events_of(self._require(), self._tables, rows, self.config.topic_prefix)
 
     def _require(self) -> LogDatabase:
         if self._db is None:
@@ -197,6 +174,39 @@ class LogTableReader:
             self._db.close()
             self._db = None
         self.stats.connected = False
+
+
+def events_of(db: LogDatabase, tables: list[LogTable], rows: list[LogRow], name: str, *,
+              commit_key: int | None = None) -> list[ChangeEvent]:
+    """*rows* as change events. Their position (``lsn``) is the row's ``cdc$time``;
+    their commit position is *commit_key* when given (the Spark source's batch key),
+    else the time too."""
+    connector, database = db.connector, db.database
+    now_us = time.time_ns() // 1000
+    events: list[ChangeEvent] = []
+    for row in rows:
+        schema = tables[row.table].schema
+        try:
+            op = _OPS[Operation(row.operation)]
+        except ValueError:
+            raise SourceError(f"log table of {schema.table} holds cdc$operation "
+                              f"{row.operation} at time {row.time}; tidemark writes 1, 2 or "
+                              "3 (was the log written by something else?)") from None
+        fields: tuple[tuple[str, Any], ...] = (
+            ("stream_id", row.stream), ("generation", row.generation),
+            ("time", row.time), ("batch_seq_no", row.batch_seq))
+        if row.txid is not None:
+            fields += (("txId", row.txid),)
+        context = SourceContext(connector, name, database, row.ts_us, row.txid, None,
+                                commit_lsn=row.time if commit_key is None else commit_key,
+                                source_fields=fields)
+        if op is Op.DELETE:
+            events.append(ChangeEvent(op, schema, row.values, None, context, row.time, 0, 0,
+                                      now_us))
+        else:
+            events.append(ChangeEvent(op, schema, None, row.values, context, row.time, 0, 0,
+                                      now_us))
+    return events
 
 
 def _ranges(groups: list[int]) -> str:

@@ -18,7 +18,7 @@ from __future__ import annotations
 import heapq
 import math
 import sqlite3
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -42,7 +42,8 @@ def sqlite_path(dsn: str) -> Path:
             break
     if not text:
         raise ConfigError("dsn", f"{dsn!r} names no file: write sqlite:///path/to/file.db")
-    return Path(text)
+    # sqlite:////abs/path (SQLAlchemy's spelling of an absolute path) leaves "//abs".
+    return Path("/" + text.lstrip("/")) if text.startswith("//") else Path(text)
 
 
 def _dsn_of(path: Path) -> str:
@@ -157,6 +158,7 @@ class SqliteLogDatabase:
     """Log tables in one SQLite file."""
 
     def __init__(self, dsn: str) -> None:
+        self._dsn = dsn
         self._path = sqlite_path(dsn)
         self._conn = connect(dsn)
         self._queries: dict[str, str] = {}
@@ -219,26 +221,77 @@ class SqliteLogDatabase:
                      f"{q(layout.GENERATION)}, {q(layout.OPERATION)}, {q(layout.BATCH_SEQ)}, "
                      f"{q(layout.TS)}, {', '.join(values)} "
                      f"FROM {q(entry.log)} WHERE {q(layout.GROUP)} = ? AND {q(layout.TIME)} > ? "
+                     f"AND {q(layout.TIME)} <= ? "
                      f"ORDER BY {q(layout.TIME)} LIMIT ?")
             self._queries[entry.log] = query
         return query
 
+    def end_position(self) -> Position:
+        return {"after": self.clock()}
+
+    def clock(self) -> int:
+        clock = self._conn.execute(f"SELECT time FROM {install.CLOCK_TABLE}").fetchone()
+        return int(clock[0]) if clock else 0
+
+    def position_key(self, position: Position) -> int:
+        return _after(position)
+
+    def read_range(self, group: int, start: Position, end: Position,
+                   tables: list[LogTable], limit: int) -> Iterator[list[LogRow]]:
+        after, until = _after(start), _after(end)
+        while after < until:
+            result = self._read(group, after, until, tables, limit)
+            if result.rows:
+                yield result.rows
+            if result.caught_up:
+                return
+            after = _after(result.position)
+
+    def snapshot(self, tables: list[LogTable], fetch_rows: int
+                 ) -> tuple[Position, Iterator[tuple[int, list[tuple[str | None, ...]]]]]:
+        conn = connect(self._dsn)
+        # One read transaction: the clock and the rows are one state of the database.
+        conn.execute("BEGIN")
+        clock = conn.execute(f"SELECT time FROM {install.CLOCK_TABLE}").fetchone()
+        position = {"after": int(clock[0]) if clock else 0}
+
+        def rows() -> Iterator[tuple[int, list[tuple[str | None, ...]]]]:
+            try:
+                for index, entry in enumerate(tables):
+                    columns = entry.schema.columns
+                    names = ", ".join(install.quote(c.name) for c in columns)
+                    cursor = conn.execute(
+                        f"SELECT {names} FROM {install.quote(entry.table.table)}")
+                    while True:
+                        fetched = cursor.fetchmany(fetch_rows)
+                        if not fetched:
+                            break
+                        yield index, [tuple(
+                            None if v is None else _text(_to_text(
+                                c.logical.kind, v, entry.table.table, c.name, 0))
+                            for c, v in zip(columns, row, strict=True)) for row in fetched]
+                conn.execute("COMMIT")
+            finally:
+                conn.close()
+
+        return position, rows()
+
     def read(self, group: int, position: Position, tables: list[LogTable],
              limit: int) -> ReadResult:
-        try:
-            after = int(position["after"])
-        except (KeyError, TypeError, ValueError):
-            raise ConfigError("offset", f"stored position {position!r} is not a SQLite log "
-                              "position ({\"after\": time}): was it written by another "
-                              "source?") from None
+        return self._read(group, _after(position), None, tables, limit)
+
+    def _read(self, group: int, after: int, until: int | None, tables: list[LogTable],
+              limit: int) -> ReadResult:
+        position: Position = {"after": after}
         pages: list[list[LogRow]] = []
         full = False
         try:
             self._conn.execute("BEGIN")
             try:
                 for index, entry in enumerate(tables):
-                    fetched = self._conn.execute(self._query(entry),
-                                                 (group, after, limit)).fetchall()
+                    fetched = self._conn.execute(
+                        self._query(entry), (group, after, until if until is not None
+                                             else _NO_LIMIT, limit)).fetchall()
                     full = full or len(fetched) >= limit
                     pages.append(_rows(index, entry, fetched))
             finally:
@@ -266,6 +319,23 @@ class SqliteLogDatabase:
 
     def close(self) -> None:
         self._conn.close()
+
+
+_NO_LIMIT = (1 << 63) - 1
+
+
+def _after(position: Position) -> int:
+    try:
+        return int(position["after"])
+    except (KeyError, TypeError, ValueError):
+        raise ConfigError("offset", f"stored position {position!r} is not a SQLite log "
+                          "position ({\"after\": time}): was it written by another "
+                          "source?") from None
+
+
+def _text(value: WireValue) -> str | None:
+    """Snapshot values go to Spark as text (bytes as their hex text)."""
+    return value if isinstance(value, str) else None
 
 
 def _rows(index: int, entry: LogTable, fetched: list[tuple[Any, ...]]) -> list[LogRow]:

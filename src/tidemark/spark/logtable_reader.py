@@ -1,0 +1,182 @@
+"""The ``tidemark`` stream on log tables: one partition per stream group.
+
+An offset holds one position per group (``{"groups": {"0": position, …}}``, the same
+positions the engine stores per group), and the log's clock when it was taken
+(``"clock"``: the changes between two offsets, near enough, which sizes the batch). A micro-batch ends at the database's current
+end (:meth:`~tidemark.source.logtable.database.LogDatabase.end_position`, one for all
+groups) and is read as one Spark partition per group that moved, each on its own
+connection: groups spread over the executors as Scylla's connector spreads them over
+tasks.
+
+Every row of a batch carries ``_commit_lsn`` = the batch end's position key, which
+grows from batch to batch, and ``_seq`` = its ``cdc$time``, which orders a key's
+changes within the batch (a key lives in one group, read by one partition). So the
+high-water mark of ``apply_changes`` stays right although times are not commit order
+across keys: a late commit with a small time lands in a later batch, above the mark.
+
+``snapshot = initial`` reads the tables' rows first, in a batch of their own, by a
+consistent read taken when the executor runs (at the planned position or later); the
+log is then read from the planned position, so changes the rows already hold are
+applied again over them, which an upsert by key absorbs (SCD type 1 is exact; an SCD2
+history may show such a change once more as a version).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import time
+from collections.abc import Iterator, Sequence
+from typing import Any
+
+import pyarrow as pa
+from pyspark.sql.datasource import DataSourceStreamReader, InputPartition
+from pyspark.sql.streaming.datasource import SupportsTriggerAvailableNow
+from pyspark.sql.types import StructField, StructType
+
+from tidemark.event import ChangeEvent, Op, SnapshotMarker, SourceContext, TableId
+from tidemark.source.logtable.database import LogDatabase, LogTable, Position
+from tidemark.source.logtable.reader import events_of, open_database
+from tidemark.spark.event_feeder import EventFeeder
+from tidemark.spark.options import SnapshotMode, SourceOptions
+from tidemark.spark.snapshot_plan import ROW_SEQ
+
+log = logging.getLogger(__name__)
+
+
+class GroupRange(InputPartition):
+    """One partition: a group's changes between two positions, or (``group`` None) the
+    rows of ``snapshot`` tables."""
+
+    def __init__(self, group: int | None, start: Position | None, end: Position,
+                 key: int, snapshot: Sequence[str] = ()) -> None:
+        super().__init__((group, start, end, key, tuple(snapshot)))
+        self.group = group
+        self.start = start
+        self.end = end
+        self.key = key
+        self.snapshot = tuple(snapshot)
+
+
+def _tables(db: LogDatabase, options: SourceOptions) -> list[LogTable]:
+    return db.tables([str(t) for t in options.tables])
+
+
+class LogTableStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
+    """Micro-batches of log-table changes (see the module docstring)."""
+
+    def __init__(self, options: SourceOptions, schema: StructType) -> None:
+        self.options = options
+        self.schema = schema
+        self._target: Position | None = None
+
+    @contextlib.contextmanager
+    def _db(self) -> Iterator[LogDatabase]:
+        db = open_database(self.options.dsn)
+        try:
+            yield db
+        finally:
+            db.close()
+
+    def initialOffset(self) -> dict[str, Any]:  # noqa: N802 - pyspark API name
+        """A new query reads the whole log (everything since the tables were installed);
+        with ``snapshot=initial``, the tables' rows first and the log from now on."""
+        with self._db() as db:
+            groups = db.generations()[0].groups
+            _tables(db, self.options)
+            if self.options.snapshot is SnapshotMode.INITIAL:
+                start = db.end_position()
+                tables = [str(t) for t in self.options.snapshot_tables]
+            else:
+                start, tables = db.start_position(), []
+            clock = db.clock()
+        return {"groups": {str(g): start for g in range(groups)}, "snapshot": tables,
+                "clock": clock}
+
+    def prepareForTriggerAvailableNow(self) -> None:  # noqa: N802 - pyspark API name
+        with self._db() as db:
+            self._target = db.end_position()
+
+    def latestOffset(self, start: dict[str, Any], limit: Any = None) -> dict[str, Any]:  # noqa: N802 - pyspark API name
+        """Every group up to the database's end now (a batch holding a snapshot holds
+        only the rows; the log follows from the same positions)."""
+        if start.get("snapshot"):
+            return {"groups": start["groups"], "snapshot": [],
+                    "loaded": list(start["snapshot"]), "clock": start.get("clock", 0)}
+        with self._db() as db:
+            end = self._target if self._target is not None else db.end_position()
+            # The clock after the end: it counts at least the changes the end holds.
+            clock = db.clock()
+            groups = {g: (p if db.position_key(end) <= db.position_key(p) else end)
+                      for g, p in start["groups"].items()}
+        result = {"groups": groups, "snapshot": [], "loaded": [], "clock": clock}
+        return dict(start) if groups == start["groups"] else result
+
+    def partitions(self, start: dict[str, Any],
+                   end: dict[str, Any]) -> Sequence[InputPartition]:
+        if start.get("snapshot"):
+            return [GroupRange(None, None, {}, 0, [table]) for table in start["snapshot"]]
+        with self._db() as db:
+            ranges = []
+            for group, position in end["groups"].items():
+                begin = start["groups"].get(group)
+                if begin != position:
+                    ranges.append(GroupRange(int(group), begin, position,
+                                             db.position_key(position)))
+        return ranges
+
+    def commit(self, end: dict[str, Any]) -> None:
+        """Nothing to release here: log rows are deleted by their retention
+        (``tidemark capture``/the engine) or by the user, never by a query's commit."""
+
+    def read(self, partition: InputPartition) -> Iterator[pa.RecordBatch]:
+        assert isinstance(partition, GroupRange)
+        from tidemark.spark.reader import gc_paused, stream_sink  # noqa: PLC0415
+
+        sink = stream_sink(self.options, self.schema)
+        feeder = EventFeeder(sink, unchanged_columns=True)
+        with gc_paused(), self._db() as db:
+            tables = _tables(db, self.options)
+            if partition.snapshot:
+                yield from _snapshot(db, feeder, [t for t in tables
+                                                  if str(t.table) in partition.snapshot],
+                                     self.options.arrow_batch_rows)
+            else:
+                assert partition.group is not None and partition.start is not None
+                for rows in db.read_range(partition.group, partition.start, partition.end,
+                                          tables, self.options.arrow_batch_rows):
+                    for event in events_of(db, tables, rows, "tidemark",
+                                           commit_key=partition.key):
+                        feeder.add(event, event.lsn or 0, event.lsn or 0)
+                    yield from sink.take()
+        yield from sink.finish()
+
+
+def _snapshot(db: LogDatabase, feeder: EventFeeder, tables: list[LogTable],
+              fetch_rows: int) -> Iterator[pa.RecordBatch]:
+    _, chunks = db.snapshot(tables, fetch_rows)
+    taken_us = time.time_ns() // 1000
+    context = SourceContext(db.connector, "tidemark", db.database, taken_us, None, None)
+    for index, rows in chunks:
+        schema = tables[index].schema
+        for row in rows:
+            feeder.add(ChangeEvent(Op.READ, schema, None, row, context, 0, 0, 0, taken_us,
+                                   SnapshotMarker.TRUE), 0, ROW_SEQ)
+        yield from feeder.sink.take()
+
+
+def table_schemas(options: SourceOptions) -> dict[TableId, StructType]:
+    """Check the log tables and return each captured table's typed Spark schema."""
+    from tidemark.spark.arrow_rows import typed_schema  # noqa: PLC0415
+    from tidemark.spark.type_mapping import spark_type  # noqa: PLC0415
+
+    with contextlib.closing(open_database(options.dsn)) as db:
+        db.generations()
+        schemas: dict[TableId, StructType] = {}
+        for entry in _tables(db, options):
+            schemas[entry.table] = typed_schema([
+                StructField(c.name, spark_type(c.logical), True,
+                            {"tidemark.key": True, "tidemark.type": c.type_name} if c.is_key
+                            else {"tidemark.type": c.type_name})
+                for c in entry.schema.columns])
+    return schemas
