@@ -2,8 +2,9 @@
 
 An offset holds one position per group (``{"groups": {"0": position, …}}``, the same
 positions the engine stores per group), and the log's clock when it was taken
-(``"clock"``: the changes between two offsets, near enough, which sizes the batch). A micro-batch ends at the database's current
-end (:meth:`~tidemark.source.logtable.database.LogDatabase.end_position`, one for all
+(``"clock"``: the changes between two offsets, near enough, which sizes the batch).
+A micro-batch ends at the database's current end
+(:meth:`~tidemark.source.logtable.database.LogDatabase.end_position`, one for all
 groups) and is read as one Spark partition per group that moved, each on its own
 connection: groups spread over the executors as Scylla's connector spreads them over
 tasks.
