@@ -32,8 +32,9 @@ from tidemark.source.logtable.layout import Operation
 
 log = logging.getLogger(__name__)
 
-_OPS = {Operation.INSERT: Op.CREATE, Operation.UPDATE: Op.UPDATE,
-        Operation.ROW_DELETE: Op.DELETE}
+#: ``cdc$operation`` codes to Debezium's (plain ints: no enum call per row).
+_OPS: dict[int, Op] = {int(Operation.INSERT): Op.CREATE, int(Operation.UPDATE): Op.UPDATE,
+                       int(Operation.ROW_DELETE): Op.DELETE}
 
 
 def open_database(dsn: str) -> LogDatabase:
@@ -186,12 +187,11 @@ def events_of(db: LogDatabase, tables: list[LogTable], rows: list[LogRow], name:
     events: list[ChangeEvent] = []
     for row in rows:
         schema = tables[row.table].schema
-        try:
-            op = _OPS[Operation(row.operation)]
-        except ValueError:
+        op = _OPS.get(row.operation)
+        if op is None:
             raise SourceError(f"log table of {schema.table} holds cdc$operation "
                               f"{row.operation} at time {row.time}; tidemark writes 1, 2 or "
-                              "3 (was the log written by something else?)") from None
+                              "3 (was the log written by something else?)")
         fields: tuple[tuple[str, Any], ...] = (
             ("stream_id", row.stream), ("generation", row.generation),
             ("time", row.time), ("batch_seq_no", row.batch_seq))
