@@ -1,13 +1,13 @@
-"""The ``tidemark`` stream on log tables: one partition per stream group.
+"""The ``tidemark`` stream on log tables: stream groups spread over Spark partitions.
 
 An offset holds one position per group (``{"groups": {"0": position, …}}``, the same
 positions the engine stores per group), and the log's clock when it was taken
 (``"clock"``: the changes between two offsets, near enough, which sizes the batch).
 A micro-batch ends at the database's current end
 (:meth:`~tidemark.source.logtable.database.LogDatabase.end_position`, one for all
-groups) and is read as one Spark partition per group that moved, each on its own
-connection: groups spread over the executors as Scylla's connector spreads them over
-tasks.
+groups). Its groups are split into ``numPartitions`` contiguous ranges, as Scylla's
+connector spreads vnode groups over tasks; each partition reads its groups with one
+streamed scan per table on a connection of its own.
 
 Every row of a batch carries ``_commit_lsn`` = the batch end's position key, which
 grows from batch to batch, and ``_seq`` = its ``cdc$time``, which orders a key's
@@ -25,6 +25,7 @@ history may show such a change once more as a version).
 from __future__ import annotations
 
 import contextlib
+import json
 import logging
 import time
 from collections.abc import Iterator, Sequence
@@ -37,6 +38,7 @@ from pyspark.sql.types import StructField, StructType
 
 from tidemark.event import ChangeEvent, Op, SnapshotMarker, SourceContext, TableId
 from tidemark.source.logtable.database import LogDatabase, LogTable, Position
+from tidemark.source.logtable.layout import assign_groups
 from tidemark.source.logtable.reader import events_of, open_database
 from tidemark.spark.event_feeder import EventFeeder
 from tidemark.spark.options import SnapshotMode, SourceOptions
@@ -46,13 +48,13 @@ log = logging.getLogger(__name__)
 
 
 class GroupRange(InputPartition):
-    """One partition: a group's changes between two positions, or (``group`` None) the
-    rows of ``snapshot`` tables."""
+    """One partition: some groups' changes between two positions they share, or (no
+    groups) the rows of ``snapshot`` tables."""
 
-    def __init__(self, group: int | None, start: Position | None, end: Position,
+    def __init__(self, groups: Sequence[int], start: Position | None, end: Position,
                  key: int, snapshot: Sequence[str] = ()) -> None:
-        super().__init__((group, start, end, key, tuple(snapshot)))
-        self.group = group
+        super().__init__((tuple(groups), start, end, key, tuple(snapshot)))
+        self.groups = tuple(groups)
         self.start = start
         self.end = end
         self.key = key
@@ -116,14 +118,26 @@ class LogTableStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
     def partitions(self, start: dict[str, Any],
                    end: dict[str, Any]) -> Sequence[InputPartition]:
         if start.get("snapshot"):
-            return [GroupRange(None, None, {}, 0, [table]) for table in start["snapshot"]]
+            return [GroupRange((), None, {}, 0, [table]) for table in start["snapshot"]]
+        # Groups that share their start and end positions (all of them, but after a
+        # query's first batch) are read together, numPartitions ways: one task per core
+        # rather than per group keeps a small batch cheap.
+        moved: dict[str, list[int]] = {}
+        spans: dict[str, tuple[Position, Position]] = {}
+        for group, position in end["groups"].items():
+            begin = start["groups"].get(group)
+            if begin != position:
+                span = json.dumps([begin, position], sort_keys=True)
+                moved.setdefault(span, []).append(int(group))
+                spans[span] = (begin, position)
+        ranges: list[InputPartition] = []
         with self._db() as db:
-            ranges = []
-            for group, position in end["groups"].items():
-                begin = start["groups"].get(group)
-                if begin != position:
-                    ranges.append(GroupRange(int(group), begin, position,
-                                             db.position_key(position)))
+            for span, groups in moved.items():
+                begin, position = spans[span]
+                key = db.position_key(position)
+                for chunk in assign_groups(len(groups), self.options.num_partitions):
+                    ranges.append(GroupRange([sorted(groups)[i] for i in chunk], begin,
+                                             position, key))
         return ranges
 
     def commit(self, end: dict[str, Any]) -> None:
@@ -143,8 +157,8 @@ class LogTableStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
                                                   if str(t.table) in partition.snapshot],
                                      self.options.arrow_batch_rows)
             else:
-                assert partition.group is not None and partition.start is not None
-                for rows in db.read_range(partition.group, partition.start, partition.end,
+                assert partition.start is not None
+                for rows in db.read_range(partition.groups, partition.start, partition.end,
                                           tables, self.options.arrow_batch_rows):
                     for event in events_of(db, tables, rows, "tidemark",
                                            commit_key=partition.key):

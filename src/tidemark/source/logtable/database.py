@@ -14,7 +14,7 @@ before the first change of an empty log.
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from typing import Any, NamedTuple, Protocol
 
 import msgspec
@@ -106,10 +106,11 @@ class LogDatabase(Protocol):
         end position that holds more changes has a larger key (it orders batches)."""
         ...
 
-    def read_range(self, group: int, start: Position, end: Position,
-                   tables: list[LogTable], limit: int) -> Iterator[list[LogRow]]:
-        """*group*'s changes after *start* up to *end* (an :meth:`end_position`), in
-        pages of at most *limit*, in ``cdc$time`` order."""
+    def read_range(self, groups: Sequence[int], start: Position, end: Position,
+                   tables: list[LogTable], fetch_rows: int) -> Iterator[list[LogRow]]:
+        """The changes of *groups* after *start* up to *end* (an :meth:`end_position`;
+        the groups share both), in ``cdc$time`` order, in pages of *fetch_rows*: one
+        streamed scan per table, however many groups."""
         ...
 
     def snapshot(self, tables: list[LogTable], fetch_rows: int

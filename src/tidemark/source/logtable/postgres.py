@@ -25,7 +25,7 @@ from __future__ import annotations
 
 import heapq
 import logging
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from typing import Any, Final
 
 import psycopg2
@@ -66,7 +66,7 @@ class PostgresLogDatabase:
         except psycopg2.OperationalError as err:  # pragma: no cover - connect classifies
             raise SourceUnavailableError(str(err)) from None
         self._db = current_database(self._conn)
-        self._queries: dict[tuple[str, int], sql.Composed] = {}
+        self._queries: dict[tuple[str, int, bool], sql.Composed] = {}
 
     @property
     def connector(self) -> str:
@@ -130,8 +130,10 @@ class PostgresLogDatabase:
     def start_position(self) -> Position:
         return {"snapshot": EMPTY_SNAPSHOT}
 
-    def _query(self, entry: LogTable) -> sql.Composed:
-        key = (entry.log, id(entry.schema))
+    def _query(self, entry: LogTable, *, paged: bool = True) -> sql.Composed:
+        """One table's step query: a page of one group (*paged*, for the engine's
+        reader), or every row of several groups (``group = ANY(…)``, streamed)."""
+        key = (entry.log, id(entry.schema), paged)
         query = self._queries.get(key)
         if query is None:
             values: list[sql.Composable] = []
@@ -139,13 +141,16 @@ class PostgresLogDatabase:
                 values.append(sql.SQL("{}::text").format(sql.Identifier(column.name)))
                 if not column.is_key:
                     values.append(sql.Identifier(layout.deleted_column(column.name)))
+            where = ("{group} = %(group)s AND {time} > %(after)s" if paged else
+                     "{group} = ANY(%(groups)s) AND {txid} >= "
+                     "pg_snapshot_xmin(%(prev)s::pg_snapshot)")
             query = sql.SQL(
                 "SELECT {time}, {stream}, {generation}, {op}, {batch}, "
                 "(extract(epoch FROM {ts}) * 1000000)::bigint, {txid}::text::bigint, {values} "
-                "FROM {log} WHERE {group} = %(group)s AND {time} > %(after)s "
+                "FROM {log} WHERE " + where + " "
                 "AND pg_visible_in_snapshot({txid}, %(now)s::pg_snapshot) "
                 "AND NOT pg_visible_in_snapshot({txid}, %(prev)s::pg_snapshot) "
-                "ORDER BY {time} LIMIT %(limit)s"
+                "ORDER BY {time}" + (" LIMIT %(limit)s" if paged else "")
             ).format(time=sql.Identifier(layout.TIME), stream=sql.Identifier(layout.STREAM),
                      generation=sql.Identifier(layout.GENERATION),
                      op=sql.Identifier(layout.OPERATION),
@@ -179,21 +184,39 @@ class PostgresLogDatabase:
             cur.execute("SELECT pg_current_snapshot()::text")
             return str(cur.fetchone()[0])
 
-    def read_range(self, group: int, start: Position, end: Position,
-                   tables: list[LogTable], limit: int) -> Iterator[list[LogRow]]:
-        _xip(start.get("snapshot", ""))
-        _xip(end.get("snapshot", ""))
-        step = self._begin_step(group, start, tables, end["snapshot"])
-        if step is None or step["after"] is None:
+    def read_range(self, groups: Sequence[int], start: Position, end: Position,
+                   tables: list[LogTable], fetch_rows: int) -> Iterator[list[LogRow]]:
+        prev, now = str(start["snapshot"]), str(end["snapshot"])
+        _xip(prev)
+        _xip(now)
+        if prev == now:
             return
-        position: Position = {"snapshot": start["snapshot"], "step": step}
-        while True:
-            result = self.read(group, position, tables, limit)
-            if result.rows:
-                yield result.rows
-            if result.caught_up:
-                return
-            position = result.position
+        # One sorted scan per table on a connection of its own (named cursors need a
+        # transaction); the tables' rows are merged by time as they stream.
+        conn = connect(self._dsn, application_name="tidemark-logtable-range")
+        conn.autocommit = False
+        try:
+            params = {"groups": list(groups), "prev": prev, "now": now}
+            streams = []
+            for index, entry in enumerate(tables):
+                cur = conn.cursor(name=f"tidemark_range_{index}")
+                cur.itersize = fetch_rows
+                cur.execute(self._query(entry, paged=False), params)
+                streams.append(_streamed(index, entry, cur, fetch_rows))
+            page: list[LogRow] = []
+            for row in heapq.merge(*streams, key=lambda r: r.time):
+                page.append(row)
+                if len(page) >= fetch_rows:
+                    yield page
+                    page = []
+            if page:
+                yield page
+            conn.commit()
+        except psycopg2.OperationalError as err:
+            raise SourceUnavailableError(f"reading the log tables of {self._db}: "
+                                         f"{str(err).strip()}") from None
+        finally:
+            conn.close()
 
     def snapshot(self, tables: list[LogTable], fetch_rows: int
                  ) -> tuple[Position, Iterator[tuple[int, list[tuple[str | None, ...]]]]]:
@@ -315,6 +338,14 @@ class PostgresLogDatabase:
 
     def close(self) -> None:
         self._conn.close()
+
+
+def _streamed(index: int, entry: LogTable, cur: Any, fetch_rows: int) -> Iterator[LogRow]:
+    while True:
+        fetched = cur.fetchmany(fetch_rows)
+        if not fetched:
+            return
+        yield from _rows(index, entry, fetched)
 
 
 def _rows(index: int, entry: LogTable, fetched: list[tuple[Any, ...]]) -> Iterator[LogRow]:

@@ -18,7 +18,7 @@ from __future__ import annotations
 import heapq
 import math
 import sqlite3
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -161,7 +161,7 @@ class SqliteLogDatabase:
         self._dsn = dsn
         self._path = sqlite_path(dsn)
         self._conn = connect(dsn)
-        self._queries: dict[str, str] = {}
+        self._queries: dict[tuple[str, int | None], str] = {}
 
     @property
     def connector(self) -> str:
@@ -208,8 +208,11 @@ class SqliteLogDatabase:
     def start_position(self) -> Position:
         return {"after": 0}
 
-    def _query(self, entry: LogTable) -> str:
-        query = self._queries.get(entry.log)
+    def _query(self, entry: LogTable, groups: int | None = None) -> str:
+        """One table's query: a page of one group, or (*groups* given) every row of
+        that many groups, unpaged (for a streamed read)."""
+        key = (entry.log, groups)
+        query = self._queries.get(key)
         if query is None:
             q = install.quote
             values = []
@@ -217,13 +220,14 @@ class SqliteLogDatabase:
                 values.append(q(column.name))
                 if not column.is_key:
                     values.append(q(layout.deleted_column(column.name)))
+            which = "= ?" if groups is None else f"IN ({', '.join('?' * groups)})"
             query = (f"SELECT {q(layout.TIME)}, {q(layout.STREAM)}, "
                      f"{q(layout.GENERATION)}, {q(layout.OPERATION)}, {q(layout.BATCH_SEQ)}, "
                      f"{q(layout.TS)}, {', '.join(values)} "
-                     f"FROM {q(entry.log)} WHERE {q(layout.GROUP)} = ? AND {q(layout.TIME)} > ? "
-                     f"AND {q(layout.TIME)} <= ? "
-                     f"ORDER BY {q(layout.TIME)} LIMIT ?")
-            self._queries[entry.log] = query
+                     f"FROM {q(entry.log)} WHERE {q(layout.GROUP)} {which} "
+                     f"AND {q(layout.TIME)} > ? AND {q(layout.TIME)} <= ? "
+                     f"ORDER BY {q(layout.TIME)}" + (" LIMIT ?" if groups is None else ""))
+            self._queries[key] = query
         return query
 
     def end_position(self) -> Position:
@@ -236,16 +240,30 @@ class SqliteLogDatabase:
     def position_key(self, position: Position) -> int:
         return _after(position)
 
-    def read_range(self, group: int, start: Position, end: Position,
-                   tables: list[LogTable], limit: int) -> Iterator[list[LogRow]]:
+    def read_range(self, groups: Sequence[int], start: Position, end: Position,
+                   tables: list[LogTable], fetch_rows: int) -> Iterator[list[LogRow]]:
         after, until = _after(start), _after(end)
-        while after < until:
-            result = self._read(group, after, until, tables, limit)
-            if result.rows:
-                yield result.rows
-            if result.caught_up:
-                return
-            after = _after(result.position)
+        if after >= until:
+            return
+        conn = connect(self._dsn)
+        try:
+            conn.execute("BEGIN")  # one snapshot for every table's scan
+            streams = []
+            for index, entry in enumerate(tables):
+                cursor = conn.execute(self._query(entry, len(groups)),
+                                      (*groups, after, until))
+                streams.append(_streamed(index, entry, cursor, fetch_rows))
+            page: list[LogRow] = []
+            for row in heapq.merge(*streams, key=lambda r: r.time):
+                page.append(row)
+                if len(page) >= fetch_rows:
+                    yield page
+                    page = []
+            if page:
+                yield page
+            conn.execute("COMMIT")
+        finally:
+            conn.close()
 
     def snapshot(self, tables: list[LogTable], fetch_rows: int
                  ) -> tuple[Position, Iterator[tuple[int, list[tuple[str | None, ...]]]]]:
@@ -331,6 +349,15 @@ def _after(position: Position) -> int:
         raise ConfigError("offset", f"stored position {position!r} is not a SQLite log "
                           "position ({\"after\": time}): was it written by another "
                           "source?") from None
+
+
+def _streamed(index: int, entry: LogTable, cursor: sqlite3.Cursor,
+              fetch_rows: int) -> Iterator[LogRow]:
+    while True:
+        fetched = cursor.fetchmany(fetch_rows)
+        if not fetched:
+            return
+        yield from _rows(index, entry, fetched)
 
 
 def _text(value: WireValue) -> str | None:
