@@ -339,3 +339,18 @@ def test_interleaved_long_writers_lose_and_repeat_nothing(logdb: LogDb) -> None:
         replay([e for e in events
                 if e.source.fields["stream_id"] * 4 // 16 == group], state)  # type: ignore[index]
     assert state == _rows(logdb)
+
+
+def test_a_running_reader_stops_when_a_table_outgrows_its_log(db: Any) -> None:
+    """Where no event trigger guards the table (an install without superuser), a reader
+    notices a column its log lacks and stops, naming it."""
+    logdb = LogDb("postgres", db.dsn)
+    logdb.execute(ORDERS)
+    logdb.install(["orders"])
+    logdb.execute("INSERT INTO orders VALUES (1, 'a', 1, 1)")
+    r = reader(logdb, prune_interval_s=0)
+    assert len(drain(r)) == 1
+    logdb.execute("ALTER EVENT TRIGGER tidemark_cdc_ddl_guard DISABLE")
+    logdb.execute("ALTER TABLE orders ADD COLUMN note text")
+    with pytest.raises(SourceError, match=r"note .*logtable install"):
+        drain(r)

@@ -168,3 +168,36 @@ def test_two_captures_share_the_groups(logdb: LogDb) -> None:
         outputs.append([json.loads(line)["key"]["id"] for line in done.stdout.splitlines()])
     assert all(outputs)
     assert sorted(outputs[0] + outputs[1]) == list(range(200))
+
+
+def test_status_counts_unread_changes_and_reports_a_missing_log(logdb: LogDb,
+                                                                tmp_path: Path) -> None:
+    logdb.execute("CREATE TABLE t (id integer PRIMARY KEY, v text)")
+    logdb.install(["t"], streams=8, groups=2)
+    logdb.execute(*(f"INSERT INTO t VALUES ({i}, 'a')" for i in range(30)))
+    offsets = tmp_path / "offsets.json"
+    source = [] if logdb.kind == "sqlite" else ["--source", "logtable"]
+
+    def status() -> tuple[int, dict[str, Any]]:
+        done = _tidemark("status", "--dsn", logdb.dsn, *source, "--offsets", str(offsets),
+                         "--json")
+        assert done.returncode in (0, 1), done.stderr
+        return done.returncode, json.loads(done.stdout)
+
+    code, report = status()
+    assert code == 0 and report["source"] == "logtable"
+    assert report["lag"]["changes"] == 30
+    done = subprocess.run(_capture_args(logdb, "--offsets", str(offsets), "--stop-at-end"),
+                          capture_output=True, text=True, timeout=120, check=False)
+    assert done.returncode == 0, done.stderr
+    logdb.execute("INSERT INTO t VALUES (100, 'b')")
+    code, report = status()
+    assert code == 0 and report["lag"]["changes"] == 1
+    assert report["offsets"]["groups"] == 2
+    log = "t_cdc_log"
+    if logdb.kind == "postgres":
+        logdb.execute("SET tidemark.logtable_ddl = 'on'", f"DROP TABLE {log}")
+    else:
+        logdb.execute(f"DROP TABLE {log}")
+    code, report = status()
+    assert code == 1 and any("missing" in p for p in report["problems"])

@@ -3,6 +3,7 @@ offsets saved per group by the engine, and a restart that resumes from them."""
 
 from __future__ import annotations
 
+import json
 import threading
 from collections.abc import Iterator
 from pathlib import Path
@@ -12,9 +13,16 @@ import pytest
 
 from logtable_helpers import LogDb
 from test_engine_postgres import wait_for
-from tidemark import Engine, LogTableSourceConnector, SqliteOffsetStore
+from tidemark import (
+    DebeziumJsonConverter,
+    Engine,
+    ExtractNewRecordState,
+    LogTableSourceConnector,
+    SqliteOffsetStore,
+)
 from tidemark.engine.converters import EventConverter
 from tidemark.event import ChangeEvent
+from tidemark.serde.debezium_json import DebeziumJsonOptions
 from tidemark.testing.sink import MemorySink
 
 
@@ -67,3 +75,30 @@ def test_two_tasks_read_every_change_once_and_resume_after_a_restart(
     thread.join(timeout=30)
     assert len(_times(again)) == 50
     assert {r.value.op.value for r in again.records} == {"d"}  # type: ignore[union-attr]
+
+
+def test_extract_new_state_flattens_cells_as_scylla_does(logdb: LogDb) -> None:
+    """Cells in the envelope; ExtractNewRecordState delivers plain rows, an unchanged
+    column as null (Scylla's ScyllaExtractNewState)."""
+    logdb.execute("CREATE TABLE t (id integer PRIMARY KEY, v text, n integer)")
+    logdb.install(["t"], streams=4, groups=1)
+    logdb.execute("INSERT INTO t VALUES (1, 'a', 5)")
+    logdb.execute("UPDATE t SET v = NULL WHERE id = 1")
+    connector = LogTableSourceConnector({"dsn": logdb.dsn, "poll_interval_ms": 50})
+    cells = DebeziumJsonOptions(cells=True, tombstones_on_delete=False)
+    for transforms, expected in (
+            ((), [{"id": 1, "v": {"value": "a"}, "n": {"value": 5}},
+                  {"id": 1, "v": {"value": None}, "n": None}]),
+            ((ExtractNewRecordState(),), [{"id": 1, "v": "a", "n": 5},
+                                          {"id": 1, "v": None, "n": None}])):
+        sink = MemorySink()
+        engine = Engine(connector, sink, config={"offset_flush_interval_ms": 0},
+                        transforms=transforms, converter=DebeziumJsonConverter(cells))
+        thread = threading.Thread(target=engine.run, daemon=True)
+        thread.start()
+        wait_for(lambda s=sink: len(s.records) >= 2, 30, "both changes")  # type: ignore[misc]
+        engine.close()
+        thread.join(timeout=30)
+        values = [json.loads(r.value) for r in sink.records]  # type: ignore[arg-type]
+        rows = [v["after"] for v in values] if not transforms else values
+        assert rows == expected

@@ -4,6 +4,7 @@ late commit that lands after later changes were applied, a restart after SIGKILL
 
 from __future__ import annotations
 
+import json
 import os
 import random
 import signal
@@ -76,6 +77,15 @@ def test_snapshot_then_log_keeps_delta_equal_to_the_source(
     Pipeline(config, spark=spark, on_batch=reports.append).run()
     assert _equal(tmp_path, logdb)
     assert reports, "the changes made no batch"
+    logdb.execute("INSERT INTO orders VALUES (200, 'unread', 1, 1.0)")
+    status = subprocess.run([sys.executable, "-m", "tidemark", "status",
+                             str(tmp_path / "pipeline.toml"), "--json"],
+                            capture_output=True, text=True, timeout=120, check=False)
+    assert status.returncode == 0, status.stdout + status.stderr
+    report = json.loads(status.stdout)
+    assert report["source"] == "logtable" and report["lag"]["changes"] == 1
+    assert [t["rows"] for t in report["targets"]] == [len(source_rows(
+        logdb.dsn, logdb.table("orders"), ["id"])) - 1]
 
 
 def test_a_late_commit_lands_after_later_changes_were_applied(

@@ -94,6 +94,39 @@ _MARIADB_ROUND_2 = [
 ]
 
 
+# The SQLite round: the shop in a file, captured through log tables (triggers write the
+# changes beside each table; no server). Round 1 comes before the pipeline's first run and
+# arrives through the initial snapshot; round 2 through the log, whose partial updates
+# (only the columns that changed) leave the other columns to the Delta rows.
+_SQLITE_SCHEMA = [
+    "CREATE TABLE customers (id INTEGER PRIMARY KEY, name TEXT NOT NULL, email TEXT, "
+    "balance REAL)",
+    "CREATE TABLE products (id INTEGER PRIMARY KEY, name TEXT, price REAL, attrs TEXT, "
+    "manual TEXT)",
+    "CREATE TABLE orders (id INTEGER PRIMARY KEY, customer_id INTEGER, product_id INTEGER, "
+    "qty INTEGER, status TEXT, placed TEXT)",
+]
+_SQLITE_ROUND_1 = [
+    "INSERT INTO customers VALUES (1, 'Ada', 'ada@example.com', 100.5), "
+    "(2, 'Grace', NULL, 0), (3, 'Linus', 'linus@example.com', 12.34)",
+    "INSERT INTO products VALUES (1, 'kettle', 39.9, '{\"color\": \"red\"}', "
+    "'Boil water.'), (2, 'teapot', 24.0, '{\"size\": [1, 2]}', 'Pour.')",
+    "WITH RECURSIVE g(x) AS (SELECT 1 UNION ALL SELECT x + 1 FROM g WHERE x < 5000) "
+    "INSERT INTO orders SELECT x, 1 + x % 3, 1 + x % 2, 1 + x % 5, 'new', "
+    "datetime('2024-05-01 12:00', '+' || x || ' minutes') FROM g",
+]
+_SQLITE_ROUND_2 = [
+    "UPDATE customers SET balance = balance + 1 WHERE id = 1",
+    "UPDATE products SET price = 34.9 WHERE id = 1",           # only price is logged
+    "UPDATE customers SET id = 20 WHERE id = 2",               # primary-key change
+    "DELETE FROM customers WHERE id = 3",
+    "UPDATE orders SET status = 'paid' WHERE id % 4 = 0",
+    "INSERT INTO customers VALUES (4, 'Edsger', 'ewd@example.com', 7)",
+    "DELETE FROM orders WHERE id > 4900",
+    "UPDATE customers SET email = NULL WHERE id = 1",          # set to NULL, not unchanged
+]
+
+
 class DemoMismatchError(TerminalError):
     """A Delta table does not equal its source table at the end of the demo."""
 
@@ -103,13 +136,18 @@ class DemoMismatchError(TerminalError):
               help="Only print the change events of a few statements as JSON lines.")
 @click.option("--keep", is_flag=True, help="Keep the demo directory (pipeline.toml, Delta "
                                            "tables) and print its path.")
-@click.option("--source", type=click.Choice(["postgres", "mariadb"]), default="postgres",
-              show_default=True, help="The source database: a private PostgreSQL, or a "
-                                      "private MariaDB (Debian's mariadb-server).")
+@click.option("--source", type=click.Choice(["postgres", "mariadb", "sqlite"]),
+              default="postgres", show_default=True,
+              help="The source database: a private PostgreSQL, a private MariaDB (Debian's "
+                   "mariadb-server), or a SQLite file captured through log tables.")
 def demo(capture: bool, keep: bool, source: str) -> None:
-    """Database changes into Delta Lake through Spark, on a private PostgreSQL or MariaDB."""
+    """Database changes into Delta Lake through Spark, on a private PostgreSQL, MariaDB or
+    SQLite."""
     if source == "mariadb":
         _mariadb_demo(keep)
+        return
+    if source == "sqlite":
+        _sqlite_demo(keep)
         return
     if capture:
         from tidemark.cli.demo_capture import capture_demo  # noqa: PLC0415
@@ -161,6 +199,36 @@ def _mariadb_demo(keep: bool) -> None:
         shutil.rmtree(directory, ignore_errors=True)
 
 
+def _sqlite_demo(keep: bool) -> None:
+    import shutil  # noqa: PLC0415
+    import sqlite3  # noqa: PLC0415
+
+    from tidemark.source.logtable import sqlite_install  # noqa: PLC0415
+
+    directory = Path(tempfile.mkdtemp(prefix="tidemark-demo-"))
+    database = directory / "shop.db"
+    conn = sqlite3.connect(database, isolation_level=None)
+    with contextlib.closing(conn):
+        for statement in _SQLITE_SCHEMA:
+            conn.execute(statement)
+        sqlite_install.install(conn, ["customers", "products", "orders"])
+    dsn = f"sqlite://{database}"
+    click.echo(f"SQLite file {database}: log tables installed (tidemark logtable install)")
+    targets = "".join(
+        f'\n[targets."main.{table.split(".")[1]}"]\npath = "lake/{table.split(".")[1]}"\n'
+        f'keys = ["id"]\nstored_as_scd_type = {scd}\n' for table, scd in _TARGETS.items())
+    config_file = directory / "pipeline.toml"
+    config_file.write_text(
+        f'[source]\ndsn = "{dsn}"\n\n[spark]\nmaster = "local[2]"\n'
+        'app_name = "tidemark-demo"\ncheckpoint = "checkpoint"\navailable_now = true\n'
+        '\n[changelog]\npath = "lake/_changes"\n' + targets, encoding="utf-8")
+    _run_demo(dsn, config_file, (_SQLITE_ROUND_1, _SQLITE_ROUND_2), "SQLite")
+    if keep:
+        click.echo(f"kept {directory}")
+    else:
+        shutil.rmtree(directory, ignore_errors=True)
+
+
 def _prepare(dsn: str) -> None:
     from tidemark.source.postgres import session  # noqa: PLC0415
     from tidemark.spark import wal  # noqa: PLC0415
@@ -190,6 +258,16 @@ def _write_pipeline(directory: Path, dsn: str) -> Path:
 def _execute(dsn: str, statements: list[str]) -> None:
     for statement in statements:
         click.echo(f"  sql> {statement[:90]}{'…' if len(statement) > 90 else ''}")
+    if dsn.startswith("sqlite:"):
+        from tidemark.source.logtable.sqlite import connect  # noqa: PLC0415
+
+        lite = connect(dsn)
+        with contextlib.closing(lite):
+            lite.execute("BEGIN")
+            for statement in statements:
+                lite.execute(statement)
+            lite.execute("COMMIT")
+        return
     if dsn.startswith("mariadb://"):
         from tidemark.source.mariadb import client  # noqa: PLC0415
 

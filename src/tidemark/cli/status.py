@@ -11,17 +11,24 @@ import click
 @click.command()
 @click.argument("config_file", required=False, type=click.Path(dir_okay=False))
 @click.option("--dsn", envvar="TIDEMARK_DSN",
-              help="A capture's database: libpq connection string or URI, or a mariadb:// "
-                   "URL (or $TIDEMARK_DSN). A pipeline's comes from its file.")
+              help="A capture's database: libpq connection string or URI, a mariadb:// "
+                   "URL or a sqlite: file (or $TIDEMARK_DSN). A pipeline's comes from its "
+                   "file.")
 @click.option("--slot", default="tidemark", show_default=True,
               help="A capture's replication slot (capture's --slot).")
 @click.option("--offsets", type=click.Path(dir_okay=False),
               help="A capture's offsets file (capture's --offsets): compared with the slot.")
+@click.option("--source", type=click.Choice(("replication", "logtable")), default=None,
+              help="A PostgreSQL capture of log tables (capture's --source); a sqlite: DSN "
+                   "is always one.")
+@click.option("--topic-prefix", default="tidemark", show_default=True,
+              help="A log-table capture's --topic-prefix (its offsets' keys start with it).")
 @click.option("--json", "as_json", is_flag=True,
               help="Print one JSON object (keys below) instead of text.")
 @click.pass_context
 def status(ctx: click.Context, config_file: str | None, dsn: str | None, slot: str,
-           offsets: str | None, as_json: bool) -> None:
+           offsets: str | None, source: str | None, topic_prefix: str,
+           as_json: bool) -> None:
     """Show a capture's slot and offsets, or a pipeline's (CONFIG_FILE) targets,
     checkpoint and slot. Read-only, and Spark is not started.
 
@@ -55,6 +62,12 @@ def status(ctx: click.Context, config_file: str | None, dsn: str | None, slot: s
       lag {bytes, files_behind, note}, and capture: offsets {file, exists, found,
       position, gtids}, or pipeline: checkpoint {path, query_id, last_committed_batch,
       last_committed}, targets, last_run; a purged binlog is a problem.
+      A log-table source (sqlite: DSN, --source logtable, [source] kind = "logtable"):
+      source "logtable", log {connector, database, generations[], groups, tables[]},
+      lag {changes, groups_read, groups_unread, note} (logged changes not read yet),
+      and capture: offsets {file, exists, groups}, or pipeline: checkpoint {path,
+      query_id, last_committed_batch}, targets, last_run; a missing or out-of-step log
+      table is a problem.
     """
     # Imported here: `tidemark capture` must not pay for pyarrow and deltalake.
     import psycopg2  # noqa: PLC0415
@@ -63,7 +76,7 @@ def status(ctx: click.Context, config_file: str | None, dsn: str | None, slot: s
 
     try:
         if config_file is not None:
-            for name in ("dsn", "slot", "offsets"):
+            for name in ("dsn", "slot", "offsets", "source", "topic_prefix"):
                 if ctx.get_parameter_source(name) == click.core.ParameterSource.COMMANDLINE:
                     raise click.UsageError(f"--{name} is for a capture's status; a "
                                            "pipeline's comes from CONFIG_FILE")
@@ -71,7 +84,12 @@ def status(ctx: click.Context, config_file: str | None, dsn: str | None, slot: s
             from tidemark.source.registry import source_kind  # noqa: PLC0415
 
             config = load_config(config_file)
-            if source_kind(config.dsn) == "mariadb":
+            if source_kind(config.dsn, config.source.kind) == "logtable":
+                from tidemark.status import logtable  # noqa: PLC0415
+
+                result = logtable.pipeline_status(config, config_file)
+                text = logtable.render_pipeline
+            elif source_kind(config.dsn) == "mariadb":
                 from tidemark.status import mariadb  # noqa: PLC0415
 
                 result = mariadb.pipeline_status(config, config_file)
@@ -90,7 +108,12 @@ def status(ctx: click.Context, config_file: str | None, dsn: str | None, slot: s
                                        "status, or a pipeline file")
             from tidemark.source.registry import source_kind  # noqa: PLC0415
 
-            if source_kind(dsn) == "mariadb":
+            if source_kind(dsn, source) == "logtable":
+                from tidemark.status import logtable  # noqa: PLC0415
+
+                result = logtable.capture_status(dsn, offsets, topic_prefix)
+                text = logtable.render_capture
+            elif source_kind(dsn) == "mariadb":
                 from tidemark.status import mariadb  # noqa: PLC0415
 
                 result = mariadb.capture_status(dsn, offsets)

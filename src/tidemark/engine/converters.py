@@ -117,13 +117,21 @@ class EventConverter:
         return out
 
 
-def flat_row(value: dict[str, Any], flatten: Flatten) -> dict[str, Any] | None:
-    """The row of a flattened record from the decoded envelope (None: a tombstone)."""
+def flat_row(value: dict[str, Any], flatten: Flatten,
+             cells: Sequence[str] | None = None) -> dict[str, Any] | None:
+    """The row of a flattened record from the decoded envelope (None: a tombstone).
+
+    *cells* names the columns written as ScyllaDB's cells (``{"value": …}``, ``null``
+    when unchanged): they are flattened to their values, an unchanged one to null, as
+    Scylla's ``ScyllaExtractNewState`` does (which cannot tell NULL from unchanged)."""
     op = value["op"]
     deleted = op == "d"
     if deleted and flatten.delete_handling is DeleteHandling.TOMBSTONE:
         return None
     row: dict[str, Any] = dict(value["before"] if deleted else value["after"])
+    for name in cells or ():
+        cell = row.get(name)
+        row[name] = cell["value"] if isinstance(cell, dict) else None
     source = value["source"]
     for field in flatten.add_fields:
         if field in ("op", "ts_ms"):
@@ -246,7 +254,10 @@ class DebeziumJsonConverter:
                     append(ConvertedRecord(destination, key, value, event))
                 continue
             if flatten is not None:
-                row = flat_row(msgspec.json.decode(value), flatten)
+                cells = None
+                if self.options.cells and isinstance(event, ChangeEvent) and event.schema:
+                    cells = [c.name for c in event.schema.columns if not c.is_key]
+                row = flat_row(msgspec.json.decode(value), flatten, cells)
                 append(ConvertedRecord(destination, key_text,
                                        None if row is None else
                                        self._encoder.encode(row).decode(), event))

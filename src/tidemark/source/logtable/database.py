@@ -125,6 +125,10 @@ class LogDatabase(Protocol):
         *retention_s*; the number deleted."""
         ...
 
+    def behind(self, group: int, position: Position, tables: list[LogTable]) -> int:
+        """How many logged changes of *group* are after *position* (for status)."""
+        ...
+
     def check_unchanged(self, tables: list[LogTable]) -> None:
         """Raise SourceError when a captured table's columns no longer match its log."""
         ...

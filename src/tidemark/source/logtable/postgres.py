@@ -112,6 +112,26 @@ class PostgresLogDatabase:
         self.check_unchanged(out)
         return out
 
+    def behind(self, group: int, position: Position, tables: list[LogTable]) -> int:
+        prev = str(position["snapshot"])
+        step = position.get("step") or {"snapshot": prev, "after": 0}
+        total = 0
+        with cursor(self._conn) as cur:
+            for entry in tables:
+                cur.execute(sql.SQL(
+                    "SELECT count(*) FROM {log} WHERE {group} = %(group)s "
+                    "AND {txid} >= pg_snapshot_xmin(%(prev)s::pg_snapshot) "
+                    "AND NOT pg_visible_in_snapshot({txid}, %(prev)s::pg_snapshot) "
+                    "AND (NOT pg_visible_in_snapshot({txid}, %(now)s::pg_snapshot) "
+                    "OR {time} > %(after)s)").format(
+                        log=sql.Identifier(entry.table.schema, entry.log),
+                        group=sql.Identifier(layout.GROUP), txid=sql.Identifier(layout.TXID),
+                        time=sql.Identifier(layout.TIME)),
+                    {"group": group, "prev": prev, "now": str(step["snapshot"]),
+                     "after": int(step["after"] or 0)})
+                total += int(cur.fetchone()[0])
+        return total
+
     def check_unchanged(self, tables: list[LogTable]) -> None:
         with cursor(self._conn) as cur:
             for entry in tables:
@@ -119,7 +139,12 @@ class PostgresLogDatabase:
                             "%s::regclass AND a.attnum > 0 AND NOT a.attisdropped",
                             (sql.Identifier(entry.table.schema, entry.log).as_string(cur),))
                 present = {name for (name,) in cur.fetchall()}
-                missing = [c.name for c in entry.schema.columns if c.name not in present]
+                # The table as it is now, not as it was when the reader started.
+                cur.execute("SELECT a.attname FROM pg_attribute a WHERE a.attrelid = "
+                            "%s::regclass AND a.attnum > 0 AND NOT a.attisdropped",
+                            (sql.Identifier(entry.table.schema, entry.table.table)
+                             .as_string(cur),))
+                missing = [name for (name,) in cur.fetchall() if name not in present]
                 if missing:
                     raise SourceError(
                         f"table {entry.table} has column(s) {', '.join(missing)} that its "

@@ -147,14 +147,18 @@ class LogTableReader:
         self.saved(offset)
 
     def _maybe_prune(self) -> None:
+        """Every ``prune_interval_s``: check that the tables still match their logs (an
+        ALTER without ``tidemark logtable install`` stops the capture here, where no
+        event trigger guards them), then delete what retention allows."""
         config = self.config
-        if config.retention_s < 0:
-            return
         now = time.monotonic()
         if now - self._last_prune < config.prune_interval_s:
             return
         self._last_prune = now
         db = self._require()
+        db.check_unchanged(self._tables)
+        if config.retention_s < 0:
+            return
         deleted = 0
         for group, position in self._saved.items():
             deleted += db.prune(group, position, self._tables, config.retention_s)

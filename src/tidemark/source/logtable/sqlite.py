@@ -192,6 +192,13 @@ class SqliteLogDatabase:
         self.check_unchanged(out)
         return out
 
+    def behind(self, group: int, position: Position, tables: list[LogTable]) -> int:
+        q = install.quote
+        return sum(int(self._conn.execute(
+            f"SELECT count(*) FROM {q(entry.log)} WHERE {q(layout.GROUP)} = ? AND "
+            f"{q(layout.TIME)} > ?", (group, _after(position))).fetchone()[0])
+            for entry in tables)
+
     def check_unchanged(self, tables: list[LogTable]) -> None:
         for entry in tables:
             present = {name for name, _, _ in install.table_columns(self._conn, entry.log)}
@@ -199,7 +206,9 @@ class SqliteLogDatabase:
                 raise SourceError(f"the log table {entry.log} of {entry.table.table} is "
                                   "missing (dropped?): run `tidemark logtable install` for it; "
                                   "changes made since it was dropped were not logged")
-            missing = [c.name for c in entry.schema.columns if c.name not in present]
+            missing = [name for name, _, _ in install.table_columns(self._conn,
+                                                                    entry.table.table)
+                       if name not in present]
             if missing:
                 raise SourceError(f"table {entry.table.table} has column(s) "
                                   f"{', '.join(missing)} that its log table lacks: run "

@@ -1,0 +1,165 @@
+"""``tidemark status`` for a log-table source: the log, and how far behind the readers are.
+
+A log-table capture holds nothing on the server but its log rows: what can go wrong is
+that a log table or its trigger is missing or out of step with its table (changes are
+then not logged), which the status reports as a problem, with the way out. Lag is the
+number of logged changes each group's reader has not read yet.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+from pathlib import Path
+from typing import Any
+
+from tidemark.errors import TidemarkError
+from tidemark.offsets.store import decode_json_object
+from tidemark.source.logtable.database import LogDatabase, LogTable, Position
+from tidemark.source.logtable.reader import open_database
+from tidemark.status.report import Status, render, table
+
+
+def _log(db: LogDatabase, include: list[str], problems: list[str]
+         ) -> tuple[dict[str, Any], list[LogTable]]:
+    section: dict[str, Any] = {"connector": db.connector, "database": db.database,
+                               "generations": [], "groups": None, "tables": []}
+    try:
+        generations = db.generations()
+        section["generations"] = [{"number": g.number, "streams": g.streams,
+                                   "groups": g.groups, "started_at": g.started_at}
+                                  for g in generations]
+        section["groups"] = generations[-1].groups
+        tables = db.tables(include)
+    except TidemarkError as err:
+        problems.append(str(err))
+        return section, []
+    section["tables"] = [str(t.table) for t in tables]
+    return section, tables
+
+
+def _behind(db: LogDatabase, tables: list[LogTable], groups: int | None,
+            positions: dict[int, Position], what: str, warnings: list[str]
+            ) -> dict[str, Any]:
+    lag: dict[str, Any] = {"changes": None, "groups_read": len(positions),
+                           "groups_unread": None, "note": None}
+    if groups is None or not tables:
+        return lag
+    unread = [g for g in range(groups) if g not in positions]
+    lag["groups_unread"] = len(unread)
+    if unread and positions:
+        warnings.append(f"{len(unread)} of {groups} groups have no {what} position: a "
+                        "capture of them starts at the log's beginning")
+    start = db.start_position()
+    lag["changes"] = sum(db.behind(g, positions.get(g, start), tables) for g in range(groups))
+    if not positions:
+        lag["note"] = f"no {what} position yet: every logged change is unread"
+    return lag
+
+
+def capture_status(dsn: str, offsets_file: str | None, topic_prefix: str = "tidemark"
+                   ) -> Status:
+    """A log-table capture's status: the log and its offsets file (if given)."""
+    problems: list[str] = []
+    warnings: list[str] = []
+    offsets: dict[str, Any] | None = None
+    positions: dict[int, Position] = {}
+    if offsets_file is not None:
+        path = Path(offsets_file)
+        offsets = {"file": str(path), "exists": path.exists(), "groups": 0}
+        if path.exists():
+            saved = decode_json_object(path.read_bytes(), str(path))
+            prefix = f"{topic_prefix}/logtable/group-"
+            for key, value in saved.items():
+                if key.startswith(prefix) and key[len(prefix):].isdigit() and \
+                        isinstance(value, dict):
+                    positions[int(key[len(prefix):])] = value
+            offsets["groups"] = len(positions)
+            if not positions:
+                warnings.append(f"{path} holds no group offset of {topic_prefix!r}: the next "
+                                "capture reads the log from its beginning")
+    with contextlib.closing(open_database(dsn)) as db:
+        log, tables = _log(db, [], problems)
+        lag = _behind(db, tables, log["groups"], positions, "saved", warnings) \
+            if offsets_file is not None else {"changes": None, "groups_read": None,
+                                              "groups_unread": None,
+                                              "note": "no --offsets given"}
+    return {"kind": "capture", "source": "logtable", "healthy": not problems,
+            "problems": problems, "warnings": warnings, "log": log, "offsets": offsets,
+            "lag": lag}
+
+
+def pipeline_status(config: Any, config_file: str) -> Status:
+    """A log-table pipeline's status: the log, the checkpoint's positions, targets."""
+    from tidemark.pipeline.status import (  # noqa: PLC0415 - shares the pipeline's parts
+        _last_batch,
+        _last_run,
+        _target,
+    )
+
+    problems: list[str] = []
+    warnings: list[str] = []
+    root = Path(config.checkpoint)
+    checkpoint: dict[str, Any] = {"path": config.checkpoint, "query_id": None,
+                                  "last_committed_batch": None}
+    positions: dict[int, Position] = {}
+    with contextlib.suppress(FileNotFoundError):
+        metadata = (root / "metadata").read_text(encoding="utf-8")
+        checkpoint["query_id"] = str(json.loads(metadata.splitlines()[0])["id"])
+        committed = _last_batch(root / "commits")
+        checkpoint["last_committed_batch"] = committed
+        if committed is not None:
+            line = (root / "offsets" / str(committed)).read_text(encoding="utf-8")
+            offset = json.loads(line.splitlines()[-1])
+            positions = {int(g): p for g, p in offset.get("groups", {}).items()}
+    if checkpoint["query_id"] is None:
+        warnings.append("the pipeline has not started yet")
+    with contextlib.closing(open_database(config.dsn)) as db:
+        log, tables = _log(db, [t.table for t in config.targets], problems)
+        lag = _behind(db, tables, log["groups"], positions, "checkpoint's", warnings)
+    targets = [_target(t, config.checkpoint, checkpoint["query_id"], problems)
+               for t in config.targets]
+    last_run = _last_run(config.checkpoint, problems)
+    return {"kind": "pipeline", "source": "logtable", "healthy": not problems,
+            "problems": problems, "warnings": warnings,
+            "config": str(Path(config_file).resolve()), "log": log,
+            "checkpoint": checkpoint, "targets": targets, "last_run": last_run, "lag": lag}
+
+
+def _log_rows(status: Status) -> list[tuple[str, str]]:
+    log, lag = status["log"], status["lag"]
+    generation = log["generations"][-1] if log["generations"] else None
+    rows = [("log", f"{log['connector']} database {log['database']}: " + (
+        f"generation {generation['number']}, {generation['streams']} streams in "
+        f"{generation['groups']} groups; tables {', '.join(log['tables']) or '-'}"
+        if generation else "no log tables installed"))]
+    if lag["changes"] is not None:
+        rows.append(("lag", f"{lag['changes']:,} logged changes not read yet"))
+    elif lag["note"]:
+        rows.append(("lag", lag["note"]))
+    return rows
+
+
+def render_capture(status: Status) -> str:
+    rows = _log_rows(status)
+    offsets = status["offsets"]
+    if offsets is not None:
+        rows.append(("offsets", f"{offsets['file']}: {offsets['groups']} group offsets"))
+    return render("log-table capture", rows, status)
+
+
+def render_pipeline(status: Status) -> str:
+    from tidemark.pipeline.status import _run_line  # noqa: PLC0415
+
+    rows = _log_rows(status)
+    chk = status["checkpoint"]
+    rows.append(("checkpoint", f"{chk['path']}: " + (
+        "no query has started" if chk["query_id"] is None else
+        f"last committed batch {chk['last_committed_batch']}")))
+    rows.append(("last run", _run_line(status["last_run"])))
+    body = [tuple("-" if v is None else str(v) for v in (
+        t["table"], "LOST" if t["lost"] else t["delta_version"], t["rows"],
+        t["last_batch_id"], t["last_commit_at"], t["path"])) for t in status["targets"]]
+    lines = ["targets:", *table(("table", "delta version", "rows", "last batch",
+                                 "last commit", "path"), body)]
+    return render(f"pipeline {status['config']}", rows, status, lines)
