@@ -43,11 +43,12 @@ def logdb(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[LogDb]:
 
 
 def _pipeline(tmp_path: Path, logdb: LogDb, spark: str = "available_now = true",
-              extra: str = "") -> Path:
+              extra: str = "", source: str = "") -> Path:
     kind = "" if logdb.kind == "sqlite" else 'kind = "logtable"\n'
     file = tmp_path / "pipeline.toml"
     file.write_text(
-        f'[source]\ndsn = "{logdb.dsn}"\n{kind}[spark]\ncheckpoint = "{tmp_path}/chk"\n'
+        f'[source]\ndsn = "{logdb.dsn}"\n{kind}{source}[spark]\n'
+        f'checkpoint = "{tmp_path}/chk"\n'
         f'{spark}\n[targets."{logdb.table("orders")}"]\npath = "{tmp_path}/lake/orders"\n'
         f'keys = ["id"]\n{extra}')
     return file
@@ -64,7 +65,7 @@ def test_snapshot_then_log_keeps_delta_equal_to_the_source(
                   "price double precision)",
                   *(f"INSERT INTO orders VALUES ({i}, 'n{i}', {i}, {i}.5)" for i in range(50)))
     logdb.install(["orders"], streams=16, groups=4)
-    config = load_config(_pipeline(tmp_path, logdb))
+    config = load_config(_pipeline(tmp_path, logdb, source="retention_s = 0\n"))
     Pipeline(config, spark=spark).run()
     assert _equal(tmp_path, logdb)
     # Partial updates: the log holds only what changed; Delta keeps the rest.
@@ -77,6 +78,8 @@ def test_snapshot_then_log_keeps_delta_equal_to_the_source(
     Pipeline(config, spark=spark, on_batch=reports.append).run()
     assert _equal(tmp_path, logdb)
     assert reports, "the changes made no batch"
+    # Committed past and older than retention_s = 0: deleted by the query's commit.
+    assert logdb.query("SELECT count(*) FROM orders_cdc_log") == [(0,)]
     logdb.execute("INSERT INTO orders VALUES (200, 'unread', 1, 1.0)")
     status = subprocess.run([sys.executable, "-m", "tidemark", "status",
                              str(tmp_path / "pipeline.toml"), "--json"],

@@ -5,6 +5,8 @@ updates, a primary-key change, deletes, an update that leaves a TOASTed value un
 a large transaction), writes a ``pipeline.toml`` into a temporary directory and runs it
 with ``available_now`` twice (more changes in between), then proves every Delta table
 equals its PostgreSQL table. ``--capture`` prints the raw change events instead.
+``--source mariadb`` does the same on a private MariaDB (snapshot, then the binlog),
+``--source sqlite`` on a SQLite file captured through log tables.
 """
 
 from __future__ import annotations

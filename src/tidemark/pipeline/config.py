@@ -60,6 +60,9 @@ class SourceSection(msgspec.Struct, frozen=True):
     """How a PostgreSQL database is read: its WAL (``replication``, the default) or its
     CDC log tables (``logtable``, see ``tidemark logtable install``). A ``sqlite:`` DSN
     is always log tables, a ``mariadb://`` one its binlog."""
+    retention_s: float | None = None
+    """Log tables: log rows the pipeline has committed past are deleted once older than
+    this (default a day; negative: never). Only for ``kind = "logtable"`` / SQLite."""
     slot: str = DEFAULT_SLOT
     publication: str = DEFAULT_PUBLICATION
     tables: list[str] | None = None

@@ -171,6 +171,8 @@ class Pipeline:
             onSchemaChange=source.on_schema_change.value,
             serverTimeoutMs=source.server_timeout_ms,
             **({"source": source.kind} if source.kind is not None else {}),
+            **({"retentionS": str(source.retention_s)}
+               if source.retention_s is not None else {}),
             **self._snapshot_options(),
             # Typed Arrow batches pass through Spark as opaque values: this query only
             # collects them. The change log is written by Spark's Parquet sink, which

@@ -46,6 +46,8 @@ from tidemark.spark.snapshot_plan import ROW_SEQ
 
 log = logging.getLogger(__name__)
 
+_PRUNE_INTERVAL_S = 60.0
+
 
 class GroupRange(InputPartition):
     """One partition: some groups' changes between two positions they share, or (no
@@ -72,6 +74,7 @@ class LogTableStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         self.options = options
         self.schema = schema
         self._target: Position | None = None
+        self._last_prune = 0.0
 
     @contextlib.contextmanager
     def _db(self) -> Iterator[LogDatabase]:
@@ -141,8 +144,20 @@ class LogTableStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         return ranges
 
     def commit(self, end: dict[str, Any]) -> None:
-        """Nothing to release here: log rows are deleted by their retention
-        (``tidemark capture``/the engine) or by the user, never by a query's commit."""
+        """*end* is committed: delete the log rows before it that are older than
+        ``retentionS``, at most once a minute (the driver, between batches)."""
+        if self.options.retention_s < 0 or end.get("snapshot"):
+            return
+        now = time.monotonic()
+        if now - self._last_prune < _PRUNE_INTERVAL_S:
+            return
+        self._last_prune = now
+        with self._db() as db:
+            tables = _tables(db, self.options)
+            deleted = sum(db.prune(int(group), position, tables, self.options.retention_s)
+                          for group, position in end["groups"].items())
+        if deleted:
+            log.info("deleted %d log rows the query has committed past", deleted)
 
     def read(self, partition: InputPartition) -> Iterator[pa.RecordBatch]:
         assert isinstance(partition, GroupRange)

@@ -77,11 +77,13 @@ SNAPSHOT_CHUNKS_PER_TRIGGER: Final = "snapshotChunksPerTrigger"
 SIGNAL_TABLE: Final = "signalTable"
 SLOT_FAILOVER: Final = "slotFailover"
 SOURCE: Final = "source"
+RETENTION_S: Final = "retentionS"
 
 ALLOWED: Final = (DSN, TABLES, TABLE, SLOT, PUBLICATION, MAX_CHANGES_PER_TRIGGER,
                   NUM_PARTITIONS, ON_SCHEMA_CHANGE, ARROW_BATCH_ROWS, ROW_FORMAT,
                   SERVER_TIMEOUT_MS, SNAPSHOT, SNAPSHOT_TABLES, SNAPSHOT_CHUNK_ROWS,
-                  SNAPSHOT_CHUNKS_PER_TRIGGER, SIGNAL_TABLE, SLOT_FAILOVER, SOURCE)
+                  SNAPSHOT_CHUNKS_PER_TRIGGER, SIGNAL_TABLE, SLOT_FAILOVER, SOURCE,
+                  RETENTION_S)
 _BY_LOWER: Final = {name.lower(): name for name in ALLOWED}
 _TABLE_NAME: Final = re.compile(r"[^.\s]+\.[^.\s]+|[^.\s]+")
 
@@ -144,6 +146,9 @@ class SourceOptions:
     slot_failover: bool | None = None
     """Create the slot as a failover slot (PostgreSQL 17+; ``slotFailover``). None: where
     the server supports it."""
+    retention_s: float = 86_400.0
+    """Log tables: rows the query has committed past are deleted once older than this
+    (``retentionS``; negative: never)."""
     kind: SourceKind = "postgres"
     """What is read: a PostgreSQL WAL (``postgres``), a MariaDB binlog (``mariadb://``),
     or log tables (``source=logtable`` on PostgreSQL, or a ``sqlite:`` DSN)."""
@@ -176,6 +181,8 @@ class SourceOptions:
             except psycopg2.ProgrammingError:
                 raise ConfigError(DSN, "not a valid libpq connection string; expected e.g. "
                                   "'host=db port=5432 dbname=app user=cdc'") from None
+        if kind != "logtable" and RETENTION_S in values:
+            raise ConfigError(RETENTION_S, "applies to log tables only")
         if kind == "logtable":
             for unsupported in (SIGNAL_TABLE, MAX_CHANGES_PER_TRIGGER, SLOT, PUBLICATION,
                                 SLOT_FAILOVER):
@@ -235,6 +242,7 @@ class SourceOptions:
                 if SNAPSHOT_CHUNKS_PER_TRIGGER in values
                 else SNAPSHOT_CHUNKS_PER_PARTITION * num_partitions),
             slot_failover=_bool(values, SLOT_FAILOVER),
+            retention_s=_float(values, RETENTION_S, 86_400.0),
             kind=kind,
         )
 
@@ -283,6 +291,15 @@ def _positive_int(values: Mapping[str, str], key: str) -> int:
     if number <= 0:
         raise ConfigError(key, f"must be > 0, got {number}")
     return number
+
+
+def _float(values: Mapping[str, str], key: str, default: float) -> float:
+    if key not in values:
+        return default
+    try:
+        return float(values[key].strip())
+    except ValueError:
+        raise ConfigError(key, f"{values[key]!r} is not a number of seconds") from None
 
 
 def _bool(values: Mapping[str, str], key: str) -> bool | None:
