@@ -394,5 +394,8 @@ def test_ten_thousand_keys_save_at_once_and_load_each(backend: Backend) -> None:
     store = backend.open()
     assert store.load("shop/logtable/group-5") == {"after": 1}
     assert store.load("shop/logtable/group-9999") == {"after": 9999 * 7}
+    loaded = store.load_many([*offsets, "shop/logtable/group-none"])
+    assert len(loaded) == 10_000 and loaded["shop/logtable/group-5"] == {"after": 1}
+    assert loaded["shop/logtable/group-77"] == {"after": 77 * 7}
     assert all(store.load(key) == value for key, value in offsets.items()
                if key != "shop/logtable/group-5")

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import os
 import tempfile
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 
 import msgspec
@@ -80,6 +80,9 @@ class FileOffsetStore:
         self._offsets = self._read()
         self._offsets[key] = dict(offset)
         write_atomically(self.path, msgspec.json.encode(self._offsets))
+
+    def load_many(self, keys: Sequence[str]) -> dict[str, Offset]:
+        return {k: self._offsets[k] for k in keys if k in self._offsets}
 
     def save_many(self, offsets: Mapping[str, Offset]) -> None:
         self._offsets = self._read()

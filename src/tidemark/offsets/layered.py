@@ -2,10 +2,10 @@
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from types import TracebackType
 
-from tidemark.offsets.store import Offset, OffsetStore
+from tidemark.offsets.store import Offset, OffsetStore, load_offsets
 
 
 class LayeredOffsetStore:
@@ -52,6 +52,17 @@ class LayeredOffsetStore:
         """Durably save *offset* locally, then remotely."""
         self.local.save(key, offset)
         self.remote.save(key, offset)
+
+    def load_many(self, keys: Sequence[str]) -> dict[str, Offset]:
+        """Local offsets of *keys*; the others from remote, copied to local."""
+        found = load_offsets(self.local, keys)
+        missing = [k for k in keys if k not in found]
+        if missing:
+            remote = load_offsets(self.remote, missing)
+            if remote:
+                self.local.save_many(remote)
+                found.update(remote)
+        return found
 
     def save_many(self, offsets: Mapping[str, Offset]) -> None:
         """Durably save *offsets* locally, then remotely."""

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import copy
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 
 from tidemark.offsets.store import Offset
 
@@ -24,6 +24,9 @@ class MemoryOffsetStore:
 
     def save(self, key: str, offset: Offset) -> None:
         self.offsets[key] = copy.deepcopy(offset)
+
+    def load_many(self, keys: Sequence[str]) -> dict[str, Offset]:
+        return {k: copy.deepcopy(self.offsets[k]) for k in keys if k in self.offsets}
 
     def save_many(self, offsets: Mapping[str, Offset]) -> None:
         self.offsets.update(copy.deepcopy(dict(offsets)))

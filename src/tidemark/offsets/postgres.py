@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from types import TracebackType
 from typing import Any, TypeVar
 
@@ -52,6 +52,8 @@ class PostgresOffsetStore:
             'ON CONFLICT (key) DO UPDATE SET "offset" = excluded."offset", '
             "updated_at = excluded.updated_at"
         ).format(self._name)
+        self._load_many_sql = sql.SQL(
+            'SELECT key, "offset"::text FROM {} WHERE key = ANY(%s::text[])').format(self._name)
         self._save_many_sql = sql.SQL(
             'INSERT INTO {} (key, "offset", updated_at) '
             "SELECT k, o::jsonb, now() FROM unnest(%s::text[], %s::text[]) AS u(k, o) "
@@ -187,6 +189,22 @@ class PostgresOffsetStore:
             cur.execute(self._save_sql, (key, data))
 
         self._run("save", upsert)
+
+    def load_many(self, keys: Sequence[str]) -> dict[str, Offset]:
+        """The saved offsets of *keys*, in one query."""
+
+        def query(cur: Any) -> list[tuple[str, str]]:
+            cur.execute(self._load_many_sql, (list(keys),))
+            return [(str(k), str(v)) for k, v in cur.fetchall()]
+
+        out: dict[str, Offset] = {}
+        for key, text in self._run("load", query):
+            offset = msgspec.json.decode(text)
+            if not isinstance(offset, dict):
+                raise TerminalError(f"the offset of {key!r} in {self.qualified_name} is not "
+                                    "a JSON object")
+            out[key] = offset
+        return out
 
     def save_many(self, offsets: Mapping[str, Offset]) -> None:
         """Replace several offsets in one statement (one commit)."""

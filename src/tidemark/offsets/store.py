@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import Any, Protocol, TypeAlias
 
 import msgspec
@@ -41,6 +41,21 @@ class OffsetReader(Protocol):
         ...
 
 
+def load_offsets(reader: OffsetReader, keys: Sequence[str]) -> dict[str, Offset]:
+    """The saved offsets of *keys* (those that have one): one ``load_many`` where the
+    store has it (one query for thousands of keys), else a ``load`` per key."""
+    load_many = getattr(reader, "load_many", None)
+    if callable(load_many):
+        found: dict[str, Offset] = load_many(keys)
+        return found
+    out = {}
+    for key in keys:
+        offset = reader.load(key)
+        if offset is not None:
+            out[key] = offset
+    return out
+
+
 class OffsetStore(Protocol):
     """Keeps one offset per partition key (one per task or stream).
 
@@ -55,6 +70,10 @@ class OffsetStore(Protocol):
 
     def save(self, key: str, offset: Offset) -> None:
         """Durably replace the offset of *key*."""
+        ...
+
+    def load_many(self, keys: Sequence[str]) -> dict[str, Offset]:
+        """The saved offsets of *keys* (absent keys left out), in one lookup."""
         ...
 
     def save_many(self, offsets: Mapping[str, Offset]) -> None:

@@ -23,7 +23,7 @@ from typing import Any
 
 from tidemark.errors import ConfigError, SourceError
 from tidemark.event import ChangeEvent, Op, SourceContext
-from tidemark.offsets.store import Offset, OffsetReader
+from tidemark.offsets.store import Offset, OffsetReader, load_offsets
 from tidemark.source.batch import SourceBatch
 from tidemark.source.capture_stats import CaptureStats
 from tidemark.source.logtable.config import LogTableSourceConfig, is_sqlite
@@ -89,10 +89,10 @@ class LogTableReader:
         self._groups = groups
         self._tables = db.tables(list(self.config.table_include_list))
         given = (offset or {}).get("groups", {})
+        stored = load_offsets(store, [self.config.offset_key(g) for g in groups
+                                      if str(g) not in given]) if store is not None else {}
         for group in groups:
-            position = given.get(str(group))
-            if position is None and store is not None:
-                position = store.load(self.config.offset_key(group))
+            position = given.get(str(group)) or stored.get(self.config.offset_key(group))
             self._positions[group] = dict(position) if position else db.start_position()
         self._saved = {g: p for g, p in self._positions.items()}
         self.stats.connected = True
