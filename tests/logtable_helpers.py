@@ -75,6 +75,8 @@ class LogDb:
 
 def reader(db: LogDb, *, store: OffsetReader | None = None, **settings: Any) -> LogTableReader:
     """A started reader of *db* (settings are LogTableSourceConfig's)."""
+    # A short idle wait: tests drain readers often.
+    settings = {"poll_interval_ms": 20, **settings}
     r = LogTableReader(LogTableSourceConfig.from_mapping({"dsn": db.dsn, **settings}))
     r.start(store=store)
     return r

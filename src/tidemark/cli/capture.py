@@ -93,11 +93,13 @@ def _first_events(records: list[Record], lines: list[str], remaining: int
                    "set, {\"value\": null} set to NULL, null unchanged); --no-cells writes "
                    "plain values with Debezium's placeholder for unchanged ones.")
 @click.option("--retention-s", type=float, default=86_400.0, show_default=True,
-              help="Log tables: delete log rows read by this capture once older than this "
-                   "(negative: never).")
+              help="Log tables: delete log rows that every registered reader has read once "
+                   "older than this (negative: never). A capture registers (as its "
+                   "--topic-prefix) only with --offsets.")
 @click.option("--table", "tables", multiple=True,
               help="schema.table to capture (repeatable; a regular expression matches "
-                   "several). Default: all tables.")
+                   "several; log tables: exact names). Default: all tables (log tables: "
+                   "every table with a log).")
 @click.option("--exclude-table", "exclude", multiple=True, help="Regex of tables to skip.")
 @click.option("--slot", default="tidemark", show_default=True, help="Replication slot.")
 @click.option("--publication", default="tidemark_publication", show_default=True)
@@ -168,7 +170,8 @@ def capture(dsn: str, source: str | None, tasks: int, task_index: int, cells: bo
     connector: PostgresConnector | MariaDbConnector | LogTableReader
     kind = source_kind(dsn, source)
     if kind == "logtable":
-        logtable = _logtable_config(values, tasks, task_index, retention_s)
+        logtable = _logtable_config(values, tasks, task_index, retention_s,
+                                    offsets is not None)
         serializer = DebeziumJsonSerializer(DebeziumJsonOptions(
             topic_prefix=topic_prefix, tombstones_on_delete=tombstones, cells=cells))
         connector = LogTableReader(logtable)
@@ -330,7 +333,7 @@ _LOGTABLE_UNUSED = ("slot", "publication", "on_slot_lost", "snapshot_mode",
 
 
 def _logtable_config(values: dict[str, Any], tasks: int, task_index: int,
-                     retention_s: float) -> LogTableSourceConfig:
+                     retention_s: float, saved: bool) -> LogTableSourceConfig:
     from tidemark.source.logtable.config import LogTableSourceConfig  # noqa: PLC0415
     from tidemark.source.logtable.layout import assign_groups  # noqa: PLC0415
     from tidemark.source.logtable.reader import open_database  # noqa: PLC0415
@@ -343,8 +346,11 @@ def _logtable_config(values: dict[str, Any], tasks: int, task_index: int,
     if task_index >= tasks:
         raise click.UsageError(f"--task {task_index} is not one of --tasks {tasks} (0 to "
                                f"{tasks - 1})")
+    # Without --offsets nothing is saved: such a capture must not register (its position
+    # would let retention delete what a real reader still needs).
     base = {"dsn": values["dsn"], "table_include_list": values["table_include_list"],
-            "topic_prefix": values["topic_prefix"], "retention_s": retention_s}
+            "topic_prefix": values["topic_prefix"], "retention_s": retention_s,
+            "register": saved}
     groups: tuple[int, ...] = ()
     if tasks > 1:
         db = open_database(values["dsn"])

@@ -93,11 +93,31 @@ def uninstall(dsn: str, tables: tuple[str, ...]) -> None:
 
 @logtable.command()
 @click.argument("dsn", envvar="TIDEMARK_DSN")
+@click.argument("reader")
+def forget(dsn: str, reader: str) -> None:
+    """Unregister READER (a capture's --topic-prefix, a pipeline's `run:<checkpoint>`)
+    that will not read again: retention stops waiting for it."""
+    from tidemark.source.logtable.reader import open_database  # noqa: PLC0415
+
+    db = open_database(dsn)
+    try:
+        groups = db.forget(reader)
+    finally:
+        db.close()
+    if not groups:
+        raise click.UsageError(f"no reader {reader!r} is registered (see `tidemark logtable "
+                               "status`)")
+    click.echo(f"reader {reader!r} forgotten ({groups} group positions)")
+
+
+@logtable.command()
+@click.argument("dsn", envvar="TIDEMARK_DSN")
 @click.option("--json", "as_json", is_flag=True, help="One JSON object instead of text.")
 def status(dsn: str, as_json: bool) -> None:
     """What is installed: generations, captured tables and the changes each log holds."""
     with _connection(dsn) as conn:
         report = _sqlite_status(conn) if is_sqlite(dsn) else _postgres_status(conn)
+    report["readers"] = _readers(dsn) if report["generations"] else []
     report["database"] = dsn if is_sqlite(dsn) else redact_dsn(dsn)
     if as_json:
         click.echo(json.dumps(report))
@@ -112,6 +132,27 @@ def status(dsn: str, as_json: bool) -> None:
     for table in report["tables"]:
         click.echo(f"{table['table']}: log {table['log']}, {table['rows']} changes held"
                    + (f", oldest {table['oldest']}" if table["oldest"] else ""))
+    for reader in report["readers"]:
+        click.echo(f"reader {reader['reader']}: {reader['groups']} groups, last saved "
+                   f"{reader['updated_at']}")
+    if not report["readers"]:
+        click.echo("no reader registered yet (retention deletes nothing)")
+
+
+def _readers(dsn: str) -> list[dict[str, Any]]:
+    from tidemark.source.logtable.reader import open_database  # noqa: PLC0415
+
+    db = open_database(dsn)
+    try:
+        by_reader: dict[str, dict[str, Any]] = {}
+        for entry in db.readers():
+            row = by_reader.setdefault(entry.reader, {"reader": entry.reader, "groups": 0,
+                                                      "updated_at": entry.updated_at})
+            row["groups"] += 1
+            row["updated_at"] = min(row["updated_at"], entry.updated_at)
+        return list(by_reader.values())
+    finally:
+        db.close()
 
 
 def _generations(generations: list[layout.Generation]) -> list[dict[str, Any]]:

@@ -161,8 +161,10 @@ class Pipeline:
 
     def _start(self, spark: SparkSession) -> StreamingQuery:
         source = self.config.source
-        # A replication slot and publication exist only where the WAL is read.
-        replication = {} if self._kind == "logtable" else {
+        # A replication slot and publication exist only where the WAL is read; a log's
+        # reader registry knows the pipeline by its checkpoint.
+        replication = {"readerName": f"run:{os.path.abspath(self.config.checkpoint)}"} \
+            if self._kind == "logtable" else {
             "slot": source.slot, "publication": source.publication}
         stream = ts.read_changes(
             spark, dsn=self.config.dsn, tables=list(self.config.tables), **replication,

@@ -106,8 +106,13 @@ def save_offset(store: OffsetStore, task: Any, offset: Offset) -> None:
     task with many keys, as one :meth:`OffsetStore.save_many` of the keys that moved."""
     if isinstance(task, SavesOffsetsByKey):
         by_key = task.offsets_by_key(offset)
-        if by_key:
-            store.save_many(by_key)
+        save_many = getattr(store, "save_many", None)
+        if callable(save_many):
+            if by_key:
+                save_many(by_key)
+        else:  # a store of the protocol before save_many
+            for key, value in by_key.items():
+                store.save(key, value)
         task.saved(offset)
     else:
         store.save(task.partition, offset)

@@ -144,9 +144,10 @@ class LogTableStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         return ranges
 
     def commit(self, end: dict[str, Any]) -> None:
-        """*end* is committed: delete the log rows before it that are older than
-        ``retentionS``, at most once a minute (the driver, between batches)."""
-        if self.options.retention_s < 0 or end.get("snapshot"):
+        """*end* is committed: at most once a minute (the driver, between batches),
+        record it in the reader registry (``readerName``) and delete the log rows every
+        registered reader has passed that are older than ``retentionS``."""
+        if end.get("snapshot"):
             return
         now = time.monotonic()
         if now - self._last_prune < _PRUNE_INTERVAL_S:
@@ -154,10 +155,11 @@ class LogTableStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         self._last_prune = now
         with self._db() as db:
             tables = _tables(db, self.options)
-            deleted = sum(db.prune(int(group), position, tables, self.options.retention_s)
-                          for group, position in end["groups"].items())
+            positions = {int(g): p for g, p in end["groups"].items()}
+            db.register(self.options.reader_name, positions)
+            deleted = db.prune(sorted(positions), tables, self.options.retention_s)
         if deleted:
-            log.info("deleted %d log rows the query has committed past", deleted)
+            log.info("deleted %d log rows every registered reader has passed", deleted)
 
     def read(self, partition: InputPartition) -> Iterator[pa.RecordBatch]:
         assert isinstance(partition, GroupRange)
@@ -184,15 +186,15 @@ class LogTableStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
 
 def _snapshot(db: LogDatabase, feeder: EventFeeder, tables: list[LogTable],
               fetch_rows: int) -> Iterator[pa.RecordBatch]:
-    _, chunks = db.snapshot(tables, fetch_rows)
     taken_us = time.time_ns() // 1000
     context = SourceContext(db.connector, "tidemark", db.database, taken_us, None, None)
-    for index, rows in chunks:
-        schema = tables[index].schema
-        for row in rows:
-            feeder.add(ChangeEvent(Op.READ, schema, None, row, context, 0, 0, 0, taken_us,
-                                   SnapshotMarker.TRUE), 0, ROW_SEQ)
-        yield from feeder.sink.take()
+    with db.snapshot(tables, fetch_rows) as (_, chunks):
+        for index, rows in chunks:
+            schema = tables[index].schema
+            for row in rows:
+                feeder.add(ChangeEvent(Op.READ, schema, None, row, context, 0, 0, 0,
+                                       taken_us, SnapshotMarker.TRUE), 0, ROW_SEQ)
+            yield from feeder.sink.take()
 
 
 def table_schemas(options: SourceOptions) -> dict[TableId, StructType]:

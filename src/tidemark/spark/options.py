@@ -78,12 +78,13 @@ SIGNAL_TABLE: Final = "signalTable"
 SLOT_FAILOVER: Final = "slotFailover"
 SOURCE: Final = "source"
 RETENTION_S: Final = "retentionS"
+READER_NAME: Final = "readerName"
 
 ALLOWED: Final = (DSN, TABLES, TABLE, SLOT, PUBLICATION, MAX_CHANGES_PER_TRIGGER,
                   NUM_PARTITIONS, ON_SCHEMA_CHANGE, ARROW_BATCH_ROWS, ROW_FORMAT,
                   SERVER_TIMEOUT_MS, SNAPSHOT, SNAPSHOT_TABLES, SNAPSHOT_CHUNK_ROWS,
                   SNAPSHOT_CHUNKS_PER_TRIGGER, SIGNAL_TABLE, SLOT_FAILOVER, SOURCE,
-                  RETENTION_S)
+                  RETENTION_S, READER_NAME)
 _BY_LOWER: Final = {name.lower(): name for name in ALLOWED}
 _TABLE_NAME: Final = re.compile(r"[^.\s]+\.[^.\s]+|[^.\s]+")
 
@@ -147,8 +148,11 @@ class SourceOptions:
     """Create the slot as a failover slot (PostgreSQL 17+; ``slotFailover``). None: where
     the server supports it."""
     retention_s: float = 86_400.0
-    """Log tables: rows the query has committed past are deleted once older than this
-    (``retentionS``; negative: never)."""
+    """Log tables: rows every registered reader has passed are deleted once older than
+    this (``retentionS``; negative: never)."""
+    reader_name: str = "spark"
+    """Log tables: the query's name in the database's reader registry (``readerName``;
+    ``tidemark run`` names it after its checkpoint). One per query."""
     kind: SourceKind = "postgres"
     """What is read: a PostgreSQL WAL (``postgres``), a MariaDB binlog (``mariadb://``),
     or log tables (``source=logtable`` on PostgreSQL, or a ``sqlite:`` DSN)."""
@@ -181,8 +185,9 @@ class SourceOptions:
             except psycopg2.ProgrammingError:
                 raise ConfigError(DSN, "not a valid libpq connection string; expected e.g. "
                                   "'host=db port=5432 dbname=app user=cdc'") from None
-        if kind != "logtable" and RETENTION_S in values:
-            raise ConfigError(RETENTION_S, "applies to log tables only")
+        for logtable_only in (RETENTION_S, READER_NAME):
+            if kind != "logtable" and logtable_only in values:
+                raise ConfigError(logtable_only, "applies to log tables only")
         if kind == "logtable":
             for unsupported in (SIGNAL_TABLE, MAX_CHANGES_PER_TRIGGER, SLOT, PUBLICATION,
                                 SLOT_FAILOVER):
@@ -243,6 +248,7 @@ class SourceOptions:
                 else SNAPSHOT_CHUNKS_PER_PARTITION * num_partitions),
             slot_failover=_bool(values, SLOT_FAILOVER),
             retention_s=_float(values, RETENTION_S, 86_400.0),
+            reader_name=values.get(READER_NAME, "").strip() or "spark",
             kind=kind,
         )
 

@@ -38,10 +38,17 @@ class LogTableSourceConfig(msgspec.Struct, frozen=True, kw_only=True,
     """Most changes read from one group at a time (one query per table)."""
     poll_interval_ms: int = 500
     """How long an idle reader waits before looking again."""
+    reader_name: str = ""
+    """This reader's name in the database's reader registry (default: the
+    ``topic_prefix``). Readers of one log under one name share positions there: give
+    each independent consumer its own."""
+    register: bool = True
+    """Record saved positions in the registry and delete what every registered reader
+    has passed (off for a capture whose offsets are not saved anywhere)."""
     retention_s: float = 86_400.0
-    """Log rows older than this that every reader of their group has passed are deleted
-    (by the reader, after its offsets are saved); 0 deletes them as soon as read,
-    negative never."""
+    """Log rows older than this that every registered reader of their group has passed
+    are deleted (by a reader, after its offsets are saved); 0 deletes them as soon as
+    read, negative never."""
     prune_interval_s: float = 60.0
     """How often a reader deletes what it may."""
 
@@ -67,6 +74,11 @@ class LogTableSourceConfig(msgspec.Struct, frozen=True, kw_only=True,
     def redacted_dsn(self) -> str:
         """The DSN without its password."""
         return self.dsn if is_sqlite(self.dsn) else redact_dsn(self.dsn)
+
+    @property
+    def reader(self) -> str:
+        """The name this reader registers under."""
+        return self.reader_name or self.topic_prefix
 
     def offset_key(self, group: int) -> str:
         """The offset key of one group: one stored offset per group."""

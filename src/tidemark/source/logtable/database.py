@@ -14,7 +14,8 @@ before the first change of an empty log.
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator, Mapping, Sequence
+from contextlib import AbstractContextManager
 from typing import Any, NamedTuple, Protocol
 
 import msgspec
@@ -23,6 +24,8 @@ from tidemark.event import TableId, TableSchema, WireTuple
 from tidemark.source.logtable.layout import Generation
 
 Position = dict[str, Any]
+#: A chunk of a snapshot: the table's index and its rows as text.
+Snapshotted = tuple[int, list[tuple[str | None, ...]]]
 
 
 class LogTable(msgspec.Struct, frozen=True):
@@ -50,6 +53,15 @@ class LogRow(NamedTuple):
     ts_us: int
     txid: int | None
     values: WireTuple
+
+
+class ReaderPosition(NamedTuple):
+    """A registered reader's saved position in one group, and when it saved it."""
+
+    reader: str
+    group: int
+    position: Position
+    updated_at: str
 
 
 class ReadResult(NamedTuple):
@@ -114,15 +126,28 @@ class LogDatabase(Protocol):
         ...
 
     def snapshot(self, tables: list[LogTable], fetch_rows: int
-                 ) -> tuple[Position, Iterator[tuple[int, list[tuple[str | None, ...]]]]]:
-        """The tables' rows as one consistent read: the position it was taken at, and
-        ``(table index, rows as text)`` chunks (read lazily; exhaust the iterator)."""
+                 ) -> AbstractContextManager[tuple[Position, Iterator[Snapshotted]]]:
+        """The tables' rows as one consistent read, in a ``with``: the position it was
+        taken at, and ``(table index, rows as text)`` chunks, read lazily; the read's
+        connection ends with the block."""
         ...
 
-    def prune(self, group: int, position: Position, tables: list[LogTable],
-              retention_s: float) -> int:
-        """Delete *group*'s log rows that *position* is past and that are older than
-        *retention_s*; the number deleted."""
+    def register(self, reader: str, positions: Mapping[int, Position]) -> None:
+        """Record that *reader* has durably saved *positions* (by group): retention
+        deletes only what every registered reader of a group has passed."""
+        ...
+
+    def readers(self) -> list[ReaderPosition]:
+        """The registered readers' positions, by reader and group."""
+        ...
+
+    def forget(self, reader: str) -> int:
+        """Unregister *reader* (one that will not come back); the groups it held."""
+        ...
+
+    def prune(self, groups: Sequence[int], tables: list[LogTable], retention_s: float) -> int:
+        """Delete the log rows of *groups* that every registered reader has passed and
+        that are older than *retention_s*; the number deleted."""
         ...
 
     def behind(self, group: int, position: Position, tables: list[LogTable]) -> int:

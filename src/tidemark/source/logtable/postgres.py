@@ -23,9 +23,11 @@ in-progress list.) A position is::
 
 from __future__ import annotations
 
+import contextlib
 import heapq
+import json
 import logging
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from typing import Any, Final
 
 import psycopg2
@@ -36,7 +38,14 @@ from tidemark.errors import ConfigError, SourceError, SourceUnavailableError
 from tidemark.event import UNAVAILABLE, TableId, WireValue
 from tidemark.source.logtable import layout
 from tidemark.source.logtable import postgres_install as install
-from tidemark.source.logtable.database import LogRow, LogTable, Position, ReadResult
+from tidemark.source.logtable.database import (
+    LogRow,
+    LogTable,
+    Position,
+    ReaderPosition,
+    ReadResult,
+    Snapshotted,
+)
 from tidemark.source.postgres.catalog import current_database
 from tidemark.source.postgres.session import connect, cursor
 
@@ -133,24 +142,13 @@ class PostgresLogDatabase:
         return total
 
     def check_unchanged(self, tables: list[LogTable]) -> None:
-        with cursor(self._conn) as cur:
-            for entry in tables:
-                cur.execute("SELECT a.attname FROM pg_attribute a WHERE a.attrelid = "
-                            "%s::regclass AND a.attnum > 0 AND NOT a.attisdropped",
-                            (sql.Identifier(entry.table.schema, entry.log).as_string(cur),))
-                present = {name for (name,) in cur.fetchall()}
-                # The table as it is now, not as it was when the reader started.
-                cur.execute("SELECT a.attname FROM pg_attribute a WHERE a.attrelid = "
-                            "%s::regclass AND a.attnum > 0 AND NOT a.attisdropped",
-                            (sql.Identifier(entry.table.schema, entry.table.table)
-                             .as_string(cur),))
-                missing = [name for (name,) in cur.fetchall() if name not in present]
-                if missing:
-                    raise SourceError(
-                        f"table {entry.table} has column(s) {', '.join(missing)} that its "
-                        f"log table {entry.log} lacks (ALTER TABLE without the log): changes "
-                        "to them were not logged. Run `tidemark logtable install` for the "
-                        "table, then re-load it (changes since the ALTER are incomplete)")
+        try:
+            with cursor(self._conn) as cur:
+                for entry in tables:
+                    _check_table(cur, entry)
+        except psycopg2.OperationalError as err:
+            raise SourceUnavailableError(f"checking the log tables of {self._db}: "
+                                         f"{str(err).strip()}") from None
 
     def start_position(self) -> Position:
         return {"snapshot": EMPTY_SNAPSHOT}
@@ -243,19 +241,20 @@ class PostgresLogDatabase:
         finally:
             conn.close()
 
+    @contextlib.contextmanager
     def snapshot(self, tables: list[LogTable], fetch_rows: int
-                 ) -> tuple[Position, Iterator[tuple[int, list[tuple[str | None, ...]]]]]:
+                 ) -> Iterator[tuple[Position, Iterator[Snapshotted]]]:
         conn = connect(self._dsn, application_name="tidemark-logtable-snapshot")
-        conn.autocommit = False
-        conn.set_session(isolation_level="REPEATABLE READ", readonly=True)
-        with cursor(conn) as cur:
-            # The transaction's snapshot is the position: the rows read in it are the
-            # tables' state there, and the log from there on is what came after.
-            cur.execute("SELECT pg_current_snapshot()::text")
-            position = {"snapshot": str(cur.fetchone()[0])}
+        try:
+            conn.autocommit = False
+            conn.set_session(isolation_level="REPEATABLE READ", readonly=True)
+            with cursor(conn) as cur:
+                # The transaction's snapshot is the position: the rows read in it are the
+                # tables' state there, and the log from there on is what came after.
+                cur.execute("SELECT pg_current_snapshot()::text")
+                position = {"snapshot": str(cur.fetchone()[0])}
 
-        def rows() -> Iterator[tuple[int, list[tuple[str | None, ...]]]]:
-            try:
+            def rows() -> Iterator[Snapshotted]:
                 for index, entry in enumerate(tables):
                     names = sql.SQL(", ").join(
                         sql.SQL("{}::text").format(sql.Identifier(c.name))
@@ -269,11 +268,10 @@ class PostgresLogDatabase:
                             if not fetched:
                                 break
                             yield index, fetched
-                conn.commit()
-            finally:
-                conn.close()
 
-        return position, rows()
+            yield position, rows()
+        finally:
+            conn.close()
 
     def _begin_step(self, group: int, position: Position, tables: list[LogTable],
                     now: str | None = None) -> dict[str, Any] | None:
@@ -343,26 +341,94 @@ class PostgresLogDatabase:
         return ReadResult(rows, {"snapshot": position["snapshot"],
                                  "step": {**step, "after": rows[-1].time}}, False)
 
-    def prune(self, group: int, position: Position, tables: list[LogTable],
-              retention_s: float) -> int:
-        if "step" in position:
-            return 0
-        deleted = 0
+    def register(self, reader: str, positions: Mapping[int, Position]) -> None:
+        groups = sorted(positions)
+        self._run("register the reader's positions", sql.SQL(
+            "INSERT INTO {}.{} (reader, grp, position, updated_at) SELECT %s, g, p::jsonb, "
+            "now() FROM unnest(%s::int[], %s::text[]) AS u(g, p) ON CONFLICT (reader, grp) "
+            "DO UPDATE SET position = excluded.position, updated_at = excluded.updated_at")
+            .format(sql.Identifier(install.SCHEMA), sql.Identifier(install.READERS_TABLE)),
+            (reader, groups, [json.dumps(positions[g]) for g in groups]))
+
+    def readers(self) -> list[ReaderPosition]:
         with cursor(self._conn) as cur:
+            cur.execute(sql.SQL("SELECT reader, grp, position::text, updated_at::text FROM "
+                                "{}.{} ORDER BY 1, 2").format(
+                sql.Identifier(install.SCHEMA), sql.Identifier(install.READERS_TABLE)))
+            return [ReaderPosition(r, int(g), json.loads(p), u) for r, g, p, u in cur.fetchall()]
+
+    def forget(self, reader: str) -> int:
+        with cursor(self._conn) as cur:
+            cur.execute(sql.SQL("DELETE FROM {}.{} WHERE reader = %s").format(
+                sql.Identifier(install.SCHEMA), sql.Identifier(install.READERS_TABLE)),
+                (reader,))
+            return int(cur.rowcount)
+
+    def prune(self, groups: Sequence[int], tables: list[LogTable], retention_s: float) -> int:
+        bounds: dict[int, int] = {}
+        for registered in self.readers():
+            # Every transaction below a snapshot's xmin is visible in it: read.
+            xmin = int(str(registered.position.get("snapshot", "0:0:")).split(":")[0])
+            bounds[registered.group] = min(bounds.get(registered.group, xmin), xmin)
+        deleted = 0
+        for group in groups:
+            if group not in bounds:
+                continue  # no reader has saved a position in it yet
             for entry in tables:
-                cur.execute(sql.SQL(
-                    "DELETE FROM {log} WHERE {group} = %s AND {txid} < "
-                    "pg_snapshot_xmin(%s::pg_snapshot) AND {ts} < clock_timestamp() - "
-                    "make_interval(secs => %s)").format(
+                deleted += self._run("delete read log rows", sql.SQL(
+                    "DELETE FROM {log} WHERE {group} = %s AND {txid} < %s::text::xid8 AND {ts} "
+                    "< clock_timestamp() - make_interval(secs => %s)").format(
                         log=sql.Identifier(entry.table.schema, entry.log),
                         group=sql.Identifier(layout.GROUP), txid=sql.Identifier(layout.TXID),
                         ts=sql.Identifier(layout.TS)),
-                    (group, position["snapshot"], retention_s))
-                deleted += cur.rowcount
+                    (group, bounds[group], retention_s))
         return deleted
+
+    def _run(self, what: str, statement: sql.Composable, params: Any) -> int:
+        try:
+            with cursor(self._conn) as cur:
+                cur.execute(statement, params)
+                return int(cur.rowcount)
+        except psycopg2.OperationalError as err:
+            raise SourceUnavailableError(f"cannot {what} in {self._db}: "
+                                         f"{str(err).strip()}") from None
 
     def close(self) -> None:
         self._conn.close()
+
+
+def _check_table(cur: Any, entry: LogTable) -> None:
+    """Raise SourceError when *entry*'s log no longer follows its table: the log table
+    or a trigger missing or disabled, a column the log lacks or types apart."""
+    table = entry.table
+    log_types = install._column_types(cur, table.schema, entry.log)
+    if not log_types:
+        raise SourceError(f"the log table {table.schema}.{entry.log} of {table} is missing "
+                          f"(dropped?): run `tidemark logtable install` for {table}; changes "
+                          "made since it was dropped were not logged")
+    # The table as it is now, not as it was when the reader started.
+    types = install._column_types(cur, table.schema, table.table)
+    missing = [name for name in types if name not in log_types]
+    changed = [name for name, kind in types.items()
+               if name in log_types and log_types[name] != kind]
+    if missing or changed:
+        what = (f"column(s) {', '.join(missing)} that its log table {entry.log} lacks"
+                if missing else f"column(s) {', '.join(changed)} of another type than in "
+                f"its log table {entry.log}")
+        raise SourceError(f"table {table} has {what} (ALTER TABLE without the log): changes "
+                          "to them were not logged right. Run `tidemark logtable install` for "
+                          "the table, then re-load it (changes since the ALTER are incomplete)")
+    cur.execute("SELECT t.tgname, t.tgenabled FROM pg_trigger t WHERE t.tgrelid = "
+                "%s::regclass AND t.tgname LIKE 'tidemark_cdc_%%'",
+                (sql.Identifier(table.schema, table.table).as_string(cur),))
+    triggers = dict(cur.fetchall())
+    for op in install.OPS:
+        state = triggers.get(f"tidemark_cdc_{op}")
+        if state is None or state == "D":
+            raise SourceError(
+                f"the {op} trigger tidemark_cdc_{op} of {table} is "
+                f"{'missing' if state is None else 'disabled'}: changes are not logged. Run "
+                f"`tidemark logtable install` for {table}, then re-load it")
 
 
 def _streamed(index: int, entry: LogTable, cur: Any, fetch_rows: int) -> Iterator[LogRow]:

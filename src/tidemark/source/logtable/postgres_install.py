@@ -1,19 +1,24 @@
 """Install, update and remove PostgreSQL log tables: the DDL and the trigger code.
 
 Per captured table ``s.t``: the log table ``s.t_cdc_log`` (layout in
-:mod:`~tidemark.source.logtable.layout`), a row trigger that writes it and a TRUNCATE
-trigger that logs a delete per row (a group's reader must see each key's removal at
-its place in that group's order; one "truncate" event per group could not be placed).
-Shared, in schema ``tidemark_cdc``: the ``streams`` description, the ``time`` sequence
-that orders all changes, and the trigger functions.
+:mod:`~tidemark.source.logtable.layout`), statement triggers (with transition tables)
+that write it, and a TRUNCATE trigger that logs a delete per row (a group's reader must
+see each key's removal at its place in that group's order; one "truncate" event per
+group could not be placed). Shared, in schema ``tidemark_cdc``: the ``streams``
+description, the ``tables`` registry, the ``readers`` and their positions (what
+retention may delete), the ``time`` sequence that orders all changes, and the trigger
+functions.
 
 Installing is idempotent: run again after ``ALTER TABLE`` it adds the new columns to the
-log and rewrites the trigger, in one transaction; with ``streams`` changed it starts a
-new generation (all tables' triggers are rewritten in the same transaction, holding
-their locks, so no transaction writes the old generation after the new one starts).
+log (or changes their types) and rewrites the triggers, in one transaction; with
+``streams`` changed it starts a new generation (all tables' triggers are rewritten in
+the same transaction, holding their locks, so no transaction writes the old generation
+after the new one starts). Partitioned tables and partitions are refused: a statement
+trigger fires for its statement's own target only.
 
 An event trigger (installed where the user may create one, that is a superuser) stops
-``ALTER TABLE`` / ``DROP TABLE`` of a captured table unless it runs inside
+``ALTER TABLE`` (a rename too: it matches by OID) and ``DROP TABLE`` / ``DROP SCHEMA``
+of a captured table unless it runs inside
 ``tidemark logtable install``'s own transaction, so a column can never be added
 without its log following it.
 """
@@ -37,9 +42,12 @@ from tidemark.source.postgres.session import cursor
 log = logging.getLogger(__name__)
 
 SCHEMA: Final = "tidemark_cdc"
+#: The trigger operations; each has trigger ``tidemark_cdc_<op>`` on a captured table.
+OPS: Final = ("insert", "update", "delete", "truncate")
 STREAMS_TABLE: Final = "streams"
 TABLES_TABLE: Final = "tables"
 TIME_SEQUENCE: Final = "time"
+READERS_TABLE: Final = "readers"
 DDL_SETTING: Final = "tidemark.logtable_ddl"
 
 _SHARED = sql.SQL("""
@@ -54,8 +62,15 @@ CREATE TABLE IF NOT EXISTS {schema}.{tables} (
     table_schema text NOT NULL,
     table_name text NOT NULL,
     log_table text NOT NULL,
+    relid oid NOT NULL,
     installed_at timestamptz NOT NULL DEFAULT now(),
     PRIMARY KEY (table_schema, table_name));
+CREATE TABLE IF NOT EXISTS {schema}.{readers} (
+    reader text NOT NULL,
+    grp integer NOT NULL,
+    position jsonb NOT NULL,
+    updated_at timestamptz NOT NULL DEFAULT now(),
+    PRIMARY KEY (reader, grp));
 CREATE SEQUENCE IF NOT EXISTS {schema}.{time} AS bigint CACHE 1;
 """)
 
@@ -67,9 +82,9 @@ DECLARE cmd record;
 BEGIN
   IF current_setting({setting}, true) = 'on' THEN RETURN; END IF;
   FOR cmd IN SELECT * FROM pg_event_trigger_ddl_commands() LOOP
+    -- By OID: a RENAME or SET SCHEMA reports the table's new name.
     IF cmd.object_type = 'table' AND EXISTS (
-        SELECT 1 FROM {schema}.{tables} t
-        WHERE format('%I.%I', t.table_schema, t.table_name) = cmd.object_identity) THEN
+        SELECT 1 FROM {schema}.{tables} t WHERE t.relid = cmd.objid) THEN
       RAISE EXCEPTION 'table % is captured by a tidemark log table', cmd.object_identity
         USING HINT = 'change it in the transaction of `tidemark logtable install` '
                      '(--ddl "ALTER TABLE ..."), so that its log table follows, or '
@@ -84,8 +99,7 @@ BEGIN
   IF current_setting({setting}, true) = 'on' THEN RETURN; END IF;
   FOR obj IN SELECT * FROM pg_event_trigger_dropped_objects() LOOP
     IF obj.object_type = 'table' AND EXISTS (
-        SELECT 1 FROM {schema}.{tables} t
-        WHERE t.table_schema = obj.schema_name AND t.table_name = obj.object_name) THEN
+        SELECT 1 FROM {schema}.{tables} t WHERE t.relid = obj.objid) THEN
       RAISE EXCEPTION 'table %.% is captured by a tidemark log table',
         obj.schema_name, obj.object_name
         USING HINT = 'run `tidemark logtable uninstall` for it first';
@@ -97,7 +111,8 @@ CREATE EVENT TRIGGER tidemark_cdc_ddl_guard ON ddl_command_end
   WHEN TAG IN ('ALTER TABLE') EXECUTE FUNCTION {schema}.ddl_guard();
 DROP EVENT TRIGGER IF EXISTS tidemark_cdc_drop_guard;
 CREATE EVENT TRIGGER tidemark_cdc_drop_guard ON sql_drop
-  WHEN TAG IN ('DROP TABLE') EXECUTE FUNCTION {schema}.drop_guard();
+  WHEN TAG IN ('DROP TABLE', 'DROP SCHEMA', 'DROP OWNED')
+  EXECUTE FUNCTION {schema}.drop_guard();
 """)
 
 
@@ -108,6 +123,7 @@ def _ident(*parts: str) -> sql.Identifier:
 def _shared_names() -> dict[str, Any]:
     return {"schema": _ident(SCHEMA), "streams": _ident(STREAMS_TABLE),
             "tables": _ident(TABLES_TABLE), "time": _ident(TIME_SEQUENCE),
+            "readers": _ident(READERS_TABLE),
             "setting": sql.Literal(DDL_SETTING)}
 
 
@@ -119,14 +135,24 @@ def resolve(conn: psycopg2.extensions.connection, names: Sequence[str]) -> list[
         layout.check_name("schema", table.schema)
         layout.check_name("table", table.table)
     with cursor(conn) as cur:
-        cur.execute("SELECT n.nspname, c.relname FROM pg_class c JOIN pg_namespace n "
-                    "ON n.oid = c.relnamespace WHERE c.relkind IN ('r', 'p') AND "
+        cur.execute("SELECT n.nspname, c.relname, c.relkind, c.relispartition FROM pg_class c "
+                    "JOIN pg_namespace n ON n.oid = c.relnamespace WHERE "
                     "(n.nspname, c.relname) IN (SELECT * FROM unnest(%s::text[], %s::text[]))",
                     ([t.schema for t in tables], [t.table for t in tables]))
-        found = {TableId(s, t) for s, t in cur.fetchall()}
+        found = {TableId(s, t): (kind, partition) for s, t, kind, partition in cur.fetchall()}
     for table in tables:
-        if table not in found:
+        kind, partition = found.get(table, (None, False))
+        if kind is None:
             raise ConfigError("tables", f"table {table} does not exist")
+        if kind == "p" or partition:
+            # Statement triggers fire for the statement's own target only: a write to a
+            # partition would not reach the parent's, nor one through the parent a
+            # partition's.
+            raise ConfigError("tables", f"table {table} is partitioned or a partition: its "
+                              "writes cannot all be logged by statement triggers; capture it "
+                              "through logical replication (--source replication)")
+        if kind != "r":
+            raise ConfigError("tables", f"{table} is not a table (a view or foreign table?)")
     return tables
 
 
@@ -253,26 +279,34 @@ def _install_table(cur: Any, schema: TableSchema, generation: layout.Generation)
              batch=_ident(layout.BATCH_SEQ),
              op=_ident(layout.OPERATION), txid=_ident(layout.TXID), ts=_ident(layout.TS),
              columns=sql.SQL(", ").join(value_columns + flags)))
-    # After ALTER TABLE: bring the log's columns in line (new ones added; dropped ones
-    # kept, so that old log rows still read, and written as NULL from now on).
-    cur.execute("SELECT a.attname FROM pg_attribute a WHERE a.attrelid = %s::regclass "
-                "AND a.attnum > 0 AND NOT a.attisdropped",
-                (sql.Identifier(table.schema, log_name).as_string(cur),))
-    present = {name for (name,) in cur.fetchall()}
+    # After ALTER TABLE: bring the log's columns in line (new ones added, changed types
+    # changed; dropped ones kept, so that old log rows still read, and written as NULL
+    # from now on).
+    present = _column_types(cur, table.schema, log_name)
+    wanted = _column_types(cur, table.schema, table.table)
     for c in columns:
         if c.name not in present:
             cur.execute(sql.SQL("ALTER TABLE {} ADD COLUMN {} {}").format(
-                log_id, _ident(c.name), sql.SQL(_column_type(cur, table, c.name))))
+                log_id, _ident(c.name), sql.SQL(wanted[c.name])))
+        elif present[c.name] != wanted[c.name]:
+            # Through text: an unread log row keeps its value (or the install fails).
+            cur.execute(sql.SQL("ALTER TABLE {} ALTER COLUMN {} TYPE {} USING {}::text::{}")
+                        .format(log_id, _ident(c.name), sql.SQL(wanted[c.name]),
+                                _ident(c.name), sql.SQL(wanted[c.name])))
         if not c.is_key and layout.deleted_column(c.name) not in present:
             cur.execute(sql.SQL("ALTER TABLE {} ADD COLUMN {} boolean").format(
                 log_id, _ident(layout.deleted_column(c.name))))
-    for index_name, index_columns in ((f"{log_name}_group", (layout.GROUP, layout.TIME)),
-                                      (f"{log_name}_txid", (layout.GROUP, layout.TXID))):
+    tag = f"{zlib.crc32(f'{table.schema}.{table.table}'.encode()):08x}"
+    for index_name, index_columns in ((f"tidemark_cdc_{tag}_group", (layout.GROUP, layout.TIME)),
+                                      (f"tidemark_cdc_{tag}_txid", (layout.GROUP, layout.TXID))):
         cur.execute(sql.SQL("CREATE INDEX IF NOT EXISTS {} ON {} ({})").format(
-            _ident(index_name[:layout.MAX_IDENTIFIER]), log_id,
-            sql.SQL(", ").join(_ident(c) for c in index_columns)))
+            _ident(index_name), log_id, sql.SQL(", ").join(_ident(c) for c in index_columns)))
+    keys = [c.name for c in columns if c.is_key]
+    # A key type without a hash function fails here, not at the application's writes.
+    cur.execute(sql.SQL("SELECT hash_record_extended(ROW({}), 0) FROM {} LIMIT 1").format(
+        sql.SQL(", ").join(_ident(k) for k in keys), _ident(table.schema, table.table)))
     source = _ident(table.schema, table.table)
-    for op, statement in _functions(schema, log_id, generation).items():
+    for op, statement in _functions(cur, schema, log_id, generation).items():
         cur.execute(statement)
         trigger = _ident(f"tidemark_cdc_{op}")
         cur.execute(sql.SQL("DROP TRIGGER IF EXISTS {} ON {}").format(trigger, source))
@@ -288,35 +322,63 @@ def _install_table(cur: Any, schema: TableSchema, generation: layout.Generation)
                             "STATEMENT EXECUTE FUNCTION {}()").format(
                                 trigger, sql.SQL(op.upper()), source, sql.SQL(transition),
                                 _function(table, op)))
-    cur.execute(sql.SQL("INSERT INTO {}.{} (table_schema, table_name, log_table) "
-                        "VALUES (%s, %s, %s) ON CONFLICT DO NOTHING")
+    for op in OPS:
+        # ALWAYS: also under session_replication_role = replica (a logical replication
+        # subscriber applying changes to this table, a restore with disabled triggers).
+        cur.execute(sql.SQL("ALTER TABLE {} ENABLE ALWAYS TRIGGER {}").format(
+            source, _ident(f"tidemark_cdc_{op}")))
+    cur.execute(sql.SQL("INSERT INTO {}.{} (table_schema, table_name, log_table, relid) "
+                        "VALUES (%s, %s, %s, %s::regclass) ON CONFLICT DO NOTHING")
                 .format(_ident(SCHEMA), _ident(TABLES_TABLE)),
-                (table.schema, table.table, log_name))
+                (table.schema, table.table, log_name, source.as_string(cur)))
 
 
 def _column_type(cur: Any, table: TableId, column: str) -> str:
-    cur.execute("SELECT format_type(a.atttypid, a.atttypmod) FROM pg_attribute a "
-                "WHERE a.attrelid = %s::regclass AND a.attname = %s",
-                (sql.Identifier(table.schema, table.table).as_string(cur), column))
-    return str(cur.fetchone()[0])
+    return _column_types(cur, table.schema, table.table)[column]
 
 
-_OPS: Final = ("insert", "update", "delete", "truncate")
+def _column_types(cur: Any, schema: str, table: str) -> dict[str, str]:
+    """``{column: format_type}`` of a table's live columns ({} if it does not exist)."""
+    cur.execute("SELECT a.attname, format_type(a.atttypid, a.atttypmod) FROM pg_attribute a "
+                "JOIN pg_class c ON c.oid = a.attrelid JOIN pg_namespace n ON "
+                "n.oid = c.relnamespace WHERE n.nspname = %s AND c.relname = %s "
+                "AND a.attnum > 0 AND NOT a.attisdropped", (schema, table))
+    return {str(name): str(kind) for name, kind in cur.fetchall()}
+
+
+def _text_compared(cur: Any, table: TableId) -> set[str]:
+    """Columns whose type (or element type) has no default btree opclass (json, xml,
+    point, …): ``IS DISTINCT FROM`` has no operator for them, so they compare as text."""
+    cur.execute(
+        "SELECT a.attname FROM pg_attribute a JOIN pg_type t ON t.oid = a.atttypid "
+        "WHERE a.attrelid = %s::regclass AND a.attnum > 0 AND NOT a.attisdropped "
+        "AND NOT EXISTS (SELECT 1 FROM pg_opclass o JOIN pg_am m ON m.oid = o.opcmethod "
+        "  WHERE m.amname = 'btree' AND o.opcdefault AND o.opcintype IN "
+        "  (CASE WHEN t.typelem <> 0 AND t.typcategory = 'A' THEN t.typelem ELSE t.oid END, "
+        "   CASE WHEN t.typtype = 'd' THEN t.typbasetype ELSE t.oid END, "
+        "   CASE WHEN t.typtype = 'e' THEN 'anyenum'::regtype ELSE t.oid END))",
+        (sql.Identifier(table.schema, table.table).as_string(cur),))
+    return {str(name) for (name,) in cur.fetchall()}
+
+
 
 
 def _function(table: TableId, op: str) -> sql.Identifier:
-    """The trigger function of *table* for *op*: named after the table, with a hash of
-    the full name so that long names cut to PostgreSQL's limit stay apart."""
+    """The trigger function of *table* for *op*: named after the table (cut to fit
+    PostgreSQL's 63 bytes), with a hash of the full name so that cut names stay apart."""
     name = f"{table.schema}.{table.table}"
     suffix = f"_{zlib.crc32(name.encode()):08x}#{op}"
-    return _ident(SCHEMA, name[:layout.MAX_IDENTIFIER - len(suffix)] + suffix)
+    room = layout.MAX_IDENTIFIER - len(suffix.encode())
+    head = name.encode()[:room].decode(errors="ignore")
+    return _ident(SCHEMA, head + suffix)
 
 
 def _hash(row: str, keys: Sequence[str]) -> sql.Composable:
-    """The key's hash in [0, 2^31): the same text for every row source (a transition
-    table, the table itself), so a key always lands in the same group."""
+    """The key's hash in [0, 2^31). ``hash_record_extended`` hashes the values by their
+    types (equal keys hash equal: ``1.50`` and ``1.5``), whatever the writing session's
+    TimeZone or DateStyle, so a key always lands in the same group."""
     fields = sql.SQL(", ").join(sql.SQL("{}.{}").format(sql.SQL(row), _ident(k)) for k in keys)
-    return sql.SQL("(hashtext(ROW({})::text)::bigint & 2147483647)").format(fields)
+    return sql.SQL("(hash_record_extended(ROW({}), 0) & 2147483647)").format(fields)
 
 
 def _meta_columns() -> sql.Composable:
@@ -336,7 +398,10 @@ def _meta_values(row: str, keys: Sequence[str], generation: layout.Generation,
         batch=sql.Literal(batch_seq), op=sql.Literal(int(op)))
 
 
-def _functions(schema: TableSchema, log_id: sql.Identifier,
+_SOURCE_MARK: Final = "tidemark_cdc_truncated_table"
+
+
+def _functions(cur: Any, schema: TableSchema, log_id: sql.Identifier,
                generation: layout.Generation) -> dict[str, sql.Composable]:
     """The statement-level trigger functions of one table, by operation.
 
@@ -348,6 +413,7 @@ def _functions(schema: TableSchema, log_id: sql.Identifier,
     (after the deletes), the others updated with only the columns that changed.
     """
     table = schema.table
+    text_compared = _text_compared(cur, table)
     keys = [c.name for c in schema.columns if c.is_key]
     others = [c.name for c in schema.columns if not c.is_key]
     all_cols = sql.SQL(", ").join([
@@ -376,8 +442,13 @@ def _functions(schema: TableSchema, log_id: sql.Identifier,
         return sql.SQL("INSERT INTO {} ({}) SELECT {} FROM {} AS o {};").format(
             log_id, key_cols, sql.SQL(", ").join(values), sql.SQL(source), where)
 
-    changed = [sql.SQL("CASE WHEN {n} IS DISTINCT FROM {o} THEN {n} END").format(
-        n=col("n", c), o=col("o", c)) for c in others]
+    def differs(c: str) -> sql.Composable:
+        if c in text_compared:
+            return sql.SQL("{}::text IS DISTINCT FROM {}::text").format(col("n", c), col("o", c))
+        return sql.SQL("{} IS DISTINCT FROM {}").format(col("n", c), col("o", c))
+
+    changed = [sql.SQL("CASE WHEN {d} THEN {n} END").format(d=differs(c), n=col("n", c))
+               for c in others]
     nulled = [sql.SQL("CASE WHEN {n} IS NULL AND {o} IS NOT NULL THEN true END").format(
         n=col("n", c), o=col("o", c)) for c in others]
     update_values = [_meta_values("n", keys, generation, 0, layout.Operation.UPDATE),
@@ -395,12 +466,21 @@ def _functions(schema: TableSchema, log_id: sql.Identifier,
                                 sql.SQL(" "), updates]),
         "delete": deletes("old_rows", sql.SQL("")),
     }
-    # TRUNCATE: a delete per row, read from the table before it is emptied.
-    bodies["truncate"] = sql.SQL("INSERT INTO {} ({}) SELECT {} FROM {} AS o;").format(
+    # TRUNCATE: a delete per row, read from the table before it is emptied (holding its
+    # exclusive lock, so no write is in flight). Under REPEATABLE READ the transaction's
+    # old snapshot would miss rows committed since it began: refused there.
+    # The table by its trigger's name for it (a rename must not leave a stale one).
+    select = sql.SQL("INSERT INTO {} ({}) SELECT {} FROM {} AS o").format(
         log_id, key_cols, sql.SQL(", ").join(
             [_meta_values("o", keys, generation, 0, layout.Operation.ROW_DELETE),
-             *(col("o", k) for k in keys)]),
-        sql.Identifier(table.schema, table.table))
+             *(col("o", k) for k in keys)]), _ident(_SOURCE_MARK)).as_string(cur)
+    template = select.replace("%", "%%").replace(f'"{_SOURCE_MARK}"', "%I.%I")
+    bodies["truncate"] = sql.SQL(
+        "IF current_setting('transaction_isolation') <> 'read committed' THEN "
+        "RAISE EXCEPTION 'TRUNCATE of %.% (captured by a tidemark log table) needs READ "
+        "COMMITTED', TG_TABLE_SCHEMA, TG_TABLE_NAME USING HINT = 'run it in a READ "
+        "COMMITTED transaction, or DELETE the rows'; END IF; "
+        "EXECUTE format({}, TG_TABLE_SCHEMA, TG_TABLE_NAME);").format(sql.Literal(template))
     return {op: sql.SQL("CREATE OR REPLACE FUNCTION {}() RETURNS trigger LANGUAGE plpgsql "
                         "AS $fn$ BEGIN {} RETURN NULL; END $fn$").format(
                             _function(table, op), body)
@@ -421,7 +501,7 @@ def uninstall(conn: psycopg2.extensions.connection, names: Sequence[str]) -> lis
             cur.execute("SELECT set_config(%s, 'on', true)", (DDL_SETTING,))
             for table in tables:
                 source = _ident(table.schema, table.table)
-                for op in _OPS:
+                for op in OPS:
                     cur.execute(sql.SQL("DROP TRIGGER IF EXISTS {} ON {}").format(
                         _ident(f"tidemark_cdc_{op}"), source))
                     cur.execute(sql.SQL("DROP FUNCTION IF EXISTS {}()").format(

@@ -85,7 +85,7 @@ class LogTableReader:
         beyond = [g for g in groups if g >= total]
         if beyond:
             raise ConfigError("groups", f"groups {beyond} do not exist: the log has {total} "
-                              "groups (0 to {total - 1})")
+                              f"groups (0 to {total - 1})")
         self._groups = groups
         self._tables = db.tables(list(self.config.table_include_list))
         given = (offset or {}).get("groups", {})
@@ -122,6 +122,9 @@ class LogTableReader:
         finished = self._stop_at_end and len(self._caught_up) == len(self._groups)
         if not finished:
             self._maybe_prune()
+            if not moved:
+                # Every group is idle: wait, rather than query the database in a loop.
+                time.sleep(self.config.poll_interval_ms / 1000)
         return SourceBatch([], self._offset() if moved or finished else None, finished)
 
     def _offset(self) -> Offset:
@@ -149,7 +152,9 @@ class LogTableReader:
     def _maybe_prune(self) -> None:
         """Every ``prune_interval_s``: check that the tables still match their logs (an
         ALTER without ``tidemark logtable install`` stops the capture here, where no
-        event trigger guards them), then delete what retention allows."""
+        event trigger guards them), record the saved positions in the database's reader
+        registry, then delete what every registered reader has passed and retention
+        allows."""
         config = self.config
         now = time.monotonic()
         if now - self._last_prune < config.prune_interval_s:
@@ -157,14 +162,15 @@ class LogTableReader:
         self._last_prune = now
         db = self._require()
         db.check_unchanged(self._tables)
+        if not config.register:
+            return
+        db.register(config.reader, self._saved)
         if config.retention_s < 0:
             return
-        deleted = 0
-        for group, position in self._saved.items():
-            deleted += db.prune(group, position, self._tables, config.retention_s)
+        deleted = db.prune(self._groups, self._tables, config.retention_s)
         if deleted:
-            log.info("deleted %d log rows read by every reader and older than %.0f s",
-                     deleted, config.retention_s)
+            log.info("deleted %d log rows read by every registered reader and older than "
+                     "%.0f s", deleted, config.retention_s)
 
     def _events(self, rows: list[LogRow]) -> list[Any]:
         return events_of(self._require(), self._tables, rows, self.config.topic_prefix)

@@ -15,10 +15,13 @@ unless the table is STRICT) stops the reader with an error naming it.
 
 from __future__ import annotations
 
+import contextlib
+import functools
 import heapq
+import json
 import math
 import sqlite3
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -28,7 +31,14 @@ from tidemark.event import UNAVAILABLE, Column, TableId, TableSchema, WireValue
 from tidemark.logical_type import Kind, LogicalType
 from tidemark.source.logtable import layout
 from tidemark.source.logtable import sqlite_install as install
-from tidemark.source.logtable.database import LogRow, LogTable, Position, ReadResult
+from tidemark.source.logtable.database import (
+    LogRow,
+    LogTable,
+    Position,
+    ReaderPosition,
+    ReadResult,
+    Snapshotted,
+)
 
 SCHEMES = ("sqlite://", "sqlite:")
 
@@ -213,6 +223,16 @@ class SqliteLogDatabase:
                 raise SourceError(f"table {entry.table.table} has column(s) "
                                   f"{', '.join(missing)} that its log table lacks: run "
                                   "`tidemark logtable install` for it")
+            # A table rebuilt by a migration (create, copy, drop, rename) lost them.
+            triggers = {name for (name,) in self._conn.execute(
+                "SELECT name FROM sqlite_master WHERE type = 'trigger' AND tbl_name = ?",
+                (entry.table.table,))}
+            lost = [t for t in install.trigger_names(entry.table.table) if t not in triggers]
+            if lost:
+                raise SourceError(f"table {entry.table.table} lacks its trigger(s) "
+                                  f"{', '.join(lost)} (rebuilt by a migration?): changes are "
+                                  "not logged. Run `tidemark logtable install` for it, then "
+                                  "re-load it")
 
     def start_position(self) -> Position:
         return {"after": 0}
@@ -274,16 +294,17 @@ class SqliteLogDatabase:
         finally:
             conn.close()
 
+    @contextlib.contextmanager
     def snapshot(self, tables: list[LogTable], fetch_rows: int
-                 ) -> tuple[Position, Iterator[tuple[int, list[tuple[str | None, ...]]]]]:
+                 ) -> Iterator[tuple[Position, Iterator[Snapshotted]]]:
         conn = connect(self._dsn)
-        # One read transaction: the clock and the rows are one state of the database.
-        conn.execute("BEGIN")
-        clock = conn.execute(f"SELECT time FROM {install.CLOCK_TABLE}").fetchone()
-        position = {"after": int(clock[0]) if clock else 0}
+        try:
+            # One read transaction: the clock and the rows are one state of the database.
+            conn.execute("BEGIN")
+            clock = conn.execute(f"SELECT time FROM {install.CLOCK_TABLE}").fetchone()
+            position = {"after": int(clock[0]) if clock else 0}
 
-        def rows() -> Iterator[tuple[int, list[tuple[str | None, ...]]]]:
-            try:
+            def rows() -> Iterator[Snapshotted]:
                 for index, entry in enumerate(tables):
                     columns = entry.schema.columns
                     names = ", ".join(install.quote(c.name) for c in columns)
@@ -297,11 +318,10 @@ class SqliteLogDatabase:
                             None if v is None else _text(_to_text(
                                 c.logical.kind, v, entry.table.table, c.name, 0))
                             for c, v in zip(columns, row, strict=True)) for row in fetched]
-                conn.execute("COMMIT")
-            finally:
-                conn.close()
 
-        return position, rows()
+            yield position, rows()
+        finally:
+            conn.close()
 
     def read(self, group: int, position: Position, tables: list[LogTable],
              limit: int) -> ReadResult:
@@ -332,17 +352,53 @@ class SqliteLogDatabase:
             position = {"after": rows[-1].time}
         return ReadResult(rows, position, not full)
 
-    def prune(self, group: int, position: Position, tables: list[LogTable],
-              retention_s: float) -> int:
+    def register(self, reader: str, positions: Mapping[int, Position]) -> None:
+        rows = [(reader, g, json.dumps(p)) for g, p in positions.items()]
+        self._write("register the reader's positions", lambda: self._conn.executemany(
+            f"INSERT INTO {install.READERS_TABLE} (reader, grp, position, updated_at) "
+            "VALUES (?, ?, ?, strftime('%Y-%m-%d %H:%M:%f', 'now')) ON CONFLICT "
+            "(reader, grp) DO UPDATE SET position = excluded.position, "
+            "updated_at = excluded.updated_at", rows))
+
+    def readers(self) -> list[ReaderPosition]:
+        if not self._conn.execute("SELECT 1 FROM sqlite_master WHERE name = ?",
+                                  (install.READERS_TABLE,)).fetchone():
+            return []
+        return [ReaderPosition(r, int(g), json.loads(p), u) for r, g, p, u in self._conn.execute(
+            f"SELECT reader, grp, position, updated_at FROM {install.READERS_TABLE} "
+            "ORDER BY 1, 2")]
+
+    def forget(self, reader: str) -> int:
+        cursor = self._conn.execute(f"DELETE FROM {install.READERS_TABLE} WHERE reader = ?",
+                                    (reader,))
+        return int(cursor.rowcount)
+
+    def prune(self, groups: Sequence[int], tables: list[LogTable], retention_s: float) -> int:
+        bounds: dict[int, int] = {}
+        for registered in self.readers():
+            after = _after(registered.position)
+            bounds[registered.group] = min(bounds.get(registered.group, after), after)
         q = install.quote
-        deleted = 0
         cutoff = f"{install.NOW_MICROS} - {int(retention_s * 1_000_000)}"
-        for entry in tables:
-            cursor = self._conn.execute(
-                f"DELETE FROM {q(entry.log)} WHERE {q(layout.GROUP)} = ? AND {q(layout.TIME)} <= ? "
-                f"AND {q(layout.TS)} < {cutoff}", (group, int(position["after"])))
-            deleted += cursor.rowcount
+        deleted = 0
+        for group in groups:
+            if group not in bounds:
+                continue  # no reader has saved a position in it yet
+            for entry in tables:
+                statement = (f"DELETE FROM {q(entry.log)} WHERE {q(layout.GROUP)} = ? AND "
+                             f"{q(layout.TIME)} <= ? AND {q(layout.TS)} < {cutoff}")
+                deleted += self._write("delete read log rows", functools.partial(
+                    self._conn.execute, statement, (group, bounds[group])))
         return deleted
+
+    def _write(self, what: str, statement: Callable[[], sqlite3.Cursor]) -> int:
+        """Run a write; the application holding the write lock makes it transient."""
+        try:
+            return int(statement().rowcount)
+        except sqlite3.OperationalError as err:
+            if "locked" in str(err) or "busy" in str(err):
+                raise SourceUnavailableError(f"cannot {what} in {self._path}: {err}") from None
+            raise SourceError(f"cannot {what} in {self._path}: {err}") from None
 
     def close(self) -> None:
         self._conn.close()

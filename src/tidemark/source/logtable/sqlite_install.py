@@ -14,17 +14,20 @@ The database is switched to WAL mode (readers never block the application's writ
 
 from __future__ import annotations
 
+import logging
 import sqlite3
 from collections.abc import Sequence
 from typing import Final
 
 from tidemark.errors import ConfigError
-from tidemark.event import TableId
 from tidemark.source.logtable import layout
+
+logger = logging.getLogger(__name__)
 
 STREAMS_TABLE: Final = "tidemark_cdc_streams"
 TABLES_TABLE: Final = "tidemark_cdc_tables"
 CLOCK_TABLE: Final = "tidemark_cdc_clock"
+READERS_TABLE: Final = "tidemark_cdc_readers"
 #: Characters of the key text that the hash reads, from its end (where keys differ).
 _HASHED_CHARS: Final = 12
 #: µs since the Unix epoch (julianday has millisecond resolution).
@@ -40,6 +43,9 @@ CREATE TABLE IF NOT EXISTS {TABLES_TABLE} (
 CREATE TABLE IF NOT EXISTS {CLOCK_TABLE} (
     id INTEGER PRIMARY KEY CHECK (id = 1), time INTEGER NOT NULL);
 INSERT OR IGNORE INTO {CLOCK_TABLE} VALUES (1, 0);
+CREATE TABLE IF NOT EXISTS {READERS_TABLE} (
+    reader TEXT NOT NULL, grp INTEGER NOT NULL, position TEXT NOT NULL,
+    updated_at TEXT NOT NULL, PRIMARY KEY (reader, grp));
 """
 
 
@@ -147,6 +153,16 @@ def _install_table(conn: sqlite3.Connection, table: str, generation: layout.Gene
                           "spreads changes over streams by key, and Delta applies them by "
                           "key; declare a PRIMARY KEY")
     layout.check_columns(table, [name for name, _, _ in columns])
+    uniques = [str(name) for (name,) in conn.execute(
+        "SELECT name FROM pragma_index_list(?) WHERE \"unique\" AND origin <> 'pk'",
+        (table,))]
+    if uniques:
+        # REPLACE deletes the rows it conflicts with without firing delete triggers
+        # unless the writing connection has recursive_triggers on.
+        logger.warning("table %s has unique constraints besides its key (%s): an INSERT OR "
+                       "REPLACE or UPDATE OR REPLACE that removes a conflicting row is "
+                       "logged only if the writing connection set PRAGMA "
+                       "recursive_triggers = ON", table, ", ".join(uniques))
     log = layout.log_table_name(table)
     others = [name for name, _, _ in columns if name not in keys]
     declared = {name: type_ for name, type_, _ in columns}
@@ -193,14 +209,15 @@ def _hash(row: str, keys: Sequence[str], integer_key: bool = False) -> str:
     return f"((({h}) * 1103515245 + 12345) % 2147483648)"
 
 
-def _trigger_names(table: str) -> list[str]:
+def trigger_names(table: str) -> list[str]:
+    """The names of the triggers that log *table*."""
     return [f"tidemark_cdc_{table}_{what}"
             for what in ("insert", "update", "key_update", "delete")]
 
 
 def _triggers(table: str, log: str, definition: str, keys: list[str], others: list[str],
               generation: layout.Generation, integer_key: bool) -> list[str]:
-    names = _trigger_names(table)
+    names = trigger_names(table)
     # ALTER TABLE rewrites the table's CREATE statement in sqlite_master: comparing it
     # costs a lookup in the (small) schema table, a per-row pragma_table_info would
     # halve the application's write rate.
@@ -270,20 +287,15 @@ def uninstall(conn: sqlite3.Connection, names: Sequence[str]) -> list[str]:
     conn.execute("BEGIN IMMEDIATE")
     try:
         for table in tables:
-            for trigger in _trigger_names(table):
+            for trigger in trigger_names(table):
                 conn.execute(f"DROP TRIGGER IF EXISTS {quote(trigger)}")
             conn.execute(f"DROP TABLE IF EXISTS {quote(layout.log_table_name(table))}")
             conn.execute(f"DELETE FROM {TABLES_TABLE} WHERE table_name = ?", (table,))
         if set(tables) == set(installed):
-            for shared in (STREAMS_TABLE, TABLES_TABLE, CLOCK_TABLE):
+            for shared in (STREAMS_TABLE, TABLES_TABLE, CLOCK_TABLE, READERS_TABLE):
                 conn.execute(f"DROP TABLE IF EXISTS {shared}")
         conn.execute("COMMIT")
     except BaseException:
         conn.execute("ROLLBACK")
         raise
     return tables
-
-
-def log_table_of(table: TableId) -> str:
-    """The log of a captured table (SQLite tables live in schema ``main``)."""
-    return layout.log_table_name(table.table)
