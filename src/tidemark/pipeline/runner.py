@@ -598,7 +598,9 @@ class Pipeline:
                 offset: SourceOffset | None, raw_offset: dict[str, Any]) -> BatchReport:
         lag_bytes = 0
         try:
-            if offset is None:
+            if self._kind == "logtable":
+                lag_bytes = _log_table_lag(self.config.dsn, raw_offset)
+            elif offset is None:
                 lag_bytes = _binlog_lag(self.config.dsn, raw_offset)
             else:
                 if self._conn is None or self._conn.closed:
@@ -618,6 +620,14 @@ class Pipeline:
         return BatchReport(batch_id=batch_id, changes=changes, seconds=seconds,
                            lag_bytes=lag_bytes, lag_seconds=lag_seconds,
                            replayed=tuple(replayed), snapshot=snapshot)
+
+
+def _log_table_lag(dsn: str, end: dict[str, Any]) -> int:
+    """The log written after a batch's end, in the bytes the sizing counts per change."""
+    from tidemark.source.logtable.reader import open_database  # noqa: PLC0415
+
+    with contextlib.closing(open_database(dsn)) as db:
+        return max(0, db.clock() - int(end.get("clock", 0))) * _LOG_ROW_BYTES
 
 
 def existing_row_values_of(dsn: str, catalog: bool, table: str,
