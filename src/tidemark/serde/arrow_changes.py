@@ -13,23 +13,17 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from decimal import Decimal
-from typing import Any
+from typing import Any, Final
 
 import pyarrow as pa
 
+from tidemark.change_rows import CHANGE_FIELDS
 from tidemark.event import UNAVAILABLE, ChangeEvent, Column, Op, TableSchema
 from tidemark.logical_type import Kind, LogicalType
 from tidemark.wire_text import parse_array
 
-METADATA_FIELDS: tuple[pa.Field, ...] = (
-    pa.field("_op", pa.string(), nullable=False),
-    pa.field("_lsn", pa.int64()),
-    pa.field("_commit_lsn", pa.int64()),
-    pa.field("_seq", pa.int64()),
-    pa.field("_commit_ts", pa.timestamp("us", tz="UTC")),
-    pa.field("_txid", pa.int64()),
-    pa.field("_unavailable", pa.list_(pa.string())),
-)
+#: The change columns after the table's own (the contract: :mod:`tidemark.change_rows`).
+METADATA_FIELDS: Final = CHANGE_FIELDS
 
 _SIMPLE: dict[Kind, pa.DataType] = {
     Kind.INT16: pa.int16(), Kind.INT32: pa.int32(), Kind.INT64: pa.int64(),

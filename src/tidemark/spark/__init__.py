@@ -135,6 +135,7 @@ def table_changes(envelope: DataFrame, table: str) -> DataFrame:
     """
     from pyspark.sql import functions as F  # noqa: N812, PLC0415 - pyspark's convention
 
+    from tidemark.change_rows import CHANGE_COLUMNS  # noqa: PLC0415
     from tidemark.spark.arrow_rows import (  # noqa: PLC0415
         META_NAMES,
         arrow_schema,
@@ -166,7 +167,7 @@ def table_changes(envelope: DataFrame, table: str) -> DataFrame:
     columns = [f for f in typed.fields if f.name not in META_NAMES]
     converters = [converter(f.dataType, target.field(f.name).type) for f in columns]
     names = [f.name for f in columns]
-    meta = ["_op", "_lsn", "_commit_lsn", "_seq", "_commit_ts", "_txid", "_unavailable"]
+    meta = CHANGE_COLUMNS
 
     def convert(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
         decode = msgspec.json.Decoder(dict[str, str | None]).decode

@@ -66,6 +66,7 @@ from pyspark.sql.types import (
     TimestampType,
 )
 
+from tidemark.change_rows import CHANGE_FIELDS
 from tidemark.errors import TerminalError
 from tidemark.event import UNAVAILABLE, TableId
 from tidemark.source.postgres import pgoutput
@@ -76,16 +77,16 @@ from tidemark.spark.snapshot_plan import ROW_SEQ, TRUNCATE_SEQ
 from tidemark.spark.tuple_columns import TupleLayoutError, decode_tuples
 from tidemark.spark.type_mapping import Converter, converter
 
-#: The change columns every typed table gets after its own columns.
-META_FIELDS: Final = (
-    StructField("_op", StringType(), False),
-    StructField("_lsn", LongType(), False),
-    StructField("_commit_lsn", LongType(), False),
-    StructField("_seq", LongType(), False),
-    StructField("_commit_ts", TimestampType(), False),
-    StructField("_txid", LongType(), False),
-    StructField("_unavailable", ArrayType(StringType(), False), False),
-)
+#: Spark's types of the contract's Arrow types (:mod:`tidemark.change_rows`).
+_SPARK_OF_ARROW: Final = {
+    pa.string(): StringType(), pa.int64(): LongType(),
+    pa.timestamp("us", tz="UTC"): TimestampType(),
+    pa.list_(pa.string()): ArrayType(StringType(), False),
+}
+#: The change columns every typed table gets after its own columns: the contract's,
+#: all filled (non-null) by the Spark source.
+META_FIELDS: Final = tuple(StructField(f.name, _SPARK_OF_ARROW[f.type], False)
+                           for f in CHANGE_FIELDS)
 META_NAMES: Final = frozenset(f.name for f in META_FIELDS)
 
 #: The envelope stream's schema.
