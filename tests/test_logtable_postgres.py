@@ -120,7 +120,7 @@ def test_retention_waits_for_every_registered_reader(logdb: LogDb) -> None:
     slow.poll()  # registers its position (nothing read yet) in the group
     fast = reader(logdb, reader_name="fast", prune_interval_s=0, retention_s=0)
     assert len(drain(fast)) == 10
-    fast.saved(fast._offset())  # noqa: SLF001 - as after its offsets are stored
+    fast.saved(fast._offset())
     fast.poll()  # registers and prunes: the slow reader holds everything
     assert logdb.query("SELECT count(*) FROM t_cdc_log") == [(10,)]
     from tidemark.source.logtable.reader import open_database  # noqa: PLC0415
