@@ -13,12 +13,14 @@ import subprocess
 import sys
 import time
 from collections.abc import Iterator
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import psycopg2
 import pytest
 from hypothesis import settings
 
+from logtable_helpers import LogDb
 from tidemark.testing.mariadb import MariaDbServer
 from tidemark.testing.postgres import PostgresCluster
 
@@ -151,6 +153,17 @@ def spark() -> Iterator[SparkSession]:
     tidemark.spark.register(session)
     yield session
     session.stop()
+
+
+@pytest.fixture(params=["postgres", "sqlite"])
+def logdb(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[LogDb]:
+    """A database with CDC log tables: a fresh PostgreSQL database, or a SQLite file."""
+    if request.param == "sqlite":
+        path = tmp_path / "app.db"
+        path.touch()
+        yield LogDb("sqlite", f"sqlite:///{path}", path)
+    else:
+        yield LogDb("postgres", request.getfixturevalue("db").dsn)
 
 
 @pytest.fixture

@@ -11,8 +11,6 @@ import json
 import random
 import threading
 import time
-from collections.abc import Iterator
-from pathlib import Path
 from typing import Any
 
 import psycopg2
@@ -30,16 +28,6 @@ from tidemark.source.spi import save_offset
 ORDERS = ("CREATE TABLE orders (id integer PRIMARY KEY, name text, qty integer, "
           "price double precision)")
 
-
-@pytest.fixture(params=["postgres", "sqlite"])
-def logdb(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[LogDb]:
-    if request.param == "sqlite":
-        path = tmp_path / "app.db"
-        path.touch()
-        yield LogDb("sqlite", f"sqlite:///{path}", path)
-    else:
-        database = request.getfixturevalue("db")
-        yield LogDb("postgres", database.dsn)
 
 
 def _rows(db: LogDb) -> dict[Any, dict[str, Any]]:

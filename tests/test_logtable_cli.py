@@ -10,24 +10,11 @@ import signal
 import subprocess
 import sys
 import threading
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-import pytest
-
 from logtable_helpers import LogDb
 from test_capture_resilience import wait_for
-
-
-@pytest.fixture(params=["postgres", "sqlite"])
-def logdb(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[LogDb]:
-    if request.param == "sqlite":
-        path = tmp_path / "app.db"
-        path.touch()
-        yield LogDb("sqlite", f"sqlite:///{path}", path)
-    else:
-        yield LogDb("postgres", request.getfixturevalue("db").dsn)
 
 
 def _tidemark(*args: str, **kwargs: Any) -> subprocess.CompletedProcess[str]:

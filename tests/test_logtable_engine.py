@@ -5,11 +5,8 @@ from __future__ import annotations
 
 import json
 import threading
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
-
-import pytest
 
 from logtable_helpers import LogDb
 from test_engine_postgres import wait_for
@@ -24,16 +21,6 @@ from tidemark.engine.converters import EventConverter
 from tidemark.event import ChangeEvent
 from tidemark.serde.debezium_json import DebeziumJsonOptions
 from tidemark.testing.sink import MemorySink
-
-
-@pytest.fixture(params=["postgres", "sqlite"])
-def logdb(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[LogDb]:
-    if request.param == "sqlite":
-        path = tmp_path / "app.db"
-        path.touch()
-        yield LogDb("sqlite", f"sqlite:///{path}", path)
-    else:
-        yield LogDb("postgres", request.getfixturevalue("db").dsn)
 
 
 def _times(sink: MemorySink) -> list[Any]:

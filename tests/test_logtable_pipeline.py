@@ -13,7 +13,6 @@ import sys
 import threading
 import time
 from collections import Counter
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -23,6 +22,7 @@ import pytest
 from pyspark.sql import SparkSession
 
 from logtable_helpers import LogDb
+from test_mariadb_pipeline import _run_cli
 from tidemark.pipeline.compare import delta_rows, source_rows
 from tidemark.pipeline.config import load_config
 from tidemark.pipeline.runner import Pipeline
@@ -31,15 +31,6 @@ pytestmark = pytest.mark.integration
 
 COLUMNS = ["id", "name", "qty", "price"]
 
-
-@pytest.fixture(params=["postgres", "sqlite"])
-def logdb(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[LogDb]:
-    if request.param == "sqlite":
-        path = tmp_path / "app.db"
-        path.touch()
-        yield LogDb("sqlite", f"sqlite:///{path}", path)
-    else:
-        yield LogDb("postgres", request.getfixturevalue("db").dsn)
 
 
 def _pipeline(tmp_path: Path, logdb: LogDb, spark: str = "available_now = true",
@@ -147,13 +138,6 @@ class _Writer(threading.Thread):
         if self.error is not None:
             raise self.error
 
-
-def _run_cli(config: Path, log: Path, *args: str) -> subprocess.Popen[bytes]:
-    env = {**os.environ, "PYSPARK_PYTHON": sys.executable}
-    with log.open("ab") as out:
-        return subprocess.Popen([sys.executable, "-m", "tidemark", "run", str(config), *args],
-                                stdout=out, stderr=subprocess.STDOUT, env=env,
-                                start_new_session=True)
 
 
 @pytest.mark.slow

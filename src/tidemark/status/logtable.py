@@ -17,7 +17,7 @@ from tidemark.errors import TidemarkError
 from tidemark.offsets.store import decode_json_object
 from tidemark.source.logtable.database import LogDatabase, LogTable, Position
 from tidemark.source.logtable.reader import open_database
-from tidemark.status.report import Status, render, table
+from tidemark.status.report import Status, render, target_lines
 
 
 def _log(db: LogDatabase, include: list[str], problems: list[str]
@@ -157,9 +157,5 @@ def render_pipeline(status: Status) -> str:
         "no query has started" if chk["query_id"] is None else
         f"last committed batch {chk['last_committed_batch']}")))
     rows.append(("last run", _run_line(status["last_run"])))
-    body = [tuple("-" if v is None else str(v) for v in (
-        t["table"], "LOST" if t["lost"] else t["delta_version"], t["rows"],
-        t["last_batch_id"], t["last_commit_at"], t["path"])) for t in status["targets"]]
-    lines = ["targets:", *table(("table", "delta version", "rows", "last batch",
-                                 "last commit", "path"), body)]
-    return render(f"pipeline {status['config']}", rows, status, lines)
+    return render(f"pipeline {status['config']}", rows, status,
+                  target_lines(status["targets"]))

@@ -24,7 +24,7 @@ from tidemark.status.report import (
     incremental,
     incremental_row,
     render,
-    table,
+    target_lines,
 )
 
 
@@ -170,9 +170,5 @@ def render_pipeline(status: Status) -> str:
         "no query has started" if chk["query_id"] is None else
         f"last committed batch {chk['last_committed_batch']} (up to {chk['last_committed']})")))
     rows.append(("last run", _run_line(status["last_run"])))
-    body = [tuple("-" if v is None else str(v) for v in (
-        t["table"], "LOST" if t["lost"] else t["delta_version"], t["rows"],
-        t["last_batch_id"], t["last_commit_at"], t["path"])) for t in status["targets"]]
-    lines = ["targets:", *table(("table", "delta version", "rows", "last batch",
-                                 "last commit", "path"), body)]
-    return render(f"pipeline {status['config']}", rows, status, lines)
+    return render(f"pipeline {status['config']}", rows, status,
+                  target_lines(status["targets"]))

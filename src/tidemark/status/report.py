@@ -206,3 +206,12 @@ def incremental_row(running: dict[str, Any]) -> tuple[str, str]:
             f"{', '.join(running['tables'])}: {running['current']} at key "
             f"{running['last_key'] or '(start)'} of {running['max_key'] or '?'}"
             f"{' (paused)' if running['paused'] else ''}")
+
+
+def target_lines(targets: Sequence[dict[str, Any]]) -> list[str]:
+    """A pipeline's targets as an aligned table, under a ``targets:`` line."""
+    body = [tuple("-" if v is None else str(v) for v in (
+        t["table"], "LOST" if t["lost"] else t["delta_version"], t["rows"],
+        t["last_batch_id"], t["last_commit_at"], t["path"])) for t in targets]
+    return ["targets:", *table(("table", "delta version", "rows", "last batch",
+                                "last commit", "path"), body)]

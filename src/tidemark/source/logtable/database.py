@@ -14,6 +14,7 @@ before the first change of an empty log.
 
 from __future__ import annotations
 
+import heapq
 from collections.abc import Iterator, Mapping, Sequence
 from contextlib import AbstractContextManager
 from typing import Any, NamedTuple, Protocol
@@ -71,6 +72,19 @@ class ReadResult(NamedTuple):
     rows: list[LogRow]
     position: Position
     caught_up: bool
+
+
+def merged_pages(streams: Sequence[Iterator[LogRow]], fetch_rows: int
+                 ) -> Iterator[list[LogRow]]:
+    """Tables' row streams, each in ``cdc$time`` order, merged into one, in pages."""
+    page: list[LogRow] = []
+    for row in heapq.merge(*streams, key=lambda r: r.time):
+        page.append(row)
+        if len(page) >= fetch_rows:
+            yield page
+            page = []
+    if page:
+        yield page
 
 
 class LogDatabase(Protocol):

@@ -110,6 +110,23 @@ def check_stream_counts(streams: int, groups: int) -> None:
                           "groups: the number of streams must be a multiple of the groups")
 
 
+def wanted_counts(previous: Generation | None, streams: int | None,
+                  groups: int | None) -> tuple[int, int]:
+    """The streams and groups an install asks for (defaults: the current generation's,
+    or the defaults at the first install); raises ConfigError for a changed group count
+    or counts that do not split the hash space."""
+    wanted_groups = groups if groups is not None else (
+        previous.groups if previous else DEFAULT_GROUPS)
+    wanted_streams = streams if streams is not None else (
+        previous.streams if previous else DEFAULT_STREAMS)
+    check_stream_counts(wanted_streams, wanted_groups)
+    if previous is not None and wanted_groups != previous.groups:
+        raise ConfigError("groups", f"the log tables have {previous.groups} groups; groups "
+                          "cannot change (every reader's offsets are per group): uninstall "
+                          "and install again to change them")
+    return wanted_streams, wanted_groups
+
+
 def check_generations(generations: Sequence[Generation], where: str) -> None:
     """The description must number generations 1, 2, … without a gap, each covering the
     hash space with the same groups; raises ConfigError saying what to do otherwise."""

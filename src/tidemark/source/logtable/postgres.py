@@ -45,6 +45,7 @@ from tidemark.source.logtable.database import (
     ReaderPosition,
     ReadResult,
     Snapshotted,
+    merged_pages,
 )
 from tidemark.source.postgres.catalog import current_database
 from tidemark.source.postgres.session import connect, cursor
@@ -226,14 +227,7 @@ class PostgresLogDatabase:
                 cur.itersize = fetch_rows
                 cur.execute(self._query(entry, paged=False), params)
                 streams.append(_streamed(index, entry, cur, fetch_rows))
-            page: list[LogRow] = []
-            for row in heapq.merge(*streams, key=lambda r: r.time):
-                page.append(row)
-                if len(page) >= fetch_rows:
-                    yield page
-                    page = []
-            if page:
-                yield page
+            yield from merged_pages(streams, fetch_rows)
             conn.commit()
         except psycopg2.OperationalError as err:
             raise SourceUnavailableError(f"reading the log tables of {self._db}: "

@@ -200,15 +200,7 @@ def install(conn: psycopg2.extensions.connection, names: Sequence[str], *,
     transaction (the way to alter a captured table). Returns the tables installed."""
     names_given = list(names)
     previous = current_generation(conn)
-    wanted_groups = groups if groups is not None else (
-        previous.groups if previous else layout.DEFAULT_GROUPS)
-    wanted_streams = streams if streams is not None else (
-        previous.streams if previous else layout.DEFAULT_STREAMS)
-    layout.check_stream_counts(wanted_streams, wanted_groups)
-    if previous is not None and wanted_groups != previous.groups:
-        raise ConfigError("groups", f"the log tables have {previous.groups} groups; groups "
-                          "cannot change (every reader's offsets are per group): uninstall "
-                          "and install again to change them")
+    wanted_streams, wanted_groups = layout.wanted_counts(previous, streams, groups)
     conn.autocommit = False
     try:
         with cursor(conn) as cur:

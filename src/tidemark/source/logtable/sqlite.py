@@ -38,6 +38,7 @@ from tidemark.source.logtable.database import (
     ReaderPosition,
     ReadResult,
     Snapshotted,
+    merged_pages,
 )
 
 SCHEMES = ("sqlite://", "sqlite:")
@@ -282,14 +283,7 @@ class SqliteLogDatabase:
                 cursor = conn.execute(self._query(entry, len(groups)),
                                       (*groups, after, until))
                 streams.append(_streamed(index, entry, cursor, fetch_rows))
-            page: list[LogRow] = []
-            for row in heapq.merge(*streams, key=lambda r: r.time):
-                page.append(row)
-                if len(page) >= fetch_rows:
-                    yield page
-                    page = []
-            if page:
-                yield page
+            yield from merged_pages(streams, fetch_rows)
             conn.execute("COMMIT")
         finally:
             conn.close()
