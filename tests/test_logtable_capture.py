@@ -25,6 +25,9 @@ from tidemark.source.logtable import layout
 from tidemark.source.logtable.task import LogTableSourceConnector
 from tidemark.source.spi import save_offset
 
+# PostgreSQL 14 or later: hash_record_extended, xid8 snapshots.
+pytestmark = pytest.mark.every_pg_version
+
 ORDERS = ("CREATE TABLE orders (id integer PRIMARY KEY, name text, qty integer, "
           "price double precision)")
 

@@ -14,7 +14,7 @@ from logtable_helpers import LogDb, drain, reader, replay
 from tidemark.errors import ConfigError, SourceError
 from tidemark.event import Op
 
-pytestmark = pytest.mark.integration
+pytestmark = [pytest.mark.integration, pytest.mark.every_pg_version]
 
 
 @pytest.fixture

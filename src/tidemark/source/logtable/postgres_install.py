@@ -199,6 +199,11 @@ def install(conn: psycopg2.extensions.connection, names: Sequence[str], *,
     installed table), in one transaction; *ddl* statements run first in that same
     transaction (the way to alter a captured table). Returns the tables installed."""
     names_given = list(names)
+    if conn.server_version < 140000:
+        raise ConfigError("dsn", f"PostgreSQL {conn.server_version // 10000} cannot hold "
+                          "tidemark log tables: they need PostgreSQL 14 or later "
+                          "(hash_record_extended, xid8 snapshots); capture it through "
+                          "logical replication instead")
     previous = current_generation(conn)
     wanted_streams, wanted_groups = layout.wanted_counts(previous, streams, groups)
     conn.autocommit = False
