@@ -188,14 +188,7 @@ def _mariadb_demo(keep: bool) -> None:
                 cur.execute(statement)
         dsn = server.dsn("shop")
         click.echo(f"private MariaDB on port {server.port}; demo directory {directory}")
-        targets = "".join(
-            f'\n[targets."shop.{table.split(".")[1]}"]\npath = "lake/{table.split(".")[1]}"\n'
-            f'keys = ["id"]\nstored_as_scd_type = {scd}\n' for table, scd in _TARGETS.items())
-        config_file = directory / "pipeline.toml"
-        config_file.write_text(
-            f'[source]\ndsn = "{dsn}"\n\n[spark]\nmaster = "local[2]"\n'
-            'app_name = "tidemark-demo"\ncheckpoint = "checkpoint"\navailable_now = true\n'
-            '\n[changelog]\npath = "lake/_changes"\n' + targets, encoding="utf-8")
+        config_file = _write_simple_pipeline(directory, dsn, "shop")
         _run_demo(dsn, config_file, (_MARIADB_ROUND_1, _MARIADB_ROUND_2), "MariaDB")
     if not keep:
         shutil.rmtree(directory, ignore_errors=True)
@@ -216,19 +209,25 @@ def _sqlite_demo(keep: bool) -> None:
         sqlite_install.install(conn, ["customers", "products", "orders"])
     dsn = f"sqlite://{database}"
     click.echo(f"SQLite file {database}: log tables installed (tidemark logtable install)")
+    config_file = _write_simple_pipeline(directory, dsn, "main")
+    _run_demo(dsn, config_file, (_SQLITE_ROUND_1, _SQLITE_ROUND_2), "SQLite")
+    if keep:
+        click.echo(f"kept {directory}")
+    else:
+        shutil.rmtree(directory, ignore_errors=True)
+
+
+def _write_simple_pipeline(directory: Path, dsn: str, schema: str) -> Path:
+    """The MariaDB and SQLite rounds' pipeline: the shop's targets in *schema*, no slot."""
     targets = "".join(
-        f'\n[targets."main.{table.split(".")[1]}"]\npath = "lake/{table.split(".")[1]}"\n'
+        f'\n[targets."{schema}.{table.split(".")[1]}"]\npath = "lake/{table.split(".")[1]}"\n'
         f'keys = ["id"]\nstored_as_scd_type = {scd}\n' for table, scd in _TARGETS.items())
     config_file = directory / "pipeline.toml"
     config_file.write_text(
         f'[source]\ndsn = "{dsn}"\n\n[spark]\nmaster = "local[2]"\n'
         'app_name = "tidemark-demo"\ncheckpoint = "checkpoint"\navailable_now = true\n'
         '\n[changelog]\npath = "lake/_changes"\n' + targets, encoding="utf-8")
-    _run_demo(dsn, config_file, (_SQLITE_ROUND_1, _SQLITE_ROUND_2), "SQLite")
-    if keep:
-        click.echo(f"kept {directory}")
-    else:
-        shutil.rmtree(directory, ignore_errors=True)
+    return config_file
 
 
 def _prepare(dsn: str) -> None:

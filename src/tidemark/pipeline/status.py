@@ -163,6 +163,25 @@ def _last_batch(log: Path) -> int | None:
     return max((int(name) for name in os.listdir(log) if name.isdigit()), default=None)
 
 
+def committed_source_offset(checkpoint: str) -> tuple[str | None, int | None,
+                                                     dict[str, Any] | None]:
+    """A checkpoint's query id, last committed batch and that batch's source offset (the
+    offsets log's last line, as the source wrote it); Nones for what is not there yet.
+    For sources whose offsets are not WAL positions (MariaDB, log tables)."""
+    root = Path(checkpoint)
+    query_id: str | None = None
+    committed: int | None = None
+    offset: dict[str, Any] | None = None
+    with contextlib.suppress(FileNotFoundError):
+        metadata = (root / "metadata").read_text(encoding="utf-8")
+        query_id = str(json.loads(metadata.splitlines()[0])["id"])
+        committed = _last_batch(root / "commits")
+        if committed is not None:
+            line = (root / "offsets" / str(committed)).read_text(encoding="utf-8")
+            offset = json.loads(line.splitlines()[-1])
+    return query_id, committed, offset
+
+
 def _batch_end(root: Path, batch_id: int) -> int | None:
     """Batch *batch_id*'s end LSN."""
     offset = _batch_offset(root, batch_id)

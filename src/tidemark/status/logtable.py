@@ -9,7 +9,6 @@ number of logged changes each group's reader has not read yet.
 from __future__ import annotations
 
 import contextlib
-import json
 from pathlib import Path
 from typing import Any
 
@@ -92,26 +91,18 @@ def capture_status(dsn: str, offsets_file: str | None, topic_prefix: str = "tide
 def pipeline_status(config: Any, config_file: str) -> Status:
     """A log-table pipeline's status: the log, the checkpoint's positions, targets."""
     from tidemark.pipeline.status import (  # noqa: PLC0415 - shares the pipeline's parts
-        _last_batch,
         _last_run,
         _target,
+        committed_source_offset,
     )
 
     problems: list[str] = []
     warnings: list[str] = []
-    root = Path(config.checkpoint)
-    checkpoint: dict[str, Any] = {"path": config.checkpoint, "query_id": None,
-                                  "last_committed_batch": None}
-    positions: dict[int, Position] = {}
-    with contextlib.suppress(FileNotFoundError):
-        metadata = (root / "metadata").read_text(encoding="utf-8")
-        checkpoint["query_id"] = str(json.loads(metadata.splitlines()[0])["id"])
-        committed = _last_batch(root / "commits")
-        checkpoint["last_committed_batch"] = committed
-        if committed is not None:
-            line = (root / "offsets" / str(committed)).read_text(encoding="utf-8")
-            offset = json.loads(line.splitlines()[-1])
-            positions = {int(g): p for g, p in offset.get("groups", {}).items()}
+    query_id, committed, offset = committed_source_offset(config.checkpoint)
+    checkpoint: dict[str, Any] = {"path": config.checkpoint, "query_id": query_id,
+                                  "last_committed_batch": committed}
+    positions: dict[int, Position] = {int(g): p for g, p in
+                                      (offset or {}).get("groups", {}).items()}
     if checkpoint["query_id"] is None:
         warnings.append("the pipeline has not started yet")
     with contextlib.closing(open_database(config.dsn)) as db:

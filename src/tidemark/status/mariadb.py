@@ -9,7 +9,6 @@ it, which the status reports as a problem, with the way out.
 from __future__ import annotations
 
 import contextlib
-import json
 from pathlib import Path
 from typing import Any
 
@@ -102,28 +101,21 @@ def capture_status(dsn: str, offsets_file: str | None) -> Status:
 def pipeline_status(config: Any, config_file: str) -> Status:
     """A MariaDB pipeline's status: server, checkpoint position, targets, last run."""
     from tidemark.pipeline.status import (  # noqa: PLC0415 - shares the pipeline's parts
-        _last_batch,
         _last_run,
         _target,
+        committed_source_offset,
     )
 
     problems: list[str] = []
     warnings: list[str] = []
     server, files = _server(config.dsn)
-    root = Path(config.checkpoint)
-    checkpoint: dict[str, Any] = {"path": config.checkpoint, "query_id": None,
-                                  "last_committed_batch": None, "last_committed": None}
+    query_id, committed, offset = committed_source_offset(config.checkpoint)
+    checkpoint: dict[str, Any] = {"path": config.checkpoint, "query_id": query_id,
+                                  "last_committed_batch": committed, "last_committed": None}
     position = None
-    with contextlib.suppress(FileNotFoundError):
-        metadata = (root / "metadata").read_text(encoding="utf-8")
-        checkpoint["query_id"] = str(json.loads(metadata.splitlines()[0])["id"])
-        committed = _last_batch(root / "commits")
-        checkpoint["last_committed_batch"] = committed
-        if committed is not None:
-            line = (root / "offsets" / str(committed)).read_text(encoding="utf-8")
-            offset = json.loads(line.splitlines()[-1])
-            position = BinlogPosition.from_offset(offset)
-            checkpoint["last_committed"] = f"{position.file}:{position.pos}"
+    if offset is not None:
+        position = BinlogPosition.from_offset(offset)
+        checkpoint["last_committed"] = f"{position.file}:{position.pos}"
     if checkpoint["query_id"] is None:
         warnings.append("the pipeline has not started yet")
     targets = [_target(t, config.checkpoint, checkpoint["query_id"], problems)

@@ -25,9 +25,10 @@ without its log following it.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import zlib
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from typing import Any, Final
 
 import psycopg2.extensions
@@ -114,6 +115,23 @@ CREATE EVENT TRIGGER tidemark_cdc_drop_guard ON sql_drop
   WHEN TAG IN ('DROP TABLE', 'DROP SCHEMA', 'DROP OWNED')
   EXECUTE FUNCTION {schema}.drop_guard();
 """)
+
+
+@contextlib.contextmanager
+def _ddl_transaction(conn: psycopg2.extensions.connection) -> Iterator[Any]:
+    """One transaction on an autocommit connection, with the DDL guard let through: a
+    cursor, committed at the end of the block (rolled back on an error)."""
+    conn.autocommit = False
+    try:
+        with cursor(conn) as cur:
+            cur.execute("SELECT set_config(%s, 'on', true)", (DDL_SETTING,))
+            yield cur
+        conn.commit()
+    except BaseException:
+        conn.rollback()
+        raise
+    finally:
+        conn.autocommit = True
 
 
 def _ident(*parts: str) -> sql.Identifier:
@@ -206,43 +224,34 @@ def install(conn: psycopg2.extensions.connection, names: Sequence[str], *,
                           "logical replication instead")
     previous = current_generation(conn)
     wanted_streams, wanted_groups = layout.wanted_counts(previous, streams, groups)
-    conn.autocommit = False
-    try:
-        with cursor(conn) as cur:
-            cur.execute("SELECT set_config(%s, 'on', true)", (DDL_SETTING,))
-            cur.execute(_SHARED.format(**_shared_names()))
-            _install_guard(cur)
-            for statement in ddl:
-                cur.execute(statement)
-            already = installed_tables(conn)
-            tables = resolve(conn, names_given) if names_given else list(already)
-            everything = sorted(set(tables) | set(already), key=str)
-            # Writers of every captured table wait here; those already running finish
-            # first, so no change of the old generation commits after the new one.
-            for table in everything:
-                cur.execute(sql.SQL("LOCK TABLE {} IN SHARE ROW EXCLUSIVE MODE")
-                            .format(_ident(table.schema, table.table)))
-            generation = previous
-            if previous is None or wanted_streams != previous.streams:
-                number = 1 if previous is None else previous.number + 1
-                cur.execute(sql.SQL("INSERT INTO {}.{} (generation, streams, groups) "
-                                    "VALUES (%s, %s, %s)")
-                            .format(_ident(SCHEMA), _ident(STREAMS_TABLE)),
-                            (number, wanted_streams, wanted_groups))
-                generation = layout.Generation(number, wanted_streams, wanted_groups)
-                if previous is not None:
-                    log.info("stream generation %d: %d streams in %d groups", number,
-                             wanted_streams, wanted_groups)
-            assert generation is not None
-            rewrite = everything if generation is not previous else tables
-            for table in rewrite:
-                _install_table(cur, captured_schema(conn, table), generation)
-        conn.commit()
-    except BaseException:
-        conn.rollback()
-        raise
-    finally:
-        conn.autocommit = True
+    with _ddl_transaction(conn) as cur:
+        cur.execute(_SHARED.format(**_shared_names()))
+        _install_guard(cur)
+        for statement in ddl:
+            cur.execute(statement)
+        already = installed_tables(conn)
+        tables = resolve(conn, names_given) if names_given else list(already)
+        everything = sorted(set(tables) | set(already), key=str)
+        # Writers of every captured table wait here; those already running finish
+        # first, so no change of the old generation commits after the new one.
+        for table in everything:
+            cur.execute(sql.SQL("LOCK TABLE {} IN SHARE ROW EXCLUSIVE MODE")
+                        .format(_ident(table.schema, table.table)))
+        generation = previous
+        if previous is None or wanted_streams != previous.streams:
+            number = 1 if previous is None else previous.number + 1
+            cur.execute(sql.SQL("INSERT INTO {}.{} (generation, streams, groups) "
+                                "VALUES (%s, %s, %s)")
+                        .format(_ident(SCHEMA), _ident(STREAMS_TABLE)),
+                        (number, wanted_streams, wanted_groups))
+            generation = layout.Generation(number, wanted_streams, wanted_groups)
+            if previous is not None:
+                log.info("stream generation %d: %d streams in %d groups", number,
+                         wanted_streams, wanted_groups)
+        assert generation is not None
+        rewrite = everything if generation is not previous else tables
+        for table in rewrite:
+            _install_table(cur, captured_schema(conn, table), generation)
     return tables
 
 
@@ -492,33 +501,24 @@ def uninstall(conn: psycopg2.extensions.connection, names: Sequence[str]) -> lis
     for table in tables:
         if table not in installed:
             raise ConfigError("tables", f"table {table} has no log table to remove")
-    conn.autocommit = False
-    try:
-        with cursor(conn) as cur:
-            cur.execute("SELECT set_config(%s, 'on', true)", (DDL_SETTING,))
-            for table in tables:
-                source = _ident(table.schema, table.table)
-                for op in OPS:
-                    cur.execute(sql.SQL("DROP TRIGGER IF EXISTS {} ON {}").format(
-                        _ident(f"tidemark_cdc_{op}"), source))
-                    cur.execute(sql.SQL("DROP FUNCTION IF EXISTS {}()").format(
-                        _function(table, op)))
-                cur.execute(sql.SQL("DROP TABLE IF EXISTS {}").format(
-                    _ident(table.schema, layout.log_table_name(table.table))))
-                cur.execute(sql.SQL("DELETE FROM {}.{} WHERE table_schema = %s AND "
-                                    "table_name = %s")
-                            .format(_ident(SCHEMA), _ident(TABLES_TABLE)),
-                            (table.schema, table.table))
-            if not names or set(tables) == set(installed):
-                cur.execute("DROP EVENT TRIGGER IF EXISTS tidemark_cdc_ddl_guard")
-                cur.execute("DROP EVENT TRIGGER IF EXISTS tidemark_cdc_drop_guard")
-                cur.execute(sql.SQL("DROP SCHEMA IF EXISTS {} CASCADE").format(_ident(SCHEMA)))
-        conn.commit()
-    except BaseException:
-        conn.rollback()
-        raise
-    finally:
-        conn.autocommit = True
+    with _ddl_transaction(conn) as cur:
+        for table in tables:
+            source = _ident(table.schema, table.table)
+            for op in OPS:
+                cur.execute(sql.SQL("DROP TRIGGER IF EXISTS {} ON {}").format(
+                    _ident(f"tidemark_cdc_{op}"), source))
+                cur.execute(sql.SQL("DROP FUNCTION IF EXISTS {}()").format(
+                    _function(table, op)))
+            cur.execute(sql.SQL("DROP TABLE IF EXISTS {}").format(
+                _ident(table.schema, layout.log_table_name(table.table))))
+            cur.execute(sql.SQL("DELETE FROM {}.{} WHERE table_schema = %s AND "
+                                "table_name = %s")
+                        .format(_ident(SCHEMA), _ident(TABLES_TABLE)),
+                        (table.schema, table.table))
+        if not names or set(tables) == set(installed):
+            cur.execute("DROP EVENT TRIGGER IF EXISTS tidemark_cdc_ddl_guard")
+            cur.execute("DROP EVENT TRIGGER IF EXISTS tidemark_cdc_drop_guard")
+            cur.execute(sql.SQL("DROP SCHEMA IF EXISTS {} CASCADE").format(_ident(SCHEMA)))
     return tables
 
 
