@@ -1,6 +1,8 @@
-"""The compiled part of tidemark: the Debezium JSON event writer (``tidemark.serde._render``).
+"""The compiled parts of tidemark: the Debezium JSON event writer
+(``tidemark.serde._render``) and MariaDB's row-image decoder
+(``tidemark.source.mariadb._row_image``).
 
-Optional: where it cannot be built (no C compiler), tidemark uses the same writer in
+Optional: where they cannot be built (no C compiler), tidemark uses the same code in
 Python, which is what the C code is tested against.
 """
 
@@ -13,6 +15,12 @@ setup(
             ["src/tidemark/serde/_render.c"],
             extra_compile_args=["-O2"],
             optional=True,
-        )
+        ),
+        Extension(
+            "tidemark.source.mariadb._row_image",
+            ["src/tidemark/source/mariadb/_row_image.c"],
+            extra_compile_args=["-O2"],
+            optional=True,
+        ),
     ]
 )

@@ -31,7 +31,15 @@ from tidemark.event import UNAVAILABLE, WireTuple, WireValue
 from tidemark.source.mariadb import binlog as b
 from tidemark.source.mariadb.binlog import RowsEvent, TableColumn, TableMap
 
+try:
+    from tidemark.source.mariadb import _row_image
+except ImportError:  # not built: the Python readers below decode the same values
+    _row_image = None  # type: ignore[assignment]
+
 log = logging.getLogger(__name__)
+
+#: Whether the compiled row-image decoder (``_row_image``) is built.
+COMPILED_ROW_IMAGES: Final = _row_image is not None
 
 BINARY_CHARSET: Final = 63
 
@@ -492,15 +500,64 @@ def _compile_full_image(table_map: TableMap) -> Callable[[bytes, int], tuple[Wir
     return namespace["image"]  # type: ignore[no-any-return]
 
 
-class RowDecoder:
-    """Decodes the row images of one table map's rows events."""
+#: A column's entry in the compiled decoder's plan: (kind, a, b, nullable, reader).
+PlanEntry: TypeAlias = tuple[int, int, int, bool, Reader | None]
 
-    def __init__(self, table_map: TableMap) -> None:
+
+def _plan_entry(column: TableColumn) -> PlanEntry:
+    """How the compiled decoder reads *column* (see ``_row_image.c``): one of its kinds
+    for the common types, else its Python reader."""
+    assert _row_image is not None
+    c, t, meta, nullable = _row_image, column.type, column.metadata, column.nullable
+    size = _INLINE_INT_SIZES.get(t, 3 if t == b.T_INT24 else 0)
+    if size:
+        return c.INT, size, int(column.unsigned), nullable, None
+    fixed = {b.T_DOUBLE: c.DOUBLE, b.T_DATETIME2: c.DATETIME2, b.T_TIMESTAMP2: c.TIMESTAMP2,
+             b.T_TIME2: c.TIME2, b.T_DATE: c.DATE, b.T_NEWDATE: c.DATE, b.T_YEAR: c.YEAR}
+    if t in fixed:
+        return fixed[t], meta, 0, nullable, None
+    if t == b.T_NEWDECIMAL:
+        return c.DECIMAL, meta >> 8, meta & 0xFF, nullable, None
+    length_bytes = 0
+    if t in (b.T_VARCHAR, b.T_VAR_STRING) or (t == b.T_STRING
+                                               and column.charset != BINARY_CHARSET):
+        length_bytes = 1 if meta < 256 else 2
+    elif t in (b.T_BLOB, b.T_TINY_BLOB, b.T_MEDIUM_BLOB, b.T_LONG_BLOB, b.T_GEOMETRY):
+        length_bytes = meta
+    if length_bytes:
+        codec = _codec(column)
+        if codec is None:
+            return c.BYTES, length_bytes, 0, nullable, None
+        if codec == "utf-8":
+            return c.UTF8, length_bytes, 0, nullable, None
+    return c.FALLBACK, 0, 0, nullable, column_reader(column)
+
+
+def compiled_plan(table_map: TableMap) -> tuple[PlanEntry, ...] | None:
+    """The compiled decoder's plan of *table_map*'s full row images (None where the
+    decoder is not built)."""
+    if _row_image is None:
+        return None
+    return tuple(_plan_entry(column) for column in table_map.columns)
+
+
+_OP_CODES: Final = {"c": 0, "u": 1, "d": 2}
+
+
+class RowDecoder:
+    """Decodes the row images of one table map's rows events.
+
+    *compiled*: full images are decoded by the C decoder where it is built (the
+    default), else by a generated Python function; both give the same values.
+    """
+
+    def __init__(self, table_map: TableMap, *, compiled: bool = True) -> None:
         self.table_map = table_map
         self.readers: Sequence[Reader] = [column_reader(c) for c in table_map.columns]
         self.width = len(table_map.columns)
         self.full = (1 << self.width) - 1
         self._full_image = _compile_full_image(table_map)
+        self._plan = compiled_plan(table_map) if compiled else None
 
     def _image(self, data: bytes, pos: int, present: int) -> tuple[WireTuple, int]:
         readers, width = self.readers, self.width
@@ -527,6 +584,9 @@ class RowDecoder:
         data, pos, end = event.data, event.start, len(event.data)
         out: list[tuple[WireTuple | None, WireTuple | None]] = []
         try:
+            if self._plan is not None and event.present == self.full and (
+                    event.op != "u" or event.present_after == self.full):
+                return _row_image.decode_rows(data, pos, _OP_CODES[event.op], self._plan)
             full = self._full_image if event.present == self.full else None
             while pos < end:
                 first, pos = full(data, pos) if full else self._image(data, pos, event.present)
