@@ -26,9 +26,7 @@
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
 #include <stdint.h>
-#include <stdio.h>
 #include <string.h>
-#include <time.h>
 
 enum {
     K_FALLBACK = 0, K_INT = 1, K_DOUBLE = 2, K_DECIMAL = 3, K_DATETIME2 = 4,
@@ -73,10 +71,63 @@ little_endian(const unsigned char *p, int n)
     return v;
 }
 
+/* A str of ASCII text (the text is known to be ASCII: no check). */
 static PyObject *
 ascii(const char *text, Py_ssize_t size)
 {
-    return PyUnicode_DecodeASCII(text, size, NULL);
+    PyObject *s = PyUnicode_New(size, 127);
+    if (s != NULL)
+        memcpy(PyUnicode_1BYTE_DATA(s), text, (size_t)size);
+    return s;
+}
+
+/* Writes the decimal digits of v, at least `width` of them (zero-padded), at out;
+ * returns the characters written. snprintf costs several times more per value. */
+static int
+digits(char *out, uint64_t v, int width)
+{
+    char tmp[24];
+    int n = 0;
+    do {
+        tmp[n++] = (char)('0' + v % 10);
+        v /= 10;
+    } while (v);
+    while (n < width)
+        tmp[n++] = '0';
+    for (int i = 0; i < n; i++)
+        out[i] = tmp[n - 1 - i];
+    return n;
+}
+
+static int
+signed_digits(char *out, int64_t v)
+{
+    if (v >= 0)
+        return digits(out, (uint64_t)v, 1);
+    out[0] = '-';
+    return 1 + digits(out + 1, (uint64_t)0 - (uint64_t)v, 1);
+}
+
+/* "YYYY-MM-DD" (year zero-padded to 4 digits, wider when larger). */
+static int
+date_text(char *out, int64_t year, int64_t month, int64_t day)
+{
+    int n = year < 0 ? signed_digits(out, year) : digits(out, (uint64_t)year, 4);
+    out[n++] = '-';
+    n += digits(out + n, (uint64_t)month, 2);
+    out[n++] = '-';
+    return n + digits(out + n, (uint64_t)day, 2);
+}
+
+/* "HH:MM:SS" */
+static int
+clock_text(char *out, int64_t hour, int64_t minute, int64_t second)
+{
+    int n = digits(out, (uint64_t)hour, 2);
+    out[n++] = ':';
+    n += digits(out + n, (uint64_t)minute, 2);
+    out[n++] = ':';
+    return n + digits(out + n, (uint64_t)second, 2);
 }
 
 static int
@@ -104,11 +155,11 @@ fraction_text(char *out, long micros, int fsp)
 {
     if (fsp <= 0)
         return 0;
-    char digits[16];
-    snprintf(digits, sizeof digits, "%06ld", micros);
+    char six[24];
+    digits(six, (uint64_t)micros, 6);
     out[0] = '.';
     int n = fsp > 6 ? 6 : fsp;
-    memcpy(out + 1, digits, (size_t)n);
+    memcpy(out + 1, six, (size_t)n);
     return n + 1;
 }
 
@@ -151,13 +202,11 @@ read_decimal(const unsigned char *src, int precision, int scale)
     char whole[96], text[200];
     int w = 0, at = 0;
     if (DECIMAL_BYTES[left_int]) {
-        w += snprintf(whole + w, sizeof whole - (size_t)w, "%0*llu", left_int,
-                      (unsigned long long)big_endian(raw, DECIMAL_BYTES[left_int]));
+        w += digits(whole + w, big_endian(raw, DECIMAL_BYTES[left_int]), left_int);
         at = DECIMAL_BYTES[left_int];
     }
     for (int i = 0; i < full_int; i++, at += 4)
-        w += snprintf(whole + w, sizeof whole - (size_t)w, "%09llu",
-                      (unsigned long long)big_endian(raw + at, 4));
+        w += digits(whole + w, big_endian(raw + at, 4), 9);
     int start = 0;
     while (start < w - 1 && whole[start] == '0')
         start++;
@@ -175,11 +224,9 @@ read_decimal(const unsigned char *src, int precision, int scale)
         text[t++] = '.';
         int f0 = t;
         for (int i = 0; i < full_frac; i++, at += 4)
-            t += snprintf(text + t, sizeof text - (size_t)t, "%09llu",
-                          (unsigned long long)big_endian(raw + at, 4));
+            t += digits(text + t, big_endian(raw + at, 4), 9);
         if (DECIMAL_BYTES[left_frac])
-            t += snprintf(text + t, sizeof text - (size_t)t, "%0*llu", left_frac,
-                          (unsigned long long)big_endian(raw + at, DECIMAL_BYTES[left_frac]));
+            t += digits(text + t, big_endian(raw + at, DECIMAL_BYTES[left_frac]), left_frac);
         for (int i = f0; i < t; i++)
             nonzero |= text[i] != '0';
     }
@@ -200,11 +247,10 @@ read_datetime2(const unsigned char *p, const Column *c)
     int64_t year = year_month / 13, month = year_month % 13;
     if (!month || !day)
         return zero_date(c, "1970-01-01 00:00:00");
-    char out[48];
-    int n = snprintf(out, sizeof out, "%04lld-%02lld-%02lld %02lld:%02lld:%02lld",
-                     (long long)year, (long long)month, (long long)day,
-                     (long long)(hms >> 12), (long long)(hms >> 6 & 0x3F),
-                     (long long)(hms & 0x3F));
+    char out[64];
+    int n = date_text(out, year, month, day);
+    out[n++] = ' ';
+    n += clock_text(out + n, hms >> 12, hms >> 6 & 0x3F, hms & 0x3F);
     n += fraction_text(out + n, micros, c->a);
     return ascii(out, n);
 }
@@ -212,19 +258,22 @@ read_datetime2(const unsigned char *p, const Column *c)
 static PyObject *
 read_timestamp2(const unsigned char *p, const Column *c)
 {
-    time_t seconds = (time_t)big_endian(p, 4);
+    uint64_t seconds = big_endian(p, 4);
     long micros = fraction_micros(p + 4, c->a);
     if (!seconds && !micros)
         return zero_date(c, "1970-01-01 00:00:00+00");
-    struct tm moment;
-    if (gmtime_r(&seconds, &moment) == NULL) {
-        PyErr_SetString(PyExc_ValueError, "timestamp out of range");
-        return NULL;
-    }
-    char out[48];
-    int n = snprintf(out, sizeof out, "%04d-%02d-%02d %02d:%02d:%02d",
-                     moment.tm_year + 1900, moment.tm_mon + 1, moment.tm_mday,
-                     moment.tm_hour, moment.tm_min, moment.tm_sec);
+    /* Days to a civil date (H. Hinnant's days_from_civil, inverted): seconds are
+     * unsigned 32-bit, so the date is 1970..2106 and every step stays positive. */
+    int64_t days = (int64_t)(seconds / 86400), clock = (int64_t)(seconds % 86400);
+    int64_t z = days + 719468, era = z / 146097, doe = z - era * 146097;
+    int64_t yoe = (doe - doe / 1460 + doe / 36524 - doe / 146096) / 365;
+    int64_t doy = doe - (365 * yoe + yoe / 4 - yoe / 100), mp = (5 * doy + 2) / 153;
+    int64_t day = doy - (153 * mp + 2) / 5 + 1, month = mp < 10 ? mp + 3 : mp - 9;
+    int64_t year = yoe + era * 400 + (month <= 2);
+    char out[64];
+    int n = date_text(out, year, month, day);
+    out[n++] = ' ';
+    n += clock_text(out + n, clock / 3600, clock / 60 % 60, clock % 60);
     n += fraction_text(out + n, micros, c->a);
     memcpy(out + n, "+00", 3);
     return ascii(out, n + 3);
@@ -261,9 +310,10 @@ read_time2(const unsigned char *p, const Column *c)
     int64_t hms = packed >> 24;
     long micros = (long)(packed & 0xFFFFFF);
     char out[48];
-    int n = snprintf(out, sizeof out, "%s%02lld:%02lld:%02lld", sign,
-                     (long long)(hms >> 12 & 0x3FF), (long long)(hms >> 6 & 0x3F),
-                     (long long)(hms & 0x3F));
+    int n = 0;
+    if (*sign)
+        out[n++] = '-';
+    n += clock_text(out + n, hms >> 12 & 0x3FF, hms >> 6 & 0x3F, hms & 0x3F);
     n += fraction_text(out + n, micros, fsp);
     return ascii(out, n);
 }
@@ -271,13 +321,12 @@ read_time2(const unsigned char *p, const Column *c)
 static PyObject *
 read_date(const unsigned char *p, const Column *c)
 {
-    unsigned long value = (unsigned long)little_endian(p, 3);
-    unsigned long day = value & 0x1F, month = value >> 5 & 0xF, year = value >> 9;
+    uint64_t value = little_endian(p, 3);
+    uint64_t day = value & 0x1F, month = value >> 5 & 0xF, year = value >> 9;
     if (!month || !day)
         return zero_date(c, "1970-01-01");
-    char out[24];
-    int n = snprintf(out, sizeof out, "%04lu-%02lu-%02lu", year, month, day);
-    return ascii(out, n);
+    char out[32];
+    return ascii(out, date_text(out, (int64_t)year, (int64_t)month, (int64_t)day));
 }
 
 static PyObject *
@@ -285,17 +334,14 @@ read_int(const unsigned char *p, const Column *c)
 {
     char out[24];
     int n;
+    uint64_t raw = little_endian(p, c->a);
     if (c->a == 8) {
-        n = snprintf(out, sizeof out, "%lld", (long long)(int64_t)little_endian(p, 8));
+        n = signed_digits(out, (int64_t)raw);
+    } else if (c->b) {
+        n = digits(out, raw, 1);
     } else {
-        uint64_t raw = little_endian(p, c->a);
-        if (c->b) {
-            n = snprintf(out, sizeof out, "%llu", (unsigned long long)raw);
-        } else {
-            int shift = 64 - 8 * c->a;
-            int64_t value = (int64_t)(raw << shift) >> shift; /* sign-extend */
-            n = snprintf(out, sizeof out, "%lld", (long long)value);
-        }
+        int shift = 64 - 8 * c->a;
+        n = signed_digits(out, (int64_t)(raw << shift) >> shift); /* sign-extend */
     }
     return ascii(out, n);
 }
@@ -364,7 +410,7 @@ read_value(PyObject *data, const unsigned char *buf, Py_ssize_t size, Py_ssize_t
             return short_image(at);
         if (p[0]) {
             char out[8];
-            value = ascii(out, snprintf(out, sizeof out, "%d", p[0] + 1900));
+            value = ascii(out, digits(out, (uint64_t)p[0] + 1900, 1));
         } else {
             value = ascii("0", 1);
         }
