@@ -380,6 +380,7 @@ class _Mapping:
 
 _PLACEHOLDER_BYTES = UNAVAILABLE_PLACEHOLDER.encode()
 _HEADS_KEPT: Final = 256  # source-block heads kept for sources with fields of their own
+_FIELDS_KEPT: Final = 4096  # texts of such sources' ``"name":value`` members kept
 # Array elements of these kinds are JSON numbers or booleans: an unavailable array of
 # them is written as the placeholder's bytes (Debezium's behaviour, by capture).
 _UNQUOTED_KINDS = INTEGER_KINDS | FLOAT_KINDS | {Kind.BOOL}
@@ -842,6 +843,7 @@ class DebeziumJsonSerializer:
         self._parts_context: object = None
         self._parts: dict[tuple[TableId, SnapshotMarker], tuple[str, ...]] = {}
         self._heads: dict[tuple[Any, ...], str] = {}
+        self._field_texts: dict[tuple[str, Any], str] = {}
 
     def _codec(self, schema: TableSchema) -> _Codec:
         if schema is self._last_schema:
@@ -889,7 +891,7 @@ class DebeziumJsonSerializer:
         """The whole ``source`` block of a source with fields of its own: Debezium's
         common fields, ``table``, then ``source_fields`` in order. Such a source may make
         a context per event (MariaDB's ``row``), so the common part is kept per
-        transaction and table, and the fields are written by msgspec in one call."""
+        transaction and table, and the fields' texts are kept per value."""
         key = (c.connector, c.name, c.ts_us, c.db, table, snapshot)
         head = self._heads.get(key)
         if head is None:
@@ -902,7 +904,26 @@ class DebeziumJsonSerializer:
                 f'"snapshot":"{snapshot.value}","db":{_escape(c.db)},"sequence":null,'
                 f'"ts_us":{ts},"ts_ns":{ts * 1000},"table":{_escape(table.table)},')
         assert c.source_fields is not None
-        return head + self._encoder.encode(dict(c.source_fields))[1:].decode()
+        # Member by member from a memo: most values repeat from event to event (server,
+        # file, thread), and a lookup costs half of encoding them every time.
+        texts = self._field_texts
+        parts = []
+        for item in c.source_fields:
+            value = item[1]
+            # Only None, int and str: True == 1 == 1.0 would share a memo entry.
+            if value is None or type(value) is int or type(value) is str:
+                text = texts.get(item)
+                if text is None:
+                    if len(texts) >= _FIELDS_KEPT:
+                        texts.clear()
+                    text = texts[item] = self._field_text(item)
+            else:
+                text = self._field_text(item)
+            parts.append(text)
+        return f"{head}{','.join(parts)}}}"
+
+    def _field_text(self, item: tuple[str, Any]) -> str:
+        return f"{_escape(item[0])}:{self._encoder.encode(item[1]).decode()}"
 
     @staticmethod
     def _source_parts(c: SourceContext, snapshot: SnapshotMarker,
