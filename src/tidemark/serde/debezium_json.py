@@ -844,6 +844,7 @@ class DebeziumJsonSerializer:
         self._parts: dict[tuple[TableId, SnapshotMarker], tuple[str, ...]] = {}
         self._heads: dict[tuple[Any, ...], str] = {}
         self._field_texts: dict[tuple[str, Any], str] = {}
+        self._last_head: tuple[Any, ...] | None = None
 
     def _codec(self, schema: TableSchema) -> _Codec:
         if schema is self._last_schema:
@@ -892,17 +893,14 @@ class DebeziumJsonSerializer:
         common fields, ``table``, then ``source_fields`` in order. Such a source may make
         a context per event (MariaDB's ``row``), so the common part is kept per
         transaction and table, and the fields' texts are kept per value."""
-        key = (c.connector, c.name, c.ts_us, c.db, table, snapshot)
-        head = self._heads.get(key)
-        if head is None:
-            ts = c.ts_us
-            if len(self._heads) >= _HEADS_KEPT:
-                self._heads.clear()
-            head = self._heads[key] = (
-                f'{{"version":"{SOURCE_VERSION}","connector":{_escape(c.connector)},'
-                f'"name":{_escape(c.name)},"ts_ms":{ts // 1000},'
-                f'"snapshot":"{snapshot.value}","db":{_escape(c.db)},"sequence":null,'
-                f'"ts_us":{ts},"ts_ns":{ts * 1000},"table":{_escape(table.table)},')
+        last = self._last_head
+        if last is not None and last[0] is table and last[1] is snapshot \
+                and last[2] == c.ts_us and last[3] is c.connector and last[4] is c.name \
+                and last[5] is c.db:
+            head = last[6]  # the previous event's: a transaction's events come together
+        else:
+            head = self._head(c, snapshot, table)
+            self._last_head = (table, snapshot, c.ts_us, c.connector, c.name, c.db, head)
         assert c.source_fields is not None
         # Member by member from a memo: most values repeat from event to event (server,
         # file, thread), and a lookup costs half of encoding them every time.
@@ -921,6 +919,21 @@ class DebeziumJsonSerializer:
                 text = self._field_text(item)
             parts.append(text)
         return f"{head}{','.join(parts)}}}"
+
+    def _head(self, c: SourceContext, snapshot: SnapshotMarker, table: TableId) -> str:
+        """An own block's common fields and ``table``, up to its own fields."""
+        key = (c.connector, c.name, c.ts_us, c.db, table, snapshot)
+        head = self._heads.get(key)
+        if head is None:
+            ts = c.ts_us
+            if len(self._heads) >= _HEADS_KEPT:
+                self._heads.clear()
+            head = self._heads[key] = (
+                f'{{"version":"{SOURCE_VERSION}","connector":{_escape(c.connector)},'
+                f'"name":{_escape(c.name)},"ts_ms":{ts // 1000},'
+                f'"snapshot":"{snapshot.value}","db":{_escape(c.db)},"sequence":null,'
+                f'"ts_us":{ts},"ts_ns":{ts * 1000},"table":{_escape(table.table)},')
+        return head
 
     def _field_text(self, item: tuple[str, Any]) -> str:
         return f"{_escape(item[0])}:{self._encoder.encode(item[1]).decode()}"

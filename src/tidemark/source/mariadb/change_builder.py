@@ -16,6 +16,7 @@ downstream are emptied too.
 from __future__ import annotations
 
 import logging
+import operator
 import re
 import time
 from collections.abc import Callable
@@ -55,11 +56,14 @@ _TABLE_MAP_CACHE_SIZE: Final = 1024
 class _Table:
     """A table map, decoded once, and the table schema its events carry."""
 
-    __slots__ = ("decoder", "schema")
+    __slots__ = ("decoder", "key_of", "schema")
 
     def __init__(self, table_map: TableMap, version: int) -> None:
         self.decoder = RowDecoder(table_map)
         key = table_map.primary_key
+        #: The key's values of a row image (None for a table without a key).
+        self.key_of: Callable[[WireTuple], object] | None = \
+            operator.itemgetter(*key) if key else None
         columns = tuple(table_column(c, i in key) for i, c in enumerate(table_map.columns))
         self.schema = TableSchema(TableId(table_map.database, table_map.table), columns,
                                   key, "default", version)
@@ -208,10 +212,10 @@ class ChangeBuilder:
         op = _OPS[rows_event.op]
         schema = table.schema
         append = tx.rows.append
-        keys = schema.key_indexes
+        key_of = table.key_of if op is Op.UPDATE else None
         for index, (before, after) in enumerate(table.decoder.rows(rows_event)):
-            if op is Op.UPDATE and keys and before is not None and after is not None \
-                    and any(before[i] != after[i] for i in keys):
+            if key_of is not None and before is not None and after is not None \
+                    and key_of(before) != key_of(after):
                 # A primary-key change is a delete of the old key and a create of the
                 # new one (Debezium's events), so that keyed consumers see both keys.
                 append((schema, Op.DELETE, before, None, key, self.file, position, index))
