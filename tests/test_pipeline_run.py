@@ -41,8 +41,8 @@ from tidemark.pipeline.compare import compare
 from tidemark.pipeline.progress import BatchReport
 from tidemark.pipeline.runner import Pipeline, PipelineError
 from tidemark.pipeline.written_targets import TargetLostError
-from tidemark.spark import wal
-from tidemark.spark.offsets import from_offset
+from tidemark.spark.postgres import wal
+from tidemark.spark.postgres.offsets import from_offset
 from tidemark.testing.postgres import PostgresCluster
 
 pytestmark = pytest.mark.integration

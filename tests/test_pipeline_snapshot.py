@@ -30,10 +30,10 @@ from tidemark.pipeline.compare import compare
 from tidemark.pipeline.progress import BatchReport
 from tidemark.pipeline.runner import Pipeline, _source_unavailable
 from tidemark.source.signals import send_signal, signal_table_ddl
-from tidemark.spark import wal
 from tidemark.spark.arrow_rows import EnvelopeSink, envelope_table_schemas, typed_rows
+from tidemark.spark.postgres import wal
+from tidemark.spark.postgres.snapshot import copy_out, next_boundary, parse_csv
 from tidemark.spark.signals import check_signal_table, snapshot_requests
-from tidemark.spark.snapshot import copy_out, next_boundary, parse_csv
 
 pytestmark = pytest.mark.integration
 
@@ -362,7 +362,8 @@ def test_a_lost_export_restarts_the_query_instead_of_stopping_the_pipeline() -> 
     """An executor finding the snapshot gone (the driver's replication connection cut)
     fails the query; the pipeline restarts it, and the snapshot goes on in a new
     generation."""
-    failure = RuntimeError("Traceback …\ntidemark.spark.snapshot.SnapshotLostError: snapshot "
-                           "00000003-1 of public.a is gone (invalid snapshot identifier)")
+    failure = RuntimeError("Traceback …\ntidemark.spark.postgres.snapshot.SnapshotLostError: "
+                           "snapshot 00000003-1 of public.a is gone (invalid snapshot "
+                           "identifier)")
     assert _source_unavailable(failure)
     assert not _source_unavailable(RuntimeError("ValueError: something else"))

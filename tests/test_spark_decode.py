@@ -53,7 +53,8 @@ from tidemark.spark.arrow_rows import (
     typed_schema,
 )
 from tidemark.spark.decode import TransactionWalker
-from tidemark.spark.offsets import (
+from tidemark.spark.options import OnSchemaChange, SourceOptions
+from tidemark.spark.postgres.offsets import (
     OffsetError,
     TxnIndex,
     TxnSummary,
@@ -62,8 +63,7 @@ from tidemark.spark.offsets import (
     split_range,
     to_offset,
 )
-from tidemark.spark.options import OnSchemaChange, SourceOptions
-from tidemark.spark.reader import MIN_SLICE_BYTES, TidemarkStreamReader
+from tidemark.spark.postgres.reader import MIN_SLICE_BYTES, TidemarkStreamReader
 from tidemark.spark.tuple_columns import TupleLayoutError, decode_tuples, join_messages
 from tidemark.spark.type_mapping import spark_type
 

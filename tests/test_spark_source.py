@@ -18,11 +18,11 @@ from pyspark.sql import DataFrame, SparkSession
 
 import tidemark.spark as ts
 from conftest import Database
-from tidemark.spark import wal
 from tidemark.spark.arrow_rows import envelope_table_schemas, typed_rows
 from tidemark.spark.options import SourceOptions
-from tidemark.spark.reader import read_slice
-from tidemark.spark.source import table_spark_schema
+from tidemark.spark.postgres import wal
+from tidemark.spark.postgres.reader import read_slice
+from tidemark.spark.postgres.schema import table_spark_schema
 
 pytestmark = pytest.mark.integration
 

@@ -30,7 +30,7 @@ from tidemark.pipeline.run_record import FILE_NAME, read_record, records_runs
 from tidemark.pipeline.status import _snapshot_section
 from tidemark.pipeline.written_targets import WrittenTargets
 from tidemark.source.postgres.pgoutput import lsn_to_str, str_to_lsn
-from tidemark.spark.offsets import SourceOffset
+from tidemark.spark.postgres.offsets import SourceOffset
 from tidemark.spark.snapshot_plan import SnapshotPlan
 
 pytestmark = pytest.mark.integration

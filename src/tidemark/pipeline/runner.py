@@ -61,10 +61,10 @@ from tidemark.pipeline.written_targets import WrittenTargets
 from tidemark.source.postgres.column_defaults import existing_row_values
 from tidemark.source.postgres.pgoutput import lsn_to_str
 from tidemark.source.registry import SourceKind, source_kind
-from tidemark.spark import wal
 from tidemark.spark.arrow_rows import arrow_schema, envelope_table_schemas, typed_rows
-from tidemark.spark.offsets import SourceOffset
 from tidemark.spark.options import SnapshotMode
+from tidemark.spark.postgres import wal
+from tidemark.spark.postgres.offsets import SourceOffset
 from tidemark.spark.snapshot_plan import SnapshotPlan
 
 log = logging.getLogger(__name__)

@@ -1,7 +1,7 @@
 """Walk a partition's pgoutput messages and hand whole-transaction row changes to a sink.
 
 The walk keeps only the transactions whose commit LSN lies in the partition's range
-(:func:`tidemark.spark.offsets.in_batch`). Relation messages are tracked everywhere,
+(:func:`tidemark.spark.postgres.offsets.in_batch`). Relation messages are tracked everywhere,
 also inside skipped transactions, because the server sends a table's Relation message
 only before the first change to it in a decoding session.
 

@@ -41,7 +41,7 @@ class SnapshotMode(StrEnum):
     INITIAL = "initial"
     """A table the query has not taken in yet (every table on the first start, a table
     added to ``tables`` later) first gets its rows as reads (``_op = 'r'``), then its
-    changes: see :mod:`tidemark.spark.snapshot`."""
+    changes: see :mod:`tidemark.spark.postgres.snapshot`."""
 
 
 class RowFormat(StrEnum):

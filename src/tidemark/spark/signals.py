@@ -9,7 +9,7 @@ the rows already there when the query first reads the table are history, not req
 A signal is written with :func:`tidemark.source.signals.send_signal`, ``tidemark signal
 execute-snapshot TABLE --signal-table …``, or an ``INSERT`` as for Debezium.
 
-A requested table is snapshotted as on its first start (:mod:`tidemark.spark.snapshot`):
+A requested table is snapshotted as on its first start (:mod:`tidemark.spark.postgres.snapshot`):
 ``tidemark run`` replaces its SCD1 target with the snapshot's rows, so a target that
 drifted from the source (restored from a backup, edited by hand) equals the source again.
 ``additional-conditions`` and ``surrogate-key`` (a partial or differently keyed snapshot,

@@ -1,5 +1,5 @@
 """A running snapshot as the Spark source's offset carries it (pure data: ``tidemark
-status`` reads it without Spark). The algorithm is in :mod:`tidemark.spark.snapshot`."""
+status`` reads it without Spark). The algorithm is in :mod:`tidemark.spark.postgres.snapshot`."""
 
 from __future__ import annotations
 

@@ -7,7 +7,7 @@ other processes, on a pickled copy of a reader that never ran any other method â
 ``read`` opens its own connection and uses nothing but the options, the schema and the
 partition.
 
-Design (see :mod:`tidemark.spark.offsets` for the offset rule):
+Design (see :mod:`tidemark.spark.postgres.offsets` for the offset rule):
 
 * ``latestOffset`` returns the server's flush position (peeks decode only that far), or,
   under ``maxChangesPerTrigger``, the end of the last whole transaction that fits, found
@@ -23,9 +23,7 @@ Design (see :mod:`tidemark.spark.offsets` for the offset rule):
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
-import gc
 import logging
 from collections.abc import Iterator, Sequence
 from typing import Any, Final
@@ -44,17 +42,14 @@ from pyspark.sql.types import StructType
 from tidemark import faults
 from tidemark.event import TableId
 from tidemark.source.postgres.pgoutput import lsn_to_str
-from tidemark.spark import wal
 from tidemark.spark.arrow_rows import (
     META_NAMES,
-    EnvelopeSink,
-    PackedEnvelopeSink,
-    StructEnvelopeSink,
-    TypedSink,
     envelope_table_schemas,
 )
 from tidemark.spark.decode import TransactionWalker
-from tidemark.spark.offsets import (
+from tidemark.spark.options import SnapshotMode, SourceOptions
+from tidemark.spark.postgres import wal
+from tidemark.spark.postgres.offsets import (
     SourceOffset,
     TxnIndex,
     end_for_limit,
@@ -62,9 +57,7 @@ from tidemark.spark.offsets import (
     split_range,
     to_offset,
 )
-from tidemark.spark.options import RowFormat, SnapshotMode, SourceOptions
-from tidemark.spark.signals import snapshot_requests
-from tidemark.spark.snapshot import (
+from tidemark.spark.postgres.snapshot import (
     SkippingSink,
     SnapshotChunk,
     SnapshotExport,
@@ -73,7 +66,9 @@ from tidemark.spark.snapshot import (
     primary_key,
     read_chunk_text,
 )
+from tidemark.spark.signals import snapshot_requests
 from tidemark.spark.snapshot_plan import ChunkRange, SnapshotPlan
+from tidemark.spark.stream_sink import gc_paused, stream_sink
 
 log = logging.getLogger(__name__)
 
@@ -165,13 +160,13 @@ class TidemarkStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
                 end_lsn = available
         if planned.snapshot is not None:
             # A change past the snapshot's point must not reach the sink before the
-            # snapshot's rows (see tidemark.spark.snapshot).
+            # snapshot's rows (see tidemark.spark.postgres.snapshot).
             end_lsn = max(start_lsn, min(end_lsn, planned.snapshot.at))
         skip = {t: at for t, at in planned.skip.items() if at > start_lsn}
         end = dataclasses.replace(planned, lsn=end_lsn, skip=skip)
         return dict(start) if end == state else end.to_json()
 
-    # -- snapshots (see tidemark.spark.snapshot) ------------------------------------
+    # -- snapshots (see tidemark.spark.postgres.snapshot) ------------------------------------
     def _snapshot_step(self, state: SourceOffset) -> SourceOffset:
         """The snapshot state of the next batch: tables to take in, a generation to
         start or restart, the next chunks."""
@@ -339,22 +334,6 @@ class TidemarkStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
                           partition.skip)
 
 
-Sink = TypedSink | StructEnvelopeSink | EnvelopeSink
-
-
-def stream_sink(options: SourceOptions, schema: StructType) -> Sink:
-    """The sink that builds *schema*'s record batches (typed, struct, packed or JSON)."""
-    if options.table is not None:
-        return TypedSink(options.table, schema, options.arrow_batch_rows,
-                         options.on_schema_change)
-    if options.row_format is not RowFormat.JSON:
-        kind = StructEnvelopeSink if options.row_format is RowFormat.STRUCT else \
-            PackedEnvelopeSink
-        return kind(schema, envelope_table_schemas(schema), options.arrow_batch_rows,
-                    options.on_schema_change)
-    return EnvelopeSink(options.tables, options.arrow_batch_rows)
-
-
 def read_chunk(options: SourceOptions, schema: StructType,
                chunk: SnapshotChunk) -> Iterator[pa.RecordBatch]:
     """The rows of a snapshot chunk as reads, in record batches of *schema*."""
@@ -387,21 +366,3 @@ def read_slice(options: SourceOptions, schema: StructType, lo: int, hi: int,
             yield from sink.take()
     yield from sink.finish()
     log.debug("slice %s-%s: %d rows", lsn_to_str(lo), lsn_to_str(hi), walker.rows)
-
-
-@contextlib.contextmanager
-def gc_paused() -> Iterator[None]:
-    """No cyclic garbage collection while decoding.
-
-    Decoding allocates millions of short-lived, acyclic objects (freed by reference
-    counting); in a Spark Python worker, whose heap holds pyspark, pandas and pyarrow,
-    each full collection walks all of it. Pausing the collector cut decode time by a
-    quarter to a third in measurements here.
-    """
-    was_enabled = gc.isenabled()
-    gc.disable()
-    try:
-        yield
-    finally:
-        if was_enabled:
-            gc.enable()

@@ -58,8 +58,8 @@ from tidemark.event import TableId
 from tidemark.source.postgres.pgoutput import Relation, TupleData, lsn_to_str
 from tidemark.source.postgres.replication import ReplicationStream
 from tidemark.spark.decode import RowBlock, Txn
+from tidemark.spark.postgres.wal import ServerTimeoutError, server_timeout
 from tidemark.spark.snapshot_plan import ChunkRange, KeyText
-from tidemark.spark.wal import ServerTimeoutError, server_timeout
 
 log = logging.getLogger(__name__)
 

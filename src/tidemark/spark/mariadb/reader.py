@@ -178,7 +178,7 @@ class MariaDbStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
 
     def read(self, partition: InputPartition) -> Iterator[pa.RecordBatch]:
         assert isinstance(partition, BinlogRange)
-        from tidemark.spark.reader import gc_paused, stream_sink  # noqa: PLC0415
+        from tidemark.spark.stream_sink import gc_paused, stream_sink  # noqa: PLC0415
 
         sink = stream_sink(self.options, self.schema)
         feeder = EventFeeder(sink)

@@ -163,7 +163,7 @@ class LogTableStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
 
     def read(self, partition: InputPartition) -> Iterator[pa.RecordBatch]:
         assert isinstance(partition, GroupRange)
-        from tidemark.spark.reader import gc_paused, stream_sink  # noqa: PLC0415
+        from tidemark.spark.stream_sink import gc_paused, stream_sink  # noqa: PLC0415
 
         sink = stream_sink(self.options, self.schema)
         feeder = EventFeeder(sink, unchanged_columns=True)

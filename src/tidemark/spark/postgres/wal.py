@@ -33,7 +33,7 @@ from tidemark.source.postgres.session import (
     session_options,
 )
 from tidemark.source.postgres.slot import makes_failover_slot
-from tidemark.spark.offsets import TxnSummary
+from tidemark.spark.postgres.offsets import TxnSummary
 
 log = logging.getLogger(__name__)
 

@@ -13,7 +13,7 @@ positions and each partition reads the transactions committing in its slice, so 
 split needs no knowledge of where transactions are.
 
 Everything here is pure; the functions that ask the server live in
-:mod:`tidemark.spark.wal`.
+:mod:`tidemark.spark.postgres.wal`.
 """
 
 from __future__ import annotations
