@@ -206,8 +206,10 @@ class SourceContext(msgspec.Struct, frozen=True, gc=False):
     Sharing one object per transaction keeps per-event allocation small.
     ``commit_lsn`` is the source's int64 commit position (PostgreSQL: the commit LSN).
     ``source_fields`` are the ``source`` block's fields of a source other than
-    PostgreSQL, after Debezium's common fields and ``table``; such a source may make one
-    context per event when a field (MariaDB's ``row``) differs between events.
+    PostgreSQL, after Debezium's common fields and ``table``: (name, value) pairs, or a
+    ``msgspec.Struct`` whose fields are those, in order (cheaper to make and to write
+    when a source makes one context per event because a field, MariaDB's ``row``,
+    differs between events). :func:`source_field_items` reads either.
     """
 
     connector: str
@@ -219,7 +221,15 @@ class SourceContext(msgspec.Struct, frozen=True, gc=False):
     tx_id: str | None = None
     commit_lsn: int | None = None
     origin: str | None = None
-    source_fields: tuple[tuple[str, Any], ...] | None = None
+    source_fields: tuple[tuple[str, Any], ...] | msgspec.Struct | None = None
+
+
+def source_field_items(fields: tuple[tuple[str, Any], ...] | msgspec.Struct
+                       ) -> dict[str, Any]:
+    """A context's ``source_fields`` as a dict, in their order."""
+    if isinstance(fields, msgspec.Struct):
+        return msgspec.structs.asdict(fields)
+    return dict(fields)
 
 
 class ChangeEvent(msgspec.Struct, frozen=True, gc=False):
@@ -255,7 +265,8 @@ class ChangeEvent(msgspec.Struct, frozen=True, gc=False):
         """Debezium's ``source`` block."""
         c = self.context
         table = self.table
-        fields = dict(c.source_fields) if c.source_fields is not None else None
+        fields = source_field_items(c.source_fields) if c.source_fields is not None \
+            else None
         return SourceInfo(c.connector, c.name, c.db, table.schema, table.table, c.ts_us,
                           self.snapshot, c.txid, self.lsn, c.last_commit_lsn, None, c.origin,
                           fields)

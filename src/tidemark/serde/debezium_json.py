@@ -892,21 +892,25 @@ class DebeziumJsonSerializer:
         """The whole ``source`` block of a source with fields of its own: Debezium's
         common fields, ``table``, then ``source_fields`` in order. Such a source may make
         a context per event (MariaDB's ``row``), so the common part is kept per
-        transaction and table, and the fields' texts are kept per value."""
+        transaction and table; the fields are written by msgspec (a Struct) or from a
+        memo of their texts (pairs)."""
         last = self._last_head
         if last is not None and last[0] is table and last[1] is snapshot \
                 and last[2] == c.ts_us and last[3] is c.connector and last[4] is c.name \
                 and last[5] is c.db:
-            head = last[6]  # the previous event's: a transaction's events come together
+            head: str = last[6]  # the previous event's: a transaction's events come together
         else:
             head = self._head(c, snapshot, table)
             self._last_head = (table, snapshot, c.ts_us, c.connector, c.name, c.db, head)
-        assert c.source_fields is not None
-        # Member by member from a memo: most values repeat from event to event (server,
+        fields = c.source_fields
+        if isinstance(fields, msgspec.Struct):  # one call: msgspec writes it in order
+            return head + self._encoder.encode(fields)[1:].decode()
+        assert fields is not None
+        # Pairs: member by member from a memo: most values repeat from event to event (server,
         # file, thread), and a lookup costs half of encoding them every time.
         texts = self._field_texts
         parts = []
-        for item in c.source_fields:
+        for item in fields:
             value = item[1]
             # Only None, int and str: True == 1 == 1.0 would share a memo entry.
             if value is None or type(value) is int or type(value) is str:

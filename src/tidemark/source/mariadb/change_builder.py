@@ -41,6 +41,7 @@ from tidemark.source.mariadb.position import (
     parse_gtid_state,
 )
 from tidemark.source.mariadb.row_decoder import RowDecoder
+from tidemark.source.mariadb.source_fields import MariaDbSourceFields
 from tidemark.source.mariadb.types import table_column
 
 log = logging.getLogger(__name__)
@@ -286,14 +287,14 @@ class ChangeBuilder:
         now_us = time.time_ns() // 1000
         records: list[Record] = []
         per_table: dict[TableId, int] = {}
+        server_id, thread, name = tx.server_id, tx.thread, self.name
         for order, (schema, op, before, after, key, file, pos, row) in enumerate(tx.rows, 1):
             table = schema.table
             count = per_table.get(table, 0) + 1
             per_table[table] = count
             context = SourceContext(
-                CONNECTOR, self.name, table.schema, ts_us, None, None, tx_id, commit_key,
-                None, (("server_id", tx.server_id), ("gtid", gtid_text), ("file", file),
-                       ("pos", pos), ("row", row), ("thread", tx.thread), ("query", None)))
+                CONNECTOR, name, table.schema, ts_us, None, None, tx_id, commit_key, None,
+                MariaDbSourceFields(server_id, gtid_text, file, pos, row, thread))
             records.append(ChangeEvent(op, schema, before, after, context, key, order, count,
                                        now_us))
         if self._metadata:

@@ -34,6 +34,7 @@ log = logging.getLogger(__name__)
 COM_BINLOG_DUMP: Final = 0x12
 _DUMP_NON_BLOCK: Final = 1
 _MARIA_SLAVE_CAPABILITY_GTID: Final = 4
+_READ_BUFFER_BYTES: Final = 1 << 20  # the binlog stream's read buffer (see BinlogStream.open)
 
 # Server error codes that say what to fix.
 ER_ACCESS_DENIED: Final = 1045
@@ -223,6 +224,11 @@ class BinlogStream:
         flags = 0 if self._blocking else _DUMP_NON_BLOCK
         payload = struct.pack("<IHI", pos, flags, self._server_id) + file
         raw: Any = conn  # PyMySQL's packet layer: no public API for this command
+        # A large read buffer: PyMySQL's default (8 KiB) makes a recv() per event or two,
+        # and each one releases the GIL, which the reader thread then waits for up to a
+        # switch interval to get back from the thread writing the events. Every earlier
+        # reply was read whole, so the old buffer holds nothing.
+        raw._rfile = raw._sock.makefile("rb", buffering=_READ_BUFFER_BYTES)
         raw._execute_command(COM_BINLOG_DUMP, payload)
 
     def events(self) -> Iterator[bytes]:

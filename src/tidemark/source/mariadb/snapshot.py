@@ -38,6 +38,7 @@ from tidemark.source.mariadb import binlog as b
 from tidemark.source.mariadb.binlog import TableColumn
 from tidemark.source.mariadb.change_builder import CONNECTOR
 from tidemark.source.mariadb.position import BinlogPosition, ordering_key
+from tidemark.source.mariadb.source_fields import MariaDbSourceFields
 from tidemark.source.mariadb.types import logical_type, table_column
 
 _TYPE_CODES: Final = {
@@ -210,8 +211,7 @@ def snapshot_events(conn: pymysql.Connection[Any], tables: Sequence[TableId], *,
         normalize = [normalizer(c) for c in columns]
         context = SourceContext(
             CONNECTOR, name, table.schema, ts_us, None, None, None, None, None,
-            (("server_id", 0), ("gtid", None), ("file", position.file),
-             ("pos", position.pos), ("row", 0), ("thread", None), ("query", None)))
+            MariaDbSourceFields(0, None, position.file, position.pos, 0, None))
         select = "SELECT " + ", ".join(quote(c.name) for c in columns) + \
             f" FROM {quote(table.schema)}.{quote(table.table)}"
         cursor = conn.cursor(pymysql.cursors.SSCursor)

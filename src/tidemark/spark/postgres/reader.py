@@ -42,10 +42,7 @@ from pyspark.sql.types import StructType
 from tidemark import faults
 from tidemark.event import TableId
 from tidemark.source.postgres.pgoutput import lsn_to_str
-from tidemark.spark.arrow_rows import (
-    META_NAMES,
-    envelope_table_schemas,
-)
+from tidemark.spark.arrow_rows import META_NAMES, envelope_table_schemas
 from tidemark.spark.decode import TransactionWalker
 from tidemark.spark.options import SnapshotMode, SourceOptions
 from tidemark.spark.postgres import wal
