@@ -150,6 +150,10 @@ def test_operations_transactions_and_the_source_block(mdb: MariaDatabase) -> Non
     assert source["gtid"].startswith("0-1-") and source["file"].startswith("binlog.")
     assert rows[4]["before"] == {"id": 1, "v": "x"} and rows[5]["after"] == {"id": 10, "v": "x"}
     assert rows[4]["source"]["pos"] == rows[5]["source"]["pos"]
+    events = [r for r in records if isinstance(r, ChangeEvent)]
+    # The engine's view of the block (ChangeEvent.source) holds the same fields.
+    assert [e.source.fields for e in events] == [
+        {name: v["source"][name] for name in list(source)[10:]} for v in rows]
     keys = [json.loads(DebeziumJsonSerializer().key_and_value(r)[0])
             for r in records if isinstance(r, ChangeEvent)]
     assert keys[2] == {"k2": "p", "k1": 1}  # the key in primary-key order
