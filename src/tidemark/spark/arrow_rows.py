@@ -68,14 +68,42 @@ from pyspark.sql.types import (
 
 from tidemark.change_rows import CHANGE_FIELDS
 from tidemark.errors import TerminalError
-from tidemark.event import UNAVAILABLE, TableId
+from tidemark.event import UNAVAILABLE, TableId, WireTuple
 from tidemark.source.postgres import pgoutput
-from tidemark.source.postgres.pgoutput import Relation, TupleData
 from tidemark.spark.decode import OP_OF_KIND, RowBlock, Txn
 from tidemark.spark.options import OnSchemaChange
 from tidemark.spark.snapshot_plan import ROW_SEQ, TRUNCATE_SEQ
 from tidemark.spark.tuple_columns import TupleLayoutError, decode_tuples
 from tidemark.spark.type_mapping import Converter, converter
+
+
+class SinkColumn(Protocol):
+    """A column as the sinks know it: its name, and whether it is part of the key."""
+
+    @property
+    def name(self) -> str: ...
+
+    @property
+    def is_key(self) -> bool: ...
+
+
+class SinkRelation(Protocol):
+    """A table as the sinks know it (pgoutput's Relation is one; other sources pass
+    :class:`~tidemark.spark.event_feeder.FedRelation`): its id in the stream, schema,
+    name and columns. The sinks never read a column's type: that comes from the
+    stream's Spark schema."""
+
+    @property
+    def relation_id(self) -> int: ...
+
+    @property
+    def namespace(self) -> str: ...
+
+    @property
+    def name(self) -> str: ...
+
+    @property
+    def columns(self) -> Sequence[SinkColumn]: ...
 
 #: Spark's types of the contract's Arrow types (:mod:`tidemark.change_rows`).
 _SPARK_OF_ARROW: Final = {
@@ -272,7 +300,7 @@ class _Meta:
                             self.commit_lsns, self.commit_ts, self.xids, self.unavailable)
 
 
-def _split_toast(values: TupleData, names: Sequence[str]) -> tuple[TupleData, list[str]]:
+def _split_toast(values: WireTuple, names: Sequence[str]) -> tuple[WireTuple, list[str]]:
     missing = [names[i] for i, v in enumerate(values) if v is UNAVAILABLE]
     return tuple(None if v is UNAVAILABLE else v for v in values), missing
 
@@ -304,14 +332,14 @@ class TableRows:
         self.built: list[pa.RecordBatch] = []  # in commit order unless self.mixed
         self.built_rows = 0
         self.mixed = False
-        self.values: list[TupleData | None] = []
+        self.values: list[WireTuple | None] = []
         self.meta = _Meta()
         self.ready: list[pa.RecordBatch] = []
 
     def __len__(self) -> int:
         return self.built_rows + len(self.values)
 
-    def relation(self, rel: Relation) -> None:
+    def relation(self, rel: SinkRelation) -> None:
         """The table's (new) column layout; rows pending in the old one are built first."""
         names = tuple(c.name for c in rel.columns)
         known = set(self.columns)
@@ -357,7 +385,7 @@ class TableRows:
         # Rows waiting as values may come before these.
         self._append(self._batch(texts, meta), mixed=bool(self.values))
 
-    def add(self, op: str, values: TupleData | None, lsn: int, seq: int, txn: Txn,
+    def add(self, op: str, values: WireTuple | None, lsn: int, seq: int, txn: Txn,
             may_have_toast: bool) -> None:
         """One decoded row change (*values* None for a truncate)."""
         if may_have_toast and values is not None and UNAVAILABLE in values:
@@ -411,7 +439,7 @@ class TableRows:
         self.values, self.meta = [], _Meta()
         n = len(rows)
         width = len(self.relation_names)
-        blank: TupleData = (None,) * width
+        blank: WireTuple = (None,) * width
         full = [blank if r is None else r for r in rows]
         by_position = list(zip(*full, strict=True)) if full else []
         nulls: list[str | None] = [None] * n
@@ -446,7 +474,7 @@ class TypedSink:
         self.pa_schema = self.table_rows.pa_schema
         self.batch_rows = batch_rows
 
-    def relation(self, rel: Relation) -> None:
+    def relation(self, rel: SinkRelation) -> None:
         table = self.table_rows.table
         if (rel.namespace, rel.name) == (table.schema, table.table):
             self.table_rows.relation(rel)
@@ -456,8 +484,8 @@ class TypedSink:
         if relation_id == table_rows.relation_id:
             table_rows.rows(block)
 
-    def add(self, relation_id: int, op: str, values: TupleData | None, lsn: int, seq: int,
-            txn: Txn, may_have_toast: bool, old: TupleData | None) -> None:
+    def add(self, relation_id: int, op: str, values: WireTuple | None, lsn: int, seq: int,
+            txn: Txn, may_have_toast: bool, old: WireTuple | None) -> None:
         table_rows = self.table_rows
         if relation_id == table_rows.relation_id:
             table_rows.add(op, values, lsn, seq, txn, may_have_toast)
@@ -496,7 +524,7 @@ class StructEnvelopeSink:
         self.by_id: dict[int, TableRows] = {}
         self.ready: list[pa.RecordBatch] = []
 
-    def relation(self, rel: Relation) -> None:
+    def relation(self, rel: SinkRelation) -> None:
         table_rows = self.by_name.get(f"{rel.namespace}.{rel.name}")
         if table_rows is None:
             self.by_id.pop(rel.relation_id, None)
@@ -509,8 +537,8 @@ class StructEnvelopeSink:
         if table_rows is not None:
             table_rows.rows(block)
 
-    def add(self, relation_id: int, op: str, values: TupleData | None, lsn: int, seq: int,
-            txn: Txn, may_have_toast: bool, old: TupleData | None) -> None:
+    def add(self, relation_id: int, op: str, values: WireTuple | None, lsn: int, seq: int,
+            txn: Txn, may_have_toast: bool, old: WireTuple | None) -> None:
         table_rows = self.by_id.get(relation_id)
         if table_rows is not None:
             table_rows.add(op, values, lsn, seq, txn, may_have_toast)
@@ -600,7 +628,7 @@ class EnvelopeSink:
         self.ready: list[pa.RecordBatch] = []
         self._encode = msgspec.json.Encoder().encode
 
-    def relation(self, rel: Relation) -> None:
+    def relation(self, rel: SinkRelation) -> None:
         if (rel.namespace, rel.name) not in self.wanted:
             self.relations.pop(rel.relation_id, None)
             return
@@ -615,8 +643,8 @@ class EnvelopeSink:
                 self.add(relation_id, op, pgoutput.parse_row(block.message(i)), int(block.lsns[i]),
                          int(block.seqs[i]), block.txn(i), op == "u", None)
 
-    def add(self, relation_id: int, op: str, values: TupleData | None, lsn: int, seq: int,
-            txn: Txn, may_have_toast: bool, old: TupleData | None) -> None:
+    def add(self, relation_id: int, op: str, values: WireTuple | None, lsn: int, seq: int,
+            txn: Txn, may_have_toast: bool, old: WireTuple | None) -> None:
         rel = self.relations.get(relation_id)
         if rel is None:
             return

@@ -1,20 +1,36 @@
 """Change events into the Spark source's sinks: the junction every non-WAL source uses.
 
-The sinks (:mod:`tidemark.spark.arrow_rows`) were built for the pgoutput walker: a
-relation per table, then row changes with their positions. A source that has
+The sinks (:mod:`tidemark.spark.arrow_rows`) take what the pgoutput walker gives them:
+a relation per table, then row changes with their positions. A source that has
 :class:`~tidemark.event.ChangeEvent` s (a MariaDB binlog, a log table) hands them over
 here and gets the same typed rows, envelopes, ``apply_changes`` and ``tidemark run``.
 """
 
 from __future__ import annotations
 
-from typing import Any, Final
+from typing import Any
+
+import msgspec
 
 from tidemark.event import UNAVAILABLE, ChangeEvent, Op, TableSchema
-from tidemark.source.postgres.pgoutput import Relation, RelationColumn
 from tidemark.spark.decode import Txn
 
-_TEXT_OID: Final = 25  # the sinks read names and keys of a relation, never its types
+
+class FedColumn(msgspec.Struct, frozen=True, gc=False):
+    """A column of a :class:`FedRelation`."""
+
+    name: str
+    is_key: bool
+
+
+class FedRelation(msgspec.Struct, frozen=True, gc=False):
+    """A table schema as the sinks know a table
+    (:class:`~tidemark.spark.arrow_rows.SinkRelation`)."""
+
+    relation_id: int
+    namespace: str
+    name: str
+    columns: tuple[FedColumn, ...]
 
 
 class EventFeeder:
@@ -37,10 +53,9 @@ class EventFeeder:
             relation_id = len(self._relations) + 1
             entry = self._relations[id(schema)] = (schema, relation_id)
             key = set(schema.key_indexes)
-            self.sink.relation(Relation(
-                None, relation_id, schema.table.schema, schema.table.table, "d",
-                tuple(RelationColumn(c.name, _TEXT_OID, -1, i in key)
-                      for i, c in enumerate(schema.columns))))
+            self.sink.relation(FedRelation(
+                relation_id, schema.table.schema, schema.table.table,
+                tuple(FedColumn(c.name, i in key) for i, c in enumerate(schema.columns))))
         context = event.context
         txn = Txn(context.commit_lsn if context.commit_lsn is not None else lsn,
                   context.ts_us, 0)
