@@ -219,6 +219,42 @@ def test_truncate_and_ddl_mid_stream(mdb: MariaDatabase) -> None:
     assert rows[3]["source"]["table"] == "t"
 
 
+def test_xa_transactions_are_captured_at_prepare_and_a_rollback_after_it_is_warned(
+        mdb: MariaDatabase, caplog: pytest.LogCaptureFixture) -> None:
+    """An XA transaction's rows are binlogged in a group that XA PREPARE ends, not an
+    XID; XA COMMIT follows as a group of its own. Its changes go out at the prepare, as
+    Debezium sends them (they were once lost silently)."""
+    mdb.execute("CREATE TABLE a (id INT PRIMARY KEY, v VARCHAR(20))")
+    _, offset = capture(_config(mdb, snapshot_mode="no_data"))
+
+    def run(*statements: str) -> None:  # XA needs autocommit, not MariaDatabase's BEGIN
+        conn = mdb.server.connect(mdb.name)
+        conn.autocommit(True)
+        with contextlib.closing(conn), conn.cursor() as cur:
+            for statement in statements:
+                cur.execute(statement)
+
+    run("XA START 'x1'", "INSERT INTO a VALUES (1, 'prepared')", "UPDATE a SET v = 'both' "
+        "WHERE id = 1", "XA END 'x1'", "XA PREPARE 'x1'")
+    mdb.execute("INSERT INTO a VALUES (2, 'between')")
+    run("XA COMMIT 'x1'")
+    run("XA START 'x2'", "INSERT INTO a VALUES (3, 'one phase')", "XA END 'x2'",
+        "XA COMMIT 'x2' ONE PHASE")
+    run("XA START 'x3'", "INSERT INTO a VALUES (4, 'rolled back')", "XA END 'x3'",
+        "XA PREPARE 'x3'", "XA ROLLBACK 'x3'")
+    with caplog.at_level("DEBUG", logger="tidemark.source.mariadb.change_builder"):
+        records, after = capture(_config(mdb), offset)
+    rows = values(records)
+    assert [(v["op"], v["after"]["id"]) for v in rows] == [
+        ("c", 1), ("u", 1), ("c", 2), ("c", 3), ("c", 4)]
+    assert len({v["source"]["gtid"] for v in rows[:2]}) == 1  # one transaction
+    assert "XA PREPARE 1:x1:" in caplog.text
+    assert "XA ROLLBACK X'7833'" in caplog.text and "are not undone" in caplog.text
+    # The offset is past every group: a restart sends nothing again.
+    again, _ = capture(_config(mdb), after)
+    assert values(again) == []
+
+
 def test_a_table_without_a_primary_key_is_captured_keyless_with_a_warning(
         mdb: MariaDatabase, caplog: pytest.LogCaptureFixture) -> None:
     mdb.execute("CREATE TABLE nokey (a INT, b VARCHAR(5))")

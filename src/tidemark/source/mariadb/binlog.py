@@ -37,6 +37,8 @@ WRITE_ROWS_EVENT_V1: Final = 23
 UPDATE_ROWS_EVENT_V1: Final = 24
 DELETE_ROWS_EVENT_V1: Final = 25
 HEARTBEAT_LOG_EVENT: Final = 27
+#: Ends the first phase of an XA transaction (``XA PREPARE``), in place of an XID event.
+XA_PREPARE_LOG_EVENT: Final = 38
 WRITE_ROWS_EVENT_V2: Final = 30
 UPDATE_ROWS_EVENT_V2: Final = 31
 DELETE_ROWS_EVENT_V2: Final = 32
@@ -298,6 +300,23 @@ def parse_rotate(body: bytes) -> Rotate:
     if len(body) < 8:
         raise DecodeError("ROTATE", len(body), "body shorter than 8 bytes", "binlog")
     return Rotate(struct.unpack_from("<Q", body)[0], body[8:].decode("utf-8", "replace"))
+
+
+def parse_xa_prepare(body: bytes) -> str:
+    """The XID of an XA_PREPARE_LOG_EVENT body (checksum removed), as ``XA RECOVER``
+    shows it: ``formatID:gtrid:bqual`` (hex bytes when not UTF-8)."""
+    if len(body) < 13:
+        raise DecodeError("XA_PREPARE", len(body), "body shorter than 13 bytes", "binlog")
+    format_id, gtrid_length, bqual_length = struct.unpack_from("<III", body, 1)
+    data = body[13:13 + gtrid_length + bqual_length]
+
+    def text(part: bytes) -> str:
+        try:
+            return part.decode()
+        except UnicodeDecodeError:
+            return part.hex()
+
+    return f"{format_id}:{text(data[:gtrid_length])}:{text(data[gtrid_length:])}"
 
 
 def parse_gtid(body: bytes, server_id: int) -> Gtid:

@@ -144,6 +144,12 @@ class ChangeBuilder:
             return None
         if kind == b.XID_EVENT:
             return self._commit(header)
+        if kind == b.XA_PREPARE_LOG_EVENT:
+            # The first phase of an XA transaction ends its binlog group; XA COMMIT
+            # comes later as a group of its own, without the rows. Its changes go out
+            # here, as Debezium's connector sends them.
+            log.debug("XA PREPARE %s", b.parse_xa_prepare(body))
+            return self._commit(header)
         if kind == b.QUERY_EVENT:
             return self._query(header, body)
         if kind == b.ROTATE_EVENT:
@@ -245,6 +251,11 @@ class ChangeBuilder:
             log.debug("statement inside a transaction: %s", sql[:100])
             return None
         # DDL, or another statement: a group of its own (GTID event standalone).
+        if upper.startswith("XA ROLLBACK"):
+            log.warning("%s in the binlog: the changes of that XA transaction were sent "
+                        "when it was prepared (as Debezium does) and are not undone; "
+                        "consumers hold them although the database rolled them back",
+                        sql[:200])
         truncated = self._truncated(query.database, sql)
         tx = self._tx or _Transaction(None, header.server_id)
         self._tx = tx
