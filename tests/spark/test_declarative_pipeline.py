@@ -23,7 +23,7 @@ from tidemark.pipeline.compare import compare
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 
-_EXAMPLE = Path(__file__).parent.parent / "examples" / "declarative-pipeline"
+_EXAMPLE = Path(__file__).parents[2] / "examples" / "declarative-pipeline"
 
 
 def _run(project: Path, dsn: str) -> str:

@@ -21,8 +21,8 @@ from pyspark.sql import DataFrame, SparkSession
 
 import tidemark.spark as ts
 from conftest import Database
-from test_pipeline_run import _batch_lines, _LivePipeline, _tidemark_run
-from test_pipeline_run import _Writer as _PipelineWriter
+from pipeline_helpers import _batch_lines, _LivePipeline, _tidemark_run
+from pipeline_helpers import _Writer as _PipelineWriter
 from tidemark.errors import SourceError
 from tidemark.event import TableId
 from tidemark.pipeline import load_config

@@ -11,7 +11,7 @@ from deltalake import DeltaTable
 from pyspark.sql import SparkSession
 
 from conftest import Database
-from test_pipeline_run import _prepare
+from pipeline_helpers import _prepare
 from tidemark.pipeline import load_config
 from tidemark.pipeline.compare import compare
 from tidemark.pipeline.progress import BatchReport, format_report

@@ -13,13 +13,13 @@ from deltalake import DeltaTable
 from pyspark.sql import SparkSession
 
 from conftest import Database
-from test_pipeline_big_transactions import check_a_snapshot_and_an_empty_table_s_snapshot
-from test_pipeline_run import (
+from pipeline_helpers import (
     _assert_equal_to_source,
     _batch_lines,
     _pipeline_file,
     _prepare,
     _tidemark_run,
+    check_a_snapshot_and_an_empty_table_s_snapshot,
 )
 from tidemark.lake.branch import BRANCHES_DIR
 from tidemark.pipeline import load_config

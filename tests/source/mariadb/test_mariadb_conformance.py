@@ -30,7 +30,7 @@ from typing import Any
 
 import pytest
 
-from test_mariadb_capture import ALL_TYPES, ROW_1, capture
+from mariadb_helpers import ALL_TYPES, ROW_1, capture
 from tidemark.serde.debezium_json import (
     COMPILED_RENDERER,
     DebeziumJsonOptions,
@@ -46,7 +46,7 @@ from tidemark.testing.debezium_reference_mariadb import (
 )
 from tidemark.testing.mariadb import MariaDbServer
 
-REFERENCE_DIR = Path(__file__).parent / "reference" / "mariadb"
+REFERENCE_DIR = Path(__file__).parents[2] / "reference" / "mariadb"
 WORKLOAD = load_workload(REFERENCE_DIR / "workload.sql")
 RUN = RUNS[0]
 

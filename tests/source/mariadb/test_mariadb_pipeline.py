@@ -8,8 +8,6 @@ import datetime as dt
 import os
 import random
 import signal
-import subprocess
-import sys
 import threading
 import time
 from collections import Counter
@@ -23,6 +21,7 @@ from deltalake import DeltaTable
 from pyspark.sql import SparkSession
 
 from conftest import MariaDatabase
+from mariadb_helpers import _run_cli
 from tidemark import send_signal
 from tidemark.pipeline import load_config
 from tidemark.pipeline.runner import Pipeline
@@ -170,15 +169,6 @@ class _Writer(threading.Thread):
             raise self.error
 
 
-def _run_cli(config: Path, log: Path, *args: str) -> subprocess.Popen[bytes]:
-    env = {**os.environ, "PYSPARK_PYTHON": sys.executable}
-    with log.open("ab") as out:
-        # A session of its own: the SIGKILL of its group hits the driver and its JVM.
-        return subprocess.Popen([sys.executable, "-m", "tidemark", "run", str(config), *args],
-                                stdout=out, stderr=subprocess.STDOUT, env=env,
-                                start_new_session=True)
-
-
 @pytest.mark.slow
 def test_sigkill_mid_stream_then_restart_loses_and_doubles_nothing(
         mdb: MariaDatabase, tmp_path: Path) -> None:
@@ -221,7 +211,7 @@ def test_sigkill_mid_stream_then_restart_loses_and_doubles_nothing(
 
 def test_every_type_reaches_delta_with_its_spark_type(
         spark: SparkSession, mdb: MariaDatabase, tmp_path: Path) -> None:
-    from test_mariadb_capture import ALL_TYPES, ROW_1  # noqa: PLC0415
+    from mariadb_helpers import ALL_TYPES, ROW_1  # noqa: PLC0415
 
     mdb.execute(ALL_TYPES, ROW_1)  # row 1 arrives through the snapshot
     file = tmp_path / "pipeline.toml"

@@ -21,7 +21,6 @@ import psycopg2
 import pytest
 
 from logtable_helpers import LogDb, replay
-from test_engine_postgres import wait_for
 from tidemark import (
     Engine,
     LogTableSourceConnector,
@@ -33,6 +32,7 @@ from tidemark.engine.converters import EventConverter
 from tidemark.event import ChangeEvent, Op
 from tidemark.source.spi import SourceConnector
 from tidemark.testing.sink import MemorySink
+from waiting import wait_for
 
 pytestmark = pytest.mark.integration
 

@@ -5,39 +5,22 @@ scraped in tests/test_pipeline_run.py."""
 from __future__ import annotations
 
 import os
-import re
 import subprocess
 import sys
 import threading
 import time
-import urllib.request
 from pathlib import Path
 
 import pytest
 
 from conftest import Database
+from pipeline_helpers import scrape, value
 from tidemark.engine.engine import Engine
 from tidemark.source.postgres.task import PostgresSourceConnector
 from tidemark.testing.local_server import free_port
 from tidemark.testing.sink import MemorySink
 
 pytestmark = pytest.mark.integration
-
-
-def scrape(port: int) -> str:
-    with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5) as response:
-        return str(response.read().decode())
-
-
-def value(text: str, name: str, **labels: str) -> float:
-    """The sample of *name* whose labels include *labels* (exactly one must match)."""
-    found = []
-    for line in text.splitlines():
-        match = re.fullmatch(rf"{re.escape(name)}\{{(.*)\}} (\S+)", line)
-        if match and all(f'{k}="{v}"' in match.group(1) for k, v in labels.items()):
-            found.append(float(match.group(2)))
-    assert len(found) == 1, f"{name} {labels}: {found}\n{text}"
-    return found[0]
 
 
 def wait_until(condition: object, what: str, timeout_s: float = 60) -> None:

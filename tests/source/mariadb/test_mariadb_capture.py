@@ -10,40 +10,29 @@ import contextlib
 import json
 import signal
 import subprocess
-import sys
 import time
 from pathlib import Path
-from typing import Any
 
 import pytest
 
 from conftest import MariaDatabase
+from mariadb_helpers import (
+    ALL_TYPES,
+    ROW_1,
+    _capture_process,
+    _config,
+    _ids,
+    _lines,
+    _wait_for_offsets,
+    capture,
+    values,
+)
 from tidemark.errors import ConfigError, SourceError, SourceUnavailableError
-from tidemark.event import ChangeEvent, Record
-from tidemark.offsets.store import Offset
-from tidemark.serde.debezium_json import DebeziumJsonOptions, DebeziumJsonSerializer
-from tidemark.serde.modes import TimePrecisionMode
+from tidemark.event import ChangeEvent
+from tidemark.serde.debezium_json import DebeziumJsonSerializer
 from tidemark.source.mariadb.config import MariaDbSourceConfig
-from tidemark.source.mariadb.connector import MariaDbConnector
 from tidemark.testing.local_server import free_port
 from tidemark.testing.mariadb import MariaDbServer
-
-ALL_TYPES = """CREATE TABLE everything (
-    id INT PRIMARY KEY,
-    ti TINYINT, tu TINYINT UNSIGNED, si SMALLINT, su SMALLINT UNSIGNED, mi MEDIUMINT,
-    mu MEDIUMINT UNSIGNED, i INT, iu INT UNSIGNED, bi BIGINT, bu BIGINT UNSIGNED,
-    f FLOAT, d DOUBLE, dec1 DECIMAL(10,2), dec2 DECIMAL(30,10), dec3 DECIMAL(5,0),
-    b1 BIT(1), b9 BIT(9), y YEAR, dt DATE, tm TIME(3), tm0 TIME, dtm DATETIME(6),
-    dtm0 DATETIME, ts TIMESTAMP(2) NULL, c CHAR(5), vc VARCHAR(300), tx TEXT,
-    bn BINARY(4), vb VARBINARY(10), bl BLOB, e ENUM('a','b','c'), s SET('x','y','z'),
-    j JSON, lat VARCHAR(10) CHARACTER SET latin1)"""
-
-ROW_1 = """INSERT INTO everything VALUES (1, -128, 255, -32768, 65535, -8388608, 16777215,
-    -2147483648, 4294967295, -9223372036854775808, 18446744073709551615, 1.1, 2.2,
-    -12.34, -123456789012345678.9012345678, 99999, b'1', b'100000001', 2024,
-    '2024-02-29', '-838:59:59.123', '12:00:00', '2024-01-02 03:04:05.678901',
-    '1999-12-31 23:59:59', '2024-06-01 12:00:00.5', 'ab', REPEAT('x', 300), 'h\u00e9llo',
-    'ab', x'00ff', x'deadbeef', 'b', 'x,z', '{"a": 1}', 'caf\u00e9')"""
 
 #: What Debezium's MariaDB/MySQL connector writes for ROW_1 (its documented mapping:
 #: decimals as base64 of the unscaled value, DATETIME(0-3) epoch ms, DATETIME(4-6)
@@ -58,39 +47,6 @@ EXPECTED_1 = {
     "tx": "h\u00e9llo", "bn": "YWIAAA==", "vb": "AP8=", "bl": "3q2+7w==", "e": "b",
     "s": "x,z", "j": '{"a": 1}', "lat": "caf\u00e9",
 }
-
-
-def _config(mdb: MariaDatabase, **settings: Any) -> MariaDbSourceConfig:
-    return MariaDbSourceConfig.from_mapping({"dsn": mdb.dsn, **settings})
-
-
-def capture(config: MariaDbSourceConfig, offset: Offset | None = None,
-            timeout_s: float = 60) -> tuple[list[Record], Offset | None]:
-    """Everything up to the binlog's end now: the records and the last offset."""
-    connector = MariaDbConnector(config)
-    records: list[Record] = []
-    last: Offset | None = offset
-    try:
-        connector.start(offset, stop_at_end=True)
-        deadline = time.monotonic() + timeout_s
-        while time.monotonic() < deadline:
-            batch = connector.poll()
-            records += batch.records
-            if batch.offset is not None:
-                last = batch.offset
-            if batch.finished:
-                return records, last
-        raise AssertionError(f"capture did not reach the binlog's end in {timeout_s} s")
-    finally:
-        connector.stop()
-
-
-def values(records: list[Record]) -> list[dict[str, Any]]:
-    """The Debezium JSON values of the change events."""
-    serializer = DebeziumJsonSerializer(DebeziumJsonOptions(
-        time_precision_mode=TimePrecisionMode.ADAPTIVE_TIME_MICROSECONDS))
-    return [json.loads(serializer.key_and_value(r)[1]) for r in records
-            if isinstance(r, ChangeEvent)]
 
 
 def test_every_type_streams_as_debezium_writes_it_and_equals_the_snapshot(
@@ -374,22 +330,6 @@ def test_bad_logins_hosts_grants_and_urls_are_clear_errors(mdb: MariaDatabase) -
     assert [v["after"] for v in values(records)] == [{"id": 1}]
 
 
-# -- tidemark capture: restart, SIGKILL, server restart ----------------------------------
-def _capture_process(dsn: str, offsets: Path, out: Path, *extra: str
-                     ) -> subprocess.Popen[bytes]:
-    with out.open("ab") as sink:
-        return subprocess.Popen(
-            [sys.executable, "-m", "tidemark", "capture", "--dsn", dsn, "--offsets",
-             str(offsets), "--offset-flush-interval-ms", "0", *extra],
-            stdout=sink, stderr=subprocess.PIPE)
-
-
-def _lines(path: Path) -> list[str]:
-    """The complete lines written to *path* so far."""
-    text = path.read_text() if path.exists() else ""
-    return text.split("\n")[:-1]
-
-
 def _wait_for_lines(path: Path, count: int, process: subprocess.Popen[bytes],
                     timeout_s: float = 60) -> list[str]:
     """Wait until *path* holds *count* lines while *process* runs."""
@@ -401,19 +341,6 @@ def _wait_for_lines(path: Path, count: int, process: subprocess.Popen[bytes],
         assert time.monotonic() < deadline, f"no {count} lines in {path} in {timeout_s} s"
         time.sleep(0.02)
     return _lines(path)
-
-
-def _wait_for_offsets(offsets: Path, process: subprocess.Popen[bytes]) -> None:
-    """Wait until the capture saved its first offset (once its stream is open)."""
-    deadline = time.monotonic() + 30
-    while not offsets.exists():
-        assert process.poll() is None and time.monotonic() < deadline, "capture saved no offset"
-        time.sleep(0.02)
-
-
-def _ids(lines: list[str]) -> list[int]:
-    values = [json.loads(line)["value"] for line in lines if line]
-    return [v["after"]["id"] for v in values if v is not None and v["after"] is not None]
 
 
 def test_sigkilled_capture_resumes_from_its_offsets_without_losing_a_row(

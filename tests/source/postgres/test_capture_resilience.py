@@ -24,27 +24,17 @@ import pytest
 
 from capture_helpers import drain, events, make_connector
 from conftest import Database
+from pipeline_helpers import _signal_server
 from tidemark.errors import ConfigError, SourceError, SourceUnavailableError
 from tidemark.event import ChangeEvent, Op, SnapshotMarker
 from tidemark.source.postgres.connector import PostgresConnector
 from tidemark.testing.postgres import PostgresCluster
+from waiting import wait_for
 
 # Run on every PostgreSQL version CI tests (scripts/test.sh).
 pytestmark = pytest.mark.every_pg_version
 
 SLOT = "tidemark"
-
-
-# -- helpers ---------------------------------------------------------------------------
-def wait_for(predicate: Callable[[], Any], timeout_s: float, what: str,
-             interval_s: float = 0.05) -> Any:
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        value = predicate()
-        if value:
-            return value
-        time.sleep(interval_s)
-    raise AssertionError(f"timed out after {timeout_s}s waiting for {what}")
 
 
 def slot_state(db: Database, name: str = SLOT) -> tuple[int | None, int] | None:
@@ -962,17 +952,6 @@ def test_survives_a_server_restart() -> None:
         finally:
             conn.stop()
     assert sorted({e.after["id"] for e in got if e.after}) == [1, 2, 3, 4]
-
-
-def _signal_server(cluster: PostgresCluster, signum: int) -> None:
-    """Send *signum* to the postmaster and every backend (the walsender included)."""
-    import psutil  # noqa: PLC0415
-
-    pid = int((cluster.datadir / "postmaster.pid").read_text().splitlines()[0])
-    postmaster = psutil.Process(pid)
-    for process in [postmaster, *postmaster.children(recursive=True)]:
-        with contextlib.suppress(psutil.NoSuchProcess):
-            process.send_signal(signum)
 
 
 @pytest.mark.slow

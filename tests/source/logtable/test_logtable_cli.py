@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from logtable_helpers import LogDb
-from test_capture_resilience import wait_for
+from waiting import wait_for
 
 
 def _tidemark(*args: str, **kwargs: Any) -> subprocess.CompletedProcess[str]:

@@ -17,8 +17,7 @@ from typing import Any
 import pytest
 
 from conftest import MariaDatabase
-from test_engine_postgres import wait_for
-from test_mariadb_capture import _capture_process, _ids, _lines, _wait_for_offsets
+from mariadb_helpers import _capture_process, _ids, _lines, _wait_for_offsets
 from tidemark import send_signal
 from tidemark.event import ChangeEvent, Op, Record, SnapshotMarker
 from tidemark.offsets.store import Offset
@@ -26,6 +25,7 @@ from tidemark.source.batch import SourceBatch
 from tidemark.source.mariadb.config import MariaDbSourceConfig
 from tidemark.source.mariadb.connector import MariaDbConnector
 from tidemark.status.mariadb import capture_status
+from waiting import wait_for
 
 SIGNAL_DDL = ("CREATE TABLE sig (id VARCHAR(42) PRIMARY KEY, type VARCHAR(32) NOT NULL, "
               "data VARCHAR(2048))")

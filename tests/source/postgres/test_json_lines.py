@@ -18,6 +18,7 @@ from typing import Any
 
 import msgspec
 import pytest
+from test_capture_types import COLUMNS, ROWS, _row_sql
 
 from capture_helpers import make_connector
 from conftest import Database
@@ -29,7 +30,6 @@ from pgoutput_builders import (
     encode_relation,
     encode_update,
 )
-from test_capture_types import COLUMNS, ROWS, _row_sql
 from tidemark.engine.converters import (
     ConvertedBatch,
     ConvertedRecord,

@@ -9,7 +9,6 @@ from pathlib import Path
 from typing import Any
 
 from logtable_helpers import LogDb
-from test_engine_postgres import wait_for
 from tidemark import (
     DebeziumJsonConverter,
     Engine,
@@ -21,6 +20,7 @@ from tidemark.engine.converters import EventConverter
 from tidemark.event import ChangeEvent
 from tidemark.serde.debezium_json import DebeziumJsonOptions
 from tidemark.testing.sink import MemorySink
+from waiting import wait_for
 
 
 def _times(sink: MemorySink) -> list[Any]:

@@ -7,8 +7,6 @@ from __future__ import annotations
 import gc
 import sys
 import threading
-import time
-from typing import Any
 
 import psycopg2
 import pytest
@@ -22,13 +20,7 @@ from tidemark.offsets.memory import MemoryOffsetStore
 from tidemark.source.postgres.task import PostgresSourceConnector
 from tidemark.testing.postgres import PostgresCluster
 from tidemark.testing.sink import MemorySink
-
-
-def wait_for(condition: Any, timeout_s: float, what: str) -> None:
-    deadline = time.monotonic() + timeout_s
-    while not condition():
-        assert time.monotonic() < deadline, f"timed out waiting for {what}"
-        time.sleep(0.02)
+from waiting import wait_for
 
 
 def waiting_in(thread: threading.Thread, module: str, function: str) -> bool:

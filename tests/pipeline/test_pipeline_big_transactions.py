@@ -15,16 +15,16 @@ from deltalake import DeltaTable
 from pyspark.sql import SparkSession
 
 from conftest import Database
-from test_pipeline_run import (
+from pipeline_helpers import (
     _assert_equal_to_source,
     _batch_lines,
     _pipeline_file,
     _prepare,
     _tidemark_run,
+    check_a_snapshot_and_an_empty_table_s_snapshot,
 )
 from tidemark.lake.branch import BRANCHES_DIR
 from tidemark.pipeline import load_config
-from tidemark.pipeline.compare import compare
 from tidemark.pipeline.progress import BatchReport
 from tidemark.pipeline.runner import Pipeline
 from tidemark.pipeline.spill import SPILL_DIR
@@ -123,20 +123,3 @@ def test_a_snapshot_and_an_empty_table_s_snapshot_through_the_spill(
     check_a_snapshot_and_an_empty_table_s_snapshot(spark, db, tmp_path, _SPILL_EVERYTHING)
 
 
-def check_a_snapshot_and_an_empty_table_s_snapshot(spark: SparkSession, db: Database,
-                                                   tmp_path: Path, settings: str) -> None:
-    """Table c (35 rows, chunks of 10) and the empty table e, loaded by their snapshots
-    with the ``[spark]`` *settings*: c equals the source, e exists and is empty."""
-    db.execute("CREATE TABLE c (id int PRIMARY KEY, v text)",
-               "INSERT INTO c SELECT g, 'row ' || g FROM generate_series(1, 35) g",
-               "CREATE TABLE e (id int PRIMARY KEY, v text)")
-    file = tmp_path / "pipeline.toml"
-    file.write_text(f'[source]\ndsn = "{db.dsn}"\nslot = "s_{db.name}"\n'
-                    f'publication = "p_{db.name}"\nsnapshotChunkRows = 10\n'
-                    f"[spark]\ncheckpoint = \"chk\"\n{settings}\n"
-                    '[targets."public.c"]\npath = "lake/c"\nkeys = ["id"]\n'
-                    '[targets."public.e"]\npath = "lake/e"\nkeys = ["id"]\n')
-    Pipeline(load_config(file), spark=spark).run()
-    source, lake = compare(db.dsn, "public.c", str(tmp_path / "lake/c"), ["id", "v"])
-    assert source == lake and len(lake) == 35
-    assert DeltaTable(str(tmp_path / "lake/e")).to_pyarrow_dataset().count_rows() == 0

@@ -22,7 +22,7 @@ import pytest
 from pyspark.sql import SparkSession
 
 from logtable_helpers import LogDb
-from test_mariadb_pipeline import _run_cli
+from mariadb_helpers import _run_cli
 from tidemark.pipeline.compare import delta_rows, source_rows
 from tidemark.pipeline.config import load_config
 from tidemark.pipeline.runner import Pipeline

@@ -22,7 +22,7 @@ import pytest
 
 from conftest import Database
 
-CHILD = Path(__file__).with_name("engine_child.py")
+CHILD = Path(__file__).parents[1] / "engine_child.py"
 MODES = ["batch", "ordered", "async", "per_key"]
 IN_FLIGHT = 500
 BATCH = 200  # the most records one poll hands on (synthetic: 100; PostgreSQL: 200 messages)

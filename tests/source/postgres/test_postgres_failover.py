@@ -15,8 +15,7 @@ import pytest
 from pyspark.sql import SparkSession
 
 from conftest import Database
-from test_engine_postgres import wait_for
-from test_pipeline_run import (
+from pipeline_helpers import (
     _assert_equal_to_source,
     _lake_equals,
     _LivePipeline,
@@ -25,6 +24,7 @@ from test_pipeline_run import (
 )
 from tidemark.pipeline import load_config
 from tidemark.testing.postgres import PostgresCluster
+from waiting import wait_for
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 

@@ -70,7 +70,7 @@ from tidemark.testing.sink import MemorySink
 # Run on every PostgreSQL version CI tests (scripts/test.sh).
 pytestmark = pytest.mark.every_pg_version
 
-REFERENCE = Path(__file__).parent / "reference"
+REFERENCE = Path(__file__).parents[2] / "reference"
 SCRIPT = load_script(REFERENCE / "debezium_script.sql")
 REFERENCE_DIR = REFERENCE / "debezium-3.6.3"
 

@@ -6,11 +6,11 @@ from __future__ import annotations
 import threading
 
 from conftest import MariaDatabase
-from test_engine_postgres import wait_for
 from tidemark import Engine, MariaDbSourceConnector, MemoryOffsetStore
 from tidemark.engine.converters import EventConverter
 from tidemark.event import ChangeEvent
 from tidemark.testing.sink import MemorySink
+from waiting import wait_for
 
 
 def ids(sink: MemorySink) -> list[int]:

@@ -12,8 +12,7 @@ from pathlib import Path
 import pytest
 
 from conftest import Database
-from test_capture_resilience import wait_for
-from test_pipeline_run import (
+from pipeline_helpers import (
     _assert_equal_to_source,
     _lake_equals,
     _pipeline_file,
@@ -23,6 +22,7 @@ from test_pipeline_run import (
     _Writer,
 )
 from tidemark.testing.spark_cluster import SparkStandaloneCluster
+from waiting import wait_for
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 
