@@ -209,7 +209,7 @@ class SourceContext(msgspec.Struct, frozen=True, gc=False):
     PostgreSQL, after Debezium's common fields and ``table``: (name, value) pairs, or a
     ``msgspec.Struct`` whose fields are those, in order (cheaper to make and to write
     when a source makes one context per event because a field, MariaDB's ``row``,
-    differs between events). :func:`source_field_items` reads either.
+    differs between events). :func:`source_fields_dict` reads either.
     """
 
     connector: str
@@ -224,7 +224,7 @@ class SourceContext(msgspec.Struct, frozen=True, gc=False):
     source_fields: tuple[tuple[str, Any], ...] | msgspec.Struct | None = None
 
 
-def source_field_items(fields: tuple[tuple[str, Any], ...] | msgspec.Struct
+def source_fields_dict(fields: tuple[tuple[str, Any], ...] | msgspec.Struct
                        ) -> dict[str, Any]:
     """A context's ``source_fields`` as a dict, in their order."""
     if isinstance(fields, msgspec.Struct):
@@ -265,7 +265,7 @@ class ChangeEvent(msgspec.Struct, frozen=True, gc=False):
         """Debezium's ``source`` block."""
         c = self.context
         table = self.table
-        fields = source_field_items(c.source_fields) if c.source_fields is not None \
+        fields = source_fields_dict(c.source_fields) if c.source_fields is not None \
             else None
         return SourceInfo(c.connector, c.name, c.db, table.schema, table.table, c.ts_us,
                           self.snapshot, c.txid, self.lsn, c.last_commit_lsn, None, c.origin,

@@ -37,11 +37,11 @@ WRITE_ROWS_EVENT_V1: Final = 23
 UPDATE_ROWS_EVENT_V1: Final = 24
 DELETE_ROWS_EVENT_V1: Final = 25
 HEARTBEAT_LOG_EVENT: Final = 27
-#: Ends the first phase of an XA transaction (``XA PREPARE``), in place of an XID event.
-XA_PREPARE_LOG_EVENT: Final = 38
 WRITE_ROWS_EVENT_V2: Final = 30
 UPDATE_ROWS_EVENT_V2: Final = 31
 DELETE_ROWS_EVENT_V2: Final = 32
+#: Ends the first phase of an XA transaction (``XA PREPARE``), in place of an XID event.
+XA_PREPARE_LOG_EVENT: Final = 38
 ANNOTATE_ROWS_EVENT: Final = 160
 BINLOG_CHECKPOINT_EVENT: Final = 161
 GTID_EVENT: Final = 162
