@@ -2,26 +2,31 @@
 
 The stream (:mod:`tidemark.spark.source`) knows a source only through
 :class:`SparkSource`: a package under ``tidemark/spark/`` (``postgres/``, ``mariadb/``,
-``logtable/``) whose ``__init__`` has the two functions below. Its reader is a pyspark
-``DataSourceStreamReader``: offsets, partitions and ``read`` are the source's own, and
+``logtable/``) with a ``table_schemas`` function and a reader class, registered in
+``_SOURCES`` below. The reader is a pyspark ``DataSourceStreamReader``: offsets,
+partitions and ``read`` are the source's own, and
 ``read`` hands its changes to the shared sinks
 (:func:`tidemark.spark.stream_sink.stream_sink`): as pgoutput row blocks, the sinks'
 native input (the PostgreSQL reader's vectorized path, :mod:`tidemark.spark.decode`),
 or as change events through :class:`tidemark.spark.event_feeder.EventFeeder`, as the
-MariaDB and log-table readers do. Adding a source is a
-new package and one line in :func:`spark_source`.
+MariaDB and log-table readers do. Adding a source is a new package, one entry in
+``_SOURCES`` and its name in :func:`spark_source`.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import importlib
-from typing import TYPE_CHECKING, Protocol, cast
+from typing import TYPE_CHECKING, Any, Protocol
 
-from pyspark.sql.datasource import DataSourceStreamReader
-from pyspark.sql.types import StructType
+if TYPE_CHECKING:
+    from collections.abc import Callable
 
-from tidemark.event import TableId
-from tidemark.spark.options import SourceOptions
+    from pyspark.sql.datasource import DataSourceStreamReader
+    from pyspark.sql.types import StructType
+
+    from tidemark.event import TableId
+    from tidemark.spark.options import SourceOptions
 
 
 class SparkSource(Protocol):
@@ -40,15 +45,53 @@ class SparkSource(Protocol):
         ...
 
 
+@dataclasses.dataclass(frozen=True)
+class _Source:
+    """A source by where its two parts live, imported on first use: a PostgreSQL
+    stream never imports the MariaDB client, nor the reverse, and ``tidemark status``
+    reads a source's offsets without importing pyspark."""
+
+    schemas: str  # the module with ``table_schemas(options)``
+    reader: str  # the module of the reader class
+    reader_class: str  # ``reader_class(options, schema)`` is the stream reader
+
+    def table_schemas(self, options: SourceOptions) -> dict[TableId, StructType]:
+        checked: Callable[[SourceOptions], dict[TableId, StructType]] = \
+            importlib.import_module(self.schemas).table_schemas
+        return checked(options)
+
+    def stream_reader(self, options: SourceOptions,
+                      schema: StructType) -> DataSourceStreamReader:
+        reader: Any = getattr(importlib.import_module(self.reader), self.reader_class)
+        made: DataSourceStreamReader = reader(options, schema)
+        return made
+
+
+_SOURCES: dict[str, SparkSource] = {
+    "postgres": _Source("tidemark.spark.postgres.schema", "tidemark.spark.postgres.reader",
+                        "TidemarkStreamReader"),
+    "mariadb": _Source("tidemark.spark.mariadb.reader", "tidemark.spark.mariadb.reader",
+                       "MariaDbStreamReader"),
+    "logtable": _Source("tidemark.spark.logtable.reader", "tidemark.spark.logtable.reader",
+                        "LogTableStreamReader"),
+}
+
+
 def spark_source(options: SourceOptions) -> SparkSource:
-    """The source *options* name (imported on first use: a PostgreSQL stream never
-    imports the MariaDB client, nor the reverse)."""
-    package = "mariadb" if options.is_mariadb else "logtable" if options.is_logtable \
-        else "postgres"
-    return cast(SparkSource, importlib.import_module(f"tidemark.spark.{package}"))
+    """The source *options* name (by the DSN: a ``mariadb://`` URL, log tables, or
+    PostgreSQL)."""
+    return _SOURCES["mariadb" if options.is_mariadb else "logtable" if options.is_logtable
+                    else "postgres"]
 
 
-if TYPE_CHECKING:  # mypy checks that each package is a SparkSource
-    from tidemark.spark import logtable, mariadb, postgres
+if TYPE_CHECKING:  # mypy checks each source's two parts against SparkSource
+    from tidemark.spark.logtable import reader as _logtable
+    from tidemark.spark.mariadb import reader as _mariadb
+    from tidemark.spark.postgres import reader as _postgres
+    from tidemark.spark.postgres import schema as _postgres_schema
 
-    _SOURCES: tuple[SparkSource, ...] = (postgres, mariadb, logtable)
+    _SCHEMAS: tuple[Callable[[SourceOptions], dict[TableId, StructType]], ...] = (
+        _postgres_schema.table_schemas, _mariadb.table_schemas, _logtable.table_schemas)
+    _READERS: tuple[Callable[[SourceOptions, StructType], DataSourceStreamReader], ...] = (
+        _postgres.TidemarkStreamReader, _mariadb.MariaDbStreamReader,
+        _logtable.LogTableStreamReader)

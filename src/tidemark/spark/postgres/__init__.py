@@ -1,33 +1,5 @@
 """The Spark stream of a PostgreSQL database: logical decoding (pgoutput) read on the
 executors from copies of the query's slot (:mod:`.reader`, :mod:`.wal`), LSN offsets
-(:mod:`.offsets`) and snapshots from an exported snapshot (:mod:`.snapshot`).
-
-Nothing here imports pyspark until a function is called: ``tidemark status`` reads this
-package's offsets without Spark."""
-
-from __future__ import annotations
-
-from typing import TYPE_CHECKING
-
-if TYPE_CHECKING:
-    from pyspark.sql.datasource import DataSourceStreamReader
-    from pyspark.sql.types import StructType
-
-    from tidemark.event import TableId
-    from tidemark.spark.options import SourceOptions
-
-__all__ = ["stream_reader", "table_schemas"]
-
-
-def table_schemas(options: SourceOptions) -> dict[TableId, StructType]:
-    """Check the source and return each table's typed Spark schema."""
-    from tidemark.spark.postgres.schema import table_schemas as checked_schemas  # noqa: PLC0415
-
-    return checked_schemas(options)
-
-
-def stream_reader(options: SourceOptions, schema: StructType) -> DataSourceStreamReader:
-    """The reader of a PostgreSQL stream's query."""
-    from tidemark.spark.postgres.reader import TidemarkStreamReader  # noqa: PLC0415
-
-    return TidemarkStreamReader(options, schema)
+(:mod:`.offsets`), snapshots from an exported snapshot (:mod:`.snapshot`), and the checks
+and typed schemas before a query starts (:mod:`.schema`). Registered in
+:mod:`tidemark.spark.sources`."""
