@@ -41,7 +41,9 @@ typedef struct {
     int a;
     int b;
     int nullable;
-    PyObject *reader; /* borrowed from the plan tuple */
+    PyObject *reader;  /* borrowed from the plan tuple */
+    Py_ssize_t width;  /* bytes of a fixed-width kind's value; 0: length-prefixed or
+                        * the Python reader */
 } Column;
 
 static const int DECIMAL_BYTES[10] = {0, 1, 1, 2, 2, 3, 3, 4, 4, 4};
@@ -351,104 +353,107 @@ static PyObject *
 read_value(PyObject *data, const unsigned char *buf, Py_ssize_t size, Py_ssize_t *pos,
            const Column *c)
 {
-    Py_ssize_t at = *pos, width;
+    Py_ssize_t at = *pos;
     const unsigned char *p = buf + at;
     PyObject *value;
-    switch (c->kind) {
-    case K_INT:
-        width = c->a;
-        if (at + width > size)
+    if (c->width) {
+        if (at + c->width > size)
             return short_image(at);
-        value = read_int(p, c);
-        break;
-    case K_DOUBLE: {
-        width = 8;
-        if (at + width > size)
-            return short_image(at);
-        double d;
-        memcpy(&d, p, 8); /* little-endian hosts only: checked at import */
-        char *text = PyOS_double_to_string(d, 'r', 0, Py_DTSF_ADD_DOT_0, NULL);
-        if (text == NULL)
-            return NULL;
-        value = ascii(text, (Py_ssize_t)strlen(text));
-        PyMem_Free(text);
-        break;
-    }
-    case K_DECIMAL:
-        width = decimal_size(c->a, c->b);
-        if (at + width > size)
-            return short_image(at);
-        value = read_decimal(p, c->a, c->b);
-        break;
-    case K_DATETIME2:
-        width = 5 + fraction_size(c->a);
-        if (at + width > size)
-            return short_image(at);
-        value = read_datetime2(p, c);
-        break;
-    case K_TIMESTAMP2:
-        width = 4 + fraction_size(c->a);
-        if (at + width > size)
-            return short_image(at);
-        value = read_timestamp2(p, c);
-        break;
-    case K_TIME2:
-        width = 3 + fraction_size(c->a);
-        if (at + width > size)
-            return short_image(at);
-        value = read_time2(p, c);
-        break;
-    case K_DATE:
-        width = 3;
-        if (at + width > size)
-            return short_image(at);
-        value = read_date(p, c);
-        break;
-    case K_YEAR:
-        width = 1;
-        if (at + width > size)
-            return short_image(at);
-        if (p[0]) {
-            char out[8];
-            value = ascii(out, digits(out, (uint64_t)p[0] + 1900, 1));
-        } else {
-            value = ascii("0", 1);
+        switch (c->kind) {
+        case K_INT:
+            value = read_int(p, c);
+            break;
+        case K_DOUBLE: {
+            double d;
+            memcpy(&d, p, 8); /* little-endian hosts only: checked at import */
+            char *text = PyOS_double_to_string(d, 'r', 0, Py_DTSF_ADD_DOT_0, NULL);
+            if (text == NULL)
+                return NULL;
+            value = ascii(text, (Py_ssize_t)strlen(text));
+            PyMem_Free(text);
+            break;
         }
-        break;
-    case K_UTF8:
-    case K_BYTES: {
+        case K_DECIMAL:
+            value = read_decimal(p, c->a, c->b);
+            break;
+        case K_DATETIME2:
+            value = read_datetime2(p, c);
+            break;
+        case K_TIMESTAMP2:
+            value = read_timestamp2(p, c);
+            break;
+        case K_TIME2:
+            value = read_time2(p, c);
+            break;
+        case K_DATE:
+            value = read_date(p, c);
+            break;
+        default: /* K_YEAR */
+            if (p[0]) {
+                char out[8];
+                value = ascii(out, digits(out, (uint64_t)p[0] + 1900, 1));
+            } else {
+                value = ascii("0", 1);
+            }
+        }
+        if (value != NULL)
+            *pos = at + c->width;
+        return value;
+    }
+    if (c->kind == K_UTF8 || c->kind == K_BYTES) {
         if (at + c->a > size)
             return short_image(at);
         Py_ssize_t length = (Py_ssize_t)little_endian(p, c->a);
         if (at + c->a + length > size)
             return short_image(at);
-        width = c->a + length;
         const char *start = (const char *)p + c->a;
         value = c->kind == K_UTF8 ? PyUnicode_DecodeUTF8(start, length, "strict")
                                   : PyBytes_FromStringAndSize(start, length);
-        break;
-    }
-    default: {
-        PyObject *result = PyObject_CallFunction(c->reader, "On", data, at);
-        if (result == NULL)
-            return NULL;
-        Py_ssize_t after;
-        if (!PyTuple_Check(result) || PyTuple_GET_SIZE(result) != 2
-                || (after = PyLong_AsSsize_t(PyTuple_GET_ITEM(result, 1))) < 0) {
-            Py_DECREF(result);
-            if (!PyErr_Occurred())
-                PyErr_SetString(PyExc_TypeError, "a reader returns (value, position)");
-            return NULL;
-        }
-        value = Py_NewRef(PyTuple_GET_ITEM(result, 0));
-        Py_DECREF(result);
-        *pos = after;
+        if (value != NULL)
+            *pos = at + c->a + length;
         return value;
     }
+    PyObject *result = PyObject_CallFunction(c->reader, "On", data, at);
+    if (result == NULL)
+        return NULL;
+    Py_ssize_t after;
+    if (!PyTuple_Check(result) || PyTuple_GET_SIZE(result) != 2
+            || (after = PyLong_AsSsize_t(PyTuple_GET_ITEM(result, 1))) < 0) {
+        Py_DECREF(result);
+        if (!PyErr_Occurred())
+            PyErr_SetString(PyExc_TypeError, "a reader returns (value, position)");
+        return NULL;
     }
-    if (value != NULL)
-        *pos = at + width;
+    value = Py_NewRef(PyTuple_GET_ITEM(result, 0));
+    Py_DECREF(result);
+    *pos = after;
     return value;
+}
+
+/* Bytes of a value of *c*'s kind when they are fixed, else 0. */
+static Py_ssize_t
+fixed_width(const Column *c)
+{
+    switch (c->kind) {
+    case K_INT:
+        return c->a;
+    case K_DOUBLE:
+        return 8;
+    case K_DECIMAL:
+        return decimal_size(c->a, c->b);
+    case K_DATETIME2:
+        return 5 + fraction_size(c->a);
+    case K_TIMESTAMP2:
+        return 4 + fraction_size(c->a);
+    case K_TIME2:
+        return 3 + fraction_size(c->a);
+    case K_DATE:
+        return 3;
+    case K_YEAR:
+        return 1;
+    default:
+        return 0;
+    }
 }
 
 static PyObject *
@@ -514,6 +519,7 @@ parse_plan(PyObject *plan, Column **out, Py_ssize_t *width)
             PyErr_Format(PyExc_ValueError, "plan entry %zd is not a column plan", i);
             return -1;
         }
+        c->width = fixed_width(c);
     }
     *out = columns;
     *width = n;
