@@ -380,7 +380,6 @@ class _Mapping:
 
 _PLACEHOLDER_BYTES = UNAVAILABLE_PLACEHOLDER.encode()
 _HEADS_KEPT: Final = 256  # source-block heads kept for sources with fields of their own
-_FIELDS_KEPT: Final = 4096  # texts of such sources' ``"name":value`` members kept
 # Array elements of these kinds are JSON numbers or booleans: an unavailable array of
 # them is written as the placeholder's bytes (Debezium's behaviour, by capture).
 _UNQUOTED_KINDS = INTEGER_KINDS | FLOAT_KINDS | {Kind.BOOL}
@@ -843,7 +842,6 @@ class DebeziumJsonSerializer:
         self._parts_context: object = None
         self._parts: dict[tuple[TableId, SnapshotMarker], tuple[str, ...]] = {}
         self._heads: dict[tuple[Any, ...], str] = {}
-        self._field_texts: dict[tuple[str, Any], str] = {}
         self._last_head: tuple[Any, ...] | None = None
 
     def _codec(self, schema: TableSchema) -> _Codec:
@@ -892,8 +890,7 @@ class DebeziumJsonSerializer:
         """The whole ``source`` block of a source with fields of its own: Debezium's
         common fields, ``table``, then ``source_fields`` in order. Such a source may make
         a context per event (MariaDB's ``row``), so the common part is kept per
-        transaction and table; the fields are written by msgspec (a Struct) or from a
-        memo of their texts (pairs)."""
+        transaction and table, and the fields are written by msgspec in one call."""
         last = self._last_head
         if last is not None and last[0] is table and last[1] is snapshot \
                 and last[2] == c.ts_us and last[3] is c.connector and last[4] is c.name \
@@ -903,26 +900,11 @@ class DebeziumJsonSerializer:
             head = self._head(c, snapshot, table)
             self._last_head = (table, snapshot, c.ts_us, c.connector, c.name, c.db, head)
         fields = c.source_fields
-        if isinstance(fields, msgspec.Struct):  # one call: msgspec writes it in order
-            return head + self._encoder.encode(fields)[1:].decode()
         assert fields is not None
-        # Pairs: member by member from a memo: most values repeat from event to event (server,
-        # file, thread), and a lookup costs half of encoding them every time.
-        texts = self._field_texts
-        parts = []
-        for item in fields:
-            value = item[1]
-            # Only None, int and str: True == 1 == 1.0 would share a memo entry.
-            if value is None or type(value) is int or type(value) is str:
-                text = texts.get(item)
-                if text is None:
-                    if len(texts) >= _FIELDS_KEPT:
-                        texts.clear()
-                    text = texts[item] = self._field_text(item)
-            else:
-                text = self._field_text(item)
-            parts.append(text)
-        return f"{head}{','.join(parts)}}}"
+        # A Struct is written in its field order; pairs by way of a dict, in theirs.
+        encoded = self._encoder.encode(
+            fields if isinstance(fields, msgspec.Struct) else dict(fields))
+        return head + encoded[1:].decode()
 
     def _head(self, c: SourceContext, snapshot: SnapshotMarker, table: TableId) -> str:
         """An own block's common fields and ``table``, up to its own fields."""
@@ -938,9 +920,6 @@ class DebeziumJsonSerializer:
                 f'"snapshot":"{snapshot.value}","db":{_escape(c.db)},"sequence":null,'
                 f'"ts_us":{ts},"ts_ns":{ts * 1000},"table":{_escape(table.table)},')
         return head
-
-    def _field_text(self, item: tuple[str, Any]) -> str:
-        return f"{_escape(item[0])}:{self._encoder.encode(item[1]).decode()}"
 
     @staticmethod
     def _source_parts(c: SourceContext, snapshot: SnapshotMarker,
