@@ -504,9 +504,9 @@ def _compile_full_image(table_map: TableMap) -> Callable[[bytes, int], tuple[Wir
 PlanEntry: TypeAlias = tuple[int, int, int, bool, Reader | None]
 
 
-def _plan_entry(column: TableColumn) -> PlanEntry:
+def _plan_entry(column: TableColumn, reader: Reader) -> PlanEntry:
     """How the compiled decoder reads *column* (see ``_row_image.c``): one of its kinds
-    for the common types, else its Python reader."""
+    for the common types, else its Python *reader*."""
     assert _row_image is not None
     c, t, meta, nullable = _row_image, column.type, column.metadata, column.nullable
     size = _INLINE_INT_SIZES.get(t, 3 if t == b.T_INT24 else 0)
@@ -530,15 +530,16 @@ def _plan_entry(column: TableColumn) -> PlanEntry:
             return c.BYTES, length_bytes, 0, nullable, None
         if codec == "utf-8":
             return c.UTF8, length_bytes, 0, nullable, None
-    return c.FALLBACK, 0, 0, nullable, column_reader(column)
+    return c.FALLBACK, 0, 0, nullable, reader
 
 
-def compiled_plan(table_map: TableMap) -> tuple[PlanEntry, ...] | None:
-    """The compiled decoder's plan of *table_map*'s full row images (None where the
-    decoder is not built)."""
+def compiled_plan(table_map: TableMap, readers: Sequence[Reader]
+                  ) -> tuple[PlanEntry, ...] | None:
+    """The compiled decoder's plan of *table_map*'s full row images, given its columns'
+    Python *readers* (None where the decoder is not built)."""
     if _row_image is None:
         return None
-    return tuple(_plan_entry(column) for column in table_map.columns)
+    return tuple(_plan_entry(c, r) for c, r in zip(table_map.columns, readers, strict=True))
 
 
 _OP_CODES: Final = {"c": 0, "u": 1, "d": 2}
@@ -556,8 +557,9 @@ class RowDecoder:
         self.readers: Sequence[Reader] = [column_reader(c) for c in table_map.columns]
         self.width = len(table_map.columns)
         self.full = (1 << self.width) - 1
-        self._full_image = _compile_full_image(table_map)
-        self._plan = compiled_plan(table_map) if compiled else None
+        self._plan = compiled_plan(table_map, self.readers) if compiled else None
+        # The generated Python reader of full images, where the C decoder does not run.
+        self._full_image = _compile_full_image(table_map) if self._plan is None else None
 
     def _image(self, data: bytes, pos: int, present: int) -> tuple[WireTuple, int]:
         readers, width = self.readers, self.width
