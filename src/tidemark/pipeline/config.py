@@ -118,6 +118,10 @@ class SparkSection(msgspec.Struct, frozen=True):
     apply_part_mb: Annotated[int, msgspec.Meta(ge=0)] = 8
     """Source log per part of a split batch: a smaller batch is not worth the parts'
     branches (0: split every batch into ``apply_parts``)."""
+    warm_workers: bool = True
+    """Start the executors' Python workers, with tidemark imported, while the query
+    starts (:mod:`tidemark.spark.worker_warmup`), so the first batch does not wait
+    for them."""
 
 
 class MetricsSection(msgspec.Struct, frozen=True):

@@ -66,6 +66,8 @@ from tidemark.spark.options import SnapshotMode
 from tidemark.spark.postgres import wal
 from tidemark.spark.postgres.offsets import SourceOffset
 from tidemark.spark.snapshot_plan import SnapshotPlan
+from tidemark.spark.sources import reader_module
+from tidemark.spark.worker_warmup import warm_python_workers
 
 log = logging.getLogger(__name__)
 
@@ -180,6 +182,12 @@ class Pipeline:
             # collects them. The change log is written by Spark's Parquet sink, which
             # needs real columns.
             row_format="struct" if self.config.changelog else "arrow")
+        if self.config.spark.warm_workers:
+            # The first batch's tasks reuse these workers instead of starting their own.
+            modules = [reader_module(self._kind)]
+            if self.config.spark.apply_on == "executors":
+                modules.append(apply_on_executors.__module__)
+            warm_python_workers(spark, modules)
         writer = (stream.writeStream.foreachBatch(self._process)
                   .option("checkpointLocation", self.config.checkpoint)
                   .queryName(self.config.spark.app_name))

@@ -67,7 +67,7 @@ class _Source:
         return made
 
 
-_SOURCES: dict[str, SparkSource] = {
+_SOURCES: dict[str, _Source] = {
     "postgres": _Source("tidemark.spark.postgres.schema", "tidemark.spark.postgres.reader",
                         "TidemarkStreamReader"),
     "mariadb": _Source("tidemark.spark.mariadb.reader", "tidemark.spark.mariadb.reader",
@@ -75,6 +75,12 @@ _SOURCES: dict[str, SparkSource] = {
     "logtable": _Source("tidemark.spark.logtable.reader", "tidemark.spark.logtable.reader",
                         "LogTableStreamReader"),
 }
+
+
+def reader_module(kind: str) -> str:
+    """The module a source's ``read`` runs from on the executors (``postgres``,
+    ``mariadb`` or ``logtable``): what warming their Python workers imports."""
+    return _SOURCES[kind].reader
 
 
 def spark_source(options: SourceOptions) -> SparkSource:
