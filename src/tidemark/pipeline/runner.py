@@ -94,7 +94,12 @@ def build_session(config: PipelineConfig) -> SparkSession:
                .config("spark.ui.showConsoleProgress", "false")
                # An arrow envelope row holds thousands of change rows: Spark's Arrow
                # batches for the executors' apply are cut by bytes, not only by rows.
-               .config("spark.sql.execution.arrow.maxBytesPerBatch", str(64 << 20)))
+               .config("spark.sql.execution.arrow.maxBytesPerBatch", str(64 << 20))
+               # A collected batch's task results (its Arrow rows, up to collect_max_mb)
+               # go to the driver with the task's status, not through the block
+               # manager and a second fetch (Spark's default for that is 1 MiB); Spark
+               # caps it at spark.rpc.message.maxSize.
+               .config("spark.task.maxDirectResultSize", str(64 << 20)))
     for key, value in config.spark.conf.items():
         builder = builder.config(key, value)
     session = builder.getOrCreate()
