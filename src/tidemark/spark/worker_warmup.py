@@ -24,7 +24,7 @@ import importlib
 import logging
 import threading
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 
 import pyarrow as pa
 from pyspark.sql import SparkSession
@@ -32,7 +32,8 @@ from pyspark.sql import SparkSession
 log = logging.getLogger(__name__)
 
 
-def _importer(modules: Sequence[str]) -> object:
+def _importer(modules: Sequence[str]
+              ) -> Callable[[Iterator[pa.RecordBatch]], Iterator[pa.RecordBatch]]:
     """The function each warm-up task runs on its executor."""
 
     def warm(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
@@ -65,7 +66,7 @@ def _warm(spark: SparkSession, modules: tuple[str, ...], tasks: int) -> None:
         spark.sparkContext.setLocalProperty("spark.job.description",
                                             "tidemark: start Python workers")
         (spark.range(0, tasks, 1, tasks)
-         .mapInArrow(_importer(modules), "id long")  # type: ignore[arg-type]
+         .mapInArrow(_importer(modules), "id long")
          .collect())
     except Exception as err:  # a warm-up must never fail the pipeline
         log.debug("warming the executors' Python workers failed: %s", err)
