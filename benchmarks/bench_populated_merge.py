@@ -262,13 +262,14 @@ def main() -> None:
               f"(machine: {cores} cores):")
         for group in (contenders[:3], contenders[3:]):
             for contender in group:
-                first = statistics.median(contender.first)
-                later = statistics.median(contender.later) if contender.later else 0.0
-                used = statistics.median(contender.cpu) if contender.cpu else 0.0
-                busy = statistics.median(contender.busy) if contender.busy else 0.0
-                print(f"  {contender.name:28s} first {first:>7,.0f}/s, later {later:>7,.0f}/s"
-                      f" ({busy:.2f} of {cores} cores busy, {used:.1f} CPU-s a batch), "
-                      f"driver {statistics.median(contender.drivers) / 2**20:.0f} MiB, JVM "
+                later = "no later batch (--batches 1)"
+                if contender.later:
+                    later = (f"later {statistics.median(contender.later):>7,.0f}/s "
+                             f"({statistics.median(contender.busy):.2f} of {cores} cores "
+                             f"busy, {statistics.median(contender.cpu):.1f} CPU-s a batch)")
+                print(f"  {contender.name:28s} first {statistics.median(contender.first):>7,.0f}"
+                      f"/s, {later}, driver "
+                      f"{statistics.median(contender.drivers) / 2**20:.0f} MiB, JVM "
                       f"{statistics.median(contender.jvms) / 2**20:.0f} MiB")
             if all(c.later for c in group):
                 local1, local2, cluster = (statistics.median(c.later) for c in group)
