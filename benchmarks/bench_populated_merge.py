@@ -96,6 +96,7 @@ class Batch:
     end: float
     read: float  # driver apply: read; executor apply: plan
     merge: float  # driver apply: the merge; executor apply: the executors' stage
+    cpu: float = 0.0  # the machine's busy CPU seconds over the batch
 
     @property
     def rate(self) -> float:
@@ -236,13 +237,13 @@ def main() -> None:
                 if source != lake:
                     raise SystemExit(f"{contender.name}: Delta differs from PostgreSQL")
                 # A last batch of a few leftover transactions is no batch of the workload.
+                for batch in batches:
+                    batch.cpu = cpu.between(batch.start, batch.end)
                 later = [b for b in batches[1:] if b.changes >= per_batch // 2]
                 contender.first.append(batches[0].rate)
                 contender.later += [b.rate for b in later]
-                for batch in later:
-                    used = cpu.between(batch.start, batch.end)
-                    contender.cpu.append(used)
-                    contender.busy.append(used / (batch.end - batch.start))
+                contender.cpu += [b.cpu for b in later]
+                contender.busy += [b.cpu / (b.end - b.start) for b in later]
                 contender.drivers.append(peaks.driver)
                 contender.jvms.append(peaks.jvm)
                 steps = ("read", "merge") if contender.apply_on == "driver" else \
@@ -250,7 +251,7 @@ def main() -> None:
                 described = "; ".join(
                     f"{b.changes:,} in {b.end - b.start:.2f} s = {b.rate:,.0f}/s ({steps[0]} "
                     f"{b.read:.2f} s, {steps[1]} {b.merge:.2f} s"
-                    + (f", {cpu.between(b.start, b.end):.1f} CPU-s)" if i else ")")
+                    + (f", {b.cpu:.1f} CPU-s)" if i else ")")
                     for i, b in enumerate(batches))
                 print(f"  {contender.name}: {described}"
                       f"{' (spilled)' if 'the executors write it to' in log else ''}; "
