@@ -6,6 +6,7 @@ stops with an error naming the slot and the position, and ``on_slot_lost =
 from __future__ import annotations
 
 import contextlib
+import re
 import time
 from collections.abc import Iterator
 from typing import Any
@@ -17,6 +18,7 @@ from capture_helpers import drain, make_connector
 from tidemark.errors import ConfigError
 from tidemark.event import ChangeEvent, Op, SnapshotMarker
 from tidemark.offsets.store import Offset
+from tidemark.source.postgres.pgoutput import str_to_lsn
 from tidemark.source.postgres.slot import SlotLostError
 from tidemark.testing.postgres import PostgresCluster
 
@@ -25,9 +27,14 @@ pytestmark = [pytest.mark.integration, pytest.mark.every_pg_version]
 
 @pytest.fixture(scope="module")
 def small_wal_cluster() -> Iterator[PostgresCluster]:
-    """A server that invalidates a slot holding more than 1 MB of WAL."""
-    with PostgresCluster(settings={"max_slot_wal_keep_size": "'1MB'", "max_wal_size": "'32MB'",
-                                   "min_wal_size": "'32MB'"}) as cluster:
+    """A server that invalidates a slot holding more than 1 MB of WAL.
+
+    Its WAL writer waits 1 s (not 200 ms): an asynchronous commit then stays unwritten
+    long enough that a drain aimed at the write position instead of the insert position
+    (see _wal_end) fails every time rather than once in a few hundred runs."""
+    settings = {"max_slot_wal_keep_size": "'1MB'", "max_wal_size": "'32MB'",
+                "min_wal_size": "'32MB'", "wal_writer_delay": "'1s'"}
+    with PostgresCluster(settings=settings) as cluster:
         yield cluster
 
 
@@ -51,6 +58,14 @@ def _query(dsn: str, sql: str) -> list[tuple[Any, ...]]:
         return list(cur.fetchall())
 
 
+def _wal_end(dsn: str) -> int:
+    """The server's WAL insert position: every transaction committed so far ends at or
+    before it. Not pg_current_wal_lsn(), the write position: under synchronous_commit =
+    off (the test servers) a commit just made may not be written yet, and a drain to that
+    position could end before it."""
+    return int(_query(dsn, "SELECT (pg_current_wal_insert_lsn() - '0/0')::bigint")[0][0])
+
+
 def _replay(records: list[Any], rows: dict[int, dict[str, Any]]) -> None:
     for event in records:
         if not isinstance(event, ChangeEvent):
@@ -64,7 +79,7 @@ def _replay(records: list[Any], rows: dict[int, dict[str, Any]]) -> None:
 def _until_now(connector: Any, dsn: str) -> tuple[list[Any], Offset | None]:
     """Poll *connector* (started) until its offset passes the server's WAL position now:
     the records and that offset."""
-    target = _query(dsn, "SELECT (pg_current_wal_lsn() - '0/0')::bigint")[0][0]
+    target = _wal_end(dsn)
     records: list[Any] = []
     offset: Offset | None = None
     deadline = time.monotonic() + 60
@@ -144,8 +159,7 @@ def test_a_lost_slot_is_refused_by_name_and_repaired_by_an_incremental_snapshot(
     try:
         _execute(dsn, "UPDATE t SET v = 'after' WHERE id = 2")  # streamed, not lost
         reads = _until_reread(repairing, replica, time.monotonic() + 60)
-        drain(repairing, timeout_s=30, until_lsn=_query(
-            dsn, "SELECT (pg_current_wal_lsn() - '0/0')::bigint")[0][0])
+        drain(repairing, timeout_s=30, until_lsn=_wal_end(dsn))
     finally:
         repairing.stop()
     table = {row[0]: {"id": row[0], "v": row[1]} for row in _query(dsn, "SELECT id, v FROM t")}
@@ -172,8 +186,7 @@ def test_slot_failover_is_on_where_the_server_has_it_and_refused_where_not(
             continue
         connector.start()
         try:
-            drain(connector, timeout_s=30, until_lsn=_query(
-                dsn, "SELECT (pg_current_wal_lsn() - '0/0')::bigint")[0][0])
+            drain(connector, timeout_s=30, until_lsn=_wal_end(dsn))
         finally:
             connector.stop()
         if version >= 17:
@@ -197,8 +210,7 @@ def test_when_needed_takes_a_full_snapshot_after_the_slot_was_invalidated(dsn: s
     again = make_connector(dsn, "public.t", snapshot_mode="when_needed")
     again.start(offset)
     try:
-        records = drain(again, timeout_s=60, until_lsn=_query(
-            dsn, "SELECT (pg_current_wal_lsn() - '0/0')::bigint")[0][0])
+        records = drain(again, timeout_s=60, until_lsn=_wal_end(dsn))
     finally:
         again.stop()
     reads = [e for e in records if isinstance(e, ChangeEvent) and e.op is Op.READ]
@@ -207,7 +219,7 @@ def test_when_needed_takes_a_full_snapshot_after_the_slot_was_invalidated(dsn: s
 
 @pytest.mark.parametrize("action", ["fail", "resnapshot"])
 def test_a_slot_invalidated_while_streaming_stops_capture_or_is_repaired_in_the_same_run(
-        dsn: str, action: str) -> None:
+        dsn: str, action: str, caplog: pytest.LogCaptureFixture) -> None:
     """The server invalidates the slot under a running stream (its consumer fell more
     than max_slot_wal_keep_size behind): the default stops with the slot's name; with
     on_slot_lost = "resnapshot" the same run goes on from a new slot and re-reads the
@@ -219,9 +231,9 @@ def test_a_slot_invalidated_while_streaming_stops_capture_or_is_repaired_in_the_
                                incremental_snapshot_chunk_size=100)
     connector.start()
     try:
-        records, _ = _until_now(connector, dsn)
+        records, reached = _until_now(connector, dsn)
         _replay(records, replica)
-        assert len(replica) == 300
+        assert len(replica) == 300 and reached is not None
         # Not polled meanwhile, so nothing is confirmed: the slot falls behind.
         _execute(dsn, "UPDATE t SET v = 'gap' WHERE id <= 30", "DELETE FROM t WHERE id = 299",
                  "INSERT INTO t VALUES (301, 'gap')")
@@ -235,8 +247,7 @@ def test_a_slot_invalidated_while_streaming_stops_capture_or_is_repaired_in_the_
             return
         reads = _until_reread(connector, replica, deadline)
         _execute(dsn, "UPDATE t SET v = 'after' WHERE id = 2")
-        _replay(drain(connector, timeout_s=30, until_lsn=_query(
-            dsn, "SELECT (pg_current_wal_lsn() - '0/0')::bigint")[0][0]), replica)
+        _replay(drain(connector, timeout_s=30, until_lsn=_wal_end(dsn)), replica)
     finally:
         connector.stop()
     table = {row[0]: {"id": row[0], "v": row[1]} for row in _query(dsn, "SELECT id, v FROM t")}
@@ -247,3 +258,6 @@ def test_a_slot_invalidated_while_streaming_stops_capture_or_is_repaired_in_the_
     assert replica[2]["v"] == "after"
     assert _query(dsn, "SELECT wal_status FROM pg_replication_slots "
                        "WHERE slot_name = 'tidemark'") != [("lost",)]
+    # The warning says how far capture had got, at least as far as was committed.
+    lost_after = re.search(r"was lost after ([0-9A-F]+/[0-9A-F]+)", caplog.text)
+    assert lost_after is not None and str_to_lsn(lost_after[1]) >= reached["lsn"]

@@ -383,10 +383,10 @@ class PostgresConnector:
                 yield SourceBatch([], {"lsn": start_lsn, "snapshot_completed": True})
             start_lsn = max(start_lsn, slot_lsn)
         self._stream = stream
-        yield from self._recovering(stream, self._stream_changes(stream, start_lsn,
-                                                                 last_commit))
+        yield from self._recovering(stream, start_lsn,
+                                    self._stream_changes(stream, start_lsn, last_commit))
 
-    def _recovering(self, stream: ReplicationStream,
+    def _recovering(self, stream: ReplicationStream, start_lsn: int,
                     batches: Iterator[SourceBatch]) -> Iterator[SourceBatch]:
         """*batches* of the stream; if the server invalidates or drops the slot under
         it, ``on_slot_lost = "resnapshot"`` goes on with a new slot and an incremental
@@ -396,7 +396,8 @@ class PostgresConnector:
         except SlotLostError as err:
             if self.config.on_slot_lost != SlotLostAction.RESNAPSHOT:
                 raise
-            lost_at = stream.confirmed_lsn
+            # Where the stream started counts when nothing streamed was confirmed yet.
+            lost_at = max(stream.confirmed_lsn, start_lsn)
             log.warning("%s", str(err).split(":", 1)[0])
             stream.close()
             if self._snapshots is not None:
@@ -426,8 +427,8 @@ class PostgresConnector:
         yield SourceBatch([], {"lsn": consistent, "snapshot_completed": True,
                                SNAPSHOT_OFFSET_KEY: state})
         self._stream = stream
-        yield from self._recovering(stream, self._stream_changes(stream, consistent,
-                                                                 consistent))
+        yield from self._recovering(stream, consistent,
+                                    self._stream_changes(stream, consistent, consistent))
 
     def _lost_slot(self, existing: slot.SlotInfo, start_lsn: int) -> slot.SlotInfo | None:
         """*existing* was invalidated by the server: an error that says what was lost,
