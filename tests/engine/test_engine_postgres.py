@@ -7,12 +7,13 @@ from __future__ import annotations
 import gc
 import sys
 import threading
+import time
 
 import psycopg2
 import pytest
 
 from conftest import Database
-from tidemark.engine.converters import EventConverter
+from tidemark.engine.converters import ConvertedRecord, EventConverter
 from tidemark.engine.engine import Engine
 from tidemark.engine.state import State
 from tidemark.event import ChangeEvent
@@ -81,6 +82,64 @@ def test_each_mode_delivers_snapshot_and_stream(mode: str, db: Database) -> None
                                   "FROM pg_replication_slots WHERE slot_name = 'tidemark'",
                                   saved["lsn"])
     assert confirmed == saved["lsn"], "the slot was not confirmed up to the saved offset"
+
+
+@pytest.mark.parametrize("key_by", ["table", "key"])
+def test_per_key_delivery_by_table_runs_one_table_at_a_time_in_source_order(
+        key_by: str, db: Database) -> None:
+    """key_by = "table": a table's records reach the consumer one at a time and in source
+    order, different tables at once; by key, one table's rows run at once too."""
+    tables = ("a", "b", "c")
+    db.execute(*[f"CREATE TABLE {t} (id int PRIMARY KEY)" for t in tables])
+    lock = threading.Lock()
+    running: dict[str, int] = dict.fromkeys(tables, 0)
+    most_at_once = {"table": 0, "tables": 0}
+    seen: dict[str, list[tuple[int, int]]] = {t: [] for t in tables}
+
+    def consumer(record: ConvertedRecord) -> None:
+        event = record.event
+        assert isinstance(event, ChangeEvent) and event.after is not None
+        table = event.schema.table.table
+        with lock:
+            running[table] += 1
+            most_at_once["table"] = max(most_at_once["table"], running[table])
+            most_at_once["tables"] = max(most_at_once["tables"],
+                                         sum(1 for n in running.values() if n))
+        time.sleep(0.0005)  # long enough for the other workers to overlap it
+        with lock:
+            running[table] -= 1
+            seen[table].append((event.lsn or 0, int(event.after["id"])))
+
+    connector = PostgresSourceConnector({"dsn": db.dsn, "snapshot_mode": "no_data",
+                                         "table_include_list": [f"public.{t}" for t in tables]})
+    engine = Engine(connector, consumer, converter=EventConverter(),
+                    config={"delivery_mode": "per_key", "key_by": key_by, "worker_count": 4})
+    thread = threading.Thread(target=engine.run, daemon=True)
+    thread.start()
+    try:
+        wait_for(lambda: db.scalar("SELECT count(*) FROM pg_replication_slots "
+                                   "WHERE slot_name = 'tidemark' AND active"), 30,
+                 "the stream to start")
+        # One transaction whose changes alternate between the tables, so that every
+        # batch holds all three.
+        db.execute("DO $$ BEGIN FOR i IN 1..400 LOOP INSERT INTO a VALUES (i); "
+                   "INSERT INTO b VALUES (i); INSERT INTO c VALUES (i); END LOOP; END $$")
+        wait_for(lambda: sum(len(v) for v in seen.values()) >= 1200, 60, "the inserts")
+    finally:
+        engine.close()
+        thread.join(10)
+    assert engine.error is None
+    assert most_at_once["tables"] > 1, "different tables never ran at once"
+    for table in tables:
+        if key_by == "table":
+            assert [i for _, i in seen[table]] == list(range(1, 401)), table
+            assert [lsn for lsn, _ in seen[table]] == sorted(lsn for lsn, _ in seen[table])
+        else:  # only each key's order is kept
+            assert sorted(i for _, i in seen[table]) == list(range(1, 401)), table
+    if key_by == "table":
+        assert most_at_once["table"] == 1
+    else:
+        assert most_at_once["table"] > 1, "one table's keys never ran at once"
 
 
 def test_one_task_per_database(pg_cluster: PostgresCluster) -> None:
