@@ -15,6 +15,8 @@ from typing import TYPE_CHECKING, Any
 import click
 from click.core import ParameterSource
 
+from tidemark.cli.capture_progress import CaptureProgress
+from tidemark.cli.logs import redact
 from tidemark.errors import TerminalError
 from tidemark.event import ChangeEvent, Record
 from tidemark.offsets.file import FileOffsetStore
@@ -22,6 +24,7 @@ from tidemark.offsets.memory import MemoryOffsetStore
 from tidemark.offsets.store import OffsetStore
 from tidemark.serde.debezium_json import DebeziumJsonOptions, DebeziumJsonSerializer
 from tidemark.source.logtable.reader import LogTableReader
+from tidemark.source.postgres import offset as pg_offset
 from tidemark.source.postgres import session
 from tidemark.source.postgres.config import (
     DecimalHandlingMode,
@@ -30,6 +33,7 @@ from tidemark.source.postgres.config import (
     TimePrecisionMode,
 )
 from tidemark.source.postgres.connector import PostgresConnector
+from tidemark.source.postgres.pgoutput import lsn_to_str
 from tidemark.source.registry import KINDS, source_kind
 from tidemark.source.spi import save_offset
 
@@ -53,10 +57,11 @@ class _StopFlag:
         self.stop = True
 
 
-def _current_insert_lsn(dsn: str) -> int:
-    with contextlib.closing(session.connect(dsn)) as conn, session.cursor(conn) as cur:
-        cur.execute("SELECT (pg_current_wal_insert_lsn() - '0/0')::bigint")
-        return int(cur.fetchone()[0])
+def _server_position(dsn: str) -> int:
+    """The end of the server's WAL: its insert position (a standby's: what it received
+    or replayed)."""
+    with contextlib.closing(session.connect(dsn)) as conn:
+        return pg_offset.server_position(conn) or 0
 
 
 def _first_events(records: list[Record], lines: list[str], remaining: int
@@ -137,6 +142,10 @@ def _first_events(records: list[Record], lines: list[str], remaining: int
                    "e.g. execute-snapshot for an incremental snapshot (see tidemark signal).")
 @click.option("--incremental-snapshot-chunk-size", type=click.IntRange(min=1), default=1024,
               show_default=True, help="Rows per chunk of an incremental snapshot.")
+@click.option("--progress-interval-s", type=click.FloatRange(min=0), default=30.0,
+              show_default=True,
+              help="Write a progress line to stderr this often: events written and their "
+                   "rate, the position and (PostgreSQL) the WAL lag; 0 for none.")
 @click.option("--metrics-port", type=click.IntRange(min=0, max=65535),
               help="Serve Prometheus metrics on this port (/metrics), with Debezium's "
                    "metric names.")
@@ -148,7 +157,7 @@ def capture(dsn: str, source: str | None, tasks: int, task_index: int, cells: bo
             topic_prefix: str, decimal_handling_mode: str, time_precision_mode: str,
             heartbeat_interval_ms: int, offset_flush_interval_ms: int,
             signal_table: str | None, incremental_snapshot_chunk_size: int,
-            metrics_port: int | None) -> None:
+            progress_interval_s: float, metrics_port: int | None) -> None:
     """Capture changes and write one JSON object per line: {"key": …, "value": …}.
 
     Key and value are what Debezium's PostgreSQL connector (or, for a mariadb:// DSN,
@@ -210,7 +219,7 @@ def capture(dsn: str, source: str | None, tasks: int, task_index: int, cells: bo
         metrics = serve(metrics_port, lambda: capture_metrics(stats, name=topic_prefix))
     try:
         if isinstance(connector, PostgresConnector):
-            connector.start(store=store, stop_at_lsn=_current_insert_lsn(config.dsn)
+            connector.start(store=store, stop_at_lsn=_server_position(config.dsn)
                             if stop_at_end else None)
         elif isinstance(connector, LogTableReader):
             connector.start(store=store, stop_at_end=stop_at_end)
@@ -227,6 +236,7 @@ def capture(dsn: str, source: str | None, tasks: int, task_index: int, cells: bo
     # value; a buffered writer writes everything or raises. (It is never closed: it
     # does not own the descriptor, and is flushed after every batch.)
     out = open(sys.stdout.fileno(), "wb", closefd=False)  # noqa: SIM115
+    progress = _progress(connector, progress_interval_s)
     delivered = 0  # change events written
     started = time.monotonic()
     flush_every = offset_flush_interval_ms / 1000
@@ -268,6 +278,7 @@ def capture(dsn: str, source: str | None, tasks: int, task_index: int, cells: bo
                     break
                 delivered += sum(1 for r in records if isinstance(r, ChangeEvent)) + len(lines)
                 done = done or (max_events is not None and delivered >= max_events)
+            progress.maybe_report(delivered)
             if offset is not None:
                 pending = offset
             if pending is not None and (done or time.monotonic() - last_save >= flush_every):
@@ -299,6 +310,20 @@ def capture(dsn: str, source: str | None, tasks: int, task_index: int, cells: bo
         raise OutputClosedError(
             f"stdout was closed by its reader after {delivered} change event"
             f"{'' if delivered == 1 else 's'}; {kept}")
+
+
+def _progress(connector: PostgresConnector | MariaDbConnector | LogTableReader,
+              interval_s: float) -> CaptureProgress:
+    """The progress line's writer: stderr, passwords masked (a lag query's error may
+    quote the connection)."""
+    def write(line: str) -> None:
+        click.echo(redact(line), err=True)
+
+    if not isinstance(connector, PostgresConnector):
+        return CaptureProgress(connector.stats, interval_s, write)
+    stats, dsn = connector.stats, connector.config.dsn
+    return CaptureProgress(stats, interval_s, write, position=lsn_to_str,
+                           wal_behind=lambda: _server_position(dsn) - stats.position_lsn)
 
 
 #: Options that only the PostgreSQL connector has; given explicitly with a MariaDB

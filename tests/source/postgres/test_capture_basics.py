@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import sys
 import time
@@ -14,6 +15,7 @@ import pytest
 from capture_helpers import as_json, drain, events, make_connector, stream_changes
 from conftest import Database
 from tidemark.event import UNAVAILABLE, Op, SnapshotMarker
+from waiting import wait_for
 
 # Run on every PostgreSQL version CI tests (scripts/test.sh).
 pytestmark = pytest.mark.every_pg_version
@@ -336,3 +338,35 @@ def test_cli_transaction_metadata_prefix_and_decimal_mode(db: Database) -> None:
     tx = first["value"]["transaction"]
     assert tx["id"] == begin["value"]["id"] == end["value"]["id"]
     assert (tx["total_order"], second["value"]["transaction"]["total_order"]) == (1, 2)
+
+
+def test_cli_writes_progress_and_wal_lag_to_stderr_while_it_runs(db: Database,
+                                                                 tmp_path: Any) -> None:
+    """A running capture says on stderr, every --progress-interval-s, how many events it
+    wrote and how far behind the server's WAL it is; stdout holds only the events."""
+    db.execute("CREATE TABLE t (id int PRIMARY KEY)",
+               "INSERT INTO t SELECT generate_series(1, 300)")
+    out, err = tmp_path / "out.jsonl", tmp_path / "err.txt"
+    env = {**os.environ, "TIDEMARK_DSN": db.dsn}
+    with out.open("wb") as stdout, err.open("wb") as stderr:
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "tidemark", "capture", "--table", "public.t",
+             "--progress-interval-s", "0.3", "--no-tombstones"],
+            stdout=stdout, stderr=stderr, env=env)
+    try:
+        # The snapshot's 300 rows, then 200 streamed inserts; then the stream is idle.
+        wait_for(lambda: "300 change events written" in err.read_text(), 60,
+                 "a progress line after the snapshot")
+        db.execute("INSERT INTO t SELECT generate_series(301, 500)")
+        line = wait_for(lambda: next((ln for ln in err.read_text().splitlines()
+                                      if ln.startswith("capture: 500 change events written, "
+                                                       "0/s")), None), 60,
+                        "an idle progress line after the inserts")
+    finally:
+        proc.terminate()
+        proc.wait(30)
+    shape = re.fullmatch(r"capture: 500 change events written, 0/s over the last [0-9.]+ s; "
+                         r"at [0-9A-F]+/[0-9A-F]+, ([0-9.]+) (B|KiB) of WAL behind the "
+                         r"server; newest event read [0-9.]+ s after its commit", line)
+    assert shape is not None, line  # caught up: less than a MiB behind
+    assert len(out.read_bytes().splitlines()) == 500  # the progress is not in the events
