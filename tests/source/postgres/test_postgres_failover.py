@@ -284,6 +284,20 @@ def test_capture_reads_from_a_standby_and_resumes_there_after_a_kill(
         list(range(1, 51)), "the snapshot was read again after the restart"
     capture.terminate()
     capture.wait(60)
+    # --stop-at-end on a standby: "the end" is what the standby has replayed (it has no
+    # insert position of its own).
+    _execute(primary.dsn("app"), *(f"INSERT INTO t VALUES ({300 + i}, 'c')" for i in range(5)))
+    _wait_for_replay(primary, standby)
+    before = len(out.read_bytes().splitlines())
+    with out.open("ab") as sink:
+        to_end = subprocess.run(
+            [sys.executable, "-m", "tidemark", "capture", "--dsn", standby.dsn("app"),
+             "--slot", "on_standby", "--publication", "on_primary", "--offsets",
+             str(offsets), "--table", "public.t", "--stop-at-end"],
+            stdout=sink, stderr=subprocess.PIPE, timeout=120, check=False)
+    assert to_end.returncode == 0, to_end.stderr.decode()[-3000:]
+    assert [json.loads(line)["value"]["after"]["id"]
+            for line in out.read_bytes().splitlines()[before:]] == list(range(300, 305))
     for cluster, has_slot in ((standby, True), (primary, False)):
         with contextlib.closing(cluster.connect()) as conn, conn.cursor() as cur:
             cur.execute("SELECT count(*) FROM pg_replication_slots "
