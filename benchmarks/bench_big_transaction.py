@@ -16,15 +16,22 @@ baseline of the same run, and peak RSS: capture and the engine from ``wait4``; f
 ``tidemark run`` the Python driver, Spark's JVM (executors included in local mode) and the
 Python workers, sampled every 0.1 s. One run per contender: each takes minutes at 10M.
 
+``--source mariadb``: the same bulk load (``INSERT … SELECT`` from ``seq_1_to_N``) in a
+private MariaDB, read from the binlog by ``mariadb-binlog -v`` (the baseline) and by
+``tidemark capture --stop-at-end`` with default settings, which must deliver every row.
+
 Usage: ``uv run python benchmarks/bench_big_transaction.py [--rows 10000000]
-[--skip-run] [--skip-engine]``
+[--skip-run] [--skip-engine] [--source mariadb]``
 """
 
 from __future__ import annotations
 
 import argparse
 import contextlib
+import json
 import os
+import re
+import shutil
 import sys
 import tempfile
 import time
@@ -39,6 +46,8 @@ from bench_engine import e2e_child
 from bench_pipeline_snapshot import run_pipeline
 from processes import run_measured
 
+from tidemark.source.mariadb import client
+from tidemark.testing.mariadb import MariaDbServer
 from tidemark.testing.postgres import PostgresCluster
 
 _SLOTS = ("recv", "capture", "engine", "run")
@@ -63,6 +72,7 @@ def main() -> None:
     parser.add_argument("--rows", type=int, default=10_000_000)
     parser.add_argument("--skip-run", action="store_true", help="no tidemark run")
     parser.add_argument("--skip-engine", action="store_true", help="no embedded engine")
+    parser.add_argument("--source", choices=("postgres", "mariadb"), default="postgres")
     parser.add_argument("--engine-child", help=argparse.SUPPRESS)
     parser.add_argument("--stop-at", type=int, help=argparse.SUPPRESS)
     parser.add_argument("--expect", type=int, help=argparse.SUPPRESS)
@@ -71,6 +81,9 @@ def main() -> None:
         e2e_child(args.engine_child, args.stop_at, args.expect, table="public.big")
         return
     rows = args.rows
+    if args.source == "mariadb":
+        _mariadb(rows)
+        return
     with PostgresCluster() as cluster, tempfile.TemporaryDirectory() as tmp:
         dsn = cluster.create_database("bench")
         with contextlib.closing(psycopg2.connect(dsn)) as conn:
@@ -133,6 +146,48 @@ def main() -> None:
                   f"peak RSS: driver "
                   f"{_mib(peaks.driver)}, JVM {_mib(peaks.jvm)}, Python workers "
                   f"{_mib(peaks.workers)}")
+
+
+def _mariadb(rows: int) -> None:
+    binlog_tool = shutil.which("mariadb-binlog") or shutil.which("mysqlbinlog")
+    if binlog_tool is None:
+        raise SystemExit("mariadb-binlog not found: install mariadb-client")
+    with MariaDbServer(settings={"max-binlog-size": "1G"}) as server, \
+            tempfile.TemporaryDirectory() as tmp:
+        conn = server.connect()
+        with contextlib.closing(conn), conn.cursor() as cur:
+            cur.execute("CREATE DATABASE bench")
+            cur.execute("USE bench")
+            cur.execute("CREATE TABLE big (id BIGINT PRIMARY KEY, v TEXT, n INT)")
+            start = client.current_position(conn)
+            started = time.perf_counter()
+            cur.execute(f"INSERT INTO big SELECT seq, CONCAT('value ', LPAD(seq, 12, '0')), "
+                        f"seq % 1000 FROM seq_1_to_{rows}")
+            conn.commit()
+            insert_s = time.perf_counter() - started
+            end = client.current_position(conn)
+        print(f"one transaction of {rows:,} inserts ({_mib(float(end.pos - start.pos))} of "
+              f"binlog, written in {insert_s:.0f} s); one run per contender, default settings")
+        base_s, base_rss, _ = run_measured(
+            [binlog_tool, "--read-from-remote-server", f"--host={server.host}",
+             f"--port={server.port}", f"--user={server.user}", f"--password={server.password}",
+             "-v", "--base64-output=decode-rows", f"--start-position={start.pos}",
+             f"--stop-position={end.pos}", start.file])
+        base = rows / base_s
+        print(f"  {'mariadb-binlog -v (baseline)':<28}{base:>12,.0f} changes/s "
+              f"({base_s:.0f} s), peak RSS {_mib(base_rss)}")
+        offsets = Path(tmp) / "offsets.json"
+        offsets.write_text(json.dumps({f"mariadb/{server.host}:{server.port}/tidemark":
+                                       {"binlog": start.to_offset()}}))
+        seconds, rss, err = run_measured(
+            [sys.executable, "-m", "tidemark", "--log-level", "INFO", "capture", "--offsets",
+             str(offsets), "--stop-at-end"], {**os.environ, "TIDEMARK_DSN": server.dsn("bench")})
+        match = re.search(r"delivered (\d+) change events", err)
+        if match is None or int(match.group(1)) != rows:
+            raise SystemExit(f"tidemark capture did not deliver {rows} events:\n{err[-2000:]}")
+        print(f"  {'tidemark capture (JSON)':<28}{rows / seconds:>12,.0f} changes/s "
+              f"({seconds:.0f} s, {rows / seconds / base:.2f}x baseline), peak RSS "
+              f"{_mib(rss)}")
 
 
 if __name__ == "__main__":

@@ -8,10 +8,12 @@ from __future__ import annotations
 
 import contextlib
 import json
+import logging
 import signal
 import subprocess
 import time
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -28,9 +30,11 @@ from mariadb_helpers import (
     values,
 )
 from tidemark.errors import ConfigError, SourceError, SourceUnavailableError
-from tidemark.event import ChangeEvent
+from tidemark.event import ChangeEvent, Record, TransactionBoundary
+from tidemark.offsets.store import Offset
 from tidemark.serde.debezium_json import DebeziumJsonSerializer
 from tidemark.source.mariadb.config import MariaDbSourceConfig
+from tidemark.source.mariadb.connector import MariaDbConnector
 from tidemark.testing.local_server import free_port
 from tidemark.testing.mariadb import MariaDbServer
 
@@ -421,3 +425,89 @@ def test_status_reports_the_position_and_a_purged_binlog(
     assert not purged["healthy"]
     assert "no longer has" in purged["problems"][0]
     assert "snapshot_mode=when_needed" in purged["problems"][0]
+
+
+def _without_times(value: dict[str, Any]) -> dict[str, Any]:
+    """A change event's value without the times of its handing on (they differ run to
+    run): the commit time, in source, stays."""
+    return {k: v for k, v in value.items() if k not in ("ts_ms", "ts_us", "ts_ns")}
+
+
+def test_a_transaction_larger_than_memory_is_handed_on_in_batches_with_one_offset(
+        mdb: MariaDatabase, caplog: pytest.LogCaptureFixture) -> None:
+    """Past max_transaction_rows_in_memory a transaction's rows wait in a temporary file;
+    it comes out in batches of max_batch_events, event for event what it is whole, and
+    only its last batch carries an offset (a restart before it repeats all of it)."""
+    mdb.execute("CREATE TABLE a (id INT PRIMARY KEY, v VARCHAR(20))",
+                "CREATE TABLE b (id INT PRIMARY KEY, n INT)")
+    _, start = capture(_config(mdb, snapshot_mode="no_data"))
+    mdb.execute("INSERT INTO a SELECT seq, CONCAT('a', seq) FROM seq_1_to_3000",
+                "INSERT INTO b SELECT seq, seq FROM seq_1_to_2000",
+                "UPDATE a SET id = id + 10000 WHERE id <= 100",  # key changes: d + c
+                "UPDATE b SET n = -n WHERE id % 2 = 0",
+                "DELETE FROM a WHERE id BETWEEN 500 AND 799")
+    mdb.execute("INSERT INTO b VALUES (5001, 1)")  # a small transaction after it
+    whole, whole_end = capture(_config(mdb, provide_transaction_metadata=True), start)
+    # 3000 + 2000 inserts, 2 x 100 for the key changes, 1000 updates, 300 deletes, 1.
+    assert len(values(whole)) == 6501
+
+    settings = {"provide_transaction_metadata": True, "max_transaction_rows_in_memory": 700,
+                "max_batch_events": 1000}
+    connector = MariaDbConnector(_config(mdb, **settings))
+    batches: list[tuple[list[Record], Offset | None]] = []
+    with caplog.at_level(logging.INFO, logger="tidemark.source.mariadb"):
+        connector.start(start, stop_at_end=True)
+        try:
+            deadline = time.monotonic() + 60
+            while (batch := connector.poll()) and not batch.finished:
+                assert time.monotonic() < deadline, "capture did not reach the binlog's end"
+                if batch.records or batch.offset:
+                    batches.append((batch.records, batch.offset))
+            batches.append((batch.records, batch.offset))
+        finally:
+            connector.stop()
+    assert "waits in a temporary file" in caplog.text
+    chunked = [r for records, _ in batches for r in records]
+    assert [_without_times(v) for v in values(chunked)] == \
+        [_without_times(v) for v in values(whole)]
+    boundaries = [r for r in chunked if isinstance(r, TransactionBoundary)]
+    assert [(t.status, t.event_count) for t in boundaries] == [
+        ("BEGIN", None), ("END", 6500), ("BEGIN", None), ("END", 1)]
+    assert boundaries[1].data_collections == (  # counted over every batch
+        (f"{mdb.name}.a", 3000 + 200 + 300), (f"{mdb.name}.b", 2000 + 1000))
+    # The big transaction spans batches; none of them but its last has an offset.
+    holding = [offset for records, offset in batches
+               if any(isinstance(r, ChangeEvent) and r.source.fields["gtid"] ==
+                      values(whole)[0]["source"]["gtid"] for r in records)]
+    assert len(holding) >= 3 and holding[:-1] == [None] * (len(holding) - 1)
+    assert holding[-1] is not None  # after it (and perhaps the small one, same batch)
+    # A batch takes queued pieces until it holds 1,000 events; the transaction's first
+    # piece is what was held in memory: 700 rows and the rest of the rows event that
+    # passed them (8 KB: some 1,300 of these rows).
+    assert max(len(records) for records, _ in batches) <= 1000 + 700 + 1400
+    assert [offset for _, offset in batches if offset][-1] == whole_end
+
+
+def test_a_capture_cut_inside_a_large_transaction_delivers_it_whole_after_a_restart(
+        mdb: MariaDatabase, tmp_path: Path, kill_on_exit: list[subprocess.Popen[bytes]]) -> None:
+    """The CLI (default settings: 10,000 rows held) stopped in the middle of a
+    12,000-row transaction saves no offset inside it: the next run delivers all of it."""
+    mdb.execute("CREATE TABLE t (id INT PRIMARY KEY)")
+    offsets = tmp_path / "offsets.json"
+    first = _capture_process(mdb.dsn, offsets, tmp_path / "first.jsonl",
+                             "--snapshot-mode", "no_data", "--stop-at-end")
+    kill_on_exit.append(first)
+    assert first.wait(timeout=60) == 0
+    mdb.execute("INSERT INTO t VALUES (0)")
+    mdb.execute("INSERT INTO t SELECT seq FROM seq_1_to_12000")
+    cut = _capture_process(mdb.dsn, offsets, tmp_path / "cut.jsonl", "--max-events", "11000")
+    kill_on_exit.append(cut)
+    _, err = cut.communicate(timeout=60)
+    assert cut.returncode == 0, err.decode()
+    assert _ids(_lines(tmp_path / "cut.jsonl")) == list(range(11000))
+    again = _capture_process(mdb.dsn, offsets, tmp_path / "again.jsonl", "--stop-at-end")
+    kill_on_exit.append(again)
+    _, err = again.communicate(timeout=60)
+    assert again.returncode == 0, err.decode()
+    # The first transaction's offset was saved; the cut one comes again, whole.
+    assert _ids(_lines(tmp_path / "again.jsonl")) == list(range(1, 12001))

@@ -243,3 +243,42 @@ def test_every_type_reaches_delta_with_its_spark_type(
         assert abs(rows[row_id]["f"] - 1.1) < 1e-6
         assert got == expected, row_id
     assert all(v is None for k, v in rows[2].items() if k in expected)
+
+
+def test_the_spark_source_reads_transactions_larger_than_it_holds_in_memory(
+        spark: SparkSession, mdb: MariaDatabase, tmp_path: Path) -> None:
+    """arrowBatchRows = 5: the binlog readers (the driver sizing a batch, the executor
+    reading it) hold a transaction's rows events until 5 rows, and keep the rest in a
+    temporary file; batches still end at transaction ends and hold every change once.
+    (Rows of 500 bytes: a rows event holds about 8 KB, so these span many events.)"""
+    import tidemark.spark as ts  # noqa: PLC0415
+
+    mdb.execute("CREATE TABLE a (id INT PRIMARY KEY, v VARCHAR(600))")
+    stream = ts.read_table(spark, dsn=mdb.dsn, table=f"{mdb.name}.a",
+                           max_changes_per_trigger=300, arrowBatchRows=5)
+    batches: list[list[tuple[int, str, str]]] = []
+
+    def collect(batch: Any, batch_id: int) -> None:
+        rows = sorted((r["id"], r["_op"], r["v"]) for r in batch.select("id", "_op", "v")
+                      .collect())
+        if rows:
+            batches.append(rows)
+
+    def run() -> None:
+        query = (stream.writeStream.option("checkpointLocation", str(tmp_path / "chk"))
+                 .foreachBatch(collect).trigger(availableNow=True).start())
+        assert query.awaitTermination(120), "Trigger.AvailableNow did not stop"
+        assert query.exception() is None
+
+    run()  # the empty table's snapshot; the stream starts here
+    x, y = "x" * 500, "y" * 500
+    mdb.execute(f"INSERT INTO a SELECT seq, '{x}' FROM seq_1_to_400")
+    mdb.execute(f"UPDATE a SET v = '{y}' WHERE id <= 120")
+    mdb.execute(f"INSERT INTO a SELECT seq, '{x}' FROM seq_401_to_403",
+                "DELETE FROM a WHERE id BETWEEN 301 AND 400")
+    run()
+    # The first transaction alone (larger than the 300 a batch allows), then the others.
+    assert batches == [
+        [(i, "c", x) for i in range(1, 401)],
+        sorted([(i, "u", y) for i in range(1, 121)] + [(i, "c", x) for i in range(401, 404)]
+               + [(i, "d", x) for i in range(301, 401)])]

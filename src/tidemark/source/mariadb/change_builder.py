@@ -4,7 +4,10 @@ A MariaDB transaction in the binlog is a GTID event, table maps and rows events,
 XID event (InnoDB) or a ``COMMIT`` query (non-transactional engines); a DDL statement is
 a GTID event marked standalone and one query. Rows are held until the transaction's
 end, because its commit position and time are only known there and every event carries
-them, and handed on together: a consumer never sees part of a transaction.
+them. A transaction is handed on whole, unless it outgrows *max_rows_in_memory*: then
+the rest of its rows events wait, as the binlog's bytes, in a temporary file, and the
+committed transaction comes out in chunks (:meth:`ChangeBuilder.rest`), so memory does
+not grow with it.
 
 Events follow Debezium's MariaDB/MySQL connectors: ``source`` has ``server_id``,
 ``gtid``, ``file``, ``pos`` (the rows event's position), ``row`` (the row's index in
@@ -18,9 +21,11 @@ from __future__ import annotations
 import logging
 import operator
 import re
+import struct
+import tempfile
 import time
-from collections.abc import Callable
-from typing import Final
+from collections.abc import Callable, Iterator
+from typing import IO, Final
 
 from tidemark.event import (
     ChangeEvent,
@@ -52,6 +57,13 @@ _TRUNCATE: Final = re.compile(
     r"^\s*TRUNCATE\s+(?:TABLE\s+)?(?:`((?:[^`]|``)+)`|(\w+))(?:\s*\.\s*(?:`((?:[^`]|``)+)`|(\w+)))?",
     re.IGNORECASE)
 _TABLE_MAP_CACHE_SIZE: Final = 1024
+#: A spooled rows event: its table (index in the transaction's list), event type,
+#: position and body length; the body follows.
+_SPOOLED: Final = struct.Struct("<IBQI")
+
+#: One decoded row of a transaction: schema, op, before, after, ordering key of its
+#: rows event, file, position, row index in the event.
+_Row = tuple[TableSchema, Op, WireTuple | None, WireTuple | None, int, str, int, int]
 
 
 class _Table:
@@ -71,15 +83,41 @@ class _Table:
 
 
 class _Transaction:
-    __slots__ = ("gtid", "rows", "server_id", "thread")
+    __slots__ = ("file", "gtid", "rows", "server_id", "spool", "tables", "thread")
 
     def __init__(self, gtid: b.Gtid | None, server_id: int) -> None:
         self.gtid = gtid
         self.server_id = server_id
-        # (schema, op, before, after, position key, file, pos, row index)
-        self.rows: list[tuple[TableSchema, Op, WireTuple | None, WireTuple | None, int, str,
-                              int, int]] = []
+        self.rows: list[_Row] = []
         self.thread: int | None = None
+        #: Rows events past the in-memory limit, as read (see _SPOOLED), and their tables.
+        self.spool: IO[bytes] | None = None
+        self.tables: dict[_Table, int] = {}
+        self.file = ""  # of the spooled events: a transaction never spans binlog files
+
+    def close(self) -> None:
+        if self.spool is not None:
+            self.spool.close()
+            self.spool = None
+
+
+def _append_rows(append: Callable[[_Row], None], table: _Table, event_type: int,
+                 body: bytes, file: str, position: int) -> None:
+    """The rows of one rows event, decoded, through *append*."""
+    rows_event = b.parse_rows(body, event_type)
+    key = ordering_key(file, position)
+    op = _OPS[rows_event.op]
+    schema = table.schema
+    key_of = table.key_of if op is Op.UPDATE else None
+    for index, (before, after) in enumerate(table.decoder.rows(rows_event)):
+        if key_of is not None and before is not None and after is not None \
+                and key_of(before) != key_of(after):
+            # A primary-key change is a delete of the old key and a create of the
+            # new one (Debezium's events), so that keyed consumers see both keys.
+            append((schema, Op.DELETE, before, None, key, file, position, index))
+            append((schema, Op.CREATE, None, after, key, file, position, index))
+        else:
+            append((schema, op, before, after, key, file, position, index))
 
 
 class ChangeBuilder:
@@ -88,12 +126,14 @@ class ChangeBuilder:
 
     *captured*: whether a table is captured (its rows are skipped otherwise, cheaply:
     before decoding). *position*: where the dump started (its file name is needed until
-    the first ROTATE event names it again).
+    the first ROTATE event names it again). *max_rows_in_memory*: rows of an open
+    transaction held decoded; the rest go to a temporary file (None: no limit).
     """
 
     def __init__(self, *, name: str, position: BinlogPosition,
                  captured: Callable[[TableId], bool],
-                 transaction_metadata: bool = False) -> None:
+                 transaction_metadata: bool = False,
+                 max_rows_in_memory: int | None = None) -> None:
         self.name = name
         self.file = position.file
         self.next_pos = position.pos
@@ -107,6 +147,10 @@ class ChangeBuilder:
         self._schemas: dict[TableId, tuple[str, ...]] = {}
         self._keyless: set[TableId] = set()
         self._tx: _Transaction | None = None
+        self._max_rows = max_rows_in_memory
+        #: The spooled part of the transaction handle() completed last, made into
+        #: records by rest().
+        self._rest: tuple[_Transaction, _Records] | None = None
         #: Commit time (µs since the epoch) of the last transaction handled.
         self.commit_us: int | None = None
 
@@ -127,9 +171,59 @@ class ChangeBuilder:
     def in_transaction(self) -> bool:
         return self._tx is not None
 
+    @property
+    def has_rest(self) -> bool:
+        """The transaction handle() completed last outgrew memory: :meth:`rest` has
+        more of its records."""
+        return self._rest is not None
+
+    def rest(self, chunk: int) -> Iterator[list[Record]]:
+        """The rest of the records of the transaction handle() completed last, *chunk*
+        rows at a time (the transaction's END record comes with the last chunk); nothing
+        unless it outgrew memory."""
+        pending, self._rest = self._rest, None
+        if pending is None:
+            return
+        tx, made = pending
+        spool = tx.spool
+        assert spool is not None
+        try:
+            tables = list(tx.tables)
+            spool.seek(0)
+            rows: list[_Row] = []
+            append = rows.append
+            read = spool.read
+            while header := read(_SPOOLED.size):
+                table, event_type, position, size = _SPOOLED.unpack(header)
+                _append_rows(append, tables[table], event_type, read(size), tx.file,
+                             position)
+                if len(rows) >= chunk:
+                    yield made.records(rows)
+                    rows = []
+                    append = rows.append
+            records = made.records(rows)
+            if made.metadata:
+                records.append(made.end())
+            yield records
+        finally:
+            tx.close()
+
+    def with_rest(self, records: list[Record], chunk: int) -> Iterator[list[Record]]:
+        """*records*, what :meth:`handle` returned, then :meth:`rest`."""
+        yield records
+        yield from self.rest(chunk)
+
+    def close(self) -> None:
+        """Remove an open or not yet handed on transaction's temporary file."""
+        for tx in (self._tx, self._rest[0] if self._rest else None):
+            if tx is not None:
+                tx.close()
+        self._tx = self._rest = None
+
     def handle(self, event: bytes) -> list[Record] | None:
         """The records of the transaction this event completes (possibly none, for a
-        transaction of uncaptured tables), or None when it completes nothing."""
+        transaction of uncaptured tables), or None when it completes nothing. Of a
+        transaction that outgrew memory, its first part: :meth:`rest` has the others."""
         header, body = self._decoder.split(event)
         kind = header.type
         if kind in b.ROWS_EVENTS:
@@ -213,22 +307,24 @@ class ChangeBuilder:
         tx = self._tx
         if tx is None:  # rows outside a GTID group: a server without GTIDs
             tx = self._tx = _Transaction(None, header.server_id)
-        rows_event = b.parse_rows(body, header.type)
         position = header.next_position - header.size
-        key = ordering_key(self.file, position)
-        op = _OPS[rows_event.op]
-        schema = table.schema
-        append = tx.rows.append
-        key_of = table.key_of if op is Op.UPDATE else None
-        for index, (before, after) in enumerate(table.decoder.rows(rows_event)):
-            if key_of is not None and before is not None and after is not None \
-                    and key_of(before) != key_of(after):
-                # A primary-key change is a delete of the old key and a create of the
-                # new one (Debezium's events), so that keyed consumers see both keys.
-                append((schema, Op.DELETE, before, None, key, self.file, position, index))
-                append((schema, Op.CREATE, None, after, key, self.file, position, index))
-            else:
-                append((schema, op, before, after, key, self.file, position, index))
+        if tx.spool is not None or (self._max_rows is not None
+                                    and len(tx.rows) >= self._max_rows):
+            self._spool(tx, table, header.type, body, position)
+            return
+        _append_rows(tx.rows.append, table, header.type, body, self.file, position)
+
+    def _spool(self, tx: _Transaction, table: _Table, event_type: int, body: bytes,
+               position: int) -> None:
+        if tx.spool is None:
+            log.info("transaction %s holds more than %d rows: the rest of it waits in a "
+                     "temporary file until its commit", tx.gtid or self.file,
+                     self._max_rows)
+            tx.spool = tempfile.TemporaryFile(prefix="tidemark-transaction-")  # noqa: SIM115
+            tx.file = self.file
+        index = tx.tables.setdefault(table, len(tx.tables))
+        tx.spool.write(_SPOOLED.pack(index, event_type, position, len(body)))
+        tx.spool.write(body)
 
     def _query(self, header: EventHeader, body: bytes) -> list[Record] | None:
         query = b.parse_query(body)
@@ -291,15 +387,50 @@ class ChangeBuilder:
         if gtid is not None:
             self.gtid_state[gtid.domain] = (gtid.server_id, gtid.sequence)
         ts_us = self.commit_us = header.timestamp * 1_000_000
-        if not tx.rows:
+        if not tx.rows and tx.spool is None:
             return []
         tx_id = str(gtid) if gtid is not None else f"{self.file}:{header.next_position}"
-        gtid_text = str(gtid) if gtid is not None else None
+        made = _Records(self.name, tx, tx_id, ts_us, commit_key, self._metadata)
+        records = made.records(tx.rows)
+        tx.rows = []
+        if made.metadata:
+            records.insert(0, TransactionBoundary("BEGIN", tx_id, ts_us, commit_key,
+                                                  topic_prefix=self.name))
+        if tx.spool is not None:
+            self._rest = (tx, made)
+        elif made.metadata:
+            records.append(made.end())
+        return records
+
+
+class _Records:
+    """The change events of one committed transaction, made chunk by chunk: the order
+    in the transaction and the per-table counts run on from one chunk to the next."""
+
+    __slots__ = ("commit_key", "gtid_text", "metadata", "name", "order", "per_table",
+                 "server_id", "thread", "ts_us", "tx_id")
+
+    def __init__(self, name: str, tx: _Transaction, tx_id: str, ts_us: int,
+                 commit_key: int, metadata: bool) -> None:
+        self.name = name
+        self.tx_id = tx_id
+        self.gtid_text = str(tx.gtid) if tx.gtid is not None else None
+        self.server_id, self.thread = tx.server_id, tx.thread
+        self.ts_us = ts_us
+        self.commit_key = commit_key
+        self.metadata = metadata
+        self.order = 0
+        self.per_table: dict[TableId, int] = {}
+
+    def records(self, rows: list[_Row]) -> list[Record]:
         now_us = time.time_ns() // 1000
         records: list[Record] = []
-        per_table: dict[TableId, int] = {}
-        server_id, thread, name = tx.server_id, tx.thread, self.name
-        for order, (schema, op, before, after, key, file, pos, row) in enumerate(tx.rows, 1):
+        per_table = self.per_table
+        server_id, thread, name, gtid_text = self.server_id, self.thread, self.name, \
+            self.gtid_text
+        tx_id, ts_us, commit_key = self.tx_id, self.ts_us, self.commit_key
+        for order, (schema, op, before, after, key, file, pos, row) in enumerate(
+                rows, self.order + 1):
             table = schema.table
             count = per_table.get(table, 0) + 1
             per_table[table] = count
@@ -308,11 +439,10 @@ class ChangeBuilder:
                 MariaDbSourceFields(server_id, gtid_text, file, pos, row, thread))
             records.append(ChangeEvent(op, schema, before, after, context, key, order, count,
                                        now_us))
-        if self._metadata:
-            begin = TransactionBoundary("BEGIN", tx_id, ts_us, commit_key,
-                                        topic_prefix=self.name)
-            end = TransactionBoundary(
-                "END", tx_id, ts_us, commit_key, len(tx.rows),
-                tuple((str(t), n) for t, n in per_table.items()), self.name)
-            records = [begin, *records, end]
+        self.order += len(rows)
         return records
+
+    def end(self) -> TransactionBoundary:
+        return TransactionBoundary(
+            "END", self.tx_id, self.ts_us, self.commit_key, self.order,
+            tuple((str(t), n) for t, n in self.per_table.items()), self.name)

@@ -55,8 +55,13 @@ class MariaDbSourceConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unkn
     """How often the server sends a heartbeat on an idle stream; a stream silent for
     three of them is taken for dead and reopened."""
     max_batch_events: int = 10_000
-    """Largest number of change events handed on together (whole transactions: one
-    transaction larger than this is one batch)."""
+    """Largest number of change events handed on together (whole transactions, unless
+    one is larger than max_transaction_rows_in_memory)."""
+    max_transaction_rows_in_memory: int = 10_000
+    """Rows of an open transaction held in memory until its commit (checked per rows
+    event, which holds up to about 8 KB of rows); a larger one keeps the rest in a
+    temporary file (the binlog's bytes: about what it took in the binlog) and is handed
+    on in batches of max_batch_events, its offset with the last one."""
     snapshot_fetch_size: int = 10_000
     reconnect_max_attempts: int = 10
     reconnect_backoff_ms: int = 500
@@ -79,7 +84,8 @@ class MariaDbSourceConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unkn
                                       f"{err}") from None
         if not 0 <= self.server_id < 2**32:
             raise ConfigError("server_id", f"must be in 0..4294967295, got {self.server_id}")
-        for key in ("max_batch_events", "snapshot_fetch_size", "reconnect_backoff_ms",
+        for key in ("max_batch_events", "max_transaction_rows_in_memory",
+                    "snapshot_fetch_size", "reconnect_backoff_ms",
                     "incremental_snapshot_chunk_size"):
             if getattr(self, key) <= 0:
                 raise ConfigError(key, f"must be > 0, got {getattr(self, key)}")

@@ -10,7 +10,9 @@ as such, never skipped.
 
 The stream is read by a thread of its own (a binlog dump blocks until the server sends
 something), which decodes whole transactions and queues them for :meth:`poll`; the
-queue is bounded, so a slow consumer holds the reader back instead of growing memory.
+queue is bounded in transactions and in events, so a slow consumer holds the reader
+back instead of growing memory. A transaction larger than
+``max_transaction_rows_in_memory`` is queued in chunks, only the last with its offset.
 """
 
 from __future__ import annotations
@@ -42,6 +44,7 @@ from tidemark.source.snapshot_progress import OFFSET_KEY
 log = logging.getLogger(__name__)
 
 _QUEUE_TRANSACTIONS: Final = 256
+_QUEUE_BATCHES: Final = 4
 _POLL_WAIT_S: Final = 0.5
 _MAX_BACKOFF_S: Final = 30.0
 _END: Final = object()  # the stream ended (a bounded capture reached the log's end)
@@ -50,10 +53,11 @@ _END: Final = object()  # the stream ended (a bounded capture reached the log's 
 class _Queued(NamedTuple):
     """What the reader thread hands to :meth:`MariaDbConnector.poll`: a whole
     transaction's records (or a snapshot chunk's reads), the position after them, and
-    the incremental snapshot's state there."""
+    the incremental snapshot's state there; or a chunk of a large transaction, with
+    position None unless it is the last."""
 
     records: list[Record]
-    position: BinlogPosition
+    position: BinlogPosition | None
     commit_us: int | None
     snapshot: dict[str, Any] | None
     reads: bool = False
@@ -68,6 +72,10 @@ class MariaDbConnector:
         self._settings = config.connection
         self._batches: Iterator[SourceBatch] | None = None
         self._queue: queue.Queue[Any] = queue.Queue(maxsize=_QUEUE_TRANSACTIONS)
+        # Events queued: at most a few batches' worth (or one item, whatever its size).
+        self._queue_events_limit = _QUEUE_BATCHES * config.max_batch_events
+        self._queued_events = 0
+        self._room = threading.Condition()
         self._reader: threading.Thread | None = None
         self._stream: client.BinlogStream | None = None
         self._stopping = threading.Event()
@@ -231,14 +239,17 @@ class MariaDbConnector:
                         yield SourceBatch(records, offset)
                     raise item
                 queued: _Queued = item
+                self._taken(len(queued.records))
                 records += queued.records
                 if queued.reads:
                     self.stats.count_rows([r for r in queued.records
                                            if isinstance(r, ChangeEvent)])
                 elif queued.records:
                     self.stats.saw_events(len(queued.records), queued.commit_us)
-                    self.stats.transactions_committed += 1
-                offset = self._offset(queued.position, queued.snapshot)
+                    if queued.position is not None:
+                        self.stats.transactions_committed += 1
+                if queued.position is not None:  # not a resume point inside a transaction
+                    offset = self._offset(queued.position, queued.snapshot)
                 if len(records) >= limit:
                     break
                 try:
@@ -299,11 +310,13 @@ class MariaDbConnector:
         a reconnect starts after the last whole one and decodes a partial one again."""
         signals = self._signal_table
         snapshots = self._snapshots
+        cfg = self.config
         builder = ChangeBuilder(
-            name=self.config.topic_prefix, position=resume[0],
+            name=cfg.topic_prefix, position=resume[0],
             captured=self._captured if signals is None
             else lambda t: t == signals or self._captured(t),
-            transaction_metadata=self.config.provide_transaction_metadata)
+            transaction_metadata=cfg.provide_transaction_metadata,
+            max_rows_in_memory=cfg.max_transaction_rows_in_memory)
         stream = client.BinlogStream(
             self._settings, resume[0], server_id=self.config.replica_server_id,
             blocking=not stop_at_end, heartbeat_s=self.config.heartbeat_interval_ms / 1000 or 5)
@@ -316,11 +329,16 @@ class MariaDbConnector:
             for event in stream.events():
                 records = handle(event)
                 if records is not None:
-                    if signals is not None:
-                        records = self._take_signals(records, signals)
+                    if builder.has_rest:
+                        # Too large to hold: its chunks go out as they are made. A
+                        # restart before its last one starts it over (at-least-once).
+                        for chunk in builder.rest(cfg.max_batch_events):
+                            self._put(_Queued(self._signals_out(records, signals), None,
+                                              builder.commit_us, None))
+                            records = chunk
                     position = resume[0] = builder.position
-                    self._put(_Queued(records, position, builder.commit_us,
-                                      snapshots.state()))
+                    self._put(_Queued(self._signals_out(records, signals), position,
+                                      builder.commit_us, snapshots.state()))
                 if snapshots.queue and not builder.in_transaction:
                     # Between transactions: a chunk whose read view the stream has
                     # reached goes out here, before any later transaction.
@@ -341,6 +359,7 @@ class MariaDbConnector:
         finally:
             self.stats.connected = False
             stream.close()
+            builder.close()
 
     def _hand_on_chunks(self, builder: ChangeBuilder) -> None:
         snapshots = self._snapshots
@@ -352,8 +371,11 @@ class MariaDbConnector:
                 raise _Stopped
         self.stats.snapshot_running = snapshots.active and not snapshots.paused
 
-    def _take_signals(self, records: list[Record], table: TableId) -> list[Record]:
-        """*records* without the signal table's, whose inserts are signals."""
+    def _signals_out(self, records: list[Record], table: TableId | None) -> list[Record]:
+        """*records* without the signal table's (if there is one), whose inserts are
+        signals."""
+        if table is None:
+            return records
         kept: list[Record] = []
         for record in records:
             if not isinstance(record, ChangeEvent) or record.table != table:
@@ -372,6 +394,14 @@ class MariaDbConnector:
         return kept
 
     def _put(self, item: object) -> None:
+        events = len(item.records) if isinstance(item, _Queued) else 0
+        with self._room:
+            while self._queued_events and \
+                    self._queued_events + events > self._queue_events_limit:
+                if self._stopping.is_set():
+                    raise _Stopped
+                self._room.wait(0.5)
+            self._queued_events += events
         while not self._stopping.is_set():
             try:
                 self._queue.put(item, timeout=0.5)
@@ -379,6 +409,14 @@ class MariaDbConnector:
             except queue.Full:
                 continue
         raise _Stopped
+
+
+    def _taken(self, events: int) -> None:
+        """*events* left the queue: room for the reader."""
+        if events:
+            with self._room:
+                self._queued_events -= events
+                self._room.notify()
 
 
 class _Progressed(Exception):  # noqa: N818 - restarts the retry count, not an error

@@ -151,16 +151,19 @@ class MariaDbStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         *max_changes* captured changes (at least one transaction, however large), found
         by decoding the binlog here on the driver."""
         wanted = {TableId.parse(str(t)) for t in self.options.tables}
-        builder = ChangeBuilder(name="tidemark", position=start, captured=wanted.__contains__)
+        rows = self.options.arrow_batch_rows
+        builder = ChangeBuilder(name="tidemark", position=start, captured=wanted.__contains__,
+                                max_rows_in_memory=rows)
         changes = 0
         reached = start
         with client.BinlogStream(self._settings, start, server_id=_replica_id(),
-                                 blocking=False) as stream:
+                                 blocking=False) as stream, contextlib.closing(builder):
             builder.checksum = stream.checksum
             for event in stream.events():
                 records = builder.handle(event)
                 if records is not None:
-                    count = sum(1 for r in records if isinstance(r, ChangeEvent))
+                    count = sum(1 for chunk in builder.with_rest(records, rows)
+                                for r in chunk if isinstance(r, ChangeEvent))
                     if changes and changes + count > max_changes:
                         return reached
                     changes += count
@@ -206,20 +209,24 @@ class MariaDbStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
     def _stream(self, feeder: EventFeeder, start: BinlogPosition,
                 end: BinlogPosition) -> Iterator[pa.RecordBatch]:
         wanted = {TableId.parse(str(t)) for t in self.options.tables}
+        # A transaction larger than a few Arrow batches waits in a temporary file, not in
+        # the executor's memory, and is fed chunk by chunk.
+        rows = self.options.arrow_batch_rows
         builder = ChangeBuilder(name="tidemark", position=start,
-                                captured=wanted.__contains__)
+                                captured=wanted.__contains__, max_rows_in_memory=rows)
         stream = client.BinlogStream(self._settings, start, server_id=_replica_id(),
                                      blocking=True)
-        with stream:
+        with stream, contextlib.closing(builder):
             builder.checksum = stream.checksum
             stop = end.key
             for event in stream.events():
                 records = builder.handle(event)
                 if records is not None:
-                    for record in records:
-                        if isinstance(record, ChangeEvent):
-                            feeder.add(record, record.lsn or 0, record.total_order)
-                    yield from feeder.sink.take()
+                    for chunk in builder.with_rest(records, rows):
+                        for record in chunk:
+                            if isinstance(record, ChangeEvent):
+                                feeder.add(record, record.lsn or 0, record.total_order)
+                        yield from feeder.sink.take()
                 if not builder.in_transaction and builder.position_key >= stop:
                     break
 
