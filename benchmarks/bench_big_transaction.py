@@ -175,7 +175,7 @@ def _mariadb(rows: int) -> None:
              f"--stop-position={end.pos}", start.file])
         base = rows / base_s
         print(f"  {'mariadb-binlog -v (baseline)':<28}{base:>12,.0f} changes/s "
-              f"({base_s:.0f} s), peak RSS {_mib(base_rss)}")
+              f"({base_s:.1f} s), peak RSS {_mib(base_rss)}")
         offsets = Path(tmp) / "offsets.json"
         offsets.write_text(json.dumps({f"mariadb/{server.host}:{server.port}/tidemark":
                                        {"binlog": start.to_offset()}}))
@@ -186,7 +186,7 @@ def _mariadb(rows: int) -> None:
         if match is None or int(match.group(1)) != rows:
             raise SystemExit(f"tidemark capture did not deliver {rows} events:\n{err[-2000:]}")
         print(f"  {'tidemark capture (JSON)':<28}{rows / seconds:>12,.0f} changes/s "
-              f"({seconds:.0f} s, {rows / seconds / base:.2f}x baseline), peak RSS "
+              f"({seconds:.1f} s, {rows / seconds / base:.2f}x baseline), peak RSS "
               f"{_mib(rss)}")
 
 
