@@ -10,12 +10,15 @@
    1 ms sleep takes 1.3-1.6 ms on these VMs, and 16 threads sleeping at once do not
    reach 16x of one).
 3. End to end on the foundation workload (300k changes): PostgreSQL → engine (batch
-   mode, Debezium JSON) → null consumer, against ``tidemark capture --stop-at-end`` to
+   mode, Debezium JSON) → null consumer, with one worker and with ``--e2e-workers``
+   (default: the machine's cores), against ``tidemark capture --stop-at-end`` to
    /dev/null and ``pg_recvlogical`` on copies of the same slot, with peak RSS, ``--runs``
-   times (capture and the engine take turns at going first); the ratio engine / capture
-   as the median of the runs and of all runs together (total time).
+   times (capture and the engines take turns at going first); the ratios engine /
+   capture and N workers / 1 worker as the median of the runs and of all runs together
+   (total time).
 
-Usage: ``uv run python benchmarks/bench_engine.py [--runs 3] [--skip-e2e | --e2e-only]``
+Usage: ``uv run python benchmarks/bench_engine.py [--runs 3] [--skip-e2e | --e2e-only]
+[--e2e-workers N]``
 """
 
 from __future__ import annotations
@@ -144,7 +147,7 @@ def engine_only(records: int, runs: int) -> None:
           f"{best_rate / baseline:.2f}x the no-engine loop (target >= 300,000)")
 
 
-def end_to_end(transactions: int, runs: int) -> None:
+def end_to_end(transactions: int, runs: int, workers: int) -> None:
     with PostgresCluster() as cluster:
         dsn = cluster.create_database("bench")
         workload.create_table(dsn)
@@ -157,7 +160,7 @@ def end_to_end(transactions: int, runs: int) -> None:
                 cur.execute("SELECT pg_current_wal_insert_lsn()::text, "
                             "(pg_current_wal_insert_lsn() - '0/0')::bigint")
                 end_text, end_lsn = cur.fetchone()
-                for i in range(3 * runs):
+                for i in range(4 * runs):
                     cur.execute("SELECT pg_copy_logical_replication_slot('main', %s)",
                                 (f"copy_{i}",))
         env = {**os.environ, "PGPASSWORD": cluster.password, "TIDEMARK_DSN": dsn}
@@ -168,24 +171,29 @@ def end_to_end(transactions: int, runs: int) -> None:
         print(f"\n3. end to end: {changes:,} changes (transactions of 100)")
         print(f"{'run':<5}{'pg_recvlogical':>16}{'capture':>12}{'engine':>12}"
               f"{'engine/capture':>16}{'engine RSS':>12}{'CPU s capture':>15}"
-              f"{'CPU s engine':>14}{'CPU ratio':>11}")
+              f"{'CPU s engine':>14}{'CPU ratio':>11}{f'engine x{workers}':>14}"
+              f"{f'x{workers} / x1':>10}")
         ratios = []
         cpu_ratios = []
-        seconds = [0.0, 0.0]  # wall time of capture and of the engine, over all runs
+        scaling = []
+        seconds = [0.0, 0.0, 0.0]  # wall time of capture and the engines, over all runs
         cpu_total = [0.0, 0.0]  # their user + system seconds
+        expect = str(changes + workload.deletes(transactions))
         for run in range(runs):
             commands = [
-                [*recv, "--slot", f"copy_{3 * run}"],
+                [*recv, "--slot", f"copy_{4 * run}"],
                 [sys.executable, "-m", "tidemark", "capture", "--table", "public.t10",
-                 "--slot", f"copy_{3 * run + 1}", "--publication", "bench_pub",
+                 "--slot", f"copy_{4 * run + 1}", "--publication", "bench_pub",
                  "--snapshot-mode", "no_data", "--stop-at-end"],
-                [sys.executable, __file__, "--e2e-child", f"copy_{3 * run + 2}",
-                 "--stop-at", str(end_lsn),
-                 "--expect", str(changes + workload.deletes(transactions))],
+                [sys.executable, __file__, "--e2e-child", f"copy_{4 * run + 2}",
+                 "--stop-at", str(end_lsn), "--expect", expect],
+                [sys.executable, __file__, "--e2e-child", f"copy_{4 * run + 3}",
+                 "--stop-at", str(end_lsn), "--expect", expect,
+                 "--workers", str(workers)],
             ]
-            # Capture and the engine take turns at going first, so that a drift of the
+            # Capture and the engines take turns at going first, so that a drift of the
             # machine's speed within a run does not always favour the same one.
-            order = [0, 1, 2] if run % 2 == 0 else [0, 2, 1]
+            order = [0, *[[1, 2, 3], [2, 3, 1], [3, 1, 2]][run % 3]]
             measured: dict[int, tuple[float, float, int]] = {}
             for i in order:
                 argv = commands[i]
@@ -196,29 +204,34 @@ def end_to_end(transactions: int, runs: int) -> None:
                     raise SystemExit(f"{argv[:3]} failed")
                 measured[i] = (changes / (time.perf_counter() - started),
                                usage.ru_utime + usage.ru_stime, usage.ru_maxrss // 1024)
-            rates = [measured[i][0] for i in range(3)]
-            cpu = [measured[i][1] for i in range(3)]
+            rates = [measured[i][0] for i in range(4)]
+            cpu = [measured[i][1] for i in range(4)]
             rss = measured[2][2]
             seconds[0] += changes / rates[1]
             seconds[1] += changes / rates[2]
+            seconds[2] += changes / rates[3]
             cpu_total[0] += cpu[1]
             cpu_total[1] += cpu[2]
             ratios.append(rates[2] / rates[1])
             cpu_ratios.append(cpu[1] / cpu[2])
+            scaling.append(rates[3] / rates[2])
             print(f"{run + 1:<5}{rates[0]:>16,.0f}{rates[1]:>12,.0f}{rates[2]:>12,.0f}"
                   f"{ratios[-1]:>15.2f}x{rss:>10} MB{cpu[1]:>15.2f}{cpu[2]:>14.2f}"
-                  f"{cpu_ratios[-1]:>10.2f}x")
+                  f"{cpu_ratios[-1]:>10.2f}x{rates[3]:>14,.0f}{scaling[-1]:>9.2f}x")
         print(f"engine / capture: best {max(ratios):.2f}x, "
               f"median {statistics.median(ratios):.2f}x, "
               f"all runs together {seconds[0] / seconds[1]:.2f}x (target >= 0.9x); "
               f"by CPU time (less sensitive to other load on the machine): "
               f"median {statistics.median(cpu_ratios):.2f}x, "
               f"all runs together {cpu_total[0] / cpu_total[1]:.2f}x")
+        print(f"engine, {workers} workers / 1 worker: median {statistics.median(scaling):.2f}x, "
+              f"all runs together {seconds[1] / seconds[2]:.2f}x")
 
 
-def e2e_child(slot: str, stop_at: int, expect: int, table: str = "public.t10") -> None:
-    """The engine on *slot* (publication ``bench_pub``) until *stop_at*, checking that
-    it delivered *expect* records of *table*."""
+def e2e_child(slot: str, stop_at: int, expect: int, table: str = "public.t10",
+              workers: int = 1) -> None:
+    """The engine (*workers* workers) on *slot* (publication ``bench_pub``) until
+    *stop_at*, checking that it delivered *expect* records of *table*."""
     count = [0]
 
     class Counter:
@@ -233,7 +246,8 @@ def e2e_child(slot: str, stop_at: int, expect: int, table: str = "public.t10") -
         {"dsn": os.environ["TIDEMARK_DSN"], "table_include_list": [table],
          "slot_name": slot, "publication_name": "bench_pub", "snapshot_mode": "no_data"},
         stop_at_lsn=stop_at)
-    Engine(connector, Counter(), config={"delivery_mode": "batch", "worker_count": 1}).run()
+    Engine(connector, Counter(),
+           config={"delivery_mode": "batch", "worker_count": workers}).run()
     if count[0] != expect:
         raise SystemExit(f"engine delivered {count[0]} records, expected {expect}")
 
@@ -251,12 +265,15 @@ def main() -> None:
     parser.add_argument("--e2e-child", help=argparse.SUPPRESS)
     parser.add_argument("--stop-at", type=int, help=argparse.SUPPRESS)
     parser.add_argument("--expect", type=int, help=argparse.SUPPRESS)
+    parser.add_argument("--workers", type=int, default=1, help=argparse.SUPPRESS)
+    parser.add_argument("--e2e-workers", type=int, default=os.cpu_count() or 2,
+                        help="workers of the end-to-end engine compared with one")
     args = parser.parse_args()
     if args.e2e_child:
-        e2e_child(args.e2e_child, args.stop_at, args.expect)
+        e2e_child(args.e2e_child, args.stop_at, args.expect, workers=args.workers)
         return
     if args.e2e_only:
-        end_to_end(args.transactions, args.runs)
+        end_to_end(args.transactions, args.runs, args.e2e_workers)
         return
 
     engine_only(args.records, args.runs)
@@ -274,7 +291,7 @@ def main() -> None:
               f"(target >= 12x), {rate / ceiling:.2f} of the bare threads")
 
     if not args.skip_e2e:
-        end_to_end(args.transactions, args.runs)
+        end_to_end(args.transactions, args.runs, args.e2e_workers)
 
 
 if __name__ == "__main__":
