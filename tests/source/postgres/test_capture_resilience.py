@@ -1025,3 +1025,49 @@ def test_a_stopped_server_does_not_hang_the_spark_source_s_queries() -> None:
         with contextlib.closing(wal.connect(dsn, purpose="test", server_timeout_s=1.0)) as c:
             assert wal.flush_lsn(c) > 0  # a slow answer is not cut short
             assert c.execute("SELECT pg_sleep(0.2), 1").fetchone() == ("", 1)
+
+
+def test_a_keepalive_read_before_a_broken_connection_is_not_a_position_after_it(
+        db: Database, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The connection breaks right after a read that held a transaction's messages and a
+    keepalive past them: the messages are lost with the read and come again after the
+    reconnect. The dead walsender's position must not pass for the new one's: an idle
+    read then would end a bounded run (or hand on an offset) past the transaction."""
+    from tidemark.source.postgres.replication import ReplicationStream  # noqa: PLC0415
+
+    db.execute("CREATE TABLE t (id int PRIMARY KEY)")
+    first = make_connector(db.dsn, "public.t", snapshot_mode="no_data")  # the slot
+    first.start()
+    try:
+        drain(first, db.insert_lsn())
+    finally:
+        first.stop()
+    db.execute("INSERT INTO t VALUES (1)")
+    end = db.insert_lsn()
+    real = ReplicationStream.read_batch
+    injected: list[str] = []
+
+    def read_batch(self: ReplicationStream, limit: int, timeout_s: float) -> Any:
+        if injected == ["broke"]:  # the new walsender is slow to send anything
+            injected.append("slow start")
+            return []
+        batch = real(self, limit, timeout_s)
+        if batch and not injected:
+            deadline = time.monotonic() + 30
+            while self.wal_end < end:  # a keepalive past the transaction arrives...
+                assert time.monotonic() < deadline, "no keepalive past the insert"
+                self.request_keepalive()
+                real(self, limit, 0.2)
+            injected.append("broke")  # ... and then the connection dies, read unused
+            raise SourceUnavailableError("replication stream broke: injected")
+        return batch
+
+    monkeypatch.setattr(ReplicationStream, "read_batch", read_batch)
+    second = make_connector(db.dsn, "public.t", snapshot_mode="no_data")
+    second.start(stop_at_lsn=end)  # from the slot's confirmed position
+    try:
+        records = drain(second, timeout_s=30)
+    finally:
+        second.stop()
+    assert injected == ["broke", "slow start"]
+    assert [e.after for e in events(records)] == [{"id": 1}]

@@ -234,6 +234,8 @@ class ChangeBuilder:
             return None
         if kind == b.GTID_EVENT:
             gtid = b.parse_gtid(body, header.server_id)
+            if self._tx is not None:  # a group the binlog never ended (a crashed writer)
+                self._tx.close()
             self._tx = _Transaction(gtid, header.server_id)
             return None
         if kind == b.XID_EVENT:

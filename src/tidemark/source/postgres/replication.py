@@ -159,6 +159,9 @@ class ReplicationStream:
             raise SourceUnavailableError(f"replication connection failed: {message}")
         conn.nonblocking = 1
         self._streaming = True
+        # A new walsender: what the last one said it had sent may be past transactions
+        # whose messages died with its connection, unread, and come again from here.
+        self._server_wal_end = 0
         self._last_status = self._last_received = time.monotonic()
         self._pinged = False
         log.info("streaming from slot %s at %s", self._slot, lsn_to_str(start_lsn))
