@@ -5,6 +5,7 @@ PostgreSQL tests use the real private server of the ``db`` fixture (no mocks).
 
 from __future__ import annotations
 
+import multiprocessing
 import sqlite3
 import time
 from collections.abc import Callable, Iterator
@@ -399,3 +400,26 @@ def test_ten_thousand_keys_save_at_once_and_load_each(backend: Backend) -> None:
     assert loaded["shop/logtable/group-77"] == {"after": 77 * 7}
     assert all(store.load(key) == value for key, value in offsets.items()
                if key != "shop/logtable/group-5")
+
+
+def _save_repeatedly(path: str, key: str, count: int) -> None:
+    store = FileOffsetStore(path)
+    for n in range(count):
+        store.save(key, {"n": n})
+
+
+def test_processes_sharing_an_offsets_file_keep_each_others_last_saves(
+        tmp_path: Path) -> None:
+    """One file, one key per process, saves at once: each save re-reads the file, and
+    without a lock two could read the same version and one undo the other's key."""
+    path = tmp_path / "offsets.json"
+    context = multiprocessing.get_context("spawn")
+    savers = [context.Process(target=_save_repeatedly, args=(str(path), f"k{i}", 300))
+              for i in range(4)]
+    for saver in savers:
+        saver.start()
+    for saver in savers:
+        saver.join(120)
+        assert saver.exitcode == 0
+    keys = [f"k{i}" for i in range(4)]
+    assert FileOffsetStore(path).load_many(keys) == {k: {"n": 299} for k in keys}

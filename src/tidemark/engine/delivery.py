@@ -304,18 +304,23 @@ class Delivery(ABC):
 class _Committer:
     """The BatchCommitter of one (batch, consumer)."""
 
-    __slots__ = ("_delivery", "_done", "_unit")
+    __slots__ = ("_delivery", "_done", "_lock", "_unit")
 
     def __init__(self, delivery: Delivery, unit: Unit) -> None:
         self._delivery = delivery
         self._unit = unit
         self._done = False
+        # A consumer may finish from a thread of its own while handle_batch returns:
+        # counted twice, the batch would complete before another consumer had it.
+        self._lock = threading.Lock()
 
     def mark_batch_finished(self) -> None:
-        if not self._done:
+        with self._lock:
+            if self._done:
+                return
             self._done = True
-            self._delivery.complete(self._unit)
-            self._delivery.flush_requested.set()
+        self._delivery.complete(self._unit)
+        self._delivery.flush_requested.set()
 
 
 class _WholeBatchDelivery(Delivery):

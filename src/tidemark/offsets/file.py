@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import contextlib
+import fcntl
 import os
 import tempfile
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
 
 import msgspec
@@ -20,7 +22,8 @@ class FileOffsetStore:
     Each save writes a temporary file in the same directory, fsyncs it and renames it
     over the old one, so the file is always either the old or the new version. A save
     re-reads the file first, so captures sharing one file keep each other's keys
-    (each key has a single writer).
+    (each key has a single writer); a lock on the file's directory keeps two saves from
+    reading the same version and one writing over the other's key.
 
     The constructor fails (:class:`~tidemark.errors.ConfigError`, key ``offsets``) on a
     file that is not ``{key: object}`` or a directory where no file can be created, so
@@ -77,14 +80,25 @@ class FileOffsetStore:
         return self._offsets.get(key)
 
     def save(self, key: str, offset: Offset) -> None:
-        self._offsets = self._read()
-        self._offsets[key] = dict(offset)
-        write_atomically(self.path, msgspec.json.encode(self._offsets))
+        self.save_many({key: offset})
 
     def load_many(self, keys: Sequence[str]) -> dict[str, Offset]:
         return {k: self._offsets[k] for k in keys if k in self._offsets}
 
     def save_many(self, offsets: Mapping[str, Offset]) -> None:
-        self._offsets = self._read()
-        self._offsets.update((key, dict(offset)) for key, offset in offsets.items())
-        write_atomically(self.path, msgspec.json.encode(self._offsets))
+        with self._locked():
+            self._offsets = self._read()
+            self._offsets.update((key, dict(offset)) for key, offset in offsets.items())
+            write_atomically(self.path, msgspec.json.encode(self._offsets))
+
+    @contextlib.contextmanager
+    def _locked(self) -> Iterator[None]:
+        """Exclusive between processes and threads (each open is a lock of its own). The
+        directory, not the file: the file is replaced by every save, and a lock file
+        would be one more file for users to wonder about."""
+        fd = os.open(self.path.parent, os.O_RDONLY)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX)
+            yield
+        finally:
+            os.close(fd)  # releases the lock
