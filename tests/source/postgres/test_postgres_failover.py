@@ -315,3 +315,30 @@ def test_capture_from_a_standby_names_what_only_the_primary_can_create(
     assert result.returncode != 0
     assert "standby" in result.stderr and "CREATE PUBLICATION" in result.stderr and \
         "primary" in result.stderr, result.stderr[-2000:]
+
+
+def test_a_failover_slot_s_spark_batches_end_where_the_standby_has_confirmed(
+        primary_and_standby: tuple[PostgresCluster, PostgresCluster]) -> None:
+    """PostgreSQL holds a failover slot's changes back until the standbys of
+    synchronized_standby_slots have them; the Spark source reads through copies of the
+    slot, which do not wait, so its batches end there itself. A plain slot's do not."""
+    import psycopg  # noqa: PLC0415
+
+    from tidemark.spark.postgres import wal  # noqa: PLC0415
+
+    primary, standby = primary_and_standby
+    with psycopg.connect(primary.dsn("app"), autocommit=True) as conn:
+        conn.execute("SELECT pg_create_logical_replication_slot('failover_s', 'pgoutput', "
+                     "false, false, true)")
+        conn.execute("SELECT pg_create_logical_replication_slot('plain_s', 'pgoutput')")
+        standby.stop()  # what the primary writes now, the standby does not have
+        _execute(primary.dsn("app"), "INSERT INTO t SELECT g, 'x' FROM generate_series(1, 1000) g")
+        row = conn.execute("SELECT (restart_lsn - '0/0')::bigint FROM pg_replication_slots "
+                           "WHERE slot_name = 'sb1'").fetchone()
+        assert row is not None
+        confirmed = row[0]
+        # The servers commit asynchronously: the insert is flushed within a moment.
+        before = wait_for(lambda: (flushed := wal.flush_lsn(conn)) > confirmed and flushed,
+                          timeout_s=30, what="the insert to be flushed on the primary")
+        assert wal.readable_end(conn, "failover_s") == confirmed
+        assert before <= wal.readable_end(conn, "plain_s") <= wal.flush_lsn(conn)

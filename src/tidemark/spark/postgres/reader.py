@@ -136,7 +136,7 @@ class TidemarkStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
 
     def prepareForTriggerAvailableNow(self) -> None:  # noqa: N802 - pyspark API name
         """Trigger.AvailableNow: read what is flushed now, then stop."""
-        self._target = wal.flush_lsn(self._connection())
+        self._target = wal.readable_end(self._connection(), self.options.slot)
         log.info("AvailableNow: reading up to %s", lsn_to_str(self._target))
 
     def latestOffset(self, start: dict[str, Any], limit: ReadLimit) -> dict[str, Any]:  # noqa: N802 - pyspark API name
@@ -259,7 +259,7 @@ class TidemarkStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         return to_offset(self._available())
 
     def _available(self) -> int:
-        flushed = wal.flush_lsn(self._connection())
+        flushed = wal.readable_end(self._connection(), self.options.slot)
         return flushed if self._target is None else min(flushed, self._target)
 
     def _end_for_limit(self, start: int, available: int, max_changes: int) -> int:

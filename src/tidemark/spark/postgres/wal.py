@@ -134,6 +134,36 @@ def flush_lsn(conn: psycopg.Connection[Any]) -> int:
     return int(row[0])
 
 
+# A failover slot's changes may go out only once the standbys it is synchronised to have
+# them (synchronized_standby_slots: PostgreSQL waits on their physical slots' restart_lsn
+# before it hands a failover slot's changes to a client). Batches are read through
+# temporary copies of the slot, which are not failover slots and do not wait: their end
+# is held to the same point, or a batch read from the primary could hold transactions
+# that a promoted standby never had, and the positions after them on its own WAL would
+# then be taken for read already.
+_STANDBY_SAFE_END_SQL = """
+SELECT (LEAST(pg_current_wal_flush_lsn(), (
+    SELECT min(standby.restart_lsn) FROM pg_replication_slots standby
+    WHERE standby.slot_type = 'physical'
+      AND standby.slot_name = ANY (string_to_array(
+          replace(current_setting('synchronized_standby_slots', true), ' ', ''), ','))
+      AND EXISTS (SELECT 1 FROM pg_replication_slots own
+                  WHERE own.slot_name = %s AND own.failover)
+)) - '0/0')::bigint
+"""
+
+
+def readable_end(conn: psycopg.Connection[Any], slot: str) -> int:
+    """Where a batch of *slot* may end: :func:`flush_lsn`, and for a failover slot
+    (PostgreSQL 17+) no further than every standby in ``synchronized_standby_slots``
+    has confirmed."""
+    if conn.info.server_version < 170000:
+        return flush_lsn(conn)
+    row = conn.execute(_STANDBY_SAFE_END_SQL, (slot,)).fetchone()
+    assert row is not None
+    return int(row[0])
+
+
 def slot_position(conn: psycopg.Connection[Any], slot: str) -> int:
     """The slot's ``confirmed_flush_lsn``; a clear error if the slot does not exist."""
     row = conn.execute(
