@@ -181,7 +181,12 @@ class TidemarkStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
             known += [t for t in plan.tables if t not in known]
             plan = None
         elif plan is not None and not self._holds(plan):
-            plan = self._restart(plan)
+            restarted = self._restart(plan)
+            # The tables before the restarted ones were read whole at the old point,
+            # which their skip entries keep: done, not new (or they would be read again).
+            known += [t for t in plan.tables
+                      if t not in restarted.tables and t not in known]
+            plan = restarted
             skip.update(dict.fromkeys(plan.tables, plan.at))
         signals = state.signals
         if plan is None:
