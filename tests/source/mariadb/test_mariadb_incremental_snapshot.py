@@ -9,6 +9,7 @@ import logging
 import random
 import signal
 import subprocess
+import sys
 import threading
 import time
 from pathlib import Path
@@ -349,3 +350,44 @@ def test_a_sigkilled_capture_goes_on_with_the_snapshot_where_its_offset_was(
     assert set(seen) | set(after) == set(range(1, 20001))
     assert after == sorted(after) and after[0] % 100 == 1 and 1 < after[0] <= max(seen) + 1
     assert len(after) == len(set(after))
+
+
+def test_a_chunk_whose_read_view_fails_to_end_is_read_again(
+        mdb: MariaDatabase, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The connection drops as a chunk's read view commits: the chunk is lost with it
+    and read again from the last key handed on, not from after it."""
+    import pymysql.connections  # noqa: PLC0415
+
+    mdb.execute("CREATE TABLE t (id INT PRIMARY KEY, v INT)", SIGNAL_DDL,
+                "INSERT INTO t VALUES " + ",".join(f"({i}, 0)" for i in range(1, 26)))
+    config = _config(mdb, incremental_snapshot_chunk_size=10)
+    offset = _last_offset(_capture(config, None), None)
+    real = pymysql.connections.Connection.commit
+    commits = [0]
+
+    def commit(self: Any) -> None:
+        if sys._getframe(1).f_code.co_name == "_read_chunk":
+            commits[0] += 1
+            if commits[0] == 2:  # the second chunk's
+                raise pymysql.err.OperationalError(2013, "Lost connection (injected)")
+        real(self)
+
+    monkeypatch.setattr(pymysql.connections.Connection, "commit", commit)
+    send_signal(mdb.dsn, f"{mdb.name}.sig", "execute-snapshot",
+                {"data-collections": [f"{mdb.name}.t"]})
+    reads: list[int] = []
+    connector = MariaDbConnector(config)  # one run: it retries the chunk itself
+    connector.start(offset)
+    try:
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline:
+            batch = connector.poll()
+            reads += [r.after["id"] for r in batch.records if isinstance(r, ChangeEvent)
+                      and r.op is Op.READ and r.after]
+            if batch.offset is not None and reads and \
+                    "incremental_snapshot" not in batch.offset:
+                break
+    finally:
+        connector.stop()
+    assert commits[0] >= 3
+    assert sorted(reads) == list(range(1, 26))

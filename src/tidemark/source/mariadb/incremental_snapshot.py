@@ -60,8 +60,9 @@ log = logging.getLogger(__name__)
 #: Reads of one chunk while the reader is past its read view, before giving up for now.
 _CATCH_UP_ATTEMPTS: Final = 50
 _ER_TABLE_DEF_CHANGED: Final = 1412  # the table was altered after the read view began
-#: Server errors that pass (shutdown, a killed connection, lock waits): read again later.
-_PASSING: Final = frozenset({1053, 1205, 1213, 1927})
+#: Server errors that pass (shutdown, a killed connection or query, lock waits, too many
+#: connections, max_statement_time): read again later.
+_PASSING: Final = frozenset({1040, 1053, 1203, 1205, 1213, 1317, 1927, 1969})
 _BY_NUMBER: Final = frozenset({b.T_BIT, b.T_ENUM, b.T_SET})
 _INTEGERS: Final = frozenset({b.T_TINY, b.T_SHORT, b.T_INT24, b.T_LONG, b.T_LONGLONG,
                               b.T_YEAR})
@@ -204,6 +205,9 @@ class ChunkedSnapshots(SignalledSnapshots):
                     continue  # altered meanwhile: read it again with its new columns
                 raise
             conn.commit()
+            if chunk is not None:
+                # Only now: a chunk lost with a failed COMMIT is read again from here.
+                progress.read_key = chunk.last_key
             return chunk
         raise SourceUnavailableError(
             f"the server's read views stayed behind the binlog read for "
@@ -268,7 +272,6 @@ class ChunkedSnapshots(SignalledSnapshots):
         last = [_stored(v, c) for v, c in zip(rows[-1][width:], key_columns, strict=True)] \
             if rows else progress.read_key
         done = len(rows) < self._chunk_size or last == progress.max_key
-        progress.read_key = last
         return Chunk(progress, snap.schema_of(table, columns, primary), values_out,
                      position.key, last, done)
 
