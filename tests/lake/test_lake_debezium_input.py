@@ -13,6 +13,7 @@ from typing import Any
 import msgspec
 import pyarrow as pa
 import pytest
+from deltalake import DeltaTable
 
 from capture_helpers import as_json, stream_changes
 from conftest import Database
@@ -58,10 +59,11 @@ def test_envelope_values_decode_to_the_schema_types() -> None:
     assert first["note"] is None and first["_unavailable"] == ["note"]
     assert first["blob"] == b"\x00\x01" and first["tags"] == ["a", None] and first["ok"] is True
     assert first["ratio"] != first["ratio"]  # NaN
-    # Debezium's source.sequence: the previous commit's LSN, then twice the change's LSN
-    # (plus one for anything but a delete) orders within and across transactions.
+    # Debezium's source.sequence: the previous commit's LSN (plus one: a read at it comes
+    # first), then twice the change's LSN (plus one for anything but a delete) orders
+    # within and across transactions.
     assert (first["_op"], first["_lsn"], first["_commit_lsn"], first["_seq"], first["_txid"]) \
-        == ("u", 500, 400, 1001, 77)
+        == ("u", 500, 401, 1001, 77)
     assert first["_commit_ts"] == dt.datetime(2023, 11, 14, 22, 13, 20, 123456, tzinfo=dt.UTC)
     assert (second["_op"], second["id"], second["price"], second["_seq"]) \
         == ("d", 1, None, 1002)
@@ -318,6 +320,29 @@ def test_an_initial_snapshot_s_reads_come_before_the_first_streamed_transaction(
     apply_changes(tmp_path / "two", changes.slice(1), ApplySpec(keys=("id",)),
                   app_id="q", version=1)
     assert read_rows(tmp_path / "two") == [{"id": 1, "name": "streamed"}]
+
+
+@pytest.mark.parametrize("streamed", ["u", "d"])
+def test_scd2_applies_the_first_streamed_transaction_after_the_snapshot(
+        tmp_path: Path, streamed: str) -> None:
+    """The snapshot's reads and the first streamed transaction share Debezium's last
+    commit; an SCD2 version starts at its change's _commit_lsn alone, so the transaction
+    must sort after the reads there too, or it is taken for applied already."""
+    schema = pa.schema([pa.field("id", pa.int32()), pa.field("name", pa.string())])
+    read_event = _envelope("r", None, {"id": 1, "name": "snapshot"}, 2000)
+    read_event["source"].update(sequence='["1500","2000"]', snapshot="last")
+    after = {"id": 1, "name": "streamed"} if streamed == "u" else None
+    change = _envelope(streamed, {"id": 1, "name": "snapshot"}, after, 2100)
+    change["source"]["sequence"] = '["1500","2100"]'
+    spec = ApplySpec(keys=("id",), stored_as_scd_type=2)
+    for version, event in enumerate([read_event, change]):
+        apply_changes(tmp_path / "scd2", changes_from_debezium_json([json.dumps(event)], schema),
+                      spec, app_id="q", version=version)
+    rows = sorted(DeltaTable(str(tmp_path / "scd2")).to_pyarrow_table().to_pylist(),
+                  key=lambda r: r["__START_AT"])
+    current = [(r["name"]) for r in rows if r["__END_AT"] is None]
+    assert current == (["streamed"] if streamed == "u" else [])
+    assert rows[0]["name"] == "snapshot" and rows[0]["__END_AT"] is not None
 
 
 def read_rows(path: Path) -> list[dict[str, Any]]:

@@ -25,9 +25,13 @@ globally, not just within one call. tidemark's ``transaction.commit_lsn`` and
 ``source.sequence`` is ``[lastCommitLsn, lsn]``, where ``lastCommitLsn`` is the LSN of the
 commit processed before the event. It is the same for every event of a transaction and
 grows from one transaction to the next in commit order, so there ``_commit_lsn`` is that
-previous commit's LSN (0 before the first) and ``_seq`` orders by the change's own LSN
-(twice the LSN, plus one for anything but a delete: a primary-key change is a delete and
-a create at one LSN). The change's own LSN alone is not commit order: a transaction that
+previous commit's LSN plus one (1 before the first), a snapshot read's the LSN itself,
+and ``_seq`` orders by the change's own LSN (twice the LSN, plus one for anything but a
+delete: a primary-key change is a delete and a create at one LSN). A read shares its
+last commit with the next transaction: the one apart puts it before that transaction in
+every comparison, an SCD type 2 version's start included, which compares ``_commit_lsn``
+alone (two commits are always more than a byte apart, so the order of transactions is
+kept). The change's own LSN alone is not commit order: a transaction that
 began earlier can commit later, and its changes would sort before those of transactions
 already applied and be skipped. An event with neither is refused rather than guessed at.
 """
@@ -317,7 +321,7 @@ def _order_from_sequence(source: dict[str, Any], op: str, number: int,
                                  f"[lastCommitLsn, lsn] (two decimal LSNs as text): "
                                  f"{err}") from err
     # A primary-key change is a delete and a create at one LSN: the delete comes first.
-    return commit, position * 2 + (op != "d")
+    return commit + (op != "r"), position * 2 + (op != "d")
 
 
 def debezium_values_from_lines(lines: Iterable[bytes | str]) -> Iterator[dict[str, Any] | None]:
