@@ -15,7 +15,7 @@ before the first change of an empty log.
 from __future__ import annotations
 
 import heapq
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from contextlib import AbstractContextManager
 from typing import Any, NamedTuple, Protocol
 
@@ -120,6 +120,11 @@ class LogDatabase(Protocol):
 
     def end_position(self) -> Position:
         """The position after everything committed now (the same for every group)."""
+        ...
+
+    def check_positions(self, positions: Iterable[Position]) -> None:
+        """Raise ConfigError (key ``offsets``) for a saved position this log cannot
+        continue from without skipping changes (a log installed again since)."""
         ...
 
     def clock(self) -> int:

@@ -27,7 +27,7 @@ import contextlib
 import heapq
 import json
 import logging
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from typing import Any, Final
 
 import psycopg2
@@ -187,6 +187,10 @@ class PostgresLogDatabase:
 
     def end_position(self) -> Position:
         return {"snapshot": self._current_snapshot()}
+
+    def check_positions(self, positions: Iterable[Position]) -> None:
+        """Nothing to check: positions are transaction snapshots, which only grow, an
+        install made again or not."""
 
     def clock(self) -> int:
         with cursor(self._conn) as cur:

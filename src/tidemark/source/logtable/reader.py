@@ -91,9 +91,14 @@ class LogTableReader:
         given = (offset or {}).get("groups", {})
         stored = load_offsets(store, [self.config.offset_key(g) for g in groups
                                       if str(g) not in given]) if store is not None else {}
+        saved = {}
         for group in groups:
             position = given.get(str(group)) or stored.get(self.config.offset_key(group))
-            self._positions[group] = dict(position) if position else db.start_position()
+            if position:
+                saved[group] = dict(position)
+        db.check_positions(saved.values())
+        for group in groups:
+            self._positions[group] = saved.get(group) or db.start_position()
         self._saved = {g: p for g, p in self._positions.items()}
         self.stats.connected = True
         log.info("reading %d log table(s) of %s, groups %s", len(self._tables),

@@ -21,7 +21,7 @@ import heapq
 import json
 import math
 import sqlite3
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -173,6 +173,7 @@ class SqliteLogDatabase:
         self._path = sqlite_path(dsn)
         self._conn = connect(dsn)
         self._queries: dict[tuple[str, int | None], str] = {}
+        self._epoch = _epoch(self._conn)
 
     @property
     def connector(self) -> str:
@@ -236,7 +237,32 @@ class SqliteLogDatabase:
                                   "re-load it")
 
     def start_position(self) -> Position:
-        return {"after": 0}
+        return self._position(0)
+
+    def _position(self, after: int) -> Position:
+        return {"after": after} if self._epoch is None else {"after": after,
+                                                              "log": self._epoch}
+
+    def check_positions(self, positions: Iterable[Position]) -> None:
+        fix = ("Remove this reader's saved positions (its offsets, or a Spark query's "
+               "checkpoint) to read the log from its start")
+        clock: int | None = None
+        for position in positions:
+            after, log_id = _after(position), position.get("log")
+            if log_id is not None and self._epoch is not None and log_id != self._epoch:
+                raise ConfigError(
+                    "offsets", f"saved position {after} in the log tables of {self._path} "
+                    "was taken in an earlier install of them (they were uninstalled and "
+                    "installed again, e.g. to change the number of groups, and the new "
+                    "clock started at 0): from it, the new log's first changes would be "
+                    f"skipped. {fix}")
+            clock = self.clock() if clock is None else clock
+            if after > clock:
+                raise ConfigError(
+                    "offsets", f"saved position {after} is ahead of the clock of the log "
+                    f"tables of {self._path} ({clock}): they were installed again or the "
+                    "database restored from an older copy, and from there the changes "
+                    f"logged until the clock passes it would be skipped. {fix}")
 
     def _query(self, entry: LogTable, groups: int | None = None) -> str:
         """One table's query: a page of one group, or (*groups* given) every row of
@@ -261,7 +287,7 @@ class SqliteLogDatabase:
         return query
 
     def end_position(self) -> Position:
-        return {"after": self.clock()}
+        return self._position(self.clock())
 
     def clock(self) -> int:
         clock = self._conn.execute(f"SELECT time FROM {install.CLOCK_TABLE}").fetchone()
@@ -296,7 +322,7 @@ class SqliteLogDatabase:
             # One read transaction: the clock and the rows are one state of the database.
             conn.execute("BEGIN")
             clock = conn.execute(f"SELECT time FROM {install.CLOCK_TABLE}").fetchone()
-            position = {"after": int(clock[0]) if clock else 0}
+            position = self._position(int(clock[0]) if clock else 0)
 
             def rows() -> Iterator[Snapshotted]:
                 for index, entry in enumerate(tables):
@@ -323,7 +349,7 @@ class SqliteLogDatabase:
 
     def _read(self, group: int, after: int, until: int | None, tables: list[LogTable],
               limit: int) -> ReadResult:
-        position: Position = {"after": after}
+        position: Position = self._position(after)
         pages: list[list[LogRow]] = []
         full = False
         try:
@@ -343,7 +369,7 @@ class SqliteLogDatabase:
             raise SourceError(f"reading the log tables of {self._path}: {err}") from None
         rows = list(heapq.merge(*pages, key=lambda row: row.time))[:limit]
         if rows:
-            position = {"after": rows[-1].time}
+            position = self._position(rows[-1].time)
         return ReadResult(rows, position, not full)
 
     def register(self, reader: str, positions: Mapping[int, Position]) -> None:
@@ -399,6 +425,15 @@ class SqliteLogDatabase:
 
 
 _NO_LIMIT = (1 << 63) - 1
+
+
+def _epoch(conn: sqlite3.Connection) -> str | None:
+    """This install's name (None for one made before installs had one)."""
+    try:
+        row = conn.execute(f"SELECT epoch FROM {install.CLOCK_TABLE}").fetchone()
+    except sqlite3.OperationalError:
+        return None
+    return str(row[0]) if row and row[0] is not None else None
 
 
 def _after(position: Position) -> int:

@@ -41,8 +41,8 @@ CREATE TABLE IF NOT EXISTS {TABLES_TABLE} (
     table_name TEXT PRIMARY KEY, log_table TEXT NOT NULL,
     installed_at TEXT NOT NULL DEFAULT (strftime('%Y-%m-%d %H:%M:%f', 'now')));
 CREATE TABLE IF NOT EXISTS {CLOCK_TABLE} (
-    id INTEGER PRIMARY KEY CHECK (id = 1), time INTEGER NOT NULL);
-INSERT OR IGNORE INTO {CLOCK_TABLE} VALUES (1, 0);
+    id INTEGER PRIMARY KEY CHECK (id = 1), time INTEGER NOT NULL, epoch TEXT);
+INSERT OR IGNORE INTO {CLOCK_TABLE} (id, time) VALUES (1, 0);
 CREATE TABLE IF NOT EXISTS {READERS_TABLE} (
     reader TEXT NOT NULL, grp INTEGER NOT NULL, position TEXT NOT NULL,
     updated_at TEXT NOT NULL, PRIMARY KEY (reader, grp));
@@ -100,6 +100,17 @@ def table_name(name: str) -> str:
     return layout.check_name("table", table if dot else schema)
 
 
+def _give_the_clock_an_epoch(conn: sqlite3.Connection) -> None:
+    """Name this install of the log: an uninstall drops the clock and an install starts it
+    at 0 again, so positions saved before would point into the new log's changes; the
+    epoch they carry tells them apart (installs made before it existed get one now)."""
+    columns = [row[1] for row in conn.execute(f"PRAGMA table_info({CLOCK_TABLE})")]
+    if "epoch" not in columns:
+        conn.execute(f"ALTER TABLE {CLOCK_TABLE} ADD COLUMN epoch TEXT")
+    conn.execute(f"UPDATE {CLOCK_TABLE} SET epoch = lower(hex(randomblob(8))) "
+                 "WHERE epoch IS NULL")
+
+
 def install(conn: sqlite3.Connection, names: Sequence[str], *, streams: int | None = None,
             groups: int | None = None, ddl: Sequence[str] = ()) -> list[str]:
     """Create or update the log tables and triggers of *names* (none: every installed
@@ -114,6 +125,7 @@ def install(conn: sqlite3.Connection, names: Sequence[str], *, streams: int | No
             conn.execute(statement)
         for statement in filter(None, (s.strip() for s in _SHARED.split(";"))):
             conn.execute(statement)
+        _give_the_clock_an_epoch(conn)
         already = installed_tables(conn)
         tables = [table_name(n) for n in names] if names else list(already)
         generation = previous

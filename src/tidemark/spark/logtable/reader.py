@@ -75,6 +75,7 @@ class LogTableStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         self.schema = schema
         self._target: Position | None = None
         self._last_prune = 0.0
+        self._checked = False
 
     @contextlib.contextmanager
     def _db(self) -> Iterator[LogDatabase]:
@@ -110,6 +111,9 @@ class LogTableStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
             return {"groups": start["groups"], "snapshot": [],
                     "loaded": list(start["snapshot"]), "clock": start.get("clock", 0)}
         with self._db() as db:
+            if not self._checked:  # the checkpoint's positions, once per query start
+                db.check_positions(start["groups"].values())
+                self._checked = True
             end = self._target if self._target is not None else db.end_position()
             # The clock after the end: it counts at least the changes the end holds.
             clock = db.clock()
