@@ -105,6 +105,27 @@ def test_ignore_null_updates_keeps_values(tmp_path: Path) -> None:
     assert read(path, "id", "name", "body") == [{"id": 1, "name": "a", "body": "y"}]
 
 
+def test_a_row_made_again_after_its_delete_keeps_nothing_of_the_deleted_row(
+        tmp_path: Path) -> None:
+    """With ignore_null_updates a null means "unchanged", but not for a row inserted
+    after its delete: neither the delete's before-image (same batch) nor the target's
+    old row (hard- or soft-deleted there) may fill it."""
+    spec = ApplySpec(keys=("id",), ignore_null_updates=True)
+    path = tmp_path / "same_batch"
+    apply(path, rows(change("c", 10, id=1, name="a", body="x")), 0, spec)
+    apply(path, rows(change("d", 11, id=1, name="a", body="x"),
+                     change("c", 12, id=1, name=None, body="y")), 1, spec)
+    assert read(path, "id", "name", "body") == [{"id": 1, "name": None, "body": "y"}]
+
+    soft = ApplySpec(keys=("id",), ignore_null_updates=True, soft_delete_column="deleted")
+    path = tmp_path / "soft"
+    apply(path, rows(change("c", 10, id=1, name="a", body="x")), 0, soft)
+    apply(path, rows(change("d", 11, id=1)), 1, soft)
+    apply(path, rows(change("c", 12, id=1, name=None, body="y")), 2, soft)
+    assert read(path, "id", "name", "body", "deleted") == [
+        {"id": 1, "name": None, "body": "y", "deleted": False}]
+
+
 def test_a_new_source_column_is_added_and_old_rows_read_null(tmp_path: Path) -> None:
     path = tmp_path / "t"
     apply(path, rows(change("c", 10, id=1, name="a", body="x")), 0)

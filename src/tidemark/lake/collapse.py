@@ -207,24 +207,40 @@ def fill_kept_values(rows: pa.Table, starts: np.ndarray[Any, Any],
     """Fill each kept (unknown) value from the key's latest earlier change that knows it.
 
     *rows* are ordered by key then sequence; *starts* marks each key's first row. A
-    value still unknown afterwards keeps its mask set (the target's value is used).
+    value still unknown afterwards keeps its mask set (the target's value is used),
+    unless a delete of the key came before it in the batch: a row made again after a
+    delete has nothing to keep (neither the delete's before-image nor the target's old
+    row), so the value is null.
     """
     if not keep_columns or len(rows) == 0:
         return rows
     positions = np.arange(len(rows))
     group_start = np.maximum.accumulate(np.where(starts, positions, 0))
+    if IS_DELETE in rows.column_names:
+        deletes = np.asarray(rows.column(IS_DELETE).to_numpy(zero_copy_only=False),
+                             dtype=bool)
+        last_delete = np.maximum.accumulate(np.where(deletes, positions, -1))
+        after_delete = last_delete >= group_start
+        floor = np.where(after_delete, last_delete + 1, group_start)
+    else:
+        after_delete = np.zeros(len(rows), dtype=bool)
+        floor = group_start
     for i, name in enumerate(keep_columns):
         mask_name = keep_column(i)
         keep = np.asarray(rows.column(mask_name).to_numpy(zero_copy_only=False), dtype=bool)
         if not keep.any():
             continue
         source = np.maximum.accumulate(np.where(~keep, positions, -1))
-        known = source >= group_start  # an earlier change of the same key knows it
+        known = source >= floor  # an earlier change of the same row knows it
         take_from = np.where(keep & known, source, positions)
         index = rows.schema.get_field_index(name)
-        rows = rows.set_column(index, name, rows.column(name).take(pa.array(take_from)))
+        values = rows.column(name).take(pa.array(take_from))
+        unknown_new = keep & ~known & after_delete
+        if unknown_new.any():
+            values = pc.if_else(pa.array(unknown_new), pa.scalar(None, values.type), values)
+        rows = rows.set_column(index, name, values)
         mask_index = rows.schema.get_field_index(mask_name)
-        rows = rows.set_column(mask_index, mask_name, pa.array(keep & ~known))
+        rows = rows.set_column(mask_index, mask_name, pa.array(keep & ~known & ~after_delete))
     return rows
 
 

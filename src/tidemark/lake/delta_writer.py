@@ -500,12 +500,16 @@ def _row_count(table: DeltaTable) -> int:
 
 
 # -- SCD type 1 ---------------------------------------------------------------------------
-def _value(name: str, keep: dict[str, str]) -> str:
-    """SQL for a column's new value: the source's, or the target's where kept."""
+def _value(name: str, keep: dict[str, str], soft: str | None) -> str:
+    """SQL for a column's new value: the source's, or the target's where kept (not from
+    a row soft-deleted: one made again has nothing to keep, its unknown value is null)."""
     mask = keep.get(name)
     if mask is None:
         return sql.column("s", name)
-    return (f"CASE WHEN {sql.column('s', mask)} THEN {sql.column('t', name)} "
+    kept = sql.column("s", mask)
+    if soft is not None:
+        kept = f"{kept} AND NOT coalesce(t.{soft}, false)"
+    return (f"CASE WHEN {kept} THEN {sql.column('t', name)} "
             f"ELSE {sql.column('s', name)} END")
 
 
@@ -530,7 +534,8 @@ def _merge_scd1(table: DeltaTable, batch: PreparedBatch, spec: ApplySpec,
                          target_alias="t", commit_properties=commit, streamed_exec=False)
     soft = sql.quote(spec.soft_delete_column) if spec.soft_delete_column else None
     if len(source):
-        updates = {sql.quote(n): _value(n, keep) for n in columns.data if n not in spec.keys}
+        updates = {sql.quote(n): _value(n, keep, soft) for n in columns.data
+                   if n not in spec.keys}
         inserts = {sql.quote(n): sql.column("s", n) for n in columns.data}
         if soft is not None:
             updates[soft] = inserts[soft] = "false"
