@@ -423,3 +423,32 @@ def test_processes_sharing_an_offsets_file_keep_each_others_last_saves(
         assert saver.exitcode == 0
     keys = [f"k{i}" for i in range(4)]
     assert FileOffsetStore(path).load_many(keys) == {k: {"n": 299} for k in keys}
+
+
+def test_a_sqlite_save_whose_commit_fails_leaves_no_transaction_open(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A COMMIT that fails must not leave its transaction open: the next saves would run
+    inside it and return without being durable."""
+    import sqlite3  # noqa: PLC0415
+
+    store = SqliteOffsetStore(tmp_path / "offsets.db")
+    real = store._connection()
+    failed: list[str] = []
+
+    class FailingCommit:
+        def __getattr__(self, name: str) -> Any:
+            return getattr(real, name)
+
+        def execute(self, statement: str, *args: Any) -> Any:
+            if statement == "COMMIT" and not failed:
+                failed.append(statement)
+                raise sqlite3.OperationalError("disk I/O error (injected)")
+            return real.execute(statement, *args)
+
+    monkeypatch.setattr(store, "_connection", FailingCommit)
+    with pytest.raises(sqlite3.OperationalError):
+        store.save_many({"a": {"lsn": 1}})
+    store.save_many({"b": {"lsn": 2}})
+    with SqliteOffsetStore(tmp_path / "offsets.db") as other:
+        assert other.load("b") == {"lsn": 2}
+    store.close()

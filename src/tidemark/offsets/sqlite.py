@@ -130,10 +130,13 @@ class SqliteOffsetStore:
             conn.execute("BEGIN IMMEDIATE")
             try:
                 conn.executemany(_SAVE_SQL, rows)
+                conn.execute("COMMIT")
             except BaseException:
-                conn.execute("ROLLBACK")
+                # A failed COMMIT too: left open, the transaction would take the next
+                # saves into it, and they would return without being durable.
+                if conn.in_transaction:
+                    conn.execute("ROLLBACK")
                 raise
-            conn.execute("COMMIT")
 
     def close(self) -> None:
         """Close the database (idempotent). Saved offsets are already durable."""
