@@ -14,6 +14,7 @@ import pytest
 
 from capture_helpers import as_json, drain, events, make_connector, stream_changes
 from conftest import Database
+from tidemark.errors import SourceError
 from tidemark.event import UNAVAILABLE, Op, SnapshotMarker
 from waiting import wait_for
 
@@ -211,6 +212,34 @@ def test_partitioned_table_has_one_name_in_snapshot_and_stream(db: Database) -> 
     finally:
         conn.stop()
     assert {e.table.table for e in got} == {"m"}
+
+
+@pytest.mark.parametrize("publication", ["FOR TABLE m", "FOR ALL TABLES"])
+def test_a_publication_that_names_partitions_instead_of_the_table_is_refused(
+        db: Database, publication: str) -> None:
+    """A publication of the user's own without publish_via_partition_root sends a
+    partitioned table's changes under its partitions' names: each would be dropped as
+    not captured. Capture refuses it with the fix, and goes on once it is applied."""
+    db.execute("CREATE TABLE m (id int PRIMARY KEY) PARTITION BY RANGE (id)",
+               "CREATE TABLE m1 PARTITION OF m FOR VALUES FROM (0) TO (100)",
+               f"CREATE PUBLICATION mine {publication}")
+    refused = make_connector(db.dsn, "public.m", publication_name="mine")
+    with pytest.raises(SourceError, match="publish_via_partition_root") as caught:
+        refused.start()
+    refused.stop()
+    assert "ALTER PUBLICATION mine SET (publish_via_partition_root = true)" in \
+        str(caught.value)
+    db.execute("ALTER PUBLICATION mine SET (publish_via_partition_root = true)")
+    conn = make_connector(db.dsn, "public.m", publication_name="mine",
+                          snapshot_mode="no_data")
+    conn.start()
+    try:
+        drain(conn, db.insert_lsn())
+        db.autocommit("INSERT INTO m VALUES (1)")
+        got = events(drain(conn, db.insert_lsn()))
+    finally:
+        conn.stop()
+    assert [(e.table.table, e.after) for e in got] == [("m", {"id": 1})]
 
 
 def test_partitions_added_and_attached_later_and_generated_columns(

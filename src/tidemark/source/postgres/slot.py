@@ -142,11 +142,13 @@ def ensure_publication(
     with cursor(conn) as cur:
         cur.execute(
             "SELECT puballtables, pg_get_userbyid(pubowner), "
-            "pg_has_role(pubowner, 'USAGE'), current_user, quote_ident(pubname) "
-            "FROM pg_publication WHERE pubname = %s",
+            "pg_has_role(pubowner, 'USAGE'), current_user, quote_ident(pubname), "
+            "pubviaroot FROM pg_publication WHERE pubname = %s",
             (name,),
         )
         row = cur.fetchone()
+        if row is not None and not row[5]:
+            _refuse_partitions_by_their_own_names(cur, name, row[4], tables)
         if row is not None and row[0]:
             return  # FOR ALL TABLES covers everything (and cannot be altered)
         if row is None:
@@ -168,7 +170,7 @@ def ensure_publication(
         if row is None:
             _create_publication(cur, name, tables)
             return
-        _, owner, may_alter, user, quoted = row
+        _, owner, may_alter, user, quoted, _ = row
         statement = sql.SQL("ALTER PUBLICATION {} ADD TABLE {}").format(
             sql.Identifier(name), _table_list(missing))
         # The fix the message offers is SQL to paste: names quoted only where needed,
@@ -195,6 +197,30 @@ def ensure_publication(
         log.warning("added table(s) %s to existing publication %s (ALTER PUBLICATION ... "
                     "ADD TABLE): every subscriber of %s now receives their changes",
                     listed, name, name)
+
+
+def _refuse_partitions_by_their_own_names(cur: Any, name: str, quoted: str,
+                                          tables: Sequence[TableId]) -> None:
+    """A publication without publish_via_partition_root sends a partitioned table's
+    changes under its partitions' names, which are not captured: every change of it
+    would be dropped after the snapshot. Refuse, with the fix."""
+    if not tables:
+        return
+    cur.execute(
+        "SELECT n.nspname, c.relname FROM pg_class c "
+        "JOIN pg_namespace n ON n.oid = c.relnamespace "
+        "WHERE c.relkind = 'p' AND (n.nspname, c.relname) IN "
+        "(SELECT * FROM unnest(%s::text[], %s::text[]))",
+        ([t.schema for t in tables], [t.table for t in tables]))
+    partitioned = [TableId(schema, table) for schema, table in cur.fetchall()]
+    if partitioned:
+        raise SourceError(
+            f"publication {name!r} has publish_via_partition_root off, so it sends the "
+            f"changes of partitioned table(s) {', '.join(map(str, partitioned))} under "
+            "their partitions' names, which are not captured: all of them would be lost "
+            f"after the snapshot. Run ALTER PUBLICATION {quoted} SET "
+            "(publish_via_partition_root = true), or use another publication "
+            "(--publication, publication_name) that tidemark creates")
 
 
 def _publication_options(server_version: int) -> str:
