@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import logging
 import os
 import re
 import subprocess
@@ -16,6 +17,7 @@ from capture_helpers import as_json, drain, events, make_connector, stream_chang
 from conftest import Database
 from tidemark.errors import SourceError
 from tidemark.event import UNAVAILABLE, Op, SnapshotMarker
+from tidemark.offsets.memory import MemoryOffsetStore
 from waiting import wait_for
 
 # Run on every PostgreSQL version CI tests (scripts/test.sh).
@@ -399,3 +401,39 @@ def test_cli_writes_progress_and_wal_lag_to_stderr_while_it_runs(db: Database,
                          r"server; newest event read [0-9.]+ s after its commit", line)
     assert shape is not None, line  # caught up: less than a MiB behind
     assert len(out.read_bytes().splitlines()) == 500  # the progress is not in the events
+
+
+def test_a_table_that_joins_a_running_capture_is_named_with_what_it_lacks(
+        db: Database, caplog: pytest.LogCaptureFixture) -> None:
+    """A table added to the capture after streaming began joins the publication at the
+    restart: what it held and what changed in it before is not in the stream. Capture
+    says so by name, with how to bring its rows in, and streams it from then on."""
+    db.execute("CREATE TABLE a (id int PRIMARY KEY)")
+    store = MemoryOffsetStore()
+    first = make_connector(db.dsn, "public.a")
+    first.start(store=store)
+    try:
+        target, deadline = db.insert_lsn(), time.monotonic() + 30
+        while True:  # as a consumer does: each batch's offset saved, then committed
+            assert time.monotonic() < deadline, "capture did not catch up"
+            batch = first.poll()
+            if batch.offset is not None:
+                store.save(first.partition, batch.offset)
+                first.commit(batch.offset)
+                if batch.offset["lsn"] >= target:
+                    break
+    finally:
+        first.stop()
+    db.execute("CREATE TABLE b (id int PRIMARY KEY)", "INSERT INTO b VALUES (1)")
+    second = make_connector(db.dsn, "public.a", "public.b")
+    with caplog.at_level(logging.WARNING, logger="tidemark"):
+        second.start(store=store)
+    try:
+        drain(second, db.insert_lsn())
+        db.autocommit("INSERT INTO b VALUES (2)")
+        got = events(drain(second, db.insert_lsn()))
+    finally:
+        second.stop()
+    joined = [r.getMessage() for r in caplog.records if "joined the capture" in r.getMessage()]
+    assert len(joined) == 1 and "public.b" in joined[0] and "execute-snapshot" in joined[0]
+    assert [(e.table.table, e.after) for e in got] == [("b", {"id": 2})]

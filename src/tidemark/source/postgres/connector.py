@@ -173,7 +173,18 @@ class PostgresConnector:
         signals = [TableId.parse(cfg.signal_table)] if cfg.signal_table else []
         for table in signals:
             signal_table_layout(conn, table)
-        slot.ensure_publication(conn, cfg.publication_name, [*self.tables, *signals])
+        added = slot.ensure_publication(conn, cfg.publication_name, [*self.tables, *signals])
+        added = [t for t in added if t in self.tables]
+        if added and offset and offset.get("snapshot_completed"):
+            # Streaming was under way: the stream resumes before this point, where these
+            # tables were not published, and the snapshot is done. Say what they lack.
+            log.warning(
+                "table(s) %s joined the capture now (added to publication %s): their "
+                "changes before this point were not published, and their existing rows "
+                "are not in the snapshot taken before. To bring their rows in, send an "
+                "execute-snapshot signal for them (signal_table; `tidemark signal "
+                "execute-snapshot`): an incremental snapshot reads them while the stream "
+                "goes on", ", ".join(map(str, added)), cfg.publication_name)
         self._generated = catalog.publishes_generated(conn, cfg.publication_name)
         catalog.warn_about_unstreamed(conn, self.tables, generated_published=self._generated)
         existing = self._wait_for_slot()

@@ -132,8 +132,9 @@ def drop_slot(conn: psycopg2.extensions.connection, name: str, wait_s: float = 1
 
 def ensure_publication(
     conn: psycopg2.extensions.connection, name: str, tables: Sequence[TableId]
-) -> None:
-    """Create the publication for *tables*, or add the tables it lacks.
+) -> list[TableId]:
+    """Create the publication for *tables*, or add the tables it lacks; returns the
+    tables added to a publication that existed (not to one created now).
 
     Never publishes a table PostgreSQL would then refuse UPDATEs and DELETEs of (see
     :func:`catalog.tables_without_identity`); callers leave such tables out first, this
@@ -150,7 +151,7 @@ def ensure_publication(
         if row is not None and not row[5]:
             _refuse_partitions_by_their_own_names(cur, name, row[4], tables)
         if row is not None and row[0]:
-            return  # FOR ALL TABLES covers everything (and cannot be altered)
+            return []  # FOR ALL TABLES covers everything (and cannot be altered)
         if row is None:
             present: set[TableId] = set()
         else:
@@ -165,11 +166,11 @@ def ensure_publication(
             raise SourceError(f"not adding to publication {name!r}: "
                               + "; ".join(refused[t] for t in missing if t in refused))
         if row is not None and not missing:
-            return
+            return []
         _refuse_on_standby(cur, name, missing, exists=row is not None)
         if row is None:
             _create_publication(cur, name, tables)
-            return
+            return []
         _, owner, may_alter, user, quoted, _ = row
         statement = sql.SQL("ALTER PUBLICATION {} ADD TABLE {}").format(
             sql.Identifier(name), _table_list(missing))
@@ -197,6 +198,7 @@ def ensure_publication(
         log.warning("added table(s) %s to existing publication %s (ALTER PUBLICATION ... "
                     "ADD TABLE): every subscriber of %s now receives their changes",
                     listed, name, name)
+        return missing
 
 
 def _refuse_partitions_by_their_own_names(cur: Any, name: str, quoted: str,
