@@ -7,6 +7,7 @@ the feature (TRUNCATE, the DDL guard, late commits are PostgreSQL's).
 
 from __future__ import annotations
 
+import contextlib
 import json
 import random
 import threading
@@ -381,3 +382,28 @@ def test_a_log_installed_again_is_not_read_from_the_old_one_s_positions(
     finally:
         second.stop()
     assert new == [1000 + i for i in range(logged_since)]
+
+
+@pytest.mark.parametrize("retention", ["-1", "0"])
+def test_the_spark_reader_keeps_the_log_when_retention_is_never(
+        logdb: LogDb, retention: str) -> None:
+    """retentionS < 0 means never: a committed batch registers its position but deletes
+    nothing (it used to make the cutoff a second in the future, deleting everything
+    read); 0 deletes what every registered reader has passed."""
+    from pyspark.sql.types import StructType  # noqa: PLC0415
+
+    from tidemark.source.logtable.reader import open_database  # noqa: PLC0415
+    from tidemark.spark.logtable.reader import LogTableStreamReader  # noqa: PLC0415
+    from tidemark.spark.options import SourceOptions  # noqa: PLC0415
+
+    logdb.execute(ORDERS)
+    logdb.install(["orders"], streams=4, groups=2)
+    logdb.execute(*(f"INSERT INTO orders VALUES ({i}, 'a', 0, 0)" for i in range(20)))
+    options = SourceOptions.parse({"dsn": logdb.dsn, "source": "logtable",
+                                   "tables": logdb.table("orders"), "retentionS": retention})
+    source = LogTableStreamReader(options, StructType([]))
+    with contextlib.closing(open_database(logdb.dsn)) as db:
+        end = {"groups": {"0": db.end_position(), "1": db.end_position()}}
+    source.commit(end)  # a batch read up to the end now was committed
+    assert logdb.query("SELECT count(*) FROM orders_cdc_log") == \
+        [(20 if retention == "-1" else 0,)]

@@ -150,7 +150,8 @@ class LogTableStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
     def commit(self, end: dict[str, Any]) -> None:
         """*end* is committed: at most once a minute (the driver, between batches),
         record it in the reader registry (``readerName``) and delete the log rows every
-        registered reader has passed that are older than ``retentionS``."""
+        registered reader has passed that are older than ``retentionS`` (negative:
+        never)."""
         if end.get("snapshot"):
             return
         now = time.monotonic()
@@ -161,7 +162,9 @@ class LogTableStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
             tables = _tables(db, self.options)
             positions = {int(g): p for g, p in end["groups"].items()}
             db.register(self.options.reader_name, positions)
-            deleted = db.prune(sorted(positions), tables, self.options.retention_s)
+            retention = self.options.retention_s
+            # Negative is "never": passed on, it would make the cutoff the future.
+            deleted = db.prune(sorted(positions), tables, retention) if retention >= 0 else 0
         if deleted:
             log.info("deleted %d log rows every registered reader has passed", deleted)
 
