@@ -50,9 +50,15 @@ from tidemark.source.mariadb.change_builder import ChangeBuilder
 from tidemark.source.mariadb.position import BinlogPosition
 from tidemark.spark.event_feeder import EventFeeder
 from tidemark.spark.options import SnapshotMode, SourceOptions
-from tidemark.spark.snapshot_plan import ROW_SEQ
 
 log = logging.getLogger(__name__)
+
+#: ``_seq`` of snapshot rows. They are read at a position between transactions: the
+#: transaction that ends there has its changes at that commit position too, numbered
+#: from 1 (source order), and the rows hold their result, so they sort after all of them
+#: (a reload's rows below a target's mark would be dropped as applied, and the target
+#: replaced by nothing).
+_SNAPSHOT_SEQ: Final = 1 << 62
 
 def _replica_id() -> int:
     """A replica id for one dump. The server ends a dump when another connects with the
@@ -202,7 +208,7 @@ class MariaDbStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
                     conn, [TableId.parse(t) for t in tables], position=at,
                     name="tidemark", fetch_size=self.options.arrow_batch_rows):
                 for event in events:
-                    feeder.add(event, at.key, ROW_SEQ)
+                    feeder.add(event, at.key, _SNAPSHOT_SEQ)
                 yield from feeder.sink.take()
             conn.commit()
 
