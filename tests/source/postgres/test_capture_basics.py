@@ -232,15 +232,8 @@ def test_a_publication_that_names_partitions_instead_of_the_table_is_refused(
     assert "ALTER PUBLICATION mine SET (publish_via_partition_root = true)" in \
         str(caught.value)
     db.execute("ALTER PUBLICATION mine SET (publish_via_partition_root = true)")
-    conn = make_connector(db.dsn, "public.m", publication_name="mine",
-                          snapshot_mode="no_data")
-    conn.start()
-    try:
-        drain(conn, db.insert_lsn())
-        db.autocommit("INSERT INTO m VALUES (1)")
-        got = events(drain(conn, db.insert_lsn()))
-    finally:
-        conn.stop()
+    got = stream_changes(db, ["public.m"], "INSERT INTO m VALUES (1)",
+                         publication_name="mine")
     assert [(e.table.table, e.after) for e in got] == [("m", {"id": 1})]
 
 

@@ -60,6 +60,7 @@ log = logging.getLogger(__name__)
 #: replaced by nothing).
 _SNAPSHOT_SEQ: Final = 1 << 62
 
+
 def _replica_id() -> int:
     """A replica id for one dump. The server ends a dump when another connects with the
     same id, so every dump of every query takes a random one (2^31 of them)."""
