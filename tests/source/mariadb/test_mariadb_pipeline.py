@@ -23,6 +23,7 @@ from pyspark.sql import SparkSession
 from conftest import MariaDatabase
 from mariadb_helpers import _run_cli
 from tidemark import send_signal
+from tidemark.errors import SourceUnavailableError
 from tidemark.pipeline import load_config
 from tidemark.pipeline.runner import Pipeline
 from tidemark.source.signals import SignalError
@@ -285,3 +286,23 @@ def test_the_spark_source_reads_transactions_larger_than_it_holds_in_memory(
         [(i, "c", x) for i in range(1, 401)],
         sorted([(i, "u", y) for i in range(1, 121)] + [(i, "c", x) for i in range(401, 404)]
                + [(i, "d", x) for i in range(301, 401)])]
+
+
+def test_a_snapshot_read_view_behind_its_planned_position_is_not_used(
+        mdb: MariaDatabase) -> None:
+    """InnoDB commits after the binlog write, so a read view opened right after the
+    driver planned a snapshot at P may still miss a transaction the binlog holds before
+    P: the stream starts at P, and that transaction would be in neither. The executor
+    opens views until one is at or after P (here P is beyond the binlog's end: never)."""
+    from tidemark.source.mariadb import client  # noqa: PLC0415
+    from tidemark.source.mariadb.position import BinlogPosition  # noqa: PLC0415
+    from tidemark.spark.mariadb.reader import read_view_from  # noqa: PLC0415
+
+    conn = client.connect(client.parse_url(mdb.dsn))
+    with contextlib.closing(conn):
+        now = client.current_position(conn)
+        assert read_view_from(conn, now).key >= now.key
+        conn.rollback()
+        ahead = BinlogPosition(now.file, now.pos + 10**9, now.gtids)
+        with pytest.raises(SourceUnavailableError, match="stayed behind"):
+            read_view_from(conn, ahead)

@@ -29,6 +29,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import random
+import time
 from collections.abc import Iterator, Sequence
 from typing import Any, Final
 
@@ -42,7 +43,7 @@ from pyspark.sql.streaming.datasource import (
 )
 from pyspark.sql.types import StructField, StructType
 
-from tidemark.errors import SourceError
+from tidemark.errors import SourceError, SourceUnavailableError
 from tidemark.event import ChangeEvent, TableId
 from tidemark.source.mariadb import client
 from tidemark.source.mariadb import snapshot as snap
@@ -59,6 +60,9 @@ log = logging.getLogger(__name__)
 #: (a reload's rows below a target's mark would be dropped as applied, and the target
 #: replaced by nothing).
 _SNAPSHOT_SEQ: Final = 1 << 62
+#: Read views opened while the server's is behind the snapshot's position (a few ms at
+#: most under load) before the task fails and Spark runs it again.
+_READ_VIEW_ATTEMPTS: Final = 50
 
 
 def _replica_id() -> int:
@@ -204,7 +208,7 @@ class MariaDbStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
                   at: BinlogPosition) -> Iterator[pa.RecordBatch]:
         conn = _raw_connection(self.options)
         with contextlib.closing(conn):
-            snap.begin_snapshot(conn)
+            read_view_from(conn, at)
             for events in snap.snapshot_events(
                     conn, [TableId.parse(t) for t in tables], position=at,
                     name="tidemark", fetch_size=self.options.arrow_batch_rows):
@@ -236,6 +240,25 @@ class MariaDbStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
                         yield from feeder.sink.take()
                 if not builder.in_transaction and builder.position_key >= stop:
                     break
+
+
+def read_view_from(conn: Any, at: BinlogPosition) -> BinlogPosition:
+    """Open a read view on *conn* that holds everything up to *at*, the position the
+    snapshot was planned at, and return its own position.
+
+    InnoDB commits after the binlog write: for a moment a transaction already in the
+    binlog before *at* may not be visible. A view that misses it would leave it out of
+    the rows, while the stream, starting at *at*, leaves it out too.
+    """
+    for attempt in range(_READ_VIEW_ATTEMPTS):
+        position = snap.begin_snapshot(conn)
+        if position.key >= at.key:
+            return position
+        conn.rollback()
+        time.sleep(0.002 * (attempt + 1))
+    raise SourceUnavailableError(
+        f"the server's read views stayed behind the snapshot's position {at} for "
+        f"{_READ_VIEW_ATTEMPTS} attempts")
 
 
 def table_schemas(options: SourceOptions) -> dict[TableId, StructType]:
