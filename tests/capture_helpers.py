@@ -8,6 +8,7 @@ from typing import Any
 import msgspec
 
 from tidemark.event import ChangeEvent, TransactionBoundary
+from tidemark.offsets.store import OffsetReader
 from tidemark.serde.debezium_json import DebeziumJsonOptions, DebeziumJsonSerializer
 from tidemark.source.postgres.config import PostgresSourceConfig
 from tidemark.source.postgres.connector import PostgresConnector
@@ -49,11 +50,12 @@ def as_json(records: list[Any], **options: Any) -> list[dict[str, Any]]:
 
 
 def stream_changes(db: Any, tables: list[str], *statements: str,
-                   **settings: Any) -> list[ChangeEvent]:
+                   store: OffsetReader | None = None, **settings: Any) -> list[ChangeEvent]:
     """Change events of *statements* (each its own transaction), streamed from a new
-    slot on *tables* (no snapshot unless *settings* ask for one)."""
+    slot on *tables* (no snapshot unless *settings* ask for one), or from where *store*
+    says an earlier capture got to."""
     connector = make_connector(db.dsn, *tables, **{"snapshot_mode": "no_data", **settings})
-    connector.start()
+    connector.start(store=store)
     try:
         drain(connector, db.insert_lsn())
         db.autocommit(*statements)

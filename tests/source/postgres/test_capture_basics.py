@@ -418,15 +418,9 @@ def test_a_table_that_joins_a_running_capture_is_named_with_what_it_lacks(
     finally:
         first.stop()
     db.execute("CREATE TABLE b (id int PRIMARY KEY)", "INSERT INTO b VALUES (1)")
-    second = make_connector(db.dsn, "public.a", "public.b")
     with caplog.at_level(logging.WARNING, logger="tidemark"):
-        second.start(store=store)
-    try:
-        drain(second, db.insert_lsn())
-        db.autocommit("INSERT INTO b VALUES (2)")
-        got = events(drain(second, db.insert_lsn()))
-    finally:
-        second.stop()
+        got = stream_changes(db, ["public.a", "public.b"], "INSERT INTO b VALUES (2)",
+                             store=store)
     joined = [r.getMessage() for r in caplog.records if "joined the capture" in r.getMessage()]
     assert len(joined) == 1 and "public.b" in joined[0] and "execute-snapshot" in joined[0]
     assert [(e.table.table, e.after) for e in got] == [("b", {"id": 2})]

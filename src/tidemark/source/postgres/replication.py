@@ -131,8 +131,9 @@ class ReplicationStream:
         consistent = (result.get_value(0, 1) or b"").decode()
         snapshot = (result.get_value(0, 2) or b"").decode()
         # A slot made again (on_slot_lost = "resnapshot") starts afresh: positions
-        # confirmed to, or heard from, the lost one say nothing about it.
-        self._confirmed = self._server_wal_end = 0
+        # confirmed to the lost one say nothing about it (start() forgets what its
+        # walsender said it had sent).
+        self._confirmed = 0
         return str_to_lsn(consistent), snapshot
 
     def start(self, start_lsn: int) -> None:
