@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import logging
 import os
 import random
 import signal
@@ -24,6 +25,7 @@ from conftest import Database
 from tidemark.event import ChangeEvent, Op, SnapshotMarker
 from tidemark.source.postgres import incremental_snapshot
 from tidemark.source.postgres.connector import PostgresConnector
+from waiting import wait_for
 
 pytestmark = [pytest.mark.integration, pytest.mark.every_pg_version]
 
@@ -399,3 +401,122 @@ def test_rows_whose_surrogate_key_is_null_do_not_stop_the_snapshot(
     got = _snapshot_with(db, monkeypatch, (), {**_snapshot_rows(db, ["public.k"]),
                                                "surrogate-key": "id"}, "public.k")
     assert sorted(e.after["id"] for e in _reads(got)) == list(range(1, 121))
+
+
+@contextlib.contextmanager
+def _commit_held(db: Database, statement: str) -> Any:
+    """*statement* committed by a transaction held between its commit record and its
+    end: it waits for a synchronous standby that never answers. Its change is in the
+    WAL (and streamed), but new snapshots do not see it yet. Released on exit."""
+    db.autocommit("ALTER SYSTEM SET synchronous_standby_names = 'tidemark_never_there'",
+                  "SELECT pg_reload_conf()")
+    held: list[tuple[Any, threading.Thread]] = []
+
+    def hold(sql: str) -> bool:
+        """Commit *sql* in a thread; True once it waits, False if it committed (the
+        server has not taken the new setting yet)."""
+        conn = psycopg2.connect(db.dsn)
+        thread = threading.Thread(target=_run_synchronous, args=(conn, sql))
+        held.append((conn, thread))
+        pid = conn.get_backend_pid()
+        thread.start()
+        wait_for(lambda: not thread.is_alive() or db.scalar(
+            "SELECT wait_event FROM pg_stat_activity WHERE pid = %s", (pid,)) == "SyncRep",
+            30, "a synchronous commit to wait or end")
+        if thread.is_alive():
+            return True
+        held.pop()
+        conn.close()
+        return False
+
+    try:
+        # The checkpointer takes the setting a moment after the reload: probe with a
+        # write to an uncaptured table until one is held, then hold the real one.
+        db.execute("CREATE TABLE held_probe (i int)")
+        wait_for(lambda: hold("INSERT INTO held_probe VALUES (1)"), 30,
+                 "synchronous commits to wait")
+        assert hold(statement), "the statement's commit was not held"
+        yield
+    finally:
+        db.autocommit("ALTER SYSTEM RESET synchronous_standby_names",
+                      "SELECT pg_reload_conf()")
+        for conn, thread in held:
+            thread.join(30)
+            conn.close()
+
+
+def _run_synchronous(conn: Any, statement: str) -> None:
+    with conn.cursor() as cur:
+        cur.execute("SET synchronous_commit = on")
+        cur.execute(statement)
+    conn.commit()
+
+
+def test_a_change_committed_before_the_window_but_not_yet_visible_is_not_overwritten(
+        db: Database, caplog: pytest.LogCaptureFixture) -> None:
+    """A transaction whose commit was streamed before the snapshot began, but that is
+    still finishing its commit when the chunk is read: the chunk waits for it instead
+    of handing on the row as it was before that change."""
+    caplog.set_level(logging.INFO, logger=incremental_snapshot.__name__)
+    _setup(db, 300)
+    connector = make_connector(db.dsn, "public.t", snapshot_mode="no_data",
+                               signal_table=SIGNALS, incremental_snapshot_chunk_size=100)
+    connector.start()
+    drain(connector, db.insert_lsn())
+    got: list[Any] = []
+    try:
+        with _commit_held(db, "UPDATE t SET v = 'new' WHERE id = 5"):
+            got += _collect(connector, lambda r: any(
+                e.op is Op.UPDATE and e.after["id"] == 5 for e in events(r)))
+            _signal(db, "execute-snapshot", _snapshot_rows(db, ["public.t"]))
+            # Either the stale row comes (the defect), or the chunk is held back.
+            got += _collect(connector, lambda r: any(e.after["id"] == 5 for e in _reads(r))
+                            or "not visible to the chunk's SELECT" in caplog.text)
+        got += _collect(connector, lambda r: _done(connector) and len(_reads(got + r)) >= 300)
+    finally:
+        connector.stop()
+    assert _rebuild(got) == _source(db)
+    assert [e.after["v"] for e in _reads(got) if e.after["id"] == 5] == ["new"]
+
+
+def test_a_change_streamed_before_the_opening_mark_but_invisible_reads_the_chunk_again(
+        db: Database, caplog: pytest.LogCaptureFixture) -> None:
+    """The same, when the chunk is read before the stream brings that transaction (a
+    restart mid-snapshot reads the next chunks at once): the window is read again."""
+    caplog.set_level(logging.INFO, logger=incremental_snapshot.__name__)
+    _setup(db, 300)
+    first = make_connector(db.dsn, "public.t", snapshot_mode="no_data",
+                           signal_table=SIGNALS, incremental_snapshot_chunk_size=100)
+    first.start()
+    drain(first, db.insert_lsn())
+    offset: Any = None
+    try:
+        _signal(db, "execute-snapshot", _snapshot_rows(db, ["public.t"]))
+        deadline = time.monotonic() + 60
+        while offset is None or offset["incremental_snapshot"]["tables"][0]["last_key"] is None:
+            assert time.monotonic() < deadline, "the first chunk was not handed on"
+            batch = first.poll()
+            if batch.offset is not None and "incremental_snapshot" in batch.offset:
+                offset = batch.offset  # not committed: the slot stays before the signal
+    finally:
+        first.stop()
+    assert offset["incremental_snapshot"]["tables"][0]["last_key"] == ["100"]
+    second = make_connector(db.dsn, "public.t", snapshot_mode="no_data",
+                            signal_table=SIGNALS, incremental_snapshot_chunk_size=100)
+    got: list[Any] = []
+    try:
+        with _commit_held(db, "UPDATE t SET v = 'new' WHERE id = 150"):
+            second.start(offset)  # reads the next chunks before streaming anything
+            got += _collect(second, lambda r: any(e.after["id"] == 150 for e in _reads(r))
+                            or "was not visible to the chunk's SELECT" in caplog.text)
+        got += _collect(second, lambda r: _done(second) and any(
+            e.after["id"] == 300 for e in _reads(got + r)))
+        end = db.insert_lsn()
+        got += _collect(second, lambda r: second.stats.position_lsn >= end)
+    finally:
+        second.stop()
+    updates = [e for e in events(got) if e.op is Op.UPDATE and e.after["id"] == 150]
+    assert [e.after["v"] for e in updates] == ["new"]
+    after_update = events(got)[events(got).index(updates[0]):]
+    assert [e.after["v"] for e in _reads(after_update) if e.after["id"] == 150] in ([], ["new"])
+    assert {int(e.after["id"]) for e in _reads(got)} >= set(range(101, 301))

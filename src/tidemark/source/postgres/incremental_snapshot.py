@@ -17,6 +17,18 @@ Watermarks are logical decoding messages rather than rows of a signal table: the
 nothing to user tables, need no table, and carry a window id that a later run ignores.
 Their transactions carry nothing else and are left out of the stream handed on.
 
+"Visible to the SELECT" needs a check of its own. A transaction's commit record is in
+the WAL (and on its way to us) a moment before the transaction leaves the server's list
+of running transactions; only then do new snapshots see it. The moment can be long: a
+committing transaction waits there for synchronous standbys. So a transaction that
+commits before the opening mark can still be invisible to the chunk's SELECT, which
+would then hand on a row older than that transaction's change, streamed before the
+window. The SELECT therefore runs in a snapshot whose running transactions are known
+(``pg_current_snapshot()``), and the chunk is not used if one of them changed the
+table and committed before the opening mark: either it was already streamed (the
+chunk is read again at once, in a new snapshot) or it arrives before the opening mark
+(the window is read again when it closes).
+
 The state (tables left, the current table's maximum key and last key sent) travels in
 the connector's offset (``incremental_snapshot``), so a restart continues from the chunk
 after the last one emitted; a chunk emitted but not yet saved is emitted again
@@ -74,9 +86,22 @@ WATERMARK_PREFIX: Final = "tidemark-snapshot-window"
 #: each opening after the previous one closed, since their marks commit in that order.
 WINDOWS_AHEAD: Final = 4
 
+#: Transactions streamed lately that changed a table, remembered for the check above.
+#: Those that began before the oldest transaction still running are forgotten (no new
+#: snapshot can list them as running); the limit bounds memory when a transaction stays
+#: open for long: a transaction streamed this many changes ago that is still finishing
+#: its commit is not a case to plan for.
+RECENT_CHANGES_LIMIT: Final = 50_000
+#: How soon a chunk that missed a committed transaction is read again (doubling up to
+#: a second while it keeps missing it: each try writes an opening mark).
+_INVISIBLE_RETRY_S: Final = 0.01
+_INVISIBLE_RETRY_MAX_S: Final = 1.0
+
 _U32: Final = struct.Struct(">I")
+_XID_AT: Final = 17  # Begin: 'B', final LSN (8), commit time (8), xid (4)
 _BEGIN, _COMMIT, _MESSAGE = ord("B"), ord("C"), ord("M")
 _INSERT, _UPDATE, _DELETE, _TRUNCATE = ord("I"), ord("U"), ord("D"), ord("T")
+_CHANGES: Final = frozenset({_INSERT, _UPDATE, _DELETE, _TRUNCATE})
 _PREFIX_BYTES: Final = WATERMARK_PREFIX.encode() + b"\x00"
 
 Message = tuple[bytes, int]
@@ -109,6 +134,9 @@ class Window:
     reread: bool = False
     """A change inside the window could not be matched to a chunk row (its key was not
     sent, or the table's columns changed): the chunk is dropped and read again."""
+    invisible: frozenset[int] = frozenset()
+    """Transactions running for the chunk's SELECT (32-bit xids): one that changes the
+    table and commits before the opening mark makes the chunk stale."""
     removed: set[Key] = dataclasses.field(default_factory=set)
     """Keys changed in the stream inside the window: their rows are not emitted (kept
     as a set of keys rather than a dict of rows: a window that nothing hits costs no
@@ -151,6 +179,14 @@ class IncrementalSnapshot(SignalledSnapshots):
         self._retry_at = 0.0
         self._retry_delay = 0.5
         self._generated = generated  # the stream carries stored generated columns
+        self._xid = 0  # the transaction whose messages are being split
+        self._recent: dict[int, None] = {}
+        """``xid << 32 | relation oid`` of changes streamed lately (see
+        :data:`RECENT_CHANGES_LIMIT`), in the order they came."""
+        self._suspects: frozenset[int] = frozenset()
+        """The union of the ``invisible`` sets of the windows not opened yet."""
+        self._missed_logged: set[int] = set()
+        self._invisible_delay = _INVISIBLE_RETRY_S
 
     # -- state --------------------------------------------------------------------------
     @property
@@ -182,7 +218,9 @@ class IncrementalSnapshot(SignalledSnapshots):
                 # A watermark's commit flushes the WAL, so the stream brings it at once:
                 # with the server's synchronous_commit off it would wait for the WAL
                 # writer (up to wal_writer_delay, 200 ms, per mark).
-                cur.execute("SET synchronous_commit = on")
+                # Local, not on: waiting for a synchronous standby adds nothing to a mark
+                # (one lost in a failover only makes its window be read again).
+                cur.execute("SET synchronous_commit = local")
         return self._conn
 
     # -- signals ------------------------------------------------------------------------
@@ -237,6 +275,10 @@ class IncrementalSnapshot(SignalledSnapshots):
                 self._drop_commit = False
                 if kind == _COMMIT:
                     continue
+            if kind == _BEGIN:
+                self._xid = _U32.unpack_from(payload, _XID_AT)[0]
+            elif kind in _CHANGES:
+                self._note_change(payload, kind)
             if kind == _MESSAGE and payload.find(_PREFIX_BYTES, 0, 64) != -1:
                 mark = pgoutput.parse_logical_message(payload)
                 if mark.prefix == WATERMARK_PREFIX:
@@ -247,6 +289,7 @@ class IncrementalSnapshot(SignalledSnapshots):
                     text = mark.content.decode(errors="replace")
                     if window is not None and text == f"open:{window.window_id}":
                         window.opened = True
+                        self._refresh_suspects()
                     elif window is not None and text == f"close:{window.window_id}":
                         reads = self._close(window, mark.lsn, context)
                         rest = messages[i + 1:]
@@ -266,6 +309,51 @@ class IncrementalSnapshot(SignalledSnapshots):
                 self._dedupe(window, payload, kind)
             kept.append(message)
         return Split(kept, [], None)
+
+    def observe(self, messages: list[Message]) -> None:
+        """Take note of transactions handed on before a restart (skipped now): their
+        changes count for the visibility check as streamed ones do."""
+        for payload, _ in messages:
+            kind = payload[0]
+            if kind == _BEGIN:
+                self._xid = _U32.unpack_from(payload, _XID_AT)[0]
+            elif kind in _CHANGES:
+                self._note_change(payload, kind)
+
+    def _note_change(self, payload: bytes, kind: int) -> None:
+        """Remember which table the current transaction changed; a window whose SELECT
+        did not see this transaction, and whose opening mark has not come yet, is stale
+        if the table is its own."""
+        xid = self._xid
+        oids = pgoutput.parse_truncate(payload).relation_ids if kind == _TRUNCATE \
+            else (_U32.unpack_from(payload, 1)[0],)
+        recent = self._recent
+        for oid in oids:
+            recent[xid << 32 | oid] = None
+        if len(recent) > RECENT_CHANGES_LIMIT:
+            del recent[next(iter(recent))]
+        if xid in self._suspects:
+            for w in self.windows:
+                if not w.opened and xid in w.invisible and w.relation_oid in oids \
+                        and not w.reread:
+                    log.info("incremental snapshot of %s: transaction %d committed before "
+                             "the window opened but was not visible to the chunk's SELECT "
+                             "yet; reading the chunk again", w.schema.table, xid)
+                    w.reread = True
+
+    def _refresh_suspects(self) -> None:
+        self._suspects = frozenset().union(*(w.invisible for w in self.windows
+                                             if not w.opened))
+
+    def _forget_before(self, xmin: int) -> None:
+        """Forget changes of transactions that began before *xmin* (32-bit): no snapshot
+        taken from now on lists them as running."""
+        recent = self._recent
+        while recent:
+            first = next(iter(recent))
+            if (first >> 32) - xmin & 0xFFFFFFFF < 0x80000000:  # not before xmin
+                return
+            del recent[first]
 
     def _dedupe(self, window: Window, payload: bytes, kind: int) -> None:
         """A change of the window's table inside the window: its key leaves the buffer."""
@@ -374,6 +462,7 @@ class IncrementalSnapshot(SignalledSnapshots):
             self._retry_delay = 0.5
             if window is not None:
                 self.windows.append(window)
+                self._refresh_suspects()
 
     def _read_chunk(self, progress: TableProgress) -> Window | None:
         conn = self._connection()
@@ -440,14 +529,42 @@ class IncrementalSnapshot(SignalledSnapshots):
             sql.Literal(self._chunk_size))
         self._mark(conn, f"open:{window_id}")
         with conn.cursor() as cur:
-            cur.execute(query, params)
-            rows = cur.fetchall()
+            try:
+                # One snapshot for both: the running transactions it does not see, and
+                # the chunk read in it.
+                cur.execute("BEGIN ISOLATION LEVEL REPEATABLE READ READ ONLY")
+                cur.execute(_SNAPSHOT_QUERY if conn.server_version >= 130000
+                            else _SNAPSHOT_QUERY_12)
+                snapshot = cur.fetchone()
+                assert snapshot is not None
+                cur.execute(query, params)
+                rows = cur.fetchall()
+            finally:
+                cur.execute("ROLLBACK")
+        xmin = int(snapshot[0]) & 0xFFFFFFFF
+        invisible = frozenset(int(x) & 0xFFFFFFFF for x in snapshot[1].split(",") if x)
+        self._forget_before(xmin)
+        missed = [x for x in invisible if x << 32 | oid in self._recent]
+        if missed:
+            # Streamed already, so committed before the opening mark, yet not visible:
+            # its commit is still finishing (a synchronous standby's answer, say). The
+            # chunk would be older than its change; read it again in a moment.
+            if set(missed) != self._missed_logged:
+                self._missed_logged = set(missed)
+                log.info("incremental snapshot of %s: transaction(s) %s committed but are "
+                         "not visible to the chunk's SELECT yet; reading the chunk again",
+                         progress.table, ", ".join(map(str, sorted(missed))))
+            self._retry_at = time.monotonic() + self._invisible_delay
+            self._invisible_delay = min(self._invisible_delay * 2, _INVISIBLE_RETRY_MAX_S)
+            return None
+        self._invisible_delay = _INVISIBLE_RETRY_S
         self._mark(conn, f"close:{window_id}")
         start = progress.read_key
         last = list(rows[-1][i] for i in key_indexes) if rows else start
         done = len(rows) < self._chunk_size or last == progress.max_key
         progress.read_key, progress.read_all = last, done
-        return Window(window_id, schema, oid, rows, last, done, start, match_indexes)
+        return Window(window_id, schema, oid, rows, last, done, start, match_indexes,
+                      invisible=invisible)
 
     @staticmethod
     def _mark(conn: psycopg2.extensions.connection, content: str) -> None:
@@ -477,6 +594,16 @@ def signal_table_layout(conn: psycopg2.extensions.connection,
                                  f"{', '.join(sorted(missing))}; Debezium's layout is "
                                  f"{SIGNAL_TABLE_COLUMNS}")
     return int(oid), tuple(columns)
+
+
+# The snapshot's oldest running transaction and the running ones it does not see (xid8
+# as text; PostgreSQL 12 has only the txid_ forms).
+_SNAPSHOT_QUERY: Final = ("SELECT pg_snapshot_xmin(s)::text, "
+                          "array_to_string(ARRAY(SELECT pg_snapshot_xip(s)), ',') "
+                          "FROM pg_current_snapshot() s")
+_SNAPSHOT_QUERY_12: Final = ("SELECT txid_snapshot_xmin(s)::text, "
+                             "array_to_string(ARRAY(SELECT txid_snapshot_xip(s)), ',') "
+                             "FROM txid_current_snapshot() s")
 
 
 def _typed(casts: Sequence[str]) -> sql.Composable:
