@@ -15,9 +15,12 @@ streamed change's record or a batch that did not take that path is named in
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import threading
 from typing import Any
+
+import psycopg2
 
 from tidemark.engine.converters import (
     ConvertedBatch,
@@ -50,6 +53,11 @@ def main() -> None:
                         help="PostgreSQL: incremental snapshots signalled through this "
                              "table (chunks of 100 rows, no initial snapshot); --out then "
                              "gets one JSON line [op, id, v] per change")
+    parser.add_argument("--on-slot-lost", help="PostgreSQL: on_slot_lost")
+    parser.add_argument("--snapshot-mode",
+                        help="PostgreSQL: snapshot_mode (with --signal-table: no_data)")
+    parser.add_argument("--stop-at-end", action="store_true",
+                        help="PostgreSQL: finish once what is committed now is delivered")
     args = parser.parse_args()
 
     out = open(args.out, "a", buffering=1 << 16)  # noqa: SIM115 - lives as long as the process
@@ -116,7 +124,17 @@ def main() -> None:
         if args.signal_table:
             settings.update(signal_table=args.signal_table, snapshot_mode="no_data",
                             incremental_snapshot_chunk_size=100)
-        connector = PostgresSourceConnector(settings)
+        if args.snapshot_mode:
+            settings["snapshot_mode"] = args.snapshot_mode
+        if args.on_slot_lost:
+            settings["on_slot_lost"] = args.on_slot_lost
+        stop_at = None
+        if args.stop_at_end:
+            with contextlib.closing(psycopg2.connect(args.dsn)) as conn, conn.cursor() as cur:
+                cur.execute("SELECT (pg_current_wal_insert_lsn() - '0/0')::bigint")
+                now = cur.fetchone()
+            stop_at = int(now[0]) if now else None
+        connector = PostgresSourceConnector(settings, stop_at_lsn=stop_at)
     else:
         connector = SyntheticConnector(total=args.total, batch_size=100)
     engine = Engine(

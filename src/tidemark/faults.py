@@ -16,6 +16,9 @@ moments that decide it, by SIGKILL at a named point of the pipeline:
   advanced the slot yet. *n* counts this process's ``commit()`` calls from 0: Spark
   calls it once per batch, in order, when it plans the next batch (on a fresh
   checkpoint call *n* is batch *n*'s).
+* ``after_slot_created:0`` — capture or the engine replaced a lost slot (or made one for
+  a new snapshot while offsets of an earlier slot exist); where the new slot starts is
+  not saved yet.
 
 Off unless the variable is set (a check is a cached lookup and a comparison). When it fires it
 kills the whole process group, not just the process it runs in: ``commit()`` runs in the
@@ -36,7 +39,7 @@ log = logging.getLogger(__name__)
 
 ENV: Final = "TIDEMARK_FAULT"
 POINTS: Final = ("after_read", "between_steps", "between_targets", "after_write",
-                  "before_advance")
+                  "before_advance", "after_slot_created")
 
 
 @functools.cache

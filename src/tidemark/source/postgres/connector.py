@@ -19,6 +19,7 @@ from typing import TYPE_CHECKING, Any, TypeVar
 
 import psycopg2
 
+from tidemark import faults
 from tidemark.errors import SourceError, SourceUnavailableError, TransientError
 from tidemark.event import Record, TableId
 from tidemark.offsets.store import Offset, OffsetReader
@@ -99,6 +100,8 @@ class PostgresConnector:
         #: The last offset committed (at start: the offset resumed from).
         self._committed: Offset | None = None
         self._snapshots: IncrementalSnapshot | None = None
+        #: An offset handed on that must be saved before the connector goes on.
+        self._awaited: Offset | None = None
 
     @property
     def partition(self) -> str:
@@ -201,6 +204,9 @@ class PostgresConnector:
 
     def commit(self, offset: Offset) -> None:
         """*offset* (from a polled batch) is durably handed on: release WAL up to it."""
+        if offset is self._awaited:
+            self._awaited = None
+            self._committed = offset
         lsn = offset.get("lsn")
         if self._stream is not None and isinstance(lsn, int) and offset.get("snapshot_completed"):
             self._stream.confirm(lsn)
@@ -363,6 +369,8 @@ class PostgresConnector:
             stream.connect()
             consistent, snapshot_name = stream.create_slot(failover=cfg.slot_failover)
             log.info("created replication slot %s at %s", cfg.slot_name, lsn_to_str(consistent))
+            if offset:
+                faults.crash_point("after_slot_created", 0)
             start_lsn = consistent
             if mode == SnapshotMode.NO_DATA:
                 stream.close()
@@ -374,15 +382,29 @@ class PostgresConnector:
                     stream, self._snapshot(snapshot_name, consistent))
                 first = next(snapshots, None)
                 stream.close()
+                if offset:
+                    # Offsets of an earlier slot exist: they must stop vouching for a
+                    # finished snapshot before any row of the new one is handed on (the
+                    # position stays theirs: nothing past it is delivered yet).
+                    yield from self._until_saved({"lsn": int(offset.get("lsn", 0)),
+                                                  "snapshot_completed": False})
                 if first is not None:
                     yield first
                     yield from snapshots
             yield SourceBatch([], {"lsn": start_lsn, "snapshot_completed": True})
         else:
-            # The slot may be ahead of the offset without anything being lost (an offset
-            # saved but confirmed later, or a heartbeat position confirmed before its
-            # save), so only a missing slot counts as "offset unusable".
+            # Offsets are saved before the slot is confirmed to them, so the slot this
+            # capture has been reading is never ahead of them. One that is was not
+            # confirmed by it: dropped and made again (by an operator, or by a capture
+            # that died before it saved where the new slot starts). Streaming from it
+            # would skip what was committed in between.
             slot_lsn = existing.confirmed_flush_lsn or 0
+            if offset and completed and slot_lsn > start_lsn:
+                unvouched = self._unvouched_slot(slot_lsn, start_lsn)
+                if unvouched == "resnapshot":
+                    yield from self._resnapshot(stream, start_lsn, existing=slot_lsn)
+                    return
+                completed = False  # when_needed: a new snapshot, from the slot
             needs_snapshot = not completed and mode in (SnapshotMode.INITIAL,
                                                         SnapshotMode.WHEN_NEEDED)
             if needs_snapshot:
@@ -418,28 +440,76 @@ class PostgresConnector:
             self._catalog(lambda c: slot.drop_slot(c, self.config.slot_name))
             yield from self._resnapshot(stream, lost_at)
 
-    def _resnapshot(self, stream: ReplicationStream, lost_at: int) -> Iterator[SourceBatch]:
-        """After the slot was lost past *lost_at*: a new slot, and every captured table
-        with a key re-read by an incremental snapshot while the new slot streams."""
+    def _resnapshot(self, stream: ReplicationStream, lost_at: int, *,
+                    existing: int | None = None) -> Iterator[SourceBatch]:
+        """After the slot was lost past *lost_at*: a new slot (or the *existing* one,
+        at that position, that the offsets do not vouch for), and every captured table
+        with a key re-read by an incremental snapshot while the slot streams."""
         cfg = self.config
-        stream.connect()
-        consistent, _ = stream.create_slot(failover=cfg.slot_failover)
-        stream.close()
         state = {"tables": [{"table": str(t)} for t in self.tables if self._keys.get(t)],
                  "paused": False}
+        # The re-read is saved as pending before a new slot exists: a capture that dies
+        # after making the slot and before saving where it starts must not resume from
+        # the slot as if nothing were missing.
+        pending: Offset = {**(self._committed or {}), "lsn": lost_at,
+                           "snapshot_completed": True, SNAPSHOT_OFFSET_KEY: state}
+        for key in (COMMIT_LSN_KEY, MESSAGES_KEY):  # of the old slot's stream
+            pending.pop(key, None)
+        yield from self._until_saved(pending)
+        if existing is None:
+            stream.connect()
+            consistent, _ = stream.create_slot(failover=cfg.slot_failover)
+            stream.close()
+            faults.crash_point("after_slot_created", 0)
+        else:
+            consistent = existing
         self._committed = {**(self._committed or {}), "lsn": consistent,
                            "snapshot_completed": True, SNAPSHOT_OFFSET_KEY: state}
         for key in (COMMIT_LSN_KEY, MESSAGES_KEY):  # of the old slot's stream
             self._committed.pop(key, None)
-        log.warning("replication slot %s was lost after %s: a new one streams from %s, and "
+        log.warning("replication slot %s was lost after %s: %s streams from %s, and "
                     "every captured table with a key is re-read by an incremental snapshot "
                     "(on_slot_lost=resnapshot)", cfg.slot_name, lsn_to_str(lost_at),
+                    "a new one" if existing is None else "the slot found in its place",
                     lsn_to_str(consistent))
         yield SourceBatch([], {"lsn": consistent, "snapshot_completed": True,
                                SNAPSHOT_OFFSET_KEY: state})
         self._stream = stream
         yield from self._recovering(stream, consistent,
                                     self._stream_changes(stream, consistent, consistent))
+
+    def _unvouched_slot(self, slot_lsn: int, saved_lsn: int) -> str:
+        """The slot is at *slot_lsn*, past the *saved_lsn* the offsets reached: what to
+        do (``"resnapshot"`` or ``"snapshot"``), or the error that stops capture."""
+        cfg = self.config
+        gap = (f"replication slot {cfg.slot_name!r} is at {lsn_to_str(slot_lsn)}, past "
+               f"{lsn_to_str(saved_lsn)} where the offsets say capture got to: this "
+               "capture never confirmed that position, so the slot is not the one the "
+               "offsets were taken from (it was dropped and made again)")
+        if cfg.on_slot_lost == SlotLostAction.RESNAPSHOT:
+            log.warning("%s; the changes in between are unknown, so every captured table "
+                        "with a key is re-read by an incremental snapshot "
+                        "(on_slot_lost=resnapshot)", gap)
+            return "resnapshot"
+        if cfg.snapshot_mode == SnapshotMode.WHEN_NEEDED:
+            log.warning("%s; taking a new snapshot (when_needed)", gap)
+            return "snapshot"
+        raise SlotLostError(
+            f"{gap}. The changes committed between the two positions were never streamed. "
+            "Recover with on_slot_lost = \"resnapshot\" (every captured table is re-read "
+            "by an incremental snapshot while the stream goes on), snapshot_mode = "
+            "\"when_needed\" (a new full snapshot), or reset the offsets if those changes "
+            "are not needed")
+
+    def _until_saved(self, offset: Offset) -> Iterator[SourceBatch]:
+        """Hand on *offset* and wait until the caller has committed it (saved it
+        durably): what follows must not happen before it is on record."""
+        self._awaited = offset
+        yield SourceBatch([], offset)
+        while self._awaited is not None:
+            yield SourceBatch([], None)
+            if self._awaited is not None:
+                time.sleep(0.05)
 
     def _lost_slot(self, existing: slot.SlotInfo, start_lsn: int) -> slot.SlotInfo | None:
         """*existing* was invalidated by the server: an error that says what was lost,
@@ -545,6 +615,8 @@ class PostgresConnector:
             if skipper is not None and messages:
                 # Handed on before the restart: decoded for the builder's state only.
                 seen, messages = skipper.split(messages)
+                if seen and snap is not None:
+                    snap.observe(seen)
                 if seen:
                     if lines is not None:
                         lines.process(seen, now_us)
