@@ -16,9 +16,9 @@ moments that decide it, by SIGKILL at a named point of the pipeline:
   advanced the slot yet. *n* counts this process's ``commit()`` calls from 0: Spark
   calls it once per batch, in order, when it plans the next batch (on a fresh
   checkpoint call *n* is batch *n*'s).
-* ``after_slot_created:0`` — capture or the engine replaced a lost slot (or made one for
-  a new snapshot while offsets of an earlier slot exist); where the new slot starts is
-  not saved yet.
+* ``after_slot_created:0`` — a slot was just made and where it starts is not saved yet:
+  capture or the engine replaced a lost slot (or made one for a new snapshot while
+  offsets of an earlier slot exist), or a new Spark query made its slot.
 
 Off unless the variable is set (a check is a cached lookup and a comparison). When it fires it
 kills the whole process group, not just the process it runs in: ``commit()`` runs in the

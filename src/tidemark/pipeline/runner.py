@@ -57,6 +57,7 @@ from tidemark.pipeline.executor_apply import TargetWork, apply_on_executors
 from tidemark.pipeline.progress import BatchReport
 from tidemark.pipeline.run_metrics import RunMetrics
 from tidemark.pipeline.run_record import record_batch, records_runs
+from tidemark.pipeline.slot_check import check_slot_vouched
 from tidemark.pipeline.written_targets import WrittenTargets
 from tidemark.source.postgres.column_defaults import existing_row_values
 from tidemark.source.postgres.pgoutput import lsn_to_str
@@ -137,6 +138,7 @@ class Pipeline:
         self._spark = spark
         self._on_batch = on_batch
         self._stop = threading.Event()
+        self._slot_checked = False
         self._query_id: str | None = None
         self._conn: psycopg.Connection[Any] | None = None
         self._schemas: dict[str, StructType] | None = None
@@ -282,6 +284,11 @@ class Pipeline:
         # Before Spark starts: a target lost since the last run is a stop, not a new table.
         self._written = WrittenTargets(self.config.checkpoint)
         self._written.check(self.config.targets)
+        if self._kind == "postgres" and not self._slot_checked:
+            # Once per run: a query restarted after an outage reads a slot it advanced.
+            check_slot_vouched(self.config.dsn, self.config.source.slot,
+                               self.config.checkpoint)
+            self._slot_checked = True
         if self._spark is None:
             self._spark = build_session(self.config)
         return self._start(self._spark)

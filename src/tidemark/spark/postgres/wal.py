@@ -25,6 +25,7 @@ from typing import Any, Final
 
 import psycopg
 
+from tidemark import faults
 from tidemark.errors import SourceError, TerminalError
 from tidemark.source.postgres.pgoutput import lsn_to_str
 from tidemark.source.postgres.session import (
@@ -198,6 +199,7 @@ def ensure_slot(conn: psycopg.Connection[Any], slot: str, failover: bool | None 
                 conn.execute("SELECT pg_create_logical_replication_slot(%s, 'pgoutput')",
                              (slot,))
             log.info("created replication slot %s", slot)
+            faults.crash_point("after_slot_created", 0)
         except psycopg.errors.DuplicateObject:
             pass  # created concurrently by another query start; validated below
     return slot_position(conn, slot)
