@@ -6,7 +6,9 @@ loaded, a Debezium signal table, and a slot made by a first ``--stop-at-end`` ca
 Then ``tidemark capture --signal-table …`` runs while an ``execute-snapshot`` signal is
 sent and a writer commits ``--transactions`` transactions (default 40), ``--gap-ms``
 apart (default 50): transaction *i* updates ``v`` and ``n`` of every row with
-``id % 997 = i`` and deletes one row. Once the saved offset says the snapshot is done and
+``id % 997 = i`` and deletes one row; ``--busy-writers N`` more threads meanwhile update
+single random rows as fast as they can (more commits in flight when a window opens).
+Once the saved offset says the snapshot is done and
 the stream has passed the writer's last commit, capture is stopped (SIGTERM) and the
 table the events describe (reads and creates/updates upsert, deletes remove) is
 compared with the source table.
@@ -21,7 +23,7 @@ The server runs with the test settings (``fsync``, ``full_page_writes`` and
 starts it with PostgreSQL's defaults instead.
 
 Usage: ``uv run python benchmarks/soak_incremental_snapshot_writers.py [--runs 10]
-[--rows 300000] [--transactions 40] [--gap-ms 50] [--production]``
+[--rows 300000] [--transactions 40] [--gap-ms 50] [--busy-writers 0] [--production]``
 """
 
 from __future__ import annotations
@@ -30,6 +32,7 @@ import argparse
 import contextlib
 import json
 import os
+import random
 import signal
 import subprocess
 import sys
@@ -82,6 +85,16 @@ def _writer(dsn: str, transactions: int, gap_s: float, done: list[int]) -> None:
         done.append(int(row[0]))
 
 
+def _busy_writer(dsn: str, rows: int, seed: int, stop: threading.Event) -> None:
+    rng = random.Random(seed)
+    with contextlib.closing(psycopg2.connect(dsn)) as conn:
+        conn.autocommit = True
+        with conn.cursor() as cur:
+            while not stop.is_set():
+                cur.execute("UPDATE t SET v = %s, n = n + 1 WHERE id = %s",
+                            (f"b{rng.random()}", rng.randint(1, rows)))
+
+
 def _snapshot_done(offsets: Path, end_lsn: int) -> bool:
     try:
         saved = json.loads(offsets.read_text())
@@ -121,9 +134,22 @@ def one_run(cluster: PostgresCluster, run: int, args: argparse.Namespace,
         ended: list[int] = []
         writer = threading.Thread(target=_writer,
                                   args=(dsn, args.transactions, args.gap_ms / 1000, ended))
+        stop = threading.Event()
+        busy = [threading.Thread(target=_busy_writer, args=(dsn, args.rows, i, stop))
+                for i in range(args.busy_writers)]
         started = time.monotonic()
+        for thread in busy:
+            thread.start()
         writer.start()
         writer.join()
+        stop.set()
+        for thread in busy:
+            thread.join()
+        with contextlib.closing(psycopg2.connect(dsn)) as conn, conn.cursor() as cur:
+            cur.execute("SELECT pg_current_wal_insert_lsn() - '0/0'")
+            row = cur.fetchone()
+        assert row is not None
+        ended[0] = max(ended[0], int(row[0]))
         deadline = time.monotonic() + 600
         while not (ended and _snapshot_done(offsets, ended[0])):
             if proc.poll() is not None or time.monotonic() > deadline:
@@ -170,6 +196,7 @@ def main() -> None:
     parser.add_argument("--rows", type=int, default=300_000)
     parser.add_argument("--transactions", type=int, default=40)
     parser.add_argument("--gap-ms", type=int, default=50)
+    parser.add_argument("--busy-writers", type=int, default=0)
     parser.add_argument("--production", action="store_true",
                         help="PostgreSQL's durable defaults instead of the test settings")
     args = parser.parse_args()
