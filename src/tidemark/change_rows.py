@@ -12,8 +12,9 @@ Debezium JSON reader) and whoever reads them (:func:`tidemark.lake.apply_changes
 ``_commit_ts``            timestamp[us, tz=UTC]: its transaction's commit time
 ``_txid``                 int64: its transaction id (0 where the source has none)
 ``_unavailable``          list<string>: columns whose value the change did not carry (an
-                          unchanged TOASTed value, a column a log-table update left alone):
-                          the column holds null there, meaning "unchanged", not NULL
+                          unchanged TOASTed value, a column a log-table update left alone,
+                          a column the table gained after the change was made): the
+                          column holds null there, meaning "unchanged", not NULL
 ========================  ===================================================================
 
 One nullability: ``_op`` is never null; the positions, time and id may be null where a

@@ -17,6 +17,7 @@ from tidemark.lake.branch import BRANCHES_DIR, OverlapError
 from tidemark.lake.clustering import FileRange
 from tidemark.lake.split_apply import (
     TargetPlan,
+    abandon,
     apply_part,
     cut_points,
     part_rows,
@@ -103,6 +104,25 @@ def test_a_truncate_asks_for_the_batch_whole(tmp_path: Path) -> None:
     assert all(r.needs_one_part for r in results)
     result = apply_part(plan.one_part(), 0, [batch], "0")
     assert result.result.delta_version is not None and read(path) == []
+
+
+def test_a_key_change_across_parts_with_an_unsent_value_asks_for_the_batch_whole(
+        tmp_path: Path) -> None:
+    """Key 3 moves to 60 (another part) without its body: only one part sees both."""
+    path = tmp_path / "t"
+    _two_files(path)
+    plan = _plan(path)
+    assert isinstance(plan, TargetPlan)
+    gone = change("d", 20, 1, id=3)
+    made = change("c", 20, 2, unavailable=("body",), id=60, name="moved")
+    made["_lsn"] = gone["_lsn"]
+    batch = rows(gone, made)
+    results = [apply_part(plan, p, [part_rows(plan, p, batch)], "0") for p in range(2)]
+    assert [r.needs_one_part for r in results] == [False, True]
+    abandon(plan)
+    apply_part(plan.one_part(), 0, [batch], "0")
+    moved = [r for r in read(path, "id", "name", "body") if r["id"] in (3, 60)]
+    assert moved == [{"id": 60, "name": "moved", "body": "x"}]
 
 
 def test_no_split_without_a_gap_between_files_or_an_integer_key(tmp_path: Path) -> None:

@@ -32,6 +32,12 @@ IS_DELETE = f"{cr.WORK_PREFIX}is_delete"
 ROW = f"{cr.WORK_PREFIX}row"
 
 
+def from_key_column(index: int) -> str:
+    """Name of the working column holding a moved row's old value of key column *index*
+    (see :mod:`tidemark.lake.key_moves`); null on rows that did not move."""
+    return f"{cr.WORK_PREFIX}from_{index}"
+
+
 def keep_column(index: int) -> str:
     """Name of the keep mask of the *index*-th kept column (names are data, never SQL)."""
     return f"{cr.WORK_PREFIX}keep_{index}"
@@ -123,7 +129,44 @@ def prepare_batch(changes: pa.Table, spec: ApplySpec, columns: ResolvedColumns) 
     rows = rows.append_column(IS_DELETE, pa.array(deletes))
     for i, name in enumerate(keep):
         rows = rows.append_column(keep_column(i), pa.array(masks[name]))
+    if keep:
+        unknown = np.logical_or.reduce([masks[name] for name in keep])
+        moved = _moved_rows(changes.filter(keyed), deletes, unknown)
+        rows = _mark_moves(rows, moved, spec.keys)
     return PreparedBatch(rows=rows, keep_columns=keep, truncates=truncates)
+
+
+def _moved_rows(changes: pa.Table, is_delete: np.ndarray[Any, Any],
+                unknown: np.ndarray[Any, Any]) -> np.ndarray[Any, Any]:
+    """Which of *changes* (in commit order) are the insert of a primary-key change that
+    does not know some value (*unknown*): an insert right after a delete at the same
+    position of the log. Changes without tidemark's ``_op`` and ``_lsn`` have none."""
+    moved = np.zeros(len(changes), dtype=bool)
+    if len(changes) < 2 or cr.OP not in changes.column_names \
+            or cr.LSN not in changes.column_names:
+        return moved
+    inserts = np.asarray(pc.fill_null(pc.equal(changes.column(cr.OP), "c"), False)
+                         .to_numpy(zero_copy_only=False), dtype=bool)
+    lsn = changes.column(cr.LSN)
+    same = np.asarray(pc.fill_null(pc.equal(lsn.slice(1), lsn.slice(0, len(lsn) - 1)), False)
+                      .to_numpy(zero_copy_only=False), dtype=bool)
+    moved[1:] = inserts[1:] & unknown[1:] & is_delete[:-1] & same
+    return moved
+
+
+def _mark_moves(rows: pa.Table, moved: np.ndarray[Any, Any], keys: tuple[str, ...]) -> pa.Table:
+    """*rows* with each *moved* row's old key (the row before it: the delete) in the
+    :func:`from_key_column` working columns; unchanged when no row moved."""
+    if not moved.any():
+        return rows
+    before = np.flatnonzero(moved) - 1
+    positions = np.full(len(rows), -1, dtype=np.int64)
+    positions[moved] = np.arange(len(before))
+    index = pa.array(positions, mask=positions < 0)
+    for i, key in enumerate(keys):
+        old = rows.column(key).take(pa.array(before))
+        rows = rows.append_column(from_key_column(i), old.take(index))
+    return rows
 
 
 def sequence_after(table: pa.Table, columns: tuple[str, ...],

@@ -39,8 +39,10 @@ from tidemark.lake.collapse import (
     rows_with_keys,
     sequence_after,
 )
+from tidemark.lake.key_moves import carry_moved_values
 from tidemark.lake.scd2 import MERGE_START, latest_versions, plan_versions
 from tidemark.lake.spec import ApplySpec, ResolvedColumns
+from tidemark.lake.widening import widen_target
 
 log = logging.getLogger(__name__)
 
@@ -191,6 +193,8 @@ def apply_changes_in_steps(target: str | os.PathLike[str], pieces: Iterable[pa.T
     chunks = iter(pieces)
     if spec.stored_as_scd_type == 2:
         chunks = iter(_whole_versions(chunks, spec.version_column))
+    else:
+        chunks = iter(_whole_key_changes(chunks))
     first = next(chunks, None)
     if first is None:
         return ApplyResult()
@@ -280,6 +284,22 @@ def _whole_versions(pieces: Iterable[pa.Table], column: str) -> Iterable[pa.Tabl
         yield carry
 
 
+def _whole_key_changes(pieces: Iterable[pa.Table]) -> Iterable[pa.Table]:
+    """*pieces* cut again so that a primary-key change (a delete, then an insert at the
+    same position) is never split: a piece's last row, when a delete, moves on to the
+    next piece, whose insert may need the values of the key it deleted."""
+    carry: pa.Table | None = None
+    for piece in pieces:
+        rows = piece if carry is None else pa.concat_tables([carry, piece])
+        carry = None
+        if len(rows) and cr.OP in rows.column_names and rows.column(cr.OP)[-1].as_py() == "d":
+            rows, carry = rows.slice(0, len(rows) - 1), rows.slice(len(rows) - 1)
+        if len(rows):
+            yield rows
+    if carry is not None:
+        yield carry
+
+
 def _apply_step(table: DeltaTable, changes: pa.Table, spec: ApplySpec,
                 columns: ResolvedColumns, previous_high_water: tuple[Any, ...] | None,
                 uri: str) -> tuple[ApplyResult, tuple[Any, ...] | None]:
@@ -357,9 +377,12 @@ def _create(uri: str, schema: pa.Schema, columns: ResolvedColumns, spec: ApplySp
 def _add_new_columns(table: DeltaTable, schema: pa.Schema, columns: ResolvedColumns,
                      spec: ApplySpec, new_column_values: NewColumnValues | None) -> DeltaTable:
     """Schema evolution: source columns the target lacks become nullable columns, which
-    the existing rows read as null or as the value *new_column_values* gives."""
+    the existing rows read as null or as the value *new_column_values* gives; columns
+    whose type the source widened are widened (:mod:`tidemark.lake.widening`)."""
+    fields = _target_fields(schema, columns, spec)
+    table = widen_target(table, fields)
     present = {field.name for field in table.schema().fields}
-    new = [f for f in _target_fields(schema, columns, spec) if f.name not in present]
+    new = [f for f in fields if f.name not in present]
     if new:
         names = [f.name for f in new]
         log.info("adding column(s) %s to %s", ", ".join(names), table.table_uri)
@@ -519,6 +542,7 @@ def _merge_scd1(table: DeltaTable, batch: PreparedBatch, spec: ApplySpec,
     """One MERGE: upserts and deletes by key where the change is newer than the row,
     and a truncate's deletes. Returns the metrics, skipped and superseded counts."""
     seq = spec.sequence_by
+    batch = _carry_moves(table, batch, spec, uri)
     rows = batch.rows
     changes = len(rows)
     if batch.truncates:  # what came before the last truncate is gone anyway
@@ -585,6 +609,24 @@ def _warn_unknown_kept(table: DeltaTable, source: pa.Table, batch: PreparedBatch
                         uri, name, len(unknown) - len(found))
 
 
+def _carry_moves(table: DeltaTable, batch: PreparedBatch, spec: ApplySpec,
+                 uri: str) -> PreparedBatch:
+    """*batch* with the values its primary-key changes did not carry taken from the
+    old keys (:mod:`tidemark.lake.key_moves`): the target's current rows."""
+    wanted = _columns_of(batch.rows.schema, (*spec.keys, *batch.keep_columns))
+
+    def current_rows(keys: pa.Table) -> pa.Table:
+        if spec.stored_as_scd_type == 1:
+            return _rows_for_keys(table, keys, spec.keys, wanted)
+        at = batch.rows.schema.field(spec.version_column).type
+        versions = _rows_for_keys(table, keys, spec.keys, pa.schema(
+            [*wanted, pa.field(cr.START_AT, at), pa.field(cr.END_AT, at)]))
+        latest = latest_versions(versions, spec.keys)
+        return latest.filter(pc.is_null(latest.column(cr.END_AT))).select(wanted.names)
+
+    return carry_moved_values(batch, spec.keys, spec.sequence_by, current_rows, uri)
+
+
 def _columns_of(schema: pa.Schema, names: tuple[str, ...]) -> pa.Schema:
     return pa.schema([schema.field(name) for name in names])
 
@@ -621,6 +663,7 @@ def _merge_scd2(table: DeltaTable, batch: PreparedBatch, spec: ApplySpec,
     """One MERGE: new versions inserted, changed versions (closed or updated in place)
     matched by key and ``__START_AT``, a truncate's closes. Returns the metrics,
     skipped and superseded counts."""
+    batch = _carry_moves(table, batch, spec, uri)
     schema = pa.schema([*_target_fields(batch.rows.schema, columns, spec),
                         pa.field(MERGE_START, batch.rows.schema.field(spec.version_column).type)])
     stored = _columns_of(schema, (*columns.data, cr.START_AT, cr.END_AT))

@@ -31,8 +31,10 @@ from typing import Any
 
 import numpy as np
 import pyarrow as pa
+import pyarrow.compute as pc
 from deltalake import CommitProperties, DeltaTable, Transaction
 
+from tidemark.lake import change_rows as cr
 from tidemark.lake.branch import (
     Branch,
     BranchUnsupportedError,
@@ -103,8 +105,9 @@ class PartResult:
     """The branch the part merged into, for the driver to publish (split plans)."""
     high_water: tuple[Any, ...] | None = None
     needs_one_part: bool = False
-    """The part holds a change without a key (a truncate, which reaches every range):
-    nothing was applied, and the batch must be applied as one part."""
+    """The part holds a change without a key (a truncate, which reaches every range) or
+    the insert of a primary-key change that must take values from the old key: nothing
+    was applied, and the batch must be applied as one part."""
 
 
 def plan_target(uri: str, spec: ApplySpec, schema: pa.Schema, *, app_id: str, version: int,
@@ -187,7 +190,7 @@ def apply_part(plan: TargetPlan, part: int, pieces: Iterable[pa.Table], attempt:
         chunks = _whole_versions(chunks, plan.spec.version_column)
     result, high_water, columns = ApplyResult(), None, None
     for piece in chunks:
-        if piece.column(plan.spec.keys[0]).null_count:
+        if piece.column(plan.spec.keys[0]).null_count or _moves_keep_values(piece):
             return PartResult(part, ApplyResult(), str(branch.root), needs_one_part=True)
         columns = columns or plan.spec.resolve(piece.schema)
         applied, top = _apply_step(branch.table, piece, plan.spec, columns,
@@ -196,6 +199,17 @@ def apply_part(plan: TargetPlan, part: int, pieces: Iterable[pa.Table], attempt:
         if top is not None and (high_water is None or top > high_water):
             high_water = top
     return PartResult(part, result, str(branch.root), high_water)
+
+
+def _moves_keep_values(rows: pa.Table) -> bool:
+    """Whether *rows* hold an insert that does not know a value: the new key of a
+    primary-key change takes it from the old key, which may lie in another part, with
+    changes of its own there; one part sees both."""
+    if cr.OP not in rows.column_names or cr.UNAVAILABLE not in rows.column_names:
+        return False
+    inserts = rows.filter(pc.equal(rows.column(cr.OP), "c"))
+    return bool(len(inserts)) and bool(
+        pc.any(pc.greater(pc.list_value_length(inserts.column(cr.UNAVAILABLE)), 0)).as_py())
 
 
 def _apply_whole(plan: TargetPlan, pieces: Iterable[pa.Table],

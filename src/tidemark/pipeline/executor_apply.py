@@ -20,7 +20,8 @@ cost little to skip, which spares a Python stage to cut them before the shuffle.
 A target of one part is committed by its task, with the batch's app transaction as
 always. The parts of a split target each leave a branch, which the driver publishes as
 one commit (:func:`tidemark.lake.split_apply.publish`); if two parts rewrote the same
-file, or a part holds a truncate, that target's batch is applied again as one part.
+file, or a part holds a truncate (or a key change whose values the new key takes
+from the old one), that target's batch is applied again as one part.
 
 A task that fails is retried by Spark (on a cluster: on another worker); a retried
 part makes a new branch, and a retried one-part task finds the batch already committed
@@ -53,6 +54,7 @@ from tidemark.lake.split_apply import (
     part_rows,
     publish,
 )
+from tidemark.lake.widening import TypeChangeError
 from tidemark.pipeline import spill
 from tidemark.pipeline.batch_seen import BatchSeen
 from tidemark.spark.arrow_rows import typed_rows
@@ -98,7 +100,7 @@ def apply_on_executors(batch: DataFrame, work: Sequence[TargetWork]
         if parts is None or item.plan.parts == 1:
             continue
         if any(p.needs_one_part for p, _ in parts):
-            reason = "the batch holds a truncate"
+            reason = "the batch holds a truncate or a key change to carry values over"
             abandon(item.plan)
         else:
             try:
@@ -148,8 +150,11 @@ def _run(batch: DataFrame, work: Sequence[TargetWork]
                 continue
             context = TaskContext.get()
             attempt = str(context.taskAttemptId()) if context is not None else "0"
-            result = apply_part(item.plan, part, spill.first_then(first, pieces), attempt,
-                                new_column_values=item.new_column_values)
+            try:
+                result = apply_part(item.plan, part, spill.first_then(first, pieces), attempt,
+                                    new_column_values=item.new_column_values)
+            except TypeChangeError as err:
+                raise TypeChangeError(f"{item.table}: {err}") from None
             outcome = pickle.dumps((item.table, result, seen))
             yield pa.RecordBatch.from_pydict({"outcome": [outcome]}, schema=_OUTCOME)
 

@@ -49,6 +49,7 @@ from tidemark.lake import ApplyResult, apply_changes
 from tidemark.lake.delta_writer import SnapshotLoad, apply_changes_in_steps
 from tidemark.lake.split_apply import plan_target
 from tidemark.lake.upkeep import HEAVY_TASKS, UpkeepState, upkeep
+from tidemark.lake.widening import TypeChangeError
 from tidemark.metrics import serve
 from tidemark.pipeline import spill
 from tidemark.pipeline.batch_seen import BatchSeen
@@ -367,11 +368,17 @@ class Pipeline:
         work: list[TargetWork] = []
         for target in self.config.targets:
             typed = self._schemas[target.table]
-            plan = plan_target(
-                target.path, target.spec, arrow_schema(typed), app_id=self._app_id(target),
-                version=batch_id, parts=parts, step_rows=self.config.spark.apply_step_rows,
-                snapshot_load=loads.get(target.table), storage_options=target.storage_options,
-                new_column_values=functools.partial(self._existing_row_values, target.table))
+            try:
+                plan = plan_target(
+                    target.path, target.spec, arrow_schema(typed),
+                    app_id=self._app_id(target), version=batch_id, parts=parts,
+                    step_rows=self.config.spark.apply_step_rows,
+                    snapshot_load=loads.get(target.table),
+                    storage_options=target.storage_options,
+                    new_column_values=functools.partial(self._existing_row_values,
+                                                        target.table))
+            except TypeChangeError as err:
+                raise PipelineError(f"{target.table}: {err}") from None
             if isinstance(plan, ApplyResult):
                 changes[target.table] = 0
                 replayed.append(target.table)
@@ -540,6 +547,8 @@ class Pipeline:
                     app_id=self._app_id(target), version=batch_id,
                     storage_options=target.storage_options,
                     new_column_values=new_column_values)
+        except TypeChangeError as err:
+            raise PipelineError(f"{target.table}: {err}") from None
         except (MemoryError, DeltaError) as err:
             if isinstance(err, DeltaError) and "Resources exhausted" not in str(err):
                 raise

@@ -13,7 +13,9 @@ Two shapes (the column contract ``apply_changes`` consumes — keep names and ty
 ``_commit_ts``     timestamp       commit time of the transaction
 ``_txid``          bigint          PostgreSQL transaction id
 ``_unavailable``   array<string>   columns whose value is an unchanged TOASTed value the
-                                   server did not send: null there means "unchanged",
+                                   server did not send, or that the table gained after
+                                   the change (an insert or update made before
+                                   ``ADD COLUMN``): null there means "unchanged",
                                    not NULL. Empty (never null) when there are none.
 =================  ==============  ====================================================
 
@@ -300,6 +302,18 @@ class _Meta:
                             self.commit_lsns, self.commit_ts, self.xids, self.unavailable)
 
 
+_DELETE: Final = 0x44  # pgoutput's Delete message kind
+
+
+def _with_absent(unavailable: list[tuple[int, list[str]]], absent: list[str],
+                 upserts: np.ndarray[Any, Any]) -> list[tuple[int, list[str]]]:
+    """*unavailable* (one entry per row at most) with the *absent* columns added to
+    every row that *upserts* marks (a delete carries nothing to keep)."""
+    by_row = dict(unavailable)
+    return [(row, [*by_row.get(row, ()), *absent])
+            for row in np.flatnonzero(upserts).tolist()]
+
+
 def _split_toast(values: WireTuple, names: Sequence[str]) -> tuple[WireTuple, list[str]]:
     missing = [names[i] for i, v in enumerate(values) if v is UNAVAILABLE]
     return tuple(None if v is UNAVAILABLE else v for v in values), missing
@@ -329,6 +343,10 @@ class TableRows:
         self.relation_id: int | None = None
         self.positions: list[int] = []  # per schema column: index in the relation, or -1
         self.relation_names: tuple[str, ...] = ()
+        # Columns of the schema the relation lacks: the table gained them after the
+        # change was made, so the change does not know their value (the row holds what
+        # the source gives rows older than the column, not NULL).
+        self.absent: list[str] = []
         self.built: list[pa.RecordBatch] = []  # in commit order unless self.mixed
         self.built_rows = 0
         self.mixed = False
@@ -358,6 +376,7 @@ class TableRows:
         self.relation_id = rel.relation_id
         self.positions = positions
         self.relation_names = names
+        self.absent = [c for c, p in zip(self.columns, positions, strict=True) if p < 0]
 
     def rows(self, block: RowBlock) -> None:
         """Encoded row changes of this table (see :class:`RowBlock`)."""
@@ -377,6 +396,8 @@ class TableRows:
         known = set(self.columns)
         unavailable = [(row, [names[c] for c in columns if names[c] in known])
                        for row, columns in decoded.unchanged]
+        if self.absent:
+            unavailable = _with_absent(unavailable, self.absent, block.kinds != _DELETE)
         texts: list[Any] = [decoded.arrays[p] if p >= 0 else pa.nulls(n, pa.string())
                             for p in self.positions]
         ops = _op_names().take(pa.array(_OP_INDEX[block.kinds]))
@@ -388,10 +409,14 @@ class TableRows:
     def add(self, op: str, values: WireTuple | None, lsn: int, seq: int, txn: Txn,
             may_have_toast: bool) -> None:
         """One decoded row change (*values* None for a truncate)."""
+        missing: list[str] = []
         if may_have_toast and values is not None and UNAVAILABLE in values:
-            values, missing = _split_toast(values, self.relation_names)
-            self.meta.unavailable.append(
-                (len(self.values), [n for n in missing if n in self.columns]))
+            values, toasted = _split_toast(values, self.relation_names)
+            missing = [n for n in toasted if n in self.columns]
+        if self.absent and values is not None and op != "d":
+            missing += self.absent
+        if missing:
+            self.meta.unavailable.append((len(self.values), missing))
         self.values.append(values)
         self.meta.append(op, lsn, seq, txn)
 
