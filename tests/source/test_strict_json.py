@@ -45,7 +45,7 @@ from tidemark.source.postgres.change_builder import ChangeEventBuilder
 from tidemark.source.postgres.json_lines import JsonLineBuilder
 from tidemark.source.postgres.replication import ReplicationStream
 
-EXAMPLES = 12
+EXAMPLES = 25
 # Every example is a round trip through a real server: no shrinking (minutes of it),
 # the failing example is reported as drawn.
 SETTINGS = settings(max_examples=EXAMPLES, deadline=None,
