@@ -523,6 +523,22 @@ def _days_from_civil(year: int, month: int, day: int) -> int:
     return era * 146_097 + day_of_era - 719_468
 
 
+def civil_from_epoch_days(days: int) -> tuple[int, int, int]:
+    """(year, month, day) of the proleptic Gregorian date *days* after 1970-01-01, with
+    astronomical year numbering (year 0 = 1 BC), for any number of days: the inverse
+    of :func:`date_to_epoch_days` (Howard Hinnant's ``civil_from_days``)."""
+    days += 719_468
+    era = days // 146_097
+    day_of_era = days - era * 146_097
+    year_of_era = (day_of_era - day_of_era // 1460 + day_of_era // 36_524
+                   - day_of_era // 146_096) // 365
+    day_of_year = day_of_era - (365 * year_of_era + year_of_era // 4 - year_of_era // 100)
+    shifted_month = (5 * day_of_year + 2) // 153
+    day = day_of_year - (153 * shifted_month + 2) // 5 + 1
+    month = shifted_month + (3 if shifted_month < 10 else -9)
+    return year_of_era + era * 400 + (month <= 2), month, day
+
+
 def _clock_micros(clock: str, text: str) -> int:
     """``'HH:MM:SS[.ffffff]'`` -> microseconds since midnight (up to 24:00:00).
 

@@ -21,6 +21,7 @@ import logging
 from base64 import b64encode
 from binascii import b2a_base64
 from collections.abc import Callable, Iterable
+from decimal import Decimal
 from typing import Any, Final
 
 import msgspec
@@ -56,6 +57,8 @@ SOURCE_VERSION: Final = f"{__version__}-tidemark"
 
 # Debezium's streaming values for infinite dates/timestamps (its own overflow artefacts,
 # reproduced so that consumers written against Debezium see the same numbers).
+_INF: Final = float("inf")
+_INT_TEXT_DIGITS: Final = 4000  # below sys.get_int_max_str_digits()' default of 4300
 _DATE_POS_INFINITY: Final = -2147472692
 _DATE_NEG_INFINITY: Final = -2147472691
 _TS_POS_INFINITY_US: Final = 9223372036825200000
@@ -86,7 +89,12 @@ def unscaled_bytes(unscaled: int) -> bytes:
 def _numeric_parts(text: str) -> tuple[int, int]:
     """(unscaled, scale) of a finite numeric text such as ``-12.340``."""
     whole, _, frac = text.partition(".")
-    return int(whole + frac), len(frac)
+    digits = whole + frac
+    if len(digits) > _INT_TEXT_DIGITS:
+        # numeric holds up to 147,455 digits; int() of a text that long is refused
+        # (Python's guard against quadratic conversions), a Decimal's is not.
+        return int(Decimal(digits)), len(frac)
+    return int(digits), len(frac)
 
 
 def _special_numeric(text: str, column: str) -> None:
@@ -247,6 +255,25 @@ def _zoned_timestamp_fragment(width: int, zoned: Callable[[str], str]) -> Callab
     return fragment
 
 
+def _java_year(year: int) -> str:
+    """A year as Java's ISO_LOCAL_DATE prints it: four digits at least, a sign beyond
+    9999 or before year 0 (``+294276``, ``-4712`` for 4713 BC)."""
+    if year > 9999:
+        return f"+{year}"
+    return f"-{-year:04d}" if year < 0 else f"{year:04d}"
+
+
+def _utc_date_and_clock(text: str) -> tuple[str, str]:
+    """A timestamptz as (date, ``HH:MM:SS.ffffff``) in UTC, in integers: any year
+    PostgreSQL holds (4713 BC to 294276 AD), which ``datetime`` does not."""
+    days, micros = divmod(wt.timestamptz_to_epoch_micros(text), 86_400_000_000)
+    year, month, day = wt.civil_from_epoch_days(days)
+    seconds, fraction = divmod(micros, 1_000_000)
+    minutes, second = divmod(seconds, 60)
+    return (f"{_java_year(year)}-{month:02d}-{day:02d}",
+            f"{minutes // 60:02d}:{minutes % 60:02d}:{second:02d}.{fraction:06d}")
+
+
 def _zoned_timestamp(width: int) -> Callable[[str], str]:
     """Debezium's ZonedTimestamp: UTC, 'Z', fraction zero-padded to the column precision."""
 
@@ -255,16 +282,14 @@ def _zoned_timestamp(width: int) -> Callable[[str], str]:
             return text
         if text.endswith("+00") and len(text) >= 22 and text[10] == " " \
                 and text[4] == "-":  # fast path: the session's TimeZone is UTC
-            clock = text[11:-3]
+            day, clock = text[:10], text[11:-3]
         else:
-            instant = wt.parse_timestamptz(text)
-            clock = instant.strftime("%H:%M:%S.%f")
-            text = instant.strftime("%Y-%m-%d") + " " + clock + "+00"
+            day, clock = _utc_date_and_clock(text)
         seconds, _, frac = clock.partition(".")
         if width <= 0:
             frac = frac.rstrip("0")
-            return f"{text[:10]}T{seconds}{'.' + frac if frac else ''}Z"
-        return f"{text[:10]}T{seconds}.{frac.ljust(width, '0')[:width]}Z"
+            return f"{day}T{seconds}{'.' + frac if frac else ''}Z"
+        return f"{day}T{seconds}.{frac.ljust(width, '0')[:width]}Z"
 
     return convert
 
@@ -286,7 +311,14 @@ def _bytea(text: str) -> bytes:
     return wt.parse_bytea(text)
 
 
+_INT64_MAX: Final = 2**63 - 1
+
+
 def _interval_micros(text: str) -> int:
+    if text in ("infinity", "-infinity"):
+        # PostgreSQL 17's infinite intervals have no duration: the ends of MicroDuration's
+        # int64, which is what Java's saturating (long) cast makes of an infinite one.
+        return _INT64_MAX if text == "infinity" else -_INT64_MAX - 1
     return wt.interval_to_micros(text)
 
 
@@ -342,7 +374,12 @@ def _java_double_text(text: str) -> str:
     Double.toString of the nearest double (``1.234567891E7``; confirmed by capture)."""
     if text[-1] > "9":  # NaN, Infinity, -Infinity: Java's names are PostgreSQL's
         return '"' + text + '"'
-    return _java_notation(repr(float(text)))
+    value = float(text)
+    if value in (_INF, -_INF):
+        # Beyond a double (numeric holds 1e400): BigDecimal.doubleValue() is infinite,
+        # which Jackson quotes; repr's "inf" would make the line invalid JSON.
+        return '"Infinity"' if value > 0 else '"-Infinity"'
+    return _java_notation(repr(value))
 
 
 def _float_value(text: str) -> Any:

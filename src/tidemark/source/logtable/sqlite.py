@@ -22,6 +22,7 @@ import json
 import math
 import sqlite3
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from decimal import Decimal
 from pathlib import Path
 from typing import Any
 
@@ -117,13 +118,28 @@ def table_schema(conn: sqlite3.Connection, table: str) -> TableSchema:
                        "default")
 
 
+_INT64_LIMIT = 2**63
+
+
+def _numeric_text(value: Decimal) -> str:
+    """A decimal in PostgreSQL's numeric text, the form every serializer reads: plain
+    digits, never an exponent (``1e+20`` and ``1E-5`` are stored text and REAL values'
+    shortest forms), no negative zero, and ``NaN``/``Infinity``/``-Infinity`` for the
+    special values."""
+    if value.is_nan():
+        return "NaN"
+    if value.is_infinite():
+        return "-Infinity" if value < 0 else "Infinity"
+    return format(value.copy_abs() if value.is_zero() else value, "f")
+
+
 def _to_text(kind: Kind, value: Any, table: str, column: str, time: int) -> WireValue:
     """A stored value as the canonical wire text of its column's logical type."""
     cls = value.__class__
     if kind is Kind.INT64:
         if cls is int:
             return str(value)
-        if cls is float and value.is_integer():
+        if cls is float and value.is_integer() and -_INT64_LIMIT <= value < _INT64_LIMIT:
             return str(int(value))
     elif kind is Kind.STRING:
         if cls is str:
@@ -151,15 +167,14 @@ def _to_text(kind: Kind, value: Any, table: str, column: str, time: int) -> Wire
     elif kind is Kind.DECIMAL:
         if cls is int:
             return str(value)
-        if cls is float and math.isfinite(value):
-            return repr(value)
+        if cls is float and not math.isnan(value):
+            # 1e400 in a NUMERIC column is stored as an infinite REAL: numeric Infinity.
+            return _numeric_text(Decimal(repr(value)))
         if cls is str:
             try:
-                wire_text.parse_numeric(value)
+                return _numeric_text(wire_text.parse_numeric(value))
             except (ValueError, ArithmeticError):
                 pass
-            else:
-                return value  # type: ignore[no-any-return]
     raise SourceError(f"column {column} of {table} (log time {time}) holds {value!r}, which "
                       f"is not a {kind} value: declare the column with the type of what it "
                       "stores (or make the table STRICT)")

@@ -259,7 +259,7 @@ class ChunkedSnapshots(SignalledSnapshots):
             where.append(f"NOT {clause}")
             params += values
             cur.execute(_with_placeholders(
-                f"SELECT {', '.join(snap.quote(c.name) for c in columns)}, "
+                f"SELECT {', '.join(snap.select_expression(c) for c in columns)}, "
                 f"{', '.join(exprs)} FROM {table_sql} WHERE {' AND '.join(where)} "
                 f"ORDER BY {', '.join(snap.quote(k) for k in key_names)} "
                 f"LIMIT {self._chunk_size}"), params)

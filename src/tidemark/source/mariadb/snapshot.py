@@ -16,6 +16,7 @@ canonical text.
 from __future__ import annotations
 
 import re
+import struct
 import time
 from collections.abc import Callable, Iterator, Sequence
 from typing import Any, Final
@@ -33,11 +34,12 @@ from tidemark.event import (
     TableSchema,
     WireValue,
 )
-from tidemark.logical_type import Kind
+from tidemark.logical_type import INTEGER_KINDS, Kind
 from tidemark.source.mariadb import binlog as b
 from tidemark.source.mariadb.binlog import TableColumn
 from tidemark.source.mariadb.change_builder import CONNECTOR
 from tidemark.source.mariadb.position import BinlogPosition, ordering_key
+from tidemark.source.mariadb.row_decoder import float32_text
 from tidemark.source.mariadb.source_fields import MariaDbSourceFields
 from tidemark.source.mariadb.types import logical_type, table_column
 
@@ -135,9 +137,39 @@ def schema_of(table: TableId, columns: Sequence[TableColumn],
                        key, "default")
 
 
+def select_expression(column: TableColumn) -> str:
+    """What a snapshot selects for *column*: the column, or an expression whose text
+    :func:`normalizer` reads.
+
+    The text protocol prints a ``FLOAT`` with six significant digits (16777216 comes
+    back as ``16777200``); as a double it comes back exact, and the normalizer prints
+    the float32's own shortest text, as the binlog decoder does."""
+    name = quote(column.name)
+    return f"CAST({name} AS DOUBLE)" if column.type == b.T_FLOAT else name
+
+
+def _integer_text(text: str) -> str:
+    # The server pads ZEROFILL columns ("00042") and YEAR 0 ("0000"); JSON allows no
+    # leading zeros, and the binlog decoder prints the plain number.
+    return str(int(text))
+
+
+def _decimal_text(text: str) -> str:
+    """A DECIMAL's text without ZEROFILL's padding: ``00000012.30`` -> ``12.30``."""
+    sign = "-" if text.startswith("-") else ""
+    digits = text.removeprefix("-")
+    if digits[:1] != "0" or digits[1:2] in ("", "."):
+        return text
+    whole, point, fraction = digits.partition(".")
+    return f"{sign}{whole.lstrip('0') or '0'}{point}{fraction}"
+
+
 def normalizer(column: TableColumn) -> Callable[[Any], WireValue]:
     """From a value of the text protocol (bytes for binary-charset fields, str for
-    others) to the canonical text the binlog decoder gives for the same value."""
+    others), selected by :func:`select_expression`, to the canonical text the binlog
+    decoder gives for the same value: the same logical value and the same text, so a
+    row reads the same whether snapshotted or streamed, and every number is valid JSON
+    as it is."""
     kind = logical_type(column).kind
 
     def text(value: Any) -> str:
@@ -154,6 +186,15 @@ def normalizer(column: TableColumn) -> Callable[[Any], WireValue]:
             value = int(text(v))
             return str(value - 2**64 if value > _INT64_MAX else value)
         return wrapped
+    if kind in INTEGER_KINDS:  # YEAR and ZEROFILL columns need it; others are cheap
+        return lambda v: _integer_text(text(v))
+    if column.type == b.T_FLOAT:
+        # Exact as a double (select_expression): the float32's shortest text.
+        return lambda v: float32_text(struct.pack("<f", float(text(v))))
+    if column.type == b.T_DOUBLE:
+        return lambda v: repr(float(text(v)))  # also drops ZEROFILL's padding
+    if kind is Kind.DECIMAL:
+        return lambda v: _decimal_text(text(v))
     if kind in (Kind.DATE, Kind.TIMESTAMP, Kind.TIMESTAMPTZ):
         epoch = {Kind.DATE: "1970-01-01", Kind.TIMESTAMP: "1970-01-01 00:00:00",
                  Kind.TIMESTAMPTZ: "1970-01-01 00:00:00+00"}[kind]
@@ -212,7 +253,7 @@ def snapshot_events(conn: pymysql.Connection[Any], tables: Sequence[TableId], *,
         context = SourceContext(
             CONNECTOR, name, table.schema, ts_us, None, None, None, None, None,
             MariaDbSourceFields(0, None, position.file, position.pos, 0, None))
-        select = "SELECT " + ", ".join(quote(c.name) for c in columns) + \
+        select = "SELECT " + ", ".join(select_expression(c) for c in columns) + \
             f" FROM {quote(table.schema)}.{quote(table.table)}"
         cursor = conn.cursor(pymysql.cursors.SSCursor)
         table_first = True

@@ -13,7 +13,7 @@ bigint (signed/unsigned)               int64 (unsigned above 2^63-1 wraps to neg
 float / double                         float32 / float64
 decimal(p, s)                          decimal(p, s)
 bit(1) / bit(n)                        bool / bytes (io.debezium.data.Bits)
-year                                   int32 (io.debezium.time.Year)
+year                                   int32 (io.debezium.time.Year; 0000 is 0)
 date                                   date
 time(p)                                time(p) (MicroTime; may be negative or > 24 h)
 datetime(p)                            timestamp(p) (Timestamp, MicroTimestamp)
