@@ -95,8 +95,9 @@ DEFAULT_PUBLICATION: Final = "tidemark_spark"
 DEFAULT_ARROW_BATCH_ROWS: Final = 65_536
 #: Each record batch (and each packed envelope row) is one value that Spark's JVM copies
 #: whole several times; a byte cap keeps that independent of the rows' width (65,536
-#: narrow change rows are about 6 MB, 65,536 rows of a 1 KB column 70 MB).
-DEFAULT_ARROW_BATCH_BYTES: Final = 8 << 20
+#: narrow change rows are about 6 MB, 65,536 rows of a 1 KB column 70 MB). Small,
+#: because in a small heap every copy is a humongous object for the collector.
+DEFAULT_ARROW_BATCH_BYTES: Final = 2 << 20
 DEFAULT_SERVER_TIMEOUT_MS: Final = 300_000
 DEFAULT_SNAPSHOT_CHUNK_ROWS: Final = 100_000
 #: Chunks per micro-batch, per partition: two tasks per core keep the cores busy while
