@@ -83,6 +83,8 @@ class TargetPlan:
     base_version: int | None = None
     """The target's version the parts branch from (split plans only)."""
     previous_high_water: tuple[Any, ...] | None = None
+    step_bytes: int = 64 << 20
+    """Bytes of change rows merged at once, about (``spark.apply_step_mb``)."""
 
     @property
     def parts(self) -> int:
@@ -111,14 +113,16 @@ class PartResult:
 
 
 def plan_target(uri: str, spec: ApplySpec, schema: pa.Schema, *, app_id: str, version: int,
-                parts: int, step_rows: int, storage_options: dict[str, str] | None = None,
+                parts: int, step_rows: int, step_bytes: int = 64 << 20,
+                storage_options: dict[str, str] | None = None,
                 snapshot_load: SnapshotLoad | None = None,
                 new_column_values: NewColumnValues | None = None
                 ) -> TargetPlan | ApplyResult:
     """The plan for applying batch *version* (rows of *schema*) to the target at *uri*
     in up to *parts* parts; an ApplyResult instead when the target already holds the
     batch (a replay). A split plan has given the target the batch's new columns."""
-    plan = TargetPlan(uri, spec, app_id, version, step_rows, storage_options, snapshot_load)
+    plan = TargetPlan(uri, spec, app_id, version, step_rows, storage_options, snapshot_load,
+                      step_bytes=step_bytes)
     table = _open(uri, storage_options)
     if table is None:
         return plan

@@ -107,6 +107,9 @@ class SparkSection(msgspec.Struct, frozen=True):
     """Change rows of one table merged per step when a batch is applied from Parquet
     (or on the executors); the steps of a batch are committed to its Delta table as one
     commit."""
+    apply_step_mb: Positive = 64
+    """The same in MB of change rows (Arrow's size): a step ends at whichever comes
+    first, so wide rows make smaller steps and memory does not grow with the width."""
     apply_on: Literal["driver", "executors"] = "driver"
     """Where batches are merged into Delta: ``driver`` collects each batch and merges it
     there; ``executors`` merges on Spark's executors, one task per target at least and

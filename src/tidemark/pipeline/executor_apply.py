@@ -144,7 +144,8 @@ def _run(batch: DataFrame, work: Sequence[TargetWork]
             seen = BatchSeen()
             rows = (part_rows(item.plan, part, typed_rows(envelope, item.table, item.schema))
                     for _, envelope in group)
-            pieces = spill.pieces(seen.count(item.table, rows), item.plan.step_rows)
+            pieces = spill.pieces(seen.count(item.table, rows), item.plan.step_rows,
+                                  item.plan.step_bytes)
             first = next(pieces, None)
             if first is None:
                 continue

@@ -373,6 +373,7 @@ class Pipeline:
                     target.path, target.spec, arrow_schema(typed),
                     app_id=self._app_id(target), version=batch_id, parts=parts,
                     step_rows=self.config.spark.apply_step_rows,
+                    step_bytes=self.config.spark.apply_step_mb << 20,
                     snapshot_load=loads.get(target.table),
                     storage_options=target.storage_options,
                     new_column_values=functools.partial(self._existing_row_values,
@@ -502,9 +503,10 @@ class Pipeline:
         path = spill.spill_dir(self.config.checkpoint, batch_id)
         step = self.config.spark.apply_step_rows
         log.info("batch %d spans %s of source log (spark.collect_max_mb = %d): the "
-                 "executors write it to %s and it is applied in steps of %d rows",
+                 "executors write it to %s and it is applied in steps of %d rows or %d MB",
                  batch_id, "an unknown amount" if size is None else f"{size / 2**20:.0f} MB",
-                 self.config.spark.collect_max_mb, path, step)
+                 self.config.spark.collect_max_mb, path, step,
+                 self.config.spark.apply_step_mb)
         self._read_once(batch, batch_id, lambda: spill.spill(batch, path))
         self._spill_path = path
         assert self._schemas is not None
@@ -513,7 +515,7 @@ class Pipeline:
         envelope = to_arrow_schema(batch.schema, error_on_duplicated_field_names_in_struct=True,
                                    timezone="UTC", prefers_large_types=large == "true")
         return {t.table: spill.table_pieces(path, t.table, self._schemas[t.table], envelope,
-                                            step)
+                                            step, self.config.spark.apply_step_mb << 20)
                 for t in self.config.targets}
 
     def _apply(self, target: Target, rows: pa.Table | Iterator[pa.Table],
@@ -557,7 +559,8 @@ class Pipeline:
                 f"{seen.rows.get(target.table, 0)} change rows of {target.table}, "
                 f"transactions committing up to {seen.last_commit(self._position_text)}); "
                 f"lower "
-                f"spark.apply_step_rows (now {self.config.spark.apply_step_rows}) or "
+                f"spark.apply_step_rows (now {self.config.spark.apply_step_rows}), "
+                f"spark.apply_step_mb (now {self.config.spark.apply_step_mb}) or "
                 "spark.collect_max_mb, or give the driver more memory. Nothing of the "
                 "batch was committed: the pipeline resumes from its checkpoint and "
                 "applies it again") from None

@@ -6,8 +6,10 @@ transactions, so one bulk load (a 10M-row ``INSERT … SELECT``) made the JVM ru
 heap and the pipeline stop. A batch of more source log than ``spark.collect_max_mb`` is
 therefore written by the executors to ``<checkpoint>/tidemark-spill/<batch id>`` as
 Parquet (Spark streams it: no process holds the batch), and each target's rows are read
-back in pieces of ``spark.apply_step_rows`` for
+back in pieces of ``spark.apply_step_rows`` rows and ``spark.apply_step_mb`` MB for
 :func:`tidemark.lake.delta_writer.apply_changes_in_steps`, which commits them as one.
+Every buffer on the way is bounded by rows and by bytes, so wide rows take no more
+memory than narrow ones (``benchmarks/bench_run_memory.py`` measures it).
 """
 
 from __future__ import annotations
@@ -25,15 +27,19 @@ import pyarrow.parquet as pq
 from pyspark.sql import DataFrame
 from pyspark.sql.types import StructType
 
-from tidemark.spark.arrow_rows import is_packed_envelope, typed_rows
+from tidemark.spark.arrow_rows import is_packed_envelope, rows_per_slice, typed_rows
 
 log = logging.getLogger(__name__)
 
 SPILL_DIR: Final = "tidemark-spill"
-#: Envelope rows read from a spill file at once: a packed envelope row holds up to
-#: ``arrow_batch_rows`` change rows, a struct envelope row one.
-_READ_PACKED: Final = 8
+#: Envelope rows read from a spill file at once, at most, and about how many bytes
+#: (Parquet's uncompressed size): a packed envelope row holds up to ``arrowBatchRows``
+#: change rows and ``arrowBatchBytes`` bytes, a struct envelope row one change row.
+_READ_PACKED: Final = 2
 _READ_STRUCT: Final = 65_536
+_READ_BYTES: Final = 16 << 20
+#: Default bytes of change rows merged per step (``spark.apply_step_mb``).
+DEFAULT_STEP_BYTES: Final = 64 << 20
 _PART: Final = re.compile(r"part-(\d+)")
 
 
@@ -55,10 +61,24 @@ def spill_dir(checkpoint: str, batch_id: int) -> Path:
     return Path(checkpoint) / SPILL_DIR / str(batch_id)
 
 
+#: Parquet's writer (in the executor's JVM heap) buffers a row group until it reaches
+#: ``parquet.block.size``, but measures it only every 100 rows at first: 100 packed
+#: envelope rows of several MB each overflowed a 1 GB heap before the first measure.
+#: Measured from the first row, and with row groups of a few packed rows, the writer
+#: holds about one row group per task, whatever the rows' width; a dictionary of
+#: blobs would only be dropped again.
+_WRITER_OPTIONS: Final = {
+    "parquet.block.size": str(32 << 20),
+    "parquet.page.size.row.check.min": "1",
+    "parquet.page.size.row.check.max": "1000",
+    "parquet.enable.dictionary": "false",
+}
+
+
 def spill(batch: DataFrame, path: Path) -> None:
     """Have the executors write *batch* to *path* (replacing what a failed try left)."""
     shutil.rmtree(path.parent, ignore_errors=True)  # earlier batches' are done with
-    batch.write.mode("overwrite").parquet(str(path))
+    batch.write.mode("overwrite").options(**_WRITER_OPTIONS).parquet(str(path))
 
 
 def remove(path: Path) -> None:
@@ -76,12 +96,15 @@ def _files_in_order(path: Path) -> list[Path]:
 
 
 def table_pieces(path: Path, table: str, schema: StructType, envelope: pa.Schema | None,
-                 rows_per_piece: int) -> Iterator[pa.Table]:
+                 rows_per_piece: int,
+                 bytes_per_piece: int = DEFAULT_STEP_BYTES) -> Iterator[pa.Table]:
     """The change rows of *table* (typed by *schema*) in the spill at *path*, in commit
-    order, in pieces of *rows_per_piece* rows (the last one smaller; a piece may end
-    inside a transaction). *envelope* is the Arrow schema Spark collects the batch as,
-    which a struct envelope read back from Parquet is cast to."""
-    return pieces(_table_rows(path, table, schema, envelope), rows_per_piece)
+    order, in pieces of *rows_per_piece* rows or about *bytes_per_piece* bytes (the last
+    one smaller; a piece may end inside a transaction). *envelope* is the Arrow schema
+    Spark collects the batch as, which a struct envelope read back from Parquet is cast
+    to."""
+    return pieces(_table_rows(path, table, schema, envelope), rows_per_piece,
+                  bytes_per_piece)
 
 
 def _table_rows(path: Path, table: str, schema: StructType,
@@ -89,7 +112,7 @@ def _table_rows(path: Path, table: str, schema: StructType,
     for file in _files_in_order(path):
         parquet = pq.ParquetFile(file)
         packed = is_packed_envelope(parquet.schema_arrow.names)
-        size = _READ_PACKED if packed else _READ_STRUCT
+        size = _read_rows(parquet.metadata, _READ_PACKED if packed else _READ_STRUCT)
         for record_batch in parquet.iter_batches(batch_size=size):
             read = pa.Table.from_batches([record_batch])
             if not packed and envelope is not None:
@@ -97,24 +120,41 @@ def _table_rows(path: Path, table: str, schema: StructType,
             yield typed_rows(read, table, schema)
 
 
-def pieces(tables: Iterable[pa.Table], rows_per_piece: int) -> Iterator[pa.Table]:
-    """The rows of *tables* (one schema, in order) in pieces of *rows_per_piece* rows,
-    the last one smaller; only the rows of the piece being filled are held."""
+def _read_rows(metadata: pq.FileMetaData, most: int) -> int:
+    """Envelope rows per read of a spill file: at most *most*, and about
+    :data:`_READ_BYTES` by the widest row group's rows."""
+    step = most
+    for i in range(metadata.num_row_groups):
+        group = metadata.row_group(i)
+        if group.num_rows:
+            step = min(step, rows_per_slice(group.num_rows, group.total_byte_size, most,
+                                            _READ_BYTES))
+    return step
+
+
+def pieces(tables: Iterable[pa.Table], rows_per_piece: int,
+           bytes_per_piece: int = DEFAULT_STEP_BYTES) -> Iterator[pa.Table]:
+    """The rows of *tables* (one schema, in order) in pieces of *rows_per_piece* rows
+    or about *bytes_per_piece* bytes, whichever is fewer rows (one row at least), the
+    last one smaller; only the rows of the piece being filled are held."""
     pending: list[pa.Table] = []
-    held = 0
+    held = held_bytes = 0
     for rows in tables:
         if not rows.num_rows:
             continue
         pending.append(rows)
         held += rows.num_rows
-        if held >= rows_per_piece:
+        held_bytes += rows.nbytes
+        if held >= rows_per_piece or held_bytes >= bytes_per_piece:
             joined = pa.concat_tables(pending)
+            step = rows_per_slice(held, held_bytes, rows_per_piece, bytes_per_piece)
             start = 0
-            while held - start >= rows_per_piece:
-                yield joined.slice(start, rows_per_piece)
-                start += rows_per_piece
-            pending, held = [joined.slice(start)], held - start
-            del joined  # only the rest's rows are held while the next piece fills
+            while held - start >= step:
+                yield joined.slice(start, step)
+                start += step
+            rest = joined.slice(start)
+            pending, held, held_bytes = [rest], held - start, rest.nbytes
+            del joined, rest  # only the rest's rows are held while the next piece fills
     if held:
         yield pa.concat_tables(pending)
 

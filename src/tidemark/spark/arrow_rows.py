@@ -73,7 +73,7 @@ from tidemark.errors import TerminalError
 from tidemark.event import UNAVAILABLE, TableId, WireTuple
 from tidemark.source.postgres import pgoutput
 from tidemark.spark.decode import OP_OF_KIND, RowBlock, Txn
-from tidemark.spark.options import OnSchemaChange
+from tidemark.spark.options import DEFAULT_ARROW_BATCH_BYTES, OnSchemaChange
 from tidemark.spark.snapshot_plan import ROW_SEQ, TRUNCATE_SEQ
 from tidemark.spark.tuple_columns import TupleLayoutError, decode_tuples
 from tidemark.spark.type_mapping import Converter, converter
@@ -314,6 +314,24 @@ def _with_absent(unavailable: list[tuple[int, list[str]]], absent: list[str],
             for row in np.flatnonzero(upserts).tolist()]
 
 
+#: Rows decoded one by one are sized by sampling one in this many (``len`` of every
+#: value of every row would cost more than the rest of the bookkeeping).
+_SIZE_SAMPLE: Final = 32
+
+
+def _row_bytes(values: WireTuple) -> int:
+    """Roughly the Arrow bytes of one row of *values* (text and bytes by length)."""
+    return sum(len(v) + 4 if isinstance(v, str | bytes) else 8 for v in values)
+
+
+def rows_per_slice(rows: int, nbytes: int, max_rows: int, max_bytes: int) -> int:
+    """Rows per slice of *rows* rows of *nbytes* bytes so that a slice holds at most
+    *max_rows* rows and about *max_bytes* bytes (one row at least)."""
+    if nbytes <= max_bytes:
+        return max_rows
+    return max(1, min(max_rows, rows * max_bytes // nbytes))
+
+
 def _split_toast(values: WireTuple, names: Sequence[str]) -> tuple[WireTuple, list[str]]:
     missing = [names[i] for i, v in enumerate(values) if v is UNAVAILABLE]
     return tuple(None if v is UNAVAILABLE else v for v in values), missing
@@ -321,7 +339,7 @@ def _split_toast(values: WireTuple, names: Sequence[str]) -> tuple[WireTuple, li
 
 class TableRows:
     """One table's pending rows in its typed shape, built into record batches of at most
-    *batch_rows* rows.
+    *batch_rows* rows and about *batch_bytes* bytes.
 
     Blocks of encoded rows (:meth:`rows`) are decoded on arrival, vectorized; rows
     decoded one by one (:meth:`add`: key changes, rows with an old tuple, truncates)
@@ -329,11 +347,12 @@ class TableRows:
     """
 
     def __init__(self, table: TableId, schema: StructType, on_schema_change: OnSchemaChange,
-                 batch_rows: int) -> None:
+                 batch_rows: int, batch_bytes: int = DEFAULT_ARROW_BATCH_BYTES) -> None:
         self.table = table
         self.schema = schema
         self.pa_schema = arrow_schema(schema)
         self.batch_rows = batch_rows
+        self.batch_bytes = batch_bytes
         self.columns = [f.name for f in schema.fields if f.name not in META_NAMES]
         self.converters: list[Converter] = [
             converter(f.dataType, self.pa_schema.field(f.name).type)
@@ -349,13 +368,20 @@ class TableRows:
         self.absent: list[str] = []
         self.built: list[pa.RecordBatch] = []  # in commit order unless self.mixed
         self.built_rows = 0
+        self.built_bytes = 0
         self.mixed = False
         self.values: list[WireTuple | None] = []
+        self.values_bytes = 0  # estimated from a sample (see _SIZE_SAMPLE)
         self.meta = _Meta()
         self.ready: list[pa.RecordBatch] = []
 
     def __len__(self) -> int:
         return self.built_rows + len(self.values)
+
+    def full(self) -> bool:
+        """Whether the pending rows make a whole batch, by rows or by bytes."""
+        return (len(self) >= self.batch_rows
+                or self.built_bytes + self.values_bytes >= self.batch_bytes)
 
     def relation(self, rel: SinkRelation) -> None:
         """The table's (new) column layout; rows pending in the old one are built first."""
@@ -417,6 +443,8 @@ class TableRows:
             missing += self.absent
         if missing:
             self.meta.unavailable.append((len(self.values), missing))
+        if values is not None and not len(self.values) % _SIZE_SAMPLE:
+            self.values_bytes += _SIZE_SAMPLE * _row_bytes(values)
         self.values.append(values)
         self.meta.append(op, lsn, seq, txn)
 
@@ -443,25 +471,30 @@ class TableRows:
         if self.values:
             self._build_values()
         built, mixed = self.built, self.mixed
-        self.built, self.built_rows, self.mixed = [], 0, False
+        self.built, self.built_rows, self.built_bytes, self.mixed = [], 0, 0, False
         if mixed:
             # Commit order again: a batch stays sorted as the server sent it.
             table = pa.Table.from_batches(built).sort_by(
-                [("_commit_lsn", "ascending"), ("_seq", "ascending")])
-            self.ready.extend(table.combine_chunks().to_batches(self.batch_rows))
+                [("_commit_lsn", "ascending"), ("_seq", "ascending")]).combine_chunks()
+            del built
+            self.ready.extend(table.to_batches(self._slice_rows(table.num_rows, table.nbytes)))
             return
         for batch in built:
-            self.ready.extend(batch.slice(i, self.batch_rows)
-                              for i in range(0, batch.num_rows, self.batch_rows))
+            step = self._slice_rows(batch.num_rows, batch.nbytes)
+            self.ready.extend(batch.slice(i, step) for i in range(0, batch.num_rows, step))
+
+    def _slice_rows(self, rows: int, nbytes: int) -> int:
+        return rows_per_slice(rows, nbytes, self.batch_rows, self.batch_bytes)
 
     def _append(self, batch: pa.RecordBatch, *, mixed: bool) -> None:
         self.built.append(batch)
         self.built_rows += batch.num_rows
+        self.built_bytes += batch.nbytes
         self.mixed = self.mixed or mixed
 
     def _build_values(self) -> None:
         rows, meta = self.values, self.meta
-        self.values, self.meta = [], _Meta()
+        self.values, self.meta, self.values_bytes = [], _Meta(), 0
         n = len(rows)
         width = len(self.relation_names)
         blank: WireTuple = (None,) * width
@@ -494,8 +527,9 @@ class TypedSink:
     """Builds record batches of one table's typed shape (see the module docstring)."""
 
     def __init__(self, table: TableId, schema: StructType, batch_rows: int,
-                 on_schema_change: OnSchemaChange) -> None:
-        self.table_rows = TableRows(table, schema, on_schema_change, batch_rows)
+                 on_schema_change: OnSchemaChange,
+                 batch_bytes: int = DEFAULT_ARROW_BATCH_BYTES) -> None:
+        self.table_rows = TableRows(table, schema, on_schema_change, batch_rows, batch_bytes)
         self.pa_schema = self.table_rows.pa_schema
         self.batch_rows = batch_rows
 
@@ -522,10 +556,10 @@ class TypedSink:
             self.table_rows.snapshot(texts, at, taken_us, truncate_first)
 
     def take(self) -> Iterator[pa.RecordBatch]:
-        """The batches of *batch_rows* rows and more, between chunks: a chunk's rows
-        arrive in blocks and one by one out of commit order, so batches are built only
-        once the chunk is complete."""
-        if len(self.table_rows) >= self.batch_rows:
+        """The batches of *batch_rows* rows (or *batch_bytes* bytes) and more, between
+        chunks: a chunk's rows arrive in blocks and one by one out of commit order, so
+        batches are built only once the chunk is complete."""
+        if self.table_rows.full():
             self.table_rows.flush()
         yield from self.table_rows.take()
 
@@ -540,11 +574,13 @@ class StructEnvelopeSink:
     """Builds envelope batches of the ``struct`` row format (see the module docstring)."""
 
     def __init__(self, schema: StructType, tables: dict[str, StructType], batch_rows: int,
-                 on_schema_change: OnSchemaChange) -> None:
+                 on_schema_change: OnSchemaChange,
+                 batch_bytes: int = DEFAULT_ARROW_BATCH_BYTES) -> None:
         self.pa_schema = arrow_schema(schema)
         self.batch_rows = batch_rows
+        self.batch_bytes = batch_bytes
         self.by_name = {name: TableRows(TableId.parse(name), typed, on_schema_change,
-                                        batch_rows)
+                                        batch_rows, batch_bytes)
                         for name, typed in tables.items()}
         self.by_id: dict[int, TableRows] = {}
         self.ready: list[pa.RecordBatch] = []
@@ -576,10 +612,10 @@ class StructEnvelopeSink:
             table_rows.snapshot(texts, at, taken_us, truncate_first)
 
     def take(self) -> Iterator[pa.RecordBatch]:
-        """The batches of tables with *batch_rows* rows and more (see
-        :meth:`TypedSink.take`)."""
+        """The batches of tables with *batch_rows* rows (or *batch_bytes* bytes) and
+        more (see :meth:`TypedSink.take`)."""
         for table_rows in self.by_name.values():
-            if len(table_rows) >= self.batch_rows:
+            if table_rows.full():
                 table_rows.flush()
                 self._collect(table_rows)
         ready, self.ready = self.ready, []
@@ -618,12 +654,24 @@ _BLOB_OPTIONS: Final = pa.ipc.IpcWriteOptions(compression="zstd")
 
 class PackedEnvelopeSink(StructEnvelopeSink):
     """Builds envelope batches of the ``arrow`` row format: one row per flush of a
-    table, holding its batches as one Arrow IPC stream."""
+    table, holding its batches as one Arrow IPC stream of at most *batch_rows* rows
+    and about *batch_bytes* bytes before compression (a flush may make several rows)."""
 
     def _collect(self, table_rows: TableRows) -> None:
-        batches = table_rows.take()
-        if not batches:
-            return
+        group: list[pa.RecordBatch] = []
+        rows = held = 0
+        for batch in table_rows.take():
+            if group and (held + batch.nbytes > self.batch_bytes
+                          or rows + batch.num_rows > self.batch_rows):
+                self._pack(table_rows, group)
+                group, rows, held = [], 0, 0
+            group.append(batch)
+            rows += batch.num_rows
+            held += batch.nbytes
+        if group:
+            self._pack(table_rows, group)
+
+    def _pack(self, table_rows: TableRows, batches: list[pa.RecordBatch]) -> None:
         sink = pa.BufferOutputStream()
         with pa.ipc.new_stream(sink, table_rows.pa_schema, options=_BLOB_OPTIONS) as writer:
             for batch in batches:
@@ -637,13 +685,20 @@ class PackedEnvelopeSink(StructEnvelopeSink):
              blob], schema=self.pa_schema))
 
 
+#: Arrow bytes of a JSON envelope row besides its JSON (table name, change columns).
+_META_BYTES: Final = 80
+
+
 class EnvelopeSink:
     """Builds record batches of the ``json`` envelope shape for every captured table."""
 
-    def __init__(self, tables: Sequence[TableId], batch_rows: int) -> None:
+    def __init__(self, tables: Sequence[TableId], batch_rows: int,
+                 batch_bytes: int = DEFAULT_ARROW_BATCH_BYTES) -> None:
         self.wanted = {(t.schema, t.table) for t in tables}
         self.pa_schema = arrow_schema(ENVELOPE_SCHEMA)
         self.batch_rows = batch_rows
+        self.batch_bytes = batch_bytes
+        self.pending_bytes = 0
         self.relations: dict[int, tuple[str, tuple[str, ...], tuple[int, ...]]] = {}
         self.tables: list[str] = []
         self.keys: list[bytes | None] = []
@@ -714,7 +769,9 @@ class EnvelopeSink:
         self.befores.append(before)
         self.afters.append(after)
         self.meta.append(op, lsn, seq, txn)
-        if len(self.tables) >= self.batch_rows:
+        self.pending_bytes += (len(key or b"") + len(before or b"") + len(after or b"")
+                               + _META_BYTES)
+        if len(self.tables) >= self.batch_rows or self.pending_bytes >= self.batch_bytes:
             self._flush()
 
     def take(self) -> Iterator[pa.RecordBatch]:
@@ -735,3 +792,4 @@ class EnvelopeSink:
         self.ready.append(pa.RecordBatch.from_arrays(arrays, schema=self.pa_schema))
         self.tables, self.keys, self.befores, self.afters = [], [], [], []
         self.meta = _Meta()
+        self.pending_bytes = 0

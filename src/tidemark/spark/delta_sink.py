@@ -8,7 +8,9 @@ create_delta_cdc_flow` declares this sink and the flow into it, with
 
 Each micro-batch: the executors write their rows to Arrow files in a staging directory
 beside the table (:class:`DeltaChangesWriter.write`), and the driver applies them, in
-partition order and in steps of ``stepRows`` rows, as **one** Delta commit carrying the
+partition order and in steps of ``stepRows`` rows or ``stepBytes`` bytes (reading each
+staged file a record batch at a time, so a batch of any size fits the driver), as
+**one** Delta commit carrying the
 app transaction ``(appId, batch id)`` (:func:`tidemark.lake.apply_changes_in_steps`): a
 replayed batch is skipped, so the table takes every batch exactly once. The staged
 files are removed once applied, or when Spark aborts the batch.
@@ -19,7 +21,8 @@ and ``truncatesColumn`` (boolean columns marking deletes and truncates; default:
 tidemark's ``_op``), ``columnList``, ``exceptColumnList``, ``storedAsScdType``,
 ``trackHistoryColumnList``, ``trackHistoryExceptColumnList``, ``orderedBatches`` (default:
 true with tidemark's sequence, false otherwise), ``appId`` (default: from ``path``),
-``stagingPath`` (default ``_<table dir>_tidemark_staging`` beside a local table), ``stepRows``, and
+``stagingPath`` (default ``_<table dir>_tidemark_staging`` beside a local table), ``stepRows``
+(default 500000), ``stepBytes`` (default 64 MiB), and
 ``storage.<name>`` for each of delta-rs' storage options.
 """
 
@@ -60,7 +63,7 @@ _SPARKS: Final = frozenset({"queryname", "checkpointlocation"})
 _OPTIONS: Final = ("path", "keys", "sequenceBy", "deletesColumn", "truncatesColumn",
                    "columnList", "exceptColumnList", "storedAsScdType",
                    "trackHistoryColumnList", "trackHistoryExceptColumnList",
-                   "orderedBatches", "appId", "stagingPath", "stepRows")
+                   "orderedBatches", "appId", "stagingPath", "stepRows", "stepBytes")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -72,6 +75,7 @@ class SinkOptions:
     app_id: str
     staging: str
     step_rows: int
+    step_bytes: int
     storage_options: dict[str, str] | None = dataclasses.field(repr=False)
     """delta-rs' options (``storage.<name>``); left out of ``repr``: credentials."""
 
@@ -118,6 +122,9 @@ class SinkOptions:
         step = given.get("stepRows", "500000")
         if not step.isdigit() or int(step) < 1:
             raise ConfigError("stepRows", f"must be a positive integer, got {step!r}")
+        step_bytes = given.get("stepBytes", str(spill.DEFAULT_STEP_BYTES))
+        if not step_bytes.isdigit() or int(step_bytes) < 1:
+            raise ConfigError("stepBytes", f"must be a positive integer, got {step_bytes!r}")
         # Beside the table, not in it: before the first batch creates the table, a
         # directory holding other files is not one to create a table in.
         staging = given.get("stagingPath") or (
@@ -130,7 +137,8 @@ class SinkOptions:
         digest = hashlib.sha256(path.encode()).hexdigest()[:16]
         return cls(path=path, spec=ApplySpec(**settings),
                    app_id=given.get("appId") or f"tidemark-delta-{digest}", staging=staging,
-                   step_rows=int(step), storage_options=storage or None)
+                   step_rows=int(step), step_bytes=int(step_bytes),
+                   storage_options=storage or None)
 
 
 def _names(text: str | None) -> tuple[str, ...]:
@@ -185,7 +193,8 @@ class DeltaChangesWriter(DataSourceStreamArrowWriter):
         staged = sorted((m for m in messages if isinstance(m, StagedRows) and m.path),
                         key=lambda m: m.partition)
         try:
-            pieces = spill.pieces(_read(staged), self.options.step_rows)
+            pieces = spill.pieces(_read(staged), self.options.step_rows,
+                                  self.options.step_bytes)
             first = next(pieces, None)
             if first is not None:
                 result = apply_changes_in_steps(
@@ -201,10 +210,14 @@ class DeltaChangesWriter(DataSourceStreamArrowWriter):
 
 
 def _read(staged: Sequence[StagedRows]) -> Iterator[pa.Table]:
+    """The staged rows, a record batch (as Spark's writer handed it over) at a time: a
+    partition's file holds as much of the batch as the partition had."""
     for message in staged:
         assert message.path is not None
         with pa.OSFile(message.path) as source:
-            yield pa.ipc.open_file(source).read_all()
+            reader = pa.ipc.open_file(source)
+            for i in range(reader.num_record_batches):
+                yield pa.Table.from_batches([reader.get_batch(i)])
 
 
 def _remove(staged: Sequence[StagedRows]) -> None:

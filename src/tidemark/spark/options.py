@@ -68,6 +68,7 @@ MAX_CHANGES_PER_TRIGGER: Final = "maxChangesPerTrigger"
 NUM_PARTITIONS: Final = "numPartitions"
 ON_SCHEMA_CHANGE: Final = "onSchemaChange"
 ARROW_BATCH_ROWS: Final = "arrowBatchRows"
+ARROW_BATCH_BYTES: Final = "arrowBatchBytes"
 ROW_FORMAT: Final = "rowFormat"
 SERVER_TIMEOUT_MS: Final = "serverTimeoutMs"
 SNAPSHOT: Final = "snapshot"
@@ -81,7 +82,8 @@ RETENTION_S: Final = "retentionS"
 READER_NAME: Final = "readerName"
 
 ALLOWED: Final = (DSN, TABLES, TABLE, SLOT, PUBLICATION, MAX_CHANGES_PER_TRIGGER,
-                  NUM_PARTITIONS, ON_SCHEMA_CHANGE, ARROW_BATCH_ROWS, ROW_FORMAT,
+                  NUM_PARTITIONS, ON_SCHEMA_CHANGE, ARROW_BATCH_ROWS, ARROW_BATCH_BYTES,
+                  ROW_FORMAT,
                   SERVER_TIMEOUT_MS, SNAPSHOT, SNAPSHOT_TABLES, SNAPSHOT_CHUNK_ROWS,
                   SNAPSHOT_CHUNKS_PER_TRIGGER, SIGNAL_TABLE, SLOT_FAILOVER, SOURCE,
                   RETENTION_S, READER_NAME)
@@ -91,6 +93,11 @@ _TABLE_NAME: Final = re.compile(r"[^.\s]+\.[^.\s]+|[^.\s]+")
 DEFAULT_SLOT: Final = "tidemark_spark"
 DEFAULT_PUBLICATION: Final = "tidemark_spark"
 DEFAULT_ARROW_BATCH_ROWS: Final = 65_536
+#: Each record batch (and each packed envelope row) is one value that Spark's JVM copies
+#: whole several times; a byte cap keeps that independent of the rows' width (65,536
+#: narrow change rows are about 6 MB, 65,536 rows of a 1 KB column 70 MB). Small,
+#: because in a small heap every copy is a humongous object for the collector.
+DEFAULT_ARROW_BATCH_BYTES: Final = 2 << 20
 DEFAULT_SERVER_TIMEOUT_MS: Final = 300_000
 DEFAULT_SNAPSHOT_CHUNK_ROWS: Final = 100_000
 #: Chunks per micro-batch, per partition: two tasks per core keep the cores busy while
@@ -127,6 +134,9 @@ class SourceOptions:
     on_schema_change: OnSchemaChange
     arrow_batch_rows: int
     """Rows per Arrow record batch handed to Spark."""
+    arrow_batch_bytes: int = DEFAULT_ARROW_BATCH_BYTES
+    """Bytes (Arrow's, uncompressed) per record batch handed to Spark, roughly: a batch
+    ends at whichever of this and ``arrow_batch_rows`` comes first (one row at least)."""
     row_format: RowFormat = RowFormat.JSON
     """The envelope stream's row format (ignored by a typed stream)."""
     server_timeout_ms: int = DEFAULT_SERVER_TIMEOUT_MS
@@ -232,6 +242,8 @@ class SourceOptions:
                                    OnSchemaChange.FAIL),
             arrow_batch_rows=(_positive_int(values, ARROW_BATCH_ROWS)
                               if ARROW_BATCH_ROWS in values else DEFAULT_ARROW_BATCH_ROWS),
+            arrow_batch_bytes=(_positive_int(values, ARROW_BATCH_BYTES)
+                               if ARROW_BATCH_BYTES in values else DEFAULT_ARROW_BATCH_BYTES),
             row_format=_enum(values, ROW_FORMAT, RowFormat, RowFormat.JSON),
             server_timeout_ms=(_positive_int(values, SERVER_TIMEOUT_MS)
                                if SERVER_TIMEOUT_MS in values else DEFAULT_SERVER_TIMEOUT_MS),

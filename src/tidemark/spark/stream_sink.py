@@ -25,13 +25,13 @@ def stream_sink(options: SourceOptions, schema: StructType) -> Sink:
     """The sink that builds *schema*'s record batches (typed, struct, packed or JSON)."""
     if options.table is not None:
         return TypedSink(options.table, schema, options.arrow_batch_rows,
-                         options.on_schema_change)
+                         options.on_schema_change, options.arrow_batch_bytes)
     if options.row_format is not RowFormat.JSON:
         kind = StructEnvelopeSink if options.row_format is RowFormat.STRUCT else \
             PackedEnvelopeSink
         return kind(schema, envelope_table_schemas(schema), options.arrow_batch_rows,
-                    options.on_schema_change)
-    return EnvelopeSink(options.tables, options.arrow_batch_rows)
+                    options.on_schema_change, options.arrow_batch_bytes)
+    return EnvelopeSink(options.tables, options.arrow_batch_rows, options.arrow_batch_bytes)
 
 
 @contextlib.contextmanager
