@@ -392,6 +392,8 @@ class TableRows:
         layout = self.layout
         if layout is None or not 0 < at < layout.read_at:
             return names  # the schema's layout or a later one: names are current
+        if layout.attrs is None and set(names) <= set(self.columns):
+            return names  # no column numbers, and nothing to match
         found = column_history.match(layout, rel.relation_id, names,
                                      [getattr(c, "type_oid", 0) for c in rel.columns])
         if not isinstance(found, column_history.Unmatched):

@@ -28,6 +28,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any, Final
 
 import msgspec
+from pyspark.sql.types import StructField, StructType
 
 #: Field metadata key, on a typed schema's first column: the table's
 #: :class:`TableLayout` as JSON.
@@ -49,7 +50,9 @@ class TableLayout(msgspec.Struct, frozen=True):
 
     relid: int
     read_at: int
-    attrs: tuple[tuple[str, int] | None, ...]
+    attrs: tuple[tuple[str, int] | None, ...] | None
+    """None for a source without column numbers (MariaDB: a binlog's table map names
+    the columns of its time, by position only)."""
 
     def to_metadata(self) -> str:
         return msgspec.json.encode(self).decode()
@@ -95,6 +98,8 @@ def match(layout: TableLayout, relid: int, names: Sequence[str],
           type_oids: Sequence[int]) -> tuple[str, ...] | Unmatched:
     """Today's name (or :data:`DROPPED`) of each column of an older layout of the
     table (a Relation message's *names* and *type_oids*, of relation *relid*)."""
+    if layout.attrs is None:
+        return Unmatched("the source has no column numbers that outlast a rename")
     current = {a[0]: a[1] for a in layout.attrs if a is not None}
     if list(names) == list(current)[:len(names)]:
         return tuple(names)  # the usual case: no column renamed or dropped since
@@ -120,3 +125,12 @@ def describe(fit: Sequence[str], names: Sequence[str]) -> str:
     """The renames and drops a match found, for the log."""
     return ", ".join(f"{old} is now {new}" if new != DROPPED else f"{old} was dropped"
                      for old, new in zip(names, fit, strict=True) if new != old)
+
+
+def with_layout(schema: StructType, layout: TableLayout) -> StructType:
+    """*schema* (a typed table's) with *layout* in its first column's metadata."""
+    fields = list(schema.fields)
+    first = fields[0]
+    fields[0] = StructField(first.name, first.dataType, first.nullable,
+                            {**(first.metadata or {}), LAYOUT_KEY: layout.to_metadata()})
+    return StructType(fields)

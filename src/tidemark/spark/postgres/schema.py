@@ -19,7 +19,7 @@ from tidemark.errors import SourceError
 from tidemark.event import TableId
 from tidemark.source.postgres import catalog, session, slot
 from tidemark.spark.arrow_rows import META_NAMES, typed_schema
-from tidemark.spark.column_history import LAYOUT_KEY, TableLayout
+from tidemark.spark.column_history import TableLayout, with_layout
 from tidemark.spark.options import SourceOptions
 from tidemark.spark.postgres import wal
 from tidemark.spark.signals import check_signal_table
@@ -70,12 +70,7 @@ def _with_layout(conn: Any, table: TableId, schema: StructType, publication: str
     columns = [f for f in schema.fields if f.name not in META_NAMES]
     if [a[0] for a in attrs if a is not None] != [f.name for f in columns]:
         return schema  # the table changed between the two reads: names only
-    layout = TableLayout(relid, read_at, tuple(attrs))
-    first = columns[0]
-    fields = list(schema.fields)
-    fields[0] = StructField(first.name, first.dataType, first.nullable,
-                            {**(first.metadata or {}), LAYOUT_KEY: layout.to_metadata()})
-    return StructType(fields)
+    return with_layout(schema, TableLayout(relid, read_at, tuple(attrs)))
 
 
 def table_spark_schema(conn: Any, table: TableId, key: tuple[str, ...], *,
