@@ -49,6 +49,7 @@ from __future__ import annotations
 
 import functools
 import json
+import logging
 import struct
 from collections.abc import Iterator, Sequence
 from typing import Any, Final, Protocol
@@ -72,11 +73,14 @@ from tidemark.change_rows import CHANGE_FIELDS
 from tidemark.errors import TerminalError
 from tidemark.event import UNAVAILABLE, TableId, WireTuple
 from tidemark.source.postgres import pgoutput
+from tidemark.spark import column_history
 from tidemark.spark.decode import OP_OF_KIND, RowBlock, Txn
 from tidemark.spark.options import DEFAULT_ARROW_BATCH_BYTES, OnSchemaChange
 from tidemark.spark.snapshot_plan import ROW_SEQ, TRUNCATE_SEQ
 from tidemark.spark.tuple_columns import TupleLayoutError, decode_tuples
 from tidemark.spark.type_mapping import Converter, converter
+
+log = logging.getLogger(__name__)
 
 
 class SinkColumn(Protocol):
@@ -359,6 +363,8 @@ class TableRows:
             for f in schema.fields if f.name not in META_NAMES
         ]
         self.on_schema_change = on_schema_change
+        self.layout = column_history.TableLayout.from_metadata(schema.fields[0].metadata) \
+            if self.columns else None
         self.relation_id: int | None = None
         self.positions: list[int] = []  # per schema column: index in the relation, or -1
         self.relation_names: tuple[str, ...] = ()
@@ -383,11 +389,12 @@ class TableRows:
         return (len(self) >= self.batch_rows
                 or self.built_bytes + self.values_bytes >= self.batch_bytes)
 
-    def relation(self, rel: SinkRelation) -> None:
-        """The table's (new) column layout; rows pending in the old one are built first."""
-        names = tuple(c.name for c in rel.columns)
+    def relation(self, rel: SinkRelation, at: int = 0) -> None:
+        """The table's (new) column layout, seen in a transaction committing at *at*
+        (0: unknown); rows pending in the old one are built first."""
+        names = self._current_names(rel, at)
         known = set(self.columns)
-        new = [n for n in names if n not in known]
+        new = [n for n in names if n and n not in known]
         if new and self.on_schema_change is OnSchemaChange.FAIL:
             raise SchemaChangedError(
                 f"table {self.table} gained column(s) {', '.join(new)} after this streaming "
@@ -403,6 +410,41 @@ class TableRows:
         self.positions = positions
         self.relation_names = names
         self.absent = [c for c, p in zip(self.columns, positions, strict=True) if p < 0]
+
+    def _current_names(self, rel: SinkRelation, at: int) -> tuple[str, ...]:
+        """Today's names of *rel*'s columns (:data:`column_history.DROPPED` for one
+        dropped since): its own, unless it is a layout older than the schema."""
+        names = tuple(c.name for c in rel.columns)
+        layout = self.layout
+        if layout is None or not 0 < at < layout.read_at:
+            return names  # the schema's layout or a later one: names are current
+        if layout.attrs is None and set(names) <= set(self.columns):
+            return names  # no column numbers, and nothing to match
+        found = column_history.match(layout, rel.relation_id, names,
+                                     [getattr(c, "type_oid", 0) for c in rel.columns])
+        if not isinstance(found, column_history.Unmatched):
+            if found != names:
+                log.info("table %s: changes made before the query started name its "
+                         "columns as they were then: %s", self.table,
+                         column_history.describe(found, names))
+            return found
+        old = [n for n in names if n not in set(self.columns)] or [
+            n for n, now in zip(names, self.columns, strict=False) if n != now]
+        if self.on_schema_change is OnSchemaChange.FAIL:
+            raise SchemaChangedError(
+                f"table {self.table}: changes made before this query read its columns "
+                f"carry column(s) {', '.join(old) or ', '.join(names)} that cannot be "
+                f"told apart among its columns now ({found.reason}), so restarting does "
+                "not help; to go on, set onSchemaChange = \"drop_new_columns\" under "
+                "[source] (those changes then lose the values of "
+                f"{', '.join(old) or 'those columns'}) and reload the table afterwards "
+                f"(tidemark signal execute-snapshot {self.table}, or a new checkpoint with "
+                'snapshot = "initial")')
+        log.warning("table %s: changes made before the query started carry column(s) %s "
+                    "that cannot be told apart among its columns now (%s): their values "
+                    "are dropped (onSchemaChange = drop_new_columns); reload the table to "
+                    "have them", self.table, ", ".join(old) or ", ".join(names), found.reason)
+        return names
 
     def rows(self, block: RowBlock) -> None:
         """Encoded row changes of this table (see :class:`RowBlock`)."""
@@ -533,10 +575,10 @@ class TypedSink:
         self.pa_schema = self.table_rows.pa_schema
         self.batch_rows = batch_rows
 
-    def relation(self, rel: SinkRelation) -> None:
+    def relation(self, rel: SinkRelation, at: int = 0) -> None:
         table = self.table_rows.table
         if (rel.namespace, rel.name) == (table.schema, table.table):
-            self.table_rows.relation(rel)
+            self.table_rows.relation(rel, at)
 
     def rows(self, relation_id: int, block: RowBlock) -> None:
         table_rows = self.table_rows
@@ -585,12 +627,12 @@ class StructEnvelopeSink:
         self.by_id: dict[int, TableRows] = {}
         self.ready: list[pa.RecordBatch] = []
 
-    def relation(self, rel: SinkRelation) -> None:
+    def relation(self, rel: SinkRelation, at: int = 0) -> None:
         table_rows = self.by_name.get(f"{rel.namespace}.{rel.name}")
         if table_rows is None:
             self.by_id.pop(rel.relation_id, None)
             return
-        table_rows.relation(rel)
+        table_rows.relation(rel, at)
         self.by_id[rel.relation_id] = table_rows
 
     def rows(self, relation_id: int, block: RowBlock) -> None:
@@ -708,7 +750,7 @@ class EnvelopeSink:
         self.ready: list[pa.RecordBatch] = []
         self._encode = msgspec.json.Encoder().encode
 
-    def relation(self, rel: SinkRelation) -> None:
+    def relation(self, rel: SinkRelation, at: int = 0) -> None:
         if (rel.namespace, rel.name) not in self.wanted:
             self.relations.pop(rel.relation_id, None)
             return

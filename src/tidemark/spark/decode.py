@@ -107,8 +107,9 @@ class RowBlock:
 class RowSink(Protocol):
     """Receives decoded row changes; builds whatever the stream emits (Arrow batches)."""
 
-    def relation(self, rel: Relation) -> None:
-        """A table's (new) column layout; later rows of ``rel.relation_id`` use it."""
+    def relation(self, rel: Relation, at: int) -> None:
+        """A table's (new) column layout, seen in the transaction that commits at *at*
+        (0: unknown); later rows of ``rel.relation_id`` use it."""
 
     def rows(self, relation_id: int, block: RowBlock) -> None:
         """Row changes of one table still encoded (see :class:`RowBlock`): Insert
@@ -224,7 +225,7 @@ class TransactionWalker:
             if cut < n:
                 relation = decoded[cut]
                 assert isinstance(relation, Relation)
-                self.sink.relation(relation)
+                self.sink.relation(relation, int(txn_commit[txn_of[cut]]))
             start = cut + 1
 
         # Carry the open transaction into the next chunk.

@@ -49,14 +49,17 @@ class EventFeeder:
         schema = event.schema
         assert schema is not None
         entry = self._relations.get(id(schema))
+        context = event.context
         if entry is None or entry[0] is not schema:
             relation_id = len(self._relations) + 1
             entry = self._relations[id(schema)] = (schema, relation_id)
             key = set(schema.key_indexes)
+            # With the position it commits at: a layout older than the query's schema
+            # is told apart from one the table gained since.
             self.sink.relation(FedRelation(
                 relation_id, schema.table.schema, schema.table.table,
-                tuple(FedColumn(c.name, i in key) for i, c in enumerate(schema.columns))))
-        context = event.context
+                tuple(FedColumn(c.name, i in key) for i, c in enumerate(schema.columns))),
+                context.commit_lsn or lsn)
         txn = Txn(context.commit_lsn if context.commit_lsn is not None else lsn,
                   context.ts_us, 0)
         op = event.op.value

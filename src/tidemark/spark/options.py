@@ -30,7 +30,8 @@ class OnSchemaChange(StrEnum):
     """Stop the query with an error that says to restart it (the default): the restarted
     query reads the new schema and re-reads the batch, so nothing is lost."""
     DROP_NEW_COLUMNS = "drop_new_columns"
-    """Keep the schema the query started with; values of new columns are dropped."""
+    """Keep the schema the query started with; values of new columns are dropped, and
+    so are those of an older layout's column that cannot be matched to today's."""
 
 
 class SnapshotMode(StrEnum):

@@ -227,8 +227,11 @@ def install(conn: psycopg2.extensions.connection, names: Sequence[str], *,
     with _ddl_transaction(conn) as cur:
         cur.execute(_SHARED.format(**_shared_names()))
         _install_guard(cur)
+        before = _column_names(cur, installed_tables(conn)) if ddl else {}
         for statement in ddl:
             cur.execute(statement)
+        if before:
+            _follow_renames(cur, before)
         already = installed_tables(conn)
         tables = resolve(conn, names_given) if names_given else list(already)
         everything = sorted(set(tables) | set(already), key=str)
@@ -253,6 +256,63 @@ def install(conn: psycopg2.extensions.connection, names: Sequence[str], *,
         for table in rewrite:
             _install_table(cur, captured_schema(conn, table), generation)
     return tables
+
+
+def _column_names(cur: Any, tables: Sequence[TableId]
+                  ) -> dict[tuple[int, int], tuple[str, str]]:
+    """(table OID, attnum) -> (log table as ``schema.name``, column name) of the live
+    columns of *tables*."""
+    if not tables:
+        return {}
+    cur.execute(
+        "SELECT c.oid, a.attnum, n.nspname, c.relname, a.attname FROM pg_attribute a "
+        "JOIN pg_class c ON c.oid = a.attrelid JOIN pg_namespace n ON n.oid = c.relnamespace "
+        "WHERE (n.nspname, c.relname) IN (SELECT * FROM unnest(%s::text[], %s::text[])) "
+        "AND a.attnum > 0 AND NOT a.attisdropped",
+        ([t.schema for t in tables], [t.table for t in tables]))
+    return {(int(oid), int(num)): (f"{schema}.{layout.log_table_name(name)}", str(column))
+            for oid, num, schema, name, column in cur.fetchall()}
+
+
+def _follow_renames(cur: Any, before: dict[tuple[int, int], tuple[str, str]]) -> None:
+    """Rename the log columns of the columns *ddl* renamed: an attribute number is the
+    column's identity (never reused), so unread log rows keep their values under the
+    new name instead of being left in a column the table no longer has."""
+    oids = sorted({oid for oid, _ in before})
+    cur.execute("SELECT attrelid::bigint, attnum, attname FROM pg_attribute "
+                "WHERE attrelid = ANY(%s::oid[]) AND attnum > 0 AND NOT attisdropped",
+                (oids,))
+    renamed: list[tuple[str, str, str]] = []
+    for oid, num, name in cur.fetchall():
+        log_table, old = before.get((int(oid), int(num)), ("", str(name)))
+        if old != name:
+            renamed.append((log_table, old, str(name)))
+    # Through temporary names (short: PostgreSQL truncates long ones): renames may swap
+    # names (a -> b, b -> a).
+    moves = [(log_table, (old, layout.deleted_column(old))[j], f"tidemark_tmp${i}_{j}",
+              (new, layout.deleted_column(new))[j])
+             for i, (log_table, old, new) in enumerate(renamed) for j in (0, 1)]
+    present: set[tuple[str, str]] = set()
+    for log_table, source, _, _ in moves:
+        cur.execute("SELECT 1 FROM pg_attribute WHERE attrelid = to_regclass(%s) "
+                    "AND attname = %s AND NOT attisdropped", (_regclass(log_table), source))
+        if cur.fetchone() is not None:
+            present.add((log_table, source))
+    for step in (0, 1):
+        for log_table, source, temporary, target in moves:
+            if (log_table, source) in present:
+                schema, name = log_table.split(".", 1)
+                cur.execute(sql.SQL("ALTER TABLE {} RENAME COLUMN {} TO {}").format(
+                    _ident(schema, name), _ident(source if step == 0 else temporary),
+                    _ident(temporary if step == 0 else target)))
+    for log_table, old, new in renamed:
+        log.info("log table %s: column %s follows its table's rename to %s", log_table,
+                 old, new)
+
+
+def _regclass(log_table: str) -> str:
+    schema, name = log_table.split(".", 1)
+    return '"{}"."{}"'.format(schema.replace('"', '""'), name.replace('"', '""'))
 
 
 def _install_guard(cur: Any) -> None:

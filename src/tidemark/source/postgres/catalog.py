@@ -472,3 +472,43 @@ def warn_about_identity_index(conn: psycopg2.extensions.connection,
                 "null key and a target keyed by (%s) cannot apply them; use ALTER TABLE %s "
                 "REPLICA IDENTITY DEFAULT (or FULL), or key the target by (%s)", table,
                 ", ".join(index), ", ".join(key), ", ".join(key), table, ", ".join(index))
+
+
+def wal_position(conn: psycopg2.extensions.connection) -> int:
+    """Where the server's WAL ends now (on a standby, where replay is): every
+    transaction committed before it is visible to a catalog read that starts after."""
+    with cursor(conn) as cur:
+        cur.execute("SELECT (CASE WHEN pg_is_in_recovery() THEN pg_last_wal_replay_lsn() "
+                    "ELSE pg_current_wal_insert_lsn() END - '0/0')::bigint")
+        return int(cur.fetchone()[0])
+
+
+def column_layout(conn: psycopg2.extensions.connection, table: TableId, publication: str,
+                  *, generated: bool = False
+                  ) -> tuple[int, list[tuple[str, int] | None]] | None:
+    """The table's OID and, in attnum order, ``(name, type OID)`` of each column the
+    stream carries and ``None`` for each dropped one (generated columns the
+    publication does not send are left out, as from the stream); None when
+    *publication* sends a column list of the table, which may have changed since."""
+    kinds = "('', 's')" if generated else "('')"
+    with cursor(conn) as cur:
+        cur.execute(
+            "SELECT c.oid, a.attname, a.atttypid, a.attisdropped "
+            "FROM pg_attribute a JOIN pg_class c ON c.oid = a.attrelid "
+            "JOIN pg_namespace n ON n.oid = c.relnamespace "
+            "WHERE n.nspname = %s AND c.relname = %s AND a.attnum > 0 "
+            f"AND (a.attisdropped OR a.attgenerated IN {kinds}) ORDER BY a.attnum",
+            (table.schema, table.table),
+        )
+        rows: list[Any] = cur.fetchall()
+        if not rows:
+            raise SourceError(f"table {table} not found (was it dropped?)")
+        if conn.server_version >= 150000:
+            cur.execute(
+                "SELECT EXISTS (SELECT 1 FROM pg_publication_rel r JOIN pg_publication p "
+                "ON p.oid = r.prpubid WHERE p.pubname = %s AND r.prrelid = %s "
+                "AND r.prattrs IS NOT NULL)", (publication, rows[0][0]))
+            if cur.fetchone()[0]:
+                return None
+    return int(rows[0][0]), [None if dropped else (str(name), int(oid))
+                             for _, name, oid, dropped in rows]

@@ -264,21 +264,25 @@ def read_view_from(conn: Any, at: BinlogPosition) -> BinlogPosition:
 def table_schemas(options: SourceOptions) -> dict[TableId, StructType]:
     """Check the server and the tables, and return each table's typed Spark schema."""
     from tidemark.spark.arrow_rows import typed_schema  # noqa: PLC0415
+    from tidemark.spark.column_history import TableLayout, with_layout  # noqa: PLC0415
     from tidemark.spark.type_mapping import spark_type  # noqa: PLC0415
 
     with contextlib.closing(client.connect(client.parse_url(options.dsn))) as conn:
         client.check_server(conn)
+        # Changes committed before this position were made under the columns read now
+        # or older ones, whose names the binlog gives (tidemark.spark.column_history).
+        read_at = client.current_position(conn).key
         schemas: dict[TableId, StructType] = {}
         keyless = []
         for table in options.tables:
             described = snap.table_schema(conn, table)
             if not described.key_indexes:
                 keyless.append(str(table))
-            schemas[table] = typed_schema([
+            schemas[table] = with_layout(typed_schema([
                 StructField(c.name, spark_type(c.logical), True,
                             {"tidemark.key": True, "tidemark.type": c.type_name} if c.is_key
                             else {"tidemark.type": c.type_name})
-                for c in described.columns])
+                for c in described.columns]), TableLayout(0, read_at, None))
     if keyless:
         raise SourceError(f"table(s) {', '.join(keyless)} have no primary key: change streams "
                           "are keyed by it; add one (ALTER TABLE ... ADD PRIMARY KEY (...)) "

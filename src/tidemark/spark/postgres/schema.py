@@ -18,7 +18,8 @@ from pyspark.sql.types import StructField, StructType
 from tidemark.errors import SourceError
 from tidemark.event import TableId
 from tidemark.source.postgres import catalog, session, slot
-from tidemark.spark.arrow_rows import typed_schema
+from tidemark.spark.arrow_rows import META_NAMES, typed_schema
+from tidemark.spark.column_history import TableLayout, with_layout
 from tidemark.spark.options import SourceOptions
 from tidemark.spark.postgres import wal
 from tidemark.spark.signals import check_signal_table
@@ -45,12 +46,31 @@ def table_schemas(options: SourceOptions) -> dict[TableId, StructType]:
         slot.ensure_publication(conn, options.publication, tables)
         generated = catalog.publishes_generated(conn, options.publication)
         catalog.warn_about_unstreamed(conn, tables, generated_published=generated)
+        # Before the catalog is read: changes committed before this position were made
+        # under the columns read now or older ones (see tidemark.spark.column_history).
+        read_at = catalog.wal_position(conn)
         schemas = {t: table_spark_schema(conn, t, keys[t], generated=generated)
                    for t in tables}
+        schemas = {t: _with_layout(conn, t, s, options.publication, read_at, generated)
+                   for t, s in schemas.items()}
     if options.signal_table is not None:
         with contextlib.closing(wal.connect(options.dsn, purpose="catalog")) as signals:
             check_signal_table(signals, options.signal_table)
     return schemas
+
+
+def _with_layout(conn: Any, table: TableId, schema: StructType, publication: str,
+                 read_at: int, generated: bool) -> StructType:
+    """*schema* with the table's attributes (:class:`TableLayout`) in its first
+    column's metadata, for matching the stream's older layouts to its columns."""
+    found = catalog.column_layout(conn, table, publication, generated=generated)
+    if found is None:
+        return schema
+    relid, attrs = found
+    columns = [f for f in schema.fields if f.name not in META_NAMES]
+    if [a[0] for a in attrs if a is not None] != [f.name for f in columns]:
+        return schema  # the table changed between the two reads: names only
+    return with_layout(schema, TableLayout(relid, read_at, tuple(attrs)))
 
 
 def table_spark_schema(conn: Any, table: TableId, key: tuple[str, ...], *,

@@ -286,13 +286,13 @@ class SkippingSink:
         self.skip = dict(skip)
         self.limits: dict[int, int] = {}
 
-    def relation(self, rel: Relation) -> None:
+    def relation(self, rel: Relation, at: int = 0) -> None:
         limit = self.skip.get(f"{rel.namespace}.{rel.name}")
         if limit is None:
             self.limits.pop(rel.relation_id, None)
         else:
             self.limits[rel.relation_id] = limit
-        self.sink.relation(rel)
+        self.sink.relation(rel, at)
 
     def rows(self, relation_id: int, block: RowBlock) -> None:
         limit = self.limits.get(relation_id)
