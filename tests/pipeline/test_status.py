@@ -161,11 +161,13 @@ def test_offsets_against_the_slot_and_the_server(db: Database, tmp_path: Path) -
         offsets.write_text(json.dumps({key: offset, "other/key": {"lsn": 1}}))
         return _status("--dsn", db.dsn, "--slot", "off", "--offsets", str(offsets))
 
-    # Behind the slot: a heartbeat or a later batch confirmed the slot past the last save.
+    # Behind the slot: offsets are saved before the slot is confirmed, so this slot was
+    # made again after they were saved; a capture would refuse it.
     code, status = with_offset({"lsn": confirmed - 16, "snapshot_completed": True})
-    assert code == 0 and status["offsets"]["state"] == "behind_slot"
+    assert code == 1 and status["offsets"]["state"] == "behind_slot"
     assert status["offsets"]["bytes_vs_slot"] == -16
-    assert "a restart resumes at the slot" in status["offsets"]["meaning"]
+    assert "made again" in status["offsets"]["meaning"]
+    assert any("'off'" in p and "never streamed" in p for p in status["problems"])
     assert status["offsets"]["keys"] == ["other/key", key]
 
     # Ahead of the slot but not of the server: saved, not yet confirmed.

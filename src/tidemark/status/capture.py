@@ -125,10 +125,22 @@ def _compare(offset: int, completed: bool, slot: SlotState | None, server: Serve
     if diff == 0:
         return "in_step", "the slot is confirmed exactly up to the saved offset"
     if diff < 0:
+        if not completed:
+            return "behind_slot", (
+                f"{human_bytes(-diff)} behind the slot: a snapshot is under way, and a "
+                "restart takes it again from the slot")
+        # Offsets are saved before the slot is confirmed to them: a slot past them was
+        # not confirmed by the capture that saved them.
+        problems.append(
+            f"replication slot {slot.name!r} is at {lsn_to_str(slot.confirmed_flush_lsn)}, "
+            f"past the saved offset {lsn_to_str(offset)}: capture never confirmed it there, "
+            "so it is not the slot the offsets were taken from (it was dropped and made "
+            "again) and the changes in between were never streamed; a capture refuses to "
+            "start unless on_slot_lost = \"resnapshot\" or snapshot_mode = \"when_needed\" "
+            "(both re-read the tables)")
         return "behind_slot", (
-            f"{human_bytes(-diff)} behind the slot: fine, the slot was confirmed after the "
-            "last save (a later batch or a heartbeat); what lies between was delivered, and "
-            "a restart resumes at the slot")
+            f"{human_bytes(-diff)} behind the slot: broken, the slot was made again after "
+            "these offsets were saved")
     return "ahead_of_slot", (
         f"{human_bytes(diff)} ahead of the slot: fine, the offset is saved before the slot "
         "is confirmed; a restart resumes at the offset")
