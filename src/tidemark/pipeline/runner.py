@@ -54,6 +54,7 @@ from tidemark.pipeline import spill
 from tidemark.pipeline.batch_seen import BatchSeen
 from tidemark.pipeline.config import PipelineConfig, Target
 from tidemark.pipeline.executor_apply import TargetWork, apply_on_executors
+from tidemark.pipeline.identity import claim_checkpoint
 from tidemark.pipeline.progress import BatchReport
 from tidemark.pipeline.run_metrics import RunMetrics
 from tidemark.pipeline.run_record import record_batch, records_runs
@@ -159,6 +160,7 @@ class Pipeline:
 
     def start(self) -> StreamingQuery:
         """Start the streaming query (validating the database through the source)."""
+        claim_checkpoint(self.config)
         try:
             return self._start_query()
         except PySparkException as err:
@@ -218,15 +220,23 @@ class Pipeline:
             options["snapshotChunksPerTrigger"] = source.snapshot_chunks_per_trigger
         return options
 
-    @records_runs  # <checkpoint>/tidemark-status.json, for tidemark status
     def run(self) -> None:
-        """Run until done or stopped; raises PipelineError if the query fails.
+        """Run until done or stopped; raises PipelineError if the query fails, and
+        CheckpointOwnerError (having written nothing) if the checkpoint is another
+        pipeline's.
 
         When PostgreSQL becomes unreachable (a restart, a failover, a cut connection)
         the query is started again from its checkpoint after a backoff, up to
         ``source.reconnect_max_attempts`` times in a row: the batch in progress replays
         and exactly-once holds, as after any crash.
         """
+        # Before the run is recorded in the checkpoint, Spark plans a batch into it or
+        # the source creates a slot: another pipeline's checkpoint must stay untouched.
+        claim_checkpoint(self.config)
+        self._run()
+
+    @records_runs  # <checkpoint>/tidemark-status.json, for tidemark status
+    def _run(self) -> None:
         source = self.config.source
         attempts = 0
         delay = source.reconnect_backoff_ms / 1000
