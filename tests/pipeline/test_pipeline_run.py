@@ -518,8 +518,10 @@ def test_a_table_without_primary_key_fails_before_the_query_starts(
     # Nothing was started: no slot holds WAL, no checkpoint was written.
     assert db.scalar("SELECT count(*) FROM pg_replication_slots WHERE slot_name = %s",
                      (f"s_{db.name}",)) == 0
-    # Only tidemark's record of how the run ended (for tidemark status), nothing of Spark's.
-    assert [f.name for f in (tmp_path / "chk").iterdir()] == ["tidemark-status.json"]
+    # Only tidemark's records of the checkpoint's owner and of how the run ended (for
+    # tidemark status), nothing of Spark's.
+    assert sorted(f.name for f in (tmp_path / "chk").iterdir()) == [
+        "tidemark-pipeline.json", "tidemark-status.json"]
     assert "no primary key" in (tmp_path / "chk/tidemark-status.json").read_text()
 
 

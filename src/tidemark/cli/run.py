@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import signal
+import sys
 import types
 
 import click
@@ -16,7 +17,8 @@ import click
 def run(config_file: str, available_now: bool) -> None:
     """Run the pipeline in CONFIG_FILE (TOML): PostgreSQL changes into Delta tables.
 
-    Ctrl-C (or SIGTERM) stops after the batch in progress; a second one stops at once.
+    Ctrl-C (or SIGTERM) stops after the batch in progress (exit 130 after Ctrl-C, 0
+    after SIGTERM); a second one stops at once (the batch in progress replays).
     """
     # Imported here, not at the top: the pipeline pulls in pyarrow and deltalake (~0.7 s
     # and ~100 MB), which every other command (`tidemark capture` above all) must not pay.
@@ -33,13 +35,23 @@ def run(config_file: str, available_now: bool) -> None:
         click.echo(format_report(report))
 
     pipeline = Pipeline(config, on_batch=show)
+    stopped_by: list[int] = []
 
     def on_signal(signum: int, frame: types.FrameType | None) -> None:
-        if pipeline.stop_requested:
-            raise KeyboardInterrupt
-        click.echo(f"{signal.Signals(signum).name}: stopping after the current batch "
-                   "(again to stop at once)", err=True)
-        pipeline.request_stop()
+        name = signal.Signals(signum).name
+        if not stopped_by:
+            stopped_by.append(signum)
+            click.echo(f"{name}: stopping after the current batch (again to stop at once)",
+                       err=True)
+            pipeline.request_stop()
+        elif not pipeline.streaming:
+            raise KeyboardInterrupt  # no batch runs yet that the interrupt could cut short
+        else:
+            # Not KeyboardInterrupt: the process must not end while a batch still runs
+            # in py4j's thread; the pipeline stops the query and waits for it to return.
+            click.echo(f"{name}: stopping now (the batch in progress replays on the next "
+                       "start)", err=True)
+            pipeline.request_stop(now=True)
 
     signal.signal(signal.SIGINT, on_signal)
     signal.signal(signal.SIGTERM, on_signal)
@@ -48,3 +60,7 @@ def run(config_file: str, available_now: bool) -> None:
                f"{len(config.targets)} Delta table(s), {mode}", err=True)
     pipeline.run()
     click.echo("stopped", err=True)
+    if stopped_by and stopped_by[0] == signal.SIGINT:
+        # A shell and a script tell an interrupted run by 128 + SIGINT; SIGTERM is how
+        # service managers stop a service, which they count as clean with exit 0.
+        sys.exit(128 + signal.SIGINT)

@@ -86,7 +86,7 @@ R = TypeVar("R", bound=_Run)
 
 
 def records_runs(run: Callable[[R], None]) -> Callable[[R], None]:
-    """Decorate ``Pipeline.run``: record its start, its end and how it ended."""
+    """Decorate the body of ``Pipeline.run``: record its start, its end and how it ended."""
 
     @functools.wraps(run)
     def recorded(self: R) -> None:

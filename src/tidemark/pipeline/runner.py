@@ -23,6 +23,7 @@ import json
 import logging
 import os
 import re
+import signal
 import sys
 import threading
 import time
@@ -55,6 +56,8 @@ from tidemark.pipeline import spill
 from tidemark.pipeline.batch_seen import BatchSeen
 from tidemark.pipeline.config import PipelineConfig, Target
 from tidemark.pipeline.executor_apply import TargetWork, apply_on_executors
+from tidemark.pipeline.identity import claim_checkpoint
+from tidemark.pipeline.in_flight import InFlight
 from tidemark.pipeline.progress import BatchReport
 from tidemark.pipeline.run_metrics import RunMetrics
 from tidemark.pipeline.run_record import record_batch, records_runs
@@ -83,6 +86,31 @@ class PipelineError(TerminalError):
     """The streaming query stopped with an error (the message is Spark's first line)."""
 
 
+class _StopBeforeBatch(Exception):  # noqa: N818 - not an error: how a stop ends the query
+    """Raised by a batch that starts after a stop was requested (see ``_process``)."""
+
+
+_STOPPED_BEFORE: Final = "stop requested before batch"
+
+
+class _QuietStops(logging.Filter):
+    """py4j logs an exception a batch raised, with its traceback, at ERROR: not when a
+    stop ended the batch (:class:`_StopBeforeBatch`, or a batch stopped at once)."""
+
+    def __init__(self, now: threading.Event) -> None:
+        super().__init__()
+        self._now = now
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        if not record.exc_info:
+            return True
+        return not (self._now.is_set() or isinstance(record.exc_info[1], _StopBeforeBatch))
+
+
+#: The logger of py4j's callback server (a batch's exceptions).
+_PY4J_CALLBACKS: Final = "py4j.clientserver"
+
+
 def build_session(config: PipelineConfig) -> SparkSession:
     """The SparkSession of ``[spark]`` (or the one already running in this process)."""
     # Spark's Python workers must import this tidemark (local mode).
@@ -104,10 +132,29 @@ def build_session(config: PipelineConfig) -> SparkSession:
                .config("spark.task.maxDirectResultSize", str(64 << 20)))
     for key, value in config.spark.conf.items():
         builder = builder.config(key, value)
-    session = builder.getOrCreate()
+    with _sigint_kept():
+        session = builder.getOrCreate()
     session.sparkContext.setLogLevel("ERROR")
     _quiet_query_failures(session)
     return session
+
+
+@contextlib.contextmanager
+def _sigint_kept() -> Iterator[None]:
+    """Put back the SIGINT handler a new SparkContext replaces.
+
+    pyspark's handler cancels every job and raises KeyboardInterrupt in the main thread,
+    which ends the process while a batch may still be running in py4j's callback thread
+    (see :mod:`tidemark.pipeline.in_flight`); ``tidemark run``'s own handler stops the
+    query after the batch in progress instead.
+    """
+    main = threading.current_thread() is threading.main_thread()
+    handler = signal.getsignal(signal.SIGINT) if main else None
+    try:
+        yield
+    finally:
+        if handler is not None:
+            signal.signal(signal.SIGINT, handler)
 
 
 def _quiet_query_failures(session: SparkSession) -> None:
@@ -140,6 +187,9 @@ class Pipeline:
         self._on_batch = on_batch
         self._stop = threading.Event()
         self._slot_checked = False
+        self._stop_now = threading.Event()
+        self._in_flight = InFlight()
+        self._streaming = False
         self._query_id: str | None = None
         self._conn: psycopg.Connection[Any] | None = None
         self._schemas: dict[str, StructType] | None = None
@@ -151,9 +201,20 @@ class Pipeline:
         self.metrics_port: int | None = None
         """The port of the metrics endpoint while :meth:`run` serves it."""
 
-    def request_stop(self) -> None:
-        """Stop once the batch in progress is committed (safe from a signal handler)."""
+    def request_stop(self, *, now: bool = False) -> None:
+        """Stop once the batch in progress is committed, or with *now* without waiting
+        for it (it replays on the next start). Safe from a signal handler: :meth:`run`
+        stops the query itself, and returns once no batch runs."""
+        if now:
+            self._stop_now.set()
         self._stop.set()
+
+    @property
+    def streaming(self) -> bool:
+        """True from the moment the streaming query is started until :meth:`run` has
+        stopped it and no batch runs. Before, a KeyboardInterrupt can stop the
+        pipeline safely; while streaming, :meth:`request_stop` must."""
+        return self._streaming
 
     @property
     def stop_requested(self) -> bool:
@@ -162,6 +223,7 @@ class Pipeline:
 
     def start(self) -> StreamingQuery:
         """Start the streaming query (validating the database through the source)."""
+        claim_checkpoint(self.config)
         try:
             return self._start_query()
         except PySparkException as err:
@@ -204,6 +266,7 @@ class Pipeline:
         elif self.config.spark.trigger_interval_ms is not None:
             writer = writer.trigger(processingTime=f"{self.config.spark.trigger_interval_ms}"
                                                    " milliseconds")
+        self._streaming = True
         return writer.start()
 
     def _snapshot_options(self) -> dict[str, Any]:
@@ -221,15 +284,28 @@ class Pipeline:
             options["snapshotChunksPerTrigger"] = source.snapshot_chunks_per_trigger
         return options
 
-    @records_runs  # <checkpoint>/tidemark-status.json, for tidemark status
     def run(self) -> None:
-        """Run until done or stopped; raises PipelineError if the query fails.
+        """Run until done or stopped; raises PipelineError if the query fails, and
+        CheckpointOwnerError (having written nothing) if the checkpoint is another
+        pipeline's.
 
         When PostgreSQL becomes unreachable (a restart, a failover, a cut connection)
         the query is started again from its checkpoint after a backoff, up to
         ``source.reconnect_max_attempts`` times in a row: the batch in progress replays
         and exactly-once holds, as after any crash.
         """
+        # Before the run is recorded in the checkpoint, Spark plans a batch into it or
+        # the source creates a slot: another pipeline's checkpoint must stay untouched.
+        claim_checkpoint(self.config)
+        quiet = _QuietStops(self._stop_now)
+        logging.getLogger(_PY4J_CALLBACKS).addFilter(quiet)
+        try:
+            self._run()
+        finally:
+            logging.getLogger(_PY4J_CALLBACKS).removeFilter(quiet)
+
+    @records_runs  # <checkpoint>/tidemark-status.json, for tidemark status
+    def _run(self) -> None:
         source = self.config.source
         attempts = 0
         delay = source.reconnect_backoff_ms / 1000
@@ -246,6 +322,12 @@ class Pipeline:
                     return
                 except PySparkException as err:  # StreamingQueryException is one too
                     message = _message(err)
+                    if self._stop_now.is_set() or (self._stop.is_set()
+                                                   and _STOPPED_BEFORE in str(err)):
+                        # How the stop ended the query, not a failure: the batch that
+                        # did not finish runs again on the next start.
+                        log.info("stopped (%s)", message)
+                        return
                     if not _source_unavailable(err) or self._stop.is_set():
                         raise PipelineError(message) from None
                     if self._batches_applied > applied:
@@ -272,14 +354,35 @@ class Pipeline:
                 self._conn.close()
 
     def _run_query(self) -> None:
-        """Start the streaming query and wait until it ends (raises its failure)."""
-        query = self._start_query()
-        while query.isActive:
-            if self._stop.is_set():
-                _stop_between_batches(query)
-                break
-            time.sleep(_POLL_SECONDS)
-        query.awaitTermination()
+        """Start the streaming query and wait until it ends (raises its failure); when
+        this returns or raises, the query is stopped and no batch runs."""
+        query: StreamingQuery | None = None
+        try:
+            query = self._start_query()
+            while query.isActive:
+                if self._stop.is_set():
+                    _stop_between_batches(query, self._stop_now)
+                    break
+                time.sleep(_POLL_SECONDS)
+            query.awaitTermination()
+        finally:
+            self._stopped(query)
+
+    def _stopped(self, query: StreamingQuery | None) -> None:
+        """Stop *query* if it still runs (this thread was interrupted), then wait until
+        its last batch has returned (:mod:`tidemark.pipeline.in_flight`)."""
+        if query is not None:
+            try:
+                if query.isActive:
+                    query.stop()
+            except Exception as err:  # stopping anyway: Spark's side may be gone already
+                log.warning("could not stop the streaming query: %s", err)
+        if self._in_flight.running:
+            log.info("waiting for the batch in progress to return")
+        if not self._in_flight.wait_idle(_BATCH_RETURN_S):
+            log.warning("a batch is still running %.0f s after the query stopped",
+                        _BATCH_RETURN_S)
+        self._streaming = False
 
     def _start_query(self) -> StreamingQuery:
         # Before Spark starts: a target lost since the last run is a stop, not a new table.
@@ -296,6 +399,17 @@ class Pipeline:
 
     # -- the micro-batch, on the driver ------------------------------------------------
     def _process(self, batch: DataFrame, batch_id: int) -> None:
+        if self._stop.is_set():
+            # Under load the next trigger starts as soon as a batch is committed, so
+            # there may be no moment between batches to stop in. Failing the batch
+            # before it has done anything ends the query there: it is planned in the
+            # checkpoint, not committed, and runs on the next start.
+            raise _StopBeforeBatch(f"{_STOPPED_BEFORE} {batch_id} (it runs on the next "
+                                   "start)")
+        with self._in_flight.batch():
+            self._process_batch(batch, batch_id)
+
+    def _process_batch(self, batch: DataFrame, batch_id: int) -> None:
         started = time.monotonic()
         raw_offset = _batch_offset(self.config.checkpoint, batch_id)
         offset = None if self._kind != "postgres" else SourceOffset.parse(raw_offset)
@@ -685,25 +799,22 @@ def _crash_between_steps(pieces: Iterator[pa.Table], batch_id: int) -> Iterator[
 #: Bytes a log-table change is taken to span when sizing a batch (spill or collect).
 _LOG_ROW_BYTES: Final = 256
 
-#: Longest wait for a moment between two batches before stopping anyway.
-_STOP_WAIT_S: Final = 10.0
+#: Longest wait for a batch to return once its query was stopped (its Spark jobs are
+#: cancelled; a Delta commit in progress finishes).
+_BATCH_RETURN_S: Final = 120.0
 
 
-def _stop_between_batches(query: StreamingQuery, wait_s: float = _STOP_WAIT_S) -> None:
-    """Wait until no trigger is running, then stop: the last batch is committed whole.
+def _stop_between_batches(query: StreamingQuery, now: threading.Event) -> None:
+    """Wait until no trigger is running (or until *now* is set), then stop: the last
+    batch is committed whole.
 
-    A trigger can start between the check and ``stop()``; that batch is then interrupted,
-    which is safe (it replays on the next start) but not graceful, so the window is kept
-    small by polling often. Under load with a short trigger interval one batch follows
-    another with no pause, so after *wait_s* the query is stopped in its batch anyway
-    (the batch replays on the next start).
+    A batch that starts after the stop was requested ends the query before it does
+    anything (``Pipeline._process``), so under load, with one batch right after another,
+    this waits for the batch in progress only. A trigger that starts between the check
+    and ``stop()`` is interrupted while it plans its batch, which is safe (the batch
+    runs on the next start).
     """
-    deadline = time.monotonic() + wait_s
-    while query.isActive and query.status.get("isTriggerActive"):
-        if time.monotonic() > deadline:
-            log.info("no pause between batches within %.0f s: stopping in a batch (it "
-                     "replays on the next start)", wait_s)
-            break
+    while query.isActive and query.status.get("isTriggerActive") and not now.is_set():
         time.sleep(0.05)
     query.stop()
 

@@ -93,6 +93,10 @@ class WrittenTargets:
                 f"checkpoint directory and every target (with no snapshot yet, a new "
                 f"pipeline holds only changes made after it starts)")
 
+    def recorded(self) -> dict[str, str]:
+        """The recorded targets: table name to Delta table path."""
+        return {entry.table: path for path, entry in self._entries.items()}
+
     def record(self, target: Target) -> None:
         """Note that a batch has written to *target* (once per table)."""
         if target.path in self._entries:
