@@ -2,7 +2,19 @@
 
 from __future__ import annotations
 
-from tidemark.spark.column_history import DROPPED, TableLayout, Unmatched, match
+import pyarrow as pa
+from pyspark.sql.pandas.types import to_arrow_schema
+from pyspark.sql.types import IntegerType, StructField, StructType
+
+from tidemark.spark.column_history import (
+    DROPPED,
+    TableLayout,
+    Unmatched,
+    arrow_without_layout,
+    match,
+    with_layout,
+    without_layout,
+)
 
 INT, TEXT = 23, 25
 
@@ -41,3 +53,17 @@ def test_what_cannot_be_proven_is_refused() -> None:
     assert isinstance(match(layout, 7, ["id", "v", "a", "b", "c"], [INT] * 5), Unmatched)
     # No column numbers (MariaDB).
     assert isinstance(match(TableLayout(0, 100, None), 1, ["id", "x"], [0, 0]), Unmatched)
+
+
+def test_the_layout_never_reaches_a_target_s_schema() -> None:
+    """It changes at every query start: in a Delta target's schema it would make the
+    next query's writes fail (delta-rs refuses to merge differing field metadata)."""
+    plain = StructType([StructField("id", IntegerType(), True, {"tidemark.key": True}),
+                        StructField("v", IntegerType())])
+    laid = with_layout(plain, _layout(("id", INT), ("v", INT)))
+    assert laid != plain and without_layout(laid) == plain
+    table = pa.table({"id": [1], "v": [2]}).cast(to_arrow_schema(laid))
+    stripped = arrow_without_layout(table)
+    assert stripped.schema == to_arrow_schema(plain)
+    assert stripped.schema[0].metadata == to_arrow_schema(plain)[0].metadata
+    assert stripped.to_pylist() == [{"id": 1, "v": 2}]

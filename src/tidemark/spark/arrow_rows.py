@@ -139,14 +139,19 @@ ENVELOPE_SCHEMA: Final = StructType([
 TABLE_SCHEMAS_KEY: Final = "tidemark.table_schemas"
 
 
-def envelope_table_schemas(schema: StructType) -> dict[str, StructType]:
-    """The typed schemas an envelope stream's schema carries, by ``schema.table``."""
+def envelope_table_schemas(schema: StructType, *,
+                           layouts: bool = False) -> dict[str, StructType]:
+    """The typed schemas an envelope stream's schema carries, by ``schema.table``; with
+    *layouts*, as the source's sinks need them (the column layouts the query read at
+    start, which must not reach a target's schema)."""
     for carrier in ("after", "table"):
         if carrier in schema.fieldNames():
             raw = (schema[carrier].metadata or {}).get(TABLE_SCHEMAS_KEY)
             if isinstance(raw, dict):
-                return {name: StructType.fromJson(json.loads(text))
-                        for name, text in raw.items()}
+                schemas = {name: StructType.fromJson(json.loads(text))
+                           for name, text in raw.items()}
+                return schemas if layouts else {
+                    name: column_history.without_layout(s) for name, s in schemas.items()}
     raise ValueError("not a tidemark envelope stream (it carries no table schemas): use "
                      "tidemark.spark.read_changes")
 
@@ -226,8 +231,10 @@ def typed_schema(columns: Sequence[StructField]) -> StructType:
 
 
 def arrow_schema(schema: StructType) -> pa.Schema:
-    """The Arrow schema pyspark requires batches of *schema* to have, exactly."""
-    return to_arrow_schema(schema, timezone="UTC")
+    """The Arrow schema pyspark requires batches of *schema* to have, exactly (but for
+    the column layout the query read at start, which must not reach a target's schema:
+    :func:`tidemark.spark.column_history.without_layout`)."""
+    return to_arrow_schema(column_history.without_layout(schema), timezone="UTC")
 
 
 @functools.cache

@@ -24,15 +24,20 @@ one that contradicts names that all still exist.
 
 from __future__ import annotations
 
+import json
 from collections.abc import Mapping, Sequence
 from typing import Any, Final
 
 import msgspec
+import pyarrow as pa
 from pyspark.sql.types import StructField, StructType
 
 #: Field metadata key, on a typed schema's first column: the table's
 #: :class:`TableLayout` as JSON.
 LAYOUT_KEY: Final = "tidemark.layout"
+
+#: Where pyspark keeps a field's metadata in an Arrow schema.
+_SPARK_METADATA: Final = b"SPARK::metadata::json"
 
 #: A position of a message that is a column dropped since.
 DROPPED: Final = ""
@@ -125,6 +130,34 @@ def describe(fit: Sequence[str], names: Sequence[str]) -> str:
     """The renames and drops a match found, for the log."""
     return ", ".join(f"{old} is now {new}" if new != DROPPED else f"{old} was dropped"
                      for old, new in zip(names, fit, strict=True) if new != old)
+
+
+def without_layout(schema: StructType) -> StructType:
+    """*schema* without the layout: it changes at every query start, and what reaches a
+    Delta table's schema must not (delta-rs refuses to merge differing field metadata)."""
+    fields = list(schema.fields)
+    if not fields or LAYOUT_KEY not in (fields[0].metadata or {}):
+        return schema
+    first = fields[0]
+    metadata = {k: v for k, v in first.metadata.items() if k != LAYOUT_KEY}
+    fields[0] = StructField(first.name, first.dataType, first.nullable, metadata)
+    return StructType(fields)
+
+
+def arrow_without_layout(table: pa.Table) -> pa.Table:
+    """*table* (rows Spark handed over, its field metadata in Spark's JSON) without the
+    layout (see :func:`without_layout`)."""
+    if not table.schema or not table.schema[0].metadata:
+        return table
+    first = table.schema[0]
+    raw = first.metadata.get(_SPARK_METADATA)
+    if raw is None or LAYOUT_KEY.encode() not in raw:
+        return table
+    spark = {k: v for k, v in json.loads(raw).items() if k != LAYOUT_KEY}
+    metadata = {k: v for k, v in first.metadata.items() if k != _SPARK_METADATA}
+    if spark:
+        metadata[_SPARK_METADATA] = json.dumps(spark).encode()
+    return table.cast(table.schema.set(0, first.with_metadata(metadata)))
 
 
 def with_layout(schema: StructType, layout: TableLayout) -> StructType:

@@ -53,6 +53,7 @@ from tidemark.lake import change_rows as cr
 from tidemark.lake.delta_writer import apply_changes_in_steps
 from tidemark.lake.spec import DEFAULT_DELETES, DEFAULT_TRUNCATES, ApplySpec
 from tidemark.pipeline import spill
+from tidemark.spark import column_history
 
 log = logging.getLogger(__name__)
 
@@ -217,7 +218,10 @@ def _read(staged: Sequence[StagedRows]) -> Iterator[pa.Table]:
         with pa.OSFile(message.path) as source:
             reader = pa.ipc.open_file(source)
             for i in range(reader.num_record_batches):
-                yield pa.Table.from_batches([reader.get_batch(i)])
+                # A typed stream's first column carries the source's layout (see
+                # tidemark.spark.column_history); the target's schema must not.
+                yield column_history.arrow_without_layout(
+                    pa.Table.from_batches([reader.get_batch(i)]))
 
 
 def _remove(staged: Sequence[StagedRows]) -> None:

@@ -29,7 +29,7 @@ def stream_sink(options: SourceOptions, schema: StructType) -> Sink:
     if options.row_format is not RowFormat.JSON:
         kind = StructEnvelopeSink if options.row_format is RowFormat.STRUCT else \
             PackedEnvelopeSink
-        return kind(schema, envelope_table_schemas(schema), options.arrow_batch_rows,
+        return kind(schema, envelope_table_schemas(schema, layouts=True), options.arrow_batch_rows,
                     options.on_schema_change, options.arrow_batch_bytes)
     return EnvelopeSink(options.tables, options.arrow_batch_rows, options.arrow_batch_bytes)
 
