@@ -95,7 +95,7 @@ def test_a_truncate_in_a_split_batch_is_applied_whole(
     with caplog.at_level(logging.DEBUG, logger="tidemark"):
         Pipeline(load_config(config), spark=spark).run()
     _assert_equal_to_source(db, tmp_path)
-    assert any("public.a: applying batch 2 as one part, not 2 (the batch holds a truncate)"
+    assert any("public.a: applying batch 2 as one part, not 2 (the batch holds a truncate"
                in r.getMessage() for r in caplog.records), caplog.text
     assert not (tmp_path / "lake/a" / BRANCHES_DIR).exists(), "the parts' branches stayed"
 
