@@ -116,10 +116,6 @@ def test_mariadb_transaction_larger_than_the_heap(spark: SparkSession, mdb: Mari
     _assert_lake_equals(_source_digests(mdb.query, "big"), tmp_path)
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "open: for log tables tidemark run sizes a batch as log rows x 256 bytes, so a "
-    "batch of 150,000 4 KB rows counts as 37 MB (< spark.collect_max_mb) and is "
-    "collected whole with toArrow, which overflows the heap"))
 def test_log_table_transaction_larger_than_the_heap(spark: SparkSession, logdb: LogDb,
                                                     tmp_path: Path) -> None:
     logdb.execute("CREATE TABLE big (id integer PRIMARY KEY, v text)")

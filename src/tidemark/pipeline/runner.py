@@ -64,6 +64,7 @@ from tidemark.source.postgres.column_defaults import existing_row_values
 from tidemark.source.postgres.pgoutput import lsn_to_str
 from tidemark.source.registry import SourceKind, source_kind
 from tidemark.spark.arrow_rows import arrow_schema, envelope_table_schemas, typed_rows
+from tidemark.spark.logtable.reader import batch_bytes as logtable_batch_bytes
 from tidemark.spark.options import SnapshotMode
 from tidemark.spark.postgres import wal
 from tidemark.spark.postgres.offsets import SourceOffset
@@ -306,10 +307,7 @@ class Pipeline:
             else snapshot_loads(offset.snapshot))
         if self._schemas is None:
             self._schemas = envelope_table_schemas(batch.schema)
-        size = spill.batch_log_bytes(self.config.checkpoint, batch_id, raw_offset,
-                                     self._log_position)
-        if size is None and offset is not None:
-            size = self._first_batch_bytes(offset.lsn)
+        size = self._batch_bytes(batch_id, raw_offset, offset)
         if self.config.spark.apply_on == "executors":
             self._process_on_executors(batch, batch_id, raw_offset, offset, loads, size,
                                        started)
@@ -577,6 +575,29 @@ class Pipeline:
         return self._kind == "postgres" or (self._kind == "logtable"
                                             and not self.config.dsn.startswith("sqlite:"))
 
+    def _batch_bytes(self, batch_id: int, raw_offset: dict[str, Any],
+                     offset: SourceOffset | None) -> int | None:
+        """How many bytes of source log the batch spans; None when unknown (the batch
+        is then spilled, the safe choice)."""
+        if self._kind == "logtable":
+            # Log rows are as wide as the captured rows: their count says nothing of
+            # their bytes, so the database is asked.
+            start = spill.previous_offset(self.config.checkpoint, batch_id)
+            if start is None:
+                return None
+            try:
+                return logtable_batch_bytes(self.config.dsn, self.config.tables, start,
+                                            raw_offset)
+            except Exception as err:  # only sizing: the spill is the safe choice
+                log.warning("cannot size batch %d in the log tables (it is spilled): %s",
+                            batch_id, err)
+                return None
+        size = spill.batch_log_bytes(self.config.checkpoint, batch_id, raw_offset,
+                                     self._log_position)
+        if size is None and offset is not None:
+            size = self._first_batch_bytes(offset.lsn)
+        return size
+
     def _first_batch_bytes(self, end: int) -> int | None:
         """The WAL a query's first batch spans: from the slot (where the source starts a
         new query) to *end*; None when the slot cannot be read."""
@@ -596,9 +617,6 @@ class Pipeline:
 
     def _log_position(self, offset: dict[str, Any]) -> int:
         """A batch end's position in the source's log, as a number of bytes."""
-        if self._kind == "logtable":
-            # Log rows counted by the log's clock, at a size a typical row has as text.
-            return int(offset.get("clock", 0)) * _LOG_ROW_BYTES
         if self._kind == "mariadb":
             from tidemark.source.mariadb.position import BinlogPosition  # noqa: PLC0415
 
@@ -682,7 +700,8 @@ def _crash_between_steps(pieces: Iterator[pa.Table], batch_id: int) -> Iterator[
         yield piece
 
 
-#: Bytes a log-table change is taken to span when sizing a batch (spill or collect).
+#: Bytes a log-table change is taken to span in the lag behind the log (an estimate,
+#: for progress only: batches are sized by the database, :func:`logtable_batch_bytes`).
 _LOG_ROW_BYTES: Final = 256
 
 #: Longest wait for a moment between two batches before stopping anyway.

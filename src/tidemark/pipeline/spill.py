@@ -48,12 +48,20 @@ def batch_log_bytes(checkpoint: str, batch_id: int, end: dict[str, Any],
     """How much source log the batch spans: from the end of the batch before it (Spark's
     offset log) to its own *end*, both turned into log positions by *position*; None
     when the start is not there (the first batch of a query)."""
+    start = previous_offset(checkpoint, batch_id)
+    return None if start is None else max(0, position(end) - position(start))
+
+
+def previous_offset(checkpoint: str, batch_id: int) -> dict[str, Any] | None:
+    """Where batch *batch_id* starts: the end of the batch before it in Spark's offset
+    log; None when it is not there (the first batch of a query)."""
     previous = Path(checkpoint) / "offsets" / str(batch_id - 1)
     try:
         lines = previous.read_text(encoding="utf-8").splitlines()
     except OSError:
         return None
-    return max(0, position(end) - position(json.loads(lines[-1])))
+    offset: dict[str, Any] = json.loads(lines[-1])
+    return offset
 
 
 def spill_dir(checkpoint: str, batch_id: int) -> Path:

@@ -17,7 +17,7 @@ from __future__ import annotations
 import heapq
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from contextlib import AbstractContextManager
-from typing import Any, NamedTuple, Protocol
+from typing import Any, Final, NamedTuple, Protocol
 
 import msgspec
 
@@ -25,6 +25,9 @@ from tidemark.event import TableId, TableSchema, WireTuple
 from tidemark.source.logtable.layout import Generation
 
 Position = dict[str, Any]
+#: Bytes a change row takes besides its values once read (its log fields, the
+#: envelope's source fields and Arrow's offsets), for :meth:`LogDatabase.range_bytes`.
+ROW_OVERHEAD_BYTES: Final = 128
 #: A chunk of a snapshot: the table's index and its rows as text.
 Snapshotted = tuple[int, list[tuple[str | None, ...]]]
 
@@ -142,6 +145,14 @@ class LogDatabase(Protocol):
         """The changes of *groups* after *start* up to *end* (an :meth:`end_position`;
         the groups share both), in ``cdc$time`` order, in pages of *fetch_rows*: one
         streamed scan per table, however many groups."""
+        ...
+
+    def range_bytes(self, groups: Sequence[int], start: Position, end: Position,
+                    tables: list[LogTable]) -> int:
+        """The bytes of the values :meth:`read_range` would return for the same
+        arguments (as text; bytes as bytes), plus :data:`ROW_OVERHEAD_BYTES` per row:
+        what sizes a Spark batch before it is read, whatever the rows' width. Asked of
+        the database, without fetching the values."""
         ...
 
     def snapshot(self, tables: list[LogTable], fetch_rows: int

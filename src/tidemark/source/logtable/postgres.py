@@ -36,9 +36,11 @@ from psycopg2 import sql
 
 from tidemark.errors import ConfigError, SourceError, SourceUnavailableError
 from tidemark.event import UNAVAILABLE, TableId, WireValue
+from tidemark.logical_type import Kind
 from tidemark.source.logtable import layout
 from tidemark.source.logtable import postgres_install as install
 from tidemark.source.logtable.database import (
+    ROW_OVERHEAD_BYTES,
     LogRow,
     LogTable,
     Position,
@@ -238,6 +240,44 @@ class PostgresLogDatabase:
                                          f"{str(err).strip()}") from None
         finally:
             conn.close()
+
+    def range_bytes(self, groups: Sequence[int], start: Position, end: Position,
+                    tables: list[LogTable]) -> int:
+        prev, now = str(start["snapshot"]), str(end["snapshot"])
+        _xip(prev)
+        _xip(now)
+        if prev == now:
+            return 0
+        total = 0
+        try:
+            with cursor(self._conn) as cur:
+                for entry in tables:
+                    cur.execute(self._size_query(entry),
+                                {"groups": list(groups), "prev": prev, "now": now})
+                    rows, size = cur.fetchone()
+                    total += int(size) + int(rows) * ROW_OVERHEAD_BYTES
+        except psycopg2.OperationalError as err:
+            raise SourceUnavailableError(f"sizing the log of {self._db}: "
+                                         f"{str(err).strip()}") from None
+        return total
+
+    def _size_query(self, entry: LogTable) -> sql.Composed:
+        """The rows and value bytes of :meth:`_query`'s unpaged read. ``octet_length``
+        of a text or bytea value reads its stored length, compressed or out of line,
+        without fetching it."""
+        sizes = sql.SQL(" + ").join(
+            sql.SQL("coalesce(octet_length({}{}), 0)").format(
+                sql.Identifier(column.name),
+                sql.SQL("" if column.logical.kind is Kind.BYTES else "::text"))
+            for column in entry.schema.columns)
+        return sql.SQL(
+            "SELECT count(*), coalesce(sum({sizes}), 0) FROM {log} "
+            "WHERE {group} = ANY(%(groups)s) "
+            "AND {txid} >= pg_snapshot_xmin(%(prev)s::pg_snapshot) "
+            "AND pg_visible_in_snapshot({txid}, %(now)s::pg_snapshot) "
+            "AND NOT pg_visible_in_snapshot({txid}, %(prev)s::pg_snapshot)").format(
+                sizes=sizes, log=sql.Identifier(entry.table.schema, entry.log),
+                group=sql.Identifier(layout.GROUP), txid=sql.Identifier(layout.TXID))
 
     @contextlib.contextmanager
     def snapshot(self, tables: list[LogTable], fetch_rows: int

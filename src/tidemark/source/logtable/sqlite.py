@@ -33,6 +33,7 @@ from tidemark.logical_type import Kind, LogicalType
 from tidemark.source.logtable import layout
 from tidemark.source.logtable import sqlite_install as install
 from tidemark.source.logtable.database import (
+    ROW_OVERHEAD_BYTES,
     LogRow,
     LogTable,
     Position,
@@ -328,6 +329,30 @@ class SqliteLogDatabase:
             conn.execute("COMMIT")
         finally:
             conn.close()
+
+    def range_bytes(self, groups: Sequence[int], start: Position, end: Position,
+                    tables: list[LogTable]) -> int:
+        after, until = _after(start), _after(end)
+        if after >= until:
+            return 0
+        q = install.quote
+        total = 0
+        try:
+            for entry in tables:
+                # A value's bytes as the read hands them on (UTF-8 text, blobs as they are).
+                sizes = " + ".join(f"coalesce(length(CAST({q(c.name)} AS BLOB)), 0)"
+                                   for c in entry.schema.columns)
+                rows, size = self._conn.execute(
+                    f"SELECT count(*), coalesce(sum({sizes}), 0) FROM {q(entry.log)} "
+                    f"WHERE {q(layout.GROUP)} IN ({', '.join('?' * len(groups))}) "
+                    f"AND {q(layout.TIME)} > ? AND {q(layout.TIME)} <= ?",
+                    (*groups, after, until)).fetchone()
+                total += int(size) + int(rows) * ROW_OVERHEAD_BYTES
+        except sqlite3.OperationalError as err:
+            if "locked" in str(err) or "busy" in str(err):
+                raise SourceUnavailableError(f"sizing the log of {self._path}: {err}") from None
+            raise SourceError(f"sizing the log of {self._path}: {err}") from None
+        return total
 
     @contextlib.contextmanager
     def snapshot(self, tables: list[LogTable], fetch_rows: int
