@@ -441,3 +441,26 @@ def test_a_range_s_bytes_are_the_bytes_its_read_returns(logdb: LogDb) -> None:
         assert db.range_bytes([0], start, end, tables) + db.range_bytes(
             [1], start, end, tables) == read + len(rows) * ROW_OVERHEAD_BYTES
         assert db.range_bytes([0, 1], end, end, tables) == 0
+
+
+def test_a_range_is_read_in_pages_bounded_by_bytes(logdb: LogDb) -> None:
+    """A page of the Spark source's read was arrowBatchRows (65,536) log rows whatever
+    their width: 64 GB of 1 MB rows in one Python list. Pages stop near FETCH_BYTES."""
+    from tidemark.fetch_budget import FETCH_BYTES  # noqa: PLC0415
+    from tidemark.source.logtable.reader import open_database  # noqa: PLC0415
+
+    logdb.execute("CREATE TABLE wide (id integer PRIMARY KEY, v text)")
+    logdb.install(["wide"], streams=4, groups=2)
+    mb = "repeat('ab', 524288)" if logdb.kind == "postgres" else \
+        "replace(hex(zeroblob(524288)), '00', 'ab')"
+    with contextlib.closing(open_database(logdb.dsn)) as db:
+        tables = db.tables([logdb.table("wide")])
+        start = db.end_position()
+        logdb.execute(*(f"INSERT INTO wide VALUES ({i}, {mb})" for i in range(60)))
+        pages = [sum(len(r.values[1]) for r in page)
+                 for page in db.read_range([0, 1], start, db.end_position(), tables, 65_536)]
+        with db.snapshot(tables, 65_536) as (_, chunks):
+            loaded = [sum(len(row[1] or "") for row in rows) for _, rows in chunks]
+    for read in (pages, loaded):
+        assert sum(read) == 60 << 20
+        assert max(read) <= FETCH_BYTES + (1 << 20), [p >> 20 for p in read]

@@ -22,6 +22,7 @@ from typing import Any, Final, NamedTuple, Protocol
 import msgspec
 
 from tidemark.event import TableId, TableSchema, WireTuple
+from tidemark.fetch_budget import FetchBudget
 from tidemark.source.logtable.layout import Generation
 
 Position = dict[str, Any]
@@ -77,17 +78,28 @@ class ReadResult(NamedTuple):
     caught_up: bool
 
 
-def merged_pages(streams: Sequence[Iterator[LogRow]], fetch_rows: int
+def merged_pages(streams: Sequence[Iterator[LogRow]], budgets: Sequence[FetchBudget]
                  ) -> Iterator[list[LogRow]]:
-    """Tables' row streams, each in ``cdc$time`` order, merged into one, in pages."""
+    """Tables' row streams, each in ``cdc$time`` order, merged into one, in pages of
+    the rows the narrowest of the streams' *budgets* allows (bounded by bytes)."""
     page: list[LogRow] = []
     for row in heapq.merge(*streams, key=lambda r: r.time):
         page.append(row)
-        if len(page) >= fetch_rows:
+        if len(page) >= min(b.rows() for b in budgets):
             yield page
             page = []
     if page:
         yield page
+
+
+def fetched(cursor: Any, budget: FetchBudget) -> Iterator[list[tuple[Any, ...]]]:
+    """A cursor's rows, fetch by fetch, each of the rows *budget* allows."""
+    while True:
+        rows = cursor.fetchmany(budget.rows())
+        if not rows:
+            return
+        budget.saw(rows)
+        yield rows
 
 
 class LogDatabase(Protocol):

@@ -36,6 +36,7 @@ from psycopg2 import sql
 
 from tidemark.errors import ConfigError, SourceError, SourceUnavailableError
 from tidemark.event import UNAVAILABLE, TableId, WireValue
+from tidemark.fetch_budget import FetchBudget
 from tidemark.logical_type import Kind
 from tidemark.source.logtable import layout
 from tidemark.source.logtable import postgres_install as install
@@ -47,6 +48,7 @@ from tidemark.source.logtable.database import (
     ReaderPosition,
     ReadResult,
     Snapshotted,
+    fetched,
     merged_pages,
 )
 from tidemark.source.postgres.catalog import current_database
@@ -228,12 +230,13 @@ class PostgresLogDatabase:
         try:
             params = {"groups": list(groups), "prev": prev, "now": now}
             streams = []
+            budgets = []
             for index, entry in enumerate(tables):
                 cur = conn.cursor(name=f"tidemark_range_{index}")
-                cur.itersize = fetch_rows
                 cur.execute(self._query(entry, paged=False), params)
-                streams.append(_streamed(index, entry, cur, fetch_rows))
-            yield from merged_pages(streams, fetch_rows)
+                budgets.append(FetchBudget(fetch_rows))
+                streams.append(_streamed(index, entry, cur, budgets[-1]))
+            yield from merged_pages(streams, budgets)
             conn.commit()
         except psycopg2.OperationalError as err:
             raise SourceUnavailableError(f"reading the log tables of {self._db}: "
@@ -298,14 +301,10 @@ class PostgresLogDatabase:
                         sql.SQL("{}::text").format(sql.Identifier(c.name))
                         for c in entry.schema.columns)
                     with conn.cursor(name=f"tidemark_snapshot_{index}") as cur:
-                        cur.itersize = fetch_rows
                         cur.execute(sql.SQL("SELECT {} FROM {}").format(
                             names, sql.Identifier(entry.table.schema, entry.table.table)))
-                        while True:
-                            fetched = cur.fetchmany(fetch_rows)
-                            if not fetched:
-                                break
-                            yield index, fetched
+                        for page in fetched(cur, FetchBudget(fetch_rows)):
+                            yield index, page
 
             yield position, rows()
         finally:
@@ -469,12 +468,9 @@ def _check_table(cur: Any, entry: LogTable) -> None:
                 f"`tidemark logtable install` for {table}, then re-load it")
 
 
-def _streamed(index: int, entry: LogTable, cur: Any, fetch_rows: int) -> Iterator[LogRow]:
-    while True:
-        fetched = cur.fetchmany(fetch_rows)
-        if not fetched:
-            return
-        yield from _rows(index, entry, fetched)
+def _streamed(index: int, entry: LogTable, cur: Any, budget: FetchBudget) -> Iterator[LogRow]:
+    for rows in fetched(cur, budget):
+        yield from _rows(index, entry, rows)
 
 
 def _rows(index: int, entry: LogTable, fetched: list[tuple[Any, ...]]) -> Iterator[LogRow]:
