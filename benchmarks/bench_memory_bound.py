@@ -16,9 +16,9 @@ settings otherwise. ``--source``:
 Measured, and printed against the settings (heap, the source's ``arrowBatchBytes``,
 ``spark.collect_max_mb``, ``spark.apply_step_mb``):
 
-* peak JVM heap in use: the largest heap occupancy before a collection in the JVM's GC
-  log (``-Xlog:gc`` through ``spark.driver.extraJavaOptions``), and the number of full
-  collections;
+* JVM heap, from the JVM's GC log (``-Xlog:gc`` through
+  ``spark.driver.extraJavaOptions``): the peak in use (before a collection: live data
+  and garbage), the peak live (after a collection), and the number of full collections;
 * peak memory, sampled every 0.1 s: RSS of the Python driver and of the JVM; Spark's
   Python workers as their summed PSS and the largest one's RSS;
 * wall time of the run (Spark's start included).
@@ -70,11 +70,12 @@ def _mib(n: float) -> str:
     return f"{n / 2**20:,.0f} MiB"
 
 
-def _pipeline(work: Path, source: str, table: str, heap: str | None, gc_log: Path) -> Path:
+def _pipeline(work: Path, source: str, table: str, heap: str | None, gc_log: Path,
+              java_options: str = "") -> Path:
     conf = '"spark.ui.enabled" = "false"'
     if heap is not None:
         conf += (f', "spark.driver.memory" = "{heap}", '
-                 f'"spark.driver.extraJavaOptions" = "-Xlog:gc:file={gc_log}"')
+                 f'"spark.driver.extraJavaOptions" = "-Xlog:gc:file={gc_log} {java_options}"')
     file = work / "pipeline.toml"
     file.write_text(f'[source]\n{source}\n[spark]\ncheckpoint = "{work}/chk"\n'
                     f'available_now = true\nconf = {{ {conf} }}\n'
@@ -128,18 +129,24 @@ def _run(file: Path) -> tuple[float, Peaks, str]:
     peaks.join()
     text = log.read_text(errors="replace")
     if code != 0:
-        raise SystemExit(f"tidemark run failed ({code}):\n{text[-3000:]}")
+        kept = Path(tempfile.gettempdir()) / "bench_memory_bound.run.log"
+        kept.write_text(text)
+        cause = "\n".join(line for line in text.splitlines()
+                          if re.search(r"Error|Exception|Killed|batch \d", line))
+        raise SystemExit(f"tidemark run failed ({code}); its log: {kept}\n{cause[-3000:]}")
     return seconds, peaks, text
 
 
-def _gc_peaks(gc_log: Path) -> tuple[int, int, int]:
-    """Peak heap in use (MiB, before a collection), the largest heap size (MiB) and the
-    number of full collections, from the GC log."""
+def _gc_peaks(gc_log: Path) -> tuple[int, int, int, int]:
+    """From the GC log, in MiB: peak heap in use before a collection (live data and
+    garbage), peak live heap (after one), the largest heap size; and the number of full
+    collections."""
     text = gc_log.read_text(errors="replace")
-    used = size = 0
-    for before, _, total in _GC_LINE.findall(text):
-        used, size = max(used, int(before)), max(size, int(total))
-    return used, size, text.count("Pause Full")
+    used = live = size = 0
+    for before, after, total in _GC_LINE.findall(text):
+        used, live = max(used, int(before)), max(live, int(after))
+        size = max(size, int(total))
+    return used, live, size, text.count("Pause Full")
 
 
 def _hex_sql_postgres(width: int) -> str:
@@ -293,7 +300,7 @@ def _measure(source: Source, args: argparse.Namespace, work: Path) -> None:
     load_s = time.perf_counter() - started
     data = args.rows * (args.width // 32 * 32)
     gc_log = work / "gc.log"
-    file = _pipeline(work, source.source, source.table, args.heap, gc_log)
+    file = _pipeline(work, source.source, source.table, args.heap, gc_log, args.java_options)
     spark = load_config(file).spark
     print(f"{source.kind}: one transaction of {args.rows:,} rows x {args.width // 32 * 32} "
           f"bytes of text ({_mib(data)} of values, written in {load_s:.0f} s); settings: "
@@ -301,13 +308,13 @@ def _measure(source: Source, args: argparse.Namespace, work: Path) -> None:
           f"collect_max_mb {spark.collect_max_mb}, apply_step_mb {spark.apply_step_mb}, "
           f"apply_step_rows {spark.apply_step_rows:,}")
     seconds, peaks, log = _run(file)
-    used, size, full = _gc_peaks(gc_log)
+    used, live, size, full = _gc_peaks(gc_log)
     spilled = "spilled, applied in steps" if "the executors write it" in log \
         else "collected whole"
-    print(f"  tidemark run: {seconds:.0f} s ({spilled}); peak JVM heap in use {used} MiB "
-          f"of {size} MiB ({full} full GCs); peak RSS: driver {_mib(peaks.driver)}, JVM "
-          f"{_mib(peaks.jvm)}, Python workers {_mib(peaks.workers)} (PSS summed; the largest "
-          f"one {_mib(peaks.worker)} RSS)")
+    print(f"  tidemark run: {seconds:.0f} s ({spilled}); JVM heap (of {size} MiB): peak in use "
+          f"{used} MiB, peak live after a GC {live} MiB, {full} full GCs; peak RSS: driver "
+          f"{_mib(peaks.driver)}, JVM {_mib(peaks.jvm)}, Python workers "
+          f"{_mib(peaks.workers)} (PSS summed; the largest one {_mib(peaks.worker)} RSS)")
     lake = _lake_digests(work / "lake")
     wanted = dict(source.digests(args.rows))
     if len(wanted) != args.rows:
@@ -326,6 +333,8 @@ def main() -> None:
     parser.add_argument("--rows", type=int, default=1_000_000)
     parser.add_argument("--width", type=int, default=1024, help="bytes of v (multiple of 32)")
     parser.add_argument("--heap", default="512m", help="spark.driver.memory")
+    parser.add_argument("--java-options", default="",
+                        help="more JVM options (e.g. a flight recording, to see what fills it)")
     args = parser.parse_args()
     with tempfile.TemporaryDirectory() as tmp:
         work = Path(tmp)

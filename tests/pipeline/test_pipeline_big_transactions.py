@@ -10,6 +10,7 @@ from __future__ import annotations
 import signal
 from pathlib import Path
 
+import pyarrow.parquet as pq
 import pytest
 from deltalake import DeltaTable
 from pyspark.sql import SparkSession
@@ -123,3 +124,26 @@ def test_a_snapshot_and_an_empty_table_s_snapshot_through_the_spill(
     check_a_snapshot_and_an_empty_table_s_snapshot(spark, db, tmp_path, _SPILL_EVERYTHING)
 
 
+
+
+def test_the_spill_cuts_row_groups_by_bytes_after_a_small_first_row(
+        spark: SparkSession, tmp_path: Path) -> None:
+    """Parquet's writer sizes its row group every so many rows, guessed from the rows so
+    far: after a small first row it waited 1,000 rows, and a spill of 1 MB rows became
+    one row group held whole in the executor's heap (a 1 GB transaction overflowed a
+    512 MB heap). Row groups stay near parquet.block.size (32 MB) whatever comes first."""
+    from pyspark.sql import functions as fn  # noqa: PLC0415
+
+    from tidemark.pipeline import spill  # noqa: PLC0415
+
+    rows = spark.range(0, 160, 1, 1).select(
+        fn.col("id"), fn.when(fn.col("id") == 0, fn.lit(b"x")).otherwise(
+            fn.expr("cast(randstr(1048576, 7) as binary)")).alias("blob"))
+    path = tmp_path / SPILL_DIR / "0"
+    spill.spill(rows, path)
+    groups = [(meta.row_group(i).num_rows, meta.row_group(i).total_byte_size)
+              for file in path.glob("part-*.parquet")
+              for meta in [pq.ParquetFile(file).metadata]
+              for i in range(meta.num_row_groups)]
+    assert sum(n for n, _ in groups) == 160
+    assert max(size for _, size in groups) <= 48 << 20, [size >> 20 for _, size in groups]

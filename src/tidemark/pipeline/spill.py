@@ -72,14 +72,20 @@ def spill_dir(checkpoint: str, batch_id: int) -> Path:
 #: Parquet's writer (in the executor's JVM heap) buffers a row group until it reaches
 #: ``parquet.block.size``, but measures it only every 100 rows at first: 100 packed
 #: envelope rows of several MB each overflowed a 1 GB heap before the first measure.
-#: Measured from the first row, and with row groups of a few packed rows, the writer
-#: holds about one row group per task, whatever the rows' width; a dictionary of
-#: blobs would only be dropped again.
+#: After a measure it waits for the rows the average row size says will fill the row
+#: group, up to ``…row.check.max`` rows: a small first row (a few changes) made it wait
+#: 1,000 rows, and 171 rows of 1 MB were buffered as one row group (issue 34: a 1 GB
+#: transaction overflowed a 512 MB heap). Measured from the first row and at least every
+#: 10, with row groups of a few packed rows, the writer holds about one row group per
+#: task, whatever the rows' width. A dictionary of blobs would only be dropped again, and
+#: statistics would keep a copy of each row group's smallest and largest blob until the
+#: file is closed (the spill is read whole, never filtered).
 _WRITER_OPTIONS: Final = {
     "parquet.block.size": str(32 << 20),
     "parquet.page.size.row.check.min": "1",
-    "parquet.page.size.row.check.max": "1000",
+    "parquet.page.size.row.check.max": "10",
     "parquet.enable.dictionary": "false",
+    "parquet.column.statistics.enabled": "false",
 }
 
 
