@@ -46,7 +46,7 @@ from tidemark import faults
 from tidemark.errors import TerminalError
 from tidemark.event import TableId
 from tidemark.lake import ApplyResult, apply_changes
-from tidemark.lake.delta_writer import SnapshotLoad, apply_changes_in_steps
+from tidemark.lake.delta_writer import SnapshotLoad, apply_changes_in_steps, load_in_steps
 from tidemark.lake.split_apply import plan_target
 from tidemark.lake.upkeep import HEAVY_TASKS, UpkeepState, upkeep
 from tidemark.lake.widening import TypeChangeError
@@ -521,27 +521,25 @@ class Pipeline:
         """Apply one target's rows of the batch (a table, or pieces of a spilled batch);
         None when there was nothing to apply."""
         pieces = seen.count(target.table, [rows] if isinstance(rows, pa.Table) else rows)
-        if load is not None:  # a snapshot's rows, bounded by the snapshot's chunk settings
-            assert self._schemas is not None
-            chunks = list(pieces)
-            pieces = iter([pa.concat_tables(chunks) if chunks else
-                           arrow_schema(self._schemas[target.table]).empty_table()])
         first = next(pieces, None)
+        if first is None and load == "replace":
+            # An empty table's snapshot still replaces (or creates) the target.
+            assert self._schemas is not None
+            first = arrow_schema(self._schemas[target.table]).empty_table()
         if first is None or (not first.num_rows and load != "replace"):
             return None
         written = self._written_targets()
         written.check((target,), identity=False)  # deleted while the query runs
         new_column_values = functools.partial(self._existing_row_values, target.table)
         try:
-            if load is not None:
-                result = apply_changes(
-                    target.path, first, target.spec, app_id=self._app_id(target),
-                    version=batch_id, new_column_values=new_column_values,
-                    storage_options=target.storage_options,
-                    snapshot_load=load)
+            stream = _crash_between_steps(spill.first_then(first, pieces), batch_id)
+            del first  # the stream lets go of it once applied, like any other piece
+            if load is not None:  # a snapshot's rows: written, not merged
+                result = load_in_steps(
+                    target.path, stream, target.spec, app_id=self._app_id(target),
+                    version=batch_id, how=load, new_column_values=new_column_values,
+                    storage_options=target.storage_options)
             else:
-                stream = _crash_between_steps(spill.first_then(first, pieces), batch_id)
-                del first  # the stream lets go of it once merged, like any other piece
                 result = apply_changes_in_steps(
                     target.path, stream, target.spec,
                     app_id=self._app_id(target), version=batch_id,
@@ -579,6 +577,11 @@ class Pipeline:
                      offset: SourceOffset | None) -> int | None:
         """How many bytes of source log the batch spans; None when unknown (the batch
         is then spilled, the safe choice)."""
+        if raw_offset.get("loaded") or (offset is not None and offset.snapshot is not None
+                                        and offset.snapshot.chunks):
+            # Tables' rows (a snapshot's, up to a whole table): the log tells nothing of
+            # their bytes.
+            return None
         if self._kind == "logtable":
             # Log rows are as wide as the captured rows: their count says nothing of
             # their bytes, so the database is asked.
