@@ -18,15 +18,24 @@ Measured, and printed against the settings (heap, the source's ``arrowBatchBytes
 
 * JVM heap, from the JVM's GC log (``-Xlog:gc`` through
   ``spark.driver.extraJavaOptions``): the peak in use (before a collection: live data
-  and garbage), the peak live (after a collection), and the number of full collections;
+  and garbage), the peak after a collection (what it could not free then), and the
+  number of full collections;
 * peak memory, sampled every 0.1 s: RSS of the Python driver and of the JVM; Spark's
   Python workers as their summed PSS and the largest one's RSS;
 * wall time of the run (Spark's start included).
 
 The Delta table is then checked against the source: every id, and the md5 of every ``v``.
 
+``--values repeated`` (PostgreSQL): each ``v`` one md5 repeated, which TOAST compresses.
+
+``--changelog``: with a ``[changelog]`` (each batch is persisted, written to it, then
+applied).
+
+``--phase snapshot``: the same rows as a populated table, loaded by the pipeline's
+snapshot (``snapshot = "initial"``) instead of streamed.
+
 Usage: ``uv run python benchmarks/bench_memory_bound.py --source postgres [--rows 1000000]
-[--width 1024] [--heap 512m]``
+[--width 1024] [--heap 512m] [--phase snapshot]``
 """
 
 from __future__ import annotations
@@ -36,6 +45,7 @@ import contextlib
 import hashlib
 import os
 import re
+import shutil
 import sqlite3
 import subprocess
 import sys
@@ -71,7 +81,8 @@ def _mib(n: float) -> str:
 
 
 def _pipeline(work: Path, source: str, table: str, heap: str | None, gc_log: Path,
-              java_options: str = "") -> Path:
+              java_options: str = "", snapshot: str = "never",
+              changelog: bool = False) -> Path:
     conf = '"spark.ui.enabled" = "false"'
     if heap is not None:
         conf += (f', "spark.driver.memory" = "{heap}", '
@@ -80,7 +91,8 @@ def _pipeline(work: Path, source: str, table: str, heap: str | None, gc_log: Pat
     file.write_text(f'[source]\n{source}\n[spark]\ncheckpoint = "{work}/chk"\n'
                     f'available_now = true\nconf = {{ {conf} }}\n'
                     f'[targets."{table}"]\npath = "{work}/lake"\nkeys = ["id"]\n'
-                    'snapshot = "never"\n')
+                    f'snapshot = "{snapshot}"\n'
+                    + (f'[changelog]\npath = "{work}/changes"\n' if changelog else ""))
     return file
 
 
@@ -139,14 +151,19 @@ def _run(file: Path) -> tuple[float, Peaks, str]:
 
 def _gc_peaks(gc_log: Path) -> tuple[int, int, int, int]:
     """From the GC log, in MiB: peak heap in use before a collection (live data and
-    garbage), peak live heap (after one), the largest heap size; and the number of full
-    collections."""
+    garbage), peak in use after one (what it could not free then), the largest heap
+    size; and the number of full collections. Remark and cleanup pauses free nothing:
+    they are left out."""
     text = gc_log.read_text(errors="replace")
-    used = live = size = 0
-    for before, after, total in _GC_LINE.findall(text):
-        used, live = max(used, int(before)), max(live, int(after))
-        size = max(size, int(total))
-    return used, live, size, text.count("Pause Full")
+    shutil.copy(gc_log, Path(tempfile.gettempdir()) / "bench_memory_bound.gc.log")
+    used = kept = size = 0
+    for line in text.splitlines():
+        found = _GC_LINE.search(line)
+        if found is None or "Remark" in line or "Cleanup" in line:
+            continue
+        before, after, total = (int(v) for v in found.groups())
+        used, kept, size = max(used, before), max(kept, after), max(size, total)
+    return used, kept, size, text.count("Pause Full")
 
 
 def _hex_sql_postgres(width: int) -> str:
@@ -175,8 +192,9 @@ class Source:
 
 
 class Postgres(Source):
-    def __init__(self, cluster: PostgresCluster, logtable: bool) -> None:
+    def __init__(self, cluster: PostgresCluster, logtable: bool, repeated: bool) -> None:
         self.dsn = cluster.create_database("bench")
+        self.repeated = repeated
         self.logtable = logtable
         self.table = "public.big"
         self.kind = "logtable-postgres" if logtable else "postgres"
@@ -199,8 +217,10 @@ class Postgres(Source):
             self._execute("SELECT pg_create_logical_replication_slot('bench', 'pgoutput')")
 
     def load(self, rows: int, width: int) -> None:
-        self._execute(f"INSERT INTO big SELECT g, {_hex_sql_postgres(width)} "
-                      f"FROM generate_series(1, {rows}) g")
+        # Repeated, a value compresses (TOAST) to a few dozen bytes of WAL.
+        value = f"repeat(md5(g::text), {width // 32})" if self.repeated else \
+            _hex_sql_postgres(width)
+        self._execute(f"INSERT INTO big SELECT g, {value} FROM generate_series(1, {rows}) g")
 
     def digests(self, rows: int) -> Iterator[tuple[int, str]]:
         with contextlib.closing(psycopg2.connect(self.dsn)) as conn, conn.cursor() as cur:
@@ -294,15 +314,20 @@ def _lake_digests(lake: Path) -> dict[int, str]:
 
 def _measure(source: Source, args: argparse.Namespace, work: Path) -> None:
     source.prepare()
-    source.first_run(work)
+    snapshot = args.phase == "snapshot"
+    if not snapshot:
+        source.first_run(work)
     started = time.perf_counter()
     source.load(args.rows, args.width)
     load_s = time.perf_counter() - started
     data = args.rows * (args.width // 32 * 32)
     gc_log = work / "gc.log"
-    file = _pipeline(work, source.source, source.table, args.heap, gc_log, args.java_options)
+    file = _pipeline(work, source.source, source.table, args.heap, gc_log, args.java_options,
+                     "initial" if snapshot else "never", args.changelog)
     spark = load_config(file).spark
-    print(f"{source.kind}: one transaction of {args.rows:,} rows x {args.width // 32 * 32} "
+    what = ("a table (its snapshot)" if snapshot else "one transaction") + \
+        (", with a change log" if args.changelog else "")
+    print(f"{source.kind}: {what} of {args.rows:,} rows x {args.width // 32 * 32} "
           f"bytes of text ({_mib(data)} of values, written in {load_s:.0f} s); settings: "
           f"heap {args.heap}, arrowBatchBytes {_mib(DEFAULT_ARROW_BATCH_BYTES)}, "
           f"collect_max_mb {spark.collect_max_mb}, apply_step_mb {spark.apply_step_mb}, "
@@ -312,7 +337,7 @@ def _measure(source: Source, args: argparse.Namespace, work: Path) -> None:
     spilled = "spilled, applied in steps" if "the executors write it" in log \
         else "collected whole"
     print(f"  tidemark run: {seconds:.0f} s ({spilled}); JVM heap (of {size} MiB): peak in use "
-          f"{used} MiB, peak live after a GC {live} MiB, {full} full GCs; peak RSS: driver "
+          f"{used} MiB, after a collection {live} MiB, {full} full GCs; peak RSS: driver "
           f"{_mib(peaks.driver)}, JVM {_mib(peaks.jvm)}, Python workers "
           f"{_mib(peaks.workers)} (PSS summed; the largest one {_mib(peaks.worker)} RSS)")
     lake = _lake_digests(work / "lake")
@@ -333,9 +358,18 @@ def main() -> None:
     parser.add_argument("--rows", type=int, default=1_000_000)
     parser.add_argument("--width", type=int, default=1024, help="bytes of v (multiple of 32)")
     parser.add_argument("--heap", default="512m", help="spark.driver.memory")
+    parser.add_argument("--phase", choices=("transaction", "snapshot"), default="transaction",
+                        help="the rows as one streamed transaction, or as a table's snapshot")
     parser.add_argument("--java-options", default="",
                         help="more JVM options (e.g. a flight recording, to see what fills it)")
+    parser.add_argument("--changelog", action="store_true",
+                        help="with a [changelog] (the batch is persisted and written twice)")
+    parser.add_argument("--values", choices=("hashed", "repeated"), default="hashed",
+                        help="v as md5 hex of each part (incompressible), or one md5 "
+                             "repeated (PostgreSQL compresses it; PostgreSQL sources only)")
     args = parser.parse_args()
+    if args.values == "repeated" and args.source not in ("postgres", "logtable-postgres"):
+        parser.error("--values repeated is for the PostgreSQL sources")
     with tempfile.TemporaryDirectory() as tmp:
         work = Path(tmp)
 
@@ -349,7 +383,8 @@ def main() -> None:
             run(Sqlite(work / "bench.db"))
         else:
             with PostgresCluster(settings=_DURABLE_PG) as cluster:
-                run(Postgres(cluster, logtable=args.source == "logtable-postgres"))
+                run(Postgres(cluster, logtable=args.source == "logtable-postgres",
+                             repeated=args.values == "repeated"))
 
 
 if __name__ == "__main__":

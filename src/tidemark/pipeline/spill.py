@@ -9,7 +9,7 @@ Parquet (Spark streams it: no process holds the batch), and each target's rows a
 back in pieces of ``spark.apply_step_rows`` rows and ``spark.apply_step_mb`` MB for
 :func:`tidemark.lake.delta_writer.apply_changes_in_steps`, which commits them as one.
 Every buffer on the way is bounded by rows and by bytes, so wide rows take no more
-memory than narrow ones (``benchmarks/bench_run_memory.py`` measures it).
+memory than narrow ones (``benchmarks/bench_memory_bound.py`` measures it).
 """
 
 from __future__ import annotations
