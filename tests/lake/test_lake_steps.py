@@ -106,3 +106,55 @@ def test_a_partitioned_target_with_odd_partition_values(tmp_path: Path) -> None:
     got = read(path, "id", "name", "body")
     assert [r["id"] for r in got] == [1, 2, 4, 5, 6, 7, 8, 9]
     assert all(r["body"] == "y" for r in got)
+
+
+def _snapshot_rows(lsn: int, ids: range, name: str) -> pa.Table:
+    return rows(*[change("r", lsn, 0, id=i, name=name, body="s") for i in ids])
+
+
+def test_a_snapshot_loaded_in_pieces_is_one_commit_that_replaces_the_target(
+        tmp_path: Path) -> None:
+    """A snapshot's rows of one batch (up to a whole table) are written a piece at a
+    time into a branch and committed once: the target then holds exactly them, a reader
+    saw none of them before, and the replay is recognised."""
+    from tidemark.lake.delta_writer import load_in_steps  # noqa: PLC0415
+
+    path = tmp_path / "t"
+    _load(path)  # 20 rows the snapshot replaces
+    version = DeltaTable(str(path)).version()
+    seen_between: list[list[dict[str, Any]]] = []
+
+    def pieces() -> Iterator[pa.Table]:
+        for start in range(0, 100, 25):
+            if start:
+                seen_between.append(read(path, "id"))
+            yield _snapshot_rows(30, range(start, start + 25), "snap")
+
+    result = load_in_steps(path, pieces(), SPEC, app_id="q", version=1, how="replace")
+    assert len(seen_between) == 3 and all(len(state) == 20 for state in seen_between)
+    assert DeltaTable(str(path)).version() == version + 1 == result.delta_version
+    assert result.inserted == 100 and result.deleted == 20
+    assert read(path, "id", "name") == [{"id": i, "name": "snap"} for i in range(100)]
+    assert not (path / BRANCHES_DIR).exists()
+    again = load_in_steps(path, pieces(), SPEC, app_id="q", version=1, how="replace")
+    assert again.already_applied and DeltaTable(str(path)).version() == version + 1
+    # A later batch's chunks are appended, in pieces, as one commit too.
+    load_in_steps(path, (_snapshot_rows(30, range(s, s + 10), "more") for s in (100, 110)),
+                  SPEC, app_id="q", version=2, how="append")
+    assert len(read(path, "id")) == 120
+    assert DeltaTable(str(path)).version() == version + 2
+
+
+def test_a_truncate_in_a_later_piece_of_a_snapshot_drops_what_came_before(
+        tmp_path: Path) -> None:
+    """A restarted snapshot's truncate ends everything before it, also the rows earlier
+    pieces of the same load wrote."""
+    from tidemark.lake.delta_writer import load_in_steps  # noqa: PLC0415
+
+    path = tmp_path / "t"
+    _load(path)
+    truncate = rows(change("t", 40, 0, id=None), *[change("r", 40, 1, id=i, name="again",
+                                                          body="s") for i in range(5)])
+    load_in_steps(path, iter([_snapshot_rows(30, range(50), "first"), truncate]), SPEC,
+                  app_id="q", version=1, how="replace")
+    assert read(path, "id", "name") == [{"id": i, "name": "again"} for i in range(5)]

@@ -7,9 +7,11 @@ of a few rows cuts one transaction into many steps, so small tables exercise wha
 
 from __future__ import annotations
 
+import re
 import signal
 from pathlib import Path
 
+import pyarrow.parquet as pq
 import pytest
 from deltalake import DeltaTable
 from pyspark.sql import SparkSession
@@ -118,8 +120,59 @@ def test_sigkill_between_steps_then_restart_loses_and_doubles_nothing(
 
 def test_a_snapshot_and_an_empty_table_s_snapshot_through_the_spill(
         spark: SparkSession, db: Database, tmp_path: Path) -> None:
-    """Snapshot chunks come through the spill too (loads put their pieces together), and
-    an empty table's snapshot still creates its target."""
+    """Snapshot chunks come through the spill too (loads write their pieces into a
+    branch, committed once), and an empty table's snapshot still creates its target."""
     check_a_snapshot_and_an_empty_table_s_snapshot(spark, db, tmp_path, _SPILL_EVERYTHING)
 
 
+def test_snapshot_batches_are_spilled_and_loaded_in_steps_whatever_the_log_says(
+        spark: SparkSession, db: Database, tmp_path: Path,
+        caplog: pytest.LogCaptureFixture) -> None:
+    """A batch of snapshot chunks spans next to no WAL, yet holds snapshotChunkRows rows
+    a chunk, of any width: it was collected whole, and its rows put together on the
+    driver. Every such batch is spilled, and loaded a step at a time as one commit."""
+    import logging  # noqa: PLC0415
+
+    from tidemark.pipeline.compare import compare  # noqa: PLC0415
+
+    db.execute("CREATE TABLE c (id int PRIMARY KEY, v text)",
+               "INSERT INTO c SELECT g, 'row ' || g FROM generate_series(1, 35) g")
+    file = tmp_path / "pipeline.toml"
+    file.write_text(f'[source]\ndsn = "{db.dsn}"\nslot = "s_{db.name}"\n'
+                    f'publication = "p_{db.name}"\nsnapshotChunkRows = 10\n'
+                    "snapshotChunksPerTrigger = 1\n[spark]\ncheckpoint = \"chk\"\n"
+                    'available_now = true\napply_step_rows = 4\n'
+                    'conf = { "spark.ui.enabled" = "false" }\n'
+                    '[targets."public.c"]\npath = "lake/c"\nkeys = ["id"]\n')
+    with caplog.at_level(logging.INFO, logger="tidemark"):
+        Pipeline(load_config(file), spark=spark).run()
+    source, lake = compare(db.dsn, "public.c", str(tmp_path / "lake/c"), ["id", "v"])
+    assert source == lake and len(lake) == 35
+    spilled = {int(m) for m in re.findall(r"batch (\d+) spans an unknown amount", caplog.text)}
+    loaded = {int(m) for m in re.findall(r"loaded batch (\d+) into \S+ in 3 steps",
+                                         caplog.text)}
+    # Chunks of 10 rows, one a batch, in steps of 4: batches 0 to 2 in 3 steps each.
+    assert loaded == {0, 1, 2} and loaded <= spilled, caplog.text[-3000:]
+
+
+def test_the_spill_cuts_row_groups_by_bytes_after_a_small_first_row(
+        spark: SparkSession, tmp_path: Path) -> None:
+    """Parquet's writer sizes its row group every so many rows, guessed from the rows so
+    far: after a small first row it waited 1,000 rows, and a spill of 1 MB rows became
+    one row group held whole in the executor's heap (a 1 GB transaction overflowed a
+    512 MB heap). Row groups stay near parquet.block.size (32 MB) whatever comes first."""
+    from pyspark.sql import functions as fn  # noqa: PLC0415
+
+    from tidemark.pipeline import spill  # noqa: PLC0415
+
+    rows = spark.range(0, 160, 1, 1).select(
+        fn.col("id"), fn.when(fn.col("id") == 0, fn.lit(b"x")).otherwise(
+            fn.expr("cast(randstr(1048576, 7) as binary)")).alias("blob"))
+    path = tmp_path / SPILL_DIR / "0"
+    spill.spill(rows, path)
+    groups = [(meta.row_group(i).num_rows, meta.row_group(i).total_byte_size)
+              for file in path.glob("part-*.parquet")
+              for meta in [pq.ParquetFile(file).metadata]
+              for i in range(meta.num_row_groups)]
+    assert sum(n for n, _ in groups) == 160
+    assert max(size for _, size in groups) <= 48 << 20, [size >> 20 for _, size in groups]

@@ -23,6 +23,7 @@ from tidemark.spark.options import SourceOptions
 from tidemark.spark.postgres import wal
 from tidemark.spark.postgres.reader import read_slice
 from tidemark.spark.postgres.schema import table_spark_schema
+from waiting import wait_for
 
 pytestmark = pytest.mark.integration
 
@@ -248,3 +249,26 @@ def test_bad_options_and_tables_fail_at_load_with_clear_errors(
     closed = db.dsn.replace(f"port={db.cluster.port}", "port=1")
     message = load(dsn=closed, table="public.a")
     assert "cannot connect" in message and db.cluster.password not in message
+
+
+def test_a_peek_fetches_wide_messages_by_bytes_not_by_count(db: Database) -> None:
+    """20,000 WAL messages per fetch were a few MB of narrow rows, but 1.2 GB of 60 KB
+    ones held by one worker: a fetch is cut at about FETCH_BYTES whatever the width."""
+    from tidemark.fetch_budget import FETCH_BYTES, value_bytes  # noqa: PLC0415
+
+    db.execute("CREATE TABLE wide (id int PRIMARY KEY, v text)")
+    db.autocommit("CREATE PUBLICATION p_wide FOR TABLE wide")
+    with contextlib.closing(wal.connect(db.dsn, purpose="test")) as conn:
+        wal.ensure_slot(conn, "s_wide")
+        # 1,000 rows of 60 KB (60 MB): TOAST compresses them, the messages carry them whole.
+        db.execute("INSERT INTO wide SELECT g, repeat(md5(g::text), 1920) "
+                   "FROM generate_series(1, 1000) g")
+        with conn.cursor() as cur:
+            cur.execute("SELECT (pg_current_wal_insert_lsn() - '0/0')::bigint")
+            end = int(cur.fetchone()[0])
+        # Decoding reads flushed WAL only (the test cluster commits asynchronously).
+        wait_for(lambda: wal.flush_lsn(conn) >= end, 30, "the WAL flushed")
+        fetches = [sum(value_bytes(m) for m in chunk)
+                   for chunk in wal.peek(conn, "s_wide", "p_wide", end)]
+    assert sum(fetches) > 60_000_000
+    assert max(fetches) <= FETCH_BYTES + 61_440, [f >> 20 for f in fetches]

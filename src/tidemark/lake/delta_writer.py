@@ -251,6 +251,86 @@ def apply_changes_in_steps(target: str | os.PathLike[str], pieces: Iterable[pa.T
     return dataclasses.replace(result, delta_version=delta_version)
 
 
+def load_in_steps(target: str | os.PathLike[str], pieces: Iterable[pa.Table],
+                  spec: ApplySpec, *, app_id: str, version: int, how: SnapshotLoad,
+                  storage_options: dict[str, str] | None = None,
+                  new_column_values: NewColumnValues | None = None) -> ApplyResult:
+    """Load a snapshot's rows given as consecutive *pieces* (see ``snapshot_load`` of
+    :func:`apply_changes`: ``how`` is the first piece's) as one Delta commit, holding one
+    piece at a time in memory.
+
+    The same as :func:`apply_changes` of the pieces put together: each piece is written
+    into a branch of the target (:class:`tidemark.lake.branch.Branch`), the first as
+    *how*, the later ones appended (replacing, from a truncate on, when a piece holds one),
+    and the branch is committed to the target as one transaction carrying ``(app_id,
+    version)``. An SCD type 2 target merges its pieces in steps, as any batch.
+    """
+    chunks = iter(pieces)
+    first = next(chunks, None)
+    if first is None:
+        return ApplyResult()
+    second = next(chunks, None)
+    if second is None:
+        return apply_changes(target, first, spec, app_id=app_id, version=version,
+                             storage_options=storage_options,
+                             new_column_values=new_column_values, snapshot_load=how)
+    if spec.stored_as_scd_type != 1:
+        return apply_changes_in_steps(target, itertools.chain(_taken([first, second]), chunks),
+                                      spec, app_id=app_id, version=version,
+                                      storage_options=storage_options,
+                                      new_column_values=new_column_values)
+    _check_arguments(first, app_id, version)
+    uri = os.fspath(target)
+    columns = spec.resolve(first.schema)
+    table = _open(uri, storage_options)
+    if table is not None:
+        if _holds(table, app_id, version, uri):
+            return ApplyResult(delta_version=table.version(), already_applied=True)
+        table = _add_new_columns(table, first.schema, columns, spec, new_column_values)
+    else:
+        table = _create(uri, first.schema, columns, spec, storage_options)
+    previous_high_water = read_high_water(table, spec, first.schema) \
+        if spec.ordered_batches else None
+    try:
+        branch = Branch(table, f"{app_id}-{version}")
+    except BranchUnsupportedError as err:
+        log.warning("%s: loading the snapshot's rows at once, not in steps (%s)", uri, err)
+        return apply_changes(target, pa.concat_tables([first, second, *chunks]), spec,
+                             app_id=app_id, version=version, storage_options=storage_options,
+                             new_column_values=new_column_values, snapshot_load=how)
+    result = ApplyResult()
+    high_water: tuple[Any, ...] | None = None
+    steps = 0
+    held = [first, second]
+    del first, second
+    try:
+        for piece in itertools.chain(_taken(held), chunks):
+            batch = prepare_batch(piece, spec, columns)
+            skipped = 0
+            if previous_high_water is not None:
+                batch, skipped = drop_applied(batch, spec.sequence_by, previous_high_water)
+            # A truncate ends what came before it, earlier pieces' rows included.
+            step_how: SnapshotLoad = how if not steps else \
+                "replace" if batch.truncates else "append"
+            result += _load(branch.table, batch, spec, columns, CommitProperties(), step_how,
+                            skipped)
+            steps += 1
+            if len(batch.rows) or batch.truncates:
+                top = _high_water(batch, spec)
+                if high_water is None or top > high_water:
+                    high_water = top
+        metadata = None if high_water is None else \
+            {HIGH_WATER_KEY: _encode_high_water(spec, high_water)}
+        delta_version = branch.publish(CommitProperties(
+            app_transactions=[Transaction(app_id, version)], custom_metadata=metadata))
+    except BaseException:
+        branch.discard()
+        raise
+    log.info("loaded batch %s into %s in %d steps as one commit (version %d)", version, uri,
+             steps, delta_version)
+    return dataclasses.replace(result, delta_version=delta_version)
+
+
 def _taken(pieces: list[pa.Table]) -> Iterator[pa.Table]:
     """The items of *pieces*, each removed from the list as it is handed out."""
     while pieces:

@@ -47,7 +47,7 @@ from tidemark import faults
 from tidemark.errors import TerminalError
 from tidemark.event import TableId
 from tidemark.lake import ApplyResult, apply_changes
-from tidemark.lake.delta_writer import SnapshotLoad, apply_changes_in_steps
+from tidemark.lake.delta_writer import SnapshotLoad, apply_changes_in_steps, load_in_steps
 from tidemark.lake.split_apply import plan_target
 from tidemark.lake.upkeep import HEAVY_TASKS, UpkeepState, upkeep
 from tidemark.lake.widening import TypeChangeError
@@ -67,6 +67,7 @@ from tidemark.source.postgres.column_defaults import existing_row_values
 from tidemark.source.postgres.pgoutput import lsn_to_str
 from tidemark.source.registry import SourceKind, source_kind
 from tidemark.spark.arrow_rows import arrow_schema, envelope_table_schemas, typed_rows
+from tidemark.spark.logtable.reader import batch_bytes as logtable_batch_bytes
 from tidemark.spark.options import SnapshotMode
 from tidemark.spark.postgres import wal
 from tidemark.spark.postgres.offsets import SourceOffset
@@ -420,10 +421,7 @@ class Pipeline:
             else snapshot_loads(offset.snapshot))
         if self._schemas is None:
             self._schemas = envelope_table_schemas(batch.schema)
-        size = spill.batch_log_bytes(self.config.checkpoint, batch_id, raw_offset,
-                                     self._log_position)
-        if size is None and offset is not None:
-            size = self._first_batch_bytes(offset.lsn)
+        size = self._batch_bytes(batch_id, raw_offset, offset)
         if self.config.spark.apply_on == "executors":
             self._process_on_executors(batch, batch_id, raw_offset, offset, loads, size,
                                        started)
@@ -637,27 +635,25 @@ class Pipeline:
         """Apply one target's rows of the batch (a table, or pieces of a spilled batch);
         None when there was nothing to apply."""
         pieces = seen.count(target.table, [rows] if isinstance(rows, pa.Table) else rows)
-        if load is not None:  # a snapshot's rows, bounded by the snapshot's chunk settings
-            assert self._schemas is not None
-            chunks = list(pieces)
-            pieces = iter([pa.concat_tables(chunks) if chunks else
-                           arrow_schema(self._schemas[target.table]).empty_table()])
         first = next(pieces, None)
+        if first is None and load == "replace":
+            # An empty table's snapshot still replaces (or creates) the target.
+            assert self._schemas is not None
+            first = arrow_schema(self._schemas[target.table]).empty_table()
         if first is None or (not first.num_rows and load != "replace"):
             return None
         written = self._written_targets()
         written.check((target,), identity=False)  # deleted while the query runs
         new_column_values = functools.partial(self._existing_row_values, target.table)
         try:
-            if load is not None:
-                result = apply_changes(
-                    target.path, first, target.spec, app_id=self._app_id(target),
-                    version=batch_id, new_column_values=new_column_values,
-                    storage_options=target.storage_options,
-                    snapshot_load=load)
+            stream = _crash_between_steps(spill.first_then(first, pieces), batch_id)
+            del first  # the stream lets go of it once applied, like any other piece
+            if load is not None:  # a snapshot's rows: written, not merged
+                result = load_in_steps(
+                    target.path, stream, target.spec, app_id=self._app_id(target),
+                    version=batch_id, how=load, new_column_values=new_column_values,
+                    storage_options=target.storage_options)
             else:
-                stream = _crash_between_steps(spill.first_then(first, pieces), batch_id)
-                del first  # the stream lets go of it once merged, like any other piece
                 result = apply_changes_in_steps(
                     target.path, stream, target.spec,
                     app_id=self._app_id(target), version=batch_id,
@@ -691,6 +687,34 @@ class Pipeline:
         return self._kind == "postgres" or (self._kind == "logtable"
                                             and not self.config.dsn.startswith("sqlite:"))
 
+    def _batch_bytes(self, batch_id: int, raw_offset: dict[str, Any],
+                     offset: SourceOffset | None) -> int | None:
+        """How many bytes of source log the batch spans; None when unknown (the batch
+        is then spilled, the safe choice)."""
+        if raw_offset.get("loaded") or (offset is not None and offset.snapshot is not None
+                                        and offset.snapshot.chunks):
+            # Tables' rows (a snapshot's, up to a whole table): the log tells nothing of
+            # their bytes.
+            return None
+        if self._kind == "logtable":
+            # Log rows are as wide as the captured rows: their count says nothing of
+            # their bytes, so the database is asked.
+            start = spill.previous_offset(self.config.checkpoint, batch_id)
+            if start is None:
+                return None
+            try:
+                return logtable_batch_bytes(self.config.dsn, self.config.tables, start,
+                                            raw_offset)
+            except Exception as err:  # only sizing: the spill is the safe choice
+                log.warning("cannot size batch %d in the log tables (it is spilled): %s",
+                            batch_id, err)
+                return None
+        size = spill.batch_log_bytes(self.config.checkpoint, batch_id, raw_offset,
+                                     self._log_position)
+        if size is None and offset is not None:
+            size = self._first_batch_bytes(offset.lsn)
+        return size
+
     def _first_batch_bytes(self, end: int) -> int | None:
         """The WAL a query's first batch spans: from the slot (where the source starts a
         new query) to *end*; None when the slot cannot be read."""
@@ -710,9 +734,6 @@ class Pipeline:
 
     def _log_position(self, offset: dict[str, Any]) -> int:
         """A batch end's position in the source's log, as a number of bytes."""
-        if self._kind == "logtable":
-            # Log rows counted by the log's clock, at a size a typical row has as text.
-            return int(offset.get("clock", 0)) * _LOG_ROW_BYTES
         if self._kind == "mariadb":
             from tidemark.source.mariadb.position import BinlogPosition  # noqa: PLC0415
 
@@ -796,7 +817,8 @@ def _crash_between_steps(pieces: Iterator[pa.Table], batch_id: int) -> Iterator[
         yield piece
 
 
-#: Bytes a log-table change is taken to span when sizing a batch (spill or collect).
+#: Bytes a log-table change is taken to span in the lag behind the log (an estimate,
+#: for progress only: batches are sized by the database, :func:`logtable_batch_bytes`).
 _LOG_ROW_BYTES: Final = 256
 
 #: Longest wait for a batch to return once its query was stopped (its Spark jobs are

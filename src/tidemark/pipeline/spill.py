@@ -9,7 +9,7 @@ Parquet (Spark streams it: no process holds the batch), and each target's rows a
 back in pieces of ``spark.apply_step_rows`` rows and ``spark.apply_step_mb`` MB for
 :func:`tidemark.lake.delta_writer.apply_changes_in_steps`, which commits them as one.
 Every buffer on the way is bounded by rows and by bytes, so wide rows take no more
-memory than narrow ones (``benchmarks/bench_run_memory.py`` measures it).
+memory than narrow ones (``benchmarks/bench_memory_bound.py`` measures it).
 """
 
 from __future__ import annotations
@@ -48,12 +48,20 @@ def batch_log_bytes(checkpoint: str, batch_id: int, end: dict[str, Any],
     """How much source log the batch spans: from the end of the batch before it (Spark's
     offset log) to its own *end*, both turned into log positions by *position*; None
     when the start is not there (the first batch of a query)."""
+    start = previous_offset(checkpoint, batch_id)
+    return None if start is None else max(0, position(end) - position(start))
+
+
+def previous_offset(checkpoint: str, batch_id: int) -> dict[str, Any] | None:
+    """Where batch *batch_id* starts: the end of the batch before it in Spark's offset
+    log; None when it is not there (the first batch of a query)."""
     previous = Path(checkpoint) / "offsets" / str(batch_id - 1)
     try:
         lines = previous.read_text(encoding="utf-8").splitlines()
     except OSError:
         return None
-    return max(0, position(end) - position(json.loads(lines[-1])))
+    offset: dict[str, Any] = json.loads(lines[-1])
+    return offset
 
 
 def spill_dir(checkpoint: str, batch_id: int) -> Path:
@@ -64,14 +72,20 @@ def spill_dir(checkpoint: str, batch_id: int) -> Path:
 #: Parquet's writer (in the executor's JVM heap) buffers a row group until it reaches
 #: ``parquet.block.size``, but measures it only every 100 rows at first: 100 packed
 #: envelope rows of several MB each overflowed a 1 GB heap before the first measure.
-#: Measured from the first row, and with row groups of a few packed rows, the writer
-#: holds about one row group per task, whatever the rows' width; a dictionary of
-#: blobs would only be dropped again.
+#: After a measure it waits for the rows the average row size says will fill the row
+#: group, up to ``…row.check.max`` rows: a small first row (a few changes) made it wait
+#: 1,000 rows, and 171 rows of 1 MB were buffered as one row group (issue 34: a 1 GB
+#: transaction overflowed a 512 MB heap). Measured from the first row and at least every
+#: 10, with row groups of a few packed rows, the writer holds about one row group per
+#: task, whatever the rows' width. A dictionary of blobs would only be dropped again, and
+#: statistics would keep a copy of each row group's smallest and largest blob until the
+#: file is closed (the spill is read whole, never filtered).
 _WRITER_OPTIONS: Final = {
     "parquet.block.size": str(32 << 20),
     "parquet.page.size.row.check.min": "1",
-    "parquet.page.size.row.check.max": "1000",
+    "parquet.page.size.row.check.max": "10",
     "parquet.enable.dictionary": "false",
+    "parquet.column.statistics.enabled": "false",
 }
 
 

@@ -407,3 +407,60 @@ def test_the_spark_reader_keeps_the_log_when_retention_is_never(
     source.commit(end)  # a batch read up to the end now was committed
     assert logdb.query("SELECT count(*) FROM orders_cdc_log") == \
         [(20 if retention == "-1" else 0,)]
+
+
+def test_a_range_s_bytes_are_the_bytes_its_read_returns(logdb: LogDb) -> None:
+    """tidemark run sizes a batch by range_bytes before reading it (collect or spill):
+    the bytes of the values read_range returns, wide, multi-byte, null, unchanged and
+    deleted alike; on PostgreSQL a compressed, out-of-line value counts whole."""
+    from tidemark.source.logtable.database import ROW_OVERHEAD_BYTES  # noqa: PLC0415
+    from tidemark.source.logtable.reader import open_database  # noqa: PLC0415
+
+    logdb.execute(ORDERS)
+    logdb.install(["orders"], streams=4, groups=2)
+    logdb.execute("INSERT INTO orders VALUES (1, 'x', 1, 1.5)")
+    with contextlib.closing(open_database(logdb.dsn)) as db:
+        tables = db.tables([logdb.table("orders")])
+        start = db.end_position()
+        wide = "y" * 300_000  # PostgreSQL compresses it to a few KB, out of line
+        logdb.execute(f"INSERT INTO orders VALUES (2, '{wide}', 2, 2.5)",
+                      f"INSERT INTO orders VALUES (3, '{'é' * 1000}', NULL, 3.5)")
+        logdb.execute("UPDATE orders SET qty = 7 WHERE id = 1")
+        logdb.execute("DELETE FROM orders WHERE id = 3")
+        end = db.end_position()
+        rows = [row for page in db.read_range([0, 1], start, end, tables, 2)
+                for row in page]
+        assert len(rows) == 4
+        read = sum(len(v.encode()) if isinstance(v, str) else len(v)
+                   for row in rows for v in row.values
+                   if v is not None and v is not UNAVAILABLE)
+        assert read > 300_000 + 2000
+        assert db.range_bytes([0, 1], start, end, tables) == \
+            read + len(rows) * ROW_OVERHEAD_BYTES
+        # Each group counts only its own rows.
+        assert db.range_bytes([0], start, end, tables) + db.range_bytes(
+            [1], start, end, tables) == read + len(rows) * ROW_OVERHEAD_BYTES
+        assert db.range_bytes([0, 1], end, end, tables) == 0
+
+
+def test_a_range_is_read_in_pages_bounded_by_bytes(logdb: LogDb) -> None:
+    """A page of the Spark source's read was arrowBatchRows (65,536) log rows whatever
+    their width: 64 GB of 1 MB rows in one Python list. Pages stop near FETCH_BYTES."""
+    from tidemark.fetch_budget import FETCH_BYTES  # noqa: PLC0415
+    from tidemark.source.logtable.reader import open_database  # noqa: PLC0415
+
+    logdb.execute("CREATE TABLE wide (id integer PRIMARY KEY, v text)")
+    logdb.install(["wide"], streams=4, groups=2)
+    mb = "repeat('ab', 524288)" if logdb.kind == "postgres" else \
+        "replace(hex(zeroblob(524288)), '00', 'ab')"
+    with contextlib.closing(open_database(logdb.dsn)) as db:
+        tables = db.tables([logdb.table("wide")])
+        start = db.end_position()
+        logdb.execute(*(f"INSERT INTO wide VALUES ({i}, {mb})" for i in range(60)))
+        pages = [sum(len(r.values[1]) for r in page)
+                 for page in db.read_range([0, 1], start, db.end_position(), tables, 65_536)]
+        with db.snapshot(tables, 65_536) as (_, chunks):
+            loaded = [sum(len(row[1] or "") for row in rows) for _, rows in chunks]
+    for read in (pages, loaded):
+        assert sum(read) == 60 << 20
+        assert max(read) <= FETCH_BYTES + (1 << 20), [p >> 20 for p in read]

@@ -511,3 +511,43 @@ def test_a_capture_cut_inside_a_large_transaction_delivers_it_whole_after_a_rest
     assert again.returncode == 0, err.decode()
     # The first transaction's offset was saved; the cut one comes again, whole.
     assert _ids(_lines(tmp_path / "again.jsonl")) == list(range(1, 12001))
+
+
+def test_tidemark_run_s_binlog_reader_holds_a_transaction_of_wide_rows_by_bytes(
+        mdb: MariaDatabase) -> None:
+    """tidemark run's binlog reader held arrowBatchRows (65,536) rows of a transaction
+    before its temporary file, and decoded the rest in chunks as many: 64 GB of 1 MB
+    rows. Held and decoded by about arrowBatchBytes too, reading a 100 MB transaction
+    takes some 30 MB of Python memory, as a small one (it took 126 MB)."""
+    import tracemalloc  # noqa: PLC0415
+
+    from tidemark.source.mariadb import client  # noqa: PLC0415
+    from tidemark.spark.options import SourceOptions  # noqa: PLC0415
+    from tidemark.spark.source import TidemarkDataSource  # noqa: PLC0415
+    from tidemark.spark.sources import spark_source  # noqa: PLC0415
+
+    mdb.execute("CREATE TABLE w (id INT PRIMARY KEY, v LONGTEXT)")
+    with contextlib.closing(client.connect(client.parse_url(mdb.dsn))) as conn:
+        start = client.current_position(conn).to_offset()
+    mdb.execute("INSERT INTO w SELECT seq, REPEAT(CHAR(65 + seq % 26), 1048576) "
+                "FROM seq_1_to_100")
+    with contextlib.closing(client.connect(client.parse_url(mdb.dsn))) as conn:
+        end = client.current_position(conn).to_offset()
+    options = SourceOptions.parse({"dsn": mdb.dsn, "tables": f"{mdb.name}.w",
+                                   "rowFormat": "arrow"})
+    schema = TidemarkDataSource._stream_schema(options,
+                                               spark_source(options).table_schemas(options))
+    reader = spark_source(options).stream_reader(options, schema)
+    start = {**start, "snapshot": [], "signals": None}
+    end = {**end, "snapshot": [], "loaded": [], "signals": None}
+    rows = 0
+    tracemalloc.start()
+    try:
+        for partition in reader.partitions(start, end):
+            for batch in reader.read(partition):
+                rows += sum(batch.column(1).to_pylist())
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    assert rows == 100
+    assert peak < 56 << 20, f"{peak >> 20} MiB of Python memory for 100 rows of 1 MB"

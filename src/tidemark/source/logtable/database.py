@@ -17,14 +17,18 @@ from __future__ import annotations
 import heapq
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from contextlib import AbstractContextManager
-from typing import Any, NamedTuple, Protocol
+from typing import Any, Final, NamedTuple, Protocol
 
 import msgspec
 
 from tidemark.event import TableId, TableSchema, WireTuple
+from tidemark.fetch_budget import FetchBudget
 from tidemark.source.logtable.layout import Generation
 
 Position = dict[str, Any]
+#: Bytes a change row takes besides its values once read (its log fields, the
+#: envelope's source fields and Arrow's offsets), for :meth:`LogDatabase.range_bytes`.
+ROW_OVERHEAD_BYTES: Final = 128
 #: A chunk of a snapshot: the table's index and its rows as text.
 Snapshotted = tuple[int, list[tuple[str | None, ...]]]
 
@@ -74,17 +78,28 @@ class ReadResult(NamedTuple):
     caught_up: bool
 
 
-def merged_pages(streams: Sequence[Iterator[LogRow]], fetch_rows: int
+def merged_pages(streams: Sequence[Iterator[LogRow]], budgets: Sequence[FetchBudget]
                  ) -> Iterator[list[LogRow]]:
-    """Tables' row streams, each in ``cdc$time`` order, merged into one, in pages."""
+    """Tables' row streams, each in ``cdc$time`` order, merged into one, in pages of
+    the rows the narrowest of the streams' *budgets* allows (bounded by bytes)."""
     page: list[LogRow] = []
     for row in heapq.merge(*streams, key=lambda r: r.time):
         page.append(row)
-        if len(page) >= fetch_rows:
+        if len(page) >= min(b.rows() for b in budgets):
             yield page
             page = []
     if page:
         yield page
+
+
+def fetched(cursor: Any, budget: FetchBudget) -> Iterator[list[tuple[Any, ...]]]:
+    """A cursor's rows, fetch by fetch, each of the rows *budget* allows."""
+    while True:
+        rows = cursor.fetchmany(budget.rows())
+        if not rows:
+            return
+        budget.saw(rows)
+        yield rows
 
 
 class LogDatabase(Protocol):
@@ -142,6 +157,14 @@ class LogDatabase(Protocol):
         """The changes of *groups* after *start* up to *end* (an :meth:`end_position`;
         the groups share both), in ``cdc$time`` order, in pages of *fetch_rows*: one
         streamed scan per table, however many groups."""
+        ...
+
+    def range_bytes(self, groups: Sequence[int], start: Position, end: Position,
+                    tables: list[LogTable]) -> int:
+        """The bytes of the values :meth:`read_range` would return for the same
+        arguments (as text; bytes as bytes), plus :data:`ROW_OVERHEAD_BYTES` per row:
+        what sizes a Spark batch before it is read, whatever the rows' width. Asked of
+        the database, without fetching the values."""
         ...
 
     def snapshot(self, tables: list[LogTable], fetch_rows: int

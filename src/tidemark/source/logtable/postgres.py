@@ -36,15 +36,19 @@ from psycopg2 import sql
 
 from tidemark.errors import ConfigError, SourceError, SourceUnavailableError
 from tidemark.event import UNAVAILABLE, TableId, WireValue
+from tidemark.fetch_budget import FetchBudget
+from tidemark.logical_type import Kind
 from tidemark.source.logtable import layout
 from tidemark.source.logtable import postgres_install as install
 from tidemark.source.logtable.database import (
+    ROW_OVERHEAD_BYTES,
     LogRow,
     LogTable,
     Position,
     ReaderPosition,
     ReadResult,
     Snapshotted,
+    fetched,
     merged_pages,
 )
 from tidemark.source.postgres.catalog import current_database
@@ -226,18 +230,57 @@ class PostgresLogDatabase:
         try:
             params = {"groups": list(groups), "prev": prev, "now": now}
             streams = []
+            budgets = []
             for index, entry in enumerate(tables):
                 cur = conn.cursor(name=f"tidemark_range_{index}")
-                cur.itersize = fetch_rows
                 cur.execute(self._query(entry, paged=False), params)
-                streams.append(_streamed(index, entry, cur, fetch_rows))
-            yield from merged_pages(streams, fetch_rows)
+                budgets.append(FetchBudget(fetch_rows))
+                streams.append(_streamed(index, entry, cur, budgets[-1]))
+            yield from merged_pages(streams, budgets)
             conn.commit()
         except psycopg2.OperationalError as err:
             raise SourceUnavailableError(f"reading the log tables of {self._db}: "
                                          f"{str(err).strip()}") from None
         finally:
             conn.close()
+
+    def range_bytes(self, groups: Sequence[int], start: Position, end: Position,
+                    tables: list[LogTable]) -> int:
+        prev, now = str(start["snapshot"]), str(end["snapshot"])
+        _xip(prev)
+        _xip(now)
+        if prev == now:
+            return 0
+        total = 0
+        try:
+            with cursor(self._conn) as cur:
+                for entry in tables:
+                    cur.execute(self._size_query(entry),
+                                {"groups": list(groups), "prev": prev, "now": now})
+                    rows, size = cur.fetchone()
+                    total += int(size) + int(rows) * ROW_OVERHEAD_BYTES
+        except psycopg2.OperationalError as err:
+            raise SourceUnavailableError(f"sizing the log of {self._db}: "
+                                         f"{str(err).strip()}") from None
+        return total
+
+    def _size_query(self, entry: LogTable) -> sql.Composed:
+        """The rows and value bytes of :meth:`_query`'s unpaged read. ``octet_length``
+        of a text or bytea value reads its stored length, compressed or out of line,
+        without fetching it."""
+        sizes = sql.SQL(" + ").join(
+            sql.SQL("coalesce(octet_length({}{}), 0)").format(
+                sql.Identifier(column.name),
+                sql.SQL("" if column.logical.kind is Kind.BYTES else "::text"))
+            for column in entry.schema.columns)
+        return sql.SQL(
+            "SELECT count(*), coalesce(sum({sizes}), 0) FROM {log} "
+            "WHERE {group} = ANY(%(groups)s) "
+            "AND {txid} >= pg_snapshot_xmin(%(prev)s::pg_snapshot) "
+            "AND pg_visible_in_snapshot({txid}, %(now)s::pg_snapshot) "
+            "AND NOT pg_visible_in_snapshot({txid}, %(prev)s::pg_snapshot)").format(
+                sizes=sizes, log=sql.Identifier(entry.table.schema, entry.log),
+                group=sql.Identifier(layout.GROUP), txid=sql.Identifier(layout.TXID))
 
     @contextlib.contextmanager
     def snapshot(self, tables: list[LogTable], fetch_rows: int
@@ -258,14 +301,10 @@ class PostgresLogDatabase:
                         sql.SQL("{}::text").format(sql.Identifier(c.name))
                         for c in entry.schema.columns)
                     with conn.cursor(name=f"tidemark_snapshot_{index}") as cur:
-                        cur.itersize = fetch_rows
                         cur.execute(sql.SQL("SELECT {} FROM {}").format(
                             names, sql.Identifier(entry.table.schema, entry.table.table)))
-                        while True:
-                            fetched = cur.fetchmany(fetch_rows)
-                            if not fetched:
-                                break
-                            yield index, fetched
+                        for page in fetched(cur, FetchBudget(fetch_rows)):
+                            yield index, page
 
             yield position, rows()
         finally:
@@ -429,12 +468,9 @@ def _check_table(cur: Any, entry: LogTable) -> None:
                 f"`tidemark logtable install` for {table}, then re-load it")
 
 
-def _streamed(index: int, entry: LogTable, cur: Any, fetch_rows: int) -> Iterator[LogRow]:
-    while True:
-        fetched = cur.fetchmany(fetch_rows)
-        if not fetched:
-            return
-        yield from _rows(index, entry, fetched)
+def _streamed(index: int, entry: LogTable, cur: Any, budget: FetchBudget) -> Iterator[LogRow]:
+    for rows in fetched(cur, budget):
+        yield from _rows(index, entry, rows)
 
 
 def _rows(index: int, entry: LogTable, fetched: list[tuple[Any, ...]]) -> Iterator[LogRow]:

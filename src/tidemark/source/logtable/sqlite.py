@@ -29,16 +29,19 @@ from typing import Any
 from tidemark import wire_text
 from tidemark.errors import ConfigError, SourceError, SourceUnavailableError
 from tidemark.event import UNAVAILABLE, Column, TableId, TableSchema, WireValue
+from tidemark.fetch_budget import FetchBudget
 from tidemark.logical_type import Kind, LogicalType
 from tidemark.source.logtable import layout
 from tidemark.source.logtable import sqlite_install as install
 from tidemark.source.logtable.database import (
+    ROW_OVERHEAD_BYTES,
     LogRow,
     LogTable,
     Position,
     ReaderPosition,
     ReadResult,
     Snapshotted,
+    fetched,
     merged_pages,
 )
 
@@ -320,14 +323,40 @@ class SqliteLogDatabase:
         try:
             conn.execute("BEGIN")  # one snapshot for every table's scan
             streams = []
+            budgets = []
             for index, entry in enumerate(tables):
                 cursor = conn.execute(self._query(entry, len(groups)),
                                       (*groups, after, until))
-                streams.append(_streamed(index, entry, cursor, fetch_rows))
-            yield from merged_pages(streams, fetch_rows)
+                budgets.append(FetchBudget(fetch_rows))
+                streams.append(_streamed(index, entry, cursor, budgets[-1]))
+            yield from merged_pages(streams, budgets)
             conn.execute("COMMIT")
         finally:
             conn.close()
+
+    def range_bytes(self, groups: Sequence[int], start: Position, end: Position,
+                    tables: list[LogTable]) -> int:
+        after, until = _after(start), _after(end)
+        if after >= until:
+            return 0
+        q = install.quote
+        total = 0
+        try:
+            for entry in tables:
+                # A value's bytes as the read hands them on (UTF-8 text, blobs as they are).
+                sizes = " + ".join(f"coalesce(length(CAST({q(c.name)} AS BLOB)), 0)"
+                                   for c in entry.schema.columns)
+                rows, size = self._conn.execute(
+                    f"SELECT count(*), coalesce(sum({sizes}), 0) FROM {q(entry.log)} "
+                    f"WHERE {q(layout.GROUP)} IN ({', '.join('?' * len(groups))}) "
+                    f"AND {q(layout.TIME)} > ? AND {q(layout.TIME)} <= ?",
+                    (*groups, after, until)).fetchone()
+                total += int(size) + int(rows) * ROW_OVERHEAD_BYTES
+        except sqlite3.OperationalError as err:
+            if "locked" in str(err) or "busy" in str(err):
+                raise SourceUnavailableError(f"sizing the log of {self._path}: {err}") from None
+            raise SourceError(f"sizing the log of {self._path}: {err}") from None
+        return total
 
     @contextlib.contextmanager
     def snapshot(self, tables: list[LogTable], fetch_rows: int
@@ -345,14 +374,11 @@ class SqliteLogDatabase:
                     names = ", ".join(install.quote(c.name) for c in columns)
                     cursor = conn.execute(
                         f"SELECT {names} FROM {install.quote(entry.table.table)}")
-                    while True:
-                        fetched = cursor.fetchmany(fetch_rows)
-                        if not fetched:
-                            break
+                    for page in fetched(cursor, FetchBudget(fetch_rows)):
                         yield index, [tuple(
                             None if v is None else _text(_to_text(
                                 c.logical.kind, v, entry.table.table, c.name, 0))
-                            for c, v in zip(columns, row, strict=True)) for row in fetched]
+                            for c, v in zip(columns, row, strict=True)) for row in page]
 
             yield position, rows()
         finally:
@@ -461,12 +487,9 @@ def _after(position: Position) -> int:
 
 
 def _streamed(index: int, entry: LogTable, cursor: sqlite3.Cursor,
-              fetch_rows: int) -> Iterator[LogRow]:
-    while True:
-        fetched = cursor.fetchmany(fetch_rows)
-        if not fetched:
-            return
-        yield from _rows(index, entry, fetched)
+              budget: FetchBudget) -> Iterator[LogRow]:
+    for page in fetched(cursor, budget):
+        yield from _rows(index, entry, page)
 
 
 def _text(value: WireValue) -> str | None:

@@ -83,12 +83,13 @@ class _Table:
 
 
 class _Transaction:
-    __slots__ = ("file", "gtid", "rows", "server_id", "spool", "tables", "thread")
+    __slots__ = ("file", "gtid", "held", "rows", "server_id", "spool", "tables", "thread")
 
     def __init__(self, gtid: b.Gtid | None, server_id: int) -> None:
         self.gtid = gtid
         self.server_id = server_id
         self.rows: list[_Row] = []
+        self.held = 0  # binlog bytes of the rows events in rows
         self.thread: int | None = None
         #: Rows events past the in-memory limit, as read (see _SPOOLED), and their tables.
         self.spool: IO[bytes] | None = None
@@ -127,13 +128,16 @@ class ChangeBuilder:
     *captured*: whether a table is captured (its rows are skipped otherwise, cheaply:
     before decoding). *position*: where the dump started (its file name is needed until
     the first ROTATE event names it again). *max_rows_in_memory*: rows of an open
-    transaction held decoded; the rest go to a temporary file (None: no limit).
+    transaction held decoded; the rest go to a temporary file (None: no limit);
+    *max_bytes_in_memory*: the same in binlog bytes of its rows events, so wide rows are
+    held fewer.
     """
 
     def __init__(self, *, name: str, position: BinlogPosition,
                  captured: Callable[[TableId], bool],
                  transaction_metadata: bool = False,
-                 max_rows_in_memory: int | None = None) -> None:
+                 max_rows_in_memory: int | None = None,
+                 max_bytes_in_memory: int | None = None) -> None:
         self.name = name
         self.file = position.file
         self.next_pos = position.pos
@@ -148,6 +152,7 @@ class ChangeBuilder:
         self._keyless: set[TableId] = set()
         self._tx: _Transaction | None = None
         self._max_rows = max_rows_in_memory
+        self._max_bytes = max_bytes_in_memory
         #: The spooled part of the transaction handle() completed last, made into
         #: records by rest().
         self._rest: tuple[_Transaction, _Records] | None = None
@@ -177,10 +182,10 @@ class ChangeBuilder:
         more of its records."""
         return self._rest is not None
 
-    def rest(self, chunk: int) -> Iterator[list[Record]]:
+    def rest(self, chunk: int, chunk_bytes: int | None = None) -> Iterator[list[Record]]:
         """The rest of the records of the transaction handle() completed last, *chunk*
-        rows at a time (the transaction's END record comes with the last chunk); nothing
-        unless it outgrew memory."""
+        rows or about *chunk_bytes* binlog bytes at a time (the transaction's END record
+        comes with the last chunk); nothing unless it outgrew memory."""
         pending, self._rest = self._rest, None
         if pending is None:
             return
@@ -193,14 +198,18 @@ class ChangeBuilder:
             rows: list[_Row] = []
             append = rows.append
             read = spool.read
+            held = 0
+            most = chunk_bytes if chunk_bytes is not None else 1 << 62
             while header := read(_SPOOLED.size):
                 table, event_type, position, size = _SPOOLED.unpack(header)
                 _append_rows(append, tables[table], event_type, read(size), tx.file,
                              position)
-                if len(rows) >= chunk:
+                held += size
+                if len(rows) >= chunk or held >= most:
                     yield made.records(rows)
                     rows = []
                     append = rows.append
+                    held = 0
             records = made.records(rows)
             if made.metadata:
                 records.append(made.end())
@@ -208,10 +217,11 @@ class ChangeBuilder:
         finally:
             tx.close()
 
-    def with_rest(self, records: list[Record], chunk: int) -> Iterator[list[Record]]:
+    def with_rest(self, records: list[Record], chunk: int,
+                  chunk_bytes: int | None = None) -> Iterator[list[Record]]:
         """*records*, what :meth:`handle` returned, then :meth:`rest`."""
         yield records
-        yield from self.rest(chunk)
+        yield from self.rest(chunk, chunk_bytes)
 
     def close(self) -> None:
         """Remove an open or not yet handed on transaction's temporary file."""
@@ -311,17 +321,19 @@ class ChangeBuilder:
             tx = self._tx = _Transaction(None, header.server_id)
         position = header.next_position - header.size
         if tx.spool is not None or (self._max_rows is not None
-                                    and len(tx.rows) >= self._max_rows):
+                                    and len(tx.rows) >= self._max_rows) or (
+                self._max_bytes is not None and tx.held >= self._max_bytes):
             self._spool(tx, table, header.type, body, position)
             return
         _append_rows(tx.rows.append, table, header.type, body, self.file, position)
+        tx.held += len(body)
 
     def _spool(self, tx: _Transaction, table: _Table, event_type: int, body: bytes,
                position: int) -> None:
         if tx.spool is None:
-            log.info("transaction %s holds more than %d rows: the rest of it waits in a "
-                     "temporary file until its commit", tx.gtid or self.file,
-                     self._max_rows)
+            log.info("transaction %s holds more than %d rows or %d bytes: the rest of it "
+                     "waits in a temporary file until its commit", tx.gtid or self.file,
+                     len(tx.rows), tx.held)
             tx.spool = tempfile.TemporaryFile(prefix="tidemark-transaction-")  # noqa: SIM115
             tx.file = self.file
         index = tx.tables.setdefault(table, len(tx.tables))

@@ -129,21 +129,12 @@ class LogTableStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         # Groups that share their start and end positions (all of them, but after a
         # query's first batch) are read together, numPartitions ways: one task per core
         # rather than per group keeps a small batch cheap.
-        moved: dict[str, list[int]] = {}
-        spans: dict[str, tuple[Position, Position]] = {}
-        for group, position in end["groups"].items():
-            begin = start["groups"].get(group)
-            if begin != position:
-                span = json.dumps([begin, position], sort_keys=True)
-                moved.setdefault(span, []).append(int(group))
-                spans[span] = (begin, position)
         ranges: list[InputPartition] = []
         with self._db() as db:
-            for span, groups in moved.items():
-                begin, position = spans[span]
+            for groups, begin, position in _spans(start, end):
                 key = db.position_key(position)
                 for chunk in assign_groups(len(groups), self.options.num_partitions):
-                    ranges.append(GroupRange([sorted(groups)[i] for i in chunk], begin,
+                    ranges.append(GroupRange([groups[i] for i in chunk], begin,
                                              position, key))
         return ranges
 
@@ -189,6 +180,38 @@ class LogTableStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
                         feeder.add(event, event.lsn or 0, event.lsn or 0)
                     yield from sink.take()
         yield from sink.finish()
+
+
+def _spans(start: dict[str, Any], end: dict[str, Any]
+           ) -> list[tuple[list[int], Position, Position]]:
+    """The groups that moved between two offsets, by the positions they share: sorted
+    groups, their start and their end."""
+    moved: dict[str, list[int]] = {}
+    spans: dict[str, tuple[Position, Position]] = {}
+    for group, position in end["groups"].items():
+        begin = start["groups"].get(group)
+        if begin != position:
+            span = json.dumps([begin, position], sort_keys=True)
+            moved.setdefault(span, []).append(int(group))
+            spans[span] = (begin, position)
+    return [(sorted(groups), *spans[span]) for span, groups in moved.items()]
+
+
+def batch_bytes(dsn: str, tables: Sequence[str], start: dict[str, Any],
+                end: dict[str, Any]) -> int | None:
+    """The bytes of log rows the batch from offset *start* to *end* reads (see
+    :meth:`~tidemark.source.logtable.database.LogDatabase.range_bytes`), asked of the
+    database; None for a batch that holds tables' rows (a snapshot), whose size the
+    log does not tell."""
+    if start.get("snapshot") or end.get("loaded"):
+        return None
+    spans = _spans(start, end)
+    if not spans:
+        return 0
+    with contextlib.closing(open_database(dsn)) as db:
+        entries = db.tables(list(tables))
+        return sum(db.range_bytes(groups, begin, position, entries)
+                   for groups, begin, position in spans)
 
 
 def _snapshot(db: LogDatabase, feeder: EventFeeder, tables: list[LogTable],

@@ -162,9 +162,9 @@ class MariaDbStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         *max_changes* captured changes (at least one transaction, however large), found
         by decoding the binlog here on the driver."""
         wanted = {TableId.parse(str(t)) for t in self.options.tables}
-        rows = self.options.arrow_batch_rows
+        rows, held = self.options.arrow_batch_rows, self.options.arrow_batch_bytes
         builder = ChangeBuilder(name="tidemark", position=start, captured=wanted.__contains__,
-                                max_rows_in_memory=rows)
+                                max_rows_in_memory=rows, max_bytes_in_memory=held)
         changes = 0
         reached = start
         with client.BinlogStream(self._settings, start, server_id=_replica_id(),
@@ -173,7 +173,7 @@ class MariaDbStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
             for event in stream.events():
                 records = builder.handle(event)
                 if records is not None:
-                    count = sum(1 for chunk in builder.with_rest(records, rows)
+                    count = sum(1 for chunk in builder.with_rest(records, rows, held)
                                 for r in chunk if isinstance(r, ChangeEvent))
                     if changes and changes + count > max_changes:
                         return reached
@@ -222,9 +222,10 @@ class MariaDbStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         wanted = {TableId.parse(str(t)) for t in self.options.tables}
         # A transaction larger than a few Arrow batches waits in a temporary file, not in
         # the executor's memory, and is fed chunk by chunk.
-        rows = self.options.arrow_batch_rows
+        rows, held = self.options.arrow_batch_rows, self.options.arrow_batch_bytes
         builder = ChangeBuilder(name="tidemark", position=start,
-                                captured=wanted.__contains__, max_rows_in_memory=rows)
+                                captured=wanted.__contains__, max_rows_in_memory=rows,
+                                max_bytes_in_memory=held)
         stream = client.BinlogStream(self._settings, start, server_id=_replica_id(),
                                      blocking=True)
         with stream, contextlib.closing(builder):
@@ -233,7 +234,7 @@ class MariaDbStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
             for event in stream.events():
                 records = builder.handle(event)
                 if records is not None:
-                    for chunk in builder.with_rest(records, rows):
+                    for chunk in builder.with_rest(records, rows, held):
                         for record in chunk:
                             if isinstance(record, ChangeEvent):
                                 feeder.add(record, record.lsn or 0, record.total_order)

@@ -27,6 +27,7 @@ import psycopg
 
 from tidemark import faults
 from tidemark.errors import SourceError, TerminalError
+from tidemark.fetch_budget import FetchBudget
 from tidemark.source.postgres.pgoutput import lsn_to_str
 from tidemark.source.postgres.session import (
     classify_connect_message,
@@ -39,6 +40,7 @@ from tidemark.spark.postgres.offsets import TxnSummary
 log = logging.getLogger(__name__)
 
 _MAX_NAME: Final = 63
+#: WAL messages per fetch of a peek, at most (a byte budget cuts wide ones' fetches).
 _FETCH_ROWS: Final = 20_000
 
 # One row per transaction: its commit LSN (bytes 2-9 of the Begin message) and the
@@ -275,11 +277,13 @@ def peek(conn: psycopg.Connection[Any], slot: str, publication: str,
     filter by commit LSN.
     """
     with conn.transaction(), conn.cursor(name="tidemark_peek", binary=True) as cur:
-        cur.itersize = _FETCH_ROWS
         cur.execute(_PEEK_SQL, {"slot": slot, "upto": lsn_to_str(upto),
                                 "publication": publication})
+        # A message carries a whole row: a fetch is bounded by bytes too.
+        budget = FetchBudget(_FETCH_ROWS)
         while True:
-            rows = cur.fetchmany(_FETCH_ROWS)
+            rows = cur.fetchmany(budget.rows())
             if not rows:
                 return
+            budget.saw(rows)
             yield rows
