@@ -203,18 +203,12 @@ def apply_changes_in_steps(target: str | os.PathLike[str], pieces: Iterable[pa.T
         return apply_changes(target, first, spec, app_id=app_id, version=version,
                              storage_options=storage_options,
                              new_column_values=new_column_values)
-    _check_arguments(first, app_id, version)
     uri = os.fspath(target)
-    columns = spec.resolve(first.schema)
-    table = _open(uri, storage_options)
-    if table is not None:
-        if _holds(table, app_id, version, uri):
-            return ApplyResult(delta_version=table.version(), already_applied=True)
-        table = _add_new_columns(table, first.schema, columns, spec, new_column_values)
-    else:
-        table = _create(uri, first.schema, columns, spec, storage_options)
-    previous_high_water = read_high_water(table, spec, first.schema) \
-        if spec.ordered_batches else None
+    prepared = _prepare(uri, first, spec, app_id, version, storage_options,
+                        new_column_values)
+    if isinstance(prepared, ApplyResult):
+        return prepared
+    table, columns, previous_high_water = prepared
     try:
         branch = Branch(table, f"{app_id}-{version}")
     except BranchUnsupportedError as err:
@@ -251,6 +245,27 @@ def apply_changes_in_steps(target: str | os.PathLike[str], pieces: Iterable[pa.T
     return dataclasses.replace(result, delta_version=delta_version)
 
 
+def _prepare(uri: str, first: pa.Table, spec: ApplySpec, app_id: str, version: int,
+             storage_options: dict[str, str] | None,
+             new_column_values: NewColumnValues | None
+             ) -> ApplyResult | tuple[DeltaTable, ResolvedColumns, tuple[Any, ...] | None]:
+    """The target of a batch applied in pieces, made or given the batch's new columns,
+    its resolved columns and its high-water mark; or the result of a batch it already
+    holds."""
+    _check_arguments(first, app_id, version)
+    columns = spec.resolve(first.schema)
+    table = _open(uri, storage_options)
+    if table is not None:
+        if _holds(table, app_id, version, uri):
+            return ApplyResult(delta_version=table.version(), already_applied=True)
+        table = _add_new_columns(table, first.schema, columns, spec, new_column_values)
+    else:
+        table = _create(uri, first.schema, columns, spec, storage_options)
+    previous_high_water = read_high_water(table, spec, first.schema) \
+        if spec.ordered_batches else None
+    return table, columns, previous_high_water
+
+
 def load_in_steps(target: str | os.PathLike[str], pieces: Iterable[pa.Table],
                   spec: ApplySpec, *, app_id: str, version: int, how: SnapshotLoad,
                   storage_options: dict[str, str] | None = None,
@@ -279,18 +294,12 @@ def load_in_steps(target: str | os.PathLike[str], pieces: Iterable[pa.Table],
                                       spec, app_id=app_id, version=version,
                                       storage_options=storage_options,
                                       new_column_values=new_column_values)
-    _check_arguments(first, app_id, version)
     uri = os.fspath(target)
-    columns = spec.resolve(first.schema)
-    table = _open(uri, storage_options)
-    if table is not None:
-        if _holds(table, app_id, version, uri):
-            return ApplyResult(delta_version=table.version(), already_applied=True)
-        table = _add_new_columns(table, first.schema, columns, spec, new_column_values)
-    else:
-        table = _create(uri, first.schema, columns, spec, storage_options)
-    previous_high_water = read_high_water(table, spec, first.schema) \
-        if spec.ordered_batches else None
+    prepared = _prepare(uri, first, spec, app_id, version, storage_options,
+                        new_column_values)
+    if isinstance(prepared, ApplyResult):
+        return prepared
+    table, columns, previous_high_water = prepared
     try:
         branch = Branch(table, f"{app_id}-{version}")
     except BranchUnsupportedError as err:
