@@ -519,7 +519,12 @@ class Pipeline:
                load: SnapshotLoad | None, batch_id: int, seen: BatchSeen) -> ApplyResult | None:
         """Apply one target's rows of the batch (a table, or pieces of a spilled batch);
         None when there was nothing to apply."""
-        pieces = seen.count(target.table, [rows] if isinstance(rows, pa.Table) else rows)
+        if isinstance(rows, pa.Table):
+            # A collected batch too is applied in steps: its log can be far smaller than
+            # its rows (values PostgreSQL compressed: 586 MB of rows in 10 MB of WAL).
+            rows = spill.pieces([rows], self.config.spark.apply_step_rows,
+                                self.config.spark.apply_step_mb << 20)
+        pieces = seen.count(target.table, rows)
         first = next(pieces, None)
         if first is None and load == "replace":
             # An empty table's snapshot still replaces (or creates) the target.
