@@ -335,7 +335,7 @@ def _measure(source: Source, args: argparse.Namespace, work: Path) -> None:
     seconds, peaks, log = _run(file)
     used, live, size, full = _gc_peaks(gc_log)
     spilled = "spilled, applied in steps" if "the executors write it" in log \
-        else "collected whole"
+        else "collected to the driver"
     print(f"  tidemark run: {seconds:.0f} s ({spilled}); JVM heap (of {size} MiB): peak in use "
           f"{used} MiB, after a collection {live} MiB, {full} full GCs; peak RSS: driver "
           f"{_mib(peaks.driver)}, JVM {_mib(peaks.jvm)}, Python workers "

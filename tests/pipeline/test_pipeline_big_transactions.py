@@ -95,6 +95,28 @@ def test_a_transaction_of_many_steps_becomes_one_delta_commit_per_target(
     assert not any((tmp_path / "chk" / SPILL_DIR).glob("*/*"))
 
 
+def test_a_collected_batch_is_applied_in_steps_too(
+        spark: SparkSession, db: Database, tmp_path: Path,
+        caplog: pytest.LogCaptureFixture) -> None:
+    """A batch under collect_max_mb of log can still hold far more rows (values the
+    source compressed): collected, it was merged at once (586 MB of rows in a few MB of
+    WAL took the driver to 2.9 GB). It is applied in steps, one commit per batch."""
+    import logging  # noqa: PLC0415
+
+    config = _setup(db, tmp_path, changelog=False)
+    config.write_text(config.read_text().replace("collect_max_mb = 0\n", ""))
+    reports: list[BatchReport] = []
+    with caplog.at_level(logging.INFO, logger="tidemark"):
+        Pipeline(load_config(config), spark=spark, on_batch=reports.append).run()
+    _assert_equal_to_source(db, tmp_path)
+    assert "the executors write it" not in caplog.text, "the batches were to be collected"
+    assert re.search(r"applied batch \d+ to \S+/lake/a in \d+ steps as one commit",
+                     caplog.text), caplog.text[-3000:]
+    for name in "ab":
+        batches = [r for r in reports if r.changes.get(f"public.{name}")]
+        assert DeltaTable(str(tmp_path / "lake" / name)).version() == len(batches)
+
+
 @pytest.mark.slow
 def test_sigkill_between_steps_then_restart_loses_and_doubles_nothing(
         spark: SparkSession, db: Database, tmp_path: Path) -> None:

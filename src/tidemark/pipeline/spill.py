@@ -80,10 +80,13 @@ def spill_dir(checkpoint: str, batch_id: int) -> Path:
 #: task, whatever the rows' width. A dictionary of blobs would only be dropped again, and
 #: statistics would keep a copy of each row group's smallest and largest blob until the
 #: file is closed (the spill is read whole, never filtered).
-_WRITER_OPTIONS: Final = {
+ROW_GROUP_OPTIONS: Final = {
     "parquet.block.size": str(32 << 20),
     "parquet.page.size.row.check.min": "1",
     "parquet.page.size.row.check.max": "10",
+}
+_WRITER_OPTIONS: Final = {
+    **ROW_GROUP_OPTIONS,
     "parquet.enable.dictionary": "false",
     "parquet.column.statistics.enabled": "false",
 }
