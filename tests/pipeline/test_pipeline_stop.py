@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import re
 import signal
-import time
+import subprocess
 from pathlib import Path
 
 import pytest
@@ -28,6 +28,7 @@ from pipeline_helpers import (
     _wait_for_batches,
     _Writer,
 )
+from waiting import wait_for
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 
@@ -48,19 +49,15 @@ def _stop_in_a_batch(config: Path, log: Path, signals: list[signal.Signals]) -> 
     try:
         _wait_for_batches(log, 1, proc)
         seen = len(_started_batches(log))
-        deadline = time.monotonic() + 60
-        while len(_started_batches(log)) == seen:
-            assert proc.poll() is None, log.read_text(errors="replace")[-3000:]
-            assert time.monotonic() < deadline, "no batch started"
-            time.sleep(0.01)
+        wait_for(lambda: _alive(proc, log) and len(_started_batches(log)) > seen, 60,
+                 "a batch to start", interval_s=0.01)
         batch = _started_batches(log)[-1]
         for n, signum in enumerate(signals):
             proc.send_signal(signum)
             # Two signals sent at once would be one: the second waits for the first.
-            while n + 1 < len(signals) and "stopping after" not in log.read_text(
-                    errors="replace"):
-                assert proc.poll() is None, log.read_text(errors="replace")[-3000:]
-                time.sleep(0.01)
+            if n + 1 < len(signals):
+                wait_for(lambda: _alive(proc, log) and "stopping after" in log.read_text(
+                    errors="replace"), 60, "the first signal to be taken", interval_s=0.01)
         code = proc.wait(120)
     finally:
         if proc.poll() is None:
@@ -102,3 +99,9 @@ def test_a_signal_in_a_batch_under_load_finishes_it_and_exits_cleanly(
     proc = _tidemark_run(config, log, "--available-now")
     assert proc.wait(300) == 0, log.read_text(errors="replace")[-3000:]
     _assert_equal_to_source(db, tmp_path)
+
+
+def _alive(proc: subprocess.Popen[bytes], log: Path) -> bool:
+    """True while *proc* runs (an AssertionError with the log's end once it ended)."""
+    assert proc.poll() is None, log.read_text(errors="replace")[-3000:]
+    return True
