@@ -47,7 +47,7 @@ from tidemark.engine.delivery import Pipeline
 from tidemark.engine.engine import Engine
 from tidemark.engine.records import ChangeRecord
 from tidemark.offsets.memory import MemoryOffsetStore
-from tidemark.source.postgres.task import PostgresSourceConnector
+from tidemark.source.postgres.task import PostgresConnector
 from tidemark.source.synthetic import SyntheticConnector
 from tidemark.testing.postgres import PostgresCluster
 
@@ -242,7 +242,7 @@ def e2e_child(slot: str, stop_at: int, expect: int, table: str = "public.t10",
                          committer: BatchCommitter) -> None:
             count[0] += len(records)
 
-    connector = PostgresSourceConnector(
+    connector = PostgresConnector(
         {"dsn": os.environ["TIDEMARK_DSN"], "table_include_list": [table],
          "slot_name": slot, "publication_name": "bench_pub", "snapshot_mode": "no_data"},
         stop_at_lsn=stop_at)

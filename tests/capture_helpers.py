@@ -11,16 +11,16 @@ from tidemark.event import ChangeEvent, TransactionBoundary
 from tidemark.offsets.store import OffsetReader
 from tidemark.serde.debezium_json import DebeziumJsonOptions, DebeziumJsonSerializer
 from tidemark.source.postgres.config import PostgresSourceConfig
-from tidemark.source.postgres.connector import PostgresConnector
+from tidemark.source.postgres.reader import PostgresReader
 
 
-def make_connector(dsn: str, *tables: str, **settings: Any) -> PostgresConnector:
+def make_connector(dsn: str, *tables: str, **settings: Any) -> PostgresReader:
     values: dict[str, Any] = {"dsn": dsn, "table_include_list": list(tables),
                               "heartbeat_interval_ms": 200, **settings}
-    return PostgresConnector(PostgresSourceConfig.from_mapping(values))
+    return PostgresReader(PostgresSourceConfig.from_mapping(values))
 
 
-def drain(connector: PostgresConnector, until_lsn: int | None = None,
+def drain(connector: PostgresReader, until_lsn: int | None = None,
           timeout_s: float = 30.0) -> list[ChangeEvent | TransactionBoundary]:
     """Poll until the committed offset reaches *until_lsn* (or the source finishes)."""
     records: list[ChangeEvent | TransactionBoundary] = []

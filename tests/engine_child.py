@@ -32,7 +32,7 @@ from tidemark.engine.converters import (
 from tidemark.engine.engine import Engine
 from tidemark.event import ChangeEvent
 from tidemark.offsets.file import FileOffsetStore
-from tidemark.source.postgres.task import PostgresSourceConnector
+from tidemark.source.postgres.task import PostgresConnector
 from tidemark.source.synthetic import SyntheticConnector
 
 
@@ -134,7 +134,7 @@ def main() -> None:
                 cur.execute("SELECT (pg_current_wal_insert_lsn() - '0/0')::bigint")
                 now = cur.fetchone()
             stop_at = int(now[0]) if now else None
-        connector = PostgresSourceConnector(settings, stop_at_lsn=stop_at)
+        connector = PostgresConnector(settings, stop_at_lsn=stop_at)
     else:
         connector = SyntheticConnector(total=args.total, batch_size=100)
     engine = Engine(

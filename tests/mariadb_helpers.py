@@ -16,7 +16,7 @@ from tidemark.offsets.store import Offset
 from tidemark.serde.debezium_json import DebeziumJsonOptions, DebeziumJsonSerializer
 from tidemark.serde.modes import TimePrecisionMode
 from tidemark.source.mariadb.config import MariaDbSourceConfig
-from tidemark.source.mariadb.connector import MariaDbConnector
+from tidemark.source.mariadb.reader import MariaDbReader
 
 ALL_TYPES = """CREATE TABLE everything (
     id INT PRIMARY KEY,
@@ -44,7 +44,7 @@ def _config(mdb: MariaDatabase, **settings: Any) -> MariaDbSourceConfig:
 def capture(config: MariaDbSourceConfig, offset: Offset | None = None,
             timeout_s: float = 60) -> tuple[list[Record], Offset | None]:
     """Everything up to the binlog's end now: the records and the last offset."""
-    connector = MariaDbConnector(config)
+    connector = MariaDbReader(config)
     records: list[Record] = []
     last: Offset | None = offset
     try:

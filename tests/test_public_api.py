@@ -15,10 +15,10 @@ PUBLIC = {
     "ApplySpec", "ArrowConverter", "AvroConverter", "ChangeEvent", "ConfigError",
     "DebeziumJsonConverter", "DeliveryMode", "Engine", "EngineConfig", "EventConverter",
     "ExtractNewRecordState", "FileOffsetStore", "Filter", "HashField", "LayeredOffsetStore",
-    "MariaDbConnector", "MariaDbSourceConfig", "MariaDbSourceConnector",
-    "LogTableSourceConfig", "LogTableSourceConnector",
-    "MaskField", "MemoryOffsetStore", "Op", "PostgresConnector", "PostgresOffsetStore",
-    "PostgresSourceConfig", "PostgresSourceConnector", "Route", "SourceBatch",
+    "MariaDbReader", "MariaDbSourceConfig", "MariaDbConnector",
+    "LogTableSourceConfig", "LogTableConnector",
+    "MaskField", "MemoryOffsetStore", "Op", "PostgresReader", "PostgresOffsetStore",
+    "PostgresSourceConfig", "PostgresConnector", "Route", "SourceBatch",
     "SourceConnector", "SourceError", "SourceTask",
     "SourceUnavailableError", "SqliteOffsetStore", "TidemarkError", "UNAVAILABLE",
     "apply_changes", "changes_from_debezium_file", "changes_from_debezium_json",
@@ -52,7 +52,7 @@ def test_import_tidemark_loads_neither_spark_nor_delta_nor_the_engine() -> None:
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                          check=True).stdout.strip()
     assert out == "[] []"
-    code = ("import sys\nfrom tidemark import Engine, FileOffsetStore, PostgresSourceConnector"
+    code = ("import sys\nfrom tidemark import Engine, FileOffsetStore, PostgresConnector"
             "\nprint('pyspark' in sys.modules)")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                          check=True).stdout.strip()

@@ -1,7 +1,7 @@
 """tidemark: change data capture for Python and Apache Spark.
 
 The names a user needs are importable from here, the one place to obtain them (``from
-tidemark import Engine, PostgresSourceConnector, MariaDbSourceConnector, FileOffsetStore,
+tidemark import Engine, PostgresConnector, MariaDbConnector, FileOffsetStore,
 apply_changes``); the
 modules under ``tidemark.*`` are internal and may move. Each name is loaded on first
 use, so ``import tidemark`` stays cheap: the capture command starts in a quarter of a
@@ -22,17 +22,17 @@ _WHERE: dict[str, str] = {
     "Op": "tidemark.event",
     "UNAVAILABLE": "tidemark.event",
     # PostgreSQL: a connector to poll directly, and the engine's connector
-    "PostgresConnector": "tidemark.source.postgres.connector",
+    "PostgresReader": "tidemark.source.postgres.reader",
     "PostgresSourceConfig": "tidemark.source.postgres.config",
-    "PostgresSourceConnector": "tidemark.source.postgres.task",
+    "PostgresConnector": "tidemark.source.postgres.task",
     "send_signal": "tidemark.source.signals",
     # MariaDB (and MySQL-protocol servers): the same two
-    "MariaDbConnector": "tidemark.source.mariadb.connector",
+    "MariaDbReader": "tidemark.source.mariadb.reader",
     "MariaDbSourceConfig": "tidemark.source.mariadb.config",
-    "MariaDbSourceConnector": "tidemark.source.mariadb.task",
+    "MariaDbConnector": "tidemark.source.mariadb.task",
     # CDC log tables (PostgreSQL, SQLite): the engine's connector and its settings
     "LogTableSourceConfig": "tidemark.source.logtable.config",
-    "LogTableSourceConnector": "tidemark.source.logtable.task",
+    "LogTableConnector": "tidemark.source.logtable.task",
     # writing a source of your own
     "SourceConnector": "tidemark.source.spi",
     "SourceTask": "tidemark.source.spi",
@@ -87,18 +87,18 @@ __all__ = [
     "Filter",
     "HashField",
     "LayeredOffsetStore",
+    "LogTableConnector",
     "LogTableSourceConfig",
-    "LogTableSourceConnector",
     "MariaDbConnector",
+    "MariaDbReader",
     "MariaDbSourceConfig",
-    "MariaDbSourceConnector",
     "MaskField",
     "MemoryOffsetStore",
     "Op",
     "PostgresConnector",
     "PostgresOffsetStore",
+    "PostgresReader",
     "PostgresSourceConfig",
-    "PostgresSourceConnector",
     "Route",
     "SourceBatch",
     "SourceConnector",
@@ -143,11 +143,11 @@ if TYPE_CHECKING:  # what type checkers and IDEs see; at run time, __getattr__ l
     from tidemark.offsets.sqlite import SqliteOffsetStore
     from tidemark.source.batch import SourceBatch
     from tidemark.source.mariadb.config import MariaDbSourceConfig
-    from tidemark.source.mariadb.connector import MariaDbConnector
-    from tidemark.source.mariadb.task import MariaDbSourceConnector
+    from tidemark.source.mariadb.reader import MariaDbReader
+    from tidemark.source.mariadb.task import MariaDbConnector
     from tidemark.source.postgres.config import PostgresSourceConfig
-    from tidemark.source.postgres.connector import PostgresConnector
-    from tidemark.source.postgres.task import PostgresSourceConnector
+    from tidemark.source.postgres.reader import PostgresReader
+    from tidemark.source.postgres.task import PostgresConnector
     from tidemark.source.signals import send_signal
     from tidemark.source.spi import SourceConnector, SourceTask
 

@@ -25,7 +25,7 @@ from tidemark.offsets.memory import MemoryOffsetStore
 from tidemark.offsets.store import Offset
 from tidemark.serde.debezium_json import DebeziumJsonOptions
 from tidemark.serde.rendered import RenderedEvent
-from tidemark.source.postgres.task import PostgresSourceConnector
+from tidemark.source.postgres.task import PostgresConnector
 from tidemark.testing.sink import MemorySink
 
 CHANGES = [
@@ -65,7 +65,7 @@ def _run(db: Database, slot: str, end: int, transforms: list[Transform], *,
          ) -> tuple[list[ConvertedRecord], Offset | None]:
     sink = MemorySink()
     store = MemoryOffsetStore()
-    connector = PostgresSourceConnector(
+    connector = PostgresConnector(
         {"dsn": db.dsn, "table_include_list": ["public.t", "public.keyless"],
          "slot_name": slot, "publication_name": "fused_pub", "snapshot_mode": "no_data",
          **(config or {})}, stop_at_lsn=end)

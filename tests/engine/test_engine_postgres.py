@@ -18,7 +18,7 @@ from tidemark.engine.engine import Engine
 from tidemark.engine.state import State
 from tidemark.event import ChangeEvent
 from tidemark.offsets.memory import MemoryOffsetStore
-from tidemark.source.postgres.task import PostgresSourceConnector
+from tidemark.source.postgres.task import PostgresConnector
 from tidemark.testing.postgres import PostgresCluster
 from tidemark.testing.sink import MemorySink
 from waiting import wait_for
@@ -61,7 +61,7 @@ def test_each_mode_delivers_snapshot_and_stream(mode: str, db: Database) -> None
                "INSERT INTO t SELECT g, 'v' FROM generate_series(1, 500) g")
     sink = MemorySink()
     store = MemoryOffsetStore()
-    connector = PostgresSourceConnector({"dsn": db.dsn, "table_include_list": ["public.t"]})
+    connector = PostgresConnector({"dsn": db.dsn, "table_include_list": ["public.t"]})
     engine = Engine(connector, sink, config={"delivery_mode": mode, "worker_count": 4,
                                              "offset_flush_interval_ms": 0},
                     converter=EventConverter(), offset_store=store)
@@ -110,7 +110,7 @@ def test_per_key_delivery_by_table_runs_one_table_at_a_time_in_source_order(
             running[table] -= 1
             seen[table].append((event.lsn or 0, int(event.after["id"])))
 
-    connector = PostgresSourceConnector({"dsn": db.dsn, "snapshot_mode": "no_data",
+    connector = PostgresConnector({"dsn": db.dsn, "snapshot_mode": "no_data",
                                          "table_include_list": [f"public.{t}" for t in tables]})
     engine = Engine(connector, consumer, converter=EventConverter(),
                     config={"delivery_mode": "per_key", "key_by": key_by, "worker_count": 4})
@@ -152,7 +152,7 @@ def test_one_task_per_database(pg_cluster: PostgresCluster) -> None:
                 "CREATE TABLE t (id int PRIMARY KEY)",
                 "INSERT INTO t SELECT generate_series(1, 100)")
         sink = MemorySink()
-        connector = PostgresSourceConnector(
+        connector = PostgresConnector(
             {"dsn": pg_cluster.dsn("postgres"), "table_include_list": ["public.t"],
              "snapshot_mode": "initial_only", "slot_name": "multi"}, databases=names)
         engine = Engine(connector, sink, config={"tasks_max": 2, "delivery_mode": "ordered"},
@@ -178,7 +178,7 @@ def test_close_while_starting_leaves_no_active_slot_and_no_connection(db: Databa
     try:
         with blocker.cursor() as cur:
             cur.execute("LOCK TABLE t IN ACCESS EXCLUSIVE MODE")
-        connector = PostgresSourceConnector({"dsn": db.dsn, "table_include_list": ["public.t"],
+        connector = PostgresConnector({"dsn": db.dsn, "table_include_list": ["public.t"],
                                              "slot_name": "starting_test"})
         engine = Engine(connector, MemorySink(), config={"delivery_mode": "batch"},
                         converter=EventConverter())

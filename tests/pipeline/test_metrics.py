@@ -16,7 +16,7 @@ import pytest
 from conftest import Database
 from pipeline_helpers import scrape, value
 from tidemark.engine.engine import Engine
-from tidemark.source.postgres.task import PostgresSourceConnector
+from tidemark.source.postgres.task import PostgresConnector
 from tidemark.testing.local_server import free_port
 from tidemark.testing.sink import MemorySink
 
@@ -34,7 +34,7 @@ def test_engine_metrics_count_what_the_engine_saw(db: Database) -> None:
     db.execute("CREATE TABLE t (id int PRIMARY KEY, v text)",
                "INSERT INTO t SELECT g, 'x' FROM generate_series(1, 5) g")
     sink = MemorySink()
-    engine = Engine(PostgresSourceConnector({"dsn": db.dsn, "table_include_list": ["public.t"],
+    engine = Engine(PostgresConnector({"dsn": db.dsn, "table_include_list": ["public.t"],
                                              "slot_name": f"s_{db.name}"}),
                     sink, config={"metrics_port": 0, "max_in_flight": 500})
     runner = threading.Thread(target=engine.run)

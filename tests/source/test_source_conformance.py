@@ -23,9 +23,9 @@ import pytest
 from logtable_helpers import LogDb, replay
 from tidemark import (
     Engine,
-    LogTableSourceConnector,
-    MariaDbSourceConnector,
-    PostgresSourceConnector,
+    LogTableConnector,
+    MariaDbConnector,
+    PostgresConnector,
     SqliteOffsetStore,
 )
 from tidemark.engine.converters import EventConverter
@@ -65,7 +65,7 @@ def source(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Source]:
         yield Source(kind, mdb.execute,
                      lambda: {(i,): {"id": i, "v": v, "n": n}
                               for i, v, n in mdb.query("SELECT id, v, n FROM conf_t")},
-                     lambda: MariaDbSourceConnector({"dsn": mdb.dsn,
+                     lambda: MariaDbConnector({"dsn": mdb.dsn,
                                                     "snapshot_mode": "no_data"}))
         return
     if kind == "sqlite-logtable":
@@ -77,7 +77,7 @@ def source(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Source]:
         yield Source(kind, lite.execute,
                      lambda: {(i,): {"id": i, "v": v, "n": n}
                               for i, v, n in lite.query("SELECT id, v, n FROM conf_t")},
-                     lambda: LogTableSourceConnector({"dsn": lite.dsn,
+                     lambda: LogTableConnector({"dsn": lite.dsn,
                                                       "poll_interval_ms": 20}))
         return
     db = request.getfixturevalue("db")
@@ -85,10 +85,10 @@ def source(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Source]:
     if kind == "postgres-logtable":
         LogDb("postgres", db.dsn).install(["conf_t"], streams=8, groups=2)
         yield Source(kind, db.execute, lambda: _pg_rows(db.dsn),
-                     lambda: LogTableSourceConnector({"dsn": db.dsn, "poll_interval_ms": 20}))
+                     lambda: LogTableConnector({"dsn": db.dsn, "poll_interval_ms": 20}))
         return
     yield Source(kind, db.execute, lambda: _pg_rows(db.dsn),
-                 lambda: PostgresSourceConnector({"dsn": db.dsn, "snapshot_mode": "no_data",
+                 lambda: PostgresConnector({"dsn": db.dsn, "snapshot_mode": "no_data",
                                                   "table_include_list": ["public.conf_t"]}))
 
 

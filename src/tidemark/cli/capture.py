@@ -32,15 +32,15 @@ from tidemark.source.postgres.config import (
     SnapshotMode,
     TimePrecisionMode,
 )
-from tidemark.source.postgres.connector import PostgresConnector
 from tidemark.source.postgres.pgoutput import lsn_to_str
+from tidemark.source.postgres.reader import PostgresReader
 from tidemark.source.registry import KINDS, source_kind
 from tidemark.source.spi import save_offset
 
 if TYPE_CHECKING:
     from tidemark.source.logtable.config import LogTableSourceConfig
     from tidemark.source.mariadb.config import MariaDbSourceConfig
-    from tidemark.source.mariadb.connector import MariaDbConnector
+    from tidemark.source.mariadb.reader import MariaDbReader
 
 log = logging.getLogger(__name__)
 
@@ -176,7 +176,7 @@ def capture(dsn: str, source: str | None, tasks: int, task_index: int, cells: bo
         "incremental_snapshot_chunk_size": incremental_snapshot_chunk_size,
     }
     store: OffsetStore = FileOffsetStore(offsets) if offsets else MemoryOffsetStore()
-    connector: PostgresConnector | MariaDbConnector | LogTableReader
+    connector: PostgresReader | MariaDbReader | LogTableReader
     kind = source_kind(dsn, source)
     if kind == "logtable":
         logtable = _logtable_config(values, tasks, task_index, retention_s,
@@ -186,14 +186,14 @@ def capture(dsn: str, source: str | None, tasks: int, task_index: int, cells: bo
         connector = LogTableReader(logtable)
     elif kind == "mariadb":
         # Imported here: a PostgreSQL capture's start should not pay for PyMySQL.
-        from tidemark.source.mariadb.connector import MariaDbConnector  # noqa: PLC0415
+        from tidemark.source.mariadb.reader import MariaDbReader  # noqa: PLC0415
 
         mariadb = _mariadb_config(values)
         serializer = DebeziumJsonSerializer(DebeziumJsonOptions(
             topic_prefix=topic_prefix, decimal_handling_mode=mariadb.decimal_handling_mode,
             time_precision_mode=mariadb.time_precision_mode, tombstones_on_delete=tombstones,
             transaction_metadata=transaction_metadata))
-        connector = MariaDbConnector(mariadb)
+        connector = MariaDbReader(mariadb)
     else:
         config = PostgresSourceConfig.from_mapping(values)
         serializer = DebeziumJsonSerializer(DebeziumJsonOptions(
@@ -205,7 +205,7 @@ def capture(dsn: str, source: str | None, tasks: int, task_index: int, cells: bo
         ))
         # Without transaction metadata every streamed event is one JSON text that the
         # connector can make straight from the pgoutput bytes (the fast path).
-        connector = PostgresConnector(config,
+        connector = PostgresReader(config,
                                       json_lines=None if transaction_metadata else serializer)
     flag = _StopFlag()
     signal.signal(signal.SIGINT, flag)
@@ -218,7 +218,7 @@ def capture(dsn: str, source: str | None, tasks: int, task_index: int, cells: bo
         stats = connector.stats
         metrics = serve(metrics_port, lambda: capture_metrics(stats, name=topic_prefix))
     try:
-        if isinstance(connector, PostgresConnector):
+        if isinstance(connector, PostgresReader):
             connector.start(store=store, stop_at_lsn=_server_position(config.dsn)
                             if stop_at_end else None)
         elif isinstance(connector, LogTableReader):
@@ -300,7 +300,7 @@ def capture(dsn: str, source: str | None, tasks: int, task_index: int, cells: bo
         if offsets:
             kept = (f"the offset of what was written in full is saved in {offsets}, so a "
                     "restart resumes after it")
-        elif isinstance(connector, PostgresConnector):
+        elif isinstance(connector, PostgresReader):
             kept = ("the replication slot is confirmed up to what was written in full, so a "
                     "restart resumes after it")
         else:
@@ -312,14 +312,14 @@ def capture(dsn: str, source: str | None, tasks: int, task_index: int, cells: bo
             f"{'' if delivered == 1 else 's'}; {kept}")
 
 
-def _progress(connector: PostgresConnector | MariaDbConnector | LogTableReader,
+def _progress(connector: PostgresReader | MariaDbReader | LogTableReader,
               interval_s: float) -> CaptureProgress:
     """The progress line's writer: stderr, passwords masked (a lag query's error may
     quote the connection)."""
     def write(line: str) -> None:
         click.echo(redact(line), err=True)
 
-    if not isinstance(connector, PostgresConnector):
+    if not isinstance(connector, PostgresReader):
         return CaptureProgress(connector.stats, interval_s, write)
     stats, dsn = connector.stats, connector.config.dsn
     return CaptureProgress(stats, interval_s, write, position=lsn_to_str,

@@ -10,7 +10,7 @@ import click
 from tidemark.serde.debezium_json import DebeziumJsonOptions, DebeziumJsonSerializer
 from tidemark.source.postgres import session
 from tidemark.source.postgres.config import PostgresSourceConfig
-from tidemark.source.postgres.connector import PostgresConnector
+from tidemark.source.postgres.reader import PostgresReader
 
 _SCHEMA = """
 CREATE TABLE customers (id bigint PRIMARY KEY, name text NOT NULL, email text,
@@ -44,7 +44,7 @@ def capture_demo() -> None:
                    "then live changes:", err=True)
         config = PostgresSourceConfig(dsn=dsn, table_include_list=("public.customers",),
                                       provide_transaction_metadata=False)
-        connector = PostgresConnector(config)
+        connector = PostgresReader(config)
         serializer = DebeziumJsonSerializer(DebeziumJsonOptions())
         connector.start()
         try:

@@ -23,7 +23,7 @@ from tidemark.event import UNAVAILABLE, Op
 from tidemark.offsets.memory import MemoryOffsetStore
 from tidemark.serde.debezium_json import DebeziumJsonOptions, DebeziumJsonSerializer
 from tidemark.source.logtable import layout
-from tidemark.source.logtable.task import LogTableSourceConnector
+from tidemark.source.logtable.task import LogTableConnector
 from tidemark.source.spi import save_offset
 
 # PostgreSQL 14 or later: hash_record_extended, xid8 snapshots.
@@ -91,7 +91,7 @@ def test_groups_split_over_tasks_cover_every_change_once(logdb: LogDb) -> None:
     logdb.install(["orders"], streams=32, groups=8)
     logdb.execute(*(f"INSERT INTO orders VALUES ({i}, 'n{i}', {i}, 0)" for i in range(400)))
     logdb.execute("UPDATE orders SET qty = qty + 1 WHERE id % 3 = 0")
-    connector = LogTableSourceConnector({"dsn": logdb.dsn})
+    connector = LogTableConnector({"dsn": logdb.dsn})
     configs = connector.task_configs(3)
     assert [list(c["groups"]) for c in configs] == [[0, 1, 2], [3, 4, 5], [6, 7]]
     seen: list[Any] = []

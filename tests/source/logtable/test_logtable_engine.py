@@ -13,7 +13,7 @@ from tidemark import (
     DebeziumJsonConverter,
     Engine,
     ExtractNewRecordState,
-    LogTableSourceConnector,
+    LogTableConnector,
     SqliteOffsetStore,
 )
 from tidemark.engine.converters import EventConverter
@@ -29,7 +29,7 @@ def _times(sink: MemorySink) -> list[Any]:
 
 def _run(logdb: LogDb, store: SqliteOffsetStore, sink: MemorySink
          ) -> tuple[Engine, threading.Thread]:
-    connector = LogTableSourceConnector({"dsn": logdb.dsn, "poll_interval_ms": 50})
+    connector = LogTableConnector({"dsn": logdb.dsn, "poll_interval_ms": 50})
     engine = Engine(connector, sink, config={"offset_flush_interval_ms": 0, "tasks_max": 2},
                     converter=EventConverter(), offset_store=store)
     thread = threading.Thread(target=engine.run, daemon=True)
@@ -71,7 +71,7 @@ def test_extract_new_state_flattens_cells_as_scylla_does(logdb: LogDb) -> None:
     logdb.install(["t"], streams=4, groups=1)
     logdb.execute("INSERT INTO t VALUES (1, 'a', 5)")
     logdb.execute("UPDATE t SET v = NULL WHERE id = 1")
-    connector = LogTableSourceConnector({"dsn": logdb.dsn, "poll_interval_ms": 50})
+    connector = LogTableConnector({"dsn": logdb.dsn, "poll_interval_ms": 50})
     cells = DebeziumJsonOptions(cells=True, tombstones_on_delete=False)
     for transforms, expected in (
             ((), [{"id": 1, "v": {"value": "a"}, "n": {"value": 5}},

@@ -34,7 +34,7 @@ from tidemark.event import ChangeEvent, Record, TransactionBoundary
 from tidemark.offsets.store import Offset
 from tidemark.serde.debezium_json import DebeziumJsonSerializer
 from tidemark.source.mariadb.config import MariaDbSourceConfig
-from tidemark.source.mariadb.connector import MariaDbConnector
+from tidemark.source.mariadb.reader import MariaDbReader
 from tidemark.testing.local_server import free_port
 from tidemark.testing.mariadb import MariaDbServer
 
@@ -453,7 +453,7 @@ def test_a_transaction_larger_than_memory_is_handed_on_in_batches_with_one_offse
 
     settings = {"provide_transaction_metadata": True, "max_transaction_rows_in_memory": 700,
                 "max_batch_events": 1000}
-    connector = MariaDbConnector(_config(mdb, **settings))
+    connector = MariaDbReader(_config(mdb, **settings))
     batches: list[tuple[list[Record], Offset | None]] = []
     with caplog.at_level(logging.INFO, logger="tidemark.source.mariadb"):
         connector.start(start, stop_at_end=True)

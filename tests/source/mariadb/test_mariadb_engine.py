@@ -6,7 +6,7 @@ from __future__ import annotations
 import threading
 
 from conftest import MariaDatabase
-from tidemark import Engine, MariaDbSourceConnector, MemoryOffsetStore
+from tidemark import Engine, MariaDbConnector, MemoryOffsetStore
 from tidemark.engine.converters import EventConverter
 from tidemark.event import ChangeEvent
 from tidemark.testing.sink import MemorySink
@@ -20,7 +20,7 @@ def ids(sink: MemorySink) -> list[int]:
 
 def run_engine(mdb: MariaDatabase, store: MemoryOffsetStore, sink: MemorySink
                ) -> tuple[Engine, threading.Thread]:
-    connector = MariaDbSourceConnector({"dsn": mdb.dsn})
+    connector = MariaDbConnector({"dsn": mdb.dsn})
     engine = Engine(connector, sink, config={"offset_flush_interval_ms": 0},
                     converter=EventConverter(), offset_store=store)
     thread = threading.Thread(target=engine.run, daemon=True)

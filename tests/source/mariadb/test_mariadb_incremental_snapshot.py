@@ -24,7 +24,7 @@ from tidemark.event import ChangeEvent, Op, Record, SnapshotMarker
 from tidemark.offsets.store import Offset
 from tidemark.source.batch import SourceBatch
 from tidemark.source.mariadb.config import MariaDbSourceConfig
-from tidemark.source.mariadb.connector import MariaDbConnector
+from tidemark.source.mariadb.reader import MariaDbReader
 from tidemark.status.mariadb import capture_status
 from waiting import wait_for
 
@@ -40,7 +40,7 @@ def _config(mdb: MariaDatabase, **settings: Any) -> MariaDbSourceConfig:
 
 def _capture(config: MariaDbSourceConfig, offset: Offset | None) -> list[SourceBatch]:
     """Every batch up to the binlog's end now (a bounded capture)."""
-    connector = MariaDbConnector(config)
+    connector = MariaDbReader(config)
     batches: list[SourceBatch] = []
     try:
         connector.start(offset, stop_at_end=True)
@@ -211,7 +211,7 @@ def test_concurrent_writes_during_the_snapshot_leave_the_replica_equal_to_the_ta
     config = MariaDbSourceConfig.from_mapping({
         "dsn": mdb.dsn, "signal_table": f"{mdb.name}.sig", "snapshot_mode": "no_data",
         "incremental_snapshot_chunk_size": 97})
-    connector = MariaDbConnector(config)
+    connector = MariaDbReader(config)
     writers = [_Writer(mdb, seed) for seed in (1, 2)]
     reads = 0
     try:
@@ -261,7 +261,7 @@ def test_a_restart_continues_after_the_last_chunk_saved(mdb: MariaDatabase,
     offset = _last_offset(_capture(config, None), None)
     send_signal(mdb.dsn, f"{mdb.name}.sig", "execute-snapshot",
                 {"data-collections": [f"{mdb.name}.t"]})
-    connector = MariaDbConnector(config)
+    connector = MariaDbReader(config)
     first: list[ChangeEvent] = []
     saved: Offset | None = None
     try:
@@ -376,7 +376,7 @@ def test_a_chunk_whose_read_view_fails_to_end_is_read_again(
     send_signal(mdb.dsn, f"{mdb.name}.sig", "execute-snapshot",
                 {"data-collections": [f"{mdb.name}.t"]})
     reads: list[int] = []
-    connector = MariaDbConnector(config)  # one run: it retries the chunk itself
+    connector = MariaDbReader(config)  # one run: it retries the chunk itself
     connector.start(offset)
     try:
         deadline = time.monotonic() + 60

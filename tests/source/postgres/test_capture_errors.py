@@ -24,7 +24,7 @@ from tidemark.errors import (
     TransientError,
 )
 from tidemark.source.postgres.config import PostgresSourceConfig
-from tidemark.source.postgres.connector import PostgresConnector
+from tidemark.source.postgres.reader import PostgresReader
 from tidemark.testing.local_server import free_port
 from tidemark.testing.postgres import PostgresCluster
 
@@ -34,7 +34,7 @@ pytestmark = pytest.mark.every_pg_version
 _SECRET = "Sekr3t-pw-7f3a9c"
 
 
-def _start_error(connector: PostgresConnector) -> BaseException:
+def _start_error(connector: PostgresReader) -> BaseException:
     """The exception ``connector.start()`` raises (it must raise); the connector is stopped."""
     try:
         with pytest.raises(Exception) as info:

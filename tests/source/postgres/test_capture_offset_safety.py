@@ -29,7 +29,7 @@ from tidemark.errors import ConfigError
 from tidemark.offsets.file import FileOffsetStore
 from tidemark.offsets.memory import MemoryOffsetStore
 from tidemark.source.postgres.pgoutput import lsn_to_str, str_to_lsn
-from tidemark.source.postgres.task import PostgresSourceConnector
+from tidemark.source.postgres.task import PostgresConnector
 
 # Run on every PostgreSQL version CI tests (scripts/test.sh).
 pytestmark = pytest.mark.every_pg_version
@@ -166,7 +166,7 @@ def test_cli_offset_ahead_of_the_server_exits_2_and_leaves_the_slot(
 
 def test_engine_task_refuses_an_offset_ahead_of_the_server(db: Database) -> None:
     db.execute("CREATE TABLE t (id int PRIMARY KEY)")
-    source = PostgresSourceConnector({"dsn": db.dsn, "table_include_list": ["public.t"],
+    source = PostgresConnector({"dsn": db.dsn, "table_include_list": ["public.t"],
                                       "snapshot_mode": "no_data"})
     task = source.create_task(source.task_configs(1)[0])
     store = MemoryOffsetStore()

@@ -27,7 +27,7 @@ from conftest import Database
 from pipeline_helpers import _signal_server
 from tidemark.errors import ConfigError, SourceError, SourceUnavailableError
 from tidemark.event import ChangeEvent, Op, SnapshotMarker
-from tidemark.source.postgres.connector import PostgresConnector
+from tidemark.source.postgres.reader import PostgresReader
 from tidemark.testing.postgres import PostgresCluster
 from waiting import wait_for
 
@@ -68,7 +68,7 @@ def slot_names(db: Database) -> list[str]:
                                    "WHERE database = current_database()")]
 
 
-def poll_for(connector: PostgresConnector, seconds: float, *, commit: bool = True,
+def poll_for(connector: PostgresReader, seconds: float, *, commit: bool = True,
              offsets: list[dict[str, Any]] | None = None) -> list[Any]:
     """Poll (and commit) for *seconds*, returning the records; the committed offsets
     are appended to *offsets*."""
@@ -425,7 +425,7 @@ class Idle:
         self.wal_after_writes = wal_after_writes
 
 
-def _server_wal_end(connector: PostgresConnector) -> int:
+def _server_wal_end(connector: PostgresReader) -> int:
     """The server's WAL position as of the last keepalive the connector received."""
     stream = connector._stream
     return stream.wal_end if stream is not None else 0

@@ -49,8 +49,8 @@ from tidemark.serde.debezium_json import (
     java_float_text,
 )
 from tidemark.serde.modes import DecimalHandlingMode, TimePrecisionMode
-from tidemark.source.postgres.connector import PostgresConnector
-from tidemark.source.postgres.task import PostgresSourceConnector
+from tidemark.source.postgres.reader import PostgresReader
+from tidemark.source.postgres.task import PostgresConnector
 from tidemark.testing.debezium_reference import (
     END_PREFIX,
     RUNS,
@@ -138,7 +138,7 @@ def capture_records(db: Database, run: ReferenceRun,
     (``tidemark capture``'s fast path) JSON lines as well."""
     db.execute(*SCRIPT.setup)
     config = make_connector(db.dsn, *TABLES, **run.tidemark_settings()).config
-    connector = PostgresConnector(config, json_lines=serializer)
+    connector = PostgresReader(config, json_lines=serializer)
     connector.start()
     try:
         out: list[Any] = drain(connector, db.insert_lsn())
@@ -185,7 +185,7 @@ def capture_engine(db: Database, run: ReferenceRun) -> list[str]:
     """The embedded engine's records, as ``{"topic":…,"key":…,"value":…}`` lines."""
     db.execute(*SCRIPT.setup)
     sink = MemorySink()
-    connector = PostgresSourceConnector({"dsn": db.dsn, "table_include_list": list(TABLES),
+    connector = PostgresConnector({"dsn": db.dsn, "table_include_list": list(TABLES),
                                          **run.tidemark_settings()})
     engine = Engine(connector, sink, config={"offset_flush_interval_ms": 0},
                     converter=DebeziumJsonConverter(_options(run)),

@@ -24,7 +24,7 @@ from capture_helpers import drain, events, make_connector
 from conftest import Database
 from tidemark.event import ChangeEvent, Op, SnapshotMarker
 from tidemark.source.postgres import incremental_snapshot
-from tidemark.source.postgres.connector import PostgresConnector
+from tidemark.source.postgres.reader import PostgresReader
 from waiting import wait_for
 
 pytestmark = [pytest.mark.integration, pytest.mark.every_pg_version]
@@ -49,7 +49,7 @@ def _snapshot_rows(db: Database, tables: list[str]) -> dict[str, Any]:
     return {"data-collections": tables, "type": "incremental"}
 
 
-def _collect(connector: PostgresConnector, until: Any, timeout_s: float = 60) -> list[Any]:
+def _collect(connector: PostgresReader, until: Any, timeout_s: float = 60) -> list[Any]:
     """Poll (committing offsets) until *until(records)* holds."""
     records: list[Any] = []
     deadline = time.monotonic() + timeout_s
@@ -62,7 +62,7 @@ def _collect(connector: PostgresConnector, until: Any, timeout_s: float = 60) ->
     return records
 
 
-def _done(connector: PostgresConnector) -> bool:
+def _done(connector: PostgresReader) -> bool:
     """The stream runs and no incremental snapshot is left."""
     snapshots = connector.incremental_snapshot
     return snapshots is not None and not snapshots.active

@@ -50,7 +50,7 @@ class LogTableTask(ReopeningTask[LogTableReader]):
             self._connector.saved(offset)
 
 
-class LogTableSourceConnector:
+class LogTableConnector:
     """The engine-facing log-table connector. *config* holds the settings of
     :class:`LogTableSourceConfig` (without ``groups``: the connector assigns them).
     *stop_at_end*: finish once every group has read what the log held."""

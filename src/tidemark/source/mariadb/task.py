@@ -13,12 +13,12 @@ from typing import Any
 from tidemark.errors import ConfigError
 from tidemark.offsets.store import Offset, OffsetReader
 from tidemark.source.mariadb.config import MariaDbSourceConfig
-from tidemark.source.mariadb.connector import MariaDbConnector
+from tidemark.source.mariadb.reader import MariaDbReader
 from tidemark.source.reopening_task import ReopeningTask
 from tidemark.source.spi import TaskConfig
 
 
-class MariaDbTask(ReopeningTask[MariaDbConnector]):
+class MariaDbTask(ReopeningTask[MariaDbReader]):
     """Captures one server; after a retriable failure the next poll reconnects from the
     last committed offset (records after it are delivered again: at-least-once)."""
 
@@ -27,10 +27,10 @@ class MariaDbTask(ReopeningTask[MariaDbConnector]):
         self.config = config
         self._stop_at_end = stop_at_end
 
-    def _new_connector(self) -> MariaDbConnector:
-        return MariaDbConnector(self.config)
+    def _new_connector(self) -> MariaDbReader:
+        return MariaDbReader(self.config)
 
-    def _start_connector(self, connector: MariaDbConnector, offset: Offset | None,
+    def _start_connector(self, connector: MariaDbReader, offset: Offset | None,
                          offsets: OffsetReader | None) -> None:
         connector.start(offset, store=offsets, stop_at_end=self._stop_at_end)
 
@@ -38,7 +38,7 @@ class MariaDbTask(ReopeningTask[MariaDbConnector]):
         return self.config.redacted_dsn()
 
 
-class MariaDbSourceConnector:
+class MariaDbConnector:
     """The engine-facing MariaDB connector. *config* holds the settings of
     :class:`MariaDbSourceConfig`. *stop_at_end*: finish at the binlog's end as it is at
     start (a bounded run, like ``tidemark capture --stop-at-end``)."""

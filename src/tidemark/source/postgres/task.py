@@ -16,12 +16,12 @@ from tidemark.errors import ConfigError
 from tidemark.offsets.store import Offset, OffsetReader
 from tidemark.serde.debezium_json import DebeziumJsonOptions, DebeziumJsonSerializer
 from tidemark.source.postgres.config import PostgresSourceConfig, check_identifier
-from tidemark.source.postgres.connector import PostgresConnector
+from tidemark.source.postgres.reader import PostgresReader
 from tidemark.source.reopening_task import ReopeningTask
 from tidemark.source.spi import TaskConfig
 
 
-class PostgresTask(ReopeningTask[PostgresConnector]):
+class PostgresTask(ReopeningTask[PostgresReader]):
     """Captures one database; after a retriable failure the next poll reconnects from
     the last committed offset (records after it are delivered again: at-least-once)."""
 
@@ -46,14 +46,14 @@ class PostgresTask(ReopeningTask[PostgresConnector]):
         self._converted_records = converted_records
         return True
 
-    def _new_connector(self) -> PostgresConnector:
+    def _new_connector(self) -> PostgresReader:
         rendered = self._rendered
-        return PostgresConnector(
+        return PostgresReader(
             self.config,
             rendered_json=None if rendered is None else DebeziumJsonSerializer(rendered),
             converted_records=self._converted_records)
 
-    def _start_connector(self, connector: PostgresConnector, offset: Offset | None,
+    def _start_connector(self, connector: PostgresReader, offset: Offset | None,
                          offsets: OffsetReader | None) -> None:
         connector.start(offset, store=offsets, stop_at_lsn=self._stop_at_lsn)
 
@@ -61,7 +61,7 @@ class PostgresTask(ReopeningTask[PostgresConnector]):
         return self.config.redacted_dsn()
 
 
-class PostgresSourceConnector:
+class PostgresConnector:
     """The engine-facing PostgreSQL connector. *config* holds the settings of
     :class:`PostgresSourceConfig`; *databases*, if given, lists databases of the
     server to capture, each in its own task (the DSN's database is then ignored).

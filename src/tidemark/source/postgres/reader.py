@@ -62,7 +62,7 @@ _MAX_BACKOFF_S = 30.0
 _FIRST_BATCH_MESSAGES = 128
 
 
-class PostgresConnector:
+class PostgresReader:
     """Captures changes of one PostgreSQL database.
 
     With *json_lines* (a serializer without transaction metadata), streamed changes are

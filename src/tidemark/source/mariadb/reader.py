@@ -51,7 +51,7 @@ _END: Final = object()  # the stream ended (a bounded capture reached the log's 
 
 
 class _Queued(NamedTuple):
-    """What the reader thread hands to :meth:`MariaDbConnector.poll`: a whole
+    """What the reader thread hands to :meth:`MariaDbReader.poll`: a whole
     transaction's records (or a snapshot chunk's reads), the position after them, and
     the incremental snapshot's state there; or a chunk of a large transaction, with
     position None unless it is the last."""
@@ -63,7 +63,7 @@ class _Queued(NamedTuple):
     reads: bool = False
 
 
-class MariaDbConnector:
+class MariaDbReader:
     """Captures changes of the tables a :class:`MariaDbSourceConfig` selects."""
 
     def __init__(self, config: MariaDbSourceConfig) -> None:
