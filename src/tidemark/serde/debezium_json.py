@@ -17,11 +17,9 @@ from __future__ import annotations
 
 from base64 import b64encode
 from collections.abc import Iterable
-from typing import Any, Final
 
 import msgspec
 
-from tidemark import __version__
 from tidemark.event import (
     ChangeEvent,
     Op,
@@ -48,6 +46,7 @@ from tidemark.serde.json_columns import (
     json_fragment,
 )
 from tidemark.serde.json_values import UNAVAILABLE_PLACEHOLDER, java_float_text, unscaled_bytes
+from tidemark.serde.source_json import SOURCE_VERSION, SourceJson
 
 # The names callers import from here (the serializer's module is the public one).
 __all__ = [
@@ -57,8 +56,6 @@ __all__ = [
     "compiled_event_renderer", "java_float_text", "json_fragment", "unscaled_bytes",
 ]
 
-SOURCE_VERSION: Final = f"{__version__}-tidemark"
-_HEADS_KEPT: Final = 256  # source-block heads kept for sources with fields of their own
 
 
 # -- the JSON shapes ---------------------------------------------------------------------
@@ -123,10 +120,7 @@ class DebeziumJsonSerializer:
         self._ts_text = ""
         self._last_schema: TableSchema | None = None
         self._last_codec: _Codec = None  # type: ignore[assignment]
-        self._parts_context: object = None
-        self._parts: dict[tuple[TableId, SnapshotMarker], tuple[str, ...]] = {}
-        self._heads: dict[tuple[Any, ...], str] = {}
-        self._last_head: tuple[Any, ...] | None = None
+        self._blocks = SourceJson()
 
     def _codec(self, schema: TableSchema) -> _Codec:
         if schema is self._last_schema:
@@ -139,29 +133,12 @@ class DebeziumJsonSerializer:
         return entry[1]
 
     def _source(self, event: ChangeEvent, table: TableId) -> str:
-        """The ``source`` block; only the LSN differs between events of a transaction,
-        so the rest is built once per (transaction, table, snapshot marker)."""
-        lsn = event.lsn
-        parts = self._cached_source_parts(event.context, event.snapshot, table)
-        if len(parts) == 1:
-            return parts[0]
-        head, middle, end = parts
-        if lsn is None:
-            return f'{head}null{middle}null{end}'.replace('"[null,\\"null\\"]"', "null")
-        return f"{head}{lsn}{middle}{lsn}{end}"
+        """The ``source`` block (:mod:`tidemark.serde.source_json`)."""
+        return self._blocks.text(event.context, event.snapshot, table, event.lsn)
 
     def _cached_source_parts(self, context: SourceContext, snapshot: SnapshotMarker,
                              table: TableId) -> tuple[str, ...]:
-        if context.source_fields is not None:
-            return (self._own_block(context, snapshot, table),)
-        if context is not self._parts_context:
-            self._parts_context = context
-            self._parts.clear()
-        parts = self._parts.get((table, snapshot))
-        if parts is None:
-            parts = self._parts[(table, snapshot)] = self._source_parts(context, snapshot,
-                                                                        table)
-        return parts
+        return self._blocks.parts(context, snapshot, table)
 
     def _ts_fields(self, ts_us: int) -> str:
         """The top-level ``ts_*`` fields and the value's closing brace."""
@@ -169,60 +146,6 @@ class DebeziumJsonSerializer:
             self._ts = ts_us
             self._ts_text = f'"ts_ms":{ts_us // 1000},"ts_us":{ts_us},"ts_ns":{ts_us * 1000}}}'
         return self._ts_text
-
-    def _own_block(self, c: SourceContext, snapshot: SnapshotMarker, table: TableId) -> str:
-        """The whole ``source`` block of a source with fields of its own: Debezium's
-        common fields, ``table``, then ``source_fields`` in order. Such a source may make
-        a context per event (MariaDB's ``row``), so the common part is kept per
-        transaction and table, and the fields are written by msgspec in one call."""
-        last = self._last_head
-        if last is not None and last[0] is table and last[1] is snapshot \
-                and last[2] == c.ts_us and last[3] is c.connector and last[4] is c.name \
-                and last[5] is c.db:
-            head: str = last[6]  # the previous event's: a transaction's events come together
-        else:
-            head = self._head(c, snapshot, table)
-            self._last_head = (table, snapshot, c.ts_us, c.connector, c.name, c.db, head)
-        fields = c.source_fields
-        assert fields is not None
-        # A Struct is written in its field order; pairs by way of a dict, in theirs.
-        encoded = self._encoder.encode(
-            fields if isinstance(fields, msgspec.Struct) else dict(fields))
-        return head + encoded[1:].decode()
-
-    def _head(self, c: SourceContext, snapshot: SnapshotMarker, table: TableId) -> str:
-        """An own block's common fields and ``table``, up to its own fields."""
-        key = (c.connector, c.name, c.ts_us, c.db, table, snapshot)
-        head = self._heads.get(key)
-        if head is None:
-            ts = c.ts_us
-            if len(self._heads) >= _HEADS_KEPT:
-                self._heads.clear()
-            head = self._heads[key] = (
-                f'{{"version":"{SOURCE_VERSION}","connector":{_escape(c.connector)},'
-                f'"name":{_escape(c.name)},"ts_ms":{ts // 1000},'
-                f'"snapshot":"{snapshot.value}","db":{_escape(c.db)},"sequence":null,'
-                f'"ts_us":{ts},"ts_ns":{ts * 1000},"table":{_escape(table.table)},')
-        return head
-
-    @staticmethod
-    def _source_parts(c: SourceContext, snapshot: SnapshotMarker,
-                      table: TableId) -> tuple[str, ...]:
-        """The ``source`` block around the event's LSN (PostgreSQL's layout)."""
-        ts = c.ts_us
-        tail = f',"schema":{_escape(table.schema)},"table":{_escape(table.table)},'
-        last = "null" if c.last_commit_lsn is None else f'\\"{c.last_commit_lsn}\\"'
-        head = (
-            f'{{"version":"{SOURCE_VERSION}","connector":{_escape(c.connector)},'
-            f'"name":{_escape(c.name)},"ts_ms":{ts // 1000},'
-            f'"snapshot":"{snapshot.value}","db":{_escape(c.db)},'
-            f'"sequence":"[{last},\\"'
-        )
-        middle = (f'\\"]","ts_us":{ts},"ts_ns":{ts * 1000}{tail}'
-                  f'"txId":{_null(c.txid)},"lsn":')
-        origin = "null" if c.origin is None else _escape(c.origin)
-        end = f',"xmin":null,"origin":{origin},"origin_lsn":null}}'
-        return head, middle, end
 
     def stream_value_parts(self, schema: TableSchema, context: SourceContext, op: Op,
                            ts_us: int) -> tuple[str, str, str]:
@@ -237,7 +160,7 @@ class DebeziumJsonSerializer:
             raise ValueError("stream_value_parts is for output without transaction metadata")
         parts = self._cached_source_parts(context, SnapshotMarker.FALSE, schema.table)
         if len(parts) != 3:
-            raise ValueError("stream_value_parts is for sources with the LSN in the block")
+            raise ValueError("stream_value_parts is for sources with the position in the block")
         head, middle, end = parts
         ts = self._ts_fields(ts_us)
         return head, middle, f'{end},"transaction":null,"op":"{op.value}",{ts}'
@@ -346,6 +269,3 @@ def _transaction_value(record: TransactionBoundary) -> _TransactionValue:
     return _TransactionValue(record.status, record.id, record.event_count, collections,
                              record.ts_us // 1000)
 
-
-def _null(value: int | None) -> str:
-    return "null" if value is None else str(value)
