@@ -79,9 +79,10 @@ class _Codec:
         self.schema = schema
         self.options = options = serializer.options
         table = schema.table
+        parts = serializer._blocks.parts
         self.render = compile_event_renderer(
             schema, options,
-            lambda context, snapshot: serializer._cached_source_parts(context, snapshot, table),
+            lambda context, snapshot: parts(context, snapshot, table),
             serializer._ts_fields, serializer._transaction, serializer.general_key_and_value,
             compiled=serializer.compiled)
         self._converters: tuple[RowConverter, RowConverter | None] | None = None

@@ -127,8 +127,36 @@ class SourceJson:
         """The block's text as ``(head, middle, end)`` around the event's position
         (written twice), or ``(block,)`` for a block without it."""
         block = context.block
-        if block is None or not block.carries_position:
-            return (self._own_block(context, snapshot, table, block or BARE_BLOCK),)
+        if block is not None and block.carries_position:
+            return self._position_parts(context, snapshot, table, block)
+        if block is None:
+            block = BARE_BLOCK
+        # A block whose values are all in the context (one context per event, for
+        # MariaDB): the common part is kept per transaction and table (a transaction's
+        # events come together), the context's ``source_fields`` written in one call.
+        last = self._last_head
+        if last is not None and last[0] is table and last[1] is snapshot \
+                and last[2] == context.ts_us and last[3] is block \
+                and last[4] is context.connector and last[5] is context.name \
+                and last[6] is context.db:
+            head: str = last[7]
+        else:
+            head = self._head(context, snapshot, table, block)
+            self._last_head = (table, snapshot, context.ts_us, block, context.connector,
+                               context.name, context.db, head)
+        fields: Any = context.source_fields
+        if fields is None or fields.__class__ is tuple:
+            fields = dict(zip((f.name for f in block.fields),
+                              fields or (None,) * len(block.fields), strict=True))
+        # A Struct is written in its field order (without the fields at their default
+        # with omit_defaults), a dict in the block's.
+        encoded = self._encoder.encode(fields)
+        if len(encoded) == 2:  # no own fields
+            return (head[:-1] + "}",)
+        return (head + encoded[1:].decode(),)
+
+    def _position_parts(self, context: SourceContext, snapshot: SnapshotMarker,
+                        table: TableId, block: SourceBlock) -> tuple[str, ...]:
         if context is not self._parts_context:
             self._parts_context = context
             self._parts.clear()
@@ -141,31 +169,6 @@ class SourceJson:
                     f"{len(made) - 1} times; a block carrying it places it twice")
             parts = self._parts[(table, snapshot)] = tuple(made)
         return parts
-
-    def _own_block(self, c: SourceContext, snapshot: SnapshotMarker, table: TableId,
-                   block: SourceBlock) -> str:
-        """A block whose values are all in the context: the common part, kept per
-        transaction and table (a transaction's events come together), then the
-        context's ``source_fields``."""
-        last = self._last_head
-        if last is not None and last[0] is table and last[1] is snapshot \
-                and last[2] == c.ts_us and last[3] is c.connector and last[4] is c.name \
-                and last[5] is c.db and last[6] is block:
-            head: str = last[7]
-        else:
-            head = self._head(c, snapshot, table, block)
-            self._last_head = (table, snapshot, c.ts_us, c.connector, c.name, c.db, block,
-                               head)
-        fields: Any = c.source_fields
-        if fields is None or fields.__class__ is tuple:
-            fields = dict(zip((f.name for f in block.fields),
-                              fields or (None,) * len(block.fields), strict=True))
-        # A Struct is written in its field order (all but the fields at their default
-        # with omit_defaults), a dict in the block's.
-        encoded = self._encoder.encode(fields)
-        if len(encoded) == 2:  # no own fields
-            return head[:-1] + "}"
-        return head + encoded[1:].decode()
 
     def _head(self, c: SourceContext, snapshot: SnapshotMarker, table: TableId,
               block: SourceBlock) -> str:
