@@ -46,7 +46,7 @@ from tidemark.source.mariadb.position import (
     parse_gtid_state,
 )
 from tidemark.source.mariadb.row_decoder import RowDecoder
-from tidemark.source.mariadb.source_fields import MariaDbSourceFields
+from tidemark.source.mariadb.source_fields import MARIADB_BLOCK, MariaDbSourceFields
 from tidemark.source.mariadb.types import table_column
 
 log = logging.getLogger(__name__)
@@ -450,7 +450,7 @@ class _Records:
             per_table[table] = count
             context = SourceContext(
                 CONNECTOR, name, table.schema, ts_us, None, None, tx_id, commit_key, None,
-                MariaDbSourceFields(server_id, gtid_text, file, pos, row, thread))
+                MariaDbSourceFields(server_id, gtid_text, file, pos, row, thread), MARIADB_BLOCK)
             records.append(ChangeEvent(op, schema, before, after, context, key, order, count,
                                        now_us))
         self.order += len(rows)

@@ -40,7 +40,7 @@ from tidemark.source.mariadb.binlog import TableColumn
 from tidemark.source.mariadb.change_builder import CONNECTOR
 from tidemark.source.mariadb.position import BinlogPosition, ordering_key
 from tidemark.source.mariadb.row_decoder import float32_text
-from tidemark.source.mariadb.source_fields import MariaDbSourceFields
+from tidemark.source.mariadb.source_fields import MARIADB_BLOCK, MariaDbSourceFields
 from tidemark.source.mariadb.types import logical_type, table_column
 
 _TYPE_CODES: Final = {
@@ -252,7 +252,7 @@ def snapshot_events(conn: pymysql.Connection[Any], tables: Sequence[TableId], *,
         normalize = [normalizer(c) for c in columns]
         context = SourceContext(
             CONNECTOR, name, table.schema, ts_us, None, None, None, None, None,
-            MariaDbSourceFields(0, None, position.file, position.pos, 0, None))
+            MariaDbSourceFields(0, None, position.file, position.pos, 0, None), MARIADB_BLOCK)
         select = "SELECT " + ", ".join(select_expression(c) for c in columns) + \
             f" FROM {quote(table.schema)}.{quote(table.table)}"
         cursor = conn.cursor(pymysql.cursors.SSCursor)
