@@ -72,7 +72,7 @@ from tidemark.source.postgres.stream_offsets import SourceOffset
 from tidemark.source.registry import SourceKind, source_kind
 from tidemark.spark.change_schemas import arrow_schema, envelope_table_schemas, typed_rows
 from tidemark.spark.options import SnapshotMode
-from tidemark.spark.sources import reader_module
+from tidemark.spark.sources import reader_modules
 from tidemark.spark.worker_warmup import warm_python_workers
 
 log = logging.getLogger(__name__)
@@ -255,7 +255,7 @@ class Pipeline:
             row_format="struct" if self.config.changelog else "arrow")
         if self.config.spark.warm_workers:
             # The first batch's tasks reuse these workers instead of starting their own.
-            modules = [reader_module(self._kind)]
+            modules = list(reader_modules(self._kind))
             if self.config.spark.apply_on == "executors":
                 modules.append(apply_on_executors.__module__)
             warm_python_workers(spark, modules)

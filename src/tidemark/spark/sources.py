@@ -32,10 +32,11 @@ def _plan_module(kind: str) -> str:
     return f"tidemark.source.{kind}.read_plan"
 
 
-def reader_module(kind: str) -> str:
-    """The module a source's reads run from on the executors (``postgres``,
-    ``mariadb`` or ``logtable``): what warming their Python workers imports."""
-    return _plan_module(kind)
+def reader_modules(kind: str) -> tuple[str, ...]:
+    """The modules a source's reads run from on the executors (``postgres``,
+    ``mariadb`` or ``logtable``): the neutral reader with its sinks, and the source's
+    read plan; what warming their Python workers imports."""
+    return ("tidemark.spark.reader", _plan_module(kind))
 
 
 def _kind(options: SourceOptions) -> str:
