@@ -57,7 +57,7 @@ from tidemark.lake.split_apply import (
 from tidemark.lake.widening import TypeChangeError
 from tidemark.pipeline import spill
 from tidemark.pipeline.batch_seen import BatchSeen
-from tidemark.spark.arrow_rows import typed_rows
+from tidemark.spark.change_schemas import typed_rows
 
 log = logging.getLogger(__name__)
 

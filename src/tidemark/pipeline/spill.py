@@ -27,7 +27,8 @@ import pyarrow.parquet as pq
 from pyspark.sql import DataFrame
 from pyspark.sql.types import StructType
 
-from tidemark.spark.arrow_rows import is_packed_envelope, rows_per_slice, typed_rows
+from tidemark.spark.change_schemas import is_packed_envelope, typed_rows
+from tidemark.spark.table_rows import rows_per_slice
 
 log = logging.getLogger(__name__)
 

@@ -29,6 +29,7 @@ from tidemark.event import (
     TransactionBoundary,
     WireTuple,
 )
+from tidemark.key_change import key_changed
 from tidemark.source.postgres import pgoutput
 from tidemark.source.postgres.source_block import POSTGRES_BLOCK
 from tidemark.source.postgres.types import pg_column
@@ -165,7 +166,7 @@ class ChangeEventBuilder:
                     # does; confirmed by capture).
                     new = tuple(o if n is UNAVAILABLE else n
                                 for o, n in zip(old, new, strict=True))
-                if old is not None and _key_changed(schema, old, new):
+                if old is not None and key_changed(schema.key_indexes, old, new):
                     append(self._event(Op.DELETE, schema, old, None, lsn,
                                        now_us))
                     append(self._event(Op.CREATE, schema, None, new,
@@ -295,11 +296,3 @@ class TransactionOrders:
             cell = self.per_table[table] = [0]
         return cell
 
-
-def _key_changed(schema: TableSchema, old: WireTuple, new: WireTuple) -> bool:
-    # With REPLICA IDENTITY DEFAULT the server sends an old ('K') tuple only when the
-    # key changed; with FULL it always sends the old row, so compare the key columns.
-    key = schema.key_indexes
-    if not key:
-        return False
-    return any(old[i] != new[i] for i in key)
