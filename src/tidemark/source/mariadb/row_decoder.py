@@ -7,7 +7,7 @@ serializers take each value as the canonical text of its logical type
 here, and everything after the source (Debezium JSON, Avro, Arrow, Spark, Delta) is the
 same code as for PostgreSQL.
 
-A :class:`RowDecoder` is built per :class:`~tidemark.source.mariadb.binlog.TableMap`:
+A :class:`RowDecoder` is built per :class:`~tidemark.source.mariadb.table_map.TableMap`:
 one reader function per column, chosen once from the column's type and metadata.
 
 Zero dates (``0000-00-00``, which MariaDB allows unless ``NO_ZERO_DATE``) have no
@@ -29,7 +29,8 @@ from pymysql.charset import charset_by_id
 from tidemark.errors import DecodeError
 from tidemark.event import UNAVAILABLE, WireTuple, WireValue
 from tidemark.source.mariadb import binlog as b
-from tidemark.source.mariadb.binlog import RowsEvent, TableColumn, TableMap
+from tidemark.source.mariadb.binlog import RowsEvent
+from tidemark.source.mariadb.table_map import TableColumn, TableMap
 
 try:
     from tidemark.source.mariadb import _row_image
