@@ -37,8 +37,8 @@ from tidemark.event import (
 from tidemark.logical_type import INTEGER_KINDS, Kind
 from tidemark.source.mariadb import binlog as b
 from tidemark.source.mariadb.change_builder import CONNECTOR
+from tidemark.source.mariadb.column_readers import float32_text
 from tidemark.source.mariadb.position import BinlogPosition, ordering_key
-from tidemark.source.mariadb.row_decoder import float32_text
 from tidemark.source.mariadb.source_fields import MariaDbSourceFields
 from tidemark.source.mariadb.table_map import TableColumn
 from tidemark.source.mariadb.types import logical_type, table_column

@@ -38,7 +38,7 @@ from tidemark import wire_text
 from tidemark.event import Column
 from tidemark.logical_type import Kind, LogicalType
 from tidemark.source.mariadb import binlog as b
-from tidemark.source.mariadb.row_decoder import BINARY_CHARSET
+from tidemark.source.mariadb.column_readers import BINARY_CHARSET
 from tidemark.source.mariadb.table_map import TableColumn
 
 _INT_KINDS: Final = {
