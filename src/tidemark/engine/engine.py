@@ -124,7 +124,8 @@ class Engine:
         return None if self._metrics is None else self._metrics.port
 
     def _metric_families(self) -> Iterator[Metric]:
-        from tidemark.metrics import capture_metrics, queue_metrics  # noqa: PLC0415
+        from tidemark.metrics import queue_metrics  # noqa: PLC0415
+        from tidemark.source.capture_metrics import capture_metrics  # noqa: PLC0415
 
         name = self.connector.name
         plugin = "postgres" if name.startswith("postgres") else name
