@@ -29,15 +29,13 @@ from tidemark.engine.converters import Converter, DebeziumJsonConverter
 from tidemark.engine.delivery import (
     AsyncDelivery,
     BatchDelivery,
-    CancelledError,
-    Capacity,
     Delivery,
-    FailureHolder,
     OrderedDelivery,
     PerKeyDelivery,
     Pipeline,
     ProcessorDelivery,
 )
+from tidemark.engine.flow_control import CancelledError, Capacity, FailureHolder
 from tidemark.engine.offset_tracker import OffsetTracker
 from tidemark.engine.prerender import converted_records, offer_rendering, rendering_options
 from tidemark.engine.state import EngineState, IllegalStateError, State

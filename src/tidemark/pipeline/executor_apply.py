@@ -45,7 +45,8 @@ from pyspark.sql import functions as F  # noqa: N812 (pyspark's convention)
 from pyspark.sql.types import StructType
 
 from tidemark.lake.branch import OverlapError
-from tidemark.lake.delta_writer import ApplyResult, NewColumnValues
+from tidemark.lake.delta_target import NewColumnValues
+from tidemark.lake.delta_writer import ApplyResult
 from tidemark.lake.split_apply import (
     PartResult,
     TargetPlan,

@@ -38,7 +38,7 @@ from tidemark.event import (
 )
 from tidemark.key_change import key_changed
 from tidemark.source.mariadb import binlog as b
-from tidemark.source.mariadb.binlog import EventHeader, TableMap
+from tidemark.source.mariadb.binlog import EventHeader
 from tidemark.source.mariadb.position import (
     BinlogPosition,
     format_gtid_state,
@@ -47,6 +47,7 @@ from tidemark.source.mariadb.position import (
 )
 from tidemark.source.mariadb.row_decoder import RowDecoder
 from tidemark.source.mariadb.source_fields import MARIADB_BLOCK, MariaDbSourceFields
+from tidemark.source.mariadb.table_map import TableMap, parse_table_map
 from tidemark.source.mariadb.types import table_column
 
 log = logging.getLogger(__name__)
@@ -282,7 +283,7 @@ class ChangeBuilder:
         if body in self._maps:
             table = self._maps[body]
         else:
-            table_map = b.parse_table_map(body)
+            table_map = parse_table_map(body)
             table_id = TableId(table_map.database, table_map.table)
             if not self._captured(table_id):
                 table = None
