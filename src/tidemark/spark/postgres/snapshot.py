@@ -55,10 +55,10 @@ from pyspark.sql.types import StructType
 
 from tidemark.errors import SourceError, TerminalError
 from tidemark.event import TableId
+from tidemark.postgres_connection import ServerTimeoutError, server_timeout
 from tidemark.source.postgres.pgoutput import Relation, TupleData, lsn_to_str
 from tidemark.source.postgres.replication import ReplicationStream
 from tidemark.spark.decode import RowBlock, Txn
-from tidemark.spark.postgres.wal import ServerTimeoutError, server_timeout
 from tidemark.spark.snapshot_plan import ChunkRange, KeyText
 
 log = logging.getLogger(__name__)
