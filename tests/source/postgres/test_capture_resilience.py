@@ -26,6 +26,7 @@ from conftest import Database
 from pipeline_helpers import _signal_server
 from tidemark.errors import ConfigError, SourceError, SourceUnavailableError
 from tidemark.event import ChangeEvent, Op, SnapshotMarker
+from tidemark.postgres_connection import ServerTimeoutError
 from tidemark.source.postgres.reader import PostgresReader
 from tidemark.testing.postgres import PostgresCluster, sql_connection
 from waiting import wait_for
@@ -1015,7 +1016,7 @@ def test_a_stopped_server_does_not_hang_the_spark_source_s_queries() -> None:
             assert wal.flush_lsn(conn) > 0
             _signal_server(cluster, signal.SIGSTOP)
             started = time.monotonic()
-            with pytest.raises(wal.ServerTimeoutError, match="no answer from PostgreSQL"):
+            with pytest.raises(ServerTimeoutError, match="no answer from PostgreSQL"):
                 wal.flush_lsn(conn)
             assert time.monotonic() - started < 10
         finally:
