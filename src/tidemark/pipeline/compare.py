@@ -13,12 +13,12 @@ import datetime as dt
 from collections.abc import Sequence
 from typing import Any
 
-import psycopg2
 import pyarrow as pa
 import pyarrow.compute as pc
 from deltalake import DeltaTable
-from psycopg2 import sql
+from psycopg import sql
 
+from tidemark.postgres_connection import connect as pg_connect
 from tidemark.source.registry import source_kind
 
 Row = tuple[Any, ...]
@@ -46,7 +46,8 @@ def source_rows(dsn: str, table: str, columns: Sequence[str],
         else sql.Identifier(c) for c in columns)
     query = sql.SQL("SELECT {} FROM {}.{}").format(selected, sql.Identifier(schema),
                                                    sql.Identifier(name))
-    with contextlib.closing(psycopg2.connect(dsn)) as conn, conn.cursor() as cur:
+    with contextlib.closing(pg_connect(dsn, application_name="tidemark compare")) as conn, \
+            conn.cursor() as cur:
         cur.execute(query)
         return sorted((tuple(r) for r in cur.fetchall()), key=repr)
 

@@ -15,11 +15,11 @@ from collections.abc import Mapping
 from enum import StrEnum
 from typing import Final, TypeVar
 
-import psycopg2.extensions
+import psycopg
 
 from tidemark.errors import ConfigError
 from tidemark.event import TableId
-from tidemark.source.postgres.config import check_identifier, redact_dsn
+from tidemark.postgres_connection import check_identifier, parse_dsn, redact_dsn
 from tidemark.source.registry import SourceKind, source_kind
 
 
@@ -192,8 +192,8 @@ class SourceOptions:
             parse_url(dsn)  # names what is wrong with the URL
         elif not sqlite:
             try:
-                psycopg2.extensions.parse_dsn(dsn)
-            except psycopg2.ProgrammingError:
+                parse_dsn(dsn)
+            except psycopg.ProgrammingError:
                 raise ConfigError(DSN, "not a valid libpq connection string; expected e.g. "
                                   "'host=db port=5432 dbname=app user=cdc'") from None
         for logtable_only in (RETENTION_S, READER_NAME):
