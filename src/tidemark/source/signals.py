@@ -39,13 +39,13 @@ import unicodedata
 import uuid
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
-from typing import Any, ClassVar, Final
-
-import psycopg
-from psycopg import sql
+from typing import TYPE_CHECKING, Any, ClassVar, Final
 
 from tidemark.errors import TerminalError
 from tidemark.event import TableId
+
+if TYPE_CHECKING:
+    import psycopg
 
 #: The signal types tidemark acts on (the ``type`` column), as Debezium names them.
 SIGNAL_TYPES: Final = ("execute-snapshot", "stop-snapshot", "pause-snapshot",
@@ -500,6 +500,9 @@ def send_signal(dsn: str, signal_table: str | TableId, signal_type: str,
     if source_kind(dsn) == "mariadb":
         _send_mariadb(dsn, table, signal_id, signal_type, text)
         return signal_id
+    import psycopg  # noqa: PLC0415 - like session above
+    from psycopg import sql  # noqa: PLC0415
+
     statement = sql.SQL("INSERT INTO {}.{} (id, type, data) VALUES (%s, %s, %s)").format(
         sql.Identifier(table.schema), sql.Identifier(table.table))
     conn = session.connect(dsn, application_name="tidemark signal")
@@ -545,6 +548,8 @@ def _send_mariadb(dsn: str, table: TableId, signal_id: str, signal_type: str,
 def _insert_error(conn: Any, table: TableId, signal_id: str, text: str | None,
                   err: psycopg.Error) -> SignalError:
     """The error to report for an INSERT into the signal table that failed."""
+    import psycopg  # noqa: PLC0415 - loaded already: err is one of its errors
+
     # The server's one-line message, without "ERROR:" and the statement it quotes.
     detail = err.diag.message_primary or (str(err).strip().splitlines() or [repr(err)])[0]
     if isinstance(err, psycopg.errors.UndefinedTable | psycopg.errors.InvalidSchemaName):

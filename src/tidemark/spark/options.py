@@ -15,8 +15,6 @@ from collections.abc import Mapping
 from enum import StrEnum
 from typing import Final, TypeVar
 
-import psycopg
-
 from tidemark.errors import ConfigError
 from tidemark.event import TableId
 from tidemark.postgres_connection import check_identifier, parse_dsn, redact_dsn
@@ -191,6 +189,10 @@ class SourceOptions:
 
             parse_url(dsn)  # names what is wrong with the URL
         elif not sqlite:
+            # Here, not at the top: the Spark source's driver-side process starts anew
+            # at every query start, and a SQLite or MariaDB source needs no psycopg.
+            import psycopg  # noqa: PLC0415
+
             try:
                 parse_dsn(dsn)
             except psycopg.ProgrammingError:
