@@ -15,12 +15,11 @@ from collections.abc import Mapping
 from enum import StrEnum
 from typing import Final, TypeVar
 
-import psycopg2.extensions
-
 from tidemark.errors import ConfigError
 from tidemark.event import TableId
-from tidemark.source.postgres.config import check_identifier, redact_dsn
-from tidemark.source.registry import SourceKind, source_kind
+from tidemark.source.kind import SourceKind
+from tidemark.source.postgres.config import check_identifier
+from tidemark.source.registry import kind_named, kind_of
 
 
 class OnSchemaChange(StrEnum):
@@ -164,7 +163,7 @@ class SourceOptions:
     reader_name: str = "spark"
     """Log tables: the query's name in the database's reader registry (``readerName``;
     ``tidemark run`` names it after its checkpoint). One per query."""
-    kind: SourceKind = "postgres"
+    kind: str = "postgres"
     """What is read: a PostgreSQL WAL (``postgres``), a MariaDB binlog (``mariadb://``),
     or log tables (``source=logtable`` on PostgreSQL, or a ``sqlite:`` DSN)."""
 
@@ -184,28 +183,13 @@ class SourceOptions:
         if not dsn:
             raise ConfigError(DSN, "required: the libpq connection string of the database, "
                               "e.g. 'host=db dbname=app user=cdc'")
-        kind = source_kind(dsn, values.get(SOURCE, "").strip().lower() or None)
-        sqlite = dsn.lower().startswith("sqlite:")
-        if kind == "mariadb":
-            from tidemark.source.mariadb.client import parse_url  # noqa: PLC0415
-
-            parse_url(dsn)  # names what is wrong with the URL
-        elif not sqlite:
-            try:
-                psycopg2.extensions.parse_dsn(dsn)
-            except psycopg2.ProgrammingError:
-                raise ConfigError(DSN, "not a valid libpq connection string; expected e.g. "
-                                  "'host=db port=5432 dbname=app user=cdc'") from None
-        for logtable_only in (RETENTION_S, READER_NAME):
-            if kind != "logtable" and logtable_only in values:
-                raise ConfigError(logtable_only, "applies to log tables only")
-        if kind == "logtable":
-            for unsupported in (SIGNAL_TABLE, MAX_CHANGES_PER_TRIGGER, SLOT, PUBLICATION,
-                                SLOT_FAILOVER):
-                if values.get(unsupported, "").strip():
-                    raise ConfigError(unsupported, "does not apply to log tables (a batch "
-                                      "reads every stream group up to the log's end)")
-        schema = "main" if sqlite else "public"
+        source = kind_of(dsn, values.get(SOURCE, "").strip().lower() or None)
+        source.check_dsn(dsn, DSN)
+        for option in ALLOWED:
+            refusal = source.spark_option_refusal(option, values.get(option))
+            if refusal is not None:
+                raise ConfigError(option, refusal)
+        schema = source.default_schema(dsn)
         table = _parse_table(TABLE, values[TABLE], schema) if TABLE in values else None
         tables = tuple(_parse_table(TABLES, t, schema)
                        for t in values.get(TABLES, "").split(",") if t.strip())
@@ -262,28 +246,17 @@ class SourceOptions:
             slot_failover=_bool(values, SLOT_FAILOVER),
             retention_s=_float(values, RETENTION_S, 86_400.0),
             reader_name=values.get(READER_NAME, "").strip() or "spark",
-            kind=kind,
+            kind=source.name,
         )
 
     def redacted_dsn(self) -> str:
         """The DSN without its password, for logs and errors."""
-        if self.is_mariadb:
-            from tidemark.source.mariadb.client import parse_url  # noqa: PLC0415
-
-            return parse_url(self.dsn).redacted()
-        if self.dsn.lower().startswith("sqlite:"):
-            return self.dsn
-        return redact_dsn(self.dsn)
+        return self.source_kind.redact_dsn(self.dsn)
 
     @property
-    def is_mariadb(self) -> bool:
-        """The stream reads a MariaDB binlog (a ``mariadb://`` DSN), not PostgreSQL."""
-        return self.kind == "mariadb"
-
-    @property
-    def is_logtable(self) -> bool:
-        """The stream reads log tables (PostgreSQL with ``source=logtable``, SQLite)."""
-        return self.kind == "logtable"
+    def source_kind(self) -> SourceKind:
+        """The kind of source the stream reads (:attr:`kind` names it)."""
+        return kind_named(self.kind)
 
     def __repr__(self) -> str:
         # dataclass's repr would print the DSN and its password.

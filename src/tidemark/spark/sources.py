@@ -2,15 +2,15 @@
 
 The stream (:mod:`tidemark.spark.source`) knows a source only through
 :class:`SparkSource`: a package under ``tidemark/spark/`` (``postgres/``, ``mariadb/``,
-``logtable/``) with a ``table_schemas`` function and a reader class, registered in
-``_SOURCES`` below. The reader is a pyspark ``DataSourceStreamReader``: offsets,
-partitions and ``read`` are the source's own, and
-``read`` hands its changes to the shared sinks
+``logtable/``) with a ``table_schemas`` function and a reader class, which its source
+kind names (:meth:`tidemark.source.kind.SourceKind.spark_source`). The reader is a
+pyspark ``DataSourceStreamReader``: offsets, partitions and ``read`` are the source's
+own, and ``read`` hands its changes to the shared sinks
 (:func:`tidemark.spark.stream_sink.stream_sink`): as pgoutput row blocks, the sinks'
 native input (the PostgreSQL reader's vectorized path, :mod:`tidemark.spark.decode`),
 or as change events through :class:`tidemark.spark.event_feeder.EventFeeder`, as the
-MariaDB and log-table readers do. Adding a source is a new package, one entry in
-``_SOURCES`` and its name in :func:`spark_source`.
+MariaDB and log-table readers do. Adding a source is a new package and a source kind
+that names it.
 """
 
 from __future__ import annotations
@@ -18,6 +18,9 @@ from __future__ import annotations
 import dataclasses
 import importlib
 from typing import TYPE_CHECKING, Any, Protocol
+
+from tidemark.source.kind import SourceKind
+from tidemark.source.registry import kind_named
 
 if TYPE_CHECKING:
     from collections.abc import Callable
@@ -67,27 +70,21 @@ class _Source:
         return made
 
 
-_SOURCES: dict[str, _Source] = {
-    "postgres": _Source("tidemark.spark.postgres.schema", "tidemark.spark.postgres.reader",
-                        "TidemarkStreamReader"),
-    "mariadb": _Source("tidemark.spark.mariadb.reader", "tidemark.spark.mariadb.reader",
-                       "MariaDbStreamReader"),
-    "logtable": _Source("tidemark.spark.logtable.reader", "tidemark.spark.logtable.reader",
-                        "LogTableStreamReader"),
-}
+def _source(kind: SourceKind) -> _Source:
+    modules = kind.spark_source()
+    return _Source(modules.schemas, modules.reader, modules.reader_class)
 
 
 def reader_module(kind: str) -> str:
-    """The module a source's ``read`` runs from on the executors (``postgres``,
-    ``mariadb`` or ``logtable``): what warming their Python workers imports."""
-    return _SOURCES[kind].reader
+    """The module a source's ``read`` runs from on the executors (the kind's name:
+    ``postgres``, ``mariadb``, ``logtable``, a plugin's): what warming their Python
+    workers imports."""
+    return kind_named(kind).spark_source().reader
 
 
 def spark_source(options: SourceOptions) -> SparkSource:
-    """The source *options* name (by the DSN: a ``mariadb://`` URL, log tables, or
-    PostgreSQL)."""
-    return _SOURCES["mariadb" if options.is_mariadb else "logtable" if options.is_logtable
-                    else "postgres"]
+    """The source *options* name (its kind, chosen by the DSN and ``source``)."""
+    return _source(options.source_kind)
 
 
 if TYPE_CHECKING:  # mypy checks each source's two parts against SparkSource

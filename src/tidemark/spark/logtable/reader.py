@@ -25,7 +25,6 @@ history may show such a change once more as a version).
 from __future__ import annotations
 
 import contextlib
-import json
 import logging
 import time
 from collections.abc import Iterator, Sequence
@@ -37,6 +36,7 @@ from pyspark.sql.streaming.datasource import SupportsTriggerAvailableNow
 from pyspark.sql.types import StructField, StructType
 
 from tidemark.event import ChangeEvent, Op, SnapshotMarker, SourceContext, TableId
+from tidemark.source.logtable.batch_size import spans as _spans
 from tidemark.source.logtable.database import LogDatabase, LogTable, Position
 from tidemark.source.logtable.layout import assign_groups
 from tidemark.source.logtable.reader import events_of, open_database
@@ -180,38 +180,6 @@ class LogTableStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
                         feeder.add(event, event.lsn or 0, event.lsn or 0)
                     yield from sink.take()
         yield from sink.finish()
-
-
-def _spans(start: dict[str, Any], end: dict[str, Any]
-           ) -> list[tuple[list[int], Position, Position]]:
-    """The groups that moved between two offsets, by the positions they share: sorted
-    groups, their start and their end."""
-    moved: dict[str, list[int]] = {}
-    spans: dict[str, tuple[Position, Position]] = {}
-    for group, position in end["groups"].items():
-        begin = start["groups"].get(group)
-        if begin != position:
-            span = json.dumps([begin, position], sort_keys=True)
-            moved.setdefault(span, []).append(int(group))
-            spans[span] = (begin, position)
-    return [(sorted(groups), *spans[span]) for span, groups in moved.items()]
-
-
-def batch_bytes(dsn: str, tables: Sequence[str], start: dict[str, Any],
-                end: dict[str, Any]) -> int | None:
-    """The bytes of log rows the batch from offset *start* to *end* reads (see
-    :meth:`~tidemark.source.logtable.database.LogDatabase.range_bytes`), asked of the
-    database; None for a batch that holds tables' rows (a snapshot), whose size the
-    log does not tell."""
-    if start.get("snapshot") or end.get("loaded"):
-        return None
-    spans = _spans(start, end)
-    if not spans:
-        return 0
-    with contextlib.closing(open_database(dsn)) as db:
-        entries = db.tables(list(tables))
-        return sum(db.range_bytes(groups, begin, position, entries)
-                   for groups, begin, position in spans)
 
 
 def _snapshot(db: LogDatabase, feeder: EventFeeder, tables: list[LogTable],

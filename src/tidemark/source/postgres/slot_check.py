@@ -16,11 +16,10 @@ import logging
 import psycopg
 
 from tidemark.errors import first_line
-from tidemark.pipeline.status import committed_source_offset
 from tidemark.source.postgres.pgoutput import lsn_to_str
+from tidemark.source.postgres.progress import connect, offset_lsn
 from tidemark.source.postgres.slot import SlotLostError
-from tidemark.spark.postgres import wal
-from tidemark.spark.postgres.offsets import SourceOffset
+from tidemark.spark_checkpoint import committed_source_offset
 
 log = logging.getLogger(__name__)
 
@@ -37,9 +36,9 @@ def check_slot_vouched(dsn: str, slot: str, checkpoint: str) -> None:
     _, batch, raw = committed_source_offset(checkpoint)
     if batch is None or raw is None:
         return
-    reached = SourceOffset.parse(raw).lsn
+    reached = offset_lsn(raw)
     try:
-        with contextlib.closing(wal.connect(dsn, purpose="driver")) as conn:
+        with contextlib.closing(connect(dsn, purpose="driver")) as conn:
             row = conn.execute("SELECT (confirmed_flush_lsn - '0/0')::bigint FROM "
                                "pg_replication_slots WHERE slot_name = %s",
                                (slot,)).fetchone()
