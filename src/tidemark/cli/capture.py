@@ -167,8 +167,9 @@ def capture(dsn: str, source: str | None, tasks: int, task_index: int, cells: bo
     context = click.get_current_context()
     given = frozenset(name for name in context.params
                       if context.get_parameter_source(name) is ParameterSource.COMMANDLINE)
+    kind = kind_of(dsn, source)
     try:
-        built = kind_of(dsn, source).capture(CaptureRequest(
+        built = kind.capture(CaptureRequest(
             values=values, given=given, topic_prefix=topic_prefix, tombstones=tombstones,
             transaction_metadata=transaction_metadata, cells=cells, tasks=tasks,
             task_index=task_index, retention_s=retention_s,
@@ -186,7 +187,8 @@ def capture(dsn: str, source: str | None, tasks: int, task_index: int, cells: bo
         from tidemark.metrics import capture_metrics, serve  # noqa: PLC0415
 
         stats = connector.stats
-        metrics = serve(metrics_port, lambda: capture_metrics(stats, name=topic_prefix))
+        metrics = serve(metrics_port, lambda: capture_metrics(stats, name=topic_prefix,
+                                                                plugin=kind.name))
     try:
         built.start(store, stop_at_end)
     except BaseException:

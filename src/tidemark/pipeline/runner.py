@@ -84,13 +84,13 @@ class Pipeline(BatchApply):
         self._in_flight = InFlight()
         self._streaming = False
         self._query_id: str | None = None
-        self._source = BatchSource(config)
         self._schemas: dict[str, StructType] | None = None
         self._written: WrittenTargets | None = None
         self._spill_path: Path | None = None
         self._upkeep_state: dict[str, UpkeepState] = {}
         self._batches_applied = 0
-        self._metrics = RunMetrics(config.spark.app_name)
+        self._source = BatchSource(config)
+        self._metrics = RunMetrics(config.spark.app_name, self._source.kind.name)
         self.metrics_port: int | None = None
         """The port of the metrics endpoint while :meth:`run` serves it."""
 
