@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import logging
 import threading
-from collections.abc import Callable, Iterable, Iterator, Mapping
+from collections.abc import Callable, Iterable, Iterator
 from typing import Any, Protocol
 
 from prometheus_client import CollectorRegistry, start_http_server
@@ -22,58 +22,17 @@ from prometheus_client.core import GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
 from tidemark.errors import ConfigError
-from tidemark.source.capture_stats import CaptureStats
 
 log = logging.getLogger(__name__)
 
-_DEBEZIUM = "debezium_metrics_"
-_LABELS = ("context", "plugin", "name")
+#: The prefix of Debezium's metric names and their labels.
+DEBEZIUM = "debezium_metrics_"
+LABELS = ("context", "plugin", "name")
 
 
-def _gauge(name: str, doc: str, labels: Iterable[str] = _LABELS) -> GaugeMetricFamily:
+def gauge(name: str, doc: str, labels: Iterable[str] = LABELS) -> GaugeMetricFamily:
+    """A gauge family, labelled as Debezium's by default."""
     return GaugeMetricFamily(name, doc, labels=list(labels))
-
-
-def capture_metrics(stats: CaptureStats, *, name: str, plugin: str = "postgres",
-                    extra: Mapping[str, str] | None = None) -> Iterator[Metric]:
-    """Debezium's streaming and snapshot metrics of one capture."""
-    extra = dict(extra or {})
-    keys = (*_LABELS, *extra)
-    streaming = ["streaming", plugin, name, *extra.values()]
-    snapshot = ["snapshot", plugin, name, *extra.values()]
-
-    def one(metric: str, doc: str, labels: list[str], value: float) -> Metric:
-        family = _gauge(_DEBEZIUM + metric, doc, keys)
-        family.add_metric(labels, value)
-        return family
-
-    yield one("TotalNumberOfEventsSeen", "Change events handed on.", streaming,
-              stats.events_seen)
-    yield one("NumberOfCommittedTransactions", "Transactions whose commit was processed.",
-              streaming, stats.transactions_committed)
-    yield one("Connected", "1 while the replication stream is open.", streaming,
-              1.0 if stats.connected else 0.0)
-    behind = stats.millis_behind_source
-    yield one("MilliSecondsBehindSource", "Age of the newest event's commit when it was "
-              "handed on (-1 before the first event).", streaming,
-              -1.0 if behind is None else behind)
-    since = stats.last_event_at
-    if since is not None:
-        import time  # noqa: PLC0415 - only for this figure
-
-        yield one("MilliSecondsSinceLastEvent", "Time since the newest event was handed on.",
-                  streaming, max(0.0, (time.time() - since) * 1000))
-    yield one("SourceEventPosition", "The newest offset handed on (LSN as a number).",
-              streaming, stats.position_lsn)
-    yield one("SnapshotRunning", "1 while the initial snapshot runs.", snapshot,
-              1.0 if stats.snapshot_running else 0.0)
-    yield one("SnapshotCompleted", "1 once the initial snapshot finished.", snapshot,
-              1.0 if stats.snapshot_completed else 0.0)
-    rows = _gauge(_DEBEZIUM + "RowsScanned", "Snapshot rows read, per table.",
-                  (*keys, "table"))
-    for table, count in sorted(stats.rows_scanned.items()):
-        rows.add_metric([*snapshot, table], count)
-    yield rows
 
 
 class QueueState(Protocol):
@@ -89,11 +48,11 @@ class QueueState(Protocol):
 def queue_metrics(queues: Iterable[tuple[str, QueueState]], *, name: str,
                   plugin: str) -> Iterator[Metric]:
     """QueueTotalCapacity and QueueRemainingCapacity of the engine's tasks."""
-    total = _gauge(_DEBEZIUM + "QueueTotalCapacity", "Records a task may have in flight.",
-                   (*_LABELS, "task"))
-    remaining = _gauge(_DEBEZIUM + "QueueRemainingCapacity",
+    total = gauge(DEBEZIUM + "QueueTotalCapacity", "Records a task may have in flight.",
+                   (*LABELS, "task"))
+    remaining = gauge(DEBEZIUM + "QueueRemainingCapacity",
                        "Records a task may still take before its reader waits.",
-                       (*_LABELS, "task"))
+                       (*LABELS, "task"))
     for task, queue in queues:
         labels = ["streaming", plugin, name, task]
         total.add_metric(labels, queue.limit)

@@ -18,7 +18,6 @@ from tidemark.source.kind import (
     Row,
     SourceKind,
     SourceProgress,
-    SparkSourceModules,
     StatusModules,
 )
 
@@ -54,8 +53,8 @@ class _EchoKind(SourceKind):
     def identity_database(self, dsn: str) -> str:
         return dsn
 
-    def spark_source(self) -> SparkSourceModules:
-        return SparkSourceModules("echo.schema", "echo.reader", "EchoReader")
+    def read_plan_module(self) -> str:
+        return "echo.read_plan"
 
     def status_modules(self) -> StatusModules:
         return StatusModules("echo.status", "echo.pipeline_status")

@@ -184,7 +184,8 @@ def capture(dsn: str, source: str | None, tasks: int, task_index: int, cells: bo
     metrics = None
     if metrics_port is not None:
         # Imported only when asked for: every capture start would pay for it.
-        from tidemark.metrics import capture_metrics, serve  # noqa: PLC0415
+        from tidemark.metrics import serve  # noqa: PLC0415
+        from tidemark.source.capture_metrics import capture_metrics  # noqa: PLC0415
 
         stats = connector.stats
         metrics = serve(metrics_port, lambda: capture_metrics(stats, name=topic_prefix,

@@ -29,15 +29,13 @@ from tidemark.engine.converters import Converter, DebeziumJsonConverter
 from tidemark.engine.delivery import (
     AsyncDelivery,
     BatchDelivery,
-    CancelledError,
-    Capacity,
     Delivery,
-    FailureHolder,
     OrderedDelivery,
     PerKeyDelivery,
     Pipeline,
     ProcessorDelivery,
 )
+from tidemark.engine.flow_control import CancelledError, Capacity, FailureHolder
 from tidemark.engine.offset_tracker import OffsetTracker
 from tidemark.engine.prerender import converted_records, offer_rendering, rendering_options
 from tidemark.engine.state import EngineState, IllegalStateError, State
@@ -126,7 +124,8 @@ class Engine:
         return None if self._metrics is None else self._metrics.port
 
     def _metric_families(self) -> Iterator[Metric]:
-        from tidemark.metrics import capture_metrics, queue_metrics  # noqa: PLC0415
+        from tidemark.metrics import queue_metrics  # noqa: PLC0415
+        from tidemark.source.capture_metrics import capture_metrics  # noqa: PLC0415
 
         name = self.connector.name
         plugin = "postgres" if name.startswith("postgres") else name

@@ -7,7 +7,8 @@ from enum import StrEnum
 
 import msgspec
 
-from tidemark.event import ChangeEvent, Op, Record, TableId
+from tidemark.event import ChangeEvent, Op, Record
+from tidemark.serde.converted import table_destination
 from tidemark.serde.rendered import RenderedEvent
 
 #: Stands for "no table yet" where a loop caches by schema object (None is a schema
@@ -103,11 +104,6 @@ def default_destination(record: Record) -> str:
     if record.op is Op.MESSAGE or record.schema is None:
         return f"{record.context.name}.message"
     return table_destination(record.context.name, record.schema.table)
-
-
-def table_destination(prefix: str, table: TableId) -> str:
-    """Debezium's topic name for the changes of *table* (``<prefix>.<schema>.<table>``)."""
-    return f"{prefix}.{table.schema}.{table.table}"
 
 
 def key_routing_key(record: Record) -> Hashable:

@@ -43,8 +43,8 @@ from tidemark.pipeline.query_errors import STOPPED_BEFORE, PipelineError, StopBe
 from tidemark.pipeline.run_metrics import RunMetrics
 from tidemark.pipeline.run_record import record_batch
 from tidemark.pipeline.written_targets import WrittenTargets
-from tidemark.spark.arrow_rows import arrow_schema, envelope_table_schemas, typed_rows
-from tidemark.spark.postgres.offsets import SourceOffset
+from tidemark.source.postgres.stream_offsets import SourceOffset
+from tidemark.spark.change_schemas import arrow_schema, envelope_table_schemas, typed_rows
 
 log = logging.getLogger(__name__)
 

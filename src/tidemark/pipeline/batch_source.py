@@ -17,9 +17,9 @@ from tidemark.pipeline import spill
 from tidemark.pipeline.config import PipelineConfig
 from tidemark.pipeline.progress import BatchReport
 from tidemark.source.kind import SourceKind, SourceProgress
+from tidemark.source.postgres.snapshot_plan import SnapshotPlan
+from tidemark.source.postgres.stream_offsets import SourceOffset
 from tidemark.source.registry import kind_of
-from tidemark.spark.postgres.offsets import SourceOffset
-from tidemark.spark.snapshot_plan import SnapshotPlan
 
 log = logging.getLogger(__name__)
 

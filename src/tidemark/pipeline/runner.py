@@ -50,7 +50,7 @@ from tidemark.pipeline.run_record import records_runs
 from tidemark.pipeline.spark_session import build_session
 from tidemark.pipeline.written_targets import WrittenTargets
 from tidemark.spark.options import SnapshotMode
-from tidemark.spark.sources import reader_module
+from tidemark.spark.sources import reader_modules
 from tidemark.spark.worker_warmup import warm_python_workers
 
 __all__ = ["Pipeline", "PipelineError", "build_session", "source_unavailable"]
@@ -146,7 +146,7 @@ class Pipeline(BatchApply):
             row_format="struct" if self.config.changelog else "arrow")
         if self.config.spark.warm_workers:
             # The first batch's tasks reuse these workers instead of starting their own.
-            modules = [reader_module(self._source.kind.name)]
+            modules = list(reader_modules(self._source.kind.name))
             if self.config.spark.apply_on == "executors":
                 modules.append(apply_on_executors.__module__)
             warm_python_workers(spark, modules)

@@ -3,7 +3,7 @@
 A :class:`SourceKind` is the one place that knows a source: which connection strings
 are its own, how to check and redact them, how a capture starts on it, how its log
 positions read and compare, how far a pipeline is behind it, what a pipeline's
-checkpoint records of it, how its status is taken, and what Spark reads it with.
+checkpoint records of it, how its status is taken, and its Spark read plan.
 Everything above ``source/`` (the capture command, the Spark stream, ``tidemark run``,
 ``tidemark status``) asks the kind :func:`tidemark.source.registry.kind_of` returns,
 and never compares kinds' names.
@@ -95,16 +95,6 @@ class SourceProgress(abc.ABC):
 
 
 @dataclasses.dataclass(frozen=True)
-class SparkSourceModules:
-    """Where the Spark stream's parts of a source live (imported on first use): the
-    module with ``table_schemas(options)`` and the stream reader's module and class."""
-
-    schemas: str
-    reader: str
-    reader_class: str
-
-
-@dataclasses.dataclass(frozen=True)
 class StatusModules:
     """Where a source's ``tidemark status`` lives (imported on first use): each module
     has ``capture_status(dsn, *, slot, offsets, topic_prefix)`` / ``render_capture`` or
@@ -125,7 +115,7 @@ class SourceKind(abc.ABC):
     #: What a pipeline identity calls where the log is (``database``, ``server``).
     place: str = "database"
     #: The Spark offsets carry the snapshot plan (PostgreSQL's
-    #: :class:`~tidemark.spark.postgres.offsets.SourceOffset`) instead of the list of
+    #: :class:`~tidemark.source.postgres.stream_offsets.SourceOffset`) instead of the list of
     #: tables a batch ``loaded``.
     plans_snapshots_in_offset: bool = False
     #: The pipeline checks the source before a query starts (:meth:`check_before_start`).
@@ -209,8 +199,9 @@ class SourceKind(abc.ABC):
         return {}
 
     @abc.abstractmethod
-    def spark_source(self) -> SparkSourceModules:
-        """What the Spark stream reads this kind with."""
+    def read_plan_module(self) -> str:
+        """The module whose ``make_read_plan(options)`` gives the Spark stream this
+        kind's :class:`~tidemark.source.read_plan.ReadPlan` (imported on first use)."""
 
     @abc.abstractmethod
     def status_modules(self) -> StatusModules:

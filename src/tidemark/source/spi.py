@@ -64,7 +64,7 @@ class RendersDebeziumJson(Protocol):
         """Render in *options* from now on; False if the task declines. With
         *converted_records* (the engine has no transforms, and its converter passes
         them on) the task may also emit
-        :class:`~tidemark.engine.converters.RenderedRecord` s, the converter's output
+        :class:`~tidemark.serde.converted.RenderedRecord` s, the converter's output
         itself."""
         ...
 

@@ -20,7 +20,6 @@ from tidemark.source.kind import (
     Row,
     SourceKind,
     SourceProgress,
-    SparkSourceModules,
     StatusModules,
 )
 from tidemark.source.logtable.config import is_sqlite
@@ -58,7 +57,7 @@ class LogTableProgress(SourceProgress):
 
     def batch_bytes(self, start: Mapping[str, Any] | None,
                     end: Mapping[str, Any]) -> int | None:
-        from tidemark.source.logtable.batch_size import batch_bytes  # noqa: PLC0415
+        from tidemark.source.logtable.read_plan import batch_bytes  # noqa: PLC0415
 
         if start is None:
             return None
@@ -185,9 +184,8 @@ class LogTableKind(SourceKind):
 
         return existing_row_values(dsn, table, columns)
 
-    def spark_source(self) -> SparkSourceModules:
-        return SparkSourceModules("tidemark.spark.logtable.reader",
-                                  "tidemark.spark.logtable.reader", "LogTableStreamReader")
+    def read_plan_module(self) -> str:
+        return "tidemark.source.logtable.read_plan"
 
     def status_modules(self) -> StatusModules:
         return StatusModules("tidemark.status.logtable", "tidemark.pipeline.status_logtable")

@@ -18,7 +18,6 @@ from tidemark.source.kind import (
     Row,
     SourceKind,
     SourceProgress,
-    SparkSourceModules,
     StatusModules,
 )
 
@@ -135,9 +134,8 @@ class MariaDbKind(SourceKind):
         settings = parse_url(dsn)
         return f"{settings.host}:{settings.port}"
 
-    def spark_source(self) -> SparkSourceModules:
-        return SparkSourceModules("tidemark.spark.mariadb.reader",
-                                  "tidemark.spark.mariadb.reader", "MariaDbStreamReader")
+    def read_plan_module(self) -> str:
+        return "tidemark.source.mariadb.read_plan"
 
     def status_modules(self) -> StatusModules:
         return StatusModules("tidemark.status.mariadb",

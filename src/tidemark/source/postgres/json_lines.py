@@ -23,9 +23,8 @@ from abc import ABC, abstractmethod
 from collections.abc import Callable, Sequence
 from typing import Any, Final, Generic, TypeVar
 
-from tidemark.engine.converters import ConvertedBatch, RenderedRecord
-from tidemark.engine.records import table_destination
 from tidemark.event import Op, Record, SnapshotMarker, TableSchema
+from tidemark.serde.converted import ConvertedBatch, RenderedRecord, table_destination
 from tidemark.serde.debezium_json import DebeziumJsonSerializer
 from tidemark.serde.rendered import PENDING, RenderedEvent
 from tidemark.source.postgres import pgoutput
@@ -165,11 +164,11 @@ class RenderedEventBuilder(FusedBuilder[Record]):
     are the change builder's records.
 
     With *converted_records*, row changes the fused path handles become the engine's
-    :class:`~tidemark.engine.converters.RenderedRecord` s instead: what its Debezium
+    :class:`~tidemark.serde.converted.RenderedRecord` s instead: what its Debezium
     JSON converter would make of the RenderedEvent (a delete, its record and its
     tombstone's), with the event of an insert or update made only if someone reads it
     (for an engine without transforms, see :mod:`tidemark.engine.prerender`). A batch
-    made of those records only is a :class:`~tidemark.engine.converters.ConvertedBatch`.
+    made of those records only is a :class:`~tidemark.serde.converted.ConvertedBatch`.
     """
 
     def __init__(self, events: ChangeEventBuilder, serializer: DebeziumJsonSerializer, *,

@@ -18,7 +18,6 @@ from tidemark.source.kind import (
     CaptureRequest,
     Row,
     SourceKind,
-    SparkSourceModules,
     StatusModules,
 )
 
@@ -114,9 +113,9 @@ class PostgresKind(SourceKind):
         return lsn_to_str(position)
 
     def log_position(self, offset: Mapping[str, Any]) -> int:
-        from tidemark.source.postgres.progress import offset_lsn  # noqa: PLC0415
+        from tidemark.source.postgres.stream_offsets import from_offset  # noqa: PLC0415
 
-        return offset_lsn(offset)
+        return from_offset(offset)
 
     def progress(self, dsn: str, *, slot: str, tables: Sequence[str]) -> SourceProgress:
         from tidemark.source.postgres.progress import PostgresProgress  # noqa: PLC0415
@@ -141,9 +140,8 @@ class PostgresKind(SourceKind):
                             columns: Sequence[str]) -> dict[str, Any]:
         return existing_row_values(dsn, table, columns)
 
-    def spark_source(self) -> SparkSourceModules:
-        return SparkSourceModules("tidemark.spark.postgres.schema",
-                                  "tidemark.spark.postgres.reader", "TidemarkStreamReader")
+    def read_plan_module(self) -> str:
+        return "tidemark.source.postgres.read_plan"
 
     def status_modules(self) -> StatusModules:
         return StatusModules("tidemark.status.capture", "tidemark.pipeline.status")
@@ -159,12 +157,12 @@ def existing_row_values(dsn: str, table: str, columns: Sequence[str]) -> dict[st
     """The values the database's existing rows of *table* hold in *columns* (its
     catalog's missing values)."""
     from tidemark.event import TableId  # noqa: PLC0415
+    from tidemark.source.postgres import wal_reads  # noqa: PLC0415
     from tidemark.source.postgres.column_defaults import (  # noqa: PLC0415
         existing_row_values as values_of,
     )
-    from tidemark.source.postgres.progress import connect  # noqa: PLC0415
 
-    with contextlib.closing(connect(dsn, purpose="catalog")) as conn:
+    with contextlib.closing(wal_reads.connect(dsn, purpose="catalog")) as conn:
         return values_of(conn, TableId.parse(table), columns)
 
 

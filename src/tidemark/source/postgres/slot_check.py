@@ -16,9 +16,10 @@ import logging
 import psycopg
 
 from tidemark.errors import first_line
+from tidemark.source.postgres import wal_reads as wal
 from tidemark.source.postgres.pgoutput import lsn_to_str
-from tidemark.source.postgres.progress import connect, offset_lsn
 from tidemark.source.postgres.slot import SlotLostError
+from tidemark.source.postgres.stream_offsets import SourceOffset
 from tidemark.spark_checkpoint import committed_source_offset
 
 log = logging.getLogger(__name__)
@@ -36,9 +37,9 @@ def check_slot_vouched(dsn: str, slot: str, checkpoint: str) -> None:
     _, batch, raw = committed_source_offset(checkpoint)
     if batch is None or raw is None:
         return
-    reached = offset_lsn(raw)
+    reached = SourceOffset.parse(raw).lsn
     try:
-        with contextlib.closing(connect(dsn, purpose="driver")) as conn:
+        with contextlib.closing(wal.connect(dsn, purpose="driver")) as conn:
             row = conn.execute("SELECT (confirmed_flush_lsn - '0/0')::bigint FROM "
                                "pg_replication_slots WHERE slot_name = %s",
                                (slot,)).fetchone()
