@@ -71,7 +71,7 @@ def status(ctx: click.Context, config_file: str | None, dsn: str | None, slot: s
       table is a problem.
     """
     # Imported here: `tidemark capture` must not pay for pyarrow and deltalake.
-    import psycopg2  # noqa: PLC0415
+    import psycopg  # noqa: PLC0415
 
     from tidemark.errors import SourceError  # noqa: PLC0415
 
@@ -99,8 +99,8 @@ def status(ctx: click.Context, config_file: str | None, dsn: str | None, slot: s
             result = module.status_of_capture(dsn, slot=slot, offsets=offsets,
                                               topic_prefix=topic_prefix)
             text = module.render_capture
-    except psycopg2.Error as err:
-        message = (getattr(err, "pgerror", None) or str(err)).strip().splitlines()
+    except psycopg.Error as err:
+        message = (err.diag.message_primary or str(err)).strip().splitlines()
         raise SourceError(f"cannot read the slot's state: "
                           f"{message[0] if message else type(err).__name__}") from None
     click.echo(json.dumps(result, indent=2) if as_json else text(result))

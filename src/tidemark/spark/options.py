@@ -17,8 +17,8 @@ from typing import Final, TypeVar
 
 from tidemark.errors import ConfigError
 from tidemark.event import TableId
+from tidemark.postgres_connection import check_identifier
 from tidemark.source.kind import SourceKind
-from tidemark.source.postgres.config import check_identifier
 from tidemark.source.registry import kind_named, kind_of
 
 

@@ -87,7 +87,7 @@ class LogTableKind(SourceKind):
     def redact_dsn(self, dsn: str) -> str:
         if is_sqlite(dsn):
             return dsn
-        from tidemark.source.postgres.config import redact_dsn  # noqa: PLC0415
+        from tidemark.postgres_connection import redact_dsn  # noqa: PLC0415
 
         return redact_dsn(dsn)
 

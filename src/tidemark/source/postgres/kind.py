@@ -52,11 +52,13 @@ def database_of(dsn: str) -> str:
 
 def check_libpq_dsn(dsn: str, key: str) -> None:
     """Raise ConfigError naming *key* if *dsn* is not a libpq connection string."""
-    import psycopg2.extensions  # noqa: PLC0415
+    import psycopg  # noqa: PLC0415
+
+    from tidemark.postgres_connection import parse_dsn  # noqa: PLC0415
 
     try:
-        psycopg2.extensions.parse_dsn(dsn)
-    except psycopg2.ProgrammingError:
+        parse_dsn(dsn)
+    except psycopg.ProgrammingError:
         raise ConfigError(key, "not a valid libpq connection string; expected e.g. "
                           "'host=db port=5432 dbname=app user=cdc'") from None
 
@@ -76,7 +78,7 @@ class PostgresKind(SourceKind):
         check_libpq_dsn(dsn, key)
 
     def redact_dsn(self, dsn: str) -> str:
-        from tidemark.source.postgres.config import redact_dsn  # noqa: PLC0415
+        from tidemark.postgres_connection import redact_dsn  # noqa: PLC0415
 
         return redact_dsn(dsn)
 

@@ -8,8 +8,9 @@ import contextlib
 from collections.abc import Sequence
 from typing import Any
 
-import psycopg2
-from psycopg2 import sql
+from psycopg import sql
+
+from tidemark.postgres_connection import connect as pg_connect
 
 Row = tuple[Any, ...]
 
@@ -23,6 +24,7 @@ def table_rows(dsn: str, table: str, columns: Sequence[str],
         else sql.Identifier(c) for c in columns)
     query = sql.SQL("SELECT {} FROM {}.{}").format(selected, sql.Identifier(schema),
                                                    sql.Identifier(name))
-    with contextlib.closing(psycopg2.connect(dsn)) as conn, conn.cursor() as cur:
+    with contextlib.closing(pg_connect(dsn, application_name="tidemark compare")) as conn, \
+            conn.cursor() as cur:
         cur.execute(query)
         return sorted((tuple(r) for r in cur.fetchall()), key=repr)
