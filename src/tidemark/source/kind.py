@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import abc
 import dataclasses
+import importlib
 from collections.abc import Callable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any, Final
 
@@ -28,6 +29,7 @@ from tidemark.errors import ConfigError
 if TYPE_CHECKING:
     from tidemark.offsets.store import OffsetStore
     from tidemark.serde.debezium_json import DebeziumJsonSerializer
+    from tidemark.source.read_plan import ReadOptions, ReadPlan
 
 Row = tuple[Any, ...]
 
@@ -198,18 +200,32 @@ class SourceKind(abc.ABC):
         """The values *table*'s existing rows hold in *columns* (empty: unknown)."""
         return {}
 
-    @abc.abstractmethod
-    def read_plan_module(self) -> str:
+    def read_plan_module(self) -> str | None:
         """The module whose ``make_read_plan(options)`` gives the Spark stream this
-        kind's :class:`~tidemark.source.read_plan.ReadPlan` (imported on first use)."""
+        kind's :class:`~tidemark.source.read_plan.ReadPlan` (imported on first use; what
+        warming Spark's Python workers imports); None if it has none."""
+        return None
 
-    @abc.abstractmethod
+    def read_plan(self, options: ReadOptions) -> ReadPlan:
+        """The read plan of a Spark stream on this kind (by default
+        :meth:`read_plan_module`'s ``make_read_plan(options)``); a kind defined
+        elsewhere may return its plan directly."""
+        module = self.read_plan_module()
+        if module is None:
+            raise ConfigError("source", f"{self.name} sources cannot be read by Spark "
+                              "(the kind has no read plan)")
+        made: ReadPlan = importlib.import_module(module).make_read_plan(options)
+        return made
+
     def status_modules(self) -> StatusModules:
         """Where ``tidemark status`` of this kind lives."""
+        raise ConfigError("source", f"tidemark status does not know {self.name} sources "
+                          "(the kind has no status)")
 
     # -- tests and demos ----------------------------------------------------------------
-    @abc.abstractmethod
     def table_rows(self, dsn: str, table: str, columns: Sequence[str],
                    text_columns: Sequence[str], utc_columns: Sequence[str]) -> list[Row]:
         """The rows of *table* in *columns*, sorted by ``repr`` (*text_columns* as
         text, *utc_columns* as UTC instants), to compare with a Delta target."""
+        raise ConfigError("source", f"{self.name} sources cannot be read for a "
+                          "comparison (the kind has no table_rows)")

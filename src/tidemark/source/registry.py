@@ -38,6 +38,7 @@ _lock = threading.Lock()
 _registered: list[SourceKind] = []  # in registration order; asked last-first
 _built_in: list[SourceKind] | None = None
 _plugins_loaded = False
+_from_entry_points: set[str] = set()  # names of the kinds the entry points registered
 
 
 def register(kind: SourceKind) -> None:
@@ -97,6 +98,14 @@ def kind_named(name: str) -> SourceKind:
                       f"{', '.join(k.name for k in kinds())}")
 
 
+def travels(kind: SourceKind) -> bool:
+    """True if *kind* was registered at run time in this process (not built in, not
+    from an entry point): another process (Spark's Python workers) knows it only if it
+    is handed over."""
+    with _lock:
+        return any(k is kind for k in _registered) and kind.name not in _from_entry_points
+
+
 def source_kind(dsn: str, requested: str | None = None) -> str:
     """The name of :func:`kind_of`'s kind (kept for callers that record it)."""
     return kind_of(dsn, requested).name
@@ -124,6 +133,7 @@ def _load_plugins() -> None:
             loaded = entry.load()
             kind = loaded if isinstance(loaded, SourceKind) else loaded()
             register(kind)
+            _from_entry_points.add(kind.name)
         except Exception as err:  # one broken plugin must not stop the others
             log.warning("cannot load source kind %s (%s) of entry point group %s: %s",
                         entry.name, entry.value, ENTRY_POINT_GROUP, err)

@@ -9,7 +9,9 @@ silently and the query would read everything in one batch).
 
 from __future__ import annotations
 
+import base64
 import dataclasses
+import pickle
 import re
 from collections.abc import Mapping
 from enum import StrEnum
@@ -19,7 +21,7 @@ from tidemark.errors import ConfigError
 from tidemark.event import TableId
 from tidemark.postgres_connection import check_identifier
 from tidemark.source.kind import SourceKind
-from tidemark.source.registry import kind_named, kind_of
+from tidemark.source.registry import kind_named, kind_of, register, travels
 
 
 class OnSchemaChange(StrEnum):
@@ -80,13 +82,17 @@ SLOT_FAILOVER: Final = "slotFailover"
 SOURCE: Final = "source"
 RETENTION_S: Final = "retentionS"
 READER_NAME: Final = "readerName"
+#: Set by :func:`tidemark.spark.read_changes` (not by users) for a source kind registered
+#: at run time (:func:`tidemark.source.registry.register`): the kind, pickled, so that
+#: Spark's Python workers, which never ran the registration, know it too.
+REGISTERED_KIND: Final = "registeredKind"
 
 ALLOWED: Final = (DSN, TABLES, TABLE, SLOT, PUBLICATION, MAX_CHANGES_PER_TRIGGER,
                   NUM_PARTITIONS, ON_SCHEMA_CHANGE, ARROW_BATCH_ROWS, ARROW_BATCH_BYTES,
                   ROW_FORMAT,
                   SERVER_TIMEOUT_MS, SNAPSHOT, SNAPSHOT_TABLES, SNAPSHOT_CHUNK_ROWS,
                   SNAPSHOT_CHUNKS_PER_TRIGGER, SIGNAL_TABLE, SLOT_FAILOVER, SOURCE,
-                  RETENTION_S, READER_NAME)
+                  RETENTION_S, READER_NAME, REGISTERED_KIND)
 _BY_LOWER: Final = {name.lower(): name for name in ALLOWED}
 _TABLE_NAME: Final = re.compile(r"[^.\s]+\.[^.\s]+|[^.\s]+")
 
@@ -183,6 +189,8 @@ class SourceOptions:
         if not dsn:
             raise ConfigError(DSN, "required: the libpq connection string of the database, "
                               "e.g. 'host=db dbname=app user=cdc'")
+        if REGISTERED_KIND in values:
+            register_travelled_kind(values[REGISTERED_KIND])
         source = kind_of(dsn, values.get(SOURCE, "").strip().lower() or None)
         source.check_dsn(dsn, DSN)
         for option in ALLOWED:
@@ -263,6 +271,32 @@ class SourceOptions:
         fields = ", ".join(f"{f.name}={getattr(self, f.name)!r}"
                            for f in dataclasses.fields(self) if f.name != "dsn")
         return f"SourceOptions(dsn={self.redacted_dsn()!r}, {fields})"
+
+
+def travelling_kind(dsn: str, requested: str | None) -> str | None:
+    """The :data:`REGISTERED_KIND` option for *dsn*: its kind pickled (base64), when
+    the kind was registered at run time in this process; None for the built-in kinds and
+    those of installed packages' entry points, which every process finds itself."""
+    kind = kind_of(dsn, requested)
+    if not travels(kind):
+        return None
+    from pyspark import cloudpickle  # noqa: PLC0415 - only for kinds registered at run time
+
+    pickled: bytes = cloudpickle.dumps(kind)  # type: ignore[no-untyped-call]
+    return base64.b64encode(pickled).decode("ascii")
+
+
+def register_travelled_kind(text: str) -> None:
+    """Register the kind a :data:`REGISTERED_KIND` option carries, in this process."""
+    try:
+        kind = pickle.loads(base64.b64decode(text))
+    except Exception as err:
+        raise ConfigError(REGISTERED_KIND, f"cannot read the registered source kind ({err}); "
+                          "the option is set by tidemark.spark.read_changes, leave it out"
+                          ) from None
+    if not isinstance(kind, SourceKind):
+        raise ConfigError(REGISTERED_KIND, f"holds {type(kind).__name__}, not a SourceKind")
+    register(kind)
 
 
 def _parse_table(key: str, text: str, default_schema: str = "public") -> TableId:

@@ -11,7 +11,6 @@ imports the MariaDB client, nor the reverse.
 from __future__ import annotations
 
 import dataclasses
-import importlib
 from typing import TYPE_CHECKING
 
 from pyspark.sql.types import StructField, StructType
@@ -33,15 +32,14 @@ def reader_modules(kind: str) -> tuple[str, ...]:
     """The modules a source's reads run from on the executors (the kind's name:
     ``postgres``, ``mariadb``, ``logtable``, a plugin's): the neutral reader with its
     sinks, and the source's read plan; what warming their Python workers imports."""
-    return ("tidemark.spark.reader", kind_named(kind).read_plan_module())
+    plan = kind_named(kind).read_plan_module()
+    return ("tidemark.spark.reader", *((plan,) if plan is not None else ()))
 
 
 def read_plan(options: SourceOptions) -> ReadPlan:
     """The read plan of the source *options* name (its kind, chosen by the DSN and
     ``source``)."""
-    made: ReadPlan = importlib.import_module(options.source_kind.read_plan_module()) \
-        .make_read_plan(options)
-    return made
+    return options.source_kind.read_plan(options)
 
 
 def spark_schema(described: TableColumns) -> StructType:
