@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import contextlib
 import gc
 import logging
 import os
@@ -22,24 +21,20 @@ from tidemark.event import ChangeEvent, Record
 from tidemark.offsets.file import FileOffsetStore
 from tidemark.offsets.memory import MemoryOffsetStore
 from tidemark.offsets.store import OffsetStore
-from tidemark.serde.debezium_json import DebeziumJsonOptions, DebeziumJsonSerializer
+from tidemark.source.kind import CaptureOptionError, CaptureRequest
 from tidemark.source.logtable.reader import LogTableReader
-from tidemark.source.postgres import offset as pg_offset
-from tidemark.source.postgres import session
 from tidemark.source.postgres.config import (
     DecimalHandlingMode,
-    PostgresSourceConfig,
     SnapshotMode,
     TimePrecisionMode,
 )
+from tidemark.source.postgres.kind import server_end
 from tidemark.source.postgres.pgoutput import lsn_to_str
 from tidemark.source.postgres.reader import PostgresReader
-from tidemark.source.registry import KINDS, source_kind
+from tidemark.source.registry import KINDS, kind_of
 from tidemark.source.spi import save_offset
 
 if TYPE_CHECKING:
-    from tidemark.source.logtable.config import LogTableSourceConfig
-    from tidemark.source.mariadb.config import MariaDbSourceConfig
     from tidemark.source.mariadb.reader import MariaDbReader
 
 log = logging.getLogger(__name__)
@@ -55,13 +50,6 @@ class _StopFlag:
 
     def __call__(self, signum: int, frame: FrameType | None) -> None:
         self.stop = True
-
-
-def _server_position(dsn: str) -> int:
-    """The end of the server's WAL: its insert position (a standby's: what it received
-    or replayed)."""
-    with contextlib.closing(session.connect(dsn)) as conn:
-        return pg_offset.server_position(conn) or 0
 
 
 def _first_events(records: list[Record], lines: list[str], remaining: int
@@ -176,37 +164,20 @@ def capture(dsn: str, source: str | None, tasks: int, task_index: int, cells: bo
         "incremental_snapshot_chunk_size": incremental_snapshot_chunk_size,
     }
     store: OffsetStore = FileOffsetStore(offsets) if offsets else MemoryOffsetStore()
-    connector: PostgresReader | MariaDbReader | LogTableReader
-    kind = source_kind(dsn, source)
-    if kind == "logtable":
-        logtable = _logtable_config(values, tasks, task_index, retention_s,
-                                    offsets is not None)
-        serializer = DebeziumJsonSerializer(DebeziumJsonOptions(
-            topic_prefix=topic_prefix, tombstones_on_delete=tombstones, cells=cells))
-        connector = LogTableReader(logtable)
-    elif kind == "mariadb":
-        # Imported here: a PostgreSQL capture's start should not pay for PyMySQL.
-        from tidemark.source.mariadb.reader import MariaDbReader  # noqa: PLC0415
-
-        mariadb = _mariadb_config(values)
-        serializer = DebeziumJsonSerializer(DebeziumJsonOptions(
-            topic_prefix=topic_prefix, decimal_handling_mode=mariadb.decimal_handling_mode,
-            time_precision_mode=mariadb.time_precision_mode, tombstones_on_delete=tombstones,
-            transaction_metadata=transaction_metadata))
-        connector = MariaDbReader(mariadb)
-    else:
-        config = PostgresSourceConfig.from_mapping(values)
-        serializer = DebeziumJsonSerializer(DebeziumJsonOptions(
-            topic_prefix=topic_prefix,
-            decimal_handling_mode=config.decimal_handling_mode,
-            time_precision_mode=config.time_precision_mode,
-            tombstones_on_delete=tombstones,
-            transaction_metadata=transaction_metadata,
-        ))
-        # Without transaction metadata every streamed event is one JSON text that the
-        # connector can make straight from the pgoutput bytes (the fast path).
-        connector = PostgresReader(config,
-                                      json_lines=None if transaction_metadata else serializer)
+    context = click.get_current_context()
+    given = frozenset(name for name in context.params
+                      if context.get_parameter_source(name) is ParameterSource.COMMANDLINE)
+    kind = kind_of(dsn, source)
+    try:
+        built = kind.capture(CaptureRequest(
+            values=values, given=given, topic_prefix=topic_prefix, tombstones=tombstones,
+            transaction_metadata=transaction_metadata, cells=cells, tasks=tasks,
+            task_index=task_index, retention_s=retention_s,
+            saves_offsets=offsets is not None))
+    except CaptureOptionError as err:
+        raise click.UsageError(err.text) from None
+    connector: PostgresReader | MariaDbReader | LogTableReader = built.connector
+    serializer = built.serializer
     flag = _StopFlag()
     signal.signal(signal.SIGINT, flag)
     signal.signal(signal.SIGTERM, flag)
@@ -217,15 +188,10 @@ def capture(dsn: str, source: str | None, tasks: int, task_index: int, cells: bo
         from tidemark.source.capture_metrics import capture_metrics  # noqa: PLC0415
 
         stats = connector.stats
-        metrics = serve(metrics_port, lambda: capture_metrics(stats, name=topic_prefix))
+        metrics = serve(metrics_port, lambda: capture_metrics(stats, name=topic_prefix,
+                                                                plugin=kind.name))
     try:
-        if isinstance(connector, PostgresReader):
-            connector.start(store=store, stop_at_lsn=_server_position(config.dsn)
-                            if stop_at_end else None)
-        elif isinstance(connector, LogTableReader):
-            connector.start(store=store, stop_at_end=stop_at_end)
-        else:
-            connector.start(store=store, stop_at_end=stop_at_end)
+        built.start(store, stop_at_end)
     except BaseException:
         if metrics is not None:
             metrics.close()
@@ -324,71 +290,7 @@ def _progress(connector: PostgresReader | MariaDbReader | LogTableReader,
         return CaptureProgress(connector.stats, interval_s, write)
     stats, dsn = connector.stats, connector.config.dsn
     return CaptureProgress(stats, interval_s, write, position=lsn_to_str,
-                           wal_behind=lambda: _server_position(dsn) - stats.position_lsn)
-
-
-#: Options that only the PostgreSQL connector has; given explicitly with a MariaDB
-#: URL they are an error, not silently ignored.
-_POSTGRES_ONLY = {"slot": "slot_name", "publication": "publication_name",
-                  "on_slot_lost": "on_slot_lost"}
-_MARIADB_KEYS = ("dsn", "table_include_list", "table_exclude_list", "snapshot_mode",
-                 "provide_transaction_metadata", "topic_prefix", "decimal_handling_mode",
-                 "heartbeat_interval_ms", "signal_table", "incremental_snapshot_chunk_size")
-
-
-def _mariadb_config(values: dict[str, Any]) -> MariaDbSourceConfig:
-    from tidemark.source.mariadb.config import MariaDbSourceConfig  # noqa: PLC0415
-
-    context = click.get_current_context()
-    for option in _POSTGRES_ONLY:
-        if context.get_parameter_source(option) is ParameterSource.COMMANDLINE:
-            raise click.UsageError(f"--{option.replace('_', '-')} applies to PostgreSQL "
-                                   "only; a mariadb:// source has no such setting")
-    chosen = {key: values[key] for key in _MARIADB_KEYS}
-    # MariaDB's default time mode is Debezium's MySQL one (time always in microseconds);
-    # the option's own default is PostgreSQL's.
-    if context.get_parameter_source("time_precision_mode") is ParameterSource.COMMANDLINE:
-        chosen["time_precision_mode"] = values["time_precision_mode"]
-    return MariaDbSourceConfig.from_mapping(chosen)
-
-
-#: Options that a log-table capture has, beside the DSN and the table list.
-_LOGTABLE_UNUSED = ("slot", "publication", "on_slot_lost", "snapshot_mode",
-                    "transaction_metadata", "decimal_handling_mode", "time_precision_mode",
-                    "signal_table", "exclude")
-
-
-def _logtable_config(values: dict[str, Any], tasks: int, task_index: int,
-                     retention_s: float, saved: bool) -> LogTableSourceConfig:
-    from tidemark.source.logtable.config import LogTableSourceConfig  # noqa: PLC0415
-    from tidemark.source.logtable.layout import assign_groups  # noqa: PLC0415
-    from tidemark.source.logtable.reader import open_database  # noqa: PLC0415
-
-    context = click.get_current_context()
-    for option in _LOGTABLE_UNUSED:
-        if context.get_parameter_source(option) is ParameterSource.COMMANDLINE:
-            raise click.UsageError(f"--{option.replace('_', '-')} does not apply to log "
-                                   "tables")
-    if task_index >= tasks:
-        raise click.UsageError(f"--task {task_index} is not one of --tasks {tasks} (0 to "
-                               f"{tasks - 1})")
-    # Without --offsets nothing is saved: such a capture must not register (its position
-    # would let retention delete what a real reader still needs).
-    base = {"dsn": values["dsn"], "table_include_list": values["table_include_list"],
-            "topic_prefix": values["topic_prefix"], "retention_s": retention_s,
-            "register": saved}
-    groups: tuple[int, ...] = ()
-    if tasks > 1:
-        db = open_database(values["dsn"])
-        try:
-            total = db.generations()[0].groups
-        finally:
-            db.close()
-        split = assign_groups(total, tasks)
-        if task_index >= len(split):
-            raise click.UsageError(f"the log has {total} groups: at most {total} tasks")
-        groups = tuple(split[task_index])
-    return LogTableSourceConfig.from_mapping({**base, "groups": groups})
+                           wal_behind=lambda: server_end(dsn) - stats.position_lsn)
 
 
 class OutputClosedError(TerminalError):
