@@ -8,22 +8,28 @@ import logging
 import os
 import signal
 import sys
+import threading
 import time
+from collections.abc import Callable, Iterator
 from types import FrameType
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, NamedTuple
 
 import click
 from click.core import ParameterSource
 
+from tidemark.cli.capture_output import JsonLinesOutput
 from tidemark.cli.capture_progress import CaptureProgress
 from tidemark.cli.logs import redact
+from tidemark.engine.config import DeliveryMode, EngineConfig
+from tidemark.engine.converters import DebeziumJsonConverter
+from tidemark.engine.engine import Engine, EngineCallbacks
+from tidemark.engine.state import IllegalStateError
 from tidemark.errors import TerminalError
-from tidemark.event import ChangeEvent, Record
 from tidemark.offsets.file import FileOffsetStore
 from tidemark.offsets.memory import MemoryOffsetStore
 from tidemark.offsets.store import OffsetStore
-from tidemark.serde.debezium_json import DebeziumJsonOptions, DebeziumJsonSerializer
-from tidemark.source.logtable.reader import LogTableReader
+from tidemark.serde.debezium_json import DebeziumJsonOptions
+from tidemark.source.capture_stats import CaptureStats
 from tidemark.source.postgres import offset as pg_offset
 from tidemark.source.postgres import session
 from tidemark.source.postgres.config import (
@@ -33,28 +39,13 @@ from tidemark.source.postgres.config import (
     TimePrecisionMode,
 )
 from tidemark.source.postgres.pgoutput import lsn_to_str
-from tidemark.source.postgres.reader import PostgresReader
 from tidemark.source.registry import KINDS, source_kind
-from tidemark.source.spi import save_offset
+from tidemark.source.spi import SourceConnector
 
 if TYPE_CHECKING:
-    from tidemark.source.logtable.config import LogTableSourceConfig
-    from tidemark.source.mariadb.config import MariaDbSourceConfig
-    from tidemark.source.mariadb.reader import MariaDbReader
+    from prometheus_client.core import Metric
 
 log = logging.getLogger(__name__)
-
-_WRITE_SLICE = 100
-
-
-class _StopFlag:
-    """Set by SIGINT/SIGTERM: finish the batch in hand, save the offset, exit."""
-
-    def __init__(self) -> None:
-        self.stop = False
-
-    def __call__(self, signum: int, frame: FrameType | None) -> None:
-        self.stop = True
 
 
 def _server_position(dsn: str) -> int:
@@ -62,21 +53,6 @@ def _server_position(dsn: str) -> int:
     or replayed)."""
     with contextlib.closing(session.connect(dsn)) as conn:
         return pg_offset.server_position(conn) or 0
-
-
-def _first_events(records: list[Record], lines: list[str], remaining: int
-                  ) -> tuple[list[Record], list[str], bool]:
-    """The records and lines up to (excluding) the change event after the first
-    *remaining* ones, and whether anything was cut. A batch holds records or lines."""
-    if len(lines) > remaining:
-        return records, lines[:remaining], True
-    events = 0
-    for cut, record in enumerate(records):
-        if isinstance(record, ChangeEvent):
-            events += 1
-            if events > remaining:
-                return records[:cut], lines, True
-    return records, lines, False
 
 
 @click.command()
@@ -176,132 +152,72 @@ def capture(dsn: str, source: str | None, tasks: int, task_index: int, cells: bo
         "incremental_snapshot_chunk_size": incremental_snapshot_chunk_size,
     }
     store: OffsetStore = FileOffsetStore(offsets) if offsets else MemoryOffsetStore()
-    connector: PostgresReader | MariaDbReader | LogTableReader
-    kind = source_kind(dsn, source)
-    if kind == "logtable":
-        logtable = _logtable_config(values, tasks, task_index, retention_s,
-                                    offsets is not None)
-        serializer = DebeziumJsonSerializer(DebeziumJsonOptions(
-            topic_prefix=topic_prefix, tombstones_on_delete=tombstones, cells=cells))
-        connector = LogTableReader(logtable)
-    elif kind == "mariadb":
-        # Imported here: a PostgreSQL capture's start should not pay for PyMySQL.
-        from tidemark.source.mariadb.reader import MariaDbReader  # noqa: PLC0415
+    chosen = _source(source_kind(dsn, source), values, tombstones=tombstones, cells=cells,
+                     tasks=tasks, task_index=task_index, retention_s=retention_s,
+                     saved=offsets is not None, stop_at_end=stop_at_end)
+    # Not sys.stdout.buffer: under PYTHONUNBUFFERED (or -u) that is the raw file, whose
+    # write() may write only part (a signal, a reader gone) and tell only by its return
+    # value; a buffered writer writes everything or raises. (It is never closed: it
+    # does not own the descriptor, and is flushed after every batch.)
+    out = open(sys.stdout.fileno(), "wb", closefd=False)  # noqa: SIM115
+    engine: Engine | None = None
 
-        mariadb = _mariadb_config(values)
-        serializer = DebeziumJsonSerializer(DebeziumJsonOptions(
-            topic_prefix=topic_prefix, decimal_handling_mode=mariadb.decimal_handling_mode,
-            time_precision_mode=mariadb.time_precision_mode, tombstones_on_delete=tombstones,
-            transaction_metadata=transaction_metadata))
-        connector = MariaDbReader(mariadb)
-    else:
-        config = PostgresSourceConfig.from_mapping(values)
-        serializer = DebeziumJsonSerializer(DebeziumJsonOptions(
-            topic_prefix=topic_prefix,
-            decimal_handling_mode=config.decimal_handling_mode,
-            time_precision_mode=config.time_precision_mode,
-            tombstones_on_delete=tombstones,
-            transaction_metadata=transaction_metadata,
-        ))
-        # Without transaction metadata every streamed event is one JSON text that the
-        # connector can make straight from the pgoutput bytes (the fast path).
-        connector = PostgresReader(config,
-                                      json_lines=None if transaction_metadata else serializer)
-    flag = _StopFlag()
-    signal.signal(signal.SIGINT, flag)
-    signal.signal(signal.SIGTERM, flag)
+    def stats() -> CaptureStats | None:
+        tasks = engine.tasks if engine is not None else []
+        found = getattr(getattr(tasks[0], "connector", None), "stats", None) if tasks else None
+        return found if isinstance(found, CaptureStats) else None
+
+    progress = _progress(stats, chosen.wal_dsn, progress_interval_s)
+    output = JsonLinesOutput(out, max_events=max_events, boundaries=transaction_metadata,
+                             stop=lambda: _stop(engine))
+    engine = Engine(
+        chosen.connector, output,
+        config=EngineConfig(delivery_mode=DeliveryMode.BATCH, worker_count=1,
+                            offset_flush_interval_ms=offset_flush_interval_ms,
+                            # A failure ends the capture with its error, as it always has.
+                            errors_max_retries=0),
+        converter=DebeziumJsonConverter(chosen.options), offset_store=store,
+        # Everything allocated so far lives for the whole run; keep the collector off it.
+        callbacks=EngineCallbacks(task_started=lambda index: gc.freeze()))
+    stopped = _on_signals(engine)
     metrics = None
     if metrics_port is not None:
         # Imported only when asked for: every capture start would pay for it.
         from tidemark.metrics import serve  # noqa: PLC0415
         from tidemark.source.capture_metrics import capture_metrics  # noqa: PLC0415
 
-        stats = connector.stats
-        metrics = serve(metrics_port, lambda: capture_metrics(stats, name=topic_prefix))
-    try:
-        if isinstance(connector, PostgresReader):
-            connector.start(store=store, stop_at_lsn=_server_position(config.dsn)
-                            if stop_at_end else None)
-        elif isinstance(connector, LogTableReader):
-            connector.start(store=store, stop_at_end=stop_at_end)
-        else:
-            connector.start(store=store, stop_at_end=stop_at_end)
-    except BaseException:
-        if metrics is not None:
-            metrics.close()
-        raise
-    # Everything allocated so far lives for the whole run; keep the collector off it.
-    gc.freeze()
-    # Not sys.stdout.buffer: under PYTHONUNBUFFERED (or -u) that is the raw file, whose
-    # write() may write only part (a signal, a reader gone) and tell only by its return
-    # value; a buffered writer writes everything or raises. (It is never closed: it
-    # does not own the descriptor, and is flushed after every batch.)
-    out = open(sys.stdout.fileno(), "wb", closefd=False)  # noqa: SIM115
-    progress = _progress(connector, progress_interval_s)
-    delivered = 0  # change events written
+        def families() -> Iterator[Metric]:
+            current = stats()
+            return iter(()) if current is None else capture_metrics(current,
+                                                                    name=topic_prefix)
+        metrics = serve(metrics_port, families)
     started = time.monotonic()
-    flush_every = offset_flush_interval_ms / 1000
-    pending: dict[str, Any] | None = None
-    last_save = 0.0
-    closed = False
-
-    def save(offset: dict[str, Any]) -> None:
-        nonlocal last_save
-        save_offset(store, connector, offset)
-        connector.commit(offset)
-        last_save = time.monotonic()
-
+    finished = threading.Event()
+    if progress_interval_s > 0:
+        # A thread of its own: an idle stream hands the consumer nothing, and the line
+        # (with the lag) matters most then.
+        threading.Thread(target=_report, args=(progress, output, progress_interval_s,
+                                               finished),
+                         name="tidemark-progress", daemon=True).start()
     try:
-        while not flag.stop:
-            batch = connector.poll()
-            records = batch.records
-            lines = batch.lines or []
-            offset = batch.offset
-            done = batch.finished
-            if max_events is not None:
-                records, lines, cut = _first_events(records, lines, max_events - delivered)
-                if cut:
-                    offset = None  # the batch was not delivered whole
-            if records or lines:
-                try:
-                    # Encode in slices of ~65 kB: larger buffers are mmapped or trimmed
-                    # back to the OS by malloc on every batch, and faulting that memory
-                    # in again costs ~10% of the run.
-                    for start in range(0, len(records), _WRITE_SLICE):
-                        out.write(serializer.encode_lines(records[start:start + _WRITE_SLICE]))
-                    for start in range(0, len(lines), _WRITE_SLICE):
-                        out.write("".join(lines[start:start + _WRITE_SLICE]).encode())
-                    out.flush()
-                except BrokenPipeError:
-                    # The batch may be cut anywhere: its offset is not taken, only those
-                    # of the batches before it, which were written in full.
-                    closed = True
-                    break
-                delivered += sum(1 for r in records if isinstance(r, ChangeEvent)) + len(lines)
-                done = done or (max_events is not None and delivered >= max_events)
-            progress.maybe_report(delivered)
-            if offset is not None:
-                pending = offset
-            if pending is not None and (done or time.monotonic() - last_save >= flush_every):
-                save(pending)
-                pending = None
-            if done:
-                break
-        if pending is not None:  # stopped by a signal or a closed stdout: all of it written
-            save(pending)
+        engine.run()
+    except IllegalStateError:
+        if not stopped.is_set():  # a signal before the engine ran: nothing to deliver
+            raise
     finally:
-        connector.stop()
+        finished.set()
         if metrics is not None:
             metrics.close()
         elapsed = time.monotonic() - started
+        delivered = output.delivered
         log.info("delivered %d change events in %.3f s (%.0f events/s)", delivered, elapsed,
                  delivered / elapsed if elapsed > 0 else 0.0)
-    if closed:
+    if output.closed:
         _silence_stdout()
         if offsets:
             kept = (f"the offset of what was written in full is saved in {offsets}, so a "
                     "restart resumes after it")
-        elif isinstance(connector, PostgresReader):
+        elif chosen.wal_dsn is not None:
             kept = ("the replication slot is confirmed up to what was written in full, so a "
                     "restart resumes after it")
         else:
@@ -313,18 +229,101 @@ def capture(dsn: str, source: str | None, tasks: int, task_index: int, cells: bo
             f"{'' if delivered == 1 else 's'}; {kept}")
 
 
-def _progress(connector: PostgresReader | MariaDbReader | LogTableReader,
+class _Source(NamedTuple):
+    """What capture runs for one kind of source."""
+
+    connector: SourceConnector
+    options: DebeziumJsonOptions
+    """How the events are written."""
+    wal_dsn: str | None = None
+    """PostgreSQL's DSN: the WAL lag of the progress line is read there, and the slot
+    keeps the position without --offsets."""
+
+
+def _source(kind: str, values: dict[str, Any], *, tombstones: bool, cells: bool,
+            tasks: int, task_index: int, retention_s: float, saved: bool,
+            stop_at_end: bool) -> _Source:
+    """The connector of *kind* configured from the options (*values*), and the JSON
+    options of its events."""
+    topic_prefix, metadata = values["topic_prefix"], values["provide_transaction_metadata"]
+    if kind == "logtable":
+        from tidemark.source.logtable.task import LogTableConnector  # noqa: PLC0415
+
+        logtable = _logtable_config(values, tasks, task_index, retention_s, saved)
+        return _Source(LogTableConnector(logtable, stop_at_end=stop_at_end),
+                       DebeziumJsonOptions(topic_prefix=topic_prefix,
+                                           tombstones_on_delete=tombstones, cells=cells))
+    if kind == "mariadb":
+        # Imported here: a PostgreSQL capture's start should not pay for PyMySQL.
+        from tidemark.source.mariadb.config import MariaDbSourceConfig  # noqa: PLC0415
+        from tidemark.source.mariadb.task import MariaDbConnector  # noqa: PLC0415
+
+        chosen = _mariadb_config(values)
+        mariadb = MariaDbSourceConfig.from_mapping(chosen)
+        return _Source(MariaDbConnector(chosen, stop_at_end=stop_at_end), DebeziumJsonOptions(
+            topic_prefix=topic_prefix, decimal_handling_mode=mariadb.decimal_handling_mode,
+            time_precision_mode=mariadb.time_precision_mode, tombstones_on_delete=tombstones,
+            transaction_metadata=metadata))
+    from tidemark.source.postgres.task import PostgresConnector  # noqa: PLC0415
+
+    config = PostgresSourceConfig.from_mapping(values)
+    # Without transaction metadata the task writes each streamed event's JSON straight
+    # from the pgoutput bytes (the fused path), as the engine asks it to.
+    return _Source(
+        PostgresConnector(values, stop_at_lsn=_server_position(config.dsn)
+                          if stop_at_end else None),
+        DebeziumJsonOptions(topic_prefix=topic_prefix,
+                            decimal_handling_mode=config.decimal_handling_mode,
+                            time_precision_mode=config.time_precision_mode,
+                            tombstones_on_delete=tombstones, transaction_metadata=metadata),
+        wal_dsn=config.dsn)
+
+
+def _stop(engine: Engine | None) -> None:
+    """Ask *engine* to stop without waiting for it (called from its own threads)."""
+    if engine is not None:
+        engine.close(timeout_s=0)
+
+
+def _on_signals(engine: Engine) -> threading.Event:
+    """SIGINT and SIGTERM stop *engine* after the batch in hand, saving the offset; the
+    event is set once one came."""
+    stopped = threading.Event()
+
+    def handle(signum: int, frame: FrameType | None) -> None:
+        stopped.set()
+        # Not here: the handler runs in the main thread, which may hold the engine's
+        # state lock at this moment.
+        threading.Thread(target=_stop, args=(engine,), name="tidemark-signal",
+                         daemon=True).start()
+
+    signal.signal(signal.SIGINT, handle)
+    signal.signal(signal.SIGTERM, handle)
+    return stopped
+
+
+def _report(progress: CaptureProgress, output: JsonLinesOutput, interval_s: float,
+            finished: threading.Event) -> None:
+    """Write the progress line every *interval_s* until *finished*."""
+    while not finished.wait(min(interval_s, 1.0)):
+        progress.maybe_report(output.delivered)
+
+
+def _progress(stats: Callable[[], CaptureStats | None], wal_dsn: str | None,
               interval_s: float) -> CaptureProgress:
     """The progress line's writer: stderr, passwords masked (a lag query's error may
     quote the connection)."""
     def write(line: str) -> None:
         click.echo(redact(line), err=True)
 
-    if not isinstance(connector, PostgresReader):
-        return CaptureProgress(connector.stats, interval_s, write)
-    stats, dsn = connector.stats, connector.config.dsn
+    if wal_dsn is None:
+        return CaptureProgress(stats, interval_s, write)
+
+    def wal_behind() -> int:
+        current = stats()
+        return _server_position(wal_dsn) - (current.position_lsn if current else 0)
     return CaptureProgress(stats, interval_s, write, position=lsn_to_str,
-                           wal_behind=lambda: _server_position(dsn) - stats.position_lsn)
+                           wal_behind=wal_behind)
 
 
 #: Options that only the PostgreSQL connector has; given explicitly with a MariaDB
@@ -336,9 +335,8 @@ _MARIADB_KEYS = ("dsn", "table_include_list", "table_exclude_list", "snapshot_mo
                  "heartbeat_interval_ms", "signal_table", "incremental_snapshot_chunk_size")
 
 
-def _mariadb_config(values: dict[str, Any]) -> MariaDbSourceConfig:
-    from tidemark.source.mariadb.config import MariaDbSourceConfig  # noqa: PLC0415
-
+def _mariadb_config(values: dict[str, Any]) -> dict[str, Any]:
+    """The MariaDB connector's settings of the options."""
     context = click.get_current_context()
     for option in _POSTGRES_ONLY:
         if context.get_parameter_source(option) is ParameterSource.COMMANDLINE:
@@ -349,7 +347,7 @@ def _mariadb_config(values: dict[str, Any]) -> MariaDbSourceConfig:
     # the option's own default is PostgreSQL's.
     if context.get_parameter_source("time_precision_mode") is ParameterSource.COMMANDLINE:
         chosen["time_precision_mode"] = values["time_precision_mode"]
-    return MariaDbSourceConfig.from_mapping(chosen)
+    return chosen
 
 
 #: Options that a log-table capture has, beside the DSN and the table list.
@@ -359,8 +357,8 @@ _LOGTABLE_UNUSED = ("slot", "publication", "on_slot_lost", "snapshot_mode",
 
 
 def _logtable_config(values: dict[str, Any], tasks: int, task_index: int,
-                     retention_s: float, saved: bool) -> LogTableSourceConfig:
-    from tidemark.source.logtable.config import LogTableSourceConfig  # noqa: PLC0415
+                     retention_s: float, saved: bool) -> dict[str, Any]:
+    """The log-table connector's settings of the options (the groups of --task)."""
     from tidemark.source.logtable.layout import assign_groups  # noqa: PLC0415
     from tidemark.source.logtable.reader import open_database  # noqa: PLC0415
 
@@ -388,7 +386,7 @@ def _logtable_config(values: dict[str, Any], tasks: int, task_index: int,
         if task_index >= len(split):
             raise click.UsageError(f"the log has {total} groups: at most {total} tasks")
         groups = tuple(split[task_index])
-    return LogTableSourceConfig.from_mapping({**base, "groups": groups})
+    return {**base, "groups": groups}
 
 
 class OutputClosedError(TerminalError):

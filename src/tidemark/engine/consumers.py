@@ -18,6 +18,12 @@ class BatchCommitter(Protocol):
         ``handle_batch`` returns (returning does the same)."""
         ...
 
+    def mark_batch_unfinished(self) -> None:
+        """The consumer took only part of the batch and will take no more (it stops:
+        its output closed, a limit reached): the batch counts as processed, but neither
+        its offset nor a later batch's is committed, so a restart delivers it again."""
+        ...
+
 
 @runtime_checkable
 class ChangeConsumer(Protocol):

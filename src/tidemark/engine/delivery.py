@@ -322,6 +322,10 @@ class _Committer:
         self._delivery.complete(self._unit)
         self._delivery.flush_requested.set()
 
+    def mark_batch_unfinished(self) -> None:
+        self._delivery.tracker.withhold_from(self._unit.seq)
+        self.mark_batch_finished()
+
 
 class _WholeBatchDelivery(Delivery):
     """Converts each batch once and hands all of it to one worker per consumer (several
