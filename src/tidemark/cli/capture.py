@@ -168,11 +168,13 @@ def capture(dsn: str, source: str | None, tasks: int, task_index: int, cells: bo
         return found if isinstance(found, CaptureStats) else None
 
     progress = _progress(stats, chosen.wal_dsn, progress_interval_s)
-    output = JsonLinesOutput(out, max_events=max_events, boundaries=transaction_metadata,
-                             stop=lambda: _stop(engine))
+    output = JsonLinesOutput(out, max_events=max_events, stop=lambda: _stop(engine))
     engine = Engine(
         chosen.connector, output,
+        # The writer in the reader's thread, as one loop: writing is Python work, so a
+        # thread of its own would only trade the GIL and hold a second batch.
         config=EngineConfig(delivery_mode=DeliveryMode.BATCH, worker_count=1,
+                            read_ahead=False,
                             offset_flush_interval_ms=offset_flush_interval_ms,
                             # A failure ends the capture with its error, as it always has.
                             errors_max_retries=0),

@@ -121,9 +121,9 @@ class TaskRunner:
         while not self.stopping.is_set():
             self.failure.raise_if_failed()
             batch = self.retrying(task.poll, "poll")
-            if batch.records or batch.offset is not None:
-                delivery.dispatch(batch.records, batch.offset)
-            self.flush(force=delivery.flush_requested.is_set())
+            if batch.records or batch.lines or batch.offset is not None:
+                delivery.dispatch(batch.records, batch.offset, batch.lines)
+            self.flush()
             if batch.finished:
                 self._finish()
                 return
@@ -136,7 +136,7 @@ class TaskRunner:
             self.failure.raise_if_failed()
             if self.stopping.is_set():
                 return
-            self.flush(force=self.delivery.flush_requested.is_set())
+            self.flush()
         self.failure.raise_if_failed()
         self.flush(force=True)
         self.finished = True
@@ -146,7 +146,6 @@ class TaskRunner:
         now = time.monotonic()
         if not force and now - self._last_flush < self.config.offset_flush_interval_ms / 1000:
             return
-        self.delivery.flush_requested.clear()
         self._last_flush = now
         offset = self.tracker.take_committable()
         if offset is None:
