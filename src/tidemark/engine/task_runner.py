@@ -127,7 +127,7 @@ class TaskRunner:
             if batch.finished:
                 self._finish()
                 return
-            if not batch.records:
+            if not batch.records and not batch.lines:
                 self.stopping.wait(_IDLE_WAIT_S)
 
     def _finish(self) -> None:
