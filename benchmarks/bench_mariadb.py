@@ -51,6 +51,7 @@ from tidemark.source.mariadb import binlog as b
 from tidemark.source.mariadb import client
 from tidemark.source.mariadb.position import BinlogPosition
 from tidemark.source.mariadb.row_decoder import RowDecoder
+from tidemark.source.mariadb.table_map import parse_table_map
 from tidemark.testing.debezium_reference_mariadb import mysql_compatible_version
 from tidemark.testing.mariadb import MariaDbServer, find_binaries
 
@@ -99,7 +100,7 @@ def _own_decoder(server: MariaDbServer, start: BinlogPosition, end: BinlogPositi
             if header.type == b.TABLE_MAP_EVENT:
                 table = tables.get(body)
                 if table is None:
-                    table = tables[body] = RowDecoder(b.parse_table_map(body))
+                    table = tables[body] = RowDecoder(parse_table_map(body))
                 by_id[table.table_map.table_id] = table
             elif header.type in b.ROWS_EVENTS:
                 event_rows = b.parse_rows(body, header.type)

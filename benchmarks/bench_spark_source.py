@@ -65,8 +65,8 @@ import tidemark.spark as ts
 from tidemark.pipeline.compare import compare
 from tidemark.pipeline.config import parse_config
 from tidemark.pipeline.runner import Pipeline, build_session
-from tidemark.spark.postgres import wal
-from tidemark.spark.postgres.offsets import from_offset
+from tidemark.source.postgres import wal_reads as wal
+from tidemark.source.postgres.stream_offsets import from_offset
 from tidemark.testing.postgres import PostgresCluster
 
 PUBLICATION = "bench_pub"

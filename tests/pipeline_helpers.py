@@ -27,7 +27,7 @@ from tidemark.pipeline import load_config
 from tidemark.pipeline.compare import compare
 from tidemark.pipeline.progress import BatchReport
 from tidemark.pipeline.runner import Pipeline
-from tidemark.spark.postgres import wal
+from tidemark.source.postgres import wal_reads as wal
 from tidemark.testing.postgres import PostgresCluster
 
 

@@ -23,6 +23,7 @@ from typing import Any, Final, TypeAlias
 import msgspec
 
 from tidemark.logical_type import LogicalType
+from tidemark.source_block import BARE_BLOCK, SourceBlock, block_dict
 
 
 class Unavailable:
@@ -162,12 +163,16 @@ class TableSchema(msgspec.Struct, frozen=True, gc=False):
 class SourceInfo(msgspec.Struct, frozen=True, gc=False):
     """Where an event came from: Debezium's ``source`` block.
 
-    ``lsn`` is the LSN of the change itself, ``commit_lsn`` that of its transaction's
-    commit record; ``ts_us`` is the commit time (µs since the Unix epoch). For snapshot
-    rows ``lsn`` is the slot's consistent point and ``ts_us`` the snapshot start.
-    ``fields`` holds the block's fields of a source other than PostgreSQL, in
-    Debezium's order (MariaDB: ``server_id``, ``gtid``, ``file``, ``pos``, ``row``,
-    ``thread``, ``query``); ``lsn`` is then the source's int64 position.
+    ``lsn`` is the event's position (the source's int64 ordering key; PostgreSQL: the
+    LSN of the change itself), ``last_commit_lsn`` that of the previous commit where
+    the source has it; ``ts_us`` is the commit time (µs since the Unix epoch). For
+    snapshot rows ``lsn`` is the slot's consistent point and ``ts_us`` the snapshot
+    start. ``fields`` holds the block's own fields (after the common ones and the
+    table), in the order the source's :class:`~tidemark.source_block.SourceBlock`
+    gives them (PostgreSQL: ``txId``, ``lsn``, ``xmin``, ``origin``, ``origin_lsn``;
+    MariaDB: ``server_id``, ``gtid``, ``file``, ``pos``, ``row``, ``thread``,
+    ``query``). ``txid``, ``xmin`` and ``origin`` repeat PostgreSQL's for callers that
+    read them there.
     """
 
     connector: str
@@ -183,6 +188,11 @@ class SourceInfo(msgspec.Struct, frozen=True, gc=False):
     xmin: int | None = None
     origin: str | None = None
     fields: Mapping[str, Any] | None = None
+
+    @property
+    def position(self) -> int | None:
+        """The event's position: the source's int64 ordering key (same as ``lsn``)."""
+        return self.lsn
 
 
 class TransactionInfo(msgspec.Struct, frozen=True, gc=False):
@@ -204,12 +214,14 @@ class SourceContext(msgspec.Struct, frozen=True, gc=False):
 
     ``tx_id``/``commit_lsn`` are None for snapshot rows and non-transactional messages.
     Sharing one object per transaction keeps per-event allocation small.
-    ``commit_lsn`` is the source's int64 commit position (PostgreSQL: the commit LSN).
-    ``source_fields`` are the ``source`` block's fields of a source other than
-    PostgreSQL, after Debezium's common fields and ``table``: (name, value) pairs, or a
-    ``msgspec.Struct`` whose fields are those, in order (cheaper to make and to write
-    when a source makes one context per event because a field, MariaDB's ``row``,
-    differs between events). :func:`source_fields_dict` reads either.
+    ``commit_lsn`` is the source's int64 commit position (PostgreSQL: the commit LSN);
+    ``txid`` the source's transaction number where it has one (the change rows'
+    ``_txid``). ``block`` describes the ``source`` block
+    (:class:`~tidemark.source_block.SourceBlock`; None: the common fields and the
+    table only); it reads its own fields from ``source_fields`` (a ``msgspec.Struct``
+    of them, or a tuple in the block's order) or, for a block that carries the event's
+    position, from the context's other fields (PostgreSQL's ``txid``,
+    ``last_commit_lsn``, ``origin``).
     """
 
     connector: str
@@ -221,15 +233,15 @@ class SourceContext(msgspec.Struct, frozen=True, gc=False):
     tx_id: str | None = None
     commit_lsn: int | None = None
     origin: str | None = None
-    source_fields: tuple[tuple[str, Any], ...] | msgspec.Struct | None = None
+    source_fields: tuple[Any, ...] | msgspec.Struct | None = None
+    block: SourceBlock | None = None
 
 
-def source_fields_dict(fields: tuple[tuple[str, Any], ...] | msgspec.Struct
+def source_fields_dict(context: SourceContext, position: int | None = None
                        ) -> dict[str, Any]:
-    """A context's ``source_fields`` as a dict, in their order."""
-    if isinstance(fields, msgspec.Struct):
-        return msgspec.structs.asdict(fields)
-    return dict(fields)
+    """The own fields of *context*'s ``source`` block by name, in their order, for an
+    event at *position*."""
+    return block_dict(context.block or BARE_BLOCK, context, position)
 
 
 class ChangeEvent(msgspec.Struct, frozen=True, gc=False):
@@ -238,7 +250,10 @@ class ChangeEvent(msgspec.Struct, frozen=True, gc=False):
     ``schema`` describes the row tuples; ``raw_before``/``raw_after`` hold the wire values.
     Use :attr:`before`, :attr:`after` and :attr:`key` for native Python values, and
     :attr:`source`/:attr:`transaction` for Debezium's blocks. ``lsn`` is the change's
-    own position; ``total_order``/``collection_order`` its place in the transaction.
+    own position — the source's int64 ordering key, whatever the source (PostgreSQL:
+    the LSN; MariaDB: binlog file number and offset; log tables: ``cdc$time``), also
+    readable as :attr:`position`; ``total_order``/``collection_order`` its place in
+    the transaction.
     ``ts_us`` is when tidemark processed the event (Debezium's top-level ``ts_ms``).
     ``message_prefix``/``message_content`` are set for ``op == "m"`` only.
     """
@@ -265,11 +280,15 @@ class ChangeEvent(msgspec.Struct, frozen=True, gc=False):
         """Debezium's ``source`` block."""
         c = self.context
         table = self.table
-        fields = source_fields_dict(c.source_fields) if c.source_fields is not None \
-            else None
+        fields = source_fields_dict(c, self.lsn) if c.block is not None else None
         return SourceInfo(c.connector, c.name, c.db, table.schema, table.table, c.ts_us,
                           self.snapshot, c.txid, self.lsn, c.last_commit_lsn, None, c.origin,
                           fields)
+
+    @property
+    def position(self) -> int | None:
+        """The event's position: the source's int64 ordering key (``lsn``'s value)."""
+        return self.lsn
 
     @property
     def transaction(self) -> TransactionInfo | None:

@@ -13,8 +13,8 @@ import pytest
 
 from tidemark.engine import delivery, task_runner
 from tidemark.engine.converters import ConvertedRecord, EventConverter
-from tidemark.engine.delivery import Capacity
 from tidemark.engine.engine import Engine, EngineCallbacks
+from tidemark.engine.flow_control import Capacity
 from tidemark.engine.key_assignment import KeyAssigner, KeyGroup
 from tidemark.engine.state import IllegalStateError, State
 from tidemark.errors import ConfigError, TransientError

@@ -117,7 +117,7 @@ def test_avro_decodes_to_the_same_content_as_json(changes: list[ChangeEvent]) ->
     for a, j in zip(avro, json_out, strict=True):
         event = a.event
         assert isinstance(event, ChangeEvent) and event.schema is not None
-        key_schema, value_schema = avro_schemas(event.schema, options)
+        key_schema, value_schema = avro_schemas(event.schema, options, event.context.block)
         key = fastavro.schemaless_reader(io.BytesIO(a.key), key_schema)
         assert key == msgspec.json.decode(j.key)
         if a.value is None:

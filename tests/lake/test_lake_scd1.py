@@ -14,7 +14,7 @@ from deltalake import CommitProperties, DeltaTable, Field
 from lake_helpers import TABLE, change, read, rows
 from tidemark.errors import ConfigError
 from tidemark.lake import ApplySpec, apply_changes
-from tidemark.lake.delta_writer import FILL_KEY
+from tidemark.lake.delta_target import FILL_KEY
 from tidemark.lake.spec import spec_from_mapping
 
 SPEC = ApplySpec(keys=("id",))

@@ -48,7 +48,7 @@ from tidemark.pipeline.compare import compare
 from tidemark.pipeline.progress import BatchReport
 from tidemark.pipeline.runner import Pipeline, PipelineError
 from tidemark.pipeline.written_targets import TargetLostError
-from tidemark.spark.postgres.offsets import from_offset
+from tidemark.source.postgres.stream_offsets import from_offset
 from tidemark.testing.postgres import PostgresCluster
 
 pytestmark = pytest.mark.integration

@@ -29,11 +29,12 @@ from tidemark.pipeline import load_config
 from tidemark.pipeline.compare import compare
 from tidemark.pipeline.progress import BatchReport
 from tidemark.pipeline.runner import Pipeline, _source_unavailable
+from tidemark.source.postgres import wal_reads as wal
+from tidemark.source.postgres.chunked_snapshot import copy_out, next_boundary, parse_csv
+from tidemark.source.postgres.stream_signals import check_signal_table, snapshot_requests
 from tidemark.source.signals import send_signal, signal_table_ddl
-from tidemark.spark.arrow_rows import EnvelopeSink, envelope_table_schemas, typed_rows
-from tidemark.spark.postgres import wal
-from tidemark.spark.postgres.snapshot import copy_out, next_boundary, parse_csv
-from tidemark.spark.signals import check_signal_table, snapshot_requests
+from tidemark.spark.arrow_rows import EnvelopeSink
+from tidemark.spark.change_schemas import envelope_table_schemas, typed_rows
 from waiting import wait_for
 
 pytestmark = pytest.mark.integration
@@ -381,7 +382,7 @@ def test_signal_requests_name_what_is_wrong_and_are_taken_once(
             "INSERT INTO dbz_signal VALUES ('pause', 'pause-snapshot', NULL)",
             "INSERT INTO dbz_signal VALUES ('good', 'execute-snapshot', "
             "'{\"data-collections\": [\"public.a\"]}')")
-        with caplog.at_level("INFO", logger="tidemark.spark.signals"):
+        with caplog.at_level("INFO", logger="tidemark.source.signal_requests"):
             requested, seen = snapshot_requests(conn, signals, seen, ["public.a"])
         assert requested == ["public.a"]
         text = caplog.text
@@ -405,8 +406,8 @@ def test_a_lost_export_restarts_the_query_instead_of_stopping_the_pipeline() -> 
     """An executor finding the snapshot gone (the driver's replication connection cut)
     fails the query; the pipeline restarts it, and the snapshot goes on in a new
     generation."""
-    failure = RuntimeError("Traceback …\ntidemark.spark.postgres.snapshot.SnapshotLostError: "
-                           "snapshot 00000003-1 of public.a is gone (invalid snapshot "
-                           "identifier)")
+    failure = RuntimeError("Traceback …\ntidemark.source.postgres.chunked_snapshot."
+                           "SnapshotLostError: snapshot 00000003-1 of public.a is gone "
+                           "(invalid snapshot identifier)")
     assert _source_unavailable(failure)
     assert not _source_unavailable(RuntimeError("ValueError: something else"))

@@ -30,8 +30,8 @@ from tidemark.pipeline.run_record import FILE_NAME, read_record, records_runs
 from tidemark.pipeline.status import _snapshot_section
 from tidemark.pipeline.written_targets import WrittenTargets
 from tidemark.source.postgres.pgoutput import lsn_to_str, str_to_lsn
-from tidemark.spark.postgres.offsets import SourceOffset
-from tidemark.spark.snapshot_plan import SnapshotPlan
+from tidemark.source.postgres.snapshot_plan import SnapshotPlan
+from tidemark.source.postgres.stream_offsets import SourceOffset
 
 pytestmark = pytest.mark.integration
 

@@ -39,7 +39,9 @@ from tidemark.event import (
 from tidemark.serde import debezium_json
 from tidemark.serde.debezium_json import DebeziumJsonOptions, DebeziumJsonSerializer
 from tidemark.serde.modes import DecimalHandlingMode, TimePrecisionMode
+from tidemark.serde.source_json import position_parts
 from tidemark.source.postgres import types as pgt
+from tidemark.source.postgres.source_block import POSTGRES_BLOCK
 
 # (type oid, type modifier, wire texts of that type)
 _TYPES: list[tuple[int, int, list[str]]] = [
@@ -113,7 +115,7 @@ def _streams(draw: st.DrawFn) -> tuple[DebeziumJsonOptions, list[ChangeEvent]]:
     schemas = [draw(_schemas()) for _ in range(draw(st.integers(1, 2)))]
     contexts = [
         SourceContext("postgresql", "srv", "db", 1_700_000_000_000_000 + i, txid, last,
-                      tx_id, commit, origin)
+                      tx_id, commit, origin, block=POSTGRES_BLOCK)
         for i, (txid, last, tx_id, commit, origin) in enumerate([
             (None, None, None, None, None),
             (501, 4096, "501:8192", 8192, None),
@@ -188,7 +190,7 @@ def _schema() -> TableSchema:
 
 def _event(before: Any, after: Any, lsn: Any = 16, op: Op = Op.UPDATE) -> ChangeEvent:
     context = SourceContext("postgresql", "srv", "db", 1_700_000_000_000_000, 7, None,
-                            None, None, None)
+                            None, None, None, block=POSTGRES_BLOCK)
     return ChangeEvent(op, _schema(), before, after, context, lsn, 1, 1,
                        1_700_000_000_000_001)
 
@@ -298,7 +300,8 @@ def test_one_compiled_writer_shared_by_threads_writes_every_event_right() -> Non
     """
     schema = _schema()
     contexts = [SourceContext("postgresql", "srv", f"db{i}", 1_700_000_000_000_000 + i,
-                              i, None, None, None, None) for i in range(3)]
+                              i, None, None, None, None, block=POSTGRES_BLOCK)
+                for i in range(3)]
     events: list[Any] = []
     for n in range(600):
         event = ChangeEvent(Op.UPDATE if n % 2 else Op.CREATE, schema, None,
@@ -310,8 +313,8 @@ def test_one_compiled_writer_shared_by_threads_writes_every_event_right() -> Non
     expected = [python(event) for event in events]
     shared = debezium_json.compiled_event_renderer(
         schema, DebeziumJsonOptions(),
-        lambda context, snapshot: DebeziumJsonSerializer._source_parts(
-            context, snapshot, schema.table),
+        lambda context, snapshot: tuple(position_parts(
+            POSTGRES_BLOCK, context, snapshot, schema.table)),
         lambda ts: f'"ts_ms":{ts // 1000},"ts_us":{ts},"ts_ns":{ts * 1000}}}',
         lambda event: "null", DebeziumJsonSerializer().general_key_and_value)
     wrong: list[int] = []
@@ -364,7 +367,7 @@ def test_compiled_numeric_date_and_timestamptz_equal_python(
                pgt.pg_column("t", pgt.TIMESTAMPTZ_OID, width, is_key=False))
     schema = TableSchema(TableId("public", "t"), columns, (0,), "default")
     context = SourceContext("postgresql", "srv", "db", 1_700_000_000_000_000, 7, None,
-                            None, None, None)
+                            None, None, None, block=POSTGRES_BLOCK)
     event = ChangeEvent(Op.CREATE, schema, None, ("1", numeric, day.isoformat(), stamp),
                         context, 16, 1, 1, 1_700_000_000_000_001)
     compiled = DebeziumJsonSerializer(compiled=True)

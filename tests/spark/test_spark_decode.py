@@ -40,21 +40,9 @@ from tidemark.source.postgres.pgoutput import (
     Truncate,
     Update,
 )
-from tidemark.spark.arrow_rows import (
-    PACKED_SCHEMA,
-    EnvelopeSink,
-    PackedEnvelopeSink,
-    SchemaChangedError,
-    StructEnvelopeSink,
-    TypedSink,
-    arrow_schema,
-    struct_envelope_schema,
-    typed_rows,
-    typed_schema,
-)
-from tidemark.spark.decode import TransactionWalker
-from tidemark.spark.options import OnSchemaChange, SourceOptions
-from tidemark.spark.postgres.offsets import (
+from tidemark.source.postgres.pgoutput_walk import TransactionWalker
+from tidemark.source.postgres.read_plan import MIN_SLICE_BYTES, PostgresReadPlan
+from tidemark.source.postgres.stream_offsets import (
     OffsetError,
     TxnIndex,
     TxnSummary,
@@ -63,8 +51,22 @@ from tidemark.spark.postgres.offsets import (
     split_range,
     to_offset,
 )
-from tidemark.spark.postgres.reader import MIN_SLICE_BYTES, TidemarkStreamReader
-from tidemark.spark.tuple_columns import TupleLayoutError, decode_tuples, join_messages
+from tidemark.source.postgres.tuple_columns import TupleLayoutError, decode_tuples, join_messages
+from tidemark.spark.arrow_rows import (
+    EnvelopeSink,
+    PackedEnvelopeSink,
+    StructEnvelopeSink,
+    TypedSink,
+)
+from tidemark.spark.change_schemas import (
+    PACKED_SCHEMA,
+    SchemaChangedError,
+    arrow_schema,
+    struct_envelope_schema,
+    typed_rows,
+    typed_schema,
+)
+from tidemark.spark.options import OnSchemaChange, SourceOptions
 from tidemark.spark.type_mapping import spark_type
 
 TABLE = TableId("public", "a")
@@ -100,12 +102,11 @@ def test_split_range_covers_the_range_with_adjacent_slices(start: int, length: i
 
 def test_small_batches_are_not_cut_into_partitions() -> None:
     options = SourceOptions.parse({"dsn": "host=h", "table": "public.a"}, default_partitions=4)
-    reader = TidemarkStreamReader(options, SCHEMA)
+    plan = PostgresReadPlan(options)
     start = 0x1_0000_0000
 
     def slices(size: int) -> list[tuple[int, int]]:
-        return [(p.lo, p.hi) for p in reader.partitions(to_offset(start),
-                                                        to_offset(start + size))]
+        return [(p.lo, p.hi) for p in plan.plan(to_offset(start), to_offset(start + size))]
 
     assert slices(1000) == [(start, start + 1000)]  # a connection, not four
     assert len(slices(2 * MIN_SLICE_BYTES)) == 2

@@ -18,11 +18,13 @@ from pyspark.sql import DataFrame, SparkSession
 
 import tidemark.spark as ts
 from conftest import Database
-from tidemark.spark.arrow_rows import envelope_table_schemas, typed_rows
+from tidemark.source.postgres import wal_reads as wal
+from tidemark.source.postgres.read_checks import describe_table
+from tidemark.source.postgres.read_plan import WalSlice, make_read_plan
+from tidemark.spark.change_schemas import envelope_table_schemas, typed_rows
 from tidemark.spark.options import SourceOptions
-from tidemark.spark.postgres import wal
-from tidemark.spark.postgres.reader import read_slice
-from tidemark.spark.postgres.schema import table_spark_schema
+from tidemark.spark.reader import PlanPartition, PlanStreamReader
+from tidemark.spark.sources import spark_schema
 from waiting import wait_for
 
 pytestmark = pytest.mark.integration
@@ -118,13 +120,14 @@ def test_a_replayed_range_returns_the_same_rows_however_it_is_split(db: Database
         _straddling_workload(db)
         end = _flushed_past(conn, db.insert_lsn())
     with contextlib.closing(psycopg2.connect(db.dsn)) as pg:
-        schema = table_spark_schema(pg, options.table, ("id",))  # type: ignore[arg-type]
+        schema = spark_schema(describe_table(pg, options.table, ("id",)))  # type: ignore[arg-type]
+    reader = PlanStreamReader(options, schema, make_read_plan(options))
 
     def rows(parts: int) -> list[tuple[Any, ...]]:
         width = max(1, (end - start) // parts)
         cuts = [*range(start, end, width), end]
         return sorted((tuple(r.values()) for lo, hi in itertools.pairwise(cuts)
-                       for batch in read_slice(options, schema, lo, hi)
+                       for batch in reader.read(PlanPartition(0, WalSlice(0, lo, hi)))
                        for r in batch.to_pylist()), key=repr)
 
     whole = rows(1)

@@ -232,7 +232,7 @@ def _write_simple_pipeline(directory: Path, dsn: str, schema: str) -> Path:
 
 def _prepare(dsn: str) -> None:
     from tidemark.source.postgres import session  # noqa: PLC0415
-    from tidemark.spark.postgres import wal  # noqa: PLC0415
+    from tidemark.source.postgres import wal_reads as wal  # noqa: PLC0415
 
     with contextlib.closing(session.connect(dsn)) as conn, session.cursor(conn) as cur:
         cur.execute(_SCHEMA)

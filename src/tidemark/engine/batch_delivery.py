@@ -3,8 +3,8 @@
 ``ordered`` (one call per record, in source order).
 
 Several consumers of one stream run in parallel (P3). A single consumer runs in the
-reader's thread while its last call returned quickly (see :class:`_Lane` in
-:mod:`tidemark.engine.delivery`), or always without ``read_ahead``.
+reader's thread while its last call returned quickly (see
+:class:`~tidemark.engine.lane.Lane`), or always without ``read_ahead``.
 """
 
 from __future__ import annotations

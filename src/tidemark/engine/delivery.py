@@ -9,19 +9,19 @@ and not yet passed by that offset (processed or not), so a slow consumer slows t
 (backpressure), memory stays bounded, and a crash redelivers at most that many records
 beyond the saved offset, even when one worker lags behind the others.
 
-In the batch and ordered modes a single consumer runs in its own worker thread, so the
-reader can read ahead while it works; but a consumer whose last call returned within
-2 ms is called in the reader's thread while nothing is queued for its worker: handing
-each batch to another thread would cost more than such a call (the threads trade the
-GIL). The first call, and every call after a slower one, go to the worker.
+In the batch and ordered modes (:mod:`tidemark.engine.batch_delivery`) a single consumer
+runs in its own worker thread, so the reader can read ahead while it works; but a
+consumer whose last call returned within 2 ms is called in the reader's thread while
+nothing is queued for its worker: handing each batch to another thread would cost more
+than such a call (the threads trade the GIL). The first call, and every call after a
+slower one, go to the worker (unless ``read_ahead`` is off: then all run in the
+reader's thread).
 """
 
 from __future__ import annotations
 
 import logging
-import queue
 import threading
-import time
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Sequence
 from concurrent.futures import Executor, ThreadPoolExecutor
@@ -29,7 +29,9 @@ from typing import Any
 
 from tidemark.engine.consumers import RecordConsumer, RecordProcessor
 from tidemark.engine.converters import ConvertedRecord, Converter, DebeziumJsonConverter
+from tidemark.engine.flow_control import Capacity, FailureHolder
 from tidemark.engine.key_assignment import KeyAssigner, KeyGroup
+from tidemark.engine.lane import Lane
 from tidemark.engine.offset_tracker import OffsetTracker
 from tidemark.engine.records import Destinations, key_routing_key, table_routing_key
 from tidemark.engine.transforms import Transform, apply_transforms
@@ -42,91 +44,6 @@ log = logging.getLogger(__name__)
 # Below this many records per worker, splitting a batch for the pool costs more in
 # thread hand-offs than it gains.
 _MIN_CHUNK = 512
-# A lane whose last item took less than this runs the next one in the reader's thread
-# while it is idle (see _Lane): one thread hand-off costs about as much.
-_HERE_MAX_S = 0.002
-_WAIT_SLICE_S = 0.1
-
-
-class CancelledError(Exception):
-    """Waiting was abandoned because the task is stopping or has failed."""
-
-
-class FailureHolder:
-    """The first error raised by any worker of a task."""
-
-    def __init__(self) -> None:
-        self._lock = threading.Lock()
-        self.error: BaseException | None = None
-        self.changed = threading.Event()
-
-    def set(self, error: BaseException) -> None:
-        with self._lock:
-            if self.error is None:
-                self.error = error
-        self.changed.set()
-
-    def raise_if_failed(self) -> None:
-        if self.error is not None:
-            raise self.error
-
-
-class Capacity:
-    """Counts records in flight and makes the reader wait above the limit."""
-
-    def __init__(self, limit: int, cancelled: Callable[[], bool],
-                 while_waiting: Callable[[], None] = lambda: None) -> None:
-        self.limit = limit
-        self._in_flight = 0
-        self._wanted = 0  # what a waiting acquire needs to fit
-        self._changed = threading.Condition()
-        self._cancelled = cancelled
-        # Called between waits (outside the lock): the reader saves offsets meanwhile,
-        # so that a long wait for a slow consumer does not hold back the saved offset.
-        self._while_waiting = while_waiting
-
-    @property
-    def in_flight(self) -> int:
-        with self._changed:
-            return self._in_flight
-
-    def acquire(self, n: int) -> None:
-        """Wait until *n* more records fit (a batch larger than the limit is let in
-        alone, so that it cannot wait forever)."""
-        while True:
-            with self._changed:
-                if not self._in_flight or self._in_flight + n <= self.limit:
-                    self._in_flight += n
-                    self._wanted = 0
-                    return
-                if self._cancelled():
-                    raise CancelledError
-                self._wanted = n
-                self._changed.wait(_WAIT_SLICE_S)
-            self._while_waiting()
-
-    def release(self, n: int) -> None:
-        with self._changed:
-            self._in_flight -= n
-            # Wake the reader once what it waits for fits (or nothing is in flight, for
-            # wait_empty), not at every completion: each wake-up takes the GIL from
-            # the consumers' threads.
-            if not self._in_flight or self._in_flight + self._wanted <= self.limit:
-                self._changed.notify_all()
-
-    def wait_empty(self, timeout_s: float | None, stop_early: Callable[[], bool]) -> bool:
-        """Wait until nothing is in flight; False on timeout or when *stop_early*."""
-        deadline = None if timeout_s is None else time.monotonic() + timeout_s
-        with self._changed:
-            while self._in_flight:
-                if stop_early():
-                    return False
-                remaining = _WAIT_SLICE_S if deadline is None else min(
-                    _WAIT_SLICE_S, deadline - time.monotonic())
-                if remaining <= 0:
-                    return False
-                self._changed.wait(remaining)
-            return True
 
 
 class Unit:
@@ -174,7 +91,6 @@ class Pipeline:
             out.extend(part)
         return out
 
-
     def convert_lines(self, records: Sequence[Record]) -> JsonLines:
         """Transforms and converter, as Debezium JSON lines: written by the Debezium
         JSON converter itself when nothing transforms the records, else formatted from
@@ -182,64 +98,6 @@ class Pipeline:
         if not self.transforms and type(self.converter) is DebeziumJsonConverter:
             return self.converter.lines(records)
         return lines_of_converted(self.convert_parallel(records))
-
-
-class _Lane:
-    """A worker thread that runs items of one queue in order.
-
-    An item may also run in the caller's thread (:meth:`run_here`) while the lane has
-    nothing queued or running, so the order stays the same: for work that returns
-    quickly, handing it to another thread costs more than the work, as both threads
-    then trade the GIL on every item.
-    """
-
-    _STOP = object()
-
-    def __init__(self, name: str, run: Callable[[Any], None], failure: FailureHolder) -> None:
-        self._queue: queue.SimpleQueue[Any] = queue.SimpleQueue()
-        self._run = run
-        self._failure = failure
-        self._stopping = False
-        # Items put (counted by the one thread that puts) and finished by the lane
-        # (counted by the lane): equal when the lane is idle.
-        self._put = 0
-        self._done = 0
-        self.last_run_s = float("inf")  # how long the last item took
-        self.thread = threading.Thread(target=self._loop, name=name, daemon=True)
-        self.thread.start()
-
-    def put(self, item: Any) -> None:
-        self._put += 1
-        self._queue.put(item)
-
-    def runs_here(self) -> bool:
-        """Whether the next item should run in the caller's thread: the lane is idle
-        and its last item took less than _HERE_MAX_S (the first always goes to the
-        lane, so that a consumer that blocks does not block the caller)."""
-        return self._put == self._done and self.last_run_s < _HERE_MAX_S
-
-    def run_here(self, item: Any) -> None:
-        """Run *item* in the calling thread (errors propagate to the caller)."""
-        started = time.perf_counter()
-        self._run(item)
-        self.last_run_s = time.perf_counter() - started
-
-    def _loop(self) -> None:
-        while True:
-            item = self._queue.get()
-            if item is self._STOP or self._stopping:
-                return
-            try:
-                self.run_here(item)
-            except BaseException as err:
-                self._failure.set(err)
-                return
-            self._done += 1
-
-    def stop(self, discard: bool) -> None:
-        """Finish queued items (or, with *discard*, only the one in hand), then end."""
-        self._stopping = discard
-        self._queue.put(self._STOP)
 
 
 class Delivery(ABC):
@@ -252,7 +110,7 @@ class Delivery(ABC):
         self.capacity = capacity
         self.failure = failure
         self.name = name
-        self._lanes: list[_Lane] = []
+        self._lanes: list[Lane] = []
 
     def dispatch(self, records: list[Record], offset: Offset | None,
                  lines: list[str] | None = None) -> None:
@@ -310,8 +168,8 @@ class Delivery(ABC):
             self.complete(unit)
         return run
 
-    def _lane(self, label: str, run: Callable[[Any], None]) -> _Lane:
-        lane = _Lane(f"{self.name}-{label}", run, self.failure)
+    def _lane(self, label: str, run: Callable[[Any], None]) -> Lane:
+        lane = Lane(f"{self.name}-{label}", run, self.failure)
         self._lanes.append(lane)
         return lane
 
@@ -398,7 +256,7 @@ class PerKeyDelivery(Delivery):
         self._assigner: KeyAssigner[Record] = KeyAssigner(
             workers, table_routing_key if by_table else key_routing_key)
         self._consumer_count = len(consumers)
-        self._lanes_by_worker: list[list[_Lane]] = [
+        self._lanes_by_worker: list[list[Lane]] = [
             [self._lane(f"key{w}.{c}", self._record_runner(consumer))
              for c, consumer in enumerate(consumers)]
             for w in range(workers)

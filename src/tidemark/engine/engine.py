@@ -34,14 +34,12 @@ from tidemark.engine.consumers import (
 from tidemark.engine.converters import Converter, DebeziumJsonConverter
 from tidemark.engine.delivery import (
     AsyncDelivery,
-    CancelledError,
-    Capacity,
     Delivery,
-    FailureHolder,
     PerKeyDelivery,
     Pipeline,
     ProcessorDelivery,
 )
+from tidemark.engine.flow_control import CancelledError, Capacity, FailureHolder
 from tidemark.engine.offset_tracker import OffsetTracker
 from tidemark.engine.prerender import converted_records, offer_rendering, rendering_options
 from tidemark.engine.state import EngineState, IllegalStateError, State

@@ -15,7 +15,8 @@ from collections.abc import Callable
 from typing import TypeVar
 
 from tidemark.engine.config import EngineConfig
-from tidemark.engine.delivery import CancelledError, Capacity, Delivery, FailureHolder
+from tidemark.engine.delivery import Delivery
+from tidemark.engine.flow_control import CancelledError, Capacity, FailureHolder
 from tidemark.engine.offset_tracker import OffsetTracker
 from tidemark.errors import TransientError
 from tidemark.offsets.store import Offset, OffsetReader, OffsetStore

@@ -5,61 +5,51 @@ One batch is one Delta commit (a ``MERGE``), carrying the Delta app transaction
 and skipped, and the batch's highest sequence (the table's high-water mark, in the
 commit's metadata). Creating the table and adding columns for new source columns are
 separate commits before it; both are idempotent, so a crash between them and the merge
-only means the replay finds them done.
+only means the replay finds them done. The target table and its new columns are
+:mod:`tidemark.lake.delta_target`, the mark :mod:`tidemark.lake.high_water`, the MERGE
+:mod:`tidemark.lake.delta_merge`.
 """
 
 from __future__ import annotations
 
 import dataclasses
-import datetime as dt
-import decimal
 import itertools
-import json
 import logging
 import os
-from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
-from typing import Any, Final, Literal
+from collections.abc import Iterable, Iterator
+from typing import Any, Literal
 
 import pyarrow as pa
 import pyarrow.compute as pc
-from deltalake import CommitProperties, DeltaTable, Field, Transaction, write_deltalake
-from deltalake.exceptions import DeltaError, TableNotFoundError
+from deltalake import CommitProperties, DeltaTable, Transaction, write_deltalake
 
 from tidemark.errors import ConfigError
 from tidemark.lake import change_rows as cr
-from tidemark.lake import sql
 from tidemark.lake.branch import Branch, BranchUnsupportedError
 from tidemark.lake.collapse import (
     IS_DELETE,
     PreparedBatch,
-    collapse_to_latest,
     drop_applied,
-    keep_column,
     prepare_batch,
-    rows_with_keys,
     sequence_after,
 )
-from tidemark.lake.key_moves import carry_moved_values
-from tidemark.lake.scd2 import MERGE_START, latest_versions, plan_versions
+from tidemark.lake.delta_merge import merge_scd1, merge_scd2
+from tidemark.lake.delta_target import (
+    NewColumnValues,
+    add_new_columns,
+    create_target,
+    open_target,
+    target_fields,
+)
+from tidemark.lake.high_water import (
+    HIGH_WATER_KEY,
+    batch_high_water,
+    encode_high_water,
+    read_high_water,
+)
 from tidemark.lake.spec import ApplySpec, ResolvedColumns
-from tidemark.lake.widening import widen_target
 
 log = logging.getLogger(__name__)
-
-#: Commit-metadata key of the high-water mark: the highest sequence applied so far.
-HIGH_WATER_KEY: Final = "tidemark.highWater"
-#: Commit-metadata key of an added column's value for the rows already in the table,
-#: on the commit that adds it; the fill that follows is marked with FILLED_KEY. An add
-#: without its fill (a crash between the two commits) is finished by the next batch.
-FILL_KEY: Final = "tidemark.fillNewColumns"
-FILLED_KEY: Final = "tidemark.filledNewColumns"
-
-#: Given the names of columns the target is about to gain, the value each holds in the
-#: source for rows that existed before it was added (PostgreSQL: the DEFAULT of
-#: ``ADD COLUMN``); a column left out stays null in those rows.
-NewColumnValues = Callable[[Sequence[str]], Mapping[str, Any]]
-
-_warned_unknown: set[tuple[str, str]] = set()
 
 
 @dataclasses.dataclass(frozen=True)
@@ -130,7 +120,7 @@ def apply_changes(target: str | os.PathLike[str], changes: pa.Table, spec: Apply
     _check_arguments(changes, app_id, version)
     uri = os.fspath(target)
     columns = spec.resolve(changes.schema)
-    table = _open(uri, storage_options)
+    table = open_target(uri, storage_options)
     if table is not None and _holds(table, app_id, version, uri):
         return ApplyResult(skipped=len(changes), delta_version=table.version(),
                            already_applied=True)
@@ -147,18 +137,18 @@ def apply_changes(target: str | os.PathLike[str], changes: pa.Table, spec: Apply
                                                              "replace"):
         return ApplyResult(skipped=skipped)
     if table is None:
-        table = _create(uri, changes.schema, columns, spec, storage_options)
+        table = create_target(uri, changes.schema, columns, spec, storage_options)
     else:
-        table = _add_new_columns(table, changes.schema, columns, spec, new_column_values)
+        table = add_new_columns(table, changes.schema, columns, spec, new_column_values)
     # An empty snapshot load (an empty table) carries no sequence to remember.
-    high_water = {HIGH_WATER_KEY: _encode_high_water(spec, _high_water(batch, spec))} \
+    high_water = {HIGH_WATER_KEY: encode_high_water(spec, batch_high_water(batch, spec))} \
         if len(batch.rows) or batch.truncates else None
     commit = CommitProperties(app_transactions=[Transaction(app_id, version)],
                               custom_metadata=high_water)
     if loads:
         assert snapshot_load is not None
         return _load(table, batch, spec, columns, commit, snapshot_load, skipped)
-    merge = _merge_scd1 if spec.stored_as_scd_type == 1 else _merge_scd2
+    merge = merge_scd1 if spec.stored_as_scd_type == 1 else merge_scd2
     metrics, not_applied, superseded = merge(table, batch, spec, columns, commit, uri)
     table.update_incremental()
     inserted = int(metrics.get("num_target_rows_inserted", 0))
@@ -235,7 +225,7 @@ def apply_changes_in_steps(target: str | os.PathLike[str], pieces: Iterable[pa.T
             return result
         commit = CommitProperties(
             app_transactions=[Transaction(app_id, version)],
-            custom_metadata={HIGH_WATER_KEY: _encode_high_water(spec, high_water)})
+            custom_metadata={HIGH_WATER_KEY: encode_high_water(spec, high_water)})
         delta_version = branch.publish(commit)
     except BaseException:
         branch.discard()
@@ -254,13 +244,13 @@ def _prepare(uri: str, first: pa.Table, spec: ApplySpec, app_id: str, version: i
     holds."""
     _check_arguments(first, app_id, version)
     columns = spec.resolve(first.schema)
-    table = _open(uri, storage_options)
+    table = open_target(uri, storage_options)
     if table is not None:
         if _holds(table, app_id, version, uri):
             return ApplyResult(delta_version=table.version(), already_applied=True)
-        table = _add_new_columns(table, first.schema, columns, spec, new_column_values)
+        table = add_new_columns(table, first.schema, columns, spec, new_column_values)
     else:
-        table = _create(uri, first.schema, columns, spec, storage_options)
+        table = create_target(uri, first.schema, columns, spec, storage_options)
     previous_high_water = read_high_water(table, spec, first.schema) \
         if spec.ordered_batches else None
     return table, columns, previous_high_water
@@ -325,11 +315,11 @@ def load_in_steps(target: str | os.PathLike[str], pieces: Iterable[pa.Table],
                             skipped)
             steps += 1
             if len(batch.rows) or batch.truncates:
-                top = _high_water(batch, spec)
+                top = batch_high_water(batch, spec)
                 if high_water is None or top > high_water:
                     high_water = top
         metadata = None if high_water is None else \
-            {HIGH_WATER_KEY: _encode_high_water(spec, high_water)}
+            {HIGH_WATER_KEY: encode_high_water(spec, high_water)}
         delta_version = branch.publish(CommitProperties(
             app_transactions=[Transaction(app_id, version)], custom_metadata=metadata))
     except BaseException:
@@ -400,7 +390,7 @@ def _apply_step(table: DeltaTable, changes: pa.Table, spec: ApplySpec,
         batch, skipped = drop_applied(batch, spec.sequence_by, previous_high_water)
     if len(batch.rows) == 0 and not batch.truncates:
         return ApplyResult(skipped=skipped), None
-    merge = _merge_scd1 if spec.stored_as_scd_type == 1 else _merge_scd2
+    merge = merge_scd1 if spec.stored_as_scd_type == 1 else merge_scd2
     metrics, not_applied, superseded = merge(table, batch, spec, columns, CommitProperties(),
                                              uri)
     table.update_incremental()
@@ -408,176 +398,7 @@ def _apply_step(table: DeltaTable, changes: pa.Table, spec: ApplySpec,
                        updated=int(metrics.get("num_target_rows_updated", 0)),
                        deleted=int(metrics.get("num_target_rows_deleted", 0)),
                        skipped=skipped + not_applied,
-                       superseded=superseded), _high_water(batch, spec)
-
-
-# -- the target table ---------------------------------------------------------------------
-def check_target(uri: str) -> None:
-    """Raise ConfigError if the local path *uri* exists but cannot be a Delta table.
-
-    A Delta table's directory, a missing path and an empty directory are fine (the first
-    batch creates the table); a file, or a directory of other files, is not: writing a
-    table there would mix it with data that is not the table's.
-    """
-    expected = ("expected a Delta table's directory, or a new or empty directory for the "
-                "first batch to create the table in")
-    if os.path.exists(uri) and not os.path.isdir(uri):
-        raise ConfigError("target", f"{uri} is a file, not a Delta table: {expected}")
-    if os.path.isdir(uri) and os.listdir(uri) and not os.path.isdir(
-            os.path.join(uri, "_delta_log")):
-        raise ConfigError("target", f"{uri} exists and is not a Delta table (it holds files "
-                                    f"but no _delta_log): {expected}")
-
-
-def _open(uri: str, storage_options: dict[str, str] | None) -> DeltaTable | None:
-    try:
-        return DeltaTable(uri, storage_options=storage_options)
-    except DeltaError as err:
-        # A plain file fails with delta-rs' "Path does not exist", which hides the cause.
-        check_target(uri)
-        if isinstance(err, TableNotFoundError):
-            return None
-        raise
-
-
-def _target_fields(schema: pa.Schema, columns: ResolvedColumns,
-                   spec: ApplySpec) -> list[pa.Field]:
-    fields = []
-    for name in columns.data:
-        field = schema.field(name)
-        fields.append(field.with_nullable(name not in spec.keys))
-    if spec.stored_as_scd_type == 2:
-        at = schema.field(spec.version_column).type
-        fields += [pa.field(cr.START_AT, at, nullable=False), pa.field(cr.END_AT, at)]
-    if spec.soft_delete_column is not None:
-        fields.append(pa.field(spec.soft_delete_column, pa.bool_()))
-    return fields
-
-
-def _create(uri: str, schema: pa.Schema, columns: ResolvedColumns, spec: ApplySpec,
-            storage_options: dict[str, str] | None) -> DeltaTable:
-    log.info("creating Delta table %s (keys %s, SCD type %d)", uri, ", ".join(spec.keys),
-             spec.stored_as_scd_type)
-    return DeltaTable.create(uri, pa.schema(_target_fields(schema, columns, spec)),
-                             mode="ignore", partition_by=list(spec.partition_by) or None,
-                             storage_options=storage_options)
-
-
-def _add_new_columns(table: DeltaTable, schema: pa.Schema, columns: ResolvedColumns,
-                     spec: ApplySpec, new_column_values: NewColumnValues | None) -> DeltaTable:
-    """Schema evolution: source columns the target lacks become nullable columns, which
-    the existing rows read as null or as the value *new_column_values* gives; columns
-    whose type the source widened are widened (:mod:`tidemark.lake.widening`)."""
-    fields = _target_fields(schema, columns, spec)
-    table = widen_target(table, fields)
-    present = {field.name for field in table.schema().fields}
-    new = [f for f in fields if f.name not in present]
-    if new:
-        names = [f.name for f in new]
-        log.info("adding column(s) %s to %s", ", ".join(names), table.table_uri)
-        fills = _fill_literals(table.table_uri, new_column_values(names)
-                               if new_column_values else {}, new)
-        properties = CommitProperties(custom_metadata={FILL_KEY: json.dumps(fills)}) \
-            if fills else None
-        table.alter.add_columns([Field.from_arrow(f.with_nullable(True)) for f in new],
-                                commit_properties=properties)
-        table.update_incremental()
-    _finish_fill(table, spec)
-    return table
-
-
-#: Arrow types whose values a fill writes exactly as a SQL literal of the source's value.
-_FILLABLE = (pa.types.is_string, pa.types.is_large_string, pa.types.is_integer,
-             pa.types.is_floating, pa.types.is_boolean, pa.types.is_decimal, pa.types.is_date,
-             pa.types.is_timestamp)
-
-
-def _fill_literals(uri: str, values: Mapping[str, Any], fields: list[pa.Field]
-                   ) -> dict[str, str]:
-    """Column -> SQL literal of its value for existing rows (None values are left out);
-    a value that would not be written exactly (binary, lists, …; or one the column's
-    type does not take) is left out with a warning."""
-    fills: dict[str, str] = {}
-    for field in fields:
-        name = field.name
-        value = values.get(name)
-        if value is None:
-            continue
-        try:
-            if not any(fillable(field.type) for fillable in _FILLABLE):
-                raise ConfigError("new_column_values", f"type {field.type}")
-            pa.scalar(value).cast(field.type)  # raises where the literal would be wrong
-            fills[name] = sql.literal(value)
-        except (ConfigError, pa.ArrowInvalid, pa.ArrowNotImplementedError, pa.ArrowTypeError):
-            log.warning("%s: new column %r holds %r in the source's existing rows, which "
-                        "tidemark cannot write as a literal; those rows read null in the "
-                        "target until they change", uri, name, value)
-    return fills
-
-
-def _finish_fill(table: DeltaTable, spec: ApplySpec) -> None:
-    """Give the existing rows the value of columns added by the latest commit, if that
-    commit says so and the fill is not done yet (it is the latest commit then: a merge
-    always follows the fill)."""
-    (latest,) = table.history(1) or ({},)
-    pending = latest.get(FILL_KEY)
-    if pending is None:
-        return
-    fills: dict[str, str] = json.loads(pending)
-    predicate = f"{sql.quote(cr.END_AT)} IS NULL" if spec.stored_as_scd_type == 2 else None
-    log.info("setting new column(s) %s of the existing rows of %s to their source value",
-             ", ".join(fills), table.table_uri)
-    table.update(updates={sql.quote(name): literal for name, literal in fills.items()},
-                 predicate=predicate,
-                 commit_properties=CommitProperties(custom_metadata={FILLED_KEY: pending}))
-    table.update_incremental()
-
-
-# -- the high-water mark ------------------------------------------------------------------
-def _high_water(batch: PreparedBatch, spec: ApplySpec) -> tuple[Any, ...]:
-    seq = spec.sequence_by
-    candidates = list(batch.truncates)
-    if len(batch.rows):
-        top = batch.rows.select(list(seq)).sort_by([(s, "descending") for s in seq])
-        row = top.slice(0, 1).to_pylist()[0]
-        candidates.append(tuple(row[s] for s in seq))
-    return max(candidates)
-
-
-def _encode_value(value: Any) -> Any:
-    if isinstance(value, dt.datetime | dt.date):
-        return value.isoformat()
-    if isinstance(value, decimal.Decimal):
-        return str(value)
-    return value
-
-
-def _encode_high_water(spec: ApplySpec, values: tuple[Any, ...]) -> str:
-    return json.dumps({"sequence_by": list(spec.sequence_by),
-                       "values": [_encode_value(v) for v in values]})
-
-
-def read_high_water(table: DeltaTable, spec: ApplySpec,
-                    schema: pa.Schema) -> tuple[Any, ...] | None:
-    """The highest sequence applied to *table* by tidemark, from its latest commits."""
-    for limit in (1, 50):
-        commits = sorted(table.history(limit), key=lambda c: c.get("version", -1),
-                         reverse=True)
-        for commit in commits:
-            text = commit.get(HIGH_WATER_KEY)
-            if text is None:
-                continue
-            mark = json.loads(text)
-            if mark.get("sequence_by") != list(spec.sequence_by):
-                log.warning("%s was applied with sequence_by %s, now %s; ignoring its "
-                            "high-water mark", table.table_uri, mark.get("sequence_by"),
-                            list(spec.sequence_by))
-                return None
-            return tuple(
-                pa.array([value]).cast(schema.field(name).type)[0].as_py()
-                for name, value in zip(spec.sequence_by, mark["values"], strict=True)
-            )
-    return None
+                       superseded=superseded), batch_high_water(batch, spec)
 
 
 # -- snapshot loads -----------------------------------------------------------------------
@@ -595,7 +416,7 @@ def _load(table: DeltaTable, batch: PreparedBatch, spec: ApplySpec, columns: Res
     if spec.soft_delete_column is not None:
         data = data.append_column(spec.soft_delete_column,
                                   pa.array([False] * len(data), pa.bool_()))
-    data = data.cast(pa.schema(_target_fields(rows.schema, columns, spec)))
+    data = data.cast(pa.schema(target_fields(rows.schema, columns, spec)))
     before = _row_count(table) if how == "replace" else 0
     write_deltalake(table, data, mode="overwrite" if how == "replace" else "append",
                     commit_properties=commit)
@@ -609,178 +430,3 @@ def _load(table: DeltaTable, batch: PreparedBatch, spec: ApplySpec, columns: Res
 def _row_count(table: DeltaTable) -> int:
     return sum(int(n) for n in table.get_add_actions(flatten=True).column("num_records")
                .to_pylist() if n is not None)
-
-
-# -- SCD type 1 ---------------------------------------------------------------------------
-def _value(name: str, keep: dict[str, str], soft: str | None) -> str:
-    """SQL for a column's new value: the source's, or the target's where kept (not from
-    a row soft-deleted: one made again has nothing to keep, its unknown value is null)."""
-    mask = keep.get(name)
-    if mask is None:
-        return sql.column("s", name)
-    kept = sql.column("s", mask)
-    if soft is not None:
-        kept = f"{kept} AND NOT coalesce(t.{soft}, false)"
-    return (f"CASE WHEN {kept} THEN {sql.column('t', name)} "
-            f"ELSE {sql.column('s', name)} END")
-
-
-def _merge_scd1(table: DeltaTable, batch: PreparedBatch, spec: ApplySpec,
-                columns: ResolvedColumns, commit: CommitProperties,
-                uri: str) -> tuple[dict[str, Any], int, int]:
-    """One MERGE: upserts and deletes by key where the change is newer than the row,
-    and a truncate's deletes. Returns the metrics, skipped and superseded counts."""
-    seq = spec.sequence_by
-    batch = _carry_moves(table, batch, spec, uri)
-    rows = batch.rows
-    changes = len(rows)
-    if batch.truncates:  # what came before the last truncate is gone anyway
-        rows = rows.filter(sequence_after(rows, seq, batch.truncates[-1]))
-    collapsed = collapse_to_latest(batch.with_rows(rows), spec.keys, seq)
-    source = collapsed.rows
-    keep = {name: keep_column(i) for i, name in enumerate(collapsed.keep_columns)}
-    if keep:
-        _warn_unknown_kept(table, source, collapsed, spec, uri)
-    newer = sql.sequence_after("s", "t", seq)
-    is_delete = sql.column("s", IS_DELETE)
-    merger = table.merge(source, predicate=sql.keys_equal(spec.keys), source_alias="s",
-                         target_alias="t", commit_properties=commit, streamed_exec=False)
-    soft = sql.quote(spec.soft_delete_column) if spec.soft_delete_column else None
-    if len(source):
-        updates = {sql.quote(n): _value(n, keep, soft) for n in columns.data
-                   if n not in spec.keys}
-        inserts = {sql.quote(n): sql.column("s", n) for n in columns.data}
-        if soft is not None:
-            updates[soft] = inserts[soft] = "false"
-        merger = merger.when_matched_update(updates, predicate=f"NOT {is_delete} AND {newer}")
-        if soft is None:
-            merger = merger.when_matched_delete(predicate=f"{is_delete} AND {newer}")
-        else:
-            # A delete keeps the row's last values (a DEFAULT identity's delete brings
-            # only its key) and takes the delete's sequence, so an older change that
-            # comes later cannot bring the row back.
-            merger = merger.when_matched_update(
-                {soft: "true", **{sql.quote(n): sql.column("s", n) for n in seq}},
-                predicate=f"{is_delete} AND {newer}")
-        merger = merger.when_not_matched_insert(inserts, predicate=f"NOT {is_delete}")
-    if batch.truncates:
-        before = sql.sequence_before_literal("t", seq, batch.truncates[-1])
-        if soft is None:
-            merger = merger.when_not_matched_by_source_delete(predicate=before)
-        else:
-            merger = merger.when_not_matched_by_source_update({soft: "true"},
-                                                               predicate=before)
-    metrics = merger.execute()
-    written = (int(metrics.get("num_target_rows_inserted", 0))
-               + int(metrics.get("num_target_rows_updated", 0)))
-    deletes = int(pc.sum(source.column(IS_DELETE)).as_py() or 0) if len(source) else 0
-    # Upserts that wrote nothing were older than the row. (A delete that removed nothing
-    # is not counted: its key is absent either way.)
-    return metrics, max(0, len(source) - deletes - written), changes - len(source)
-
-
-def _warn_unknown_kept(table: DeltaTable, source: pa.Table, batch: PreparedBatch,
-                       spec: ApplySpec, uri: str) -> None:
-    """Warn (once per target and column) when a kept value has no target row to come
-    from: the column is left null."""
-    for i, name in enumerate(batch.keep_columns):
-        if (uri, name) in _warned_unknown:
-            continue
-        unknown = source.filter(source.column(keep_column(i)))
-        if len(unknown) == 0:
-            continue
-        found = _rows_for_keys(table, unknown, spec.keys,
-                               _columns_of(source.schema, spec.keys))
-        if len(found) < len(unknown):
-            _warned_unknown.add((uri, name))
-            log.warning("%s: column %r of %d row(s) was not sent (unchanged TOASTed value) "
-                        "and the target has no row to keep it from; writing null",
-                        uri, name, len(unknown) - len(found))
-
-
-def _carry_moves(table: DeltaTable, batch: PreparedBatch, spec: ApplySpec,
-                 uri: str) -> PreparedBatch:
-    """*batch* with the values its primary-key changes did not carry taken from the
-    old keys (:mod:`tidemark.lake.key_moves`): the target's current rows."""
-    wanted = _columns_of(batch.rows.schema, (*spec.keys, *batch.keep_columns))
-
-    def current_rows(keys: pa.Table) -> pa.Table:
-        if spec.stored_as_scd_type == 1:
-            return _rows_for_keys(table, keys, spec.keys, wanted)
-        at = batch.rows.schema.field(spec.version_column).type
-        versions = _rows_for_keys(table, keys, spec.keys, pa.schema(
-            [*wanted, pa.field(cr.START_AT, at), pa.field(cr.END_AT, at)]))
-        latest = latest_versions(versions, spec.keys)
-        return latest.filter(pc.is_null(latest.column(cr.END_AT))).select(wanted.names)
-
-    return carry_moved_values(batch, spec.keys, spec.sequence_by, current_rows, uri)
-
-
-def _columns_of(schema: pa.Schema, names: tuple[str, ...]) -> pa.Schema:
-    return pa.schema([schema.field(name) for name in names])
-
-
-def _rows_for_keys(table: DeltaTable, keys: pa.Table, key_names: tuple[str, ...],
-                   schema: pa.Schema) -> pa.Table:
-    """The target rows whose keys are in *keys* (all their versions, for SCD2), with
-    the columns of *schema*, cast to its types (delta-rs reads strings as views)."""
-    keys = keys.select(list(key_names)).group_by(list(key_names)).aggregate([])
-    dataset = table.to_pyarrow_dataset()
-    where = None
-    for name in key_names:
-        kind = dataset.schema.field(name).type
-        if not (pa.types.is_integer(kind) or pa.types.is_temporal(kind)):
-            # Pushed-down filters on strings fail against delta-rs's string-view Parquet
-            # statistics; such keys are matched after the scan (rows_with_keys).
-            continue
-        term = pc.field(name).isin(keys.column(name).cast(kind))
-        where = term if where is None else where & term
-    wanted = list(dict.fromkeys([*key_names, *schema.names]))
-    candidates = dataset.to_table(filter=where, columns=wanted)
-    exact = where is not None and len(key_names) == 1
-    nullable = pa.schema([f.with_nullable(True) for f in schema])
-    candidates = candidates.select(schema.names).cast(nullable)
-    if not exact and len(candidates):  # isin per column is a superset
-        candidates = rows_with_keys(candidates, keys, key_names)
-    return candidates
-
-
-# -- SCD type 2 ---------------------------------------------------------------------------
-def _merge_scd2(table: DeltaTable, batch: PreparedBatch, spec: ApplySpec,
-                columns: ResolvedColumns, commit: CommitProperties,
-                uri: str) -> tuple[dict[str, Any], int, int]:
-    """One MERGE: new versions inserted, changed versions (closed or updated in place)
-    matched by key and ``__START_AT``, a truncate's closes. Returns the metrics,
-    skipped and superseded counts."""
-    batch = _carry_moves(table, batch, spec, uri)
-    schema = pa.schema([*_target_fields(batch.rows.schema, columns, spec),
-                        pa.field(MERGE_START, batch.rows.schema.field(spec.version_column).type)])
-    stored = _columns_of(schema, (*columns.data, cr.START_AT, cr.END_AT))
-    latest = stored.empty_table()
-    if len(batch.rows):
-        versions = _rows_for_keys(table, batch.rows, spec.keys, stored)
-        latest = latest_versions(versions, spec.keys)
-    plan = plan_versions(batch, spec, columns, latest, schema)
-    for name in sorted(plan.unknown_kept):
-        if (uri, name) not in _warned_unknown:
-            _warned_unknown.add((uri, name))
-            log.warning("%s: column %r was not sent (unchanged TOASTed value) and the "
-                        "target has no current row to keep it from; writing null", uri, name)
-    source = plan.rows
-    merger = table.merge(
-        source, predicate=f"{sql.keys_equal(spec.keys)} AND "
-                          f"{sql.column('t', cr.START_AT)} = {sql.column('s', MERGE_START)}",
-        source_alias="s", target_alias="t", commit_properties=commit, streamed_exec=False)
-    target_columns = [*columns.data, cr.START_AT, cr.END_AT]
-    if len(source):
-        merger = merger.when_matched_update(
-            {sql.quote(n): sql.column("s", n) for n in target_columns if n not in spec.keys})
-        merger = merger.when_not_matched_insert(
-            {sql.quote(n): sql.column("s", n) for n in target_columns})
-    if batch.truncates:
-        first = batch.truncates[0][spec.sequence_by.index(spec.version_column)]
-        merger = merger.when_not_matched_by_source_update(
-            {sql.quote(cr.END_AT): sql.literal(first)},
-            predicate=f"{sql.column('t', cr.END_AT)} IS NULL AND "
-                      f"{sql.column('t', cr.START_AT)} < {sql.literal(first)}")
-    return merger.execute(), plan.skipped, plan.superseded

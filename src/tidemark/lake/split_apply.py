@@ -44,21 +44,17 @@ from tidemark.lake.branch import (
     publish_branches,
 )
 from tidemark.lake.clustering import FileRange, key_ranges, overlapping_groups
+from tidemark.lake.delta_target import NewColumnValues, add_new_columns, open_target
 from tidemark.lake.delta_writer import (
-    HIGH_WATER_KEY,
     ApplyResult,
-    NewColumnValues,
     SnapshotLoad,
-    _add_new_columns,
     _apply_step,
-    _encode_high_water,
     _holds,
-    _open,
     _whole_versions,
     apply_changes,
     apply_changes_in_steps,
-    read_high_water,
 )
+from tidemark.lake.high_water import HIGH_WATER_KEY, encode_high_water, read_high_water
 from tidemark.lake.spec import ApplySpec
 
 log = logging.getLogger(__name__)
@@ -123,7 +119,7 @@ def plan_target(uri: str, spec: ApplySpec, schema: pa.Schema, *, app_id: str, ve
     batch (a replay). A split plan has given the target the batch's new columns."""
     plan = TargetPlan(uri, spec, app_id, version, step_rows, storage_options, snapshot_load,
                       step_bytes=step_bytes)
-    table = _open(uri, storage_options)
+    table = open_target(uri, storage_options)
     if table is None:
         return plan
     if _holds(table, app_id, version, uri):
@@ -138,7 +134,7 @@ def plan_target(uri: str, spec: ApplySpec, schema: pa.Schema, *, app_id: str, ve
     bounds = cut_points(ranges, parts) if ranges else ()
     if not bounds:
         return plan
-    table = _add_new_columns(table, schema, spec.resolve(schema), spec, new_column_values)
+    table = add_new_columns(table, schema, spec.resolve(schema), spec, new_column_values)
     discard_branches(local_root(table))
     high_water = read_high_water(table, spec, schema) if spec.ordered_batches else None
     return dataclasses.replace(plan, bounds=bounds, base_version=table.version(),
@@ -253,7 +249,7 @@ def publish(plan: TargetPlan, parts: Sequence[PartResult]) -> ApplyResult:
             return result
         commit = CommitProperties(
             app_transactions=[Transaction(plan.app_id, plan.version)],
-            custom_metadata={HIGH_WATER_KEY: _encode_high_water(plan.spec, max(tops))})
+            custom_metadata={HIGH_WATER_KEY: encode_high_water(plan.spec, max(tops))})
         branches = [Branch.attach(table, p.branch, plan.base_version) for p in parts
                     if p.branch is not None]
         version = publish_branches(table, branches, commit)

@@ -28,7 +28,7 @@ import msgspec
 from tidemark.config_mapping import config_error_from
 from tidemark.errors import ConfigError, unknown_key_error
 from tidemark.event import TableId
-from tidemark.lake.delta_writer import check_target
+from tidemark.lake.delta_target import check_target
 from tidemark.lake.spec import ApplySpec, spec_from_mapping
 from tidemark.lake.upkeep import UpkeepSettings
 from tidemark.spark.options import (

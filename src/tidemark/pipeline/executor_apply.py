@@ -45,7 +45,8 @@ from pyspark.sql import functions as F  # noqa: N812 (pyspark's convention)
 from pyspark.sql.types import StructType
 
 from tidemark.lake.branch import OverlapError
-from tidemark.lake.delta_writer import ApplyResult, NewColumnValues
+from tidemark.lake.delta_target import NewColumnValues
+from tidemark.lake.delta_writer import ApplyResult
 from tidemark.lake.split_apply import (
     PartResult,
     TargetPlan,
@@ -57,7 +58,7 @@ from tidemark.lake.split_apply import (
 from tidemark.lake.widening import TypeChangeError
 from tidemark.pipeline import spill
 from tidemark.pipeline.batch_seen import BatchSeen
-from tidemark.spark.arrow_rows import typed_rows
+from tidemark.spark.change_schemas import typed_rows
 
 log = logging.getLogger(__name__)
 

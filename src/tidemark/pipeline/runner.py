@@ -63,16 +63,16 @@ from tidemark.pipeline.run_metrics import RunMetrics
 from tidemark.pipeline.run_record import record_batch, records_runs
 from tidemark.pipeline.slot_check import check_slot_vouched
 from tidemark.pipeline.written_targets import WrittenTargets
+from tidemark.source.logtable.read_plan import batch_bytes as logtable_batch_bytes
+from tidemark.source.postgres import wal_reads as wal
 from tidemark.source.postgres.column_defaults import existing_row_values
 from tidemark.source.postgres.pgoutput import lsn_to_str
+from tidemark.source.postgres.snapshot_plan import SnapshotPlan
+from tidemark.source.postgres.stream_offsets import SourceOffset
 from tidemark.source.registry import SourceKind, source_kind
-from tidemark.spark.arrow_rows import arrow_schema, envelope_table_schemas, typed_rows
-from tidemark.spark.logtable.reader import batch_bytes as logtable_batch_bytes
+from tidemark.spark.change_schemas import arrow_schema, envelope_table_schemas, typed_rows
 from tidemark.spark.options import SnapshotMode
-from tidemark.spark.postgres import wal
-from tidemark.spark.postgres.offsets import SourceOffset
-from tidemark.spark.snapshot_plan import SnapshotPlan
-from tidemark.spark.sources import reader_module
+from tidemark.spark.sources import reader_modules
 from tidemark.spark.worker_warmup import warm_python_workers
 
 log = logging.getLogger(__name__)
@@ -255,7 +255,7 @@ class Pipeline:
             row_format="struct" if self.config.changelog else "arrow")
         if self.config.spark.warm_workers:
             # The first batch's tasks reuse these workers instead of starting their own.
-            modules = [reader_module(self._kind)]
+            modules = list(reader_modules(self._kind))
             if self.config.spark.apply_on == "executors":
                 modules.append(apply_on_executors.__module__)
             warm_python_workers(spark, modules)

@@ -17,10 +17,10 @@ import psycopg
 
 from tidemark.errors import first_line
 from tidemark.pipeline.status import committed_source_offset
+from tidemark.source.postgres import wal_reads as wal
 from tidemark.source.postgres.pgoutput import lsn_to_str
 from tidemark.source.postgres.slot import SlotLostError
-from tidemark.spark.postgres import wal
-from tidemark.spark.postgres.offsets import SourceOffset
+from tidemark.source.postgres.stream_offsets import SourceOffset
 
 log = logging.getLogger(__name__)
 

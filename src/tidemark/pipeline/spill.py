@@ -9,7 +9,8 @@ Parquet (Spark streams it: no process holds the batch), and each target's rows a
 back in pieces of ``spark.apply_step_rows`` rows and ``spark.apply_step_mb`` MB for
 :func:`tidemark.lake.delta_writer.apply_changes_in_steps`, which commits them as one.
 Every buffer on the way is bounded by rows and by bytes, so wide rows take no more
-memory than narrow ones (``benchmarks/bench_memory_bound.py`` measures it).
+memory than narrow ones (``benchmarks/bench_memory_bound.py`` measures it); the cutting
+into pieces is :mod:`tidemark.spark.arrow_pieces`, which the Delta sink shares.
 """
 
 from __future__ import annotations
@@ -18,7 +19,7 @@ import json
 import logging
 import re
 import shutil
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any, Final
 
@@ -27,7 +28,15 @@ import pyarrow.parquet as pq
 from pyspark.sql import DataFrame
 from pyspark.sql.types import StructType
 
-from tidemark.spark.arrow_rows import is_packed_envelope, rows_per_slice, typed_rows
+from tidemark.spark.arrow_pieces import DEFAULT_STEP_BYTES, first_then, pieces
+from tidemark.spark.change_schemas import is_packed_envelope, typed_rows
+from tidemark.spark.table_rows import rows_per_slice
+
+# pieces, first_then and DEFAULT_STEP_BYTES are the pipeline's too (its callers take them
+# from here).
+__all__ = ["DEFAULT_STEP_BYTES", "ROW_GROUP_OPTIONS", "SPILL_DIR", "batch_log_bytes",
+           "first_then", "pieces", "previous_offset", "remove", "spill", "spill_dir",
+           "table_pieces"]
 
 log = logging.getLogger(__name__)
 
@@ -38,8 +47,6 @@ SPILL_DIR: Final = "tidemark-spill"
 _READ_PACKED: Final = 2
 _READ_STRUCT: Final = 65_536
 _READ_BYTES: Final = 16 << 20
-#: Default bytes of change rows merged per step (``spark.apply_step_mb``).
-DEFAULT_STEP_BYTES: Final = 64 << 20
 _PART: Final = re.compile(r"part-(\d+)")
 
 
@@ -147,37 +154,3 @@ def _read_rows(metadata: pq.FileMetaData, most: int) -> int:
             step = min(step, rows_per_slice(group.num_rows, group.total_byte_size, most,
                                             _READ_BYTES))
     return step
-
-
-def pieces(tables: Iterable[pa.Table], rows_per_piece: int,
-           bytes_per_piece: int = DEFAULT_STEP_BYTES) -> Iterator[pa.Table]:
-    """The rows of *tables* (one schema, in order) in pieces of *rows_per_piece* rows
-    or about *bytes_per_piece* bytes, whichever is fewer rows (one row at least), the
-    last one smaller; only the rows of the piece being filled are held."""
-    pending: list[pa.Table] = []
-    held = held_bytes = 0
-    for rows in tables:
-        if not rows.num_rows:
-            continue
-        pending.append(rows)
-        held += rows.num_rows
-        held_bytes += rows.nbytes
-        if held >= rows_per_piece or held_bytes >= bytes_per_piece:
-            joined = pa.concat_tables(pending)
-            step = rows_per_slice(held, held_bytes, rows_per_piece, bytes_per_piece)
-            start = 0
-            while held - start >= step:
-                yield joined.slice(start, step)
-                start += step
-            rest = joined.slice(start)
-            pending, held, held_bytes = [rest], held - start, rest.nbytes
-            del joined, rest  # only the rest's rows are held while the next piece fills
-    if held:
-        yield pa.concat_tables(pending)
-
-
-def first_then(first: pa.Table, rest: Iterator[pa.Table]) -> Iterator[pa.Table]:
-    """*first*, then *rest*, holding no reference to a piece already handed out."""
-    yield first
-    del first
-    yield from rest

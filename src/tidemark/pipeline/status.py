@@ -29,8 +29,8 @@ from tidemark.pipeline.written_targets import TargetLostError, WrittenTargets, e
 from tidemark.source.postgres import session
 from tidemark.source.postgres.pgoutput import lsn_to_str, str_to_lsn
 from tidemark.source.postgres.slot_status import ServerWal, SlotState, read_server, read_slot
+from tidemark.source.postgres.stream_offsets import SourceOffset
 from tidemark.spark.options import SnapshotMode
-from tidemark.spark.postgres.offsets import SourceOffset
 from tidemark.status.report import (
     Status,
     human_bytes,

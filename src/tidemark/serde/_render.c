@@ -518,7 +518,7 @@ bit_length(unsigned __int128 x)
     return bits;
 }
 
-/* Like debezium_json._decimal_fragment's fast path: the digits without the point are the
+/* Like json_values._decimal_fragment's fast path: the digits without the point are the
  * unscaled value; its bytes are the shortest big-endian two's complement (as Python's
  * int.to_bytes with one spare bit), base64-encoded with padding, in quotes. */
 static PyObject *
@@ -582,7 +582,7 @@ decimal_text(PyObject *v, int scale)
     return ascii_str(out, o);
 }
 
-/* debezium_json._zoned_timestamp_fragment's two fast shapes. */
+/* json_values._zoned_timestamp_fragment's two fast shapes. */
 static PyObject *
 zoned_text(PyObject *v, int width)
 {

@@ -20,7 +20,7 @@ import pyarrow as pa
 from tidemark.change_rows import CHANGE_FIELDS
 from tidemark.event import UNAVAILABLE, ChangeEvent, Column, Op, TableSchema
 from tidemark.logical_type import Kind, LogicalType
-from tidemark.wire_text import parse_array
+from tidemark.wire_text import parse_array, time_to_micros
 
 #: The change columns after the table's own (the contract: :mod:`tidemark.change_rows`).
 METADATA_FIELDS: Final = CHANGE_FIELDS
@@ -47,6 +47,10 @@ def arrow_type(column: Column) -> tuple[pa.DataType, Callable[[str], Any]]:
         return dtype, _finite_decimal
     if pa.types.is_string(dtype):
         return dtype, str
+    if logical.kind is Kind.TIME:
+        # Microseconds, which time64("us") takes from any source: a source's own parse
+        # may give a duration (MariaDB's time, which can be negative or past 24 h).
+        return dtype, time_to_micros
     return dtype, column.parse
 
 

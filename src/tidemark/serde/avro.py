@@ -1,8 +1,11 @@
 """Change events as Avro (schemaless binary records, as Confluent's converter writes them
 without the registry framing), with schemas derived from the table schema.
 
-The field types follow what Debezium's AvroConverter writes for the PostgreSQL
-connector: integers as int/long, ``numeric(p, s)`` as bytes with the ``decimal`` logical
+The ``source`` record is built from the event's
+:class:`~tidemark.source_block.SourceBlock` (Debezium's common fields, then the source's
+table and own fields, under the source's record name, e.g.
+``io.debezium.connector.postgresql.Source``). The column types follow what Debezium's
+AvroConverter writes: integers as int/long, ``numeric(p, s)`` as bytes with the ``decimal`` logical
 type, dates as ``int`` days, timestamps as ``long`` micro/milliseconds, ``timestamptz``
 as an ISO string (Debezium's ZonedTimestamp), and so on. The values are taken from the
 Debezium JSON form of the same event, so both converters always agree on content.
@@ -23,8 +26,9 @@ import msgspec
 
 from tidemark.event import ChangeEvent, Column, TableSchema
 from tidemark.logical_type import Kind, LogicalType
-from tidemark.serde.debezium_json import DebeziumJsonOptions
+from tidemark.serde.json_columns import DebeziumJsonOptions
 from tidemark.serde.modes import DecimalHandlingMode, TimePrecisionMode
+from tidemark.source_block import BARE_BLOCK, COMMON_FIELDS, BlockField, FieldType, SourceBlock
 
 AvroType = Any  # an Avro schema fragment (str, dict or list)
 
@@ -102,12 +106,32 @@ def _bytes_reader(avro_type: AvroType) -> Callable[[Any], Any] | None:
     return None
 
 
+def _cell(field: str, avro_type: AvroType, fix: Callable[[Any], Any] | None
+          ) -> tuple[AvroType, Callable[[Any], Any] | None]:
+    """A column as a cell (``{"value": …}``, ScyllaDB's; the log tables' format with
+    ``cells``): its record type and the fix-up of its JSON form."""
+    cell = {"type": "record", "name": f"{field}_Cell",
+            "fields": [{"name": "value", "type": ["null", avro_type], "default": None}]}
+    if fix is None:
+        return cell, None
+    inner = fix
+    return cell, lambda v: {"value": None if v["value"] is None else inner(v["value"])}
+
+
 class _TableCodec:
     """Avro schemas and value fix-ups of one table schema."""
 
-    def __init__(self, schema: TableSchema, options: DebeziumJsonOptions) -> None:
+    def __init__(self, schema: TableSchema, options: DebeziumJsonOptions,
+                 block: SourceBlock) -> None:
+        self.block = block
+        # Fields of the block whose JSON text may be a string where Avro wants a long.
+        self.long_fields = tuple(f.name for f in block.fields if f.type is FieldType.INT64)
         name = avro_name(f"{options.topic_prefix}.{schema.table.schema}.{schema.table.table}")
+        # plain_*: the columns' own values (keys, flattened rows); self.fields and
+        # row: the envelope's rows, whose non-key columns are cells with options.cells.
+        self.plain_fields: list[tuple[str, str, Callable[[Any], Any] | None]] = []
         self.fields: list[tuple[str, str, Callable[[Any], Any] | None]] = []
+        plain_row_fields: list[dict[str, Any]] = []
         row_fields: list[dict[str, Any]] = []
         seen: set[str] = set()
         for column in schema.columns:
@@ -116,11 +140,17 @@ class _TableCodec:
                 field += "_"
             seen.add(field)
             avro_type = column_type(column, options)
-            self.fields.append((column.name, field, _bytes_reader(avro_type)))
+            fix = _bytes_reader(avro_type)
+            self.plain_fields.append((column.name, field, fix))
+            plain_row_fields.append({"name": field, "type": ["null", avro_type],
+                                     "default": None})
+            if options.cells and not column.is_key:
+                avro_type, fix = _cell(field, avro_type, fix)
+            self.fields.append((column.name, field, fix))
             row_fields.append({"name": field, "type": ["null", avro_type], "default": None})
-        self.row_fields = row_fields
+        self.row_fields = plain_row_fields
         self.row = {"type": "record", "name": "Value", "namespace": name, "fields": row_fields}
-        self.key_names = [self.fields[i] for i in schema.key_indexes]
+        self.key_names = [self.plain_fields[i] for i in schema.key_indexes]
         self.key = fastavro.parse_schema({
             "type": "record", "name": "Key", "namespace": name,
             "fields": [{"name": field, "type": ["null", column_type(schema.columns[i], options)],
@@ -131,7 +161,7 @@ class _TableCodec:
             "type": "record", "name": "Envelope", "namespace": name, "fields": [
                 {"name": "before", "type": ["null", self.row], "default": None},
                 {"name": "after", "type": ["null", "Value"], "default": None},
-                {"name": "source", "type": _SOURCE},
+                {"name": "source", "type": source_schema(block)},
                 {"name": "transaction", "type": ["null", _TRANSACTION], "default": None},
                 {"name": "op", "type": "string"},
                 {"name": "ts_ms", "type": ["null", "long"], "default": None},
@@ -165,26 +195,21 @@ class _TableCodec:
         return out
 
 
-_SOURCE: dict[str, Any] = {
-    "type": "record", "name": "Source", "namespace": "io.debezium.connector.postgresql",
-    "fields": [
-        {"name": "version", "type": "string"},
-        {"name": "connector", "type": "string"},
-        {"name": "name", "type": "string"},
-        {"name": "ts_ms", "type": "long"},
-        {"name": "snapshot", "type": ["null", "string"], "default": None},
-        {"name": "db", "type": "string"},
-        {"name": "sequence", "type": ["null", "string"], "default": None},
-        {"name": "ts_us", "type": ["null", "long"], "default": None},
-        {"name": "ts_ns", "type": ["null", "long"], "default": None},
-        {"name": "schema", "type": "string"},
-        {"name": "table", "type": "string"},
-        {"name": "txId", "type": ["null", "long"], "default": None},
-        {"name": "lsn", "type": ["null", "long"], "default": None},
-        {"name": "xmin", "type": ["null", "long"], "default": None},
-        {"name": "origin", "type": ["null", "string"], "default": None},
-        {"name": "origin_lsn", "type": ["null", "long"], "default": None},
-    ]}
+def _field(field: BlockField) -> dict[str, Any]:
+    if field.optional:
+        return {"name": field.name, "type": ["null", field.type.value], "default": None}
+    return {"name": field.name, "type": field.type.value}
+
+
+def source_schema(block: SourceBlock) -> dict[str, Any]:
+    """The Avro record of *block*: Debezium's common fields, then the source's table
+    fields and its own, named as the source's block says."""
+    namespace, _, name = block.avro_name.rpartition(".")
+    return {"type": "record", "name": name, "namespace": namespace,
+            "fields": [_field(f) for f in (*COMMON_FIELDS, *block.table_fields,
+                                           *block.fields)]}
+
+
 _TRANSACTION: dict[str, Any] = {
     "type": "record", "name": "block", "namespace": "event",
     "fields": [
@@ -207,26 +232,29 @@ class AvroEncoder:
         self.options = options
         self._codecs: dict[int, tuple[TableSchema, _TableCodec]] = {}
 
-    def codec(self, schema: TableSchema) -> _TableCodec:
+    def codec(self, schema: TableSchema, block: SourceBlock | None = None) -> _TableCodec:
+        """The schemas of *schema*'s events from a source with *block*."""
+        block = block or BARE_BLOCK
         entry = self._codecs.get(id(schema))
-        if entry is None or entry[0] is not schema:
-            entry = self._codecs[id(schema)] = (schema, _TableCodec(schema, self.options))
+        if entry is None or entry[0] is not schema or entry[1].block is not block:
+            entry = self._codecs[id(schema)] = (schema,
+                                                _TableCodec(schema, self.options, block))
         return entry[1]
 
     def key(self, event: ChangeEvent, key_json: str) -> bytes | None:
         """The Avro key of *event* from its Debezium JSON key (None: keyless)."""
         if key_json == "null" or event.schema is None:
             return None
-        codec = self.codec(event.schema)
+        codec = self.codec(event.schema, event.context.block)
         return _write(codec.key,
                       codec.row_value(msgspec.json.decode(key_json), codec.key_names) or {})
 
     def envelope(self, event: ChangeEvent, value: dict[str, Any]) -> bytes:
         """The Avro value of *event* from its decoded Debezium JSON value."""
         assert event.schema is not None
-        codec = self.codec(event.schema)
+        codec = self.codec(event.schema, event.context.block)
         source = dict(value["source"])
-        for field in ("txId", "lsn", "xmin", "origin_lsn"):
+        for field in codec.long_fields:
             if isinstance(source.get(field), str):
                 source[field] = int(source[field])
         record = {
@@ -245,8 +273,8 @@ class AvroEncoder:
              add_fields: tuple[str, ...]) -> bytes:
         """The Avro value of a flattened row (ExtractNewRecordState)."""
         assert event.schema is not None
-        codec = self.codec(event.schema)
-        out = codec.row_value(row) or {}
+        codec = self.codec(event.schema, event.context.block)
+        out = codec.row_value(row, codec.plain_fields) or {}
         for field in (*(f"__{f}" for f in add_fields), "__deleted"):
             out[field] = row.get(field)
         return _write(codec.flat_schema(add_fields), out)
@@ -258,7 +286,10 @@ def _write(schema: Any, record: dict[str, Any]) -> bytes:
     return buffer.getvalue()
 
 
-def avro_schemas(schema: TableSchema, options: DebeziumJsonOptions) -> tuple[Any, Any]:
-    """The (key, value) Avro schemas of a table, for a reader of the encoded records."""
-    codec = _TableCodec(schema, options)
+def avro_schemas(schema: TableSchema, options: DebeziumJsonOptions,
+                 block: SourceBlock | None = None) -> tuple[Any, Any]:
+    """The (key, value) Avro schemas of a table, for a reader of the encoded records.
+    *block*: the source's (an event's ``context.block``; None: the bare block of events
+    whose context names none)."""
+    codec = _TableCodec(schema, options, block or BARE_BLOCK)
     return codec.key, codec.envelope

@@ -136,7 +136,7 @@ def table_changes(envelope: DataFrame, table: str) -> DataFrame:
     from pyspark.sql import functions as F  # noqa: N812, PLC0415 - pyspark's convention
 
     from tidemark.change_rows import CHANGE_COLUMNS  # noqa: PLC0415
-    from tidemark.spark.arrow_rows import (  # noqa: PLC0415
+    from tidemark.spark.change_schemas import (  # noqa: PLC0415
         META_NAMES,
         arrow_schema,
         envelope_table_schemas,

@@ -52,8 +52,7 @@ from tidemark.errors import ConfigError
 from tidemark.lake import change_rows as cr
 from tidemark.lake.delta_writer import apply_changes_in_steps
 from tidemark.lake.spec import DEFAULT_DELETES, DEFAULT_TRUNCATES, ApplySpec
-from tidemark.pipeline import spill
-from tidemark.spark import column_history
+from tidemark.spark import arrow_pieces, column_history
 
 log = logging.getLogger(__name__)
 
@@ -123,7 +122,7 @@ class SinkOptions:
         step = given.get("stepRows", "500000")
         if not step.isdigit() or int(step) < 1:
             raise ConfigError("stepRows", f"must be a positive integer, got {step!r}")
-        step_bytes = given.get("stepBytes", str(spill.DEFAULT_STEP_BYTES))
+        step_bytes = given.get("stepBytes", str(arrow_pieces.DEFAULT_STEP_BYTES))
         if not step_bytes.isdigit() or int(step_bytes) < 1:
             raise ConfigError("stepBytes", f"must be a positive integer, got {step_bytes!r}")
         # Beside the table, not in it: before the first batch creates the table, a
@@ -194,12 +193,12 @@ class DeltaChangesWriter(DataSourceStreamArrowWriter):
         staged = sorted((m for m in messages if isinstance(m, StagedRows) and m.path),
                         key=lambda m: m.partition)
         try:
-            pieces = spill.pieces(_read(staged), self.options.step_rows,
-                                  self.options.step_bytes)
+            pieces = arrow_pieces.pieces(_read(staged), self.options.step_rows,
+                                         self.options.step_bytes)
             first = next(pieces, None)
             if first is not None:
                 result = apply_changes_in_steps(
-                    self.options.path, spill.first_then(first, pieces),
+                    self.options.path, arrow_pieces.first_then(first, pieces),
                     spec_for(self.options.spec, first.schema), app_id=self.options.app_id,
                     version=batchId, storage_options=self.options.storage_options)
                 log.info("batch %d into %s: %s", batchId, self.options.path, result)

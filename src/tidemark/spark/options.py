@@ -42,7 +42,7 @@ class SnapshotMode(StrEnum):
     INITIAL = "initial"
     """A table the query has not taken in yet (every table on the first start, a table
     added to ``tables`` later) first gets its rows as reads (``_op = 'r'``), then its
-    changes: see :mod:`tidemark.spark.postgres.snapshot`."""
+    changes: see :mod:`tidemark.source.postgres.chunked_snapshot`."""
 
 
 class RowFormat(StrEnum):
@@ -154,7 +154,7 @@ class SourceOptions:
     """Snapshot chunks per micro-batch (the batch's rows are at most this many chunks)."""
     signal_table: TableId | None = None
     """Debezium's signal table: an ``execute-snapshot`` row inserted there reloads the
-    tables it names (see :mod:`tidemark.spark.signals`)."""
+    tables it names (see :mod:`tidemark.source.postgres.stream_signals`)."""
     slot_failover: bool | None = None
     """Create the slot as a failover slot (PostgreSQL 17+; ``slotFailover``). None: where
     the server supports it."""

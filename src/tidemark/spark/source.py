@@ -20,7 +20,7 @@ from pyspark.sql.datasource import DataSource, DataSourceStreamReader
 from pyspark.sql.types import StructField, StructType
 
 from tidemark.event import TableId
-from tidemark.spark.arrow_rows import (
+from tidemark.spark.change_schemas import (
     ENVELOPE_SCHEMA,
     PACKED_SCHEMA,
     TABLE_SCHEMAS_KEY,

@@ -1,103 +1,91 @@
-"""The sources the Spark stream reads, and what a source provides to be one of them.
+"""The sources the Spark stream reads: one lookup from a stream's options to its
+source's read plan, and the Spark schemas of the tables a plan describes.
 
-The stream (:mod:`tidemark.spark.source`) knows a source only through
-:class:`SparkSource`: a package under ``tidemark/spark/`` (``postgres/``, ``mariadb/``,
-``logtable/``) with a ``table_schemas`` function and a reader class, registered in
-``_SOURCES`` below. The reader is a pyspark ``DataSourceStreamReader``: offsets,
-partitions and ``read`` are the source's own, and
-``read`` hands its changes to the shared sinks
-(:func:`tidemark.spark.stream_sink.stream_sink`): as pgoutput row blocks, the sinks'
-native input (the PostgreSQL reader's vectorized path, :mod:`tidemark.spark.decode`),
-or as change events through :class:`tidemark.spark.event_feeder.EventFeeder`, as the
-MariaDB and log-table readers do. Adding a source is a new package, one entry in
-``_SOURCES`` and its name in :func:`spark_source`.
+A source is readable by Spark when its folder has a ``read_plan`` module with
+``make_read_plan(options)`` returning a :class:`~tidemark.source.read_plan.ReadPlan`;
+the stream (:mod:`tidemark.spark.source`, :mod:`tidemark.spark.reader`) knows nothing
+else of it. The plan's module is imported on first use: a PostgreSQL stream never
+imports the MariaDB client, nor the reverse.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import importlib
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import TYPE_CHECKING
+
+from pyspark.sql.types import StructField, StructType
+
+from tidemark.spark.change_schemas import typed_schema
+from tidemark.spark.column_history import TableLayout, with_layout
+from tidemark.spark.type_mapping import spark_type
 
 if TYPE_CHECKING:
-    from collections.abc import Callable
-
     from pyspark.sql.datasource import DataSourceStreamReader
-    from pyspark.sql.types import StructType
 
     from tidemark.event import TableId
+    from tidemark.source.read_plan import ReadPlan, TableColumns
     from tidemark.spark.options import SourceOptions
 
 
-class SparkSource(Protocol):
-    """What a source gives the Spark stream."""
+def _plan_module(kind: str) -> str:
+    return f"tidemark.source.{kind}.read_plan"
+
+
+def reader_modules(kind: str) -> tuple[str, ...]:
+    """The modules a source's reads run from on the executors (``postgres``,
+    ``mariadb`` or ``logtable``): the neutral reader with its sinks, and the source's
+    read plan; what warming their Python workers imports."""
+    return ("tidemark.spark.reader", _plan_module(kind))
+
+
+def _kind(options: SourceOptions) -> str:
+    return "mariadb" if options.is_mariadb else "logtable" if options.is_logtable \
+        else "postgres"
+
+
+def read_plan(options: SourceOptions) -> ReadPlan:
+    """The read plan of the source *options* name (by the DSN)."""
+    made: ReadPlan = importlib.import_module(_plan_module(_kind(options))) \
+        .make_read_plan(options)
+    return made
+
+
+def spark_schema(described: TableColumns) -> StructType:
+    """A typed table's Spark schema from its read plan's description: its columns (key
+    columns marked ``{"tidemark.key": true}``, the source's type name under the plan's
+    key), the change columns, and its column layout."""
+    schema = typed_schema([
+        StructField(c.name, spark_type(c.logical), True,
+                    {"tidemark.key": True, described.type_key: c.type_name} if c.is_key
+                    else {described.type_key: c.type_name})
+        for c in described.columns])
+    layout = described.layout
+    if layout is None:
+        return schema
+    return with_layout(schema, TableLayout(layout.relation_id, layout.read_at, layout.attrs))
+
+
+@dataclasses.dataclass(frozen=True)
+class SparkSource:
+    """A source as the stream uses it: its tables' schemas, and a reader."""
+
+    plan: ReadPlan
 
     def table_schemas(self, options: SourceOptions) -> dict[TableId, StructType]:
-        """Check what can be checked before a query starts (the server, privileges,
-        the tables and their keys) and return each table's typed Spark schema (key
-        columns marked ``{"tidemark.key": true}``), raising a SourceError that says
-        what to fix."""
-        ...
+        """Check what can be checked before a query starts and return each table's
+        typed Spark schema (raises a SourceError that says what to fix)."""
+        return {table: spark_schema(described)
+                for table, described in self.plan.tables().items()}
 
     def stream_reader(self, options: SourceOptions,
                       schema: StructType) -> DataSourceStreamReader:
         """The reader of a query of the stream whose schema is *schema*."""
-        ...
+        from tidemark.spark.reader import PlanStreamReader  # noqa: PLC0415 - pyspark's streaming API, at query start only
 
-
-@dataclasses.dataclass(frozen=True)
-class _Source:
-    """A source by where its two parts live, imported on first use: a PostgreSQL
-    stream never imports the MariaDB client, nor the reverse, and ``tidemark status``
-    reads a source's offsets without importing pyspark."""
-
-    schemas: str  # the module with ``table_schemas(options)``
-    reader: str  # the module of the reader class
-    reader_class: str  # ``reader_class(options, schema)`` is the stream reader
-
-    def table_schemas(self, options: SourceOptions) -> dict[TableId, StructType]:
-        checked: Callable[[SourceOptions], dict[TableId, StructType]] = \
-            importlib.import_module(self.schemas).table_schemas
-        return checked(options)
-
-    def stream_reader(self, options: SourceOptions,
-                      schema: StructType) -> DataSourceStreamReader:
-        reader: Any = getattr(importlib.import_module(self.reader), self.reader_class)
-        made: DataSourceStreamReader = reader(options, schema)
-        return made
-
-
-_SOURCES: dict[str, _Source] = {
-    "postgres": _Source("tidemark.spark.postgres.schema", "tidemark.spark.postgres.reader",
-                        "TidemarkStreamReader"),
-    "mariadb": _Source("tidemark.spark.mariadb.reader", "tidemark.spark.mariadb.reader",
-                       "MariaDbStreamReader"),
-    "logtable": _Source("tidemark.spark.logtable.reader", "tidemark.spark.logtable.reader",
-                        "LogTableStreamReader"),
-}
-
-
-def reader_module(kind: str) -> str:
-    """The module a source's ``read`` runs from on the executors (``postgres``,
-    ``mariadb`` or ``logtable``): what warming their Python workers imports."""
-    return _SOURCES[kind].reader
+        return PlanStreamReader(options, schema, self.plan)
 
 
 def spark_source(options: SourceOptions) -> SparkSource:
-    """The source *options* name (by the DSN: a ``mariadb://`` URL, log tables, or
-    PostgreSQL)."""
-    return _SOURCES["mariadb" if options.is_mariadb else "logtable" if options.is_logtable
-                    else "postgres"]
-
-
-if TYPE_CHECKING:  # mypy checks each source's two parts against SparkSource
-    from tidemark.spark.logtable import reader as _logtable
-    from tidemark.spark.mariadb import reader as _mariadb
-    from tidemark.spark.postgres import reader as _postgres
-    from tidemark.spark.postgres import schema as _postgres_schema
-
-    _SCHEMAS: tuple[Callable[[SourceOptions], dict[TableId, StructType]], ...] = (
-        _postgres_schema.table_schemas, _mariadb.table_schemas, _logtable.table_schemas)
-    _READERS: tuple[Callable[[SourceOptions, StructType], DataSourceStreamReader], ...] = (
-        _postgres.TidemarkStreamReader, _mariadb.MariaDbStreamReader,
-        _logtable.LogTableStreamReader)
+    """The source *options* name, for the stream."""
+    return SparkSource(read_plan(options))

@@ -14,8 +14,8 @@ from tidemark.spark.arrow_rows import (
     PackedEnvelopeSink,
     StructEnvelopeSink,
     TypedSink,
-    envelope_table_schemas,
 )
+from tidemark.spark.change_schemas import envelope_table_schemas
 from tidemark.spark.options import RowFormat, SourceOptions
 
 Sink = TypedSink | StructEnvelopeSink | EnvelopeSink
@@ -31,7 +31,8 @@ def stream_sink(options: SourceOptions, schema: StructType) -> Sink:
             PackedEnvelopeSink
         return kind(schema, envelope_table_schemas(schema, layouts=True), options.arrow_batch_rows,
                     options.on_schema_change, options.arrow_batch_bytes)
-    return EnvelopeSink(options.tables, options.arrow_batch_rows, options.arrow_batch_bytes)
+    return EnvelopeSink(options.tables, options.arrow_batch_rows, options.arrow_batch_bytes,
+                        schema)
 
 
 @contextlib.contextmanager

@@ -390,10 +390,8 @@ def test_the_spark_reader_keeps_the_log_when_retention_is_never(
     """retentionS < 0 means never: a committed batch registers its position but deletes
     nothing (it used to make the cutoff a second in the future, deleting everything
     read); 0 deletes what every registered reader has passed."""
-    from pyspark.sql.types import StructType  # noqa: PLC0415
-
+    from tidemark.source.logtable.read_plan import LogTableReadPlan  # noqa: PLC0415
     from tidemark.source.logtable.reader import open_database  # noqa: PLC0415
-    from tidemark.spark.logtable.reader import LogTableStreamReader  # noqa: PLC0415
     from tidemark.spark.options import SourceOptions  # noqa: PLC0415
 
     logdb.execute(ORDERS)
@@ -401,7 +399,7 @@ def test_the_spark_reader_keeps_the_log_when_retention_is_never(
     logdb.execute(*(f"INSERT INTO orders VALUES ({i}, 'a', 0, 0)" for i in range(20)))
     options = SourceOptions.parse({"dsn": logdb.dsn, "source": "logtable",
                                    "tables": logdb.table("orders"), "retentionS": retention})
-    source = LogTableStreamReader(options, StructType([]))
+    source = LogTableReadPlan(options)
     with contextlib.closing(open_database(logdb.dsn)) as db:
         end = {"groups": {"0": db.end_position(), "1": db.end_position()}}
     source.commit(end)  # a batch read up to the end now was committed

@@ -296,7 +296,7 @@ def test_a_snapshot_read_view_behind_its_planned_position_is_not_used(
     opens views until one is at or after P (here P is beyond the binlog's end: never)."""
     from tidemark.source.mariadb import client  # noqa: PLC0415
     from tidemark.source.mariadb.position import BinlogPosition  # noqa: PLC0415
-    from tidemark.spark.mariadb.reader import read_view_from  # noqa: PLC0415
+    from tidemark.source.mariadb.read_plan import read_view_from  # noqa: PLC0415
 
     conn = client.connect(client.parse_url(mdb.dsn))
     with contextlib.closing(conn):

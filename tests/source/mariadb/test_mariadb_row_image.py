@@ -13,8 +13,10 @@ from hypothesis import strategies as st
 
 from tidemark.errors import DecodeError
 from tidemark.source.mariadb import binlog as b
-from tidemark.source.mariadb.binlog import RowsEvent, TableColumn, TableMap
-from tidemark.source.mariadb.row_decoder import COMPILED_ROW_IMAGES, RowDecoder, decimal_size
+from tidemark.source.mariadb.binlog import RowsEvent
+from tidemark.source.mariadb.column_readers import decimal_size
+from tidemark.source.mariadb.row_decoder import COMPILED_ROW_IMAGES, RowDecoder
+from tidemark.source.mariadb.table_map import TableColumn, TableMap
 
 UTF8MB4 = 45
 BINARY = 63

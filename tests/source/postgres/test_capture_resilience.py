@@ -1007,7 +1007,7 @@ def cluster_insert_lsn(dsn: str) -> int:
 @pytest.mark.slow
 def test_a_stopped_server_does_not_hang_the_spark_source_s_queries() -> None:
     """The Spark source's connections (psycopg 3) bound every wait for the server."""
-    from tidemark.spark.postgres import wal  # noqa: PLC0415
+    from tidemark.source.postgres import wal_reads as wal  # noqa: PLC0415
 
     with PostgresCluster() as cluster:
         dsn = cluster.create_database("stopped_sql")

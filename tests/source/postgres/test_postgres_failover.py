@@ -324,7 +324,7 @@ def test_a_failover_slot_s_spark_batches_end_where_the_standby_has_confirmed(
     slot, which do not wait, so its batches end there itself. A plain slot's do not."""
     import psycopg  # noqa: PLC0415
 
-    from tidemark.spark.postgres import wal  # noqa: PLC0415
+    from tidemark.source.postgres import wal_reads as wal  # noqa: PLC0415
 
     primary, standby = primary_and_standby
     with psycopg.connect(primary.dsn("app"), autocommit=True) as conn:

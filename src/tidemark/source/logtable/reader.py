@@ -29,6 +29,7 @@ from tidemark.source.capture_stats import CaptureStats
 from tidemark.source.logtable.config import LogTableSourceConfig, is_sqlite
 from tidemark.source.logtable.database import LogDatabase, LogRow, LogTable, Position
 from tidemark.source.logtable.layout import Operation
+from tidemark.source.logtable.source_block import LOGTABLE_BLOCK, LogTableSourceFields
 
 log = logging.getLogger(__name__)
 
@@ -207,14 +208,11 @@ def events_of(db: LogDatabase, tables: list[LogTable], rows: list[LogRow], name:
             raise SourceError(f"log table of {schema.table} holds cdc$operation "
                               f"{row.operation} at time {row.time}; tidemark writes 1, 2 or "
                               "3 (was the log written by something else?)")
-        fields: tuple[tuple[str, Any], ...] = (
-            ("stream_id", row.stream), ("generation", row.generation),
-            ("time", row.time), ("batch_seq_no", row.batch_seq))
-        if row.txid is not None:
-            fields += (("txId", row.txid),)
+        fields = LogTableSourceFields(row.stream, row.generation, row.time, row.batch_seq,
+                                      row.txid)
         context = SourceContext(connector, name, database, row.ts_us, row.txid, None,
                                 commit_lsn=row.time if commit_key is None else commit_key,
-                                source_fields=fields)
+                                source_fields=fields, block=LOGTABLE_BLOCK)
         if op is Op.DELETE:
             events.append(ChangeEvent(op, schema, row.values, None, context, row.time, 0, 0,
                                       now_us))

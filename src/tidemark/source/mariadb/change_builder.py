@@ -19,7 +19,6 @@ downstream are emptied too.
 from __future__ import annotations
 
 import logging
-import operator
 import re
 import struct
 import tempfile
@@ -37,8 +36,9 @@ from tidemark.event import (
     TransactionBoundary,
     WireTuple,
 )
+from tidemark.key_change import key_changed
 from tidemark.source.mariadb import binlog as b
-from tidemark.source.mariadb.binlog import EventHeader, TableMap
+from tidemark.source.mariadb.binlog import EventHeader
 from tidemark.source.mariadb.position import (
     BinlogPosition,
     format_gtid_state,
@@ -46,7 +46,8 @@ from tidemark.source.mariadb.position import (
     parse_gtid_state,
 )
 from tidemark.source.mariadb.row_decoder import RowDecoder
-from tidemark.source.mariadb.source_fields import MariaDbSourceFields
+from tidemark.source.mariadb.source_fields import MARIADB_BLOCK, MariaDbSourceFields
+from tidemark.source.mariadb.table_map import TableMap, parse_table_map
 from tidemark.source.mariadb.types import table_column
 
 log = logging.getLogger(__name__)
@@ -69,14 +70,13 @@ _Row = tuple[TableSchema, Op, WireTuple | None, WireTuple | None, int, str, int,
 class _Table:
     """A table map, decoded once, and the table schema its events carry."""
 
-    __slots__ = ("decoder", "key_of", "schema")
+    __slots__ = ("decoder", "key", "schema")
 
     def __init__(self, table_map: TableMap, version: int) -> None:
         self.decoder = RowDecoder(table_map)
         key = table_map.primary_key
-        #: The key's values of a row image (None for a table without a key).
-        self.key_of: Callable[[WireTuple], object] | None = \
-            operator.itemgetter(*key) if key else None
+        #: The key's positions in a row image (empty for a table without a key).
+        self.key: tuple[int, ...] = tuple(key)
         columns = tuple(table_column(c, i in key) for i, c in enumerate(table_map.columns))
         self.schema = TableSchema(TableId(table_map.database, table_map.table), columns,
                                   key, "default", version)
@@ -109,12 +109,10 @@ def _append_rows(append: Callable[[_Row], None], table: _Table, event_type: int,
     key = ordering_key(file, position)
     op = _OPS[rows_event.op]
     schema = table.schema
-    key_of = table.key_of if op is Op.UPDATE else None
+    key_at = table.key if op is Op.UPDATE else ()
     for index, (before, after) in enumerate(table.decoder.rows(rows_event)):
-        if key_of is not None and before is not None and after is not None \
-                and key_of(before) != key_of(after):
-            # A primary-key change is a delete of the old key and a create of the
-            # new one (Debezium's events), so that keyed consumers see both keys.
+        if key_at and before is not None and after is not None \
+                and key_changed(key_at, before, after):
             append((schema, Op.DELETE, before, None, key, file, position, index))
             append((schema, Op.CREATE, None, after, key, file, position, index))
         else:
@@ -285,7 +283,7 @@ class ChangeBuilder:
         if body in self._maps:
             table = self._maps[body]
         else:
-            table_map = b.parse_table_map(body)
+            table_map = parse_table_map(body)
             table_id = TableId(table_map.database, table_map.table)
             if not self._captured(table_id):
                 table = None
@@ -450,7 +448,7 @@ class _Records:
             per_table[table] = count
             context = SourceContext(
                 CONNECTOR, name, table.schema, ts_us, None, None, tx_id, commit_key, None,
-                MariaDbSourceFields(server_id, gtid_text, file, pos, row, thread))
+                MariaDbSourceFields(server_id, gtid_text, file, pos, row, thread), MARIADB_BLOCK)
             records.append(ChangeEvent(op, schema, before, after, context, key, order, count,
                                        now_us))
         self.order += len(rows)

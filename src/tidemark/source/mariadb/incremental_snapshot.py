@@ -49,10 +49,10 @@ from tidemark.event import (
 )
 from tidemark.source.mariadb import binlog as b
 from tidemark.source.mariadb import snapshot as snap
-from tidemark.source.mariadb.binlog import TableColumn
 from tidemark.source.mariadb.change_builder import CONNECTOR
 from tidemark.source.mariadb.position import BinlogPosition
-from tidemark.source.mariadb.source_fields import MariaDbSourceFields
+from tidemark.source.mariadb.source_fields import MARIADB_BLOCK, MariaDbSourceFields
+from tidemark.source.mariadb.table_map import TableColumn
 from tidemark.source.snapshot_progress import SignalledSnapshots, TableProgress
 
 log = logging.getLogger(__name__)
@@ -132,7 +132,7 @@ class ChunkedSnapshots(SignalledSnapshots):
         table = chunk.schema.table
         context = SourceContext(
             CONNECTOR, self._name, table.schema, ts_us, None, None, None, None, None,
-            MariaDbSourceFields(0, None, position.file, position.pos, 0, None))
+            MariaDbSourceFields(0, None, position.file, position.pos, 0, None), MARIADB_BLOCK)
         key = position.key
         events = [ChangeEvent(Op.READ, chunk.schema, None, row, context, key, 0, 0, ts_us,
                               SnapshotMarker.INCREMENTAL) for row in chunk.rows]

@@ -8,7 +8,7 @@ reports the binlog position that view corresponds to in the status variables
 transaction committed before it is in the snapshot, every later one in the stream.
 
 Tables are described from ``information_schema`` in the binlog's own terms
-(:class:`~tidemark.source.mariadb.binlog.TableColumn`), so the snapshot's columns have
+(:class:`~tidemark.source.mariadb.table_map.TableColumn`), so the snapshot's columns have
 the same logical types as the stream's, and their values are brought to the same
 canonical text.
 """
@@ -36,11 +36,11 @@ from tidemark.event import (
 )
 from tidemark.logical_type import INTEGER_KINDS, Kind
 from tidemark.source.mariadb import binlog as b
-from tidemark.source.mariadb.binlog import TableColumn
 from tidemark.source.mariadb.change_builder import CONNECTOR
+from tidemark.source.mariadb.column_readers import float32_text
 from tidemark.source.mariadb.position import BinlogPosition, ordering_key
-from tidemark.source.mariadb.row_decoder import float32_text
-from tidemark.source.mariadb.source_fields import MariaDbSourceFields
+from tidemark.source.mariadb.source_fields import MARIADB_BLOCK, MariaDbSourceFields
+from tidemark.source.mariadb.table_map import TableColumn
 from tidemark.source.mariadb.types import logical_type, table_column
 
 _TYPE_CODES: Final = {
@@ -252,7 +252,7 @@ def snapshot_events(conn: pymysql.Connection[Any], tables: Sequence[TableId], *,
         normalize = [normalizer(c) for c in columns]
         context = SourceContext(
             CONNECTOR, name, table.schema, ts_us, None, None, None, None, None,
-            MariaDbSourceFields(0, None, position.file, position.pos, 0, None))
+            MariaDbSourceFields(0, None, position.file, position.pos, 0, None), MARIADB_BLOCK)
         select = "SELECT " + ", ".join(select_expression(c) for c in columns) + \
             f" FROM {quote(table.schema)}.{quote(table.table)}"
         cursor = conn.cursor(pymysql.cursors.SSCursor)

@@ -38,8 +38,8 @@ from tidemark import wire_text
 from tidemark.event import Column
 from tidemark.logical_type import Kind, LogicalType
 from tidemark.source.mariadb import binlog as b
-from tidemark.source.mariadb.binlog import TableColumn
-from tidemark.source.mariadb.row_decoder import BINARY_CHARSET
+from tidemark.source.mariadb.column_readers import BINARY_CHARSET
+from tidemark.source.mariadb.table_map import TableColumn
 
 _INT_KINDS: Final = {
     (b.T_TINY, False): Kind.INT16, (b.T_TINY, True): Kind.INT16,

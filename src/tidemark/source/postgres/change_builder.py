@@ -29,7 +29,9 @@ from tidemark.event import (
     TransactionBoundary,
     WireTuple,
 )
+from tidemark.key_change import key_changed
 from tidemark.source.postgres import pgoutput
+from tidemark.source.postgres.source_block import POSTGRES_BLOCK
 from tidemark.source.postgres.types import pg_column
 
 log = logging.getLogger(__name__)
@@ -76,7 +78,8 @@ class ChangeEventBuilder:
         self.in_transaction = False
         self._orders = TransactionOrders()
         self._last_commit_lsn = last_commit_lsn
-        self._context = SourceContext(CONNECTOR_NAME, topic_prefix, database, 0, None, None)
+        self._context = SourceContext(CONNECTOR_NAME, topic_prefix, database, 0, None, None,
+                                      block=POSTGRES_BLOCK)
         #: End LSN of the last transaction whose Commit has been processed: the position
         #: a resumed stream starts from once everything up to here is handed on.
         self.last_end_lsn: int | None = None
@@ -163,7 +166,7 @@ class ChangeEventBuilder:
                     # does; confirmed by capture).
                     new = tuple(o if n is UNAVAILABLE else n
                                 for o, n in zip(old, new, strict=True))
-                if old is not None and _key_changed(schema, old, new):
+                if old is not None and key_changed(schema.key_indexes, old, new):
                     append(self._event(Op.DELETE, schema, old, None, lsn,
                                        now_us))
                     append(self._event(Op.CREATE, schema, None, new,
@@ -192,7 +195,7 @@ class ChangeEventBuilder:
         self._orders = TransactionOrders()
         self._context = SourceContext(CONNECTOR_NAME, self._prefix, self._database,
                                       msg.commit_ts, msg.xid, self._last_commit_lsn,
-                                      tx_id, msg.final_lsn)
+                                      tx_id, msg.final_lsn, block=POSTGRES_BLOCK)
         if self._metadata:
             out.append(TransactionBoundary("BEGIN", tx_id, msg.commit_ts, msg.final_lsn,
                                            topic_prefix=self._prefix))
@@ -229,7 +232,8 @@ class ChangeEventBuilder:
         elif isinstance(msg, pgoutput.Origin):
             c = self._context
             self._context = SourceContext(c.connector, c.name, c.db, c.ts_us, c.txid,
-                                          c.last_commit_lsn, c.tx_id, c.commit_lsn, msg.name)
+                                          c.last_commit_lsn, c.tx_id, c.commit_lsn, msg.name,
+                                          block=c.block)
         else:
             # Stream* messages only arrive when streaming was requested, which the
             # connector never does; getting one means the protocol state is confused.
@@ -263,7 +267,7 @@ class ChangeEventBuilder:
                                total, cell[0], now_us, message_prefix=msg.prefix,
                                message_content=msg.content)
         context = SourceContext(CONNECTOR_NAME, self._prefix, self._database, now_us, None,
-                                self._last_commit_lsn)
+                                self._last_commit_lsn, block=POSTGRES_BLOCK)
         return ChangeEvent(Op.MESSAGE, None, None, None, context, msg.lsn, 0, 0, now_us,
                            message_prefix=msg.prefix, message_content=msg.content)
 
@@ -292,11 +296,3 @@ class TransactionOrders:
             cell = self.per_table[table] = [0]
         return cell
 
-
-def _key_changed(schema: TableSchema, old: WireTuple, new: WireTuple) -> bool:
-    # With REPLICA IDENTITY DEFAULT the server sends an old ('K') tuple only when the
-    # key changed; with FULL it always sends the old row, so compare the key columns.
-    key = schema.key_indexes
-    if not key:
-        return False
-    return any(old[i] != new[i] for i in key)

@@ -66,6 +66,7 @@ from tidemark.source.postgres import catalog, pgoutput
 from tidemark.source.postgres.change_builder import CONNECTOR_NAME
 from tidemark.source.postgres.session import on_standby
 from tidemark.source.postgres.snapshot import register_text_types
+from tidemark.source.postgres.source_block import POSTGRES_BLOCK
 from tidemark.source.signals import (
     SIGNAL_TABLE_COLUMNS,
     ExecuteSnapshot,
@@ -406,7 +407,8 @@ class IncrementalSnapshot(SignalledSnapshots):
         # The reads' source.sequence: the last commit before the closing mark, as every
         # change handed on before them has had (the mark's own transaction is left out).
         source = SourceContext(CONNECTOR_NAME, self._prefix, self._database, now_us, None,
-                               context.last_commit_lsn if context else None)
+                               context.last_commit_lsn if context else None,
+                               block=POSTGRES_BLOCK)
         rows = [] if window.truncated else window.rows
         if window.removed and rows:
             removed, indexes = window.removed, window.match_indexes

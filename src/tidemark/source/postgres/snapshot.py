@@ -18,6 +18,7 @@ from psycopg2 import sql
 
 from tidemark.event import ChangeEvent, Op, SnapshotMarker, SourceContext, TableSchema
 from tidemark.source.postgres.change_builder import CONNECTOR_NAME
+from tidemark.source.postgres.source_block import POSTGRES_BLOCK
 
 log = logging.getLogger(__name__)
 
@@ -97,7 +98,8 @@ def snapshot_events(
     """
     pending: ChangeEvent | None = None
     first_overall = True
-    context = SourceContext(CONNECTOR_NAME, topic_prefix, database, ts_us, txid, None)
+    context = SourceContext(CONNECTOR_NAME, topic_prefix, database, ts_us, txid, None,
+                            block=POSTGRES_BLOCK)
     for t_index, schema in enumerate(schemas):
         first_in_table = True
         count = 0

@@ -1,21 +1,18 @@
 """A running snapshot as the Spark source's offset carries it (pure data: ``tidemark
-status`` reads it without Spark). The algorithm is in :mod:`tidemark.spark.postgres.snapshot`."""
+status`` reads it without Spark). The algorithm is in
+:mod:`tidemark.source.postgres.chunked_snapshot`."""
 
 from __future__ import annotations
 
 import dataclasses
 from collections.abc import Mapping, Sequence
-from typing import Any, Final
+from typing import Any
 
 from tidemark.source.postgres.pgoutput import lsn_to_str, str_to_lsn
 
 KeyText = tuple[str, ...]
 """A primary key's values as the text their output functions print."""
 
-#: ``_seq`` of snapshot rows and of the truncate that precedes a restarted table's rows
-#: (both at the snapshot's point: the truncate first).
-ROW_SEQ: Final = 1
-TRUNCATE_SEQ: Final = 0
 
 
 @dataclasses.dataclass(frozen=True)

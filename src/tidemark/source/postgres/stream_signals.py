@@ -1,4 +1,4 @@
-"""Signals for the Spark source: Debezium's ``execute-snapshot`` reloads tables of a
+"""Signals for the PostgreSQL Spark stream: Debezium's ``execute-snapshot`` reloads tables of a
 running query (``signalTable``; ``[source] signal_table`` in ``pipeline.toml``).
 
 The source's driver does not decode the log (the executors do), so it reads the signal
@@ -9,7 +9,8 @@ the rows already there when the query first reads the table are history, not req
 A signal is written with :func:`tidemark.source.signals.send_signal`, ``tidemark signal
 execute-snapshot TABLE --signal-table …``, or an ``INSERT`` as for Debezium.
 
-A requested table is snapshotted as on its first start (:mod:`tidemark.spark.postgres.snapshot`):
+A requested table is snapshotted as on its first start
+(:mod:`tidemark.source.postgres.chunked_snapshot`):
 ``tidemark run`` replaces its SCD1 target with the snapshot's rows, so a target that
 drifted from the source (restored from a backup, edited by hand) equals the source again.
 ``additional-conditions`` and ``surrogate-key`` (a partial or differently keyed snapshot,
@@ -29,13 +30,8 @@ from psycopg import sql
 
 from tidemark.errors import SourceError
 from tidemark.event import TableId
-from tidemark.source.signals import (
-    ExecuteSnapshot,
-    LogSignal,
-    SignalError,
-    parse_signal,
-    signal_table_ddl,
-)
+from tidemark.source.signal_requests import requests_in
+from tidemark.source.signals import signal_table_ddl
 
 log = logging.getLogger(__name__)
 
@@ -64,40 +60,3 @@ def snapshot_requests(conn: psycopg.Connection[Any], table: TableId,
     rows = conn.execute(sql.SQL("SELECT id, type, data FROM {}").format(
         sql.Identifier(table.schema, table.table))).fetchall()
     return requests_in(rows, seen, tables)
-
-
-def requests_in(rows: Sequence[Sequence[Any]], seen: tuple[str, ...] | None,
-                tables: Sequence[str]) -> tuple[list[str], tuple[str, ...]]:
-    """:func:`snapshot_requests` on the signal table's rows, however they were read
-    (``(id, type, data)`` each): the part every source shares."""
-    ids = tuple(sorted(str(row[0]) for row in rows))
-    if seen is None:
-        return [], ids
-    taken = set(seen)
-    requested: list[str] = []
-    for signal_id, signal_type, data in rows:
-        if signal_id in taken:
-            continue
-        try:
-            signal = parse_signal(str(signal_id), str(signal_type), data)
-        except SignalError as err:
-            log.warning("signal skipped: %s", err)
-            continue
-        if isinstance(signal, LogSignal):
-            log.info("signal %s: %s", signal.id, signal.message)
-        elif not isinstance(signal, ExecuteSnapshot):
-            log.warning("signal %s (%s) skipped: the Spark source takes execute-snapshot "
-                        "and log signals", signal_id, signal_type)
-        elif signal.additional_conditions or signal.surrogate_key:
-            log.warning("signal %s skipped: the Spark source reloads whole tables by their "
-                        "primary key; leave out additional-conditions and surrogate-key",
-                        signal_id)
-        else:
-            for name in (str(t) for t in signal.data_collections):
-                if name not in tables:
-                    log.warning("signal %s: table %s skipped: it is not in this stream "
-                                "(%s)", signal_id, name, ", ".join(tables))
-                elif name not in requested:
-                    log.info("signal %s: snapshot of %s requested", signal_id, name)
-                    requested.append(name)
-    return requested, ids

@@ -35,7 +35,7 @@ from tidemark.source.postgres.session import (
     session_options,
 )
 from tidemark.source.postgres.slot import makes_failover_slot
-from tidemark.spark.postgres.offsets import TxnSummary
+from tidemark.source.postgres.stream_offsets import TxnSummary
 
 log = logging.getLogger(__name__)
 

@@ -1,8 +1,8 @@
 """Walk a partition's pgoutput messages and hand whole-transaction row changes to a sink.
 
 The walk keeps only the transactions whose commit LSN lies in the partition's range
-(:func:`tidemark.spark.postgres.offsets.in_batch`). Relation messages are tracked everywhere,
-also inside skipped transactions, because the server sends a table's Relation message
+(:func:`tidemark.source.postgres.stream_offsets.in_batch`). Relation messages are tracked
+everywhere, also inside skipped transactions, because the server sends a table's Relation message
 only before the first change to it in a decoding session.
 
 Row changes follow the typed-table contract shared with ``apply_changes``:
@@ -19,7 +19,9 @@ The walk is vectorized per chunk (numpy over the chunk's joined bytes): which
 transaction each message belongs to, whether that transaction is in range, its commit
 LSN, time and id, and each row's ``seq`` are computed for all messages at once, and the
 common row messages (Insert, Delete, an Update with only its new row) reach the sink as
-one :class:`RowBlock` per table, still encoded, for :mod:`tidemark.spark.tuple_columns`.
+one :class:`RowBlock` per table, still encoded (a
+:class:`~tidemark.source.read_plan.EncodedRows`, decoded by
+:mod:`tidemark.source.postgres.tuple_columns` where the sink wants them).
 Only the rare messages are handled one by one in Python: Relation messages, updates
 that carry an old row (key changes, ``REPLICA IDENTITY FULL``) and truncates.
 """
@@ -28,14 +30,21 @@ from __future__ import annotations
 
 import bisect
 from collections.abc import Sequence
-from typing import Final, NamedTuple, Protocol
+from typing import Final, NamedTuple
 
 import numpy as np
 
 from tidemark.errors import DecodeError
+from tidemark.key_change import key_changed
 from tidemark.source.postgres import pgoutput
-from tidemark.source.postgres.pgoutput import PG_EPOCH_OFFSET_US, Relation, TupleData
-from tidemark.spark.tuple_columns import join_messages
+from tidemark.source.postgres.pgoutput import PG_EPOCH_OFFSET_US, Relation
+from tidemark.source.postgres.tuple_columns import (
+    TupleColumns,
+    TupleLayoutError,
+    decode_tuples,
+    join_messages,
+)
+from tidemark.source.read_plan import ChangeSink, Commit
 
 _BEGIN: Final = 0x42
 _COMMIT: Final = 0x43
@@ -51,13 +60,9 @@ _BEGIN_SIZE: Final = 21
 OP_OF_KIND: Final = {_INSERT: "c", _UPDATE: "u", _DELETE: "d"}
 
 
-class Txn(NamedTuple):
-    """The transaction a row belongs to."""
-
-    commit_lsn: int
-    commit_ts_us: int
-    """Commit time, microseconds since the Unix epoch."""
-    xid: int
+#: Row message type byte -> index of its op in ``("c", "u", "d")``.
+_OP_INDEX: Final = np.zeros(256, np.int8)
+_OP_INDEX[[_INSERT, _UPDATE, _DELETE]] = [0, 1, 2]
 
 
 class RowBlock:
@@ -99,28 +104,26 @@ class RowBlock:
         start = int(self.starts[i])
         return self.buf[start:start + int(self.lengths[i])].tobytes()
 
-    def txn(self, i: int) -> Txn:
+    def txn(self, i: int) -> Commit:
         """Row *i*'s transaction."""
-        return Txn(int(self.commit_lsns[i]), int(self.commit_ts[i]), int(self.xids[i]))
+        return Commit(int(self.commit_lsns[i]), int(self.commit_ts[i]), int(self.xids[i]))
 
+    def op_indexes(self) -> np.ndarray:
+        """Each row's op as an index into ``("c", "u", "d")``."""
+        indexes: np.ndarray = _OP_INDEX[self.kinds]
+        return indexes
 
-class RowSink(Protocol):
-    """Receives decoded row changes; builds whatever the stream emits (Arrow batches)."""
+    def decode(self, width: int) -> TupleColumns | None:
+        """Every row's *width* columns at once (None: not the common layout)."""
+        try:
+            return decode_tuples(self.buf, self.starts, self.lengths, width)
+        except TupleLayoutError:
+            return None
 
-    def relation(self, rel: Relation, at: int) -> None:
-        """A table's (new) column layout, seen in the transaction that commits at *at*
-        (0: unknown); later rows of ``rel.relation_id`` use it."""
-
-    def rows(self, relation_id: int, block: RowBlock) -> None:
-        """Row changes of one table still encoded (see :class:`RowBlock`): Insert
-        ``c``, Delete ``d``, Update with only its new row ``u``."""
-
-    def add(self, relation_id: int, op: str, values: TupleData | None, lsn: int, seq: int,
-            txn: Txn, may_have_toast: bool, old: TupleData | None) -> None:
-        """One decoded row change. *values* are wire values in the relation's column
-        order (None for a truncate); *may_have_toast* is true for rows from updates, the
-        only ones that can carry unchanged-TOAST markers; *old* is an update's old row
-        when the server sent one (``REPLICA IDENTITY FULL``)."""
+    def row(self, i: int) -> tuple[str, pgoutput.TupleData, int, int, Commit]:
+        """Row *i* decoded alone (exact errors for a malformed message)."""
+        return (OP_OF_KIND[int(self.kinds[i])], pgoutput.parse_row(self.message(i)),
+                int(self.lsns[i]), int(self.seqs[i]), self.txn(i))
 
 
 def _be(buf: np.ndarray, at: np.ndarray, size: int) -> np.ndarray:
@@ -138,13 +141,13 @@ class TransactionWalker:
     server order; a transaction may span chunks.
     """
 
-    def __init__(self, lo: int, hi: int, sink: RowSink) -> None:
+    def __init__(self, lo: int, hi: int, sink: ChangeSink) -> None:
         self.lo = lo
         self.hi = hi
         self.sink = sink
         self.keys: dict[int, tuple[int, ...]] = {}
         # The transaction open at the end of the last chunk, if it is in range.
-        self.txn = Txn(0, 0, 0)
+        self.txn = Commit(0, 0, 0)
         self.active = False
         self.seq = 0  # rows of self.txn so far
         self.rows = 0
@@ -206,8 +209,7 @@ class TransactionWalker:
                 upd = pgoutput.parse_update(data)
                 decoded[i] = upd
                 key = self.keys.get(upd.relation_id, ())
-                changed = upd.old is not None and bool(key) and any(
-                    upd.old[j] != upd.new[j] for j in key)
+                changed = upd.old is not None and key_changed(key, upd.old, upd.new)
                 weights[i] = 2 if changed else 1
 
         # seq of each message's last row: rows so far in its transaction.
@@ -230,7 +232,7 @@ class TransactionWalker:
 
         # Carry the open transaction into the next chunk.
         last = int(txn_of[-1])
-        self.txn = Txn(int(txn_commit[last]), int(txn_ts[last]), int(txn_xid[last]))
+        self.txn = Commit(int(txn_commit[last]), int(txn_ts[last]), int(txn_xid[last]))
         marks = np.flatnonzero(is_begin | (kinds == _COMMIT))
         if len(marks):
             self.active = bool(kinds[marks[-1]] == _BEGIN and txn_active[last])
@@ -256,7 +258,7 @@ class TransactionWalker:
             lsn = int(chunk.lsns[i])
             seq = int(chunk.seq_end[i])
             t = chunk.txn_of[i]
-            txn = Txn(int(chunk.txn_commit[t]), int(chunk.txn_ts[t]), int(chunk.txn_xid[t]))
+            txn = Commit(int(chunk.txn_commit[t]), int(chunk.txn_ts[t]), int(chunk.txn_xid[t]))
             if isinstance(message, pgoutput.Truncate):
                 ids = message.relation_ids
                 for k, relation_id in enumerate(ids):

@@ -1,4 +1,4 @@
-"""The ``tidemark`` stream on log tables: stream groups spread over Spark partitions.
+"""The log tables' read plan for the Spark stream: stream groups spread over partitions.
 
 An offset holds one position per group (``{"groups": {"0": position, …}}``, the same
 positions the engine stores per group), and the log's clock when it was taken
@@ -31,48 +31,55 @@ import time
 from collections.abc import Iterator, Sequence
 from typing import Any
 
-import pyarrow as pa
-from pyspark.sql.datasource import DataSourceStreamReader, InputPartition
-from pyspark.sql.streaming.datasource import SupportsTriggerAvailableNow
-from pyspark.sql.types import StructField, StructType
-
 from tidemark.event import ChangeEvent, Op, SnapshotMarker, SourceContext, TableId
+from tidemark.source.change_feed import ChangeFeed
 from tidemark.source.logtable.database import LogDatabase, LogTable, Position
 from tidemark.source.logtable.layout import assign_groups
 from tidemark.source.logtable.reader import events_of, open_database
-from tidemark.spark.event_feeder import EventFeeder
-from tidemark.spark.options import SnapshotMode, SourceOptions
-from tidemark.spark.snapshot_plan import ROW_SEQ
+from tidemark.source.read_plan import (
+    ROW_SEQ,
+    SNAPSHOT_INITIAL,
+    ChangeSink,
+    ReadOptions,
+    TableColumns,
+)
 
 log = logging.getLogger(__name__)
 
 _PRUNE_INTERVAL_S = 60.0
 
 
-class GroupRange(InputPartition):
+class GroupRange:
     """One partition: some groups' changes between two positions they share, or (no
     groups) the rows of ``snapshot`` tables."""
 
     def __init__(self, groups: Sequence[int], start: Position | None, end: Position,
                  key: int, snapshot: Sequence[str] = ()) -> None:
-        super().__init__((tuple(groups), start, end, key, tuple(snapshot)))
         self.groups = tuple(groups)
         self.start = start
         self.end = end
         self.key = key
         self.snapshot = tuple(snapshot)
 
+    def __repr__(self) -> str:
+        return (f"GroupRange({list(self.groups)}, {self.start} .. {self.end}, "
+                f"snapshot={list(self.snapshot)})")
 
-def _tables(db: LogDatabase, options: SourceOptions) -> list[LogTable]:
+
+def _tables(db: LogDatabase, options: ReadOptions) -> list[LogTable]:
     return db.tables([str(t) for t in options.tables])
 
 
-class LogTableStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
+def make_read_plan(options: ReadOptions) -> LogTableReadPlan:
+    """The read plan of a stream of the log tables *options* name."""
+    return LogTableReadPlan(options)
+
+
+class LogTableReadPlan:
     """Micro-batches of log-table changes (see the module docstring)."""
 
-    def __init__(self, options: SourceOptions, schema: StructType) -> None:
+    def __init__(self, options: ReadOptions) -> None:
         self.options = options
-        self.schema = schema
         self._target: Position | None = None
         self._last_prune = 0.0
         self._checked = False
@@ -85,13 +92,17 @@ class LogTableStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         finally:
             db.close()
 
-    def initialOffset(self) -> dict[str, Any]:  # noqa: N802 - pyspark API name
+    def tables(self) -> dict[TableId, TableColumns]:
+        """Check the log tables and describe each captured table."""
+        return table_columns(self.options)
+
+    def initial_offset(self) -> dict[str, Any]:
         """A new query reads the whole log (everything since the tables were installed);
         with ``snapshot=initial``, the tables' rows first and the log from now on."""
         with self._db() as db:
             groups = db.generations()[0].groups
             _tables(db, self.options)
-            if self.options.snapshot is SnapshotMode.INITIAL:
+            if self.options.snapshot == SNAPSHOT_INITIAL:
                 start = db.end_position()
                 tables = [str(t) for t in self.options.snapshot_tables]
             else:
@@ -100,11 +111,11 @@ class LogTableStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         return {"groups": {str(g): start for g in range(groups)}, "snapshot": tables,
                 "clock": clock}
 
-    def prepareForTriggerAvailableNow(self) -> None:  # noqa: N802 - pyspark API name
+    def prepare_available_now(self) -> None:
         with self._db() as db:
             self._target = db.end_position()
 
-    def latestOffset(self, start: dict[str, Any], limit: Any = None) -> dict[str, Any]:  # noqa: N802 - pyspark API name
+    def latest(self, start: dict[str, Any], max_changes: int | None = None) -> dict[str, Any]:
         """Every group up to the database's end now (a batch holding a snapshot holds
         only the rows; the log follows from the same positions)."""
         if start.get("snapshot"):
@@ -122,14 +133,16 @@ class LogTableStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         result = {"groups": groups, "snapshot": [], "loaded": [], "clock": clock}
         return dict(start) if groups == start["groups"] else result
 
-    def partitions(self, start: dict[str, Any],
-                   end: dict[str, Any]) -> Sequence[InputPartition]:
+    def report_latest(self) -> dict[str, Any] | None:
+        return None
+
+    def plan(self, start: dict[str, Any], end: dict[str, Any]) -> Sequence[Any]:
         if start.get("snapshot"):
             return [GroupRange((), None, {}, 0, [table]) for table in start["snapshot"]]
         # Groups that share their start and end positions (all of them, but after a
         # query's first batch) are read together, numPartitions ways: one task per core
         # rather than per group keeps a small batch cheap.
-        ranges: list[InputPartition] = []
+        ranges: list[GroupRange] = []
         with self._db() as db:
             for groups, begin, position in _spans(start, end):
                 key = db.position_key(position)
@@ -159,17 +172,18 @@ class LogTableStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         if deleted:
             log.info("deleted %d log rows every registered reader has passed", deleted)
 
-    def read(self, partition: InputPartition) -> Iterator[pa.RecordBatch]:
-        assert isinstance(partition, GroupRange)
-        from tidemark.spark.stream_sink import gc_paused, stream_sink  # noqa: PLC0415
+    def stop(self) -> None:
+        """Nothing held between batches."""
 
-        sink = stream_sink(self.options, self.schema)
-        feeder = EventFeeder(sink, unchanged_columns=True)
-        with gc_paused(), self._db() as db:
+    def read(self, partition: Any, sink: ChangeSink) -> Iterator[None]:
+        """The partition's groups' changes, or its tables' rows, into *sink*."""
+        assert isinstance(partition, GroupRange)
+        feed = ChangeFeed(sink, unchanged_columns=True)
+        with self._db() as db:
             tables = _tables(db, self.options)
             if partition.snapshot:
-                yield from _snapshot(db, feeder, [t for t in tables
-                                                  if str(t.table) in partition.snapshot],
+                yield from _snapshot(db, feed, [t for t in tables
+                                                if str(t.table) in partition.snapshot],
                                      self.options.arrow_batch_rows)
             else:
                 assert partition.start is not None
@@ -177,9 +191,8 @@ class LogTableStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
                                           tables, self.options.arrow_batch_rows):
                     for event in events_of(db, tables, rows, "tidemark",
                                            commit_key=partition.key):
-                        feeder.add(event, event.lsn or 0, event.lsn or 0)
-                    yield from sink.take()
-        yield from sink.finish()
+                        feed.add(event, event.lsn or 0, event.lsn or 0)
+                    yield
 
 
 def _spans(start: dict[str, Any], end: dict[str, Any]
@@ -214,31 +227,22 @@ def batch_bytes(dsn: str, tables: Sequence[str], start: dict[str, Any],
                    for groups, begin, position in spans)
 
 
-def _snapshot(db: LogDatabase, feeder: EventFeeder, tables: list[LogTable],
-              fetch_rows: int) -> Iterator[pa.RecordBatch]:
+def _snapshot(db: LogDatabase, feed: ChangeFeed, tables: list[LogTable],
+              fetch_rows: int) -> Iterator[None]:
     taken_us = time.time_ns() // 1000
     context = SourceContext(db.connector, "tidemark", db.database, taken_us, None, None)
     with db.snapshot(tables, fetch_rows) as (_, chunks):
         for index, rows in chunks:
             schema = tables[index].schema
             for row in rows:
-                feeder.add(ChangeEvent(Op.READ, schema, None, row, context, 0, 0, 0,
-                                       taken_us, SnapshotMarker.TRUE), 0, ROW_SEQ)
-            yield from feeder.sink.take()
+                feed.add(ChangeEvent(Op.READ, schema, None, row, context, 0, 0, 0,
+                                     taken_us, SnapshotMarker.TRUE), 0, ROW_SEQ)
+            yield
 
 
-def table_schemas(options: SourceOptions) -> dict[TableId, StructType]:
-    """Check the log tables and return each captured table's typed Spark schema."""
-    from tidemark.spark.arrow_rows import typed_schema  # noqa: PLC0415
-    from tidemark.spark.type_mapping import spark_type  # noqa: PLC0415
-
+def table_columns(options: ReadOptions) -> dict[TableId, TableColumns]:
+    """Check the log tables and describe each captured table."""
     with contextlib.closing(open_database(options.dsn)) as db:
         db.generations()
-        schemas: dict[TableId, StructType] = {}
-        for entry in _tables(db, options):
-            schemas[entry.table] = typed_schema([
-                StructField(c.name, spark_type(c.logical), True,
-                            {"tidemark.key": True, "tidemark.type": c.type_name} if c.is_key
-                            else {"tidemark.type": c.type_name})
-                for c in entry.schema.columns])
-    return schemas
+        return {entry.table: TableColumns(entry.schema.columns)
+                for entry in _tables(db, options)}

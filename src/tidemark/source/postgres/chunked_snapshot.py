@@ -43,23 +43,21 @@ import io
 import logging
 import select
 import time
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 import psycopg
 import pyarrow as pa
 import pyarrow.csv as pa_csv
 from psycopg import pq, sql
-from pyspark.sql.datasource import InputPartition
-from pyspark.sql.types import StructType
 
 from tidemark.errors import SourceError, TerminalError
-from tidemark.event import TableId
-from tidemark.source.postgres.pgoutput import Relation, TupleData, lsn_to_str
+from tidemark.event import TableId, WireTuple
+from tidemark.source.postgres.pgoutput import lsn_to_str
 from tidemark.source.postgres.replication import ReplicationStream
-from tidemark.spark.decode import RowBlock, Txn
-from tidemark.spark.postgres.wal import ServerTimeoutError, server_timeout
-from tidemark.spark.snapshot_plan import ChunkRange, KeyText
+from tidemark.source.postgres.snapshot_plan import ChunkRange, KeyText
+from tidemark.source.postgres.wal_reads import ServerTimeoutError, server_timeout
+from tidemark.source.read_plan import ChangeSink, ChangeTable, Commit, EncodedRows
 
 log = logging.getLogger(__name__)
 
@@ -69,12 +67,11 @@ class SnapshotLostError(TerminalError):
     """A chunk's exported snapshot is gone (the driver that held it ended)."""
 
 
-class SnapshotChunk(InputPartition):
-    """One chunk as a Spark partition: everything an executor needs to read it."""
+class SnapshotChunk:
+    """One chunk as a partition of a read plan: everything an executor needs to read it."""
 
     def __init__(self, index: int, chunk: ChunkRange, keys: tuple[str, ...], at: int,
                  export: str, taken_us: int, truncate_first: bool) -> None:
-        super().__init__((index, chunk.to_json(), at, export))
         self.index = index
         self.chunk = chunk
         self.keys = keys
@@ -272,21 +269,16 @@ def parse_csv(data: bytes, columns: Sequence[str]) -> pa.Table:
             strings_can_be_null=True, quoted_strings_can_be_null=False))
 
 
-def key_columns(schema: StructType) -> tuple[str, ...]:
-    """The key columns a typed schema marks (``tidemark.key`` in their metadata)."""
-    return tuple(f.name for f in schema.fields if (f.metadata or {}).get("tidemark.key"))
-
-
 class SkippingSink:
     """Drops the stream's changes of snapshotted tables that commit before their
     snapshot's consistent point (the snapshot holds them); passes on everything else."""
 
-    def __init__(self, sink: Any, skip: Mapping[str, int]) -> None:
+    def __init__(self, sink: ChangeSink, skip: Mapping[str, int]) -> None:
         self.sink = sink
         self.skip = dict(skip)
         self.limits: dict[int, int] = {}
 
-    def relation(self, rel: Relation, at: int = 0) -> None:
+    def relation(self, rel: ChangeTable, at: int = 0) -> None:
         limit = self.skip.get(f"{rel.namespace}.{rel.name}")
         if limit is None:
             self.limits.pop(rel.relation_id, None)
@@ -294,7 +286,7 @@ class SkippingSink:
             self.limits[rel.relation_id] = limit
         self.sink.relation(rel, at)
 
-    def rows(self, relation_id: int, block: RowBlock) -> None:
+    def rows(self, relation_id: int, block: EncodedRows) -> None:
         limit = self.limits.get(relation_id)
         if limit is not None:
             keep = block.commit_lsns >= limit
@@ -304,15 +296,16 @@ class SkippingSink:
                 block = block.select(keep)
         self.sink.rows(relation_id, block)
 
-    def add(self, relation_id: int, op: str, values: TupleData | None, lsn: int, seq: int,
-            txn: Txn, may_have_toast: bool, old: TupleData | None) -> None:
+    def add(self, relation_id: int, op: str, values: WireTuple | None, lsn: int, seq: int,
+            txn: Commit, may_have_toast: bool, old: WireTuple | None) -> None:
         limit = self.limits.get(relation_id)
         if limit is not None and txn.commit_lsn < limit:
             return
         self.sink.add(relation_id, op, values, lsn, seq, txn, may_have_toast, old)
 
-    def take(self) -> Iterator[pa.RecordBatch]:
-        return self.sink.take()  # type: ignore[no-any-return]
+    def snapshot(self, table: str, texts: pa.Table, at: int, taken_us: int,
+                 truncate_first: bool, keys: Sequence[str]) -> None:
+        self.sink.snapshot(table, texts, at, taken_us, truncate_first, keys)
 
-    def finish(self) -> Iterator[pa.RecordBatch]:
-        return self.sink.finish()  # type: ignore[no-any-return]
+    def columns(self, table: str) -> list[str]:
+        return self.sink.columns(table)

@@ -1,13 +1,13 @@
-"""The ``tidemark`` stream on a MariaDB source: micro-batches of whole binlog transactions.
+"""MariaDB's read plan for the Spark stream: micro-batches of whole binlog transactions.
 
 Offsets are binlog positions (``file``/``pos``, with the GTID state) taken between
 transactions; a batch is the stretch of binlog from the last batch's end to the server's
 binlog end when Spark asks (``SHOW MASTER STATUS``: always after a commit). A binlog is
 one ordered stream, so a batch is one partition: an executor dumps that stretch, decodes
-it with the same code as ``tidemark capture`` and hands the rows to the same sinks as
-the PostgreSQL stream, so typed streams, envelopes, ``apply_changes`` and ``tidemark run``
-work unchanged. Nothing is released on commit: the server keeps its binlog by time and
-size.
+it with the same code as ``tidemark capture`` and hands the change rows to the stream's
+sink (:class:`tidemark.source.change_feed.ChangeFeed`), so typed streams, envelopes,
+``apply_changes`` and ``tidemark run`` work unchanged. Nothing is released on commit: the
+server keeps its binlog by time and size.
 
 ``snapshot = initial`` takes a table's existing rows first. MariaDB cannot share one
 read view between connections, so the rows are read in the batch that starts at the
@@ -33,24 +33,21 @@ import time
 from collections.abc import Iterator, Sequence
 from typing import Any, Final
 
-import pyarrow as pa
-from pyspark.sql.datasource import DataSourceStreamReader, InputPartition
-from pyspark.sql.streaming.datasource import (
-    ReadAllAvailable,
-    ReadLimit,
-    ReadMaxRows,
-    SupportsTriggerAvailableNow,
-)
-from pyspark.sql.types import StructField, StructType
-
 from tidemark.errors import SourceError, SourceUnavailableError
 from tidemark.event import ChangeEvent, TableId
+from tidemark.source.change_feed import ChangeFeed
 from tidemark.source.mariadb import client
 from tidemark.source.mariadb import snapshot as snap
 from tidemark.source.mariadb.change_builder import ChangeBuilder
 from tidemark.source.mariadb.position import BinlogPosition
-from tidemark.spark.event_feeder import EventFeeder
-from tidemark.spark.options import SnapshotMode, SourceOptions
+from tidemark.source.read_plan import (
+    SNAPSHOT_INITIAL,
+    ChangeSink,
+    ColumnLayout,
+    ReadOptions,
+    TableColumns,
+)
+from tidemark.source.signal_requests import requests_in
 
 log = logging.getLogger(__name__)
 
@@ -73,28 +70,35 @@ def _replica_id() -> int:
 _NO_SUCH_TABLE: Final = 1146
 
 
-def _raw_connection(options: SourceOptions) -> Any:
+def _raw_connection(options: ReadOptions) -> Any:
     return client.connect(client.parse_url(options.dsn), conv=client.RAW_VALUES)
 
 
-class BinlogRange(InputPartition):
+class BinlogRange:
     """One partition: the transactions between two binlog positions, and the tables whose
     rows are read first (the snapshot of this batch)."""
 
     def __init__(self, start: dict[str, Any], end: dict[str, Any],
                  snapshot: Sequence[str] = ()) -> None:
-        super().__init__((start, end, tuple(snapshot)))
         self.start = start
         self.end = end
         self.snapshot = tuple(snapshot)
 
 
-class MariaDbStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
+    def __repr__(self) -> str:
+        return f"BinlogRange({self.start}, {self.end}, snapshot={list(self.snapshot)})"
+
+
+def make_read_plan(options: ReadOptions) -> MariaDbReadPlan:
+    """The read plan of a stream of the MariaDB server *options* name."""
+    return MariaDbReadPlan(options)
+
+
+class MariaDbReadPlan:
     """Micro-batches of whole MariaDB transactions (see the module docstring)."""
 
-    def __init__(self, options: SourceOptions, schema: StructType) -> None:
+    def __init__(self, options: ReadOptions) -> None:
         self.options = options
-        self.schema = schema
         self._settings = client.parse_url(options.dsn)
         self._target: dict[str, Any] | None = None
 
@@ -102,23 +106,23 @@ class MariaDbStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         with contextlib.closing(client.connect(self._settings)) as conn:
             return client.current_position(conn)
 
-    def initialOffset(self) -> dict[str, Any]:  # noqa: N802 - pyspark API name
+    def tables(self) -> dict[TableId, TableColumns]:
+        """Check the server, the tables and the signal table; describe each table."""
+        return table_columns(self.options)
+
+    def initial_offset(self) -> dict[str, Any]:
         """A new query starts at the binlog's end; with ``snapshot=initial`` its tables'
         rows come first, in the first batch."""
         position = self._current()
         log.info("MariaDB stream starts at %s", position)
         tables = [str(t) for t in self.options.snapshot_tables] \
-            if self.options.snapshot is SnapshotMode.INITIAL else []
+            if self.options.snapshot == SNAPSHOT_INITIAL else []
         return {**position.to_offset(), "snapshot": tables, "signals": None}
 
-    def getDefaultReadLimit(self) -> ReadLimit:  # noqa: N802 - pyspark API name
-        limit = self.options.max_changes_per_trigger
-        return ReadAllAvailable() if limit is None else ReadMaxRows(limit)
-
-    def prepareForTriggerAvailableNow(self) -> None:  # noqa: N802 - pyspark API name
+    def prepare_available_now(self) -> None:
         self._target = self._current().to_offset()
 
-    def latestOffset(self, start: dict[str, Any], limit: ReadLimit) -> dict[str, Any]:  # noqa: N802 - pyspark API name
+    def latest(self, start: dict[str, Any], max_changes: int | None) -> dict[str, Any]:
         """Everything written so far (a batch holding a snapshot ends where it started:
         its rows first, then the stream from there in the next batches)."""
         signals = start.get("signals")
@@ -135,17 +139,15 @@ class MariaDbStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         end = self._target if self._target is not None else self._current().to_offset()
         if BinlogPosition.from_offset(end).key <= _position(start).key:
             end = _position(start).to_offset()
-        elif isinstance(limit, ReadMaxRows):
+        elif max_changes is not None:
             end = self._end_for_limit(_position(start), BinlogPosition.from_offset(end),
-                                      limit.max_rows).to_offset()
+                                      max_changes).to_offset()
         result = {**end, "snapshot": requested, "loaded": [], "signals": signals}
         same = _position(start).to_offset() == end and not requested \
             and signals == start.get("signals")
         return dict(start) if same else result
 
     def _signals(self, seen: list[str] | None) -> tuple[list[str], tuple[str, ...]]:
-        from tidemark.spark.signals import requests_in  # noqa: PLC0415
-
         table = self.options.signal_table
         assert table is not None
         with contextlib.closing(client.connect(self._settings)) as conn, \
@@ -183,29 +185,30 @@ class MariaDbStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
                     return end
         return reached if changes else end
 
-    def partitions(self, start: dict[str, Any],
-                   end: dict[str, Any]) -> Sequence[InputPartition]:
+    def report_latest(self) -> dict[str, Any] | None:
+        return None
+
+    def plan(self, start: dict[str, Any], end: dict[str, Any]) -> Sequence[Any]:
         return [BinlogRange(start, end, start.get("snapshot") or ())]
 
     def commit(self, end: dict[str, Any]) -> None:
         """Nothing to release: the server keeps its binlog by time and size."""
 
-    def read(self, partition: InputPartition) -> Iterator[pa.RecordBatch]:
+    def stop(self) -> None:
+        """Nothing held between batches."""
+
+    def read(self, partition: Any, sink: ChangeSink) -> Iterator[None]:
+        """The partition's snapshot rows, then its transactions, into *sink*."""
         assert isinstance(partition, BinlogRange)
-        from tidemark.spark.stream_sink import gc_paused, stream_sink  # noqa: PLC0415
-
-        sink = stream_sink(self.options, self.schema)
-        feeder = EventFeeder(sink)
+        feed = ChangeFeed(sink)
         start, end = _position(partition.start), _position(partition.end)
-        with gc_paused():
-            if partition.snapshot:
-                yield from self._snapshot(feeder, partition.snapshot, start)
-            if end.key > start.key:
-                yield from self._stream(feeder, start, end)
-        yield from sink.finish()
+        if partition.snapshot:
+            yield from self._snapshot(feed, partition.snapshot, start)
+        if end.key > start.key:
+            yield from self._stream(feed, start, end)
 
-    def _snapshot(self, feeder: EventFeeder, tables: Sequence[str],
-                  at: BinlogPosition) -> Iterator[pa.RecordBatch]:
+    def _snapshot(self, feed: ChangeFeed, tables: Sequence[str],
+                  at: BinlogPosition) -> Iterator[None]:
         conn = _raw_connection(self.options)
         with contextlib.closing(conn):
             read_view_from(conn, at)
@@ -213,12 +216,12 @@ class MariaDbStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
                     conn, [TableId.parse(t) for t in tables], position=at,
                     name="tidemark", fetch_size=self.options.arrow_batch_rows):
                 for event in events:
-                    feeder.add(event, at.key, _SNAPSHOT_SEQ)
-                yield from feeder.sink.take()
+                    feed.add(event, at.key, _SNAPSHOT_SEQ)
+                yield
             conn.commit()
 
-    def _stream(self, feeder: EventFeeder, start: BinlogPosition,
-                end: BinlogPosition) -> Iterator[pa.RecordBatch]:
+    def _stream(self, feed: ChangeFeed, start: BinlogPosition,
+                end: BinlogPosition) -> Iterator[None]:
         wanted = {TableId.parse(str(t)) for t in self.options.tables}
         # A transaction larger than a few Arrow batches waits in a temporary file, not in
         # the executor's memory, and is fed chunk by chunk.
@@ -237,8 +240,8 @@ class MariaDbStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
                     for chunk in builder.with_rest(records, rows, held):
                         for record in chunk:
                             if isinstance(record, ChangeEvent):
-                                feeder.add(record, record.lsn or 0, record.total_order)
-                        yield from feeder.sink.take()
+                                feed.add(record, record.lsn or 0, record.total_order)
+                        yield
                 if not builder.in_transaction and builder.position_key >= stop:
                     break
 
@@ -262,38 +265,31 @@ def read_view_from(conn: Any, at: BinlogPosition) -> BinlogPosition:
         f"{_READ_VIEW_ATTEMPTS} attempts")
 
 
-def table_schemas(options: SourceOptions) -> dict[TableId, StructType]:
-    """Check the server and the tables, and return each table's typed Spark schema."""
-    from tidemark.spark.arrow_rows import typed_schema  # noqa: PLC0415
-    from tidemark.spark.column_history import TableLayout, with_layout  # noqa: PLC0415
-    from tidemark.spark.type_mapping import spark_type  # noqa: PLC0415
-
+def table_columns(options: ReadOptions) -> dict[TableId, TableColumns]:
+    """Check the server and the tables, and describe each table."""
     with contextlib.closing(client.connect(client.parse_url(options.dsn))) as conn:
         client.check_server(conn)
         # Changes committed before this position were made under the columns read now
         # or older ones, whose names the binlog gives (tidemark.spark.column_history).
         read_at = client.current_position(conn).key
-        schemas: dict[TableId, StructType] = {}
+        described: dict[TableId, TableColumns] = {}
         keyless = []
         for table in options.tables:
-            described = snap.table_schema(conn, table)
-            if not described.key_indexes:
+            schema = snap.table_schema(conn, table)
+            if not schema.key_indexes:
                 keyless.append(str(table))
-            schemas[table] = with_layout(typed_schema([
-                StructField(c.name, spark_type(c.logical), True,
-                            {"tidemark.key": True, "tidemark.type": c.type_name} if c.is_key
-                            else {"tidemark.type": c.type_name})
-                for c in described.columns]), TableLayout(0, read_at, None))
+            described[table] = TableColumns(schema.columns,
+                                            layout=ColumnLayout(0, read_at, None))
     if keyless:
         raise SourceError(f"table(s) {', '.join(keyless)} have no primary key: change streams "
                           "are keyed by it; add one (ALTER TABLE ... ADD PRIMARY KEY (...)) "
                           "or leave the table out")
     if options.signal_table is not None:
         check_signal_table(options)
-    return schemas
+    return described
 
 
-def check_signal_table(options: SourceOptions) -> None:
+def check_signal_table(options: ReadOptions) -> None:
     """Raise SourceError unless the signal table has Debezium's columns and is readable."""
     import pymysql.err  # noqa: PLC0415
 

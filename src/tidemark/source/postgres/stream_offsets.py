@@ -13,7 +13,7 @@ positions and each partition reads the transactions committing in its slice, so 
 split needs no knowledge of where transactions are.
 
 Everything here is pure; the functions that ask the server live in
-:mod:`tidemark.spark.postgres.wal`.
+:mod:`tidemark.source.postgres.wal_reads`.
 """
 
 from __future__ import annotations
@@ -24,7 +24,7 @@ from typing import Any
 
 from tidemark.errors import TerminalError
 from tidemark.source.postgres.pgoutput import lsn_to_str, str_to_lsn
-from tidemark.spark.snapshot_plan import SnapshotPlan
+from tidemark.source.postgres.snapshot_plan import SnapshotPlan
 
 
 class OffsetError(TerminalError):

@@ -1,19 +1,17 @@
-"""The stream reader: offsets, admission control, partitions, reading and committing.
+"""PostgreSQL's read plan for the Spark stream: offsets, admission control, partitions,
+reading and committing (:class:`tidemark.source.read_plan.ReadPlan`).
 
-Where each method runs (pyspark 4.3): ``initialOffset``, ``latestOffset``,
-``partitions``, ``commit`` and ``prepareForTriggerAvailableNow`` in one long-lived
-Python process on the driver, which may keep a connection; ``read`` on executors, in
-other processes, on a pickled copy of a reader that never ran any other method — so
-``read`` opens its own connection and uses nothing but the options, the schema and the
-partition.
+The driver-side methods may keep a connection; ``read`` runs on executors, in other
+processes, on a pickled copy of the plan that never ran any other method — so ``read``
+opens its own connection and uses nothing but the options and the partition.
 
-Design (see :mod:`tidemark.spark.postgres.offsets` for the offset rule):
+Design (see :mod:`tidemark.source.postgres.stream_offsets` for the offset rule):
 
-* ``latestOffset`` returns the server's flush position (peeks decode only that far), or,
+* ``latest`` returns the server's flush position (peeks decode only that far), or,
   under ``maxChangesPerTrigger``, the end of the last whole transaction that fits, found
   by a server-side scan that returns one row per transaction and is cached for the
   following batches.
-* ``partitions(start, end)`` cuts the range into up to ``numPartitions`` WAL slices. Each
+* ``plan(start, end)`` cuts the range into up to ``numPartitions`` WAL slices. Each
   ``read`` peeks its own temporary copy of the slot fast-forwarded to its slice, so the
   server-side decoding and the Python decoding of one batch both run in parallel.
 * ``commit(end)`` is the only place the slot moves (``pg_replication_slot_advance``):
@@ -29,32 +27,11 @@ from collections.abc import Iterator, Sequence
 from typing import Any, Final
 
 import psycopg
-import pyarrow as pa
-from pyspark.sql.datasource import DataSourceStreamReader, InputPartition
-from pyspark.sql.streaming.datasource import (
-    ReadAllAvailable,
-    ReadLimit,
-    ReadMaxRows,
-    SupportsTriggerAvailableNow,
-)
-from pyspark.sql.types import StructType
 
 from tidemark import faults
 from tidemark.event import TableId
-from tidemark.source.postgres.pgoutput import lsn_to_str
-from tidemark.spark.arrow_rows import META_NAMES, envelope_table_schemas
-from tidemark.spark.decode import TransactionWalker
-from tidemark.spark.options import SnapshotMode, SourceOptions
-from tidemark.spark.postgres import wal
-from tidemark.spark.postgres.offsets import (
-    SourceOffset,
-    TxnIndex,
-    end_for_limit,
-    from_offset,
-    split_range,
-    to_offset,
-)
-from tidemark.spark.postgres.snapshot import (
+from tidemark.source.postgres import wal_reads as wal
+from tidemark.source.postgres.chunked_snapshot import (
     SkippingSink,
     SnapshotChunk,
     SnapshotExport,
@@ -63,9 +40,20 @@ from tidemark.spark.postgres.snapshot import (
     primary_key,
     read_chunk_text,
 )
-from tidemark.spark.signals import snapshot_requests
-from tidemark.spark.snapshot_plan import ChunkRange, SnapshotPlan
-from tidemark.spark.stream_sink import gc_paused, stream_sink
+from tidemark.source.postgres.pgoutput import lsn_to_str
+from tidemark.source.postgres.pgoutput_walk import TransactionWalker
+from tidemark.source.postgres.read_checks import table_columns
+from tidemark.source.postgres.snapshot_plan import ChunkRange, SnapshotPlan
+from tidemark.source.postgres.stream_offsets import (
+    SourceOffset,
+    TxnIndex,
+    end_for_limit,
+    from_offset,
+    split_range,
+    to_offset,
+)
+from tidemark.source.postgres.stream_signals import snapshot_requests
+from tidemark.source.read_plan import SNAPSHOT_INITIAL, ChangeSink, ReadOptions, TableColumns
 
 log = logging.getLogger(__name__)
 
@@ -78,13 +66,12 @@ _MIN_SCAN_ROWS: Final = 200_000
 MIN_SLICE_BYTES: Final = 4 << 20
 
 
-class WalSlice(InputPartition):
+class WalSlice:
     """One partition: the transactions committing in ``[lo, hi)``, as plain integers;
     *skip* drops a snapshotted table's changes before its snapshot's position."""
 
     def __init__(self, index: int, lo: int, hi: int,
                  skip: dict[str, int] | None = None) -> None:
-        super().__init__((index, lo, hi))
         self.index = index
         self.lo = lo
         self.hi = hi
@@ -94,12 +81,16 @@ class WalSlice(InputPartition):
         return f"WalSlice({self.index}, {lsn_to_str(self.lo)}, {lsn_to_str(self.hi)})"
 
 
-class TidemarkStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
+def make_read_plan(options: ReadOptions) -> PostgresReadPlan:
+    """The read plan of a stream of the PostgreSQL database *options* name."""
+    return PostgresReadPlan(options)
+
+
+class PostgresReadPlan:
     """Micro-batches of whole PostgreSQL transactions from one logical slot."""
 
-    def __init__(self, options: SourceOptions, schema: StructType) -> None:
+    def __init__(self, options: ReadOptions) -> None:
         self.options = options
-        self.schema = schema
         self._conn: psycopg.Connection[Any] | None = None
         self._index = TxnIndex()
         self._target: int | None = None  # Trigger.AvailableNow's end, once prepared
@@ -116,13 +107,17 @@ class TidemarkStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         return state
 
     # -- driver side -------------------------------------------------------------------
+    def tables(self) -> dict[TableId, TableColumns]:
+        """Check the database, the tables and the publication; describe each table."""
+        return table_columns(self.options)
+
     def _connection(self) -> psycopg.Connection[Any]:
         if self._conn is None or self._conn.closed:
             self._conn = wal.connect(self.options.dsn, purpose="driver",
                                      server_timeout_s=self.options.server_timeout_ms / 1000)
         return self._conn
 
-    def initialOffset(self) -> dict[str, str]:  # noqa: N802 - pyspark API name
+    def initial_offset(self) -> dict[str, Any]:
         """A new query starts where the slot is, creating the slot if missing."""
         position = wal.ensure_slot(self._connection(), self.options.slot,
                                        self.options.slot_failover)
@@ -130,16 +125,12 @@ class TidemarkStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         # No table is known yet: the first batch decides which ones get a snapshot.
         return SourceOffset(position, known=()).to_json()
 
-    def getDefaultReadLimit(self) -> ReadLimit:  # noqa: N802 - pyspark API name
-        limit = self.options.max_changes_per_trigger
-        return ReadAllAvailable() if limit is None else ReadMaxRows(limit)
-
-    def prepareForTriggerAvailableNow(self) -> None:  # noqa: N802 - pyspark API name
+    def prepare_available_now(self) -> None:
         """Trigger.AvailableNow: read what is flushed now, then stop."""
         self._target = wal.readable_end(self._connection(), self.options.slot)
         log.info("AvailableNow: reading up to %s", lsn_to_str(self._target))
 
-    def latestOffset(self, start: dict[str, Any], limit: ReadLimit) -> dict[str, Any]:  # noqa: N802 - pyspark API name
+    def latest(self, start: dict[str, Any], max_changes: int | None) -> dict[str, Any]:
         """The end of the next batch: everything flushed, or whole transactions up to
         ``maxChangesPerTrigger`` changes; while a snapshot runs, its next chunks, and
         the stream no further than the snapshot's consistent point."""
@@ -149,21 +140,21 @@ class TidemarkStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         end_lsn = start_lsn
         available = self._available()
         if available > start_lsn:
-            if isinstance(limit, ReadMaxRows):
-                end_lsn = self._end_for_limit(start_lsn, available, limit.max_rows)
+            if max_changes is not None:
+                end_lsn = self._end_for_limit(start_lsn, available, max_changes)
             else:
                 # Everything flushed. When only other tables wrote WAL the batch is
                 # empty, and committing it still lets the slot release that WAL.
                 end_lsn = available
         if planned.snapshot is not None:
             # A change past the snapshot's point must not reach the sink before the
-            # snapshot's rows (see tidemark.spark.postgres.snapshot).
+            # snapshot's rows (see tidemark.source.postgres.chunked_snapshot).
             end_lsn = max(start_lsn, min(end_lsn, planned.snapshot.at))
         skip = {t: at for t, at in planned.skip.items() if at > start_lsn}
         end = dataclasses.replace(planned, lsn=end_lsn, skip=skip)
         return dict(start) if end == state else end.to_json()
 
-    # -- snapshots (see tidemark.spark.postgres.snapshot) ------------------------------------
+    # -- snapshots (see tidemark.source.postgres.chunked_snapshot) ----------------------
     def _snapshot_step(self, state: SourceOffset) -> SourceOffset:
         """The snapshot state of the next batch: tables to take in, a generation to
         start or restart, the next chunks."""
@@ -192,7 +183,7 @@ class TidemarkStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         if plan is None:
             new = [t for t in tables if t not in known]
             wanted = {str(t) for t in self.options.snapshot_tables} \
-                if self.options.snapshot is SnapshotMode.INITIAL else set()
+                if self.options.snapshot == SNAPSHOT_INITIAL else set()
             known = [t for t in known if t in tables] + [t for t in new if t not in wanted]
             to_snapshot = [t for t in new if t in wanted]
             if self.options.signal_table is not None:
@@ -260,7 +251,7 @@ class TidemarkStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
             self._export.close()
             self._export = None
 
-    def reportLatestOffset(self) -> dict[str, str]:  # noqa: N802 - pyspark API name
+    def report_latest(self) -> dict[str, Any] | None:
         return to_offset(self._available())
 
     def _available(self) -> int:
@@ -284,8 +275,7 @@ class TidemarkStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
                   len(txns), lsn_to_str(end if end is not None else known_until))
         return end if end is not None else known_until
 
-    def partitions(self, start: dict[str, Any],
-                   end: dict[str, Any]) -> Sequence[InputPartition]:
+    def plan(self, start: dict[str, Any], end: dict[str, Any]) -> Sequence[Any]:
         """Up to ``numPartitions`` equal WAL slices of the batch, each at least
         :data:`MIN_SLICE_BYTES` (one slice for a small batch), and one partition per
         snapshot chunk."""
@@ -293,7 +283,7 @@ class TidemarkStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         last = planned.lsn
         parts = min(self.options.num_partitions, max(1, (last - first) // MIN_SLICE_BYTES))
         skip = dict(planned.skip)
-        partitions: list[InputPartition] = [
+        partitions: list[WalSlice | SnapshotChunk] = [
             WalSlice(i, lo, hi, skip) for i, (lo, hi) in enumerate(split_range(first, last,
                                                                             parts))]
         plan = planned.snapshot
@@ -326,45 +316,37 @@ class TidemarkStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
             self._conn = None
 
     # -- executor side -----------------------------------------------------------------
-    def read(self, partition: InputPartition) -> Iterator[pa.RecordBatch]:
-        """Arrow batches of the transactions committing in the partition's slice, or of
-        the rows of a snapshot chunk."""
+    def read(self, partition: Any, sink: ChangeSink) -> Iterator[None]:
+        """The transactions committing in the partition's slice, or the rows of a
+        snapshot chunk, into *sink*."""
         if isinstance(partition, SnapshotChunk):
-            return read_chunk(self.options, self.schema, partition)
+            return read_chunk(self.options, partition, sink)
         assert isinstance(partition, WalSlice)
-        return read_slice(self.options, self.schema, partition.lo, partition.hi,
-                          partition.skip)
+        return read_slice(self.options, partition.lo, partition.hi, sink, partition.skip)
 
 
-def read_chunk(options: SourceOptions, schema: StructType,
-               chunk: SnapshotChunk) -> Iterator[pa.RecordBatch]:
-    """The rows of a snapshot chunk as reads, in record batches of *schema*."""
-    typed = schema if options.table is not None else \
-        envelope_table_schemas(schema)[chunk.chunk.table]
-    columns = [f.name for f in typed.fields if f.name not in META_NAMES]
-    with gc_paused(), wal.connect(options.dsn, purpose="snapshot",
-                                   server_timeout_s=options.server_timeout_ms / 1000) as conn:
+def read_chunk(options: ReadOptions, chunk: SnapshotChunk, sink: ChangeSink) -> Iterator[None]:
+    """The rows of a snapshot chunk as reads, into *sink*."""
+    columns = sink.columns(chunk.chunk.table)
+    with wal.connect(options.dsn, purpose="snapshot",
+                     server_timeout_s=options.server_timeout_ms / 1000) as conn:
         texts = read_chunk_text(conn, chunk.export, chunk.chunk, columns, chunk.keys)
-    sink = stream_sink(options, schema)
     sink.snapshot(chunk.chunk.table, texts, chunk.at, chunk.taken_us, chunk.truncate_first,
                   chunk.keys)
-    yield from sink.finish()
     log.debug("%r: %d rows", chunk, texts.num_rows)
+    yield
 
 
-def read_slice(options: SourceOptions, schema: StructType, lo: int, hi: int,
-               skip: dict[str, int] | None = None) -> Iterator[pa.RecordBatch]:
-    """Decode the transactions committing in ``[lo, hi)`` into record batches of
-    *schema*; a table in *skip* loses its changes committing before its LSN there."""
-    sink = stream_sink(options, schema)
+def read_slice(options: ReadOptions, lo: int, hi: int, sink: ChangeSink,
+               skip: dict[str, int] | None = None) -> Iterator[None]:
+    """Decode the transactions committing in ``[lo, hi)`` into *sink*, yielding after
+    each chunk of messages; a table in *skip* loses its changes committing before its
+    LSN there."""
     walker = TransactionWalker(lo, hi, SkippingSink(sink, skip) if skip else sink)
-    with gc_paused(), wal.connect(options.dsn, purpose="reader",
-                                   server_timeout_s=options.server_timeout_ms / 1000) as conn, \
+    with wal.connect(options.dsn, purpose="reader",
+                     server_timeout_s=options.server_timeout_ms / 1000) as conn, \
             wal.slot_copy_at(conn, options.slot, lo) as copy:
         for chunk in wal.peek(conn, copy, options.publication, hi):
             walker.feed(chunk)
-            # Hand finished batches on between chunks: memory stays bounded by the
-            # batch size, not the partition's size.
-            yield from sink.take()
-    yield from sink.finish()
+            yield
     log.debug("slice %s-%s: %d rows", lsn_to_str(lo), lsn_to_str(hi), walker.rows)

@@ -1,2 +1,0 @@
-"""The Spark stream of a MariaDB server: whole binlog transactions per batch
-(:mod:`.reader`). Registered in :mod:`tidemark.spark.sources`."""
