@@ -83,6 +83,13 @@ def test_a_lines_consumer_after_transforms_gets_the_converted_records_as_lines()
     assert _timeless("".join(lines.texts)) == _timeless("".join(_lines_of(records.records)))
 
 
+def test_without_read_ahead_a_single_consumer_runs_in_the_readers_thread() -> None:
+    sink = LinesSink()
+    Engine(SyntheticConnector(total=2_000, batch_size=100), sink,
+           config={"delivery_mode": "batch", "read_ahead": False}).run()
+    assert sink.threads == {"tidemark-task0"} and sink.changes == 2_000
+
+
 def test_consumers_of_records_and_of_lines_do_not_mix() -> None:
     with pytest.raises(ConfigError, match="not both"):
         Engine(SyntheticConnector(), [LinesSink(), MemorySink()],
@@ -93,18 +100,20 @@ def test_consumers_of_records_and_of_lines_do_not_mix() -> None:
 def test_batch_delivery_saves_offsets_at_the_flush_interval(interval_ms: int,
                                                              at_most: int | None) -> None:
     """A finished batch does not force a save: with a long interval the offset is
-    saved once, at the end; with 0 after (about) every batch."""
+    saved once, at the end; with 0 after every batch (the consumers run in the reader's
+    thread here, so each batch is done before the reader's next flush)."""
     for consumer in (LinesSink(), MemorySink()):
         store = CountingStore()
         connector = SyntheticConnector(total=5_000, batch_size=100)
-        Engine(connector, consumer, config={"delivery_mode": "batch",
+        Engine(connector, consumer, config={"delivery_mode": "batch", "read_ahead": False,
                                             "offset_flush_interval_ms": interval_ms},
                offset_store=store).run()
         assert store.load(connector.created[0].partition) == {"position": 5_000}
+        assert consumer.batches == 50
         if at_most is not None:
             assert store.saves <= at_most
         else:
-            assert store.saves > 1
+            assert store.saves >= 50
 
 
 def test_first_changes_cuts_before_the_change_after_n() -> None:
