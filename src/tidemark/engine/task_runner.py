@@ -48,7 +48,7 @@ class TaskRunner:
         self.finished = False
         self.started = False
         self.thread: threading.Thread | None = None  # the poll loop's worker
-        self._last_flush = time.monotonic()
+        self._last_flush = float("-inf")  # the first offset is saved at once
         self._committed: Offset | None = None
         self._exit_lock = threading.Lock()
         self._exited = False
