@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import contextlib
-import ctypes
 import gc
 import logging
 import os
@@ -152,7 +151,6 @@ def capture(dsn: str, source: str | None, tasks: int, task_index: int, cells: bo
         "heartbeat_interval_ms": heartbeat_interval_ms, "signal_table": signal_table,
         "incremental_snapshot_chunk_size": incremental_snapshot_chunk_size,
     }
-    _one_malloc_arena()
     store: OffsetStore = FileOffsetStore(offsets) if offsets else MemoryOffsetStore()
     chosen = _source(source_kind(dsn, source), values, tombstones=tombstones, cells=cells,
                      tasks=tasks, task_index=task_index, retention_s=retention_s,
@@ -281,19 +279,6 @@ def _source(kind: str, values: dict[str, Any], *, tombstones: bool, cells: bool,
                             time_precision_mode=config.time_precision_mode,
                             tombstones_on_delete=tombstones, transaction_metadata=metadata),
         wal_dsn=config.dsn)
-
-
-def _one_malloc_arena() -> None:
-    """Let glibc's malloc serve every thread from one arena: the engine reads and
-    writes in a thread of its own, and a second arena keeps ~5 MB of freed batches that
-    the main one would give back (the capture's threads do not allocate concurrently,
-    so they do not contend for it). Not glibc: nothing to do."""
-    with contextlib.suppress(OSError, AttributeError):
-        ctypes.CDLL(None).mallopt(_M_ARENA_MAX, 1)
-
-
-#: glibc's mallopt parameter for the most arenas.
-_M_ARENA_MAX = -8
 
 
 def _stop(engine: Engine | None) -> None:

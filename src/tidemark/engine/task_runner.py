@@ -147,10 +147,12 @@ class TaskRunner:
         now = time.monotonic()
         if not force and now - self._last_flush < self.config.offset_flush_interval_ms / 1000:
             return
-        self._last_flush = now
         offset = self.tracker.take_committable()
         if offset is None:
+            # Only a save starts the interval: polls with nothing to save (a stream
+            # opening) must not hold back the first offset that comes after them.
             return
+        self._last_flush = now
         with self._store_lock:
             save_offset(self._store, self.task, offset)
         self._committed = offset
