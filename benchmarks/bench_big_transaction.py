@@ -37,7 +37,6 @@ import tempfile
 import time
 from pathlib import Path
 
-import psycopg2
 from deltalake import DeltaTable
 
 sys.path.insert(0, str(Path(__file__).parent))
@@ -48,7 +47,7 @@ from processes import run_measured
 
 from tidemark.source.mariadb import client
 from tidemark.testing.mariadb import MariaDbServer
-from tidemark.testing.postgres import PostgresCluster
+from tidemark.testing.postgres import PostgresCluster, sql_connection
 
 _SLOTS = ("recv", "capture", "engine", "run")
 
@@ -86,7 +85,7 @@ def main() -> None:
         return
     with PostgresCluster() as cluster, tempfile.TemporaryDirectory() as tmp:
         dsn = cluster.create_database("bench")
-        with contextlib.closing(psycopg2.connect(dsn)) as conn:
+        with contextlib.closing(sql_connection(dsn)) as conn:
             conn.autocommit = True
             with conn.cursor() as cur:
                 cur.execute("CREATE TABLE big (id bigint PRIMARY KEY, v text, n integer)")

@@ -24,14 +24,12 @@ import sys
 import time
 from pathlib import Path
 
-import psycopg2
-
 sys.path.insert(0, str(Path(__file__).parent))
 
 import workload
 from processes import first_line_seconds, run_measured
 
-from tidemark.testing.postgres import PostgresCluster
+from tidemark.testing.postgres import PostgresCluster, sql_connection
 
 PUBLICATION = "bench_pub"
 
@@ -48,7 +46,7 @@ def main() -> None:
         bindir = cluster.bindir
         dsn = cluster.create_database("bench")
         workload.create_table(dsn)
-        with contextlib.closing(psycopg2.connect(dsn)) as conn:
+        with contextlib.closing(sql_connection(dsn)) as conn:
             conn.autocommit = True
             with conn.cursor() as cur:
                 cur.execute(f"CREATE PUBLICATION {PUBLICATION} FOR TABLE t10")

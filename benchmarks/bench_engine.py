@@ -35,8 +35,6 @@ import time
 from pathlib import Path
 from typing import Any
 
-import psycopg2
-
 sys.path.insert(0, str(Path(__file__).parent))
 
 import workload
@@ -49,7 +47,7 @@ from tidemark.engine.records import ChangeRecord
 from tidemark.offsets.memory import MemoryOffsetStore
 from tidemark.source.postgres.task import PostgresConnector
 from tidemark.source.synthetic import SyntheticConnector
-from tidemark.testing.postgres import PostgresCluster
+from tidemark.testing.postgres import PostgresCluster, sql_connection
 
 MODES = ["batch", "ordered", "async", "per_key"]
 
@@ -151,7 +149,7 @@ def end_to_end(transactions: int, runs: int, workers: int) -> None:
     with PostgresCluster() as cluster:
         dsn = cluster.create_database("bench")
         workload.create_table(dsn)
-        with contextlib.closing(psycopg2.connect(dsn)) as conn:
+        with contextlib.closing(sql_connection(dsn)) as conn:
             conn.autocommit = True
             with conn.cursor() as cur:
                 cur.execute("CREATE PUBLICATION bench_pub FOR TABLE t10")

@@ -38,8 +38,6 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
-import psycopg2
-
 sys.path.insert(0, str(Path(__file__).parent))
 
 import soak_pipeline
@@ -47,7 +45,7 @@ import workload
 from processes import run_measured
 
 from tidemark.source.logtable import postgres_install, sqlite_install
-from tidemark.testing.postgres import PostgresCluster
+from tidemark.testing.postgres import PostgresCluster, sql_connection
 
 TABLE = "CREATE TABLE {name} (id bigint PRIMARY KEY, a integer, b text, c double precision)"
 SQLITE_TABLE = "CREATE TABLE {name} (id INTEGER PRIMARY KEY, a INTEGER, b TEXT, c REAL)"
@@ -61,7 +59,7 @@ def _median(values: list[float]) -> float:
 # -- 1. write cost -----------------------------------------------------------------------
 def _pg_writes(dsn: str, rows: int, single: int, runs: int) -> dict[str, list[float]]:
     out: dict[str, list[float]] = {}
-    with contextlib.closing(psycopg2.connect(dsn)) as conn:
+    with contextlib.closing(sql_connection(dsn)) as conn:
         conn.autocommit = True
         cur = conn.cursor()
         for name in ("w_plain", "w_logged"):
@@ -152,7 +150,7 @@ def _print_writes(database: str, results: dict[str, list[float]]) -> None:
 # -- 2. read scaling ---------------------------------------------------------------------
 def _fill_pg(dsn: str, changes: int) -> None:
     rows = changes // 2
-    with contextlib.closing(psycopg2.connect(dsn)) as conn:
+    with contextlib.closing(sql_connection(dsn)) as conn:
         conn.autocommit = True
         cur = conn.cursor()
         for lo in range(1, rows + 1, _CHUNK):
@@ -262,7 +260,7 @@ def _run_available_now(file: Path, changes: int) -> float:
 def _lag(cluster: PostgresCluster, seconds: float, rate: int) -> tuple[float, float, int]:
     dsn = cluster.create_database("lag")
     workload.fill_t10(dsn, 10_000, "CREATE TABLE probe (id int PRIMARY KEY, at timestamptz)")
-    with contextlib.closing(psycopg2.connect(dsn)) as conn:
+    with contextlib.closing(sql_connection(dsn)) as conn:
         conn.autocommit = True
         postgres_install.install(conn, ["t10", "probe"])
     with tempfile.TemporaryDirectory() as tmp:
@@ -333,7 +331,7 @@ def main() -> None:
         # 2. read scaling
         dsn = cluster.create_database("bench")
         env = {**os.environ}
-        with contextlib.closing(psycopg2.connect(dsn)) as conn:
+        with contextlib.closing(sql_connection(dsn)) as conn:
             conn.autocommit = True
             cur = conn.cursor()
             cur.execute(TABLE.format(name="events"))
@@ -354,7 +352,7 @@ def main() -> None:
                     "--publication", "bench", "--snapshot-mode", "no_data", "--stop-at-end"]
 
         pg_reads = _read(dsn, args.changes, args.runs, env, pgoutput=pgoutput)
-        with contextlib.closing(psycopg2.connect(dsn)) as conn:
+        with contextlib.closing(sql_connection(dsn)) as conn:
             conn.autocommit = True
             conn.cursor().execute("SELECT pg_drop_replication_slot('main')")
         lite = work / "bench.db"
@@ -379,7 +377,7 @@ def main() -> None:
             run_dir.mkdir()
             if kind == "PostgreSQL":
                 source = cluster.create_database("pipeline")
-                with contextlib.closing(psycopg2.connect(source)) as conn:
+                with contextlib.closing(sql_connection(source)) as conn:
                     conn.autocommit = True
                     conn.cursor().execute(TABLE.format(name="events"))
                     postgres_install.install(conn, ["events"])

@@ -57,14 +57,13 @@ from pathlib import Path
 from typing import Any
 
 import psutil
-import psycopg2
 from deltalake import DeltaTable
 
 from tidemark.pipeline import load_config
 from tidemark.source.logtable import postgres_install, sqlite_install
 from tidemark.spark.options import DEFAULT_ARROW_BATCH_BYTES
 from tidemark.testing.mariadb import MariaDbServer
-from tidemark.testing.postgres import PostgresCluster
+from tidemark.testing.postgres import PostgresCluster, sql_connection
 
 #: PostgreSQL's own defaults for what the test clusters turn off.
 _DURABLE_PG = {"fsync": "on", "full_page_writes": "on", "synchronous_commit": "on"}
@@ -202,14 +201,14 @@ class Postgres(Source):
             'kind = "logtable"\n' if logtable else 'slot = "bench"\npublication = "bench"\n')
 
     def _execute(self, statement: str) -> None:
-        with contextlib.closing(psycopg2.connect(self.dsn)) as conn, conn, \
+        with contextlib.closing(sql_connection(self.dsn)) as conn, conn.transaction(), \
                 conn.cursor() as cur:
             cur.execute(statement)
 
     def prepare(self) -> None:
         self._execute("CREATE TABLE big (id integer PRIMARY KEY, v text)")
         if self.logtable:
-            with contextlib.closing(psycopg2.connect(self.dsn)) as conn:
+            with contextlib.closing(sql_connection(self.dsn)) as conn:
                 conn.autocommit = True
                 postgres_install.install(conn, ["big"])
         else:
@@ -223,7 +222,7 @@ class Postgres(Source):
         self._execute(f"INSERT INTO big SELECT g, {value} FROM generate_series(1, {rows}) g")
 
     def digests(self, rows: int) -> Iterator[tuple[int, str]]:
-        with contextlib.closing(psycopg2.connect(self.dsn)) as conn, conn.cursor() as cur:
+        with contextlib.closing(sql_connection(self.dsn)) as conn, conn.cursor() as cur:
             for lo in range(1, rows + 1, _READ):
                 cur.execute("SELECT id, md5(v) FROM big WHERE id >= %s AND id < %s",
                             (lo, lo + _READ))

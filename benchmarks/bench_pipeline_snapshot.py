@@ -35,14 +35,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import psutil
-import psycopg2
 from deltalake import DeltaTable
 
 sys.path.insert(0, str(Path(__file__).parent))
 
 import workload
 
-from tidemark.testing.postgres import PostgresCluster
+from tidemark.testing.postgres import PostgresCluster, sql_connection
 
 
 class Peaks(threading.Thread):
@@ -113,7 +112,7 @@ class Bench:
         self.dsn = cluster.create_database(f"bench{rows}")
         self.dbname = f"bench{rows}"
         self.runs = 0
-        self.conn = psycopg2.connect(self.dsn)
+        self.conn = sql_connection(self.dsn)
         self.conn.autocommit = True
         workload.fill_t10(self.dsn, rows, "CREATE TABLE empty (LIKE t10 INCLUDING ALL)")
 

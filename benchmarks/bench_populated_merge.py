@@ -50,7 +50,6 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import psutil
-import psycopg2
 
 sys.path.insert(0, str(Path(__file__).parent))
 
@@ -58,7 +57,7 @@ import workload
 from bench_pipeline_snapshot import run_pipeline
 
 from tidemark.pipeline.compare import compare
-from tidemark.testing.postgres import PostgresCluster
+from tidemark.testing.postgres import PostgresCluster, sql_connection
 from tidemark.testing.spark_cluster import SparkStandaloneCluster
 
 _CHANGES = f"""
@@ -211,7 +210,7 @@ def main() -> None:
         ]
         slots = {(c.name, run): f"c{i}_{run}" for i, c in enumerate(contenders)
                  for run in range(args.runs)}
-        with contextlib.closing(psycopg2.connect(dsn)) as conn:
+        with contextlib.closing(sql_connection(dsn)) as conn:
             conn.autocommit = True
             with conn.cursor() as cur:
                 for slot in slots.values():

@@ -41,14 +41,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO, Any
 
-import psycopg2
-
 sys.path.insert(0, str(Path(__file__).parent))
 
 import workload
 from processes import run_measured
 
-from tidemark.testing.postgres import PostgresCluster
+from tidemark.testing.postgres import PostgresCluster, sql_connection
 
 PUBLICATION = "bench_pub"
 SIGNALS = "public.dbz_signal"
@@ -68,7 +66,7 @@ class Writer(threading.Thread):
         self.seconds = 0.0
 
     def run(self) -> None:
-        with contextlib.closing(psycopg2.connect(self.dsn)) as conn:
+        with contextlib.closing(sql_connection(self.dsn)) as conn:
             conn.autocommit = True
             with conn.cursor() as cur:
                 self.ready.set()
@@ -111,10 +109,11 @@ class Bench:
         self.env.pop("PGSERVICEFILE", None)
         self.capture_env = {**os.environ, "TIDEMARK_DSN": dsn}
         self.slots = 0
-        self.conn = psycopg2.connect(dsn)
+        self.conn = sql_connection(dsn)
         self.conn.autocommit = True
 
-    def sql(self, statement: str, params: tuple[Any, ...] = ()) -> list[tuple[Any, ...]]:
+    def sql(self, statement: str,
+            params: tuple[Any, ...] | None = None) -> list[tuple[Any, ...]]:
         with self.conn.cursor() as cur:
             cur.execute(statement, params)
             return cur.fetchall() if cur.description else []
@@ -183,7 +182,7 @@ class Bench:
 
 def _build(dsn: str, rows: int) -> None:
     workload.create_table(dsn)
-    with contextlib.closing(psycopg2.connect(dsn)) as conn:
+    with contextlib.closing(sql_connection(dsn)) as conn:
         conn.autocommit = True
         with conn.cursor() as cur:
             cur.execute(workload.T10_FILL.format(rows=int(rows)))

@@ -35,7 +35,6 @@ import time
 from pathlib import Path
 
 import numpy as np
-import psycopg2
 from deltalake import DeltaTable
 
 sys.path.insert(0, str(Path(__file__).parent))
@@ -43,7 +42,7 @@ sys.path.insert(0, str(Path(__file__).parent))
 import workload
 
 from tidemark.pipeline.compare import compare
-from tidemark.testing.postgres import PostgresCluster
+from tidemark.testing.postgres import PostgresCluster, sql_connection
 
 _TXN = 100
 _COLUMNS = ["id", "c_int", "c_label"]
@@ -65,12 +64,12 @@ class Writer(threading.Thread):
         rng = np.random.default_rng(1)
         interval = _TXN / self.rate
         try:
-            with contextlib.closing(psycopg2.connect(self.dsn)) as conn:
+            with contextlib.closing(sql_connection(self.dsn)) as conn:
                 due = time.monotonic()
                 while not self.stop.is_set():
                     lo, self.next_id = self.next_id, self.next_id + 60
                     keys = [int(k) for k in rng.integers(1, lo, 40)]
-                    with conn, conn.cursor() as cur:
+                    with conn.transaction(), conn.cursor() as cur:
                         cur.execute(workload.t10_insert(lo, lo + 59))
                         cur.execute("UPDATE t10 SET c_int = c_int + 1, c_label = 'stress' "
                                     "WHERE id = ANY(%s)", (keys[:30],))

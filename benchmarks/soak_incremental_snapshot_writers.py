@@ -42,22 +42,20 @@ import time
 from pathlib import Path
 from typing import Any
 
-import psycopg2
-
-from tidemark.testing.postgres import PostgresCluster
+from tidemark.testing.postgres import PostgresCluster, sql_connection
 
 SIGNALS = "public.dbz_signal"
 PRODUCTION = {"fsync": "on", "full_page_writes": "on", "synchronous_commit": "on"}
 
 
 def _execute(dsn: str, *statements: str, params: Any = None) -> None:
-    with contextlib.closing(psycopg2.connect(dsn)) as conn, conn, conn.cursor() as cur:
+    with contextlib.closing(sql_connection(dsn)) as conn, conn.transaction(), conn.cursor() as cur:
         for statement in statements:
             cur.execute(statement, params)
 
 
 def _query(dsn: str, statement: str) -> list[tuple[Any, ...]]:
-    with contextlib.closing(psycopg2.connect(dsn)) as conn, conn.cursor() as cur:
+    with contextlib.closing(sql_connection(dsn)) as conn, conn.cursor() as cur:
         cur.execute(statement)
         return list(cur.fetchall())
 
@@ -71,9 +69,9 @@ def _capture(dsn: str, offsets: Path, out: Any, *args: str) -> subprocess.Popen[
 
 
 def _writer(dsn: str, transactions: int, gap_s: float, done: list[int]) -> None:
-    with contextlib.closing(psycopg2.connect(dsn)) as conn:
+    with contextlib.closing(sql_connection(dsn)) as conn:
         for i in range(transactions):
-            with conn, conn.cursor() as cur:
+            with conn.transaction(), conn.cursor() as cur:
                 cur.execute("UPDATE t SET v = %s, n = n + 1 WHERE id %% 997 = %s",
                             (f"u{i}", i))
                 cur.execute("DELETE FROM t WHERE id = %s", (997 * 250 + i,))
@@ -87,7 +85,7 @@ def _writer(dsn: str, transactions: int, gap_s: float, done: list[int]) -> None:
 
 def _busy_writer(dsn: str, rows: int, seed: int, stop: threading.Event) -> None:
     rng = random.Random(seed)
-    with contextlib.closing(psycopg2.connect(dsn)) as conn:
+    with contextlib.closing(sql_connection(dsn)) as conn:
         conn.autocommit = True
         with conn.cursor() as cur:
             while not stop.is_set():
@@ -111,7 +109,7 @@ def one_run(cluster: PostgresCluster, run: int, args: argparse.Namespace,
             workdir: Path) -> bool:
     """One snapshot beside the writer; True when the events equal the table."""
     name = f"soak{run}"
-    with contextlib.closing(psycopg2.connect(cluster.dsn("postgres"))) as conn:
+    with contextlib.closing(sql_connection(cluster.dsn("postgres"))) as conn:
         conn.autocommit = True
         with conn.cursor() as cur:
             cur.execute(f"CREATE DATABASE {name}")
@@ -145,7 +143,7 @@ def one_run(cluster: PostgresCluster, run: int, args: argparse.Namespace,
         stop.set()
         for thread in busy:
             thread.join()
-        with contextlib.closing(psycopg2.connect(dsn)) as conn, conn.cursor() as cur:
+        with contextlib.closing(sql_connection(dsn)) as conn, conn.cursor() as cur:
             cur.execute("SELECT pg_current_wal_insert_lsn() - '0/0'")
             row = cur.fetchone()
         assert row is not None
@@ -182,7 +180,7 @@ def one_run(cluster: PostgresCluster, run: int, args: argparse.Namespace,
         print(f"  id {key}: source {source.get(key)}, events say {table.get(key)}")
         for event in history.get(key, []):
             print(f"    {event}")
-    with contextlib.closing(psycopg2.connect(dsn)) as conn:
+    with contextlib.closing(sql_connection(dsn)) as conn:
         conn.autocommit = True
         with conn.cursor() as cur:
             cur.execute("SELECT pg_drop_replication_slot('soak')")

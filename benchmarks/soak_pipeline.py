@@ -38,14 +38,13 @@ import time
 from pathlib import Path
 
 import numpy as np
-import psycopg2
 from deltalake import DeltaTable
 
 sys.path.insert(0, str(Path(__file__).parent))
 
 import workload
 
-from tidemark.testing.postgres import PostgresCluster
+from tidemark.testing.postgres import PostgresCluster, sql_connection
 
 _TXN = 100
 _TAIL = 100_000
@@ -65,13 +64,13 @@ class Writer(threading.Thread):
         rng = np.random.default_rng(1)
         interval = _TXN / self.rate
         try:
-            with contextlib.closing(psycopg2.connect(self.dsn)) as conn:
+            with contextlib.closing(sql_connection(self.dsn)) as conn:
                 due = time.monotonic()
                 while not self.stop.is_set():
                     lo, self.next_id = self.next_id, self.next_id + 60
                     low = 1 if self.keys == "uniform" else max(1, lo - _TAIL)
                     keys = [int(k) for k in rng.integers(low, lo, 40)]
-                    with conn, conn.cursor() as cur:
+                    with conn.transaction(), conn.cursor() as cur:
                         cur.execute(workload.t10_insert(lo, lo + 59))
                         cur.execute("UPDATE t10 SET c_int = c_int + 1, c_label = 'soak' "
                                     "WHERE id = ANY(%s)", (keys[:30],))
@@ -96,7 +95,7 @@ class Probe(threading.Thread):
         self.stop = threading.Event()
 
     def run(self) -> None:
-        with contextlib.closing(psycopg2.connect(self.dsn)) as conn:
+        with contextlib.closing(sql_connection(self.dsn)) as conn:
             conn.autocommit = True
             n = 0
             last = 0.0

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import contextlib
 
-import psycopg2
+from tidemark.testing.postgres import sql_connection
 
 T10_DDL = """
 CREATE TABLE IF NOT EXISTS t10 (
@@ -63,7 +63,7 @@ def fill_t10(dsn: str, rows: int, *statements: str) -> None:
     """Create ``t10`` with ids 1..*rows*, run *statements*, then ``VACUUM ANALYZE``
     it (statistics and the visibility map set before anything is measured)."""
     create_table(dsn)
-    with contextlib.closing(psycopg2.connect(dsn)) as conn:
+    with contextlib.closing(sql_connection(dsn)) as conn:
         conn.autocommit = True
         with conn.cursor() as cur:
             cur.execute(T10_FILL.format(rows=int(rows)))
@@ -74,7 +74,7 @@ def fill_t10(dsn: str, rows: int, *statements: str) -> None:
 
 def create_table(dsn: str) -> None:
     """Create ``t10`` (and nothing else)."""
-    with contextlib.closing(psycopg2.connect(dsn)) as conn:
+    with contextlib.closing(sql_connection(dsn)) as conn:
         conn.autocommit = True
         with conn.cursor() as cur:
             cur.execute(T10_DDL)
@@ -88,7 +88,7 @@ def deletes(transactions: int) -> int:
 
 def run_workload(dsn: str, transactions: int = 3000) -> int:
     """Apply *transactions* transactions of 100 changes; returns the number of changes."""
-    with contextlib.closing(psycopg2.connect(dsn)) as conn:
+    with contextlib.closing(sql_connection(dsn)) as conn:
         conn.autocommit = True
         with conn.cursor() as cur:
             cur.execute(_WORKLOAD.format(transactions=int(transactions)))

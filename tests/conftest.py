@@ -16,13 +16,12 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-import psycopg2
 import pytest
 from hypothesis import settings
 
 from logtable_helpers import LogDb
 from tidemark.testing.mariadb import MariaDbServer
-from tidemark.testing.postgres import PostgresCluster
+from tidemark.testing.postgres import PostgresCluster, sql_connection
 
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession
@@ -46,20 +45,20 @@ class Database:
 
     def execute(self, *statements: str, params: Any = None) -> None:
         """Run statements in one transaction."""
-        with contextlib.closing(psycopg2.connect(self.dsn)) as conn, conn, conn.cursor() as cur:
+        with contextlib.closing(sql_connection(self.dsn)) as conn, conn.transaction(), \
+                conn.cursor() as cur:
             for sql in statements:
                 cur.execute(sql, params)
 
     def autocommit(self, *statements: str) -> None:
         """Run each statement in its own transaction."""
-        with contextlib.closing(psycopg2.connect(self.dsn)) as conn:
-            conn.autocommit = True
-            with conn.cursor() as cur:
-                for sql in statements:
-                    cur.execute(sql)
+        with contextlib.closing(sql_connection(self.dsn, autocommit=True)) as conn, \
+                conn.cursor() as cur:
+            for sql in statements:
+                cur.execute(sql)
 
     def query(self, sql: str, params: Any = None) -> list[tuple[Any, ...]]:
-        with contextlib.closing(psycopg2.connect(self.dsn)) as conn, conn.cursor() as cur:
+        with contextlib.closing(sql_connection(self.dsn)) as conn, conn.cursor() as cur:
             cur.execute(sql, params)
             return list(cur.fetchall())
 

@@ -20,8 +20,6 @@ import json
 import threading
 from typing import Any
 
-import psycopg2
-
 from tidemark.engine.converters import (
     ConvertedBatch,
     ConvertedRecord,
@@ -34,6 +32,7 @@ from tidemark.event import ChangeEvent
 from tidemark.offsets.file import FileOffsetStore
 from tidemark.source.postgres.task import PostgresConnector
 from tidemark.source.synthetic import SyntheticConnector
+from tidemark.testing.postgres import sql_connection
 
 
 def main() -> None:
@@ -130,7 +129,7 @@ def main() -> None:
             settings["on_slot_lost"] = args.on_slot_lost
         stop_at = None
         if args.stop_at_end:
-            with contextlib.closing(psycopg2.connect(args.dsn)) as conn, conn.cursor() as cur:
+            with contextlib.closing(sql_connection(args.dsn)) as conn, conn.cursor() as cur:
                 cur.execute("SELECT (pg_current_wal_insert_lsn() - '0/0')::bigint")
                 now = cur.fetchone()
             stop_at = int(now[0]) if now else None

@@ -9,13 +9,12 @@ from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
-import psycopg2
-
 from tidemark.event import UNAVAILABLE, ChangeEvent, Op
 from tidemark.offsets.store import OffsetReader
 from tidemark.source.logtable import postgres_install, sqlite_install
 from tidemark.source.logtable.config import LogTableSourceConfig
 from tidemark.source.logtable.reader import LogTableReader
+from tidemark.testing.postgres import sql_connection
 
 
 class LogDb:
@@ -32,7 +31,7 @@ class LogDb:
             assert self.path is not None
             conn = sqlite3.connect(self.path, isolation_level=None, timeout=30)
         else:
-            conn = psycopg2.connect(self.dsn)
+            conn = sql_connection(self.dsn)
             conn.autocommit = True
         try:
             yield conn

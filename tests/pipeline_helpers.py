@@ -17,7 +17,6 @@ from pathlib import Path
 from typing import Any
 
 import psutil
-import psycopg2
 import pytest
 from deltalake import DeltaTable
 from pyspark.sql import SparkSession
@@ -28,7 +27,7 @@ from tidemark.pipeline.compare import compare
 from tidemark.pipeline.progress import BatchReport
 from tidemark.pipeline.runner import Pipeline
 from tidemark.source.postgres import wal_reads as wal
-from tidemark.testing.postgres import PostgresCluster
+from tidemark.testing.postgres import PostgresCluster, sql_connection
 
 
 def _prepare(db: Database, *tables: str) -> str:
@@ -105,10 +104,10 @@ class _Writer(threading.Thread):
     def run(self) -> None:
         rng = self.rng
         try:
-            with contextlib.closing(psycopg2.connect(self.dsn)) as conn:
+            with contextlib.closing(sql_connection(self.dsn)) as conn:
                 while not self._halt.is_set() and (self.limit is None
                                                    or self.committed < self.limit):
-                    with conn, conn.cursor() as cur:
+                    with conn.transaction(), conn.cursor() as cur:
                         for _ in range(rng.randint(1, self.changes)):
                             self._change(cur, rng)
                     self.committed += 1

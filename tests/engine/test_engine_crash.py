@@ -17,10 +17,10 @@ from collections.abc import Callable, Sized
 from pathlib import Path
 from typing import Any
 
-import psycopg2
 import pytest
 
 from conftest import Database
+from tidemark.testing.postgres import sql_connection
 
 CHILD = Path(__file__).parents[1] / "engine_child.py"
 MODES = ["batch", "ordered", "async", "per_key"]
@@ -81,7 +81,7 @@ def insert_continuously(dsn: str, total: int, stop: threading.Event,
     """Insert rows 2..total in statements of *rows*; the second half only once *resume*
     is set, so that the writer is surely still writing when the test kills the reader."""
     def run() -> None:
-        with contextlib.closing(psycopg2.connect(dsn)) as conn:
+        with contextlib.closing(sql_connection(dsn)) as conn:
             conn.autocommit = True  # one transaction per statement
             with conn.cursor() as cur:
                 for start in range(2, total + 1, rows):
@@ -258,7 +258,7 @@ def _update_continuously(dsn: str, rows: int, stop: threading.Event) -> threadin
     """Single-row updates of random rows, until *stop*."""
     def run() -> None:
         rng = random.Random(5)
-        with contextlib.closing(psycopg2.connect(dsn)) as conn:
+        with contextlib.closing(sql_connection(dsn)) as conn:
             conn.autocommit = True
             with conn.cursor() as cur:
                 while not stop.is_set():

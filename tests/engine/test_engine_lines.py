@@ -100,8 +100,9 @@ def test_consumers_of_records_and_of_lines_do_not_mix() -> None:
 def test_batch_delivery_saves_offsets_at_the_flush_interval(interval_ms: int,
                                                              at_most: int | None) -> None:
     """A finished batch does not force a save: with a long interval the first offset
-    is saved at once and the next only at the end; with 0 after every batch (the consumers run in the reader's
-    thread here, so each batch is done before the reader's next flush)."""
+    is saved at once and the next only at the end; with 0 after every batch (the
+    consumers run in the reader's thread here, so each batch is done before the
+    reader's next flush)."""
     for consumer in (LinesSink(), MemorySink()):
         store = CountingStore()
         connector = SyntheticConnector(total=5_000, batch_size=100)

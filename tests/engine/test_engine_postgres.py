@@ -9,7 +9,6 @@ import sys
 import threading
 import time
 
-import psycopg2
 import pytest
 
 from conftest import Database
@@ -19,7 +18,7 @@ from tidemark.engine.state import State
 from tidemark.event import ChangeEvent
 from tidemark.offsets.memory import MemoryOffsetStore
 from tidemark.source.postgres.task import PostgresConnector
-from tidemark.testing.postgres import PostgresCluster
+from tidemark.testing.postgres import PostgresCluster, sql_connection
 from tidemark.testing.sink import MemorySink
 from waiting import wait_for
 
@@ -174,7 +173,7 @@ def test_close_while_starting_leaves_no_active_slot_and_no_connection(db: Databa
                "INSERT INTO t SELECT generate_series(1, 1000)")
     # start() adds the table to the publication, which waits for a lock on the table:
     # holding that lock keeps the task in start() for as long as the test wants.
-    blocker = psycopg2.connect(db.dsn)
+    blocker = sql_connection(db.dsn)
     try:
         with blocker.cursor() as cur:
             cur.execute("LOCK TABLE t IN ACCESS EXCLUSIVE MODE")

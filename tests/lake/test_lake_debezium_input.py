@@ -22,6 +22,7 @@ from tidemark.errors import ConfigError
 from tidemark.lake import ApplySpec, apply_changes, changes_from_debezium_json
 from tidemark.lake.debezium_input import DebeziumInputError
 from tidemark.serde.arrow_changes import ArrowChangeEncoder
+from tidemark.testing.postgres import sql_connection
 
 SCHEMA = pa.schema([
     pa.field("id", pa.int32()), pa.field("price", pa.decimal128(12, 2)),
@@ -206,8 +207,6 @@ def _stream_interleaved(db: Database) -> list[dict[str, Any]]:
     for many rows, so they share an LSN), a primary-key change and a delete."""
     import contextlib  # noqa: PLC0415
 
-    import psycopg2  # noqa: PLC0415
-
     from capture_helpers import drain, make_connector  # noqa: PLC0415
 
     db.execute("CREATE TABLE t (id int PRIMARY KEY, name text)",
@@ -216,8 +215,8 @@ def _stream_interleaved(db: Database) -> list[dict[str, Any]]:
     connector.start()
     try:
         records = drain(connector, db.insert_lsn())
-        with contextlib.closing(psycopg2.connect(db.dsn)) as one, \
-                contextlib.closing(psycopg2.connect(db.dsn)) as two:
+        with contextlib.closing(sql_connection(db.dsn)) as one, \
+                contextlib.closing(sql_connection(db.dsn)) as two:
             with one.cursor() as cur:
                 cur.execute("UPDATE t SET name = 'new' WHERE id = 1")
             with two.cursor() as cur:

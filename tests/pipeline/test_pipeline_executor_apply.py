@@ -67,7 +67,7 @@ def test_split_batches_are_one_commit_per_target_and_equal_the_source(
     config = _setup(db, tmp_path)
     _three_batches(db)
     reports: list[BatchReport] = []
-    with caplog.at_level(logging.DEBUG, logger="tidemark.pipeline.runner"):
+    with caplog.at_level(logging.DEBUG, logger="tidemark.pipeline"):
         Pipeline(load_config(config), spark=spark, on_batch=reports.append).run()
     _assert_equal_to_source(db, tmp_path)
     split = [r.getMessage() for r in caplog.records if "in 2 parts" in r.getMessage()]

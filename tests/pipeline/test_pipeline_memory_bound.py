@@ -21,7 +21,6 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
-import psycopg2
 import pytest
 from deltalake import DeltaTable
 from pyspark.sql import SparkSession
@@ -31,6 +30,7 @@ from logtable_helpers import LogDb
 from pipeline_helpers import _prepare, _tidemark_run
 from tidemark.pipeline import load_config
 from tidemark.pipeline.runner import Pipeline
+from tidemark.testing.postgres import sql_connection
 
 pytestmark = pytest.mark.integration
 
@@ -134,7 +134,7 @@ def test_log_table_transaction_larger_than_the_heap(spark: SparkSession, logdb: 
                          f"WHERE i < {_ROWS}) INSERT INTO big SELECT i, "
                          f"lower(hex(randomblob({_WIDTH // 2}))) FROM g")
     else:
-        with contextlib.closing(psycopg2.connect(logdb.dsn)) as conn, conn, \
+        with contextlib.closing(sql_connection(logdb.dsn)) as conn, conn.transaction(), \
                 conn.cursor() as cur:
             cur.execute(f"INSERT INTO big SELECT g, (SELECT string_agg(md5(g || '-' || i), "
                         f"'') FROM generate_series(1, {_WIDTH // 32}) i) "

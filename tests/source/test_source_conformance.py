@@ -17,7 +17,6 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import psycopg2
 import pytest
 
 from logtable_helpers import LogDb, replay
@@ -31,6 +30,7 @@ from tidemark import (
 from tidemark.engine.converters import EventConverter
 from tidemark.event import ChangeEvent, Op
 from tidemark.source.spi import SourceConnector
+from tidemark.testing.postgres import sql_connection
 from tidemark.testing.sink import MemorySink
 from waiting import wait_for
 
@@ -50,7 +50,7 @@ class Source:
 
 
 def _pg_rows(dsn: str) -> dict[Any, dict[str, Any]]:
-    with contextlib.closing(psycopg2.connect(dsn)) as conn, conn.cursor() as cur:
+    with contextlib.closing(sql_connection(dsn)) as conn, conn.cursor() as cur:
         cur.execute("SELECT id, v, n FROM conf_t")
         return {(i,): {"id": i, "v": v, "n": n} for i, v, n in cur.fetchall()}
 

@@ -12,7 +12,6 @@ import time
 from pathlib import Path
 from typing import Any
 
-import psycopg2
 import pytest
 from pyspark.sql import DataFrame, SparkSession
 
@@ -25,6 +24,7 @@ from tidemark.spark.change_schemas import envelope_table_schemas, typed_rows
 from tidemark.spark.options import SourceOptions
 from tidemark.spark.reader import PlanPartition, PlanStreamReader
 from tidemark.spark.sources import spark_schema
+from tidemark.testing.postgres import sql_connection
 from waiting import wait_for
 
 pytestmark = pytest.mark.integration
@@ -58,7 +58,7 @@ def _run_available_now(stream: DataFrame, checkpoint: Path, **sink: Any) -> None
 def _straddling_workload(db: Database) -> None:
     """Transactions of 3, 4 and 1 changes, and one that straddles the others: its first
     change is written before they commit, its commit after them."""
-    with contextlib.closing(psycopg2.connect(db.dsn)) as slow:
+    with contextlib.closing(sql_connection(db.dsn)) as slow:
         slow_cur = slow.cursor()
         slow_cur.execute("INSERT INTO a VALUES (100, 'early')")  # opens a transaction
         db.execute("INSERT INTO a SELECT g, 'x' FROM generate_series(1, 3) g")
@@ -119,7 +119,7 @@ def test_a_replayed_range_returns_the_same_rows_however_it_is_split(db: Database
         start = wal.ensure_slot(conn, slot)
         _straddling_workload(db)
         end = _flushed_past(conn, db.insert_lsn())
-    with contextlib.closing(psycopg2.connect(db.dsn)) as pg:
+    with contextlib.closing(sql_connection(db.dsn)) as pg:
         schema = spark_schema(describe_table(pg, options.table, ("id",)))  # type: ignore[arg-type]
     reader = PlanStreamReader(options, schema, make_read_plan(options))
 

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import contextlib
 import gc
 import logging
 import os
@@ -12,7 +11,7 @@ import threading
 import time
 from collections.abc import Callable, Iterator
 from types import FrameType
-from typing import TYPE_CHECKING, Any, NamedTuple
+from typing import TYPE_CHECKING, Any
 
 import click
 from click.core import ParameterSource
@@ -28,31 +27,19 @@ from tidemark.errors import TerminalError
 from tidemark.offsets.file import FileOffsetStore
 from tidemark.offsets.memory import MemoryOffsetStore
 from tidemark.offsets.store import OffsetStore
-from tidemark.serde.debezium_json import DebeziumJsonOptions
 from tidemark.source.capture_stats import CaptureStats
-from tidemark.source.postgres import offset as pg_offset
-from tidemark.source.postgres import session
+from tidemark.source.kind import Capture, CaptureOptionError, CaptureRequest
 from tidemark.source.postgres.config import (
     DecimalHandlingMode,
-    PostgresSourceConfig,
     SnapshotMode,
     TimePrecisionMode,
 )
-from tidemark.source.postgres.pgoutput import lsn_to_str
-from tidemark.source.registry import KINDS, source_kind
-from tidemark.source.spi import SourceConnector
+from tidemark.source.registry import KINDS, kind_of
 
 if TYPE_CHECKING:
     from prometheus_client.core import Metric
 
 log = logging.getLogger(__name__)
-
-
-def _server_position(dsn: str) -> int:
-    """The end of the server's WAL: its insert position (a standby's: what it received
-    or replayed)."""
-    with contextlib.closing(session.connect(dsn)) as conn:
-        return pg_offset.server_position(conn) or 0
 
 
 @click.command()
@@ -152,9 +139,18 @@ def capture(dsn: str, source: str | None, tasks: int, task_index: int, cells: bo
         "incremental_snapshot_chunk_size": incremental_snapshot_chunk_size,
     }
     store: OffsetStore = FileOffsetStore(offsets) if offsets else MemoryOffsetStore()
-    chosen = _source(source_kind(dsn, source), values, tombstones=tombstones, cells=cells,
-                     tasks=tasks, task_index=task_index, retention_s=retention_s,
-                     saved=offsets is not None, stop_at_end=stop_at_end)
+    context = click.get_current_context()
+    given = frozenset(name for name in context.params
+                      if context.get_parameter_source(name) is ParameterSource.COMMANDLINE)
+    kind = kind_of(dsn, source)
+    try:
+        chosen = kind.capture(CaptureRequest(
+            values=values, given=given, topic_prefix=topic_prefix, tombstones=tombstones,
+            transaction_metadata=transaction_metadata, cells=cells, tasks=tasks,
+            task_index=task_index, retention_s=retention_s,
+            saves_offsets=offsets is not None, stop_at_end=stop_at_end))
+    except CaptureOptionError as err:
+        raise click.UsageError(err.text) from None
     # Not sys.stdout.buffer: under PYTHONUNBUFFERED (or -u) that is the raw file, whose
     # write() may write only part (a signal, a reader gone) and tell only by its return
     # value; a buffered writer writes everything or raises. (It is never closed: it
@@ -167,7 +163,7 @@ def capture(dsn: str, source: str | None, tasks: int, task_index: int, cells: bo
         found = getattr(getattr(tasks[0], "connector", None), "stats", None) if tasks else None
         return found if isinstance(found, CaptureStats) else None
 
-    progress = _progress(stats, chosen.wal_dsn, progress_interval_s)
+    progress = _progress(stats, chosen, progress_interval_s)
     output = JsonLinesOutput(out, max_events=max_events, stop=lambda: _stop(engine))
     engine = Engine(
         chosen.connector, output,
@@ -190,8 +186,8 @@ def capture(dsn: str, source: str | None, tasks: int, task_index: int, cells: bo
 
         def families() -> Iterator[Metric]:
             current = stats()
-            return iter(()) if current is None else capture_metrics(current,
-                                                                    name=topic_prefix)
+            return iter(()) if current is None else capture_metrics(
+                current, name=topic_prefix, plugin=kind.name)
         metrics = serve(metrics_port, families)
     started = time.monotonic()
     finished = threading.Event()
@@ -219,7 +215,7 @@ def capture(dsn: str, source: str | None, tasks: int, task_index: int, cells: bo
         if offsets:
             kept = (f"the offset of what was written in full is saved in {offsets}, so a "
                     "restart resumes after it")
-        elif chosen.wal_dsn is not None:
+        elif chosen.slot_keeps_position:
             kept = ("the replication slot is confirmed up to what was written in full, so a "
                     "restart resumes after it")
         else:
@@ -229,56 +225,6 @@ def capture(dsn: str, source: str | None, tasks: int, task_index: int, cells: bo
         raise OutputClosedError(
             f"stdout was closed by its reader after {delivered} change event"
             f"{'' if delivered == 1 else 's'}; {kept}")
-
-
-class _Source(NamedTuple):
-    """What capture runs for one kind of source."""
-
-    connector: SourceConnector
-    options: DebeziumJsonOptions
-    """How the events are written."""
-    wal_dsn: str | None = None
-    """PostgreSQL's DSN: the WAL lag of the progress line is read there, and the slot
-    keeps the position without --offsets."""
-
-
-def _source(kind: str, values: dict[str, Any], *, tombstones: bool, cells: bool,
-            tasks: int, task_index: int, retention_s: float, saved: bool,
-            stop_at_end: bool) -> _Source:
-    """The connector of *kind* configured from the options (*values*), and the JSON
-    options of its events."""
-    topic_prefix, metadata = values["topic_prefix"], values["provide_transaction_metadata"]
-    if kind == "logtable":
-        from tidemark.source.logtable.task import LogTableConnector  # noqa: PLC0415
-
-        logtable = _logtable_config(values, tasks, task_index, retention_s, saved)
-        return _Source(LogTableConnector(logtable, stop_at_end=stop_at_end),
-                       DebeziumJsonOptions(topic_prefix=topic_prefix,
-                                           tombstones_on_delete=tombstones, cells=cells))
-    if kind == "mariadb":
-        # Imported here: a PostgreSQL capture's start should not pay for PyMySQL.
-        from tidemark.source.mariadb.config import MariaDbSourceConfig  # noqa: PLC0415
-        from tidemark.source.mariadb.task import MariaDbConnector  # noqa: PLC0415
-
-        chosen = _mariadb_config(values)
-        mariadb = MariaDbSourceConfig.from_mapping(chosen)
-        return _Source(MariaDbConnector(chosen, stop_at_end=stop_at_end), DebeziumJsonOptions(
-            topic_prefix=topic_prefix, decimal_handling_mode=mariadb.decimal_handling_mode,
-            time_precision_mode=mariadb.time_precision_mode, tombstones_on_delete=tombstones,
-            transaction_metadata=metadata))
-    from tidemark.source.postgres.task import PostgresConnector  # noqa: PLC0415
-
-    config = PostgresSourceConfig.from_mapping(values)
-    # Without transaction metadata the task writes each streamed event's JSON straight
-    # from the pgoutput bytes (the fused path), as the engine asks it to.
-    return _Source(
-        PostgresConnector(values, stop_at_lsn=_server_position(config.dsn)
-                          if stop_at_end else None),
-        DebeziumJsonOptions(topic_prefix=topic_prefix,
-                            decimal_handling_mode=config.decimal_handling_mode,
-                            time_precision_mode=config.time_precision_mode,
-                            tombstones_on_delete=tombstones, transaction_metadata=metadata),
-        wal_dsn=config.dsn)
 
 
 def _stop(engine: Engine | None) -> None:
@@ -311,84 +257,22 @@ def _report(progress: CaptureProgress, output: JsonLinesOutput, interval_s: floa
         progress.maybe_report(output.delivered)
 
 
-def _progress(stats: Callable[[], CaptureStats | None], wal_dsn: str | None,
+def _progress(stats: Callable[[], CaptureStats | None], chosen: Capture,
               interval_s: float) -> CaptureProgress:
     """The progress line's writer: stderr, passwords masked (a lag query's error may
     quote the connection)."""
     def write(line: str) -> None:
         click.echo(redact(line), err=True)
 
-    if wal_dsn is None:
+    log_behind = chosen.log_behind
+    if log_behind is None:
         return CaptureProgress(stats, interval_s, write)
 
-    def wal_behind() -> int:
+    def behind() -> int:
         current = stats()
-        return _server_position(wal_dsn) - (current.position_lsn if current else 0)
-    return CaptureProgress(stats, interval_s, write, position=lsn_to_str,
-                           wal_behind=wal_behind)
-
-
-#: Options that only the PostgreSQL connector has; given explicitly with a MariaDB
-#: URL they are an error, not silently ignored.
-_POSTGRES_ONLY = {"slot": "slot_name", "publication": "publication_name",
-                  "on_slot_lost": "on_slot_lost"}
-_MARIADB_KEYS = ("dsn", "table_include_list", "table_exclude_list", "snapshot_mode",
-                 "provide_transaction_metadata", "topic_prefix", "decimal_handling_mode",
-                 "heartbeat_interval_ms", "signal_table", "incremental_snapshot_chunk_size")
-
-
-def _mariadb_config(values: dict[str, Any]) -> dict[str, Any]:
-    """The MariaDB connector's settings of the options."""
-    context = click.get_current_context()
-    for option in _POSTGRES_ONLY:
-        if context.get_parameter_source(option) is ParameterSource.COMMANDLINE:
-            raise click.UsageError(f"--{option.replace('_', '-')} applies to PostgreSQL "
-                                   "only; a mariadb:// source has no such setting")
-    chosen = {key: values[key] for key in _MARIADB_KEYS}
-    # MariaDB's default time mode is Debezium's MySQL one (time always in microseconds);
-    # the option's own default is PostgreSQL's.
-    if context.get_parameter_source("time_precision_mode") is ParameterSource.COMMANDLINE:
-        chosen["time_precision_mode"] = values["time_precision_mode"]
-    return chosen
-
-
-#: Options that a log-table capture has, beside the DSN and the table list.
-_LOGTABLE_UNUSED = ("slot", "publication", "on_slot_lost", "snapshot_mode",
-                    "transaction_metadata", "decimal_handling_mode", "time_precision_mode",
-                    "signal_table", "exclude")
-
-
-def _logtable_config(values: dict[str, Any], tasks: int, task_index: int,
-                     retention_s: float, saved: bool) -> dict[str, Any]:
-    """The log-table connector's settings of the options (the groups of --task)."""
-    from tidemark.source.logtable.layout import assign_groups  # noqa: PLC0415
-    from tidemark.source.logtable.reader import open_database  # noqa: PLC0415
-
-    context = click.get_current_context()
-    for option in _LOGTABLE_UNUSED:
-        if context.get_parameter_source(option) is ParameterSource.COMMANDLINE:
-            raise click.UsageError(f"--{option.replace('_', '-')} does not apply to log "
-                                   "tables")
-    if task_index >= tasks:
-        raise click.UsageError(f"--task {task_index} is not one of --tasks {tasks} (0 to "
-                               f"{tasks - 1})")
-    # Without --offsets nothing is saved: such a capture must not register (its position
-    # would let retention delete what a real reader still needs).
-    base = {"dsn": values["dsn"], "table_include_list": values["table_include_list"],
-            "topic_prefix": values["topic_prefix"], "retention_s": retention_s,
-            "register": saved}
-    groups: tuple[int, ...] = ()
-    if tasks > 1:
-        db = open_database(values["dsn"])
-        try:
-            total = db.generations()[0].groups
-        finally:
-            db.close()
-        split = assign_groups(total, tasks)
-        if task_index >= len(split):
-            raise click.UsageError(f"the log has {total} groups: at most {total} tasks")
-        groups = tuple(split[task_index])
-    return {**base, "groups": groups}
+        return log_behind(current.position_lsn if current else 0)
+    return CaptureProgress(stats, interval_s, write, position=chosen.position_text,
+                           wal_behind=behind)
 
 
 class OutputClosedError(TerminalError):

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import contextlib
 import tempfile
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -129,6 +130,15 @@ _SQLITE_ROUND_2 = [
 ]
 
 
+#: The demos, by ``--source`` (a demo's database, not a source kind): the first is the
+#: default. ``--capture`` applies to PostgreSQL's. (Lambdas: the demos are defined below.)
+_DEMOS: tuple[tuple[str, Callable[[bool, bool], None]], ...] = (
+    ("postgres", lambda capture, keep: _postgres_demo(capture, keep)),  # noqa: PLW0108
+    ("mariadb", lambda capture, keep: _mariadb_demo(keep)),
+    ("sqlite", lambda capture, keep: _sqlite_demo(keep)),
+)
+
+
 class DemoMismatchError(TerminalError):
     """A Delta table does not equal its source table at the end of the demo."""
 
@@ -138,19 +148,17 @@ class DemoMismatchError(TerminalError):
               help="Only print the change events of a few statements as JSON lines.")
 @click.option("--keep", is_flag=True, help="Keep the demo directory (pipeline.toml, Delta "
                                            "tables) and print its path.")
-@click.option("--source", type=click.Choice(["postgres", "mariadb", "sqlite"]),
-              default="postgres", show_default=True,
+@click.option("--source", type=click.Choice([name for name, _ in _DEMOS]),
+              default=_DEMOS[0][0], show_default=True,
               help="The source database: a private PostgreSQL, a private MariaDB (Debian's "
                    "mariadb-server), or a SQLite file captured through log tables.")
 def demo(capture: bool, keep: bool, source: str) -> None:
     """Database changes into Delta Lake through Spark, on a private PostgreSQL, MariaDB or
     SQLite."""
-    if source == "mariadb":
-        _mariadb_demo(keep)
-        return
-    if source == "sqlite":
-        _sqlite_demo(keep)
-        return
+    dict(_DEMOS)[source](capture, keep)
+
+
+def _postgres_demo(capture: bool, keep: bool) -> None:
     if capture:
         from tidemark.cli.demo_capture import capture_demo  # noqa: PLC0415
 

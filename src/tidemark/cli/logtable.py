@@ -13,14 +13,14 @@ from collections.abc import Iterator
 from typing import Any
 
 import click
-import psycopg2.extensions
-from psycopg2 import sql
+from psycopg import sql
 
+from tidemark.postgres_connection import Connection
+from tidemark.postgres_connection import connect as pg_connect
 from tidemark.source.logtable import layout, postgres_install, sqlite_install
 from tidemark.source.logtable.config import is_sqlite
 from tidemark.source.logtable.sqlite import connect as sqlite_connect
 from tidemark.source.postgres.config import redact_dsn
-from tidemark.source.postgres.session import connect as pg_connect
 
 _DSN_HELP = ("The database: a PostgreSQL connection string or URI, or sqlite:///path.db "
              "(or $TIDEMARK_DSN).")
@@ -172,7 +172,7 @@ def _sqlite_status(conn: sqlite3.Connection) -> dict[str, Any]:
     return {"generations": _generations(sqlite_install.generations(conn)), "tables": tables}
 
 
-def _postgres_status(conn: psycopg2.extensions.connection) -> dict[str, Any]:
+def _postgres_status(conn: Connection) -> dict[str, Any]:
     current = postgres_install.current_generation(conn)
     if current is None:
         return {"generations": [], "tables": []}

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import importlib
 import json
 import sys
 
@@ -70,7 +71,7 @@ def status(ctx: click.Context, config_file: str | None, dsn: str | None, slot: s
       table is a problem.
     """
     # Imported here: `tidemark capture` must not pay for pyarrow and deltalake.
-    import psycopg2  # noqa: PLC0415
+    import psycopg  # noqa: PLC0415
 
     from tidemark.errors import SourceError  # noqa: PLC0415
 
@@ -81,53 +82,25 @@ def status(ctx: click.Context, config_file: str | None, dsn: str | None, slot: s
                     raise click.UsageError(f"--{name} is for a capture's status; a "
                                            "pipeline's comes from CONFIG_FILE")
             from tidemark.pipeline.config import load_config  # noqa: PLC0415
-            from tidemark.source.registry import source_kind  # noqa: PLC0415
+            from tidemark.source.registry import kind_of  # noqa: PLC0415
 
             config = load_config(config_file)
-            if source_kind(config.dsn, config.source.kind) == "logtable":
-                from tidemark.status import logtable  # noqa: PLC0415
-
-                result = logtable.pipeline_status(config, config_file)
-                text = logtable.render_pipeline
-            elif source_kind(config.dsn) == "mariadb":
-                from tidemark.status import mariadb  # noqa: PLC0415
-
-                result = mariadb.pipeline_status(config, config_file)
-                text = mariadb.render_pipeline
-            else:
-                from tidemark.pipeline.status import (  # noqa: PLC0415
-                    pipeline_status,
-                    render_pipeline,
-                )
-
-                result = pipeline_status(config, config_file)
-                text = render_pipeline
+            where = kind_of(config.dsn, config.source.kind).status_modules().pipeline
+            module = importlib.import_module(where)
+            result = module.pipeline_status(config, config_file)
+            text = module.render_pipeline
         else:
             if not dsn:
                 raise click.UsageError("give --dsn (or set TIDEMARK_DSN) for a capture's "
                                        "status, or a pipeline file")
-            from tidemark.source.registry import source_kind  # noqa: PLC0415
+            from tidemark.source.registry import kind_of  # noqa: PLC0415
 
-            if source_kind(dsn, source) == "logtable":
-                from tidemark.status import logtable  # noqa: PLC0415
-
-                result = logtable.capture_status(dsn, offsets, topic_prefix)
-                text = logtable.render_capture
-            elif source_kind(dsn) == "mariadb":
-                from tidemark.status import mariadb  # noqa: PLC0415
-
-                result = mariadb.capture_status(dsn, offsets)
-                text = mariadb.render_capture
-            else:
-                from tidemark.status.capture import (  # noqa: PLC0415
-                    capture_status,
-                    render_capture,
-                )
-
-                result = capture_status(dsn, slot, offsets)
-                text = render_capture
-    except psycopg2.Error as err:
-        message = (getattr(err, "pgerror", None) or str(err)).strip().splitlines()
+            module = importlib.import_module(kind_of(dsn, source).status_modules().capture)
+            result = module.status_of_capture(dsn, slot=slot, offsets=offsets,
+                                              topic_prefix=topic_prefix)
+            text = module.render_capture
+    except psycopg.Error as err:
+        message = (err.diag.message_primary or str(err)).strip().splitlines()
         raise SourceError(f"cannot read the slot's state: "
                           f"{message[0] if message else type(err).__name__}") from None
     click.echo(json.dumps(result, indent=2) if as_json else text(result))

@@ -7,15 +7,18 @@ from types import TracebackType
 from typing import Any, TypeVar
 
 import msgspec
-import psycopg2
-import psycopg2.errors
-import psycopg2.extensions
-from psycopg2 import sql
+import psycopg
+from psycopg import sql
 
 from tidemark.errors import ConfigError, SourceUnavailableError, TerminalError, first_line
 from tidemark.offsets.store import Offset
-from tidemark.source.postgres.config import check_identifier, redact_dsn
-from tidemark.source.postgres.session import connect, cursor
+from tidemark.postgres_connection import (
+    Connection,
+    check_identifier,
+    connect,
+    cursor,
+    redact_dsn,
+)
 
 _T = TypeVar("_T")
 
@@ -60,7 +63,7 @@ class PostgresOffsetStore:
             'ON CONFLICT (key) DO UPDATE SET "offset" = excluded."offset", '
             "updated_at = excluded.updated_at"
         ).format(self._name)
-        self._conn: psycopg2.extensions.connection | None = None
+        self._conn: Connection | None = None
         self._closed = False
         self._conn = self._open()
         try:
@@ -75,7 +78,7 @@ class PostgresOffsetStore:
         return f"{self.schema}.{self.table}"
 
     # -- connection ------------------------------------------------------------------
-    def _open(self) -> psycopg2.extensions.connection:
+    def _open(self) -> Connection:
         conn = connect(self._dsn, application_name="tidemark-offsets")
         try:
             with cursor(conn) as cur:
@@ -87,7 +90,7 @@ class PostgresOffsetStore:
             raise
         return conn
 
-    def _create_table(self, conn: psycopg2.extensions.connection) -> None:
+    def _create_table(self, conn: Connection) -> None:
         where = f"{self.qualified_name} ({redact_dsn(self._dsn)})"
         with cursor(conn) as cur:
             cur.execute("SELECT oid FROM pg_namespace WHERE nspname = %s", (self.schema,))
@@ -104,9 +107,9 @@ class PostgresOffsetStore:
                         'CREATE TABLE IF NOT EXISTS {} (key text PRIMARY KEY, '
                         '"offset" jsonb NOT NULL, updated_at timestamptz NOT NULL)'
                     ).format(self._name))
-                except (psycopg2.errors.UniqueViolation, psycopg2.errors.DuplicateTable):
+                except (psycopg.errors.UniqueViolation, psycopg.errors.DuplicateTable):
                     pass  # created concurrently by another store
-                except psycopg2.errors.InsufficientPrivilege:
+                except psycopg.errors.InsufficientPrivilege:
                     raise ConfigError(
                         "offsets.table", f"table {where} does not exist and this user may "
                         "not create it: grant CREATE on the schema or create the table"
@@ -143,13 +146,13 @@ class PostgresOffsetStore:
                     self._conn = self._open()
                 with cursor(self._conn) as cur:
                     return call(cur)
-            except (psycopg2.OperationalError, psycopg2.InterfaceError) as err:
+            except (psycopg.OperationalError, psycopg.InterfaceError) as err:
                 self._drop_connection()
                 if attempt == 2:
                     raise SourceUnavailableError(
                         f"cannot {action} offsets in {self.qualified_name} "
                         f"({redact_dsn(self._dsn)}): {first_line(err)}") from None
-            except psycopg2.Error as err:
+            except psycopg.Error as err:
                 raise TerminalError(
                     f"cannot {action} offsets in {self.qualified_name} "
                     f"({redact_dsn(self._dsn)}): {first_line(err)}") from None

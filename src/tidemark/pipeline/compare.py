@@ -8,18 +8,14 @@ PostgreSQL as ``::text``, which is exactly the text pgoutput sent; from MariaDB 
 
 from __future__ import annotations
 
-import contextlib
-import datetime as dt
 from collections.abc import Sequence
 from typing import Any
 
-import psycopg2
 import pyarrow as pa
 import pyarrow.compute as pc
 from deltalake import DeltaTable
-from psycopg2 import sql
 
-from tidemark.source.registry import source_kind
+from tidemark.source.registry import kind_of
 
 Row = tuple[Any, ...]
 
@@ -36,53 +32,7 @@ def delta_rows(path: str, columns: Sequence[str], *, scd2: bool = False) -> list
 def source_rows(dsn: str, table: str, columns: Sequence[str],
                 text_columns: Sequence[str] = (), utc_columns: Sequence[str] = ()) -> list[Row]:
     """The source table's rows, sorted like :func:`delta_rows`."""
-    if source_kind(dsn) == "mariadb":
-        return _mariadb_rows(dsn, table, columns, text_columns, utc_columns)
-    if source_kind(dsn) == "logtable":  # a sqlite: DSN
-        return _sqlite_rows(dsn, table, columns)
-    schema, name = table.split(".", 1)
-    selected = sql.SQL(", ").join(
-        sql.SQL("{}::text").format(sql.Identifier(c)) if c in text_columns
-        else sql.Identifier(c) for c in columns)
-    query = sql.SQL("SELECT {} FROM {}.{}").format(selected, sql.Identifier(schema),
-                                                   sql.Identifier(name))
-    with contextlib.closing(psycopg2.connect(dsn)) as conn, conn.cursor() as cur:
-        cur.execute(query)
-        return sorted((tuple(r) for r in cur.fetchall()), key=repr)
-
-
-def _sqlite_rows(dsn: str, table: str, columns: Sequence[str]) -> list[Row]:
-    from tidemark.source.logtable.sqlite import connect  # noqa: PLC0415
-    from tidemark.source.logtable.sqlite_install import quote  # noqa: PLC0415
-
-    name = table.split(".", 1)[-1]
-    with contextlib.closing(connect(dsn)) as conn:
-        rows = conn.execute(f"SELECT {', '.join(quote(c) for c in columns)} FROM "
-                            f"{quote(name)}").fetchall()
-    return sorted((tuple(r) for r in rows), key=repr)
-
-
-def _mariadb_rows(dsn: str, table: str, columns: Sequence[str],
-                  text_columns: Sequence[str], utc_columns: Sequence[str]) -> list[Row]:
-    from tidemark.source.mariadb import client  # noqa: PLC0415
-
-    def quote(name: str) -> str:
-        return "`" + name.replace("`", "``") + "`"
-
-    database, name = table.split(".", 1)
-    selected = ", ".join(f"CAST({quote(c)} AS CHAR)" if c in text_columns else quote(c)
-                         for c in columns)
-    utc = [i for i, c in enumerate(columns) if c in utc_columns]
-    with contextlib.closing(client.connect(client.parse_url(dsn))) as conn, \
-            conn.cursor() as cur:
-        cur.execute("SET time_zone = '+00:00'")
-        cur.execute(f"SELECT {selected} FROM {quote(database)}.{quote(name)}")
-        rows = [list(r) for r in cur.fetchall()]
-    for row in rows:
-        for i in utc:
-            if isinstance(row[i], dt.datetime):
-                row[i] = row[i].replace(tzinfo=dt.UTC)
-    return sorted((tuple(r) for r in rows), key=repr)
+    return kind_of(dsn).table_rows(dsn, table, columns, text_columns, utc_columns)
 
 
 def utc_columns(path: str) -> list[str]:

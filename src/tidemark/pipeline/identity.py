@@ -23,20 +23,17 @@ batches wrote to (``tidemark-targets.json``) are none of this pipeline's.
 
 from __future__ import annotations
 
-import getpass
 import logging
-import os
 from pathlib import Path
 from typing import Final
 
 import msgspec
-import psycopg
 
 from tidemark.atomic_file import write_atomically
 from tidemark.errors import ConfigError
 from tidemark.pipeline import written_targets
 from tidemark.pipeline.config import PipelineConfig
-from tidemark.source.registry import SQLITE_SCHEME, source_kind
+from tidemark.source.registry import kind_named, kind_of
 
 log = logging.getLogger(__name__)
 
@@ -62,7 +59,7 @@ class PipelineIdentity(msgspec.Struct, frozen=True, kw_only=True):
 
     def describe(self) -> str:
         """One line: ``postgres database app, slot s, targets public.a -> /lake/a``."""
-        where = {"mariadb": "server", "postgres": "database"}.get(self.source, "database")
+        where = _place(self.source)
         slot = f", slot {self.slot}" if self.slot is not None else ""
         targets = ", ".join(f"{t} -> {p}" for t, p in sorted(self.targets.items()))
         return f"{self.source} {where} {self.database}{slot}, targets {targets or 'none'}"
@@ -82,35 +79,19 @@ class PipelineIdentity(msgspec.Struct, frozen=True, kw_only=True):
 
 def identity_of(config: PipelineConfig) -> PipelineIdentity:
     """*config*'s identity (read from the file alone: the server is not asked)."""
-    kind = source_kind(config.dsn, config.source.kind)
-    targets = {t.table: t.path for t in config.targets}
-    if kind == "mariadb":
-        from tidemark.source.mariadb.client import parse_url  # noqa: PLC0415
-
-        settings = parse_url(config.dsn)
-        return PipelineIdentity(source=kind, database=f"{settings.host}:{settings.port}",
-                                targets=targets)
-    if config.dsn.strip().lower().startswith(SQLITE_SCHEME):
-        from tidemark.source.logtable.sqlite import sqlite_path  # noqa: PLC0415
-
-        return PipelineIdentity(source=kind, database=str(sqlite_path(config.dsn).resolve()),
-                                targets=targets)
-    return PipelineIdentity(source=kind, database=_postgres_database(config.dsn),
-                            slot=config.source.slot if kind == "postgres" else None,
-                            targets=targets)
+    kind = kind_of(config.dsn, config.source.kind)
+    return PipelineIdentity(source=kind.name, database=kind.identity_database(config.dsn),
+                            slot=kind.identity_slot(config.source.slot),
+                            targets={t.table: t.path for t in config.targets})
 
 
-def _postgres_database(dsn: str) -> str:
-    """The database a libpq connection string names, with libpq's defaults (the
-    environment's, then the user's name)."""
+def _place(name: str) -> str:
+    """What the kind called *name* calls where its log is (``database`` for a kind this
+    tidemark does not know, e.g. a plugin's no longer installed)."""
     try:
-        params = psycopg.conninfo.conninfo_to_dict(dsn)
-    except psycopg.ProgrammingError as err:
-        raise ConfigError("source.dsn", f"not a libpq connection string: {err}") from None
-    name = params.get("dbname") or os.environ.get("PGDATABASE")
-    if not name:
-        name = params.get("user") or os.environ.get("PGUSER") or getpass.getuser()
-    return str(name)
+        return kind_named(name).place
+    except ConfigError:
+        return "database"
 
 
 def claim_checkpoint(config: PipelineConfig) -> None:

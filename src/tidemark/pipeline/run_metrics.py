@@ -20,8 +20,10 @@ _LABELS = ["context", "plugin", "name"]
 class RunMetrics:
     """Totals of the batches applied so far, turned into metrics at each scrape."""
 
-    def __init__(self, name: str) -> None:
+    def __init__(self, name: str, plugin: str = "postgres") -> None:
         self.name = name
+        self.plugin = plugin
+        """The source kind's name (Debezium's ``plugin`` label)."""
         self._lock = threading.Lock()
         self._changes: dict[str, int] = {}
         self._transactions = 0
@@ -44,7 +46,7 @@ class RunMetrics:
             changes = dict(self._changes)
             transactions, batches, last, last_at = (self._transactions, self._batches,
                                                     self._last, self._last_at)
-        labels = ["streaming", "postgres", self.name]
+        labels = ["streaming", self.plugin, self.name]
 
         def gauge(name: str, doc: str, value: float) -> Metric:
             family = GaugeMetricFamily(name, doc, labels=_LABELS)

@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import contextlib
 import json
-import os
 from pathlib import Path
 from typing import Any
 
@@ -31,6 +30,7 @@ from tidemark.source.postgres.pgoutput import lsn_to_str, str_to_lsn
 from tidemark.source.postgres.slot_status import ServerWal, SlotState, read_server, read_slot
 from tidemark.source.postgres.stream_offsets import SourceOffset
 from tidemark.spark.options import SnapshotMode
+from tidemark.spark_checkpoint import last_batch
 from tidemark.status.report import (
     Status,
     human_bytes,
@@ -139,8 +139,8 @@ def _checkpoint(path: str, problems: list[str]) -> dict[str, Any]:
     try:
         # As the runner reads it (_checkpoint_query_id): one JSON object, first line.
         section["query_id"] = str(json.loads(metadata.splitlines()[0])["id"])
-        offset_batch = _last_batch(root / "offsets")
-        committed_batch = _last_batch(root / "commits")
+        offset_batch = last_batch(root / "offsets")
+        committed_batch = last_batch(root / "commits")
         section["last_offset_batch"] = offset_batch
         section["last_committed_batch"] = committed_batch
         if offset_batch is not None:
@@ -154,32 +154,6 @@ def _checkpoint(path: str, problems: list[str]) -> dict[str, Any]:
     except (OSError, ValueError, KeyError, IndexError, TidemarkError) as err:
         problems.append(f"the checkpoint {path} is not one of a tidemark pipeline: {err}")
     return section
-
-
-def _last_batch(log: Path) -> int | None:
-    """The highest batch id in Spark's ``offsets`` or ``commits`` log (None if empty)."""
-    if not log.is_dir():
-        return None
-    return max((int(name) for name in os.listdir(log) if name.isdigit()), default=None)
-
-
-def committed_source_offset(checkpoint: str) -> tuple[str | None, int | None,
-                                                     dict[str, Any] | None]:
-    """A checkpoint's query id, last committed batch and that batch's source offset (the
-    offsets log's last line, as the source wrote it); Nones for what is not there yet.
-    For sources whose offsets are not WAL positions (MariaDB, log tables)."""
-    root = Path(checkpoint)
-    query_id: str | None = None
-    committed: int | None = None
-    offset: dict[str, Any] | None = None
-    with contextlib.suppress(FileNotFoundError):
-        metadata = (root / "metadata").read_text(encoding="utf-8")
-        query_id = str(json.loads(metadata.splitlines()[0])["id"])
-        committed = _last_batch(root / "commits")
-        if committed is not None:
-            line = (root / "offsets" / str(committed)).read_text(encoding="utf-8")
-            offset = json.loads(line.splitlines()[-1])
-    return query_id, committed, offset
 
 
 def _batch_end(root: Path, batch_id: int) -> int | None:

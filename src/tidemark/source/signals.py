@@ -41,9 +41,8 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, ClassVar, Final
 
-import psycopg2
-import psycopg2.errors
-from psycopg2 import sql
+import psycopg
+from psycopg import sql
 
 from tidemark.errors import TerminalError
 from tidemark.event import TableId
@@ -507,7 +506,7 @@ def send_signal(dsn: str, signal_table: str | TableId, signal_type: str,
     with contextlib.closing(conn), session.cursor(conn) as cur:
         try:
             cur.execute(statement, (signal_id, signal_type, text))
-        except psycopg2.Error as err:
+        except psycopg.Error as err:
             raise _insert_error(conn, table, signal_id, text, err) from None
     return signal_id
 
@@ -544,29 +543,29 @@ def _send_mariadb(dsn: str, table: TableId, signal_id: str, signal_type: str,
 
 
 def _insert_error(conn: Any, table: TableId, signal_id: str, text: str | None,
-                  err: psycopg2.Error) -> SignalError:
+                  err: psycopg.Error) -> SignalError:
     """The error to report for an INSERT into the signal table that failed."""
     # The server's one-line message, without "ERROR:" and the statement it quotes.
     detail = err.diag.message_primary or (str(err).strip().splitlines() or [repr(err)])[0]
-    if isinstance(err, psycopg2.errors.UndefinedTable | psycopg2.errors.InvalidSchemaName):
+    if isinstance(err, psycopg.errors.UndefinedTable | psycopg.errors.InvalidSchemaName):
         return SignalError(f"signal table {table} does not exist ({detail}); create it with: "
                            f"{signal_table_ddl(table)}")
-    if isinstance(err, psycopg2.errors.UndefinedColumn):
+    if isinstance(err, psycopg.errors.UndefinedColumn):
         return SignalError(f"signal table {table} does not have Debezium's layout "
                            f"({detail}); it needs the columns {SIGNAL_TABLE_COLUMNS}")
-    if isinstance(err, psycopg2.errors.InsufficientPrivilege):
+    if isinstance(err, psycopg.errors.InsufficientPrivilege):
         role = "this role"
-        with contextlib.suppress(psycopg2.Error), conn.cursor() as cur:
+        with contextlib.suppress(psycopg.Error), conn.cursor() as cur:
             cur.execute("SELECT current_user")
             role = _quote(str(cur.fetchone()[0]))
         return SignalError(
             f"{role} may not insert into signal table {table} ({detail}); grant it: "
             f"GRANT USAGE ON SCHEMA {_quote(table.schema)} TO {role}; "
             f"GRANT INSERT ON {_quote(table.schema)}.{_quote(table.table)} TO {role}")
-    if isinstance(err, psycopg2.errors.UniqueViolation):
+    if isinstance(err, psycopg.errors.UniqueViolation):
         return SignalError(f"signal table {table} has a signal with id {signal_id!r} "
                            "already; give another id (or none, for a random one)")
-    if isinstance(err, psycopg2.errors.StringDataRightTruncation):
+    if isinstance(err, psycopg.errors.StringDataRightTruncation):
         size = 0 if text is None else len(text)
         return SignalError(f"the signal does not fit signal table {table} ({detail}); its "
                            f"data is {size} characters long, Debezium's layout holds 2048")

@@ -95,6 +95,14 @@ def _reader(spark: SparkSession, dsn: str, options: Mapping[str, Any]) -> DataFr
     register(spark)
     stream = spark.readStream.format("tidemark").option("dsn", dsn)
     values = {k: v for k, v in options.items() if v is not None}
+    from tidemark.spark.options import (  # noqa: PLC0415 - pyspark-free import of the package
+        REGISTERED_KIND,
+        travelling_kind,
+    )
+
+    travelling = travelling_kind(dsn, values.get("source"))
+    if travelling is not None:
+        values[REGISTERED_KIND] = travelling
     values.setdefault("numPartitions", _default_parallelism(spark))
     for key, value in values.items():
         stream = stream.option(key, str(value))

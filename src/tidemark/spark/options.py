@@ -9,18 +9,19 @@ silently and the query would read everything in one batch).
 
 from __future__ import annotations
 
+import base64
 import dataclasses
+import pickle
 import re
 from collections.abc import Mapping
 from enum import StrEnum
 from typing import Final, TypeVar
 
-import psycopg2.extensions
-
 from tidemark.errors import ConfigError
 from tidemark.event import TableId
-from tidemark.source.postgres.config import check_identifier, redact_dsn
-from tidemark.source.registry import SourceKind, source_kind
+from tidemark.postgres_connection import check_identifier
+from tidemark.source.kind import SourceKind
+from tidemark.source.registry import kind_named, kind_of, register, travels
 
 
 class OnSchemaChange(StrEnum):
@@ -81,13 +82,17 @@ SLOT_FAILOVER: Final = "slotFailover"
 SOURCE: Final = "source"
 RETENTION_S: Final = "retentionS"
 READER_NAME: Final = "readerName"
+#: Set by :func:`tidemark.spark.read_changes` (not by users) for a source kind registered
+#: at run time (:func:`tidemark.source.registry.register`): the kind, pickled, so that
+#: Spark's Python workers, which never ran the registration, know it too.
+REGISTERED_KIND: Final = "registeredKind"
 
 ALLOWED: Final = (DSN, TABLES, TABLE, SLOT, PUBLICATION, MAX_CHANGES_PER_TRIGGER,
                   NUM_PARTITIONS, ON_SCHEMA_CHANGE, ARROW_BATCH_ROWS, ARROW_BATCH_BYTES,
                   ROW_FORMAT,
                   SERVER_TIMEOUT_MS, SNAPSHOT, SNAPSHOT_TABLES, SNAPSHOT_CHUNK_ROWS,
                   SNAPSHOT_CHUNKS_PER_TRIGGER, SIGNAL_TABLE, SLOT_FAILOVER, SOURCE,
-                  RETENTION_S, READER_NAME)
+                  RETENTION_S, READER_NAME, REGISTERED_KIND)
 _BY_LOWER: Final = {name.lower(): name for name in ALLOWED}
 _TABLE_NAME: Final = re.compile(r"[^.\s]+\.[^.\s]+|[^.\s]+")
 
@@ -164,7 +169,7 @@ class SourceOptions:
     reader_name: str = "spark"
     """Log tables: the query's name in the database's reader registry (``readerName``;
     ``tidemark run`` names it after its checkpoint). One per query."""
-    kind: SourceKind = "postgres"
+    kind: str = "postgres"
     """What is read: a PostgreSQL WAL (``postgres``), a MariaDB binlog (``mariadb://``),
     or log tables (``source=logtable`` on PostgreSQL, or a ``sqlite:`` DSN)."""
 
@@ -184,28 +189,15 @@ class SourceOptions:
         if not dsn:
             raise ConfigError(DSN, "required: the libpq connection string of the database, "
                               "e.g. 'host=db dbname=app user=cdc'")
-        kind = source_kind(dsn, values.get(SOURCE, "").strip().lower() or None)
-        sqlite = dsn.lower().startswith("sqlite:")
-        if kind == "mariadb":
-            from tidemark.source.mariadb.client import parse_url  # noqa: PLC0415
-
-            parse_url(dsn)  # names what is wrong with the URL
-        elif not sqlite:
-            try:
-                psycopg2.extensions.parse_dsn(dsn)
-            except psycopg2.ProgrammingError:
-                raise ConfigError(DSN, "not a valid libpq connection string; expected e.g. "
-                                  "'host=db port=5432 dbname=app user=cdc'") from None
-        for logtable_only in (RETENTION_S, READER_NAME):
-            if kind != "logtable" and logtable_only in values:
-                raise ConfigError(logtable_only, "applies to log tables only")
-        if kind == "logtable":
-            for unsupported in (SIGNAL_TABLE, MAX_CHANGES_PER_TRIGGER, SLOT, PUBLICATION,
-                                SLOT_FAILOVER):
-                if values.get(unsupported, "").strip():
-                    raise ConfigError(unsupported, "does not apply to log tables (a batch "
-                                      "reads every stream group up to the log's end)")
-        schema = "main" if sqlite else "public"
+        if REGISTERED_KIND in values:
+            register_travelled_kind(values[REGISTERED_KIND])
+        source = kind_of(dsn, values.get(SOURCE, "").strip().lower() or None)
+        source.check_dsn(dsn, DSN)
+        for option in ALLOWED:
+            refusal = source.spark_option_refusal(option, values.get(option))
+            if refusal is not None:
+                raise ConfigError(option, refusal)
+        schema = source.default_schema(dsn)
         table = _parse_table(TABLE, values[TABLE], schema) if TABLE in values else None
         tables = tuple(_parse_table(TABLES, t, schema)
                        for t in values.get(TABLES, "").split(",") if t.strip())
@@ -262,34 +254,49 @@ class SourceOptions:
             slot_failover=_bool(values, SLOT_FAILOVER),
             retention_s=_float(values, RETENTION_S, 86_400.0),
             reader_name=values.get(READER_NAME, "").strip() or "spark",
-            kind=kind,
+            kind=source.name,
         )
 
     def redacted_dsn(self) -> str:
         """The DSN without its password, for logs and errors."""
-        if self.is_mariadb:
-            from tidemark.source.mariadb.client import parse_url  # noqa: PLC0415
-
-            return parse_url(self.dsn).redacted()
-        if self.dsn.lower().startswith("sqlite:"):
-            return self.dsn
-        return redact_dsn(self.dsn)
+        return self.source_kind.redact_dsn(self.dsn)
 
     @property
-    def is_mariadb(self) -> bool:
-        """The stream reads a MariaDB binlog (a ``mariadb://`` DSN), not PostgreSQL."""
-        return self.kind == "mariadb"
-
-    @property
-    def is_logtable(self) -> bool:
-        """The stream reads log tables (PostgreSQL with ``source=logtable``, SQLite)."""
-        return self.kind == "logtable"
+    def source_kind(self) -> SourceKind:
+        """The kind of source the stream reads (:attr:`kind` names it)."""
+        return kind_named(self.kind)
 
     def __repr__(self) -> str:
         # dataclass's repr would print the DSN and its password.
         fields = ", ".join(f"{f.name}={getattr(self, f.name)!r}"
                            for f in dataclasses.fields(self) if f.name != "dsn")
         return f"SourceOptions(dsn={self.redacted_dsn()!r}, {fields})"
+
+
+def travelling_kind(dsn: str, requested: str | None) -> str | None:
+    """The :data:`REGISTERED_KIND` option for *dsn*: its kind pickled (base64), when
+    the kind was registered at run time in this process; None for the built-in kinds and
+    those of installed packages' entry points, which every process finds itself."""
+    kind = kind_of(dsn, requested)
+    if not travels(kind):
+        return None
+    from pyspark import cloudpickle  # noqa: PLC0415 - only for kinds registered at run time
+
+    pickled: bytes = cloudpickle.dumps(kind)  # type: ignore[no-untyped-call]
+    return base64.b64encode(pickled).decode("ascii")
+
+
+def register_travelled_kind(text: str) -> None:
+    """Register the kind a :data:`REGISTERED_KIND` option carries, in this process."""
+    try:
+        kind = pickle.loads(base64.b64decode(text))
+    except Exception as err:
+        raise ConfigError(REGISTERED_KIND, f"cannot read the registered source kind ({err}); "
+                          "the option is set by tidemark.spark.read_changes, leave it out"
+                          ) from None
+    if not isinstance(kind, SourceKind):
+        raise ConfigError(REGISTERED_KIND, f"holds {type(kind).__name__}, not a SourceKind")
+    register(kind)
 
 
 def _parse_table(key: str, text: str, default_schema: str = "public") -> TableId:

@@ -11,11 +11,11 @@ imports the MariaDB client, nor the reverse.
 from __future__ import annotations
 
 import dataclasses
-import importlib
 from typing import TYPE_CHECKING
 
 from pyspark.sql.types import StructField, StructType
 
+from tidemark.source.registry import kind_named
 from tidemark.spark.change_schemas import typed_schema
 from tidemark.spark.column_history import TableLayout, with_layout
 from tidemark.spark.type_mapping import spark_type
@@ -28,27 +28,18 @@ if TYPE_CHECKING:
     from tidemark.spark.options import SourceOptions
 
 
-def _plan_module(kind: str) -> str:
-    return f"tidemark.source.{kind}.read_plan"
-
-
 def reader_modules(kind: str) -> tuple[str, ...]:
-    """The modules a source's reads run from on the executors (``postgres``,
-    ``mariadb`` or ``logtable``): the neutral reader with its sinks, and the source's
-    read plan; what warming their Python workers imports."""
-    return ("tidemark.spark.reader", _plan_module(kind))
-
-
-def _kind(options: SourceOptions) -> str:
-    return "mariadb" if options.is_mariadb else "logtable" if options.is_logtable \
-        else "postgres"
+    """The modules a source's reads run from on the executors (the kind's name:
+    ``postgres``, ``mariadb``, ``logtable``, a plugin's): the neutral reader with its
+    sinks, and the source's read plan; what warming their Python workers imports."""
+    plan = kind_named(kind).read_plan_module()
+    return ("tidemark.spark.reader", *((plan,) if plan is not None else ()))
 
 
 def read_plan(options: SourceOptions) -> ReadPlan:
-    """The read plan of the source *options* name (by the DSN)."""
-    made: ReadPlan = importlib.import_module(_plan_module(_kind(options))) \
-        .make_read_plan(options)
-    return made
+    """The read plan of the source *options* name (its kind, chosen by the DSN and
+    ``source``)."""
+    return options.source_kind.read_plan(options)
 
 
 def spark_schema(described: TableColumns) -> StructType:

@@ -176,3 +176,8 @@ def render_capture(status: Status) -> str:
     title = f"capture slot {status['slot']['name']} (database {status['server']['database']})"
     return render(title, rows, status)
 
+
+def status_of_capture(dsn: str, *, slot: str, offsets: str | None,
+                      topic_prefix: str) -> Status:
+    """:func:`capture_status` as ``tidemark status`` asks every kind's."""
+    return capture_status(dsn, slot, offsets)

@@ -16,10 +16,10 @@ from tidemark.errors import TidemarkError
 from tidemark.offsets.store import decode_json_object
 from tidemark.source.logtable.database import LogDatabase, LogTable, Position
 from tidemark.source.logtable.reader import open_database
-from tidemark.status.report import Status, render, target_lines
+from tidemark.status.report import Status, render
 
 
-def _log(db: LogDatabase, include: list[str], problems: list[str]
+def log_section(db: LogDatabase, include: list[str], problems: list[str]
          ) -> tuple[dict[str, Any], list[LogTable]]:
     section: dict[str, Any] = {"connector": db.connector, "database": db.database,
                                "generations": [], "groups": None, "tables": []}
@@ -37,7 +37,7 @@ def _log(db: LogDatabase, include: list[str], problems: list[str]
     return section, tables
 
 
-def _behind(db: LogDatabase, tables: list[LogTable], groups: int | None,
+def behind(db: LogDatabase, tables: list[LogTable], groups: int | None,
             positions: dict[int, Position], what: str, warnings: list[str]
             ) -> dict[str, Any]:
     lag: dict[str, Any] = {"changes": None, "groups_read": len(positions),
@@ -78,8 +78,8 @@ def capture_status(dsn: str, offsets_file: str | None, topic_prefix: str = "tide
                 warnings.append(f"{path} holds no group offset of {topic_prefix!r}: the next "
                                 "capture reads the log from its beginning")
     with contextlib.closing(open_database(dsn)) as db:
-        log, tables = _log(db, [], problems)
-        lag = _behind(db, tables, log["groups"], positions, "saved", warnings) \
+        log, tables = log_section(db, [], problems)
+        lag = behind(db, tables, log["groups"], positions, "saved", warnings) \
             if offsets_file is not None else {"changes": None, "groups_read": None,
                                               "groups_unread": None,
                                               "note": "no --offsets given"}
@@ -88,36 +88,7 @@ def capture_status(dsn: str, offsets_file: str | None, topic_prefix: str = "tide
             "lag": lag}
 
 
-def pipeline_status(config: Any, config_file: str) -> Status:
-    """A log-table pipeline's status: the log, the checkpoint's positions, targets."""
-    from tidemark.pipeline.status import (  # noqa: PLC0415 - shares the pipeline's parts
-        _last_run,
-        _target,
-        committed_source_offset,
-    )
-
-    problems: list[str] = []
-    warnings: list[str] = []
-    query_id, committed, offset = committed_source_offset(config.checkpoint)
-    checkpoint: dict[str, Any] = {"path": config.checkpoint, "query_id": query_id,
-                                  "last_committed_batch": committed}
-    positions: dict[int, Position] = {int(g): p for g, p in
-                                      (offset or {}).get("groups", {}).items()}
-    if checkpoint["query_id"] is None:
-        warnings.append("the pipeline has not started yet")
-    with contextlib.closing(open_database(config.dsn)) as db:
-        log, tables = _log(db, [t.table for t in config.targets], problems)
-        lag = _behind(db, tables, log["groups"], positions, "checkpoint's", warnings)
-    targets = [_target(t, config.checkpoint, checkpoint["query_id"], problems)
-               for t in config.targets]
-    last_run = _last_run(config.checkpoint, problems)
-    return {"kind": "pipeline", "source": "logtable", "healthy": not problems,
-            "problems": problems, "warnings": warnings,
-            "config": str(Path(config_file).resolve()), "log": log,
-            "checkpoint": checkpoint, "targets": targets, "last_run": last_run, "lag": lag}
-
-
-def _log_rows(status: Status) -> list[tuple[str, str]]:
+def log_rows(status: Status) -> list[tuple[str, str]]:
     log, lag = status["log"], status["lag"]
     generation = log["generations"][-1] if log["generations"] else None
     rows = [("log", f"{log['connector']} database {log['database']}: " + (
@@ -132,21 +103,14 @@ def _log_rows(status: Status) -> list[tuple[str, str]]:
 
 
 def render_capture(status: Status) -> str:
-    rows = _log_rows(status)
+    rows = log_rows(status)
     offsets = status["offsets"]
     if offsets is not None:
         rows.append(("offsets", f"{offsets['file']}: {offsets['groups']} group offsets"))
     return render("log-table capture", rows, status)
 
 
-def render_pipeline(status: Status) -> str:
-    from tidemark.pipeline.status import _run_line  # noqa: PLC0415
-
-    rows = _log_rows(status)
-    chk = status["checkpoint"]
-    rows.append(("checkpoint", f"{chk['path']}: " + (
-        "no query has started" if chk["query_id"] is None else
-        f"last committed batch {chk['last_committed_batch']}")))
-    rows.append(("last run", _run_line(status["last_run"])))
-    return render(f"pipeline {status['config']}", rows, status,
-                  target_lines(status["targets"]))
+def status_of_capture(dsn: str, *, slot: str, offsets: str | None,
+                      topic_prefix: str) -> Status:
+    """:func:`capture_status` as ``tidemark status`` asks every kind's."""
+    return capture_status(dsn, offsets, topic_prefix)

@@ -23,11 +23,10 @@ from tidemark.status.report import (
     incremental,
     incremental_row,
     render,
-    target_lines,
 )
 
 
-def _server(dsn: str) -> tuple[dict[str, Any], list[str]]:
+def server_section(dsn: str) -> tuple[dict[str, Any], list[str]]:
     settings = client.parse_url(dsn)
     with contextlib.closing(client.connect(settings)) as conn:
         end = client.current_position(conn)
@@ -39,7 +38,7 @@ def _server(dsn: str) -> tuple[dict[str, Any], list[str]]:
     return section, files
 
 
-def _position_findings(position: BinlogPosition | None, server: dict[str, Any],
+def position_findings(position: BinlogPosition | None, server: dict[str, Any],
                        files: list[str], what: str, problems: list[str]) -> dict[str, Any]:
     """The ``lag`` section of *position* against the server's end."""
     lag: dict[str, Any] = {"bytes": None, "files_behind": None, "note": None}
@@ -64,7 +63,7 @@ def capture_status(dsn: str, offsets_file: str | None) -> Status:
     """A MariaDB capture's status: the server and its offsets file (if given)."""
     problems: list[str] = []
     warnings: list[str] = []
-    server, files = _server(dsn)
+    server, files = server_section(dsn)
     settings = client.parse_url(dsn)
     offsets: dict[str, Any] | None = None
     position = None
@@ -92,43 +91,13 @@ def capture_status(dsn: str, offsets_file: str | None) -> Status:
         else:
             warnings.append(f"{path} does not exist yet: the next capture starts with a "
                             "snapshot (snapshot_mode)")
-    lag = _position_findings(position, server, files, "saved", problems)
+    lag = position_findings(position, server, files, "saved", problems)
     return {"kind": "capture", "source": "mariadb", "healthy": not problems,
             "problems": problems, "warnings": warnings, "server": server,
             "offsets": offsets, "lag": lag}
 
 
-def pipeline_status(config: Any, config_file: str) -> Status:
-    """A MariaDB pipeline's status: server, checkpoint position, targets, last run."""
-    from tidemark.pipeline.status import (  # noqa: PLC0415 - shares the pipeline's parts
-        _last_run,
-        _target,
-        committed_source_offset,
-    )
-
-    problems: list[str] = []
-    warnings: list[str] = []
-    server, files = _server(config.dsn)
-    query_id, committed, offset = committed_source_offset(config.checkpoint)
-    checkpoint: dict[str, Any] = {"path": config.checkpoint, "query_id": query_id,
-                                  "last_committed_batch": committed, "last_committed": None}
-    position = None
-    if offset is not None:
-        position = BinlogPosition.from_offset(offset)
-        checkpoint["last_committed"] = f"{position.file}:{position.pos}"
-    if checkpoint["query_id"] is None:
-        warnings.append("the pipeline has not started yet")
-    targets = [_target(t, config.checkpoint, checkpoint["query_id"], problems)
-               for t in config.targets]
-    last_run = _last_run(config.checkpoint, problems)
-    lag = _position_findings(position, server, files, "checkpoint's", problems)
-    return {"kind": "pipeline", "source": "mariadb", "healthy": not problems,
-            "problems": problems, "warnings": warnings,
-            "config": str(Path(config_file).resolve()), "server": server,
-            "checkpoint": checkpoint, "targets": targets, "last_run": last_run, "lag": lag}
-
-
-def _server_rows(status: Status) -> list[tuple[str, str]]:
+def server_rows(status: Status) -> list[tuple[str, str]]:
     s, lag = status["server"], status["lag"]
     rows = [("server", f"MariaDB {s['version']} at {s['host']}: binlog at {s['binlog_file']}:"
                        f"{s['binlog_pos']} (GTID {s['gtids'] or '-'}); oldest kept "
@@ -143,7 +112,7 @@ def _server_rows(status: Status) -> list[tuple[str, str]]:
 
 
 def render_capture(status: Status) -> str:
-    rows = _server_rows(status)
+    rows = server_rows(status)
     offsets = status["offsets"]
     if offsets is not None:
         where = offsets["position"] or "no offset of this server"
@@ -153,14 +122,7 @@ def render_capture(status: Status) -> str:
     return render("MariaDB capture", rows, status)
 
 
-def render_pipeline(status: Status) -> str:
-    from tidemark.pipeline.status import _run_line  # noqa: PLC0415
-
-    rows = _server_rows(status)
-    chk = status["checkpoint"]
-    rows.append(("checkpoint", f"{chk['path']}: " + (
-        "no query has started" if chk["query_id"] is None else
-        f"last committed batch {chk['last_committed_batch']} (up to {chk['last_committed']})")))
-    rows.append(("last run", _run_line(status["last_run"])))
-    return render(f"pipeline {status['config']}", rows, status,
-                  target_lines(status["targets"]))
+def status_of_capture(dsn: str, *, slot: str, offsets: str | None,
+                      topic_prefix: str) -> Status:
+    """:func:`capture_status` as ``tidemark status`` asks every kind's."""
+    return capture_status(dsn, offsets)

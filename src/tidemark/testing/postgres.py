@@ -23,11 +23,12 @@ import time
 from collections.abc import Iterator, Mapping
 from pathlib import Path
 from types import TracebackType
+from typing import Any
 
-import psycopg2
-import psycopg2.extensions
+import psycopg
 
 from tidemark.errors import TidemarkError
+from tidemark.postgres_connection import Connection, connect
 from tidemark.testing.local_server import demote_to, ensure_os_user, free_port
 
 log = logging.getLogger(__name__)
@@ -127,6 +128,14 @@ def find_bindir(explicit: str | None = None) -> Path:
         "/usr/lib/postgresql/15/bin)."
     )
 
+
+
+def sql_connection(dsn: str, *, autocommit: bool = False) -> psycopg.Connection[Any]:
+    """A plain psycopg connection for tests' and benchmarks' own SQL (not tidemark's
+    connection: no session settings). Parameters are bound client side (as psycopg2
+    did), so ad-hoc SQL may put ``%s`` anywhere: ``SET x = %s``, DDL,
+    ``generate_series(%s, %s)`` with small integers."""
+    return psycopg.connect(dsn, autocommit=autocommit, cursor_factory=psycopg.ClientCursor)
 
 class PostgresCluster:
     """A private PostgreSQL cluster in a temporary directory.
@@ -305,11 +314,9 @@ class PostgresCluster:
             parts.append(f"password={password}")
         return " ".join(parts)
 
-    def connect(self, dbname: str = "postgres") -> psycopg2.extensions.connection:
-        """An autocommit superuser connection to *dbname*."""
-        conn = psycopg2.connect(self.dsn(dbname))
-        conn.autocommit = True
-        return conn
+    def connect(self, dbname: str = "postgres") -> Connection:
+        """An autocommit superuser connection to *dbname* (tidemark's session settings)."""
+        return connect(self.dsn(dbname), application_name="tidemark-test")
 
     def create_database(self, name: str) -> str:
         """Create database *name* and return its DSN."""
@@ -335,7 +342,7 @@ class PostgresCluster:
                         "WHERE database = %s", (name,)
                     )
                     break
-                except psycopg2.errors.ObjectInUse:
+                except psycopg.errors.ObjectInUse:
                     time.sleep(0.1)
             cur.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
 

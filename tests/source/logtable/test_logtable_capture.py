@@ -14,7 +14,7 @@ import threading
 import time
 from typing import Any
 
-import psycopg2
+import psycopg
 import pytest
 
 from logtable_helpers import LogDb, drain, reader, replay
@@ -25,6 +25,7 @@ from tidemark.serde.debezium_json import DebeziumJsonOptions, DebeziumJsonSerial
 from tidemark.source.logtable import layout
 from tidemark.source.logtable.task import LogTableConnector
 from tidemark.source.spi import save_offset
+from tidemark.testing.postgres import sql_connection
 
 # PostgreSQL 14 or later: hash_record_extended, xid8 snapshots.
 pytestmark = pytest.mark.every_pg_version
@@ -223,7 +224,7 @@ def test_a_column_added_without_the_log_stops_with_a_clear_error(logdb: LogDb) -
     logdb.install(["orders"])
     if logdb.kind == "postgres":
         # The event trigger stops the ALTER itself.
-        with pytest.raises(psycopg2.Error, match="captured by a tidemark log table"):
+        with pytest.raises(psycopg.Error, match="captured by a tidemark log table"):
             logdb.execute("ALTER TABLE orders ADD COLUMN note text")
     else:
         # SQLite cannot refuse the ALTER; every later write is refused instead.
@@ -258,7 +259,7 @@ def test_late_commits_are_read_without_a_delay_and_never_twice(db: Any) -> None:
     logdb = LogDb("postgres", db.dsn)
     logdb.execute(ORDERS)
     logdb.install(["orders"], streams=4, groups=1)
-    late = psycopg2.connect(db.dsn)
+    late = sql_connection(db.dsn)
     late_cur = late.cursor()
     late_cur.execute("INSERT INTO orders VALUES (1, 'early', 0, 0)")  # open, uncommitted
     logdb.execute("INSERT INTO orders VALUES (2, 'later', 0, 0)")

@@ -16,7 +16,6 @@ from collections import Counter
 from pathlib import Path
 from typing import Any
 
-import psycopg2
 import pyarrow.parquet as pq
 import pytest
 from pyspark.sql import SparkSession
@@ -26,6 +25,7 @@ from mariadb_helpers import _run_cli
 from tidemark.pipeline.compare import delta_rows, source_rows
 from tidemark.pipeline.config import load_config
 from tidemark.pipeline.runner import Pipeline
+from tidemark.testing.postgres import sql_connection
 
 pytestmark = pytest.mark.integration
 
@@ -95,7 +95,7 @@ def test_a_late_commit_lands_after_later_changes_were_applied(
                   "price double precision)")
     logdb.install(["orders"], streams=4, groups=1)
     config = load_config(_pipeline(tmp_path, logdb))
-    late = psycopg2.connect(db.dsn)
+    late = sql_connection(db.dsn)
     try:
         late.cursor().execute("INSERT INTO orders VALUES (1, 'early', 1, 1)")
         logdb.execute("INSERT INTO orders VALUES (2, 'later', 2, 2)")

@@ -7,7 +7,7 @@ from __future__ import annotations
 import time
 from typing import Any
 
-import psycopg2
+import psycopg
 import pytest
 
 from logtable_helpers import LogDb, drain, reader, replay
@@ -61,7 +61,7 @@ def test_partitioned_tables_and_partitions_are_refused(logdb: LogDb) -> None:
 def test_truncate_outside_read_committed_is_refused_not_half_logged(logdb: LogDb) -> None:
     logdb.execute("CREATE TABLE t (id int PRIMARY KEY)", "INSERT INTO t VALUES (1)")
     logdb.install(["t"])
-    with pytest.raises(psycopg2.Error, match="READ COMMITTED"):
+    with pytest.raises(psycopg.Error, match="READ COMMITTED"):
         logdb.execute("SET TRANSACTION ISOLATION LEVEL REPEATABLE READ", "TRUNCATE t")
     logdb.execute("INSERT INTO t VALUES (2)")
     logdb.execute("TRUNCATE t")
@@ -90,7 +90,7 @@ def test_a_rename_is_stopped_by_the_guard(logdb: LogDb) -> None:
     logdb.install(["t"])
     for statement in ("ALTER TABLE t RENAME TO u", "ALTER TABLE t ADD COLUMN x int",
                       "DROP TABLE t"):
-        with pytest.raises(psycopg2.Error, match="captured by a tidemark log table"):
+        with pytest.raises(psycopg.Error, match="captured by a tidemark log table"):
             logdb.execute(statement)
 
 

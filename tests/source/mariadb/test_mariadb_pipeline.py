@@ -77,7 +77,7 @@ def test_snapshot_then_binlog_keeps_delta_equal_to_mariadb(
     Pipeline(config, spark=spark).run()
     assert DeltaTable(str(tmp_path / "lake/a")).version() == version
 
-    from tidemark.status import mariadb as status  # noqa: PLC0415
+    from tidemark.pipeline import status_mariadb as status  # noqa: PLC0415
 
     report = status.pipeline_status(config, str(tmp_path / "pipeline.toml"))
     assert report["healthy"], report["problems"]

@@ -19,7 +19,6 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
-import psycopg2
 import pytest
 
 from capture_helpers import drain, events, make_connector
@@ -27,8 +26,9 @@ from conftest import Database
 from pipeline_helpers import _signal_server
 from tidemark.errors import ConfigError, SourceError, SourceUnavailableError
 from tidemark.event import ChangeEvent, Op, SnapshotMarker
+from tidemark.postgres_connection import ServerTimeoutError
 from tidemark.source.postgres.reader import PostgresReader
-from tidemark.testing.postgres import PostgresCluster
+from tidemark.testing.postgres import PostgresCluster, sql_connection
 from waiting import wait_for
 
 # Run on every PostgreSQL version CI tests (scripts/test.sh).
@@ -107,7 +107,7 @@ class Writer(threading.Thread):
 
     def run(self) -> None:
         try:
-            with contextlib.closing(psycopg2.connect(self.dsn)) as conn:
+            with contextlib.closing(sql_connection(self.dsn)) as conn:
                 conn.autocommit = True
                 with conn.cursor() as cur:
                     while not self._halt.is_set():
@@ -845,7 +845,7 @@ def test_keepalives_never_confirm_received_but_uncommitted_transactions(db: Data
                           heartbeat_interval_ms=0, status_interval_ms=1000,
                           max_batch_messages=10_000_000)
     conn.start(None)
-    long_tx = psycopg2.connect(db.dsn)
+    long_tx = sql_connection(db.dsn)
     try:
         drain(conn, db.insert_lsn())
         with long_tx.cursor() as cur:
@@ -920,7 +920,7 @@ def test_survives_a_server_restart() -> None:
 
     with PostgresCluster() as cluster:
         dsn = cluster.create_database("restart")
-        with contextlib.closing(psycopg2.connect(dsn)) as setup:
+        with contextlib.closing(sql_connection(dsn)) as setup:
             setup.autocommit = True
             with setup.cursor() as cur:
                 cur.execute("CREATE TABLE t (id int PRIMARY KEY)")
@@ -931,7 +931,7 @@ def test_survives_a_server_restart() -> None:
         conn.start()
 
         def write(*ids: int) -> int:
-            with contextlib.closing(psycopg2.connect(dsn)) as c:
+            with contextlib.closing(sql_connection(dsn)) as c:
                 c.autocommit = True
                 with c.cursor() as cur:
                     for i in ids:
@@ -944,7 +944,7 @@ def test_survives_a_server_restart() -> None:
             got = events(drain(conn, write(1, 2)))
             cluster.restart()
             # A new column after the restart makes the connector read the catalog again.
-            with contextlib.closing(psycopg2.connect(dsn)) as c:
+            with contextlib.closing(sql_connection(dsn)) as c:
                 c.autocommit = True
                 with c.cursor() as cur:
                     cur.execute("ALTER TABLE t ADD COLUMN note text")
@@ -961,7 +961,7 @@ def test_a_stopped_server_does_not_hang_capture() -> None:
     with a clear error instead of waiting forever, and a restart resumes."""
     with PostgresCluster() as cluster:
         dsn = cluster.create_database("stopped") + " connect_timeout=2"
-        with contextlib.closing(psycopg2.connect(dsn)) as setup:
+        with contextlib.closing(sql_connection(dsn)) as setup:
             setup.autocommit = True
             with setup.cursor() as cur:
                 cur.execute("CREATE TABLE t (id int PRIMARY KEY)")
@@ -983,7 +983,7 @@ def test_a_stopped_server_does_not_hang_capture() -> None:
         finally:
             _signal_server(cluster, signal.SIGCONT)
             conn.stop()
-        with contextlib.closing(psycopg2.connect(dsn)) as c:
+        with contextlib.closing(sql_connection(dsn)) as c:
             c.autocommit = True
             with c.cursor() as cur:
                 cur.execute("INSERT INTO t VALUES (2)")
@@ -999,7 +999,7 @@ def test_a_stopped_server_does_not_hang_capture() -> None:
 
 
 def cluster_insert_lsn(dsn: str) -> int:
-    with contextlib.closing(psycopg2.connect(dsn)) as c, c.cursor() as cur:
+    with contextlib.closing(sql_connection(dsn)) as c, c.cursor() as cur:
         cur.execute("SELECT (pg_current_wal_insert_lsn() - '0/0')::bigint")
         return int(cur.fetchone()[0])
 
@@ -1016,7 +1016,7 @@ def test_a_stopped_server_does_not_hang_the_spark_source_s_queries() -> None:
             assert wal.flush_lsn(conn) > 0
             _signal_server(cluster, signal.SIGSTOP)
             started = time.monotonic()
-            with pytest.raises(wal.ServerTimeoutError, match="no answer from PostgreSQL"):
+            with pytest.raises(ServerTimeoutError, match="no answer from PostgreSQL"):
                 wal.flush_lsn(conn)
             assert time.monotonic() - started < 10
         finally:

@@ -14,7 +14,7 @@ import subprocess
 import sys
 from collections.abc import Iterator
 
-import psycopg2
+import psycopg
 import pytest
 
 from capture_helpers import drain, events, make_connector
@@ -195,7 +195,7 @@ def test_application_update_error_is_what_the_refusal_prevents(db: Database) -> 
     replica identity refuses its UPDATEs (so the tests' UPDATEs mean something)."""
     db.execute("CREATE TABLE keyless (a int)", "INSERT INTO keyless VALUES (1)",
                "CREATE PUBLICATION harm FOR TABLE keyless")
-    with pytest.raises(psycopg2.errors.ObjectNotInPrerequisiteState):
+    with pytest.raises(psycopg.errors.ObjectNotInPrerequisiteState):
         db.autocommit("UPDATE keyless SET a = 2")
 
 

@@ -11,7 +11,6 @@ import time
 from collections.abc import Iterator
 from typing import Any
 
-import psycopg2
 import pytest
 
 from capture_helpers import drain, make_connector
@@ -20,7 +19,7 @@ from tidemark.event import ChangeEvent, Op, SnapshotMarker
 from tidemark.offsets.store import Offset
 from tidemark.source.postgres.pgoutput import str_to_lsn
 from tidemark.source.postgres.slot import SlotLostError
-from tidemark.testing.postgres import PostgresCluster
+from tidemark.testing.postgres import PostgresCluster, sql_connection
 
 pytestmark = [pytest.mark.integration, pytest.mark.every_pg_version]
 
@@ -46,14 +45,14 @@ def dsn(small_wal_cluster: PostgresCluster, request: pytest.FixtureRequest) -> I
 
 
 def _execute(dsn: str, *statements: str) -> None:
-    with contextlib.closing(psycopg2.connect(dsn)) as conn, conn.cursor() as cur:
+    with contextlib.closing(sql_connection(dsn)) as conn, conn.cursor() as cur:
         for statement in statements:
             cur.execute(statement)
         conn.commit()
 
 
 def _query(dsn: str, sql: str) -> list[tuple[Any, ...]]:
-    with contextlib.closing(psycopg2.connect(dsn)) as conn, conn.cursor() as cur:
+    with contextlib.closing(sql_connection(dsn)) as conn, conn.cursor() as cur:
         cur.execute(sql)
         return list(cur.fetchall())
 

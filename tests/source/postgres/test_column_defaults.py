@@ -7,18 +7,18 @@ import datetime as dt
 import decimal
 import logging
 
-import psycopg2
 import pytest
 
 from conftest import Database
 from tidemark.event import TableId
 from tidemark.source.postgres.column_defaults import existing_row_values
+from tidemark.testing.postgres import sql_connection
 
 pytestmark = [pytest.mark.integration, pytest.mark.every_pg_version]
 
 
 def _values(db: Database, columns: list[str]) -> dict[str, object]:
-    with contextlib.closing(psycopg2.connect(db.dsn)) as conn:
+    with contextlib.closing(sql_connection(db.dsn)) as conn:
         return existing_row_values(conn, TableId("public", "t"), columns)
 
 

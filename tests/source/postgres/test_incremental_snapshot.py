@@ -17,7 +17,6 @@ import time
 from pathlib import Path
 from typing import Any
 
-import psycopg2
 import pytest
 
 from capture_helpers import drain, events, make_connector
@@ -25,6 +24,7 @@ from conftest import Database
 from tidemark.event import ChangeEvent, Op, SnapshotMarker
 from tidemark.source.postgres import incremental_snapshot
 from tidemark.source.postgres.reader import PostgresReader
+from tidemark.testing.postgres import sql_connection
 from waiting import wait_for
 
 pytestmark = [pytest.mark.integration, pytest.mark.every_pg_version]
@@ -174,7 +174,7 @@ def test_seed_001_buffer_example_k1_to_k6(db: Database,
 def _writer(dsn: str, stop: threading.Event, seed: int) -> None:
     """Random inserts, updates, deletes and key changes until *stop*."""
     rng = random.Random(seed)
-    with contextlib.closing(psycopg2.connect(dsn)) as conn:
+    with contextlib.closing(sql_connection(dsn)) as conn:
         conn.autocommit = True
         with conn.cursor() as cur:
             while not stop.is_set():
@@ -415,10 +415,10 @@ def _commit_held(db: Database, statement: str) -> Any:
     def hold(sql: str) -> bool:
         """Commit *sql* in a thread; True once it waits, False if it committed (the
         server has not taken the new setting yet)."""
-        conn = psycopg2.connect(db.dsn)
+        conn = sql_connection(db.dsn)
         thread = threading.Thread(target=_run_synchronous, args=(conn, sql))
         held.append((conn, thread))
-        pid = conn.get_backend_pid()
+        pid = conn.info.backend_pid
         thread.start()
         wait_for(lambda: not thread.is_alive() or db.scalar(
             "SELECT wait_event FROM pg_stat_activity WHERE pid = %s", (pid,)) == "SyncRep",

@@ -10,7 +10,6 @@ import sys
 from collections.abc import Iterator
 from pathlib import Path
 
-import psycopg2
 import pytest
 from pyspark.sql import SparkSession
 
@@ -23,7 +22,7 @@ from pipeline_helpers import (
     _prepare,
 )
 from tidemark.pipeline import load_config
-from tidemark.testing.postgres import PostgresCluster
+from tidemark.testing.postgres import PostgresCluster, sql_connection
 from waiting import wait_for
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
@@ -38,7 +37,7 @@ def primary_and_standby() -> Iterator[tuple[PostgresCluster, PostgresCluster]]:
         with contextlib.closing(primary.connect()) as conn, conn.cursor() as cur:
             cur.execute("SELECT pg_create_physical_replication_slot('sb1', true)")
             cur.execute("CREATE DATABASE app")
-        with contextlib.closing(psycopg2.connect(primary.dsn("app"))) as conn, \
+        with contextlib.closing(sql_connection(primary.dsn("app"))) as conn, \
                 conn.cursor() as cur:
             cur.execute("CREATE TABLE t (id int PRIMARY KEY, v text)")
             conn.commit()
@@ -57,7 +56,7 @@ def primary_and_standby() -> Iterator[tuple[PostgresCluster, PostgresCluster]]:
 
 
 def _execute(dsn: str, *statements: str) -> None:
-    with contextlib.closing(psycopg2.connect(dsn)) as conn, conn.cursor() as cur:
+    with contextlib.closing(sql_connection(dsn)) as conn, conn.cursor() as cur:
         for statement in statements:
             cur.execute(statement)
         conn.commit()
@@ -65,7 +64,7 @@ def _execute(dsn: str, *statements: str) -> None:
 
 def _standby_slot(standby: PostgresCluster) -> tuple[bool, bool] | None:
     """(synced, temporary) of tidemark's slot on the standby, None while it has none."""
-    with contextlib.closing(psycopg2.connect(standby.dsn("app"))) as conn, \
+    with contextlib.closing(sql_connection(standby.dsn("app"))) as conn, \
             conn.cursor() as cur:
         cur.execute("SELECT synced, temporary FROM pg_replication_slots "
                     "WHERE slot_name = 'tidemark'")
@@ -138,7 +137,7 @@ def test_capture_follows_its_failover_slot_to_the_promoted_standby(
     for tx in range(20, 30):
         _execute(standby.dsn("app"), *(f"INSERT INTO t VALUES ({tx * 10 + i + 1}, 'c')"
                                        for i in range(10)))
-    with contextlib.closing(psycopg2.connect(standby.dsn("app"))) as conn, \
+    with contextlib.closing(sql_connection(standby.dsn("app"))) as conn, \
             conn.cursor() as cur:
         cur.execute("SELECT id FROM t")
         expected = {row[0] for row in cur.fetchall()}
@@ -166,7 +165,7 @@ def test_capture_follows_its_failover_slot_to_the_promoted_standby(
     assert set(ids) == expected
     repeated = len(ids) - len(set(ids))
     print(f"rows delivered twice across the failover: {repeated}")
-    with contextlib.closing(psycopg2.connect(standby.dsn("app"))) as conn, \
+    with contextlib.closing(sql_connection(standby.dsn("app"))) as conn, \
             conn.cursor() as cur:
         cur.execute("SELECT failover, temporary, active FROM pg_replication_slots "
                     "WHERE slot_name = 'tidemark'")
@@ -203,7 +202,7 @@ def test_tidemark_run_follows_its_failover_slot_to_the_promoted_standby(
             old.execute("SELECT pg_log_standby_snapshot()",
                         f"INSERT INTO a VALUES ({1000 + applied[0]}, 'sync', 0)")
             live.applied(applied[0])
-            with contextlib.closing(psycopg2.connect(standby.dsn("app"))) as conn, \
+            with contextlib.closing(sql_connection(standby.dsn("app"))) as conn, \
                     conn.cursor() as cur:
                 cur.execute("SELECT synced, temporary FROM pg_replication_slots "
                             "WHERE slot_name = %s", (f"s_{old.name}",))
@@ -322,12 +321,11 @@ def test_a_failover_slot_s_spark_batches_end_where_the_standby_has_confirmed(
     """PostgreSQL holds a failover slot's changes back until the standbys of
     synchronized_standby_slots have them; the Spark source reads through copies of the
     slot, which do not wait, so its batches end there itself. A plain slot's do not."""
-    import psycopg  # noqa: PLC0415
 
     from tidemark.source.postgres import wal_reads as wal  # noqa: PLC0415
 
     primary, standby = primary_and_standby
-    with psycopg.connect(primary.dsn("app"), autocommit=True) as conn:
+    with sql_connection(primary.dsn("app"), autocommit=True) as conn:
         conn.execute("SELECT pg_create_logical_replication_slot('failover_s', 'pgoutput', "
                      "false, false, true)")
         conn.execute("SELECT pg_create_logical_replication_slot('plain_s', 'pgoutput')")

@@ -11,11 +11,12 @@ from decimal import Decimal
 from typing import Any
 from uuid import UUID
 
-import psycopg2
-import psycopg2.extensions
+import psycopg
+import psycopg.sql
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
+from psycopg.types.string import TextLoader
 
 from tidemark import wire_text
 from tidemark.source.postgres import types as pgtypes
@@ -47,7 +48,7 @@ from tidemark.source.postgres.types import (
     timestamp_to_epoch_micros,
     timestamptz_to_epoch_micros,
 )
-from tidemark.testing.postgres import PostgresCluster
+from tidemark.testing.postgres import PostgresCluster, sql_connection
 
 # Run on every PostgreSQL version CI tests (scripts/test.sh).
 pytestmark = pytest.mark.every_pg_version
@@ -1071,25 +1072,25 @@ SERVER_VALUES: list[tuple[str, int, object]] = [
 
 
 @contextlib.contextmanager
-def raw_text_cursor(dsn: str) -> Iterator[psycopg2.extensions.cursor]:
+def raw_text_cursor(dsn: str) -> Iterator[psycopg.Cursor[Any]]:
     """A cursor returning every value as the server's text output, unconverted.
 
     Not ``::text`` casts: for some types (bool, inet, cidr) the cast to text differs
     from the type's output function, and pgoutput sends the output function's text.
     """
-    with contextlib.closing(psycopg2.connect(dsn)) as conn:
+    with contextlib.closing(sql_connection(dsn)) as conn:
         conn.autocommit = True
         with conn.cursor() as cur:
             cur.execute(SESSION_SETTINGS)
             cur.execute("CREATE TYPE mood AS ENUM ('sad', 'happy')")
             cur.execute("SELECT oid FROM pg_type WHERE typtype IN ('b', 'e')")
             oids = tuple(row[0] for row in cur.fetchall())
-            raw = psycopg2.extensions.new_type(oids, "RAW_TEXT", lambda value, _cur: value)
-            psycopg2.extensions.register_type(raw, conn)
+            for oid in oids:
+                cur.adapters.register_loader(oid, TextLoader)
             yield cur
 
 
-def select_one(cur: psycopg2.extensions.cursor, sql: str) -> tuple[str, int]:
+def select_one(cur: psycopg.Cursor[Any], sql: str) -> tuple[str, int]:
     """The first column of a one-row query: its text and its type OID."""
     cur.execute(sql)
     row = cur.fetchone()
@@ -1097,7 +1098,7 @@ def select_one(cur: psycopg2.extensions.cursor, sql: str) -> tuple[str, int]:
     return row[0], cur.description[0].type_code
 
 
-def check_epoch_helpers(cur: psycopg2.extensions.cursor, failures: list[str]) -> None:
+def check_epoch_helpers(cur: psycopg.Cursor[Any], failures: list[str]) -> None:
     """Compare the epoch helpers with the server's own arithmetic over its whole range."""
     cur.execute("SELECT setseed(0.25)")
     # Dates: a stride through 4714 BC .. 5874897 AD plus the interesting edges.
@@ -1147,7 +1148,7 @@ def check_epoch_helpers(cur: psycopg2.extensions.cursor, failures: list[str]) ->
     # seconds before 1900 and the same instants in BC and after 9999.
     for zone in ("UTC", "Asia/Kolkata", "America/St_Johns", "Europe/Amsterdam",
                  "Pacific/Chatham", "America/Los_Angeles"):  # fmt: skip
-        cur.execute("SET TimeZone = %s", (zone,))
+        cur.execute(psycopg.sql.SQL("SET TimeZone = {}").format(zone))
         cur.execute(
             """
             SELECT t, 946684800000000 + (extract(
@@ -1190,7 +1191,7 @@ def check_epoch_helpers(cur: psycopg2.extensions.cursor, failures: list[str]) ->
             failures.append(f"time_to_micros({text!r}) != {expected}")
     # Intervals in both styles, against the server's own field extraction.
     for style in ("iso_8601", "postgres"):
-        cur.execute("SET IntervalStyle = %s", (style,))
+        cur.execute(psycopg.sql.SQL("SET IntervalStyle = {}").format(style))
         cur.execute(
             """
             SELECT i, (extract(year FROM i) * 12 + extract(month FROM i))::int,

@@ -30,14 +30,14 @@ import logging
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from typing import Any, Final
 
-import psycopg2
-import psycopg2.extensions
-from psycopg2 import sql
+import psycopg
+from psycopg import sql
 
 from tidemark.errors import ConfigError, SourceError, SourceUnavailableError
 from tidemark.event import UNAVAILABLE, TableId, WireValue
 from tidemark.fetch_budget import FetchBudget
 from tidemark.logical_type import Kind
+from tidemark.postgres_connection import connect, cursor
 from tidemark.source.logtable import layout
 from tidemark.source.logtable import postgres_install as install
 from tidemark.source.logtable.database import (
@@ -52,7 +52,6 @@ from tidemark.source.logtable.database import (
     merged_pages,
 )
 from tidemark.source.postgres.catalog import current_database
-from tidemark.source.postgres.session import connect, cursor
 
 log = logging.getLogger(__name__)
 
@@ -70,14 +69,14 @@ def _xip(snapshot: str) -> list[str]:
 
 
 class PostgresLogDatabase:
-    """Log tables on one PostgreSQL database (psycopg2, autocommit: every statement sees
+    """Log tables on one PostgreSQL database (psycopg, autocommit: every statement sees
     what is committed when it starts, which is all a step needs)."""
 
     def __init__(self, dsn: str) -> None:
         self._dsn = dsn
         try:
             self._conn = connect(dsn, application_name="tidemark-logtable")
-        except psycopg2.OperationalError as err:  # pragma: no cover - connect classifies
+        except psycopg.OperationalError as err:  # pragma: no cover - connect classifies
             raise SourceUnavailableError(str(err)) from None
         self._db = current_database(self._conn)
         self._queries: dict[tuple[str, int, bool], sql.Composed] = {}
@@ -151,7 +150,7 @@ class PostgresLogDatabase:
             with cursor(self._conn) as cur:
                 for entry in tables:
                     _check_table(cur, entry)
-        except psycopg2.OperationalError as err:
+        except psycopg.OperationalError as err:
             raise SourceUnavailableError(f"checking the log tables of {self._db}: "
                                          f"{str(err).strip()}") from None
 
@@ -238,7 +237,7 @@ class PostgresLogDatabase:
                 streams.append(_streamed(index, entry, cur, budgets[-1]))
             yield from merged_pages(streams, budgets)
             conn.commit()
-        except psycopg2.OperationalError as err:
+        except psycopg.OperationalError as err:
             raise SourceUnavailableError(f"reading the log tables of {self._db}: "
                                          f"{str(err).strip()}") from None
         finally:
@@ -259,7 +258,7 @@ class PostgresLogDatabase:
                                 {"groups": list(groups), "prev": prev, "now": now})
                     rows, size = cur.fetchone()
                     total += int(size) + int(rows) * ROW_OVERHEAD_BYTES
-        except psycopg2.OperationalError as err:
+        except psycopg.OperationalError as err:
             raise SourceUnavailableError(f"sizing the log of {self._db}: "
                                          f"{str(err).strip()}") from None
         return total
@@ -288,7 +287,8 @@ class PostgresLogDatabase:
         conn = connect(self._dsn, application_name="tidemark-logtable-snapshot")
         try:
             conn.autocommit = False
-            conn.set_session(isolation_level="REPEATABLE READ", readonly=True)
+            conn.isolation_level = psycopg.IsolationLevel.REPEATABLE_READ
+            conn.read_only = True
             with cursor(conn) as cur:
                 # The transaction's snapshot is the position: the rows read in it are the
                 # tables' state there, and the log from there on is what came after.
@@ -346,7 +346,7 @@ class PostgresLogDatabase:
              limit: int) -> ReadResult:
         try:
             return self._read(group, position, tables, limit)
-        except psycopg2.OperationalError as err:
+        except psycopg.OperationalError as err:
             raise SourceUnavailableError(f"reading the log tables of {self._db}: "
                                          f"{str(err).strip()}") from None
 
@@ -426,7 +426,7 @@ class PostgresLogDatabase:
             with cursor(self._conn) as cur:
                 cur.execute(statement, params)
                 return int(cur.rowcount)
-        except psycopg2.OperationalError as err:
+        except psycopg.OperationalError as err:
             raise SourceUnavailableError(f"cannot {what} in {self._db}: "
                                          f"{str(err).strip()}") from None
 

@@ -31,14 +31,13 @@ import zlib
 from collections.abc import Iterator, Sequence
 from typing import Any, Final
 
-import psycopg2.extensions
-from psycopg2 import sql
+from psycopg import sql
 
 from tidemark.errors import ConfigError, SourceError
 from tidemark.event import TableId, TableSchema
+from tidemark.postgres_connection import Connection, cursor
 from tidemark.source.logtable import layout
 from tidemark.source.postgres.catalog import primary_keys, table_schema
-from tidemark.source.postgres.session import cursor
 
 log = logging.getLogger(__name__)
 
@@ -118,7 +117,7 @@ CREATE EVENT TRIGGER tidemark_cdc_drop_guard ON sql_drop
 
 
 @contextlib.contextmanager
-def _ddl_transaction(conn: psycopg2.extensions.connection) -> Iterator[Any]:
+def _ddl_transaction(conn: Connection) -> Iterator[Any]:
     """One transaction on an autocommit connection, with the DDL guard let through: a
     cursor, committed at the end of the block (rolled back on an error)."""
     conn.autocommit = False
@@ -145,7 +144,7 @@ def _shared_names() -> dict[str, Any]:
             "setting": sql.Literal(DDL_SETTING)}
 
 
-def resolve(conn: psycopg2.extensions.connection, names: Sequence[str]) -> list[TableId]:
+def resolve(conn: Connection, names: Sequence[str]) -> list[TableId]:
     """The tables *names* (``schema.table`` or ``table`` in ``public``) that exist;
     raises ConfigError naming a missing one."""
     tables = [TableId.parse(name) for name in names]
@@ -174,7 +173,7 @@ def resolve(conn: psycopg2.extensions.connection, names: Sequence[str]) -> list[
     return tables
 
 
-def installed_tables(conn: psycopg2.extensions.connection) -> list[TableId]:
+def installed_tables(conn: Connection) -> list[TableId]:
     """The tables that have a log, in name order (empty when nothing is installed)."""
     with cursor(conn) as cur:
         cur.execute("SELECT to_regclass(%s) IS NOT NULL", (f"{SCHEMA}.{TABLES_TABLE}",))
@@ -185,7 +184,7 @@ def installed_tables(conn: psycopg2.extensions.connection) -> list[TableId]:
         return [TableId(s, t) for s, t in cur.fetchall()]
 
 
-def current_generation(conn: psycopg2.extensions.connection) -> layout.Generation | None:
+def current_generation(conn: Connection) -> layout.Generation | None:
     """The newest stream generation, or None before the first install."""
     with cursor(conn) as cur:
         cur.execute("SELECT to_regclass(%s) IS NOT NULL", (f"{SCHEMA}.{STREAMS_TABLE}",))
@@ -198,7 +197,7 @@ def current_generation(conn: psycopg2.extensions.connection) -> layout.Generatio
     return None if row is None else layout.Generation(*row)
 
 
-def captured_schema(conn: psycopg2.extensions.connection, table: TableId) -> TableSchema:
+def captured_schema(conn: Connection, table: TableId) -> TableSchema:
     """*table*'s columns and primary key; raises ConfigError for a table without one."""
     keys = primary_keys(conn, [table]).get(table)
     if not keys:
@@ -210,15 +209,15 @@ def captured_schema(conn: psycopg2.extensions.connection, table: TableId) -> Tab
     return schema
 
 
-def install(conn: psycopg2.extensions.connection, names: Sequence[str], *,
+def install(conn: Connection, names: Sequence[str], *,
             streams: int | None = None, groups: int | None = None,
             ddl: Sequence[str] = ()) -> list[TableId]:
     """Create or update the log tables and triggers of *names* (with none: update every
     installed table), in one transaction; *ddl* statements run first in that same
     transaction (the way to alter a captured table). Returns the tables installed."""
     names_given = list(names)
-    if conn.server_version < 140000:
-        raise ConfigError("dsn", f"PostgreSQL {conn.server_version // 10000} cannot hold "
+    if conn.info.server_version < 140000:
+        raise ConfigError("dsn", f"PostgreSQL {conn.info.server_version // 10000} cannot hold "
                           "tidemark log tables: they need PostgreSQL 14 or later "
                           "(hash_record_extended, xid8 snapshots); capture it through "
                           "logical replication instead")
@@ -553,7 +552,7 @@ def _functions(cur: Any, schema: TableSchema, log_id: sql.Identifier,
             for op, body in bodies.items()}
 
 
-def uninstall(conn: psycopg2.extensions.connection, names: Sequence[str]) -> list[TableId]:
+def uninstall(conn: Connection, names: Sequence[str]) -> list[TableId]:
     """Remove the triggers and log tables of *names* (none: all, and the shared schema).
     Unread changes in a removed log are lost, which is what the user asked for."""
     installed = installed_tables(conn)
@@ -582,7 +581,7 @@ def uninstall(conn: psycopg2.extensions.connection, names: Sequence[str]) -> lis
     return tables
 
 
-def check_installed(conn: psycopg2.extensions.connection, table: TableId) -> None:
+def check_installed(conn: Connection, table: TableId) -> None:
     """Raise SourceError when *table*'s log table is missing."""
     with cursor(conn) as cur:
         cur.execute("SELECT to_regclass(%s) IS NOT NULL",

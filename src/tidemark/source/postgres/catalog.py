@@ -11,11 +11,9 @@ import re
 from collections.abc import Iterable, Sequence
 from typing import Any
 
-import psycopg2.extensions
-
 from tidemark.errors import SourceError
 from tidemark.event import TableId, TableSchema
-from tidemark.source.postgres.session import cursor
+from tidemark.postgres_connection import Connection, cursor
 from tidemark.source.postgres.types import (
     ARRAY_ELEMENT_OID,
     TEXT_ARRAY_OID,
@@ -34,7 +32,7 @@ _NO_IDENTITY = {"d": "has no primary key and REPLICA IDENTITY DEFAULT",
                 "i": "has REPLICA IDENTITY USING INDEX of an index that no longer exists"}
 
 
-def check_wal_level(conn: psycopg2.extensions.connection) -> None:
+def check_wal_level(conn: Connection) -> None:
     """Fail unless ``wal_level`` is ``logical``."""
     with cursor(conn) as cur:
         cur.execute("SHOW wal_level")
@@ -47,7 +45,7 @@ def check_wal_level(conn: psycopg2.extensions.connection) -> None:
         )
 
 
-def check_replication_privilege(conn: psycopg2.extensions.connection) -> None:
+def check_replication_privilege(conn: Connection) -> None:
     """Fail unless the current role may use replication (REPLICATION or superuser)."""
     with cursor(conn) as cur:
         cur.execute(
@@ -63,7 +61,7 @@ def check_replication_privilege(conn: psycopg2.extensions.connection) -> None:
 
 
 def check_read_privileges(
-    conn: psycopg2.extensions.connection, tables: Sequence[TableId]
+    conn: Connection, tables: Sequence[TableId]
 ) -> None:
     """Fail unless the current role may read every one of *tables*.
 
@@ -109,7 +107,7 @@ def check_read_privileges(
         raise SourceError("; ".join(problems) + " (as the tables' owner or a superuser)")
 
 
-def current_database(conn: psycopg2.extensions.connection) -> str:
+def current_database(conn: Connection) -> str:
     with cursor(conn) as cur:
         cur.execute("SELECT current_database()")
         name: str = cur.fetchone()[0]
@@ -117,7 +115,7 @@ def current_database(conn: psycopg2.extensions.connection) -> str:
 
 
 def resolve_tables(
-    conn: psycopg2.extensions.connection,
+    conn: Connection,
     include: Sequence[str],
     exclude: Sequence[str] = (),
 ) -> list[TableId]:
@@ -167,7 +165,7 @@ def resolve_tables(
 
 
 def tables_without_identity(
-    conn: psycopg2.extensions.connection, tables: Iterable[TableId]
+    conn: Connection, tables: Iterable[TableId]
 ) -> dict[TableId, str]:
     """The *tables* whose UPDATEs and DELETEs PostgreSQL refuses once they are published
     (``cannot update table ... because it does not have a replica identity``), each with
@@ -218,7 +216,7 @@ def tables_without_identity(
 
 
 def publishable_tables(
-    conn: psycopg2.extensions.connection, tables: Sequence[TableId], include: Sequence[str]
+    conn: Connection, tables: Sequence[TableId], include: Sequence[str]
 ) -> list[TableId]:
     """*tables* without those PostgreSQL cannot publish UPDATEs and DELETEs of.
 
@@ -244,7 +242,7 @@ def publishable_tables(
     return _skip_unpublishable(conn, tables, "a table pattern", refused)
 
 
-def _skip_unpublishable(conn: psycopg2.extensions.connection, tables: Sequence[TableId],
+def _skip_unpublishable(conn: Connection, tables: Sequence[TableId],
                         matched_by: str, refused: dict[TableId, str] | None = None
                         ) -> list[TableId]:
     """*tables* without those PostgreSQL cannot publish, each logged at WARNING (the
@@ -264,7 +262,7 @@ def _is_pattern(entry: str) -> bool:
 
 
 def primary_keys(
-    conn: psycopg2.extensions.connection, tables: Iterable[TableId]
+    conn: Connection, tables: Iterable[TableId]
 ) -> dict[TableId, tuple[str, ...]]:
     """Primary-key columns per table, in key order; tables without one are absent."""
     tables = list(tables)
@@ -286,7 +284,7 @@ def primary_keys(
         return {TableId(s, t): tuple(cols) for s, t, cols in cur.fetchall()}
 
 
-def not_null_columns(conn: psycopg2.extensions.connection, table: TableId) -> frozenset[str]:
+def not_null_columns(conn: Connection, table: TableId) -> frozenset[str]:
     """Names of the table's NOT NULL columns."""
     with cursor(conn) as cur:
         cur.execute(
@@ -299,7 +297,7 @@ def not_null_columns(conn: psycopg2.extensions.connection, table: TableId) -> fr
         return frozenset(name for (name,) in cur.fetchall())
 
 
-def type_info(conn: psycopg2.extensions.connection, oid: int) -> tuple[str, int]:
+def type_info(conn: Connection, oid: int) -> tuple[str, int]:
     """(name, decoding OID) of a type.
 
     The decoding OID is the built-in type whose text form the type shares: a domain
@@ -336,7 +334,7 @@ def type_info(conn: psycopg2.extensions.connection, oid: int) -> tuple[str, int]
 
 
 def table_schema(
-    conn: psycopg2.extensions.connection, table: TableId, key: Sequence[str] | None,
+    conn: Connection, table: TableId, key: Sequence[str] | None,
     *, generated: bool = False,
 ) -> TableSchema:
     """The current columns of *table* from the catalog (used by the snapshot): the
@@ -368,7 +366,7 @@ def table_schema(
 
 
 def warn_about_keyless(
-    conn: psycopg2.extensions.connection, tables: Iterable[TableId],
+    conn: Connection, tables: Iterable[TableId],
     keys: dict[TableId, tuple[str, ...]],
 ) -> None:
     """Log tables whose updates and deletes PostgreSQL cannot publish or we cannot key."""
@@ -393,10 +391,10 @@ def warn_about_keyless(
             log.warning("table %s has no primary key: its events have no key", table)
 
 
-def publishes_generated(conn: psycopg2.extensions.connection, publication: str) -> bool:
+def publishes_generated(conn: Connection, publication: str) -> bool:
     """Whether *publication* sends stored generated columns (PostgreSQL 18's
     ``publish_generated_columns = stored``)."""
-    if conn.server_version < 180000:
+    if conn.info.server_version < 180000:
         return False
     with cursor(conn) as cur:
         cur.execute("SELECT pubgencols = 's' FROM pg_publication WHERE pubname = %s",
@@ -405,7 +403,7 @@ def publishes_generated(conn: psycopg2.extensions.connection, publication: str) 
     return bool(row and row[0])
 
 
-def warn_about_unstreamed(conn: psycopg2.extensions.connection,
+def warn_about_unstreamed(conn: Connection,
                           tables: Iterable[TableId], *,
                           generated_published: bool = False) -> None:
     """Say at start what of *tables* the stream cannot keep current: generated columns
@@ -443,7 +441,7 @@ def warn_about_unstreamed(conn: psycopg2.extensions.connection,
                 "execute-snapshot %s; a tidemark run target is reloaded)", table, table)
 
 
-def warn_about_identity_index(conn: psycopg2.extensions.connection,
+def warn_about_identity_index(conn: Connection,
                               tables: Iterable[TableId],
                               keys: dict[TableId, tuple[str, ...]]) -> None:
     """Warn about tables whose ``REPLICA IDENTITY USING INDEX`` is not on their primary
@@ -474,7 +472,7 @@ def warn_about_identity_index(conn: psycopg2.extensions.connection,
                 ", ".join(index), ", ".join(key), ", ".join(key), table, ", ".join(index))
 
 
-def wal_position(conn: psycopg2.extensions.connection) -> int:
+def wal_position(conn: Connection) -> int:
     """Where the server's WAL ends now (on a standby, where replay is): every
     transaction committed before it is visible to a catalog read that starts after."""
     with cursor(conn) as cur:
@@ -483,7 +481,7 @@ def wal_position(conn: psycopg2.extensions.connection) -> int:
         return int(cur.fetchone()[0])
 
 
-def column_layout(conn: psycopg2.extensions.connection, table: TableId, publication: str,
+def column_layout(conn: Connection, table: TableId, publication: str,
                   *, generated: bool = False
                   ) -> tuple[int, list[tuple[str, int] | None]] | None:
     """The table's OID and, in attnum order, ``(name, type OID)`` of each column the
@@ -503,7 +501,7 @@ def column_layout(conn: psycopg2.extensions.connection, table: TableId, publicat
         rows: list[Any] = cur.fetchall()
         if not rows:
             raise SourceError(f"table {table} not found (was it dropped?)")
-        if conn.server_version >= 150000:
+        if conn.info.server_version >= 150000:
             cur.execute(
                 "SELECT EXISTS (SELECT 1 FROM pg_publication_rel r JOIN pg_publication p "
                 "ON p.oid = r.prpubid WHERE p.pubname = %s AND r.prrelid = %s "

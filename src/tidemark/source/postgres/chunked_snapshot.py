@@ -53,10 +53,10 @@ from psycopg import pq, sql
 
 from tidemark.errors import SourceError, TerminalError
 from tidemark.event import TableId, WireTuple
+from tidemark.postgres_connection import ServerTimeoutError, server_timeout
 from tidemark.source.postgres.pgoutput import lsn_to_str
 from tidemark.source.postgres.replication import ReplicationStream
 from tidemark.source.postgres.snapshot_plan import ChunkRange, KeyText
-from tidemark.source.postgres.wal_reads import ServerTimeoutError, server_timeout
 from tidemark.source.read_plan import ChangeSink, ChangeTable, Commit, EncodedRows
 
 log = logging.getLogger(__name__)

@@ -14,13 +14,15 @@ from enum import StrEnum
 from typing import Any
 
 import msgspec
-import psycopg2.extensions
+import psycopg
 
 from tidemark.config_mapping import struct_from_mapping
 from tidemark.errors import ConfigError
+from tidemark.postgres_connection import check_identifier, parse_dsn, redact_dsn
 from tidemark.serde.modes import DecimalHandlingMode, TimePrecisionMode
 
-__all__ = ["DecimalHandlingMode", "PostgresSourceConfig", "SnapshotMode", "TimePrecisionMode"]
+__all__ = ["DecimalHandlingMode", "PostgresSourceConfig", "SnapshotMode", "TimePrecisionMode",
+           "check_identifier", "redact_dsn"]
 
 
 class SnapshotMode(StrEnum):
@@ -39,7 +41,6 @@ class SlotLostAction(StrEnum):
     RESNAPSHOT = "resnapshot"  # new slot, then an incremental snapshot of every table
 
 
-_IDENTIFIER = re.compile(r"[a-z_][a-z0-9_]{0,62}")
 _QUALIFIED_NAME = re.compile(r"[a-z_][a-z0-9_]{0,62}\.[a-z_][a-z0-9_]{0,62}")
 
 
@@ -113,8 +114,8 @@ class PostgresSourceConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unk
 
     def __post_init__(self) -> None:
         try:
-            psycopg2.extensions.parse_dsn(self.dsn)
-        except psycopg2.ProgrammingError as err:
+            parse_dsn(self.dsn)
+        except psycopg.ProgrammingError as err:
             raise ConfigError(
                 "dsn",
                 "not a valid libpq connection string "
@@ -172,29 +173,8 @@ class PostgresSourceConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unk
     @property
     def database(self) -> str:
         """The database name the DSN connects to (libpq's default: the user name)."""
-        params = psycopg2.extensions.parse_dsn(self.dsn)
+        params = parse_dsn(self.dsn)
         return params.get("dbname") or params.get("user") or "postgres"
-
-
-def check_identifier(key: str, value: object) -> str:
-    """Return *value* if it is a plain PostgreSQL name safe to put in SQL, else raise a
-    ConfigError naming *key* and the allowed form."""
-    if not isinstance(value, str) or not _IDENTIFIER.fullmatch(value):
-        raise ConfigError(
-            key,
-            f"{value!r} is not a valid name: use 1-63 lower-case letters, digits and "
-            "underscores, starting with a letter or underscore",
-        )
-    return value
-
-
-def redact_dsn(dsn: str) -> str:
-    """Return *dsn* as ``key=value`` pairs without any secret (password, sslpassword …)."""
-    try:
-        params = psycopg2.extensions.parse_dsn(dsn)
-    except psycopg2.ProgrammingError:
-        return "<unparseable connection string>"
-    return " ".join(f"{k}={v}" for k, v in params.items() if "password" not in k)
 
 
 def _first_line(err: BaseException) -> str:

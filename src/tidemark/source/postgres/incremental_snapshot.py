@@ -49,8 +49,8 @@ import uuid
 from collections.abc import Callable, Sequence
 from typing import Any, Final
 
-import psycopg2.extensions
-from psycopg2 import sql
+import psycopg
+from psycopg import sql
 
 from tidemark.errors import DecodeError, SourceUnavailableError, TidemarkError, first_line
 from tidemark.event import (
@@ -62,9 +62,9 @@ from tidemark.event import (
     TableId,
     TableSchema,
 )
+from tidemark.postgres_connection import Connection, on_standby
 from tidemark.source.postgres import catalog, pgoutput
 from tidemark.source.postgres.change_builder import CONNECTOR_NAME
-from tidemark.source.postgres.session import on_standby
 from tidemark.source.postgres.snapshot import register_text_types
 from tidemark.source.postgres.source_block import POSTGRES_BLOCK
 from tidemark.source.signals import (
@@ -158,14 +158,14 @@ class Split:
 class IncrementalSnapshot(SignalledSnapshots):
     """The incremental snapshots of one connector: signals in, watermarked chunks out."""
 
-    def __init__(self, *, dsn_connect: Callable[[], psycopg2.extensions.connection],
+    def __init__(self, *, dsn_connect: Callable[[], Connection],
                  captured: Sequence[TableId], keys: dict[TableId, tuple[str, ...]],
                  signal_table: TableId | None, chunk_size: int, topic_prefix: str,
                  database: str, state: dict[str, Any] | None = None,
                  generated: bool = False) -> None:
         super().__init__(set(captured).__contains__, state)
         self._connect = dsn_connect
-        self._conn: psycopg2.extensions.connection | None = None
+        self._conn: Connection | None = None
         self._keys = keys
         self.signal_table = signal_table
         self._signal_prefix: bytes | None = None
@@ -211,7 +211,7 @@ class IncrementalSnapshot(SignalledSnapshots):
             finally:
                 self._conn = None
 
-    def _connection(self) -> psycopg2.extensions.connection:
+    def _connection(self) -> Connection:
         if self._conn is None or self._conn.closed:
             self._conn = self._connect()
             self._conn.autocommit = True
@@ -237,7 +237,7 @@ class IncrementalSnapshot(SignalledSnapshots):
     def _on_standby(self) -> bool:
         try:
             return on_standby(self._connection())
-        except (psycopg2.Error, SourceUnavailableError):
+        except (psycopg.Error, SourceUnavailableError):
             return False  # reading the chunk will tell, and is retried
 
     def stopped(self, tables: set[TableId]) -> None:
@@ -441,7 +441,7 @@ class IncrementalSnapshot(SignalledSnapshots):
                 return
             try:
                 window = self._read_chunk(progress)
-            except (psycopg2.OperationalError, psycopg2.InterfaceError,
+            except (psycopg.OperationalError, psycopg.InterfaceError,
                     SourceUnavailableError) as err:
                 # The server went away (a restart): try again later, from the last key
                 # emitted; the table stays queued.
@@ -452,13 +452,13 @@ class IncrementalSnapshot(SignalledSnapshots):
                             progress.table, first_line(err), self._retry_delay)
                 self._retry_delay = min(self._retry_delay * 2, 30.0)
                 return
-            except (SnapshotTableError, psycopg2.Error) as err:
+            except (SnapshotTableError, psycopg.Error) as err:
                 log.error("incremental snapshot of %s skipped: %s", progress.table,
                           first_line(err))
                 self.queue.pop(0)
                 self.windows = [w for w in self.windows if w.schema.table != progress.table]
                 self.changed = True
-                if isinstance(err, psycopg2.Error):
+                if isinstance(err, psycopg.Error):
                     self.close()
                 continue
             self._retry_delay = 0.5
@@ -480,7 +480,6 @@ class IncrementalSnapshot(SignalledSnapshots):
             # stream messages); a change of its columns found in a window drops this.
             schema = catalog.table_schema(conn, progress.table, record_key,
                                           generated=self._generated)
-            register_text_types(conn)
             with conn.cursor() as cur:
                 cur.execute("SELECT %s::regclass::oid", (quoted_name(progress.table),))
                 row = cur.fetchone()
@@ -508,6 +507,7 @@ class IncrementalSnapshot(SignalledSnapshots):
                 key_sql, table_sql, not_null, condition, sql.SQL(", ").join(
                     sql.SQL("{} DESC").format(sql.Identifier(k)) for k in key))
             with conn.cursor() as cur:
+                register_text_types(cur)  # keys as text, like the stream's
                 cur.execute(query)
                 top = cur.fetchone()
             if top is None:
@@ -531,11 +531,12 @@ class IncrementalSnapshot(SignalledSnapshots):
             sql.Literal(self._chunk_size))
         self._mark(conn, f"open:{window_id}")
         with conn.cursor() as cur:
+            register_text_types(cur)
             try:
                 # One snapshot for both: the running transactions it does not see, and
                 # the chunk read in it.
                 cur.execute("BEGIN ISOLATION LEVEL REPEATABLE READ READ ONLY")
-                cur.execute(_SNAPSHOT_QUERY if conn.server_version >= 130000
+                cur.execute(_SNAPSHOT_QUERY if conn.info.server_version >= 130000
                             else _SNAPSHOT_QUERY_12)
                 snapshot = cur.fetchone()
                 assert snapshot is not None
@@ -569,13 +570,13 @@ class IncrementalSnapshot(SignalledSnapshots):
                       invisible=invisible)
 
     @staticmethod
-    def _mark(conn: psycopg2.extensions.connection, content: str) -> None:
+    def _mark(conn: Connection, content: str) -> None:
         with conn.cursor() as cur:
             cur.execute("SELECT pg_logical_emit_message(true, %s, %s)",
                         (WATERMARK_PREFIX, content))
 
 
-def signal_table_layout(conn: psycopg2.extensions.connection,
+def signal_table_layout(conn: Connection,
                         table: TableId) -> tuple[int, tuple[str, ...]]:
     """The signal table's OID and column names; a clear error if it is missing or is
     not laid out as Debezium's."""

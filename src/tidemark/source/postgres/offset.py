@@ -15,13 +15,11 @@ from __future__ import annotations
 
 from typing import Any
 
-import psycopg2.extensions
-
 from tidemark.errors import ConfigError
 from tidemark.offsets.store import show_json
+from tidemark.postgres_connection import Connection, cursor
 from tidemark.source.postgres.partial_transaction import COMMIT_LSN_KEY, MESSAGES_KEY
 from tidemark.source.postgres.pgoutput import lsn_to_str
-from tidemark.source.postgres.session import cursor
 
 MAX_LSN = (1 << 64) - 1
 
@@ -71,7 +69,7 @@ def check_shape(offset: Any, where: str) -> None:
                             f"{MESSAGES_KEY} both integers, or neither)")
 
 
-def server_position(conn: psycopg2.extensions.connection) -> int | None:
+def server_position(conn: Connection) -> int | None:
     """The end of the server's WAL: no offset of this server can be beyond it (None on a
     standby that has neither received nor replayed anything)."""
     with cursor(conn) as cur:
@@ -80,7 +78,7 @@ def server_position(conn: psycopg2.extensions.connection) -> int | None:
     return None if value is None else int(value)
 
 
-def check_not_ahead(conn: psycopg2.extensions.connection, offset: dict[str, Any],
+def check_not_ahead(conn: Connection, offset: dict[str, Any],
                     where: str) -> None:
     """Fail (:class:`ConfigError`, key ``offsets``) if *offset* (of the right shape) is
     beyond the server's WAL, saying what to do about it."""

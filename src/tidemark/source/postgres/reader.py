@@ -17,7 +17,7 @@ import time
 from collections.abc import Callable, Iterator
 from typing import TYPE_CHECKING, Any, TypeVar
 
-import psycopg2
+import psycopg
 
 from tidemark import faults
 from tidemark.errors import SourceError, SourceUnavailableError, TransientError
@@ -140,7 +140,7 @@ class PostgresReader:
         catalog.check_wal_level(conn)
         catalog.check_replication_privilege(conn)
         # Before anything is created; create_slot decides the same way later.
-        slot.makes_failover_slot(conn.server_version, cfg.slot_failover, "slot_failover",
+        slot.makes_failover_slot(conn.info.server_version, cfg.slot_failover, "slot_failover",
                                  standby=session.on_standby(conn))
         self.database = catalog.current_database(conn)
         where = "the offset given to start()"
@@ -275,7 +275,7 @@ class PostgresReader:
                 if self._catalog_conn is None or self._catalog_conn.closed:
                     self._catalog_conn = session.connect(self.config.dsn)
                 return query(self._catalog_conn)
-            except (psycopg2.OperationalError, psycopg2.InterfaceError) as err:
+            except (psycopg.OperationalError, psycopg.InterfaceError) as err:
                 with contextlib.suppress(Exception):
                     self._catalog_conn.close()
                 self._catalog_conn = None

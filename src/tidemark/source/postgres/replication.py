@@ -25,15 +25,10 @@ from typing import Final
 
 import psycopg
 from psycopg import pq
-from psycopg.conninfo import conninfo_to_dict, make_conninfo
 
 from tidemark.errors import SourceError, SourceUnavailableError
+from tidemark.postgres_connection import classify_connect_message, session_conninfo
 from tidemark.source.postgres.pgoutput import PG_EPOCH_OFFSET_US, lsn_to_str, str_to_lsn
-from tidemark.source.postgres.session import (
-    classify_connect_message,
-    keepalive_params,
-    session_options,
-)
 from tidemark.source.postgres.slot import SlotInUseError, SlotLostError, makes_failover_slot
 
 log = logging.getLogger(__name__)
@@ -80,12 +75,8 @@ class ReplicationStream:
     # -- connection and slot creation ---------------------------------------------------
     def connect(self) -> None:
         """Open the replication connection (does not start streaming yet)."""
-        params = conninfo_to_dict(self._dsn)
-        conninfo = make_conninfo(self._dsn, replication="database",
-                                 options=session_options(self._dsn),
-                                 application_name="tidemark",
-                                 connect_timeout=params.get("connect_timeout") or 10,
-                                 **keepalive_params(self._dsn))
+        conninfo = session_conninfo(self._dsn, application_name="tidemark",
+                                    replication="database")
         conn = pq.PGconn.connect(conninfo.encode())
         if conn.status != pq.ConnStatus.OK:
             message = conn.get_error_message()

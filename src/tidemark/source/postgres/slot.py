@@ -12,14 +12,13 @@ import time
 from collections.abc import Sequence
 from typing import Any
 
-import psycopg2.errors
-import psycopg2.extensions
-from psycopg2 import sql
+import psycopg
+from psycopg import sql
 
 from tidemark.errors import ConfigError, SourceError, TransientError
 from tidemark.event import TableId
+from tidemark.postgres_connection import Connection, cursor, on_standby
 from tidemark.source.postgres import catalog
-from tidemark.source.postgres.session import cursor, on_standby
 
 log = logging.getLogger(__name__)
 
@@ -69,7 +68,7 @@ class SlotInfo:
         slot lost its catalog rows), ``idle_timeout``, ``wal_level_insufficient``."""
 
 
-def get_slot(conn: psycopg2.extensions.connection, name: str) -> SlotInfo | None:
+def get_slot(conn: Connection, name: str) -> SlotInfo | None:
     """The slot called *name*, or None if it does not exist."""
     with cursor(conn) as cur:
         cur.execute(
@@ -109,7 +108,7 @@ def validate_slot(slot: SlotInfo, database: str) -> None:
         )
 
 
-def drop_slot(conn: psycopg2.extensions.connection, name: str, wait_s: float = 10.0) -> None:
+def drop_slot(conn: Connection, name: str, wait_s: float = 10.0) -> None:
     """Drop the slot once no process holds it (a closing walsender may, briefly)."""
     deadline = time.monotonic() + wait_s
     with cursor(conn) as cur:
@@ -131,7 +130,7 @@ def drop_slot(conn: psycopg2.extensions.connection, name: str, wait_s: float = 1
 
 
 def ensure_publication(
-    conn: psycopg2.extensions.connection, name: str, tables: Sequence[TableId]
+    conn: Connection, name: str, tables: Sequence[TableId]
 ) -> list[TableId]:
     """Create the publication for *tables*, or add the tables it lacks; returns the
     tables added to a publication that existed (not to one created now).
@@ -187,7 +186,7 @@ def ensure_publication(
             )
         try:
             cur.execute(statement)
-        except psycopg2.errors.InsufficientPrivilege as err:
+        except psycopg.errors.InsufficientPrivilege as err:
             raise SourceError(
                 f"cannot add table(s) {listed} to publication {name!r}: "
                 f"{_first_line(err)}; ask the tables' owner (or a superuser) to run {fix}, "
@@ -247,7 +246,7 @@ def _refuse_on_standby(cur: Any, name: str, missing: Sequence[TableId], *,
         fix = f"ALTER PUBLICATION {quoted} ADD TABLE {listed}"
         what = f"publication {name!r} lacks table(s) {listed}"
     else:
-        options = _publication_options(cur.connection.server_version)
+        options = _publication_options(cur.connection.info.server_version)
         fix = f"CREATE PUBLICATION {quoted} FOR TABLE {listed} WITH ({options})"
         what = f"publication {name!r} does not exist"
     raise SourceError(
@@ -259,14 +258,14 @@ def _refuse_on_standby(cur: Any, name: str, missing: Sequence[TableId], *,
 def _create_publication(cur: Any, name: str, tables: Sequence[TableId]) -> None:
     if not tables:
         raise SourceError(f"no tables to capture for publication {name!r}")
-    options = _publication_options(cur.connection.server_version)
+    options = _publication_options(cur.connection.info.server_version)
     try:
         cur.execute(
             sql.SQL("CREATE PUBLICATION {} FOR TABLE {} WITH ({})").format(
                 sql.Identifier(name), _table_list(tables), sql.SQL(options)
             )
         )
-    except psycopg2.errors.InsufficientPrivilege as err:
+    except psycopg.errors.InsufficientPrivilege as err:
         cur.execute("SELECT quote_ident(%s)", (name,))
         quoted = cur.fetchone()[0]
         raise SourceError(
@@ -293,6 +292,6 @@ def _readable_names(cur: Any, tables: Sequence[TableId]) -> str:
     return str(cur.fetchone()[0])
 
 
-def _first_line(err: psycopg2.Error) -> str:
-    text = (err.pgerror or str(err)).strip()
+def _first_line(err: psycopg.Error) -> str:
+    text = (err.diag.message_primary or str(err)).strip()
     return text.splitlines()[0].removeprefix("ERROR:").strip() if text else "permission denied"

@@ -17,9 +17,7 @@ from __future__ import annotations
 import dataclasses
 from typing import Any, Final
 
-import psycopg2.extensions
-
-from tidemark.source.postgres.session import cursor
+from tidemark.postgres_connection import Connection, cursor
 
 # On a standby (logical decoding there needs PostgreSQL 16) there is no insert position;
 # the WAL received or replayed so far is what the server has.
@@ -137,7 +135,7 @@ class TimeLag:
     """One sentence for people: what the figure is, or why there is none."""
 
 
-def read_server(conn: psycopg2.extensions.connection) -> ServerWal:
+def read_server(conn: Connection) -> ServerWal:
     """The database *conn* is connected to and the server's WAL positions."""
     with cursor(conn) as cur:
         cur.execute(_SERVER_SQL)
@@ -147,7 +145,7 @@ def read_server(conn: psycopg2.extensions.connection) -> ServerWal:
                      current_lsn=_int(current))
 
 
-def read_slot(conn: psycopg2.extensions.connection, name: str,
+def read_slot(conn: Connection, name: str,
               server: ServerWal) -> SlotState | None:
     """The slot called *name*, or None if the server has no such slot."""
     wal_columns = _WAL_COLUMNS if server.version_num >= 130000 else _NO_WAL_COLUMNS

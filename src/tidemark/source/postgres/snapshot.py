@@ -9,31 +9,39 @@ converters handles snapshot and stream rows alike.
 
 from __future__ import annotations
 
+import functools
 import logging
 from collections.abc import Iterator, Sequence
 from typing import Any
 
-import psycopg2.extensions
-from psycopg2 import sql
+import psycopg
+import psycopg.postgres
+from psycopg import sql
+from psycopg.types.string import TextLoader
 
 from tidemark.event import ChangeEvent, Op, SnapshotMarker, SourceContext, TableSchema
+from tidemark.postgres_connection import Connection
 from tidemark.source.postgres.change_builder import CONNECTOR_NAME
 from tidemark.source.postgres.source_block import POSTGRES_BLOCK
 
 log = logging.getLogger(__name__)
 
 
-def _as_text(value: str | bytes | None, _cur: Any) -> str | bytes | None:
-    return value
+def begin_snapshot(conn: Connection, snapshot_name: str | None) -> int:
+    """Open the snapshot transaction on *conn*; returns its transaction id.
 
-
-def begin_snapshot(conn: psycopg2.extensions.connection, snapshot_name: str | None) -> int:
-    """Open the snapshot transaction on *conn*; returns its transaction id."""
+    The transaction (REPEATABLE READ, READ ONLY) stays open: every read of the snapshot
+    must run in it, and the caller ends it (``conn.rollback()``)."""
+    # psycopg opens the transaction itself, with these characteristics, before the first
+    # statement; SET TRANSACTION SNAPSHOT must be that first statement.
     conn.autocommit = False
+    conn.isolation_level = psycopg.IsolationLevel.REPEATABLE_READ
+    conn.read_only = True
     with conn.cursor() as cur:
-        cur.execute("BEGIN ISOLATION LEVEL REPEATABLE READ READ ONLY")
         if snapshot_name:
-            cur.execute("SET TRANSACTION SNAPSHOT %s", (snapshot_name,))
+            # SET takes no bound parameters: the name goes in as a quoted literal.
+            cur.execute(sql.SQL("SET TRANSACTION SNAPSHOT {}").format(
+                sql.Literal(snapshot_name)))
         # The snapshot's own transaction id, as Debezium's source.txId of snapshot rows
         # (it assigns one; confirmed by capture): the next free id, which the snapshot's
         # xmin would be, is the first streamed transaction's, and the two would look
@@ -46,29 +54,37 @@ def begin_snapshot(conn: psycopg2.extensions.connection, snapshot_name: str | No
     return int(row[0])
 
 
-def register_text_types(conn: psycopg2.extensions.connection) -> None:
-    """Make *conn* return every column as the text its type's output function prints.
+def register_text_types(cur: psycopg.Cursor[Any]) -> None:
+    """Make *cur* return every column as the text its type's output function prints.
 
-    Every type psycopg2 would convert (ranges, json, arrays …) must come back as that
-    text, like pgoutput sends it, so that one set of converters (and one form of keys)
-    serves snapshot and stream rows alike."""
-    # Only the types psycopg2 knows are converted; every other one arrives as text.
-    oids = sorted(psycopg2.extensions.string_types)
-    as_text = psycopg2.extensions.new_type(tuple(oids), "TIDEMARK_TEXT", _as_text)
-    psycopg2.extensions.register_type(as_text, conn)
+    Every type psycopg would convert (numeric, ranges, json, arrays, bytea …) must come
+    back as that text, like pgoutput sends it, so that one set of converters (and one
+    form of keys) serves snapshot and stream rows alike. Only the cursor's own loaders
+    change: catalog queries on the same connection still get Python values."""
+    # Only the types psycopg knows are converted; every other one arrives as text.
+    for oid in _known_oids():
+        cur.adapters.register_loader(oid, TextLoader)
+
+
+@functools.cache
+def _known_oids() -> tuple[int, ...]:
+    oids: set[int] = set()
+    for info in psycopg.postgres.types:
+        oids.update(oid for oid in (info.oid, info.array_oid) if oid)
+    return tuple(sorted(oids))
 
 
 def read_rows(
-    conn: psycopg2.extensions.connection, schema: TableSchema, fetch_size: int
+    conn: Connection, schema: TableSchema, fetch_size: int
 ) -> Iterator[list[tuple[str | None, ...]]]:
     """The table's rows as text tuples, in chunks of *fetch_size* (server-side cursor)."""
-    register_text_types(conn)
     query = sql.SQL("SELECT {} FROM {}.{}").format(
         sql.SQL(", ").join(sql.Identifier(c.name) for c in schema.columns),
         sql.Identifier(schema.table.schema),
         sql.Identifier(schema.table.table),
     )
     with conn.cursor(name=f"tidemark_snapshot_{schema.table.table[:40]}") as cur:
+        register_text_types(cur)
         cur.itersize = fetch_size
         cur.execute(query)
         while True:
@@ -79,7 +95,7 @@ def read_rows(
 
 
 def snapshot_events(
-    conn: psycopg2.extensions.connection,
+    conn: Connection,
     schemas: Sequence[TableSchema],
     *,
     topic_prefix: str,

@@ -10,10 +10,9 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-import psycopg2.extensions
-
 from tidemark.errors import ConfigError
 from tidemark.offsets.store import Offset, OffsetReader
+from tidemark.postgres_connection import make_dsn
 from tidemark.serde.debezium_json import DebeziumJsonOptions, DebeziumJsonSerializer
 from tidemark.source.postgres.config import PostgresSourceConfig, check_identifier
 from tidemark.source.postgres.reader import PostgresReader
@@ -94,7 +93,7 @@ class PostgresConnector:
                               f"each; set tasks_max to at least {len(self.databases)}")
         slot = self._base.get("slot_name", "tidemark")
         return [{**self._base,
-                 "dsn": psycopg2.extensions.make_dsn(self._base["dsn"], dbname=db),
+                 "dsn": make_dsn(self._base["dsn"], dbname=db),
                  "slot_name": f"{slot}_{db}"} for db in self.databases]
 
     def create_task(self, config: TaskConfig) -> PostgresTask:

@@ -9,8 +9,8 @@ a few milliseconds), fast-forwarded to the start of its range first. Copies let 
 executors decode different parts of one batch at the same time, server side and in
 Python, and they disappear with their session if an executor dies.
 
-Connections use psycopg 3 (a binary server-side cursor fetched peek rows about 4x
-faster than psycopg2 here) with tidemark's session settings, which fix the text form of
+Connections are tidemark's (psycopg 3: a binary server-side cursor fetched peek rows
+about 4x faster than psycopg2 here) with its session settings, which fix the text form of
 the values pgoutput prints (the peeking backend's settings apply).
 """
 
@@ -25,15 +25,10 @@ from typing import Any, Final
 
 import psycopg
 
-from tidemark import faults
+from tidemark import faults, postgres_connection
 from tidemark.errors import SourceError, TerminalError
 from tidemark.fetch_budget import FetchBudget
 from tidemark.source.postgres.pgoutput import lsn_to_str
-from tidemark.source.postgres.session import (
-    classify_connect_message,
-    keepalive_params,
-    session_options,
-)
 from tidemark.source.postgres.slot import makes_failover_slot
 from tidemark.source.postgres.stream_offsets import TxnSummary
 
@@ -67,63 +62,13 @@ class SlotMovedError(TerminalError):
     """The slot is already past the batch being read: its transactions are gone."""
 
 
-class ServerTimeoutError(psycopg.OperationalError):
-    """PostgreSQL did not answer within the source's ``serverTimeoutMs``."""
-
-    @classmethod
-    def after(cls, seconds: float) -> ServerTimeoutError:
-        return cls(f"no answer from PostgreSQL within {seconds:.0f} s (serverTimeoutMs): "
-                   "the server is stopped or unreachable")
-
-
-class _BoundedConnection(psycopg.Connection[Any]):
-    """A connection whose every wait for the server ends after ``server_timeout_s``.
-
-    psycopg waits for an answer as long as it takes; a stopped server (its kernel still
-    acknowledges TCP, so keepalives see nothing wrong) or a partition that swallows
-    packets would hold a query, and with it the Spark query, forever.
-    """
-
-    server_timeout_s: float | None = None
-
-    def wait(self, gen: Any, interval: float = 0.1, timeout: float | None = None) -> Any:
-        if timeout is not None or self.server_timeout_s is None:
-            return super().wait(gen, interval, timeout)
-        try:
-            return super().wait(gen, interval, self.server_timeout_s)
-        except psycopg.errors.OperationalError as err:
-            if type(err).__name__ != "_WaitTimeout":
-                raise
-            # The protocol state is unknown after an abandoned wait: the connection goes.
-            self.pgconn.finish()
-            raise ServerTimeoutError.after(self.server_timeout_s) from None
-
-
-def server_timeout(conn: psycopg.Connection[Any]) -> float | None:
-    """The longest wait for the server a :func:`connect` connection allows (None: any)."""
-    return conn.server_timeout_s if isinstance(conn, _BoundedConnection) else None
-
-
 def connect(dsn: str, *, purpose: str,
             server_timeout_s: float | None = None) -> psycopg.Connection[Any]:
-    """An autocommit psycopg 3 connection with tidemark's session settings; with
-    *server_timeout_s*, no wait for the server lasts longer (:class:`ServerTimeoutError`).
-
-    Errors never contain the password (they are built from the redacted DSN).
-    """
-    params = psycopg.conninfo.conninfo_to_dict(dsn)
-    keepalives: dict[str, Any] = keepalive_params(dsn)
-    try:
-        conn = _BoundedConnection.connect(
-            dsn, autocommit=True, options=session_options(dsn),
-            application_name=f"tidemark spark {purpose}",
-            connect_timeout=int(params.get("connect_timeout") or 10),
-            **keepalives,
-        )
-    except psycopg.OperationalError as err:
-        raise classify_connect_message(dsn, str(err)) from None
-    conn.server_timeout_s = server_timeout_s
-    return conn
+    """tidemark's connection (:func:`tidemark.postgres_connection.connect`) for the Spark
+    source's *purpose*; with *server_timeout_s*, no wait for the server lasts longer
+    (:class:`~tidemark.postgres_connection.ServerTimeoutError`)."""
+    return postgres_connection.connect(dsn, application_name=f"tidemark spark {purpose}",
+                                       server_timeout_s=server_timeout_s)
 
 
 def flush_lsn(conn: psycopg.Connection[Any]) -> int:

@@ -16,11 +16,11 @@ import logging
 import psycopg
 
 from tidemark.errors import first_line
-from tidemark.pipeline.status import committed_source_offset
 from tidemark.source.postgres import wal_reads as wal
 from tidemark.source.postgres.pgoutput import lsn_to_str
 from tidemark.source.postgres.slot import SlotLostError
 from tidemark.source.postgres.stream_offsets import SourceOffset
+from tidemark.spark_checkpoint import committed_source_offset
 
 log = logging.getLogger(__name__)
 
