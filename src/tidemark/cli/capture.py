@@ -7,64 +7,39 @@ import logging
 import os
 import signal
 import sys
+import threading
 import time
+from collections.abc import Callable, Iterator
 from types import FrameType
 from typing import TYPE_CHECKING, Any
 
 import click
 from click.core import ParameterSource
 
+from tidemark.cli.capture_output import JsonLinesOutput
 from tidemark.cli.capture_progress import CaptureProgress
 from tidemark.cli.logs import redact
+from tidemark.engine.config import DeliveryMode, EngineConfig
+from tidemark.engine.converters import DebeziumJsonConverter
+from tidemark.engine.engine import Engine, EngineCallbacks
+from tidemark.engine.state import IllegalStateError
 from tidemark.errors import TerminalError
-from tidemark.event import ChangeEvent, Record
 from tidemark.offsets.file import FileOffsetStore
 from tidemark.offsets.memory import MemoryOffsetStore
 from tidemark.offsets.store import OffsetStore
-from tidemark.source.kind import CaptureOptionError, CaptureRequest
-from tidemark.source.logtable.reader import LogTableReader
+from tidemark.source.capture_stats import CaptureStats
+from tidemark.source.kind import Capture, CaptureOptionError, CaptureRequest
 from tidemark.source.postgres.config import (
     DecimalHandlingMode,
     SnapshotMode,
     TimePrecisionMode,
 )
-from tidemark.source.postgres.kind import server_end
-from tidemark.source.postgres.pgoutput import lsn_to_str
-from tidemark.source.postgres.reader import PostgresReader
 from tidemark.source.registry import KINDS, kind_of
-from tidemark.source.spi import save_offset
 
 if TYPE_CHECKING:
-    from tidemark.source.mariadb.reader import MariaDbReader
+    from prometheus_client.core import Metric
 
 log = logging.getLogger(__name__)
-
-_WRITE_SLICE = 100
-
-
-class _StopFlag:
-    """Set by SIGINT/SIGTERM: finish the batch in hand, save the offset, exit."""
-
-    def __init__(self) -> None:
-        self.stop = False
-
-    def __call__(self, signum: int, frame: FrameType | None) -> None:
-        self.stop = True
-
-
-def _first_events(records: list[Record], lines: list[str], remaining: int
-                  ) -> tuple[list[Record], list[str], bool]:
-    """The records and lines up to (excluding) the change event after the first
-    *remaining* ones, and whether anything was cut. A batch holds records or lines."""
-    if len(lines) > remaining:
-        return records, lines[:remaining], True
-    events = 0
-    for cut, record in enumerate(records):
-        if isinstance(record, ChangeEvent):
-            events += 1
-            if events > remaining:
-                return records[:cut], lines, True
-    return records, lines, False
 
 
 @click.command()
@@ -169,105 +144,78 @@ def capture(dsn: str, source: str | None, tasks: int, task_index: int, cells: bo
                       if context.get_parameter_source(name) is ParameterSource.COMMANDLINE)
     kind = kind_of(dsn, source)
     try:
-        built = kind.capture(CaptureRequest(
+        chosen = kind.capture(CaptureRequest(
             values=values, given=given, topic_prefix=topic_prefix, tombstones=tombstones,
             transaction_metadata=transaction_metadata, cells=cells, tasks=tasks,
             task_index=task_index, retention_s=retention_s,
-            saves_offsets=offsets is not None))
+            saves_offsets=offsets is not None, stop_at_end=stop_at_end))
     except CaptureOptionError as err:
         raise click.UsageError(err.text) from None
-    connector: PostgresReader | MariaDbReader | LogTableReader = built.connector
-    serializer = built.serializer
-    flag = _StopFlag()
-    signal.signal(signal.SIGINT, flag)
-    signal.signal(signal.SIGTERM, flag)
+    # Not sys.stdout.buffer: under PYTHONUNBUFFERED (or -u) that is the raw file, whose
+    # write() may write only part (a signal, a reader gone) and tell only by its return
+    # value; a buffered writer writes everything or raises. (It is never closed: it
+    # does not own the descriptor, and is flushed after every batch.)
+    out = open(sys.stdout.fileno(), "wb", closefd=False)  # noqa: SIM115
+    engine: Engine | None = None
+
+    def stats() -> CaptureStats | None:
+        tasks = engine.tasks if engine is not None else []
+        found = getattr(getattr(tasks[0], "connector", None), "stats", None) if tasks else None
+        return found if isinstance(found, CaptureStats) else None
+
+    progress = _progress(stats, chosen, progress_interval_s)
+    output = JsonLinesOutput(out, max_events=max_events, stop=lambda: _stop(engine))
+    engine = Engine(
+        chosen.connector, output,
+        # The writer in the reader's thread, as one loop: writing is Python work, so a
+        # thread of its own would only trade the GIL and hold a second batch.
+        config=EngineConfig(delivery_mode=DeliveryMode.BATCH, worker_count=1,
+                            read_ahead=False,
+                            offset_flush_interval_ms=offset_flush_interval_ms,
+                            # A failure ends the capture with its error, as it always has.
+                            errors_max_retries=0),
+        converter=DebeziumJsonConverter(chosen.options), offset_store=store,
+        # Everything allocated so far lives for the whole run; keep the collector off it.
+        callbacks=EngineCallbacks(task_started=lambda index: gc.freeze()))
+    stopped = _on_signals(engine)
     metrics = None
     if metrics_port is not None:
         # Imported only when asked for: every capture start would pay for it.
         from tidemark.metrics import serve  # noqa: PLC0415
         from tidemark.source.capture_metrics import capture_metrics  # noqa: PLC0415
 
-        stats = connector.stats
-        metrics = serve(metrics_port, lambda: capture_metrics(stats, name=topic_prefix,
-                                                                plugin=kind.name))
-    try:
-        built.start(store, stop_at_end)
-    except BaseException:
-        if metrics is not None:
-            metrics.close()
-        raise
-    # Everything allocated so far lives for the whole run; keep the collector off it.
-    gc.freeze()
-    # Not sys.stdout.buffer: under PYTHONUNBUFFERED (or -u) that is the raw file, whose
-    # write() may write only part (a signal, a reader gone) and tell only by its return
-    # value; a buffered writer writes everything or raises. (It is never closed: it
-    # does not own the descriptor, and is flushed after every batch.)
-    out = open(sys.stdout.fileno(), "wb", closefd=False)  # noqa: SIM115
-    progress = _progress(connector, progress_interval_s)
-    delivered = 0  # change events written
+        def families() -> Iterator[Metric]:
+            current = stats()
+            return iter(()) if current is None else capture_metrics(
+                current, name=topic_prefix, plugin=kind.name)
+        metrics = serve(metrics_port, families)
     started = time.monotonic()
-    flush_every = offset_flush_interval_ms / 1000
-    pending: dict[str, Any] | None = None
-    last_save = 0.0
-    closed = False
-
-    def save(offset: dict[str, Any]) -> None:
-        nonlocal last_save
-        save_offset(store, connector, offset)
-        connector.commit(offset)
-        last_save = time.monotonic()
-
+    finished = threading.Event()
+    if progress_interval_s > 0:
+        # A thread of its own: an idle stream hands the consumer nothing, and the line
+        # (with the lag) matters most then.
+        threading.Thread(target=_report, args=(progress, output, progress_interval_s,
+                                               finished),
+                         name="tidemark-progress", daemon=True).start()
     try:
-        while not flag.stop:
-            batch = connector.poll()
-            records = batch.records
-            lines = batch.lines or []
-            offset = batch.offset
-            done = batch.finished
-            if max_events is not None:
-                records, lines, cut = _first_events(records, lines, max_events - delivered)
-                if cut:
-                    offset = None  # the batch was not delivered whole
-            if records or lines:
-                try:
-                    # Encode in slices of ~65 kB: larger buffers are mmapped or trimmed
-                    # back to the OS by malloc on every batch, and faulting that memory
-                    # in again costs ~10% of the run.
-                    for start in range(0, len(records), _WRITE_SLICE):
-                        out.write(serializer.encode_lines(records[start:start + _WRITE_SLICE]))
-                    for start in range(0, len(lines), _WRITE_SLICE):
-                        out.write("".join(lines[start:start + _WRITE_SLICE]).encode())
-                    out.flush()
-                except BrokenPipeError:
-                    # The batch may be cut anywhere: its offset is not taken, only those
-                    # of the batches before it, which were written in full.
-                    closed = True
-                    break
-                delivered += sum(1 for r in records if isinstance(r, ChangeEvent)) + len(lines)
-                done = done or (max_events is not None and delivered >= max_events)
-            progress.maybe_report(delivered)
-            if offset is not None:
-                pending = offset
-            if pending is not None and (done or time.monotonic() - last_save >= flush_every):
-                save(pending)
-                pending = None
-            if done:
-                break
-        if pending is not None:  # stopped by a signal or a closed stdout: all of it written
-            save(pending)
+        engine.run()
+    except IllegalStateError:
+        if not stopped.is_set():  # a signal before the engine ran: nothing to deliver
+            raise
     finally:
-        connector.stop()
+        finished.set()
         if metrics is not None:
             metrics.close()
         elapsed = time.monotonic() - started
+        delivered = output.delivered
         log.info("delivered %d change events in %.3f s (%.0f events/s)", delivered, elapsed,
                  delivered / elapsed if elapsed > 0 else 0.0)
-    if closed:
+    if output.closed:
         _silence_stdout()
         if offsets:
             kept = (f"the offset of what was written in full is saved in {offsets}, so a "
                     "restart resumes after it")
-        elif isinstance(connector, PostgresReader):
+        elif chosen.slot_keeps_position:
             kept = ("the replication slot is confirmed up to what was written in full, so a "
                     "restart resumes after it")
         else:
@@ -279,18 +227,52 @@ def capture(dsn: str, source: str | None, tasks: int, task_index: int, cells: bo
             f"{'' if delivered == 1 else 's'}; {kept}")
 
 
-def _progress(connector: PostgresReader | MariaDbReader | LogTableReader,
+def _stop(engine: Engine | None) -> None:
+    """Ask *engine* to stop without waiting for it (called from its own threads)."""
+    if engine is not None:
+        engine.close(timeout_s=0)
+
+
+def _on_signals(engine: Engine) -> threading.Event:
+    """SIGINT and SIGTERM stop *engine* after the batch in hand, saving the offset; the
+    event is set once one came."""
+    stopped = threading.Event()
+
+    def handle(signum: int, frame: FrameType | None) -> None:
+        stopped.set()
+        # Not here: the handler runs in the main thread, which may hold the engine's
+        # state lock at this moment.
+        threading.Thread(target=_stop, args=(engine,), name="tidemark-signal",
+                         daemon=True).start()
+
+    signal.signal(signal.SIGINT, handle)
+    signal.signal(signal.SIGTERM, handle)
+    return stopped
+
+
+def _report(progress: CaptureProgress, output: JsonLinesOutput, interval_s: float,
+            finished: threading.Event) -> None:
+    """Write the progress line every *interval_s* until *finished*."""
+    while not finished.wait(min(interval_s, 1.0)):
+        progress.maybe_report(output.delivered)
+
+
+def _progress(stats: Callable[[], CaptureStats | None], chosen: Capture,
               interval_s: float) -> CaptureProgress:
     """The progress line's writer: stderr, passwords masked (a lag query's error may
     quote the connection)."""
     def write(line: str) -> None:
         click.echo(redact(line), err=True)
 
-    if not isinstance(connector, PostgresReader):
-        return CaptureProgress(connector.stats, interval_s, write)
-    stats, dsn = connector.stats, connector.config.dsn
-    return CaptureProgress(stats, interval_s, write, position=lsn_to_str,
-                           wal_behind=lambda: server_end(dsn) - stats.position_lsn)
+    log_behind = chosen.log_behind
+    if log_behind is None:
+        return CaptureProgress(stats, interval_s, write)
+
+    def behind() -> int:
+        current = stats()
+        return log_behind(current.position_lsn if current else 0)
+    return CaptureProgress(stats, interval_s, write, position=chosen.position_text,
+                           wal_behind=behind)
 
 
 class OutputClosedError(TerminalError):

@@ -13,15 +13,16 @@ _UNITS = ("B", "KiB", "MiB", "GiB", "TiB")
 
 
 class CaptureProgress:
-    """Writes one progress line per *interval_s* (0: never) through *write*.
+    """Writes one progress line per *interval_s* (0: never) through *write*, of the
+    figures *stats* gives (None: the capture has not started).
 
     *wal_behind*, for PostgreSQL, gives the bytes of WAL between the server's insert
     position and the capture's; *position* renders ``stats.position_lsn``. A failing
     *wal_behind* leaves the lag out of that line, never stops the capture.
     """
 
-    def __init__(self, stats: CaptureStats, interval_s: float, write: Callable[[str], None],
-                 *, wal_behind: Callable[[], int] | None = None,
+    def __init__(self, stats: Callable[[], CaptureStats | None], interval_s: float,
+                 write: Callable[[str], None], *, wal_behind: Callable[[], int] | None = None,
                  position: Callable[[int], str] | None = None) -> None:
         self._stats = stats
         self._interval_s = interval_s
@@ -42,7 +43,7 @@ class CaptureProgress:
 
     def line(self, written: int, now: float) -> str:
         """The progress line (and the start of the next interval)."""
-        stats = self._stats
+        stats = self._stats() or CaptureStats()
         span = now - self._last_at
         rate = (written - self._last_written) / span if span > 0 else 0.0
         self._last_at, self._last_written = now, written

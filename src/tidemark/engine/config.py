@@ -49,6 +49,12 @@ class EngineConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fie
     completed since the last flush, see offset_flush_interval_ms)."""
     offset_flush_interval_ms: int = 1_000
     """Save offsets at most this often; 0 saves after every processed batch."""
+    read_ahead: bool = True
+    """Delivery modes ``batch`` and ``ordered`` with one consumer: poll the next batch
+    while the consumer (in a thread of its own) works on this one. False calls the
+    consumer in the task's thread and polls again once it returns: one batch in memory
+    and no hand-off between threads, for a consumer that is Python work (the two
+    threads would only trade the GIL), like ``tidemark capture``'s writer."""
     errors_max_retries: int = -1
     """Retries of a task operation that failed with a retriable error (-1: no limit)."""
     errors_retry_delay_initial_ms: int = 300

@@ -8,6 +8,7 @@ from typing import Protocol, runtime_checkable
 
 from tidemark.engine.converters import ConvertedRecord
 from tidemark.event import Record
+from tidemark.serde.json_lines import JsonLines
 
 
 class BatchCommitter(Protocol):
@@ -18,6 +19,12 @@ class BatchCommitter(Protocol):
         ``handle_batch`` returns (returning does the same)."""
         ...
 
+    def mark_batch_unfinished(self) -> None:
+        """The consumer took only part of the batch and will take no more (it stops:
+        its output closed, a limit reached): the batch counts as processed, but neither
+        its offset nor a later batch's is committed, so a restart delivers it again."""
+        ...
+
 
 @runtime_checkable
 class ChangeConsumer(Protocol):
@@ -25,6 +32,18 @@ class ChangeConsumer(Protocol):
     been transformed and converted (in parallel, in the worker pool)."""
 
     def handle_batch(self, records: list[ConvertedRecord], committer: BatchCommitter) -> None:
+        ...
+
+
+@runtime_checkable
+class JsonLinesConsumer(Protocol):
+    """Delivery mode ``batch``, for a consumer that writes Debezium JSON lines (the
+    engine's converter is then a :class:`~tidemark.engine.converters.DebeziumJsonConverter`):
+    one call per polled batch with its lines ready to write. Without transforms, a
+    source that can write the lines itself (the PostgreSQL task) hands them over and
+    they reach the consumer unchanged, which is the fastest way through the engine."""
+
+    def handle_lines(self, lines: JsonLines, committer: BatchCommitter) -> None:
         ...
 
 

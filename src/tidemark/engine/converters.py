@@ -32,6 +32,7 @@ from tidemark.serde.debezium_json import (
     DebeziumJsonSerializer,
     EventRenderer,
 )
+from tidemark.serde.json_lines import JsonLines, lines_of_events
 from tidemark.serde.rendered import RenderedEvent
 
 __all__ = ["ConvertedBatch", "ConvertedRecord", "Converter", "DebeziumJsonConverter",
@@ -133,6 +134,12 @@ class DebeziumJsonConverter:
         """The options in which sources may pre-render events for this converter (None
         with transaction metadata, whose per-event blocks sources do not write)."""
         return None if self.options.transaction_metadata else self.options
+
+    def lines(self, records: Sequence[Record]) -> JsonLines:
+        """Untransformed *records* as Debezium JSON lines, written by the serializer
+        without a record per event (for a lines consumer, when the source did not
+        write the lines itself)."""
+        return lines_of_events(self._per_thread.json, records)
 
     def convert(self, records: Sequence[Routed]) -> list[ConvertedRecord]:
         # Made by the source for this converter (outside the Routed types, as below).

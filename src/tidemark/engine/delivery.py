@@ -9,11 +9,13 @@ and not yet passed by that offset (processed or not), so a slow consumer slows t
 (backpressure), memory stays bounded, and a crash redelivers at most that many records
 beyond the saved offset, even when one worker lags behind the others.
 
-In the batch and ordered modes a single consumer runs in its own worker thread, so the
-reader can read ahead while it works; but a consumer whose last call returned within
-2 ms is called in the reader's thread while nothing is queued for its worker: handing
-each batch to another thread would cost more than such a call (the threads trade the
-GIL). The first call, and every call after a slower one, go to the worker.
+In the batch and ordered modes (:mod:`tidemark.engine.batch_delivery`) a single consumer
+runs in its own worker thread, so the reader can read ahead while it works; but a
+consumer whose last call returned within 2 ms is called in the reader's thread while
+nothing is queued for its worker: handing each batch to another thread would cost more
+than such a call (the threads trade the GIL). The first call, and every call after a
+slower one, go to the worker (unless ``read_ahead`` is off: then all run in the
+reader's thread).
 """
 
 from __future__ import annotations
@@ -25,8 +27,8 @@ from collections.abc import Callable, Sequence
 from concurrent.futures import Executor, ThreadPoolExecutor
 from typing import Any
 
-from tidemark.engine.consumers import ChangeConsumer, RecordConsumer, RecordProcessor
-from tidemark.engine.converters import ConvertedRecord, Converter
+from tidemark.engine.consumers import RecordConsumer, RecordProcessor
+from tidemark.engine.converters import ConvertedRecord, Converter, DebeziumJsonConverter
 from tidemark.engine.flow_control import Capacity, FailureHolder
 from tidemark.engine.key_assignment import KeyAssigner, KeyGroup
 from tidemark.engine.lane import Lane
@@ -35,6 +37,7 @@ from tidemark.engine.records import Destinations, key_routing_key, table_routing
 from tidemark.engine.transforms import Transform, apply_transforms
 from tidemark.event import Record
 from tidemark.offsets.store import Offset
+from tidemark.serde.json_lines import JsonLines, lines_of_converted
 
 log = logging.getLogger(__name__)
 
@@ -88,6 +91,14 @@ class Pipeline:
             out.extend(part)
         return out
 
+    def convert_lines(self, records: Sequence[Record]) -> JsonLines:
+        """Transforms and converter, as Debezium JSON lines: written by the Debezium
+        JSON converter itself when nothing transforms the records, else formatted from
+        the converter's records."""
+        if not self.transforms and type(self.converter) is DebeziumJsonConverter:
+            return self.converter.lines(records)
+        return lines_of_converted(self.convert_parallel(records))
+
 
 class Delivery(ABC):
     """Hands batches to consumers in one mode and tracks their completion."""
@@ -99,21 +110,31 @@ class Delivery(ABC):
         self.capacity = capacity
         self.failure = failure
         self.name = name
-        self.flush_requested = threading.Event()
         self._lanes: list[Lane] = []
 
-    def dispatch(self, records: list[Record], offset: Offset | None) -> None:
-        """Hand on one polled batch (waits while too many records are in flight)."""
-        if not records:
+    def dispatch(self, records: list[Record], offset: Offset | None,
+                 lines: list[str] | None = None) -> None:
+        """Hand on one polled batch, its *records* or the JSON *lines* the source wrote
+        instead (waits while too many records are in flight)."""
+        size = len(records) if lines is None else len(lines)
+        if not size:
             if offset is not None:  # moves the offset only, e.g. a heartbeat
                 # The newest entry, of no records: completing it passes none.
                 self.tracker.complete(self.tracker.track(offset, 0))
             return
-        self.capacity.acquire(len(records))
-        self._dispatch(records, offset)
+        self.capacity.acquire(size)
+        if lines is None:
+            self._dispatch(records, offset)
+        else:
+            self._dispatch_lines(lines, offset)
 
     @abstractmethod
     def _dispatch(self, records: list[Record], offset: Offset | None) -> None: ...
+
+    def _dispatch_lines(self, lines: list[str], offset: Offset | None) -> None:
+        raise TypeError(f"{type(self).__name__} takes records, but the source handed over "
+                        "JSON lines, which the engine asks for only for a "
+                        "JsonLinesConsumer")
 
     def _unit(self, size: int, offset: Offset | None, consumers: int) -> Unit:
         return Unit(self.tracker.track(offset, size), size, consumers)
@@ -156,78 +177,6 @@ class Delivery(ABC):
         """End the worker threads: after the queued work, or (*discard*) at once."""
         for lane in self._lanes:
             lane.stop(discard)
-
-
-class _Committer:
-    """The BatchCommitter of one (batch, consumer)."""
-
-    __slots__ = ("_delivery", "_done", "_lock", "_unit")
-
-    def __init__(self, delivery: Delivery, unit: Unit) -> None:
-        self._delivery = delivery
-        self._unit = unit
-        self._done = False
-        # A consumer may finish from a thread of its own while handle_batch returns:
-        # counted twice, the batch would complete before another consumer had it.
-        self._lock = threading.Lock()
-
-    def mark_batch_finished(self) -> None:
-        with self._lock:
-            if self._done:
-                return
-            self._done = True
-        self._delivery.complete(self._unit)
-        self._delivery.flush_requested.set()
-
-
-class _WholeBatchDelivery(Delivery):
-    """Converts each batch once and hands all of it to one worker per consumer (several
-    consumers of one stream run in parallel; P3)."""
-
-    def __init__(self, consumers: Sequence[Any], label: str, **kwargs: Any) -> None:
-        super().__init__(**kwargs)
-        self._consumer_lanes = [
-            self._lane(f"{label}{i}", self._runner(consumer))
-            for i, consumer in enumerate(consumers)
-        ]
-
-    @abstractmethod
-    def _runner(self, consumer: Any) -> Callable[[Any], None]: ...
-
-    def _dispatch(self, records: list[Record], offset: Offset | None) -> None:
-        converted = self.pipeline.convert_parallel(records)
-        lanes = self._consumer_lanes
-        unit = self._unit(len(records), offset, len(lanes))
-        if len(lanes) == 1 and lanes[0].runs_here():
-            lanes[0].run_here((unit, converted))
-            return
-        for lane in lanes:
-            lane.put((unit, converted))
-
-
-class BatchDelivery(_WholeBatchDelivery):
-    """(a) ``handle_batch(records, committer)`` per batch."""
-
-    def __init__(self, consumers: Sequence[ChangeConsumer], **kwargs: Any) -> None:
-        super().__init__(consumers, "batch", **kwargs)
-
-    def _runner(self, consumer: ChangeConsumer) -> Callable[[Any], None]:
-        def run(item: tuple[Unit, list[ConvertedRecord]]) -> None:
-            unit, converted = item
-            committer = _Committer(self, unit)
-            consumer.handle_batch(converted, committer)
-            committer.mark_batch_finished()
-        return run
-
-
-class OrderedDelivery(_WholeBatchDelivery):
-    """(b) one call per record in source order (one worker per consumer)."""
-
-    def __init__(self, consumers: Sequence[RecordConsumer], **kwargs: Any) -> None:
-        super().__init__(consumers, "ordered", **kwargs)
-
-    def _runner(self, consumer: RecordConsumer) -> Callable[[Any], None]:
-        return self._record_runner(consumer)
 
 
 class AsyncDelivery(Delivery):

@@ -23,14 +23,18 @@ from typing import TYPE_CHECKING, Any, TypeVar
 
 import msgspec
 
+from tidemark.engine.batch_delivery import BatchDelivery, LinesDelivery, OrderedDelivery
 from tidemark.engine.config import DeliveryMode, EngineConfig, KeyBy
-from tidemark.engine.consumers import ChangeConsumer, RecordConsumer, RecordProcessor
+from tidemark.engine.consumers import (
+    ChangeConsumer,
+    JsonLinesConsumer,
+    RecordConsumer,
+    RecordProcessor,
+)
 from tidemark.engine.converters import Converter, DebeziumJsonConverter
 from tidemark.engine.delivery import (
     AsyncDelivery,
-    BatchDelivery,
     Delivery,
-    OrderedDelivery,
     PerKeyDelivery,
     Pipeline,
     ProcessorDelivery,
@@ -55,7 +59,7 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 _T = TypeVar("_T")
 
-Consumer = ChangeConsumer | RecordConsumer | RecordProcessor
+Consumer = ChangeConsumer | JsonLinesConsumer | RecordConsumer | RecordProcessor
 
 
 class EngineCallbacks(msgspec.Struct, frozen=True, kw_only=True):
@@ -75,7 +79,8 @@ class Engine:
     """Runs a :class:`SourceConnector` and delivers its records to consumers.
 
     *consumer* is, by delivery mode: ``batch`` — an object with
-    ``handle_batch(records, committer)``; ``ordered``/``async``/``per_key`` — a callable
+    ``handle_batch(records, committer)`` (or ``handle_lines(lines, committer)``, a
+    :class:`JsonLinesConsumer`); ``ordered``/``async``/``per_key`` — a callable
     taking one record; or a :class:`RecordProcessor` (any mode: it takes over). A list of
     consumers runs them in parallel on the same records; offsets are committed once all
     have processed a record (P3).
@@ -100,8 +105,13 @@ class Engine:
         # events from them, which pre-rendered texts would no longer describe.
         self._rendering = (None if isinstance(self._consumers[0], RecordProcessor)
                            else rendering_options(self._converter, self._transforms))
-        self._converted_records = self._rendering is not None and converted_records(
-            self._converter, self._transforms, config.delivery_mode)
+        # A lines consumer takes the JSON lines a source writes, with nothing between
+        # them to transform.
+        self._lines = (isinstance(self._consumers[0], JsonLinesConsumer)
+                       and self._rendering is not None and not self._transforms)
+        self._converted_records = (self._rendering is not None and not self._lines
+                                   and converted_records(self._converter, self._transforms,
+                                                         config.delivery_mode))
         self._store = offset_store or MemoryOffsetStore()
         self._callbacks = callbacks or EngineCallbacks()
         self._state = EngineState()
@@ -254,7 +264,8 @@ class Engine:
 
     def _create_task(self, task_config: TaskConfig) -> SourceTask:
         task = self.connector.create_task(task_config)
-        offer_rendering(task, self._rendering, records=self._converted_records)
+        offer_rendering(task, self._rendering, records=self._converted_records,
+                        lines=self._lines)
         return task
 
     def _runner(self, index: int, task: SourceTask) -> TaskRunner:
@@ -279,9 +290,11 @@ class Engine:
             return ProcessorDelivery(consumers[0], executor, **common)
         mode = cfg.delivery_mode
         if mode is DeliveryMode.BATCH:
-            return BatchDelivery(consumers, **common)
+            if isinstance(consumers[0], JsonLinesConsumer):
+                return LinesDelivery(consumers, read_ahead=cfg.read_ahead, **common)
+            return BatchDelivery(consumers, read_ahead=cfg.read_ahead, **common)
         if mode is DeliveryMode.ORDERED:
-            return OrderedDelivery(consumers, **common)
+            return OrderedDelivery(consumers, read_ahead=cfg.read_ahead, **common)
         if mode is DeliveryMode.ASYNC:
             return AsyncDelivery(consumers, executor, workers, **common)
         return PerKeyDelivery(consumers, workers, cfg.key_by is KeyBy.TABLE, **common)
@@ -412,10 +425,15 @@ def _consumer_list(consumer: Consumer | Sequence[Consumer],
         return consumers
     if mode is DeliveryMode.BATCH:
         for c in consumers:
-            if not isinstance(c, ChangeConsumer):
+            if not isinstance(c, (ChangeConsumer, JsonLinesConsumer)):
                 raise ConfigError("delivery_mode", "'batch' needs consumers with "
-                                  "handle_batch(records, committer); for a function taking "
-                                  "one record use 'ordered', 'async' or 'per_key'")
+                                  "handle_batch(records, committer) (or handle_lines(lines, "
+                                  "committer)); for a function taking one record use "
+                                  "'ordered', 'async' or 'per_key'")
+        lines = [isinstance(c, JsonLinesConsumer) for c in consumers]
+        if any(lines) and not all(lines):
+            raise ConfigError("consumer", "consumers of one engine take records "
+                              "(handle_batch) or JSON lines (handle_lines), not both")
     else:
         for c in consumers:
             if not callable(c):

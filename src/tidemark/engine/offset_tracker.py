@@ -36,6 +36,7 @@ class OffsetTracker(Generic[T]):
         self._offsets: dict[int, T] = {}  # records that carry an offset, by seq
         self._sizes: dict[int, int] = {}  # records each entry stands for, if not 1
         self._committable: T | None = None
+        self._withheld_from: int | None = None  # entries from here on carry no offset
 
     def track(self, offset: T | None = None, records: int = 1) -> int:
         """Register the next entry (in source order), standing for *records* records;
@@ -43,7 +44,7 @@ class OffsetTracker(Generic[T]):
         with self._lock:
             seq = self._next_seq
             self._next_seq += 1
-            if offset is not None:
+            if offset is not None and self._withheld_from is None:
                 self._offsets[seq] = offset
             if records != 1:
                 self._sizes[seq] = records
@@ -67,6 +68,17 @@ class OffsetTracker(Generic[T]):
                 passed += sizes.pop(done, 1)
                 self._done_upto = done + 1
             return passed
+
+    def withhold_from(self, seq: int) -> None:
+        """Entry *seq* was not processed in full (a consumer stopped part-way): neither
+        its offset nor any later entry's is ever committable, so a restart delivers it
+        again. Its records and the later ones still complete, to free their places."""
+        with self._lock:
+            if self._withheld_from is not None and self._withheld_from <= seq:
+                return
+            self._withheld_from = seq
+            for later in [s for s in self._offsets if s >= seq]:
+                del self._offsets[later]
 
     @property
     def committable(self) -> T | None:

@@ -47,12 +47,13 @@ def converted_records(converter: Converter, transforms: Sequence[Transform],
 
 
 def offer_rendering(task: SourceTask, options: DebeziumJsonOptions | None, *,
-                    records: bool = False) -> bool:
+                    records: bool = False, lines: bool = False) -> bool:
     """Ask *task* to render in *options* if it can (with *records*, to make
-    :class:`RenderedRecord` s too); True if it will."""
+    :class:`RenderedRecord` s too; with *lines*, to write JSON lines instead, for a
+    lines consumer with no transforms); True if it will."""
     if options is None or not isinstance(task, RendersDebeziumJson):
         return False
-    accepted = task.render_debezium_json(options, converted_records=records)
+    accepted = task.render_debezium_json(options, converted_records=records, lines=lines)
     log.debug("task %r %s to render Debezium JSON", task,
               "agreed" if accepted else "declined")
     return accepted

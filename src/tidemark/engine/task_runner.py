@@ -48,7 +48,7 @@ class TaskRunner:
         self.finished = False
         self.started = False
         self.thread: threading.Thread | None = None  # the poll loop's worker
-        self._last_flush = time.monotonic()
+        self._last_flush = float("-inf")  # the first offset is saved at once
         self._committed: Offset | None = None
         self._exit_lock = threading.Lock()
         self._exited = False
@@ -122,13 +122,13 @@ class TaskRunner:
         while not self.stopping.is_set():
             self.failure.raise_if_failed()
             batch = self.retrying(task.poll, "poll")
-            if batch.records or batch.offset is not None:
-                delivery.dispatch(batch.records, batch.offset)
-            self.flush(force=delivery.flush_requested.is_set())
+            if batch.records or batch.lines or batch.offset is not None:
+                delivery.dispatch(batch.records, batch.offset, batch.lines)
+            self.flush()
             if batch.finished:
                 self._finish()
                 return
-            if not batch.records:
+            if not batch.records and not batch.lines:
                 self.stopping.wait(_IDLE_WAIT_S)
 
     def _finish(self) -> None:
@@ -137,7 +137,7 @@ class TaskRunner:
             self.failure.raise_if_failed()
             if self.stopping.is_set():
                 return
-            self.flush(force=self.delivery.flush_requested.is_set())
+            self.flush()
         self.failure.raise_if_failed()
         self.flush(force=True)
         self.finished = True
@@ -147,11 +147,12 @@ class TaskRunner:
         now = time.monotonic()
         if not force and now - self._last_flush < self.config.offset_flush_interval_ms / 1000:
             return
-        self.delivery.flush_requested.clear()
-        self._last_flush = now
         offset = self.tracker.take_committable()
         if offset is None:
+            # Only a save starts the interval: polls with nothing to save (a stream
+            # opening) must not hold back the first offset that comes after them.
             return
+        self._last_flush = now
         with self._store_lock:
             save_offset(self._store, self.task, offset)
         self._committed = offset

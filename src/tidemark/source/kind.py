@@ -27,9 +27,9 @@ from typing import TYPE_CHECKING, Any, Final
 from tidemark.errors import ConfigError
 
 if TYPE_CHECKING:
-    from tidemark.offsets.store import OffsetStore
-    from tidemark.serde.debezium_json import DebeziumJsonSerializer
+    from tidemark.serde.debezium_json import DebeziumJsonOptions
     from tidemark.source.read_plan import ReadOptions, ReadPlan
+    from tidemark.source.spi import SourceConnector
 
 Row = tuple[Any, ...]
 
@@ -66,16 +66,23 @@ class CaptureRequest:
     task_index: int
     retention_s: float
     saves_offsets: bool
+    stop_at_end: bool = False
+    """Finish once everything committed before the start is delivered."""
 
 
 @dataclasses.dataclass
 class Capture:
-    """A capture built for one kind: its task-level reader, the serializer of its events
-    and how to start it (``start(store, stop_at_end)``)."""
+    """A capture built for one kind: the connector the engine runs (its start settings,
+    such as where to stop, already in it) and how its events are written."""
 
-    connector: Any
-    serializer: DebeziumJsonSerializer
-    start: Callable[[OffsetStore, bool], None]
+    connector: SourceConnector
+    options: DebeziumJsonOptions
+    log_behind: Callable[[int], int] | None = None
+    """Bytes of log written after a position (the progress line's lag); None: unknown."""
+    position_text: Callable[[int], str] | None = None
+    """A position as the progress line writes it (None: a number)."""
+    slot_keeps_position: bool = False
+    """The source keeps the position confirmed to it without --offsets (a slot)."""
 
 
 class SourceProgress(abc.ABC):

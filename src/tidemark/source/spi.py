@@ -60,12 +60,15 @@ class RendersDebeziumJson(Protocol):
     pipeline would pass such texts through unchanged."""
 
     def render_debezium_json(self, options: DebeziumJsonOptions, *,
-                             converted_records: bool = False) -> bool:
+                             converted_records: bool = False, lines: bool = False) -> bool:
         """Render in *options* from now on; False if the task declines. With
         *converted_records* (the engine has no transforms, and its converter passes
         them on) the task may also emit
         :class:`~tidemark.serde.converted.RenderedRecord` s, the converter's output
-        itself."""
+        itself. With *lines* (the engine's consumer writes JSON lines, and nothing
+        transforms the events) the task may instead hand over what it renders as
+        JSON lines (:attr:`~tidemark.source.batch.SourceBatch.lines`, a batch holding
+        lines or records, never both)."""
         ...
 
 

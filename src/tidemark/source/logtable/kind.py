@@ -25,7 +25,7 @@ from tidemark.source.kind import (
 from tidemark.source.logtable.config import is_sqlite
 
 if TYPE_CHECKING:
-    from tidemark.offsets.store import OffsetStore
+    pass
 
 #: Bytes a log-table change is taken to span in the lag behind the log (an estimate,
 #: for progress only: batches are sized by the database, :func:`batch_bytes`).
@@ -101,16 +101,10 @@ class LogTableKind(SourceKind):
         return None
 
     def capture(self, request: CaptureRequest) -> Capture:
-        from tidemark.serde.debezium_json import (  # noqa: PLC0415
-            DebeziumJsonOptions,
-            DebeziumJsonSerializer,
-        )
-        from tidemark.source.logtable.config import LogTableSourceConfig  # noqa: PLC0415
+        from tidemark.serde.debezium_json import DebeziumJsonOptions  # noqa: PLC0415
         from tidemark.source.logtable.layout import assign_groups  # noqa: PLC0415
-        from tidemark.source.logtable.reader import (  # noqa: PLC0415
-            LogTableReader,
-            open_database,
-        )
+        from tidemark.source.logtable.reader import open_database  # noqa: PLC0415
+        from tidemark.source.logtable.task import LogTableConnector  # noqa: PLC0415
 
         for option in _CAPTURE_UNUSED:
             if option in request.given:
@@ -138,16 +132,11 @@ class LogTableKind(SourceKind):
                 raise CaptureOptionError(f"the log has {total} groups: at most {total} "
                                          "tasks")
             groups = tuple(split[task_index])
-        config = LogTableSourceConfig.from_mapping({**base, "groups": groups})
-        serializer = DebeziumJsonSerializer(DebeziumJsonOptions(
-            topic_prefix=request.topic_prefix, tombstones_on_delete=request.tombstones,
-            cells=request.cells))
-        connector = LogTableReader(config)
-
-        def start(store: OffsetStore, stop_at_end: bool) -> None:
-            connector.start(store=store, stop_at_end=stop_at_end)
-
-        return Capture(connector, serializer, start)
+        return Capture(LogTableConnector({**base, "groups": groups},
+                                         stop_at_end=request.stop_at_end),
+                       DebeziumJsonOptions(topic_prefix=request.topic_prefix,
+                                           tombstones_on_delete=request.tombstones,
+                                           cells=request.cells))
 
     def position_text(self, position: int) -> str:
         return f"log position {position}"

@@ -52,7 +52,8 @@ class LogTableTask(ReopeningTask[LogTableReader]):
 
 class LogTableConnector:
     """The engine-facing log-table connector. *config* holds the settings of
-    :class:`LogTableSourceConfig` (without ``groups``: the connector assigns them).
+    :class:`LogTableSourceConfig`; without ``groups`` the connector assigns them to its
+    tasks, with ``groups`` one task reads those.
     *stop_at_end*: finish once every group has read what the log held."""
 
     def __init__(self, config: Mapping[str, Any], stop_at_end: bool = False) -> None:
@@ -66,6 +67,8 @@ class LogTableConnector:
 
     def task_configs(self, tasks_max: int) -> list[TaskConfig]:
         config = LogTableSourceConfig.from_mapping(self._base)
+        if config.groups:  # chosen by the caller (tidemark capture --task): one task
+            return [self._base]
         db = open_database(config.dsn)
         try:
             groups = db.generations()[0].groups

@@ -22,7 +22,7 @@ from tidemark.source.kind import (
 )
 
 if TYPE_CHECKING:
-    from tidemark.offsets.store import OffsetStore
+    pass
 
 SCHEMES: Final = ("mariadb://", "mysql://")
 
@@ -86,12 +86,9 @@ class MariaDbKind(SourceKind):
 
     def capture(self, request: CaptureRequest) -> Capture:
         # Imported here: a PostgreSQL capture's start should not pay for PyMySQL.
-        from tidemark.serde.debezium_json import (  # noqa: PLC0415
-            DebeziumJsonOptions,
-            DebeziumJsonSerializer,
-        )
+        from tidemark.serde.debezium_json import DebeziumJsonOptions  # noqa: PLC0415
         from tidemark.source.mariadb.config import MariaDbSourceConfig  # noqa: PLC0415
-        from tidemark.source.mariadb.reader import MariaDbReader  # noqa: PLC0415
+        from tidemark.source.mariadb.task import MariaDbConnector  # noqa: PLC0415
 
         for option in _POSTGRES_ONLY:
             if option in request.given:
@@ -104,18 +101,13 @@ class MariaDbKind(SourceKind):
         if "time_precision_mode" in request.given:
             chosen["time_precision_mode"] = request.values["time_precision_mode"]
         config = MariaDbSourceConfig.from_mapping(chosen)
-        serializer = DebeziumJsonSerializer(DebeziumJsonOptions(
-            topic_prefix=request.topic_prefix,
-            decimal_handling_mode=config.decimal_handling_mode,
-            time_precision_mode=config.time_precision_mode,
-            tombstones_on_delete=request.tombstones,
-            transaction_metadata=request.transaction_metadata))
-        connector = MariaDbReader(config)
-
-        def start(store: OffsetStore, stop_at_end: bool) -> None:
-            connector.start(store=store, stop_at_end=stop_at_end)
-
-        return Capture(connector, serializer, start)
+        return Capture(MariaDbConnector(chosen, stop_at_end=request.stop_at_end),
+                       DebeziumJsonOptions(
+                           topic_prefix=request.topic_prefix,
+                           decimal_handling_mode=config.decimal_handling_mode,
+                           time_precision_mode=config.time_precision_mode,
+                           tombstones_on_delete=request.tombstones,
+                           transaction_metadata=request.transaction_metadata))
 
     def position_text(self, position: int) -> str:
         return f"binlog {position >> 32}:{position & 0xFFFFFFFF}"

@@ -222,15 +222,26 @@ class MariaDbReader:
         # not take a snapshot, nor miss what was written in between.
         yield SourceBatch([], self._offset(position, self._snapshots.state()))
         limit = self.config.max_batch_events
+        held: _Queued | None = None  # a part of a transaction that starts the next batch
         while True:
-            try:
-                item = self._queue.get(timeout=_POLL_WAIT_S)
-            except queue.Empty:
-                yield SourceBatch([], None)
-                continue
+            if held is not None:
+                item, held = held, None
+            else:
+                try:
+                    item = self._queue.get(timeout=_POLL_WAIT_S)
+                except queue.Empty:
+                    yield SourceBatch([], None)
+                    continue
             records: list[Record] = []
             offset: Offset | None = None
             while True:
+                if (offset is not None and isinstance(item, _Queued)
+                        and item.position is None and item.records):
+                    # The batch's offset is the position after its last record: a part
+                    # of a transaction after whole ones starts the next batch, so that a
+                    # consumer that stops inside it keeps the offset of those before.
+                    held = item
+                    break
                 if item is _END:
                     yield SourceBatch(records, offset, finished=True)
                     return

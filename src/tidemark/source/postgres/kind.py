@@ -22,7 +22,6 @@ from tidemark.source.kind import (
 )
 
 if TYPE_CHECKING:
-    from tidemark.offsets.store import OffsetStore
     from tidemark.source.kind import SourceProgress
 
 
@@ -83,31 +82,23 @@ class PostgresKind(SourceKind):
         return redact_dsn(dsn)
 
     def capture(self, request: CaptureRequest) -> Capture:
-        from tidemark.serde.debezium_json import (  # noqa: PLC0415
-            DebeziumJsonOptions,
-            DebeziumJsonSerializer,
-        )
+        from tidemark.serde.debezium_json import DebeziumJsonOptions  # noqa: PLC0415
         from tidemark.source.postgres.config import PostgresSourceConfig  # noqa: PLC0415
-        from tidemark.source.postgres.reader import PostgresReader  # noqa: PLC0415
+        from tidemark.source.postgres.pgoutput import lsn_to_str  # noqa: PLC0415
+        from tidemark.source.postgres.task import PostgresConnector  # noqa: PLC0415
 
         config = PostgresSourceConfig.from_mapping(dict(request.values))
-        serializer = DebeziumJsonSerializer(DebeziumJsonOptions(
-            topic_prefix=request.topic_prefix,
-            decimal_handling_mode=config.decimal_handling_mode,
-            time_precision_mode=config.time_precision_mode,
-            tombstones_on_delete=request.tombstones,
-            transaction_metadata=request.transaction_metadata,
-        ))
-        # Without transaction metadata every streamed event is one JSON text that the
-        # connector can make straight from the pgoutput bytes (the fast path).
-        connector = PostgresReader(
-            config, json_lines=None if request.transaction_metadata else serializer)
-
-        def start(store: OffsetStore, stop_at_end: bool) -> None:
-            connector.start(store=store,
-                            stop_at_lsn=server_end(config.dsn) if stop_at_end else None)
-
-        return Capture(connector, serializer, start)
+        dsn = config.dsn
+        return Capture(
+            PostgresConnector(dict(request.values), stop_at_lsn=server_end(dsn)
+                              if request.stop_at_end else None),
+            DebeziumJsonOptions(topic_prefix=request.topic_prefix,
+                                decimal_handling_mode=config.decimal_handling_mode,
+                                time_precision_mode=config.time_precision_mode,
+                                tombstones_on_delete=request.tombstones,
+                                transaction_metadata=request.transaction_metadata),
+            log_behind=lambda position: server_end(dsn) - position,
+            position_text=lsn_to_str, slot_keeps_position=True)
 
     def position_text(self, position: int) -> str:
         from tidemark.source.postgres.pgoutput import lsn_to_str  # noqa: PLC0415

@@ -30,27 +30,32 @@ class PostgresTask(ReopeningTask[PostgresReader]):
         self._stop_at_lsn = stop_at_lsn
         self._rendered: DebeziumJsonOptions | None = None
         self._converted_records = False
+        self._lines = False
 
     def render_debezium_json(self, options: DebeziumJsonOptions, *,
-                             converted_records: bool = False) -> bool:
+                             converted_records: bool = False, lines: bool = False) -> bool:
         """Emit streamed row changes as :class:`~tidemark.serde.rendered.RenderedEvent` s
         with Debezium JSON texts in *options*, made straight from the pgoutput bytes
         (the fused path of ``tidemark capture``); with *converted_records*, inserts and
         updates as :class:`~tidemark.engine.converters.RenderedRecord` s. Call before
-        :meth:`start`. Declined (False) with transaction metadata, whose blocks the fused
-        path does not write."""
+        :meth:`start`. With *lines*, streamed changes come as JSON lines
+        (:attr:`~tidemark.source.batch.SourceBatch.lines`) instead. Declined (False)
+        with transaction metadata, whose blocks the fused path does not write."""
         if options.transaction_metadata or self.config.provide_transaction_metadata:
             return False
         self._rendered = options
         self._converted_records = converted_records
+        self._lines = lines
         return True
 
     def _new_connector(self) -> PostgresReader:
         rendered = self._rendered
-        return PostgresReader(
-            self.config,
-            rendered_json=None if rendered is None else DebeziumJsonSerializer(rendered),
-            converted_records=self._converted_records)
+        if rendered is None:
+            return PostgresReader(self.config)
+        if self._lines:
+            return PostgresReader(self.config, json_lines=DebeziumJsonSerializer(rendered))
+        return PostgresReader(self.config, rendered_json=DebeziumJsonSerializer(rendered),
+                              converted_records=self._converted_records)
 
     def _start_connector(self, connector: PostgresReader, offset: Offset | None,
                          offsets: OffsetReader | None) -> None:
