@@ -227,9 +227,14 @@ def main() -> None:
             for contender in contenders if run % 2 == 0 else contenders[::-1]:
                 base = work / f"{slots[(contender.name, run)]}"
                 shutil.copytree(loaded, base)
-                # The copy reads its own slot: it adopts the loaded pipeline's
-                # checkpoint (which records the loading pipeline as its owner).
+                # The copy reads its own slot into its own table: it adopts the
+                # loaded pipeline's checkpoint, which records the loading pipeline as
+                # its owner and the loaded table as the one its batches wrote to.
                 (base / "chk" / "tidemark-pipeline.json").unlink(missing_ok=True)
+                written = base / "chk" / "tidemark-targets.json"
+                if written.exists():
+                    written.write_text(written.read_text(encoding="utf-8").replace(
+                        str(loaded), str(base)), encoding="utf-8")
                 file = _pipeline_file(base, dsn, slots[(contender.name, run)],
                                       contender.master, contender.conf, contender.apply_on,
                                       per_batch)

@@ -16,6 +16,7 @@ transaction *t* inserts row *t*, updates row *t - 1* and, every fourth, deletes 
 from __future__ import annotations
 
 import json
+import subprocess
 import sys
 import time
 from collections.abc import Iterator, Mapping, Sequence
@@ -36,9 +37,10 @@ from tidemark.offsets.store import Offset, OffsetReader
 from tidemark.pipeline.compare import delta_rows, source_rows
 from tidemark.pipeline.config import load_config
 from tidemark.pipeline.runner import Pipeline
+from tidemark.serde.debezium_json import DebeziumJsonOptions
 from tidemark.source import registry
 from tidemark.source.batch import SourceBatch
-from tidemark.source.kind import SourceKind, SourceProgress
+from tidemark.source.kind import Capture, CaptureRequest, SourceKind, SourceProgress
 from tidemark.source.read_plan import (
     ChangeSink,
     Commit,
@@ -242,8 +244,11 @@ class MemoryKind(SourceKind):
     def default_schema(self, dsn: str) -> str:
         return "memory"
 
-    def capture(self, request: Any) -> Any:
-        return MemoryConnector(str(request.values["dsn"]))
+    def capture(self, request: CaptureRequest) -> Capture:
+        return Capture(MemoryConnector(str(request.values["dsn"]), request.stop_at_end),
+                       DebeziumJsonOptions(topic_prefix=request.topic_prefix,
+                                           tombstones_on_delete=request.tombstones),
+                       position_text=BLOCK.position_text)
 
     def position_text(self, position: int) -> str:
         return BLOCK.position_text(position)
@@ -307,6 +312,41 @@ def test_the_engine_runs_it_and_resumes_from_saved_offsets() -> None:
            offset_store=store).run()
     assert [json.loads(r.value)["after"]["id"] for r in again[:1]] == [7]
     assert len(again) == 5 + 1  # transactions 7 and 8 only (and 8's delete's tombstone)
+
+
+#: ``tidemark capture`` in a process of its own that first registers this module's kind
+#: (as a package's ``tidemark.sources`` entry point would).
+_CAPTURE = f"""
+import sys
+sys.path.insert(0, {str(Path(__file__).parent)!r})
+from tidemark.source import registry
+import {Path(__file__).stem} as source
+registry.register(source.MemoryKind())
+from tidemark.cli.main import main
+sys.argv = ["tidemark", "capture", *sys.argv[1:]]
+main()
+"""
+
+
+def _capture(*args: str) -> list[Any]:
+    done = subprocess.run([sys.executable, "-c", _CAPTURE, *args], capture_output=True,
+                          text=True, timeout=120, check=False)
+    assert done.returncode == 0, done.stderr
+    return [json.loads(line) for line in done.stdout.splitlines()]
+
+
+def test_tidemark_capture_writes_it_and_resumes_from_its_offsets(tmp_path: Path) -> None:
+    args = ["--offsets", str(tmp_path / "offsets.json"), "--stop-at-end",
+            "--topic-prefix", "shop"]
+    lines = _capture("--dsn", "memory://orders/5", *args)
+    assert [(line["key"], line["value"]["op"] if line["value"] else None)
+            for line in lines][:3] == [({"id": 1}, "c"), ({"id": 2}, "c"), ({"id": 1}, "u")]
+    assert lines[0]["value"]["source"]["transaction"] == 1
+    assert sum(1 for line in lines if line["value"] is None) == 1  # 4's delete's tombstone
+    # Started again on more transactions, it resumes after what it wrote.
+    again = _capture("--dsn", "memory://orders/7", *args)
+    assert [line["value"]["after"]["id"] for line in again][:1] == [6]
+    assert len(again) == 4  # transactions 6 and 7
 
 
 def test_the_spark_source_reads_it(spark: SparkSession, tmp_path: Path) -> None:
