@@ -98,9 +98,11 @@ class SourceProgress(abc.ABC):
 
 @dataclasses.dataclass(frozen=True)
 class StatusModules:
-    """Where a source's ``tidemark status`` lives (imported on first use): each module
-    has ``capture_status(dsn, *, slot, offsets, topic_prefix)`` / ``render_capture`` or
-    ``pipeline_status(config, config_file)`` / ``render_pipeline``."""
+    """Where a source's ``tidemark status`` lives (imported on first use): *capture*
+    has ``status_of_capture(dsn, *, slot, offsets, topic_prefix)`` and
+    ``render_capture(status)``, *pipeline* ``pipeline_status(pipeline)`` (*pipeline* a
+    :class:`tidemark.status.pipeline.PipelineFacts`: what the status reads of the
+    pipeline's file) and ``render_pipeline(status)``; each status is a JSON-able dict."""
 
     capture: str
     pipeline: str

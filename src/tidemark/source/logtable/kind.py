@@ -188,7 +188,7 @@ class LogTableKind(SourceKind):
         return "tidemark.source.logtable.read_plan"
 
     def status_modules(self) -> StatusModules:
-        return StatusModules("tidemark.status.logtable", "tidemark.pipeline.status_logtable")
+        return StatusModules("tidemark.status.logtable", "tidemark.status.logtable_pipeline")
 
     def table_rows(self, dsn: str, table: str, columns: Sequence[str],
                    text_columns: Sequence[str], utc_columns: Sequence[str]) -> list[Row]:

@@ -138,8 +138,7 @@ class MariaDbKind(SourceKind):
         return "tidemark.source.mariadb.read_plan"
 
     def status_modules(self) -> StatusModules:
-        return StatusModules("tidemark.status.mariadb",
-                             "tidemark.pipeline.status_mariadb")
+        return StatusModules("tidemark.status.mariadb", "tidemark.status.mariadb_pipeline")
 
     def table_rows(self, dsn: str, table: str, columns: Sequence[str],
                    text_columns: Sequence[str], utc_columns: Sequence[str]) -> list[Row]:

@@ -146,7 +146,7 @@ class PostgresKind(SourceKind):
         return "tidemark.source.postgres.read_plan"
 
     def status_modules(self) -> StatusModules:
-        return StatusModules("tidemark.status.capture", "tidemark.pipeline.status")
+        return StatusModules("tidemark.status.postgres", "tidemark.status.postgres_pipeline")
 
     def table_rows(self, dsn: str, table: str, columns: Sequence[str],
                    text_columns: Sequence[str], utc_columns: Sequence[str]) -> list[Row]:
