@@ -27,6 +27,7 @@ from typing import TYPE_CHECKING, Any, Final
 from tidemark.errors import ConfigError
 
 if TYPE_CHECKING:
+    from tidemark.event import TableId
     from tidemark.offsets.store import OffsetStore
     from tidemark.serde.debezium_json import DebeziumJsonSerializer
     from tidemark.source.read_plan import ReadOptions, ReadPlan
@@ -223,6 +224,17 @@ class SourceKind(abc.ABC):
         """Where ``tidemark status`` of this kind lives."""
         raise ConfigError("source", f"tidemark status does not know {self.name} sources "
                           "(the kind has no status)")
+
+    # -- signals ------------------------------------------------------------------------
+    def write_signal(self, dsn: str, table: TableId, signal_id: str, signal_type: str,
+                     data: str | None) -> None:
+        """Insert a checked signal row (*signal_id*, *signal_type*, *data*: its JSON
+        text) into the signal *table* (:func:`tidemark.source.signals.send_signal`);
+        raises :class:`~tidemark.source.signals.SignalError` naming what to fix."""
+        from tidemark.source.signals import SignalError  # noqa: PLC0415
+
+        raise SignalError(f"{self.name} sources have no signal table (the kind has no "
+                          "write_signal)")
 
     # -- tests and demos ----------------------------------------------------------------
     def table_rows(self, dsn: str, table: str, columns: Sequence[str],
