@@ -227,6 +227,9 @@ def main() -> None:
             for contender in contenders if run % 2 == 0 else contenders[::-1]:
                 base = work / f"{slots[(contender.name, run)]}"
                 shutil.copytree(loaded, base)
+                # The copy reads its own slot: it adopts the loaded pipeline's
+                # checkpoint (which records the loading pipeline as its owner).
+                (base / "chk" / "tidemark-pipeline.json").unlink(missing_ok=True)
                 file = _pipeline_file(base, dsn, slots[(contender.name, run)],
                                       contender.master, contender.conf, contender.apply_on,
                                       per_batch)

@@ -25,3 +25,28 @@ def test_loading_the_spark_source_does_not_import_pandas() -> None:
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                          check=True).stdout.strip()
     assert out == "False"
+
+
+def test_sources_without_postgresql_do_not_import_psycopg() -> None:
+    # psycopg takes about 0.1 s to load (several times that without cached bytecode):
+    # the MariaDB and SQLite log-table sources, the engine, the offsets and the Spark
+    # source's driver-side process (started anew at every query start) never use it.
+    modules = ("tidemark.postgres_connection", "tidemark.source.postgres.config",
+               "tidemark.source.mariadb.reader", "tidemark.source.logtable.reader",
+               "tidemark.engine.engine", "tidemark.offsets.file", "tidemark.spark.source")
+    code = (f"import sys, importlib; [importlib.import_module(m) for m in {modules!r}]; "
+            "print('psycopg' in sys.modules)")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                         check=True).stdout.strip()
+    assert out == "False"
+
+
+def test_the_connection_module_loads_psycopg_when_asked() -> None:
+    # ServerTimeoutError is defined on first use; it is still the core module's name.
+    code = ("import sys, tidemark.postgres_connection as pc; "
+            "print('psycopg' in sys.modules, issubclass(pc.ServerTimeoutError, "
+            "sys.modules['psycopg'].OperationalError), "
+            "pc.parse_dsn('host=db dbname=app') == {'host': 'db', 'dbname': 'app'})")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                         check=True).stdout.strip()
+    assert out == "False True True"

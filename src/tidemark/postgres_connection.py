@@ -12,12 +12,21 @@ from __future__ import annotations
 import contextlib
 import re
 from collections.abc import Iterator
-from typing import Any, TypeAlias
-
-import psycopg
-from psycopg.conninfo import conninfo_to_dict, make_conninfo
+from typing import TYPE_CHECKING, Any, TypeAlias
 
 from tidemark.errors import ConfigError, SourceError, SourceUnavailableError
+
+if TYPE_CHECKING:
+    import psycopg
+
+    from tidemark.postgres_bounded import (
+        ServerTimeoutError as ServerTimeoutError,  # noqa: PLC0414 - re-exported
+    )
+
+# psycopg is imported where it is used, not here: loading it costs about 0.1 s (several
+# times that where no bytecode is cached), which sources, offsets and commands that never
+# connect to PostgreSQL (MariaDB, SQLite log tables, the Spark source's driver-side
+# process) would pay for nothing just by importing their configuration.
 
 Connection: TypeAlias = "psycopg.Connection[Any]"
 """A psycopg 3 connection as :func:`connect` returns it (rows are tuples)."""
@@ -41,17 +50,23 @@ def parse_dsn(dsn: str) -> dict[str, str]:
 
     Raises ``psycopg.ProgrammingError`` if *dsn* is not one.
     """
+    from psycopg.conninfo import conninfo_to_dict  # noqa: PLC0415 - see the imports
+
     return {key: str(value) for key, value in conninfo_to_dict(dsn).items()
             if value is not None}
 
 
 def make_dsn(dsn: str, **params: Any) -> str:
     """*dsn* with *params* set (replacing the same keys), as a ``key=value`` string."""
+    from psycopg.conninfo import make_conninfo  # noqa: PLC0415 - see the imports
+
     return make_conninfo(dsn, **params)
 
 
 def redact_dsn(dsn: str) -> str:
     """Return *dsn* as ``key=value`` pairs without any secret (password, sslpassword …)."""
+    import psycopg  # noqa: PLC0415 - see the imports
+
     try:
         params = parse_dsn(dsn)
     except psycopg.ProgrammingError:
@@ -83,36 +98,14 @@ def keepalive_params(dsn: str) -> dict[str, str]:
     return {key: value for key, value in _TCP_KEEPALIVES.items() if key not in given}
 
 
-class ServerTimeoutError(psycopg.OperationalError):
-    """PostgreSQL did not answer within the connection's ``server_timeout_s``."""
+def __getattr__(name: str) -> Any:
+    # ServerTimeoutError subclasses psycopg's OperationalError: defining it loads psycopg,
+    # so it is defined (in tidemark.postgres_bounded) only when someone asks for it.
+    if name == "ServerTimeoutError":
+        from tidemark.postgres_bounded import ServerTimeoutError  # noqa: PLC0415
 
-    @classmethod
-    def after(cls, seconds: float) -> ServerTimeoutError:
-        return cls(f"no answer from PostgreSQL within {seconds:.0f} s (serverTimeoutMs): "
-                   "the server is stopped or unreachable")
-
-
-class _BoundedConnection(psycopg.Connection[Any]):
-    """A connection whose every wait for the server ends after ``server_timeout_s``.
-
-    psycopg waits for an answer as long as it takes; a stopped server (its kernel still
-    acknowledges TCP, so keepalives see nothing wrong) or a partition that swallows
-    packets would hold a query, and with it its caller, forever.
-    """
-
-    server_timeout_s: float | None = None
-
-    def wait(self, gen: Any, interval: float = 0.1, timeout: float | None = None) -> Any:
-        if timeout is not None or self.server_timeout_s is None:
-            return super().wait(gen, interval, timeout)
-        try:
-            return super().wait(gen, interval, self.server_timeout_s)
-        except psycopg.errors.OperationalError as err:
-            if type(err).__name__ != "_WaitTimeout":
-                raise
-            # The protocol state is unknown after an abandoned wait: the connection goes.
-            self.pgconn.finish()
-            raise ServerTimeoutError.after(self.server_timeout_s) from None
+        return ServerTimeoutError
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
 def connect(dsn: str, *, application_name: str = "tidemark",
@@ -125,11 +118,15 @@ def connect(dsn: str, *, application_name: str = "tidemark",
     may help) or :class:`SourceError` (authentication or a missing database: it will
     not), with the password never in the message.
     """
+    import psycopg  # noqa: PLC0415 - see the imports
+
     conninfo = session_conninfo(dsn, application_name=application_name)
     try:
         if server_timeout_s is None:
             return psycopg.Connection.connect(conninfo, autocommit=True)
-        conn = _BoundedConnection.connect(conninfo, autocommit=True)
+        from tidemark.postgres_bounded import BoundedConnection  # noqa: PLC0415
+
+        conn = BoundedConnection.connect(conninfo, autocommit=True)
     except psycopg.OperationalError as err:
         raise classify_connect_error(dsn, err) from None
     conn.server_timeout_s = server_timeout_s
@@ -142,17 +139,18 @@ def session_conninfo(dsn: str, *, application_name: str, **extra: Any) -> str:
     (:func:`connect`, and the replication connection, which adds
     ``replication=database``)."""
     params = parse_dsn(dsn)
-    return make_conninfo(dsn, options=f"{params.get('options', '')} {SESSION_SETTINGS}".strip(),
-                         application_name=application_name,
-                         connect_timeout=params.get("connect_timeout") or "10",
-                         **{key: value for key, value in _TCP_KEEPALIVES.items()
-                            if key not in params},
-                         **extra)
+    return make_dsn(dsn, options=f"{params.get('options', '')} {SESSION_SETTINGS}".strip(),
+                    application_name=application_name,
+                    connect_timeout=params.get("connect_timeout") or "10",
+                    **{key: value for key, value in _TCP_KEEPALIVES.items()
+                       if key not in params},
+                    **extra)
 
 
 def server_timeout(conn: Connection) -> float | None:
     """The longest wait for the server a :func:`connect` connection allows (None: any)."""
-    return conn.server_timeout_s if isinstance(conn, _BoundedConnection) else None
+    timeout: float | None = getattr(conn, "server_timeout_s", None)
+    return timeout
 
 
 def classify_connect_error(dsn: str, err: BaseException) -> Exception:

@@ -162,7 +162,7 @@ class ReferenceRun:
         """The connector and converter settings that shape the JSON (the rest of the
         embedded engine's configuration — connection, slot, offsets — is the script's)."""
         return {
-            "connector.class": "io.debezium.connector.postgresql.PostgresReader",
+            "connector.class": "io.debezium.connector.postgresql.PostgresConnector",
             "plugin.name": "pgoutput",
             "topic.prefix": TOPIC_PREFIX,
             "table.include.list": ",".join(TABLES),

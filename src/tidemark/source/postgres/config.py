@@ -14,7 +14,6 @@ from enum import StrEnum
 from typing import Any
 
 import msgspec
-import psycopg
 
 from tidemark.config_mapping import struct_from_mapping
 from tidemark.errors import ConfigError
@@ -113,6 +112,10 @@ class PostgresSourceConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unk
     """Rows per chunk (one window) of an incremental snapshot."""
 
     def __post_init__(self) -> None:
+        # Here, not at the top: importing this module (as the MariaDB and log-table
+        # sources do, for the names they share) must not load psycopg.
+        import psycopg  # noqa: PLC0415
+
         try:
             parse_dsn(self.dsn)
         except psycopg.ProgrammingError as err:

@@ -54,8 +54,8 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 _T = TypeVar("_T")
 
-# The replication module imports psycopg, which takes ~0.3 s; start() loads it in the
-# background while the prerequisite checks wait on the network.
+# start() loads the replication module in the background while the prerequisite checks
+# wait on the network. (psycopg itself is loaded by then: the first connect needs it.)
 _REPLICATION_MODULE = "tidemark.source.postgres.replication"
 
 _MAX_BACKOFF_S = 30.0
