@@ -11,10 +11,10 @@ from pathlib import Path
 import pytest
 
 from tidemark.errors import ConfigError
+from tidemark.lake.written_targets import FILE_NAME as TARGETS_FILE
 from tidemark.pipeline import load_config
 from tidemark.pipeline.config import PipelineConfig
 from tidemark.pipeline.identity import FILE_NAME, CheckpointOwnerError, claim_checkpoint
-from tidemark.pipeline.written_targets import FILE_NAME as TARGETS_FILE
 
 PG = "host=db1 port=5432 dbname=app user=u password=secret"
 

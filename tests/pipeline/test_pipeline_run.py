@@ -43,11 +43,11 @@ from pipeline_helpers import (
     scrape,
     value,
 )
+from tidemark.lake.written_targets import TargetLostError
 from tidemark.pipeline import load_config
 from tidemark.pipeline.compare import compare
 from tidemark.pipeline.progress import BatchReport
 from tidemark.pipeline.runner import Pipeline, PipelineError
-from tidemark.pipeline.written_targets import TargetLostError
 from tidemark.source.postgres.stream_offsets import from_offset
 from tidemark.testing.postgres import PostgresCluster
 

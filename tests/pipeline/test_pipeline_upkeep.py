@@ -12,11 +12,11 @@ from pyspark.sql import SparkSession
 
 from conftest import Database
 from pipeline_helpers import _prepare
+from tidemark.cli.status import pipeline_status
 from tidemark.pipeline import load_config
 from tidemark.pipeline.compare import compare
 from tidemark.pipeline.progress import BatchReport, format_report
 from tidemark.pipeline.runner import Pipeline
-from tidemark.pipeline.status import pipeline_status
 
 pytestmark = pytest.mark.integration
 

@@ -24,14 +24,15 @@ import pytest
 
 from conftest import Database
 from lake_helpers import change, rows
+from tidemark.cli.status import pipeline_facts
 from tidemark.lake import ApplySpec, apply_changes
+from tidemark.lake.written_targets import WrittenTargets
 from tidemark.pipeline.config import load_config
-from tidemark.pipeline.run_record import FILE_NAME, read_record, records_runs
-from tidemark.pipeline.status import _snapshot_section
-from tidemark.pipeline.written_targets import WrittenTargets
+from tidemark.run_record import FILE_NAME, read_record, records_runs
 from tidemark.source.postgres.pgoutput import lsn_to_str, str_to_lsn
 from tidemark.source.postgres.snapshot_plan import SnapshotPlan
 from tidemark.source.postgres.stream_offsets import SourceOffset
+from tidemark.status.postgres_pipeline import snapshot_section
 
 pytestmark = pytest.mark.integration
 
@@ -412,16 +413,17 @@ def test_status_after_a_real_tidemark_run(db: Database, tmp_path: Path) -> None:
 
 def test_pipeline_status_shows_the_snapshot_running_and_what_is_left(
         db: Database, tmp_path: Path) -> None:
-    config = load_config(_pipeline_file(tmp_path, db, "pipe"))
+    file = _pipeline_file(tmp_path, db, "pipe")
+    config = pipeline_facts(load_config(file), str(file))
     plan = SnapshotPlan(generation=2, at=0x1000, export="x", taken_us=0,
                         tables=("public.a", "public.b"), position=1, chunks_done=3,
                         estimates=(250_000, 150_000))
-    running = _snapshot_section(config, SourceOffset(0x900, known=(), snapshot=plan))
+    running = snapshot_section(config, SourceOffset(0x900, known=(), snapshot=plan))
     assert running["completed"] is False and running["running"]["table"] == "public.b"
     assert running["note"] == ("running: snapshot public.b: chunk 3/~5 (table 2 of 2) "
                                "(snapshot at 0/1000)")
-    left = _snapshot_section(config, SourceOffset(0x900, known=("public.a",)))
+    left = snapshot_section(config, SourceOffset(0x900, known=("public.a",)))
     assert left["completed"] is False and left["note"].startswith("public.b will be loaded")
-    done = _snapshot_section(config, SourceOffset(0x900, known=("public.a", "public.b")))
+    done = snapshot_section(config, SourceOffset(0x900, known=("public.a", "public.b")))
     assert done["completed"] is True and done["note"].startswith("every target is loaded")
-    assert _snapshot_section(config, None)["note"].startswith("not started")
+    assert snapshot_section(config, None)["note"].startswith("not started")

@@ -5,8 +5,46 @@ from __future__ import annotations
 import importlib
 import json
 import sys
+from types import ModuleType
+from typing import TYPE_CHECKING
 
 import click
+
+if TYPE_CHECKING:
+    from tidemark.pipeline.config import PipelineConfig
+    from tidemark.status.pipeline import PipelineFacts
+    from tidemark.status.report import Status
+
+
+def pipeline_facts(config: PipelineConfig, config_file: str) -> PipelineFacts:
+    """What a pipeline's status reads of its file *config_file* (loaded as *config*)."""
+    from tidemark.spark.options import SnapshotMode  # noqa: PLC0415
+    from tidemark.status.pipeline import PipelineFacts, PipelineTarget  # noqa: PLC0415
+
+    return PipelineFacts(
+        config_file=config_file, dsn=config.dsn, slot=config.source.slot,
+        checkpoint=config.checkpoint,
+        targets=tuple(PipelineTarget(table=t.table, path=t.path,
+                                     storage_options=t.storage_options, local=t.local,
+                                     initial_snapshot=t.snapshot is SnapshotMode.INITIAL)
+                      for t in config.targets),
+        snapshot_chunk_rows=config.source.snapshot_chunk_rows)
+
+
+def pipeline_status(config: PipelineConfig, config_file: str) -> Status:
+    """The status of the pipeline *config* (loaded from *config_file*), from its
+    source's status module."""
+    status: Status = _pipeline_module(config).pipeline_status(
+        pipeline_facts(config, config_file))
+    return status
+
+
+def _pipeline_module(config: PipelineConfig) -> ModuleType:
+    """The status module of the pipeline's source kind."""
+    from tidemark.source.registry import kind_of  # noqa: PLC0415
+
+    return importlib.import_module(
+        kind_of(config.dsn, config.source.kind).status_modules().pipeline)
 
 
 @click.command()
@@ -82,12 +120,10 @@ def status(ctx: click.Context, config_file: str | None, dsn: str | None, slot: s
                     raise click.UsageError(f"--{name} is for a capture's status; a "
                                            "pipeline's comes from CONFIG_FILE")
             from tidemark.pipeline.config import load_config  # noqa: PLC0415
-            from tidemark.source.registry import kind_of  # noqa: PLC0415
 
             config = load_config(config_file)
-            where = kind_of(config.dsn, config.source.kind).status_modules().pipeline
-            module = importlib.import_module(where)
-            result = module.pipeline_status(config, config_file)
+            module = _pipeline_module(config)
+            result = module.pipeline_status(pipeline_facts(config, config_file))
             text = module.render_pipeline
         else:
             if not dsn:

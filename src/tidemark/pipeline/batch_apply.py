@@ -27,6 +27,7 @@ from tidemark.lake.delta_writer import SnapshotLoad, apply_changes_in_steps, loa
 from tidemark.lake.split_apply import plan_target
 from tidemark.lake.upkeep import HEAVY_TASKS, UpkeepState, upkeep
 from tidemark.lake.widening import TypeChangeError
+from tidemark.lake.written_targets import WrittenTargets
 from tidemark.pipeline import spill
 from tidemark.pipeline.batch_seen import BatchSeen
 from tidemark.pipeline.batch_source import (
@@ -41,8 +42,7 @@ from tidemark.pipeline.in_flight import InFlight
 from tidemark.pipeline.progress import BatchReport
 from tidemark.pipeline.query_errors import STOPPED_BEFORE, PipelineError, StopBeforeBatch
 from tidemark.pipeline.run_metrics import RunMetrics
-from tidemark.pipeline.run_record import record_batch
-from tidemark.pipeline.written_targets import WrittenTargets
+from tidemark.run_record import record_batch
 from tidemark.source.postgres.stream_offsets import SourceOffset
 from tidemark.spark.change_schemas import arrow_schema, envelope_table_schemas, typed_rows
 

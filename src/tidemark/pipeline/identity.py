@@ -31,7 +31,7 @@ import msgspec
 
 from tidemark.atomic_file import write_atomically
 from tidemark.errors import ConfigError
-from tidemark.pipeline import written_targets
+from tidemark.lake import written_targets
 from tidemark.pipeline.config import PipelineConfig
 from tidemark.source.registry import kind_named, kind_of
 

@@ -30,6 +30,7 @@ from pyspark.sql.types import StructType
 
 import tidemark.spark as ts
 from tidemark.lake.upkeep import UpkeepState
+from tidemark.lake.written_targets import WrittenTargets
 from tidemark.metrics import serve
 from tidemark.pipeline.batch_apply import BatchApply
 from tidemark.pipeline.batch_source import BatchSource
@@ -46,9 +47,8 @@ from tidemark.pipeline.query_errors import (
     source_unavailable,
 )
 from tidemark.pipeline.run_metrics import RunMetrics
-from tidemark.pipeline.run_record import records_runs
 from tidemark.pipeline.spark_session import build_session
-from tidemark.pipeline.written_targets import WrittenTargets
+from tidemark.run_record import records_runs
 from tidemark.spark.options import SnapshotMode
 from tidemark.spark.sources import reader_modules
 from tidemark.spark.worker_warmup import warm_python_workers

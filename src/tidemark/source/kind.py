@@ -27,6 +27,7 @@ from typing import TYPE_CHECKING, Any, Final
 from tidemark.errors import ConfigError
 
 if TYPE_CHECKING:
+    from tidemark.event import TableId
     from tidemark.serde.debezium_json import DebeziumJsonOptions
     from tidemark.source.read_plan import ReadOptions, ReadPlan
     from tidemark.source.spi import SourceConnector
@@ -105,9 +106,11 @@ class SourceProgress(abc.ABC):
 
 @dataclasses.dataclass(frozen=True)
 class StatusModules:
-    """Where a source's ``tidemark status`` lives (imported on first use): each module
-    has ``capture_status(dsn, *, slot, offsets, topic_prefix)`` / ``render_capture`` or
-    ``pipeline_status(config, config_file)`` / ``render_pipeline``."""
+    """Where a source's ``tidemark status`` lives (imported on first use): *capture*
+    has ``status_of_capture(dsn, *, slot, offsets, topic_prefix)`` and
+    ``render_capture(status)``, *pipeline* ``pipeline_status(pipeline)`` (*pipeline* a
+    :class:`tidemark.status.pipeline.PipelineFacts`: what the status reads of the
+    pipeline's file) and ``render_pipeline(status)``; each status is a JSON-able dict."""
 
     capture: str
     pipeline: str
@@ -228,6 +231,17 @@ class SourceKind(abc.ABC):
         """Where ``tidemark status`` of this kind lives."""
         raise ConfigError("source", f"tidemark status does not know {self.name} sources "
                           "(the kind has no status)")
+
+    # -- signals ------------------------------------------------------------------------
+    def write_signal(self, dsn: str, table: TableId, signal_id: str, signal_type: str,
+                     data: str | None) -> None:
+        """Insert a checked signal row (*signal_id*, *signal_type*, *data*: its JSON
+        text) into the signal *table* (:func:`tidemark.source.signals.send_signal`);
+        raises :class:`~tidemark.source.signals.SignalError` naming what to fix."""
+        from tidemark.source.signals import SignalError  # noqa: PLC0415
+
+        raise SignalError(f"{self.name} sources have no signal table (the kind has no "
+                          "write_signal)")
 
     # -- tests and demos ----------------------------------------------------------------
     def table_rows(self, dsn: str, table: str, columns: Sequence[str],

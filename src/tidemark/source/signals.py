@@ -26,26 +26,23 @@ Debezium, and runs with the connector's privileges. Whoever may insert into the 
 table may therefore read what the connector's role can read; grant INSERT on it
 accordingly.
 
-This module knows no connector: :func:`send_signal` writes a signal row to PostgreSQL,
-the rest is pure parsing.
+This module knows no connector: :func:`send_signal` checks a signal and asks the DSN's
+source kind to write its row (:meth:`tidemark.source.kind.SourceKind.write_signal`), the
+rest is pure parsing.
 """
 
 from __future__ import annotations
 
-import contextlib
 import json
 import re
 import unicodedata
 import uuid
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, ClassVar, Final
+from typing import Any, ClassVar, Final
 
 from tidemark.errors import TerminalError
 from tidemark.event import TableId
-
-if TYPE_CHECKING:
-    import psycopg
 
 #: The signal types tidemark acts on (the ``type`` column), as Debezium names them.
 SIGNAL_TYPES: Final = ("execute-snapshot", "stop-snapshot", "pause-snapshot",
@@ -470,11 +467,9 @@ def send_signal(dsn: str, signal_table: str | TableId, signal_type: str,
     one (32 hex digits). Raises :class:`SignalError` for a bad signal or signal table
     name, for a signal table that does not exist (the message holds its ``CREATE
     TABLE``) and for a role that may not insert into it; connection failures raise what
-    :func:`tidemark.source.postgres.session.connect` raises.
+    the source's connection raises (for PostgreSQL
+    :func:`tidemark.source.postgres.session.connect`).
     """
-    # Imported here: parsing signals (any source's) does not need PostgreSQL's modules.
-    from tidemark.source.postgres import session  # noqa: PLC0415
-
     table = _signal_table(signal_table)
     if signal_id is None:
         signal_id = uuid.uuid4().hex
@@ -495,83 +490,7 @@ def send_signal(dsn: str, signal_table: str | TableId, signal_type: str,
                               f"written as JSON: {err}") from None
     parse_signal(signal_id, signal_type, text)
 
-    from tidemark.source.registry import source_kind  # noqa: PLC0415
+    from tidemark.source.registry import kind_of  # noqa: PLC0415
 
-    if source_kind(dsn) == "mariadb":
-        _send_mariadb(dsn, table, signal_id, signal_type, text)
-        return signal_id
-    import psycopg  # noqa: PLC0415 - like session above
-    from psycopg import sql  # noqa: PLC0415
-
-    statement = sql.SQL("INSERT INTO {}.{} (id, type, data) VALUES (%s, %s, %s)").format(
-        sql.Identifier(table.schema), sql.Identifier(table.table))
-    conn = session.connect(dsn, application_name="tidemark signal")
-    with contextlib.closing(conn), session.cursor(conn) as cur:
-        try:
-            cur.execute(statement, (signal_id, signal_type, text))
-        except psycopg.Error as err:
-            raise _insert_error(conn, table, signal_id, text, err) from None
+    kind_of(dsn).write_signal(dsn, table, signal_id, signal_type, text)
     return signal_id
-
-
-def _send_mariadb(dsn: str, table: TableId, signal_id: str, signal_type: str,
-                  text: str | None) -> None:
-    """The INSERT of :func:`send_signal` on a MariaDB server (``table`` is db.table)."""
-    import pymysql.err  # noqa: PLC0415
-
-    from tidemark.source.mariadb import client  # noqa: PLC0415
-
-    def quote(name: str) -> str:
-        return "`" + name.replace("`", "``") + "`"
-
-    conn = client.connect(client.parse_url(dsn))
-    with contextlib.closing(conn), conn.cursor() as cur:
-        try:
-            cur.execute(f"INSERT INTO {quote(table.schema)}.{quote(table.table)} "
-                        "(id, type, data) VALUES (%s, %s, %s)", (signal_id, signal_type, text))
-        except pymysql.err.MySQLError as err:
-            code = err.args[0] if err.args else 0
-            detail = err.args[-1] if err.args else str(err)
-            if code == 1146:
-                raise SignalError(f"signal table {table} does not exist ({detail}); create "
-                                  f"it with: {signal_table_ddl(table)}") from None
-            if code == 1062:
-                raise SignalError(f"signal table {table} has a signal with id {signal_id!r} "
-                                  "already; give another id (or none, for a random one)") \
-                    from None
-            if code in (1142, 1044):
-                raise SignalError(f"the user may not insert into signal table {table} "
-                                  f"({detail}); GRANT INSERT ON {table} TO it") from None
-            raise SignalError(f"cannot write the signal into {table}: {detail}") from None
-
-
-def _insert_error(conn: Any, table: TableId, signal_id: str, text: str | None,
-                  err: psycopg.Error) -> SignalError:
-    """The error to report for an INSERT into the signal table that failed."""
-    import psycopg  # noqa: PLC0415 - loaded already: err is one of its errors
-
-    # The server's one-line message, without "ERROR:" and the statement it quotes.
-    detail = err.diag.message_primary or (str(err).strip().splitlines() or [repr(err)])[0]
-    if isinstance(err, psycopg.errors.UndefinedTable | psycopg.errors.InvalidSchemaName):
-        return SignalError(f"signal table {table} does not exist ({detail}); create it with: "
-                           f"{signal_table_ddl(table)}")
-    if isinstance(err, psycopg.errors.UndefinedColumn):
-        return SignalError(f"signal table {table} does not have Debezium's layout "
-                           f"({detail}); it needs the columns {SIGNAL_TABLE_COLUMNS}")
-    if isinstance(err, psycopg.errors.InsufficientPrivilege):
-        role = "this role"
-        with contextlib.suppress(psycopg.Error), conn.cursor() as cur:
-            cur.execute("SELECT current_user")
-            role = _quote(str(cur.fetchone()[0]))
-        return SignalError(
-            f"{role} may not insert into signal table {table} ({detail}); grant it: "
-            f"GRANT USAGE ON SCHEMA {_quote(table.schema)} TO {role}; "
-            f"GRANT INSERT ON {_quote(table.schema)}.{_quote(table.table)} TO {role}")
-    if isinstance(err, psycopg.errors.UniqueViolation):
-        return SignalError(f"signal table {table} has a signal with id {signal_id!r} "
-                           "already; give another id (or none, for a random one)")
-    if isinstance(err, psycopg.errors.StringDataRightTruncation):
-        size = 0 if text is None else len(text)
-        return SignalError(f"the signal does not fit signal table {table} ({detail}); its "
-                           f"data is {size} characters long, Debezium's layout holds 2048")
-    return SignalError(f"cannot write the signal into {table}: {detail}")

@@ -2,10 +2,16 @@
 
 A status is one JSON-able dict with stable keys (every key is always present; what was
 not measured is ``null``, never a guess). The human output is rendered from the same
-dict, so both say the same. :mod:`tidemark.status.report` holds the parts shared by a
-capture and a pipeline (server, slot, lag), :mod:`tidemark.status.capture` a capture's
-status (slot and offsets file), :mod:`tidemark.pipeline.status` a pipeline's (Delta
-targets, Spark checkpoint, slot).
+dict, so both say the same. Each source kind names its two status modules
+(:meth:`tidemark.source.kind.SourceKind.status_modules`): a capture's and a pipeline's.
+:mod:`tidemark.status.report` holds what every status shares (rendering),
+:mod:`tidemark.status.pipeline` what every pipeline's status shares (the Delta targets,
+the last run, the checkpoint's last committed batch); the sources' are
+:mod:`~tidemark.status.postgres` (server, slot, lag; a capture's slot and offsets file)
+and :mod:`~tidemark.status.postgres_pipeline` (Spark checkpoint against the slot),
+:mod:`~tidemark.status.mariadb` and :mod:`~tidemark.status.mariadb_pipeline`,
+:mod:`~tidemark.status.logtable` and :mod:`~tidemark.status.logtable_pipeline`. The keys
+below are PostgreSQL's; ``tidemark status --help`` lists the other sources'.
 
 Keys (``--json``)::
 

@@ -77,9 +77,10 @@ def test_snapshot_then_binlog_keeps_delta_equal_to_mariadb(
     Pipeline(config, spark=spark).run()
     assert DeltaTable(str(tmp_path / "lake/a")).version() == version
 
-    from tidemark.pipeline import status_mariadb as status  # noqa: PLC0415
+    from tidemark.cli.status import pipeline_status  # noqa: PLC0415
+    from tidemark.status import mariadb_pipeline as status  # noqa: PLC0415
 
-    report = status.pipeline_status(config, str(tmp_path / "pipeline.toml"))
+    report = pipeline_status(config, str(tmp_path / "pipeline.toml"))
     assert report["healthy"], report["problems"]
     assert report["lag"]["bytes"] == 0 and report["checkpoint"]["last_committed"]
     assert [t["rows"] for t in report["targets"]] == [len(_source(mdb, "a", "id")), 2]

@@ -25,7 +25,7 @@ from tidemark.source.kind import (
 from tidemark.source.logtable.config import is_sqlite
 
 if TYPE_CHECKING:
-    pass
+    from tidemark.event import TableId
 
 #: Bytes a log-table change is taken to span in the lag behind the log (an estimate,
 #: for progress only: batches are sized by the database, :func:`batch_bytes`).
@@ -177,7 +177,16 @@ class LogTableKind(SourceKind):
         return "tidemark.source.logtable.read_plan"
 
     def status_modules(self) -> StatusModules:
-        return StatusModules("tidemark.status.logtable", "tidemark.pipeline.status_logtable")
+        return StatusModules("tidemark.status.logtable", "tidemark.status.logtable_pipeline")
+
+    def write_signal(self, dsn: str, table: TableId, signal_id: str, signal_type: str,
+                     data: str | None) -> None:
+        # A log-table capture reads no signal table, and only a sqlite: DSN is taken for
+        # log tables without --source: it goes where it always went, to PostgreSQL's
+        # writer, which refuses it as no libpq connection string.
+        from tidemark.source.postgres.signal_table import write_signal  # noqa: PLC0415
+
+        write_signal(dsn, table, signal_id, signal_type, data)
 
     def table_rows(self, dsn: str, table: str, columns: Sequence[str],
                    text_columns: Sequence[str], utc_columns: Sequence[str]) -> list[Row]:

@@ -22,7 +22,7 @@ from tidemark.source.kind import (
 )
 
 if TYPE_CHECKING:
-    pass
+    from tidemark.event import TableId
 
 SCHEMES: Final = ("mariadb://", "mysql://")
 
@@ -130,8 +130,13 @@ class MariaDbKind(SourceKind):
         return "tidemark.source.mariadb.read_plan"
 
     def status_modules(self) -> StatusModules:
-        return StatusModules("tidemark.status.mariadb",
-                             "tidemark.pipeline.status_mariadb")
+        return StatusModules("tidemark.status.mariadb", "tidemark.status.mariadb_pipeline")
+
+    def write_signal(self, dsn: str, table: TableId, signal_id: str, signal_type: str,
+                     data: str | None) -> None:
+        from tidemark.source.mariadb.signal_table import write_signal  # noqa: PLC0415
+
+        write_signal(dsn, table, signal_id, signal_type, data)
 
     def table_rows(self, dsn: str, table: str, columns: Sequence[str],
                    text_columns: Sequence[str], utc_columns: Sequence[str]) -> list[Row]:

@@ -22,6 +22,7 @@ from tidemark.source.kind import (
 )
 
 if TYPE_CHECKING:
+    from tidemark.event import TableId
     from tidemark.source.kind import SourceProgress
 
 
@@ -137,7 +138,13 @@ class PostgresKind(SourceKind):
         return "tidemark.source.postgres.read_plan"
 
     def status_modules(self) -> StatusModules:
-        return StatusModules("tidemark.status.capture", "tidemark.pipeline.status")
+        return StatusModules("tidemark.status.postgres", "tidemark.status.postgres_pipeline")
+
+    def write_signal(self, dsn: str, table: TableId, signal_id: str, signal_type: str,
+                     data: str | None) -> None:
+        from tidemark.source.postgres.signal_table import write_signal  # noqa: PLC0415
+
+        write_signal(dsn, table, signal_id, signal_type, data)
 
     def table_rows(self, dsn: str, table: str, columns: Sequence[str],
                    text_columns: Sequence[str], utc_columns: Sequence[str]) -> list[Row]:

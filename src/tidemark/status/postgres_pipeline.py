@@ -1,12 +1,11 @@
-"""The status of a ``tidemark run`` pipeline, read without starting Spark.
+"""The status of a ``tidemark run`` pipeline reading PostgreSQL's WAL, read without
+starting Spark.
 
 Everything comes from files and one database connection, so it takes well under a
 second and can run while the pipeline runs: Spark's checkpoint (``metadata``: the query
 id; ``offsets/N``: batch N's end, written before the batch runs; ``commits/N``: batch N
-done), the run record the runner keeps beside it (:mod:`tidemark.pipeline.run_record`),
-each target's Delta log (version, row count from the files' statistics, the batch id of
-the app transaction ``tidemark-<query id>-<table>``, time of the last commit) and the
-slot on the server. pyspark is not imported.
+done), the slot on the server, and what every pipeline's status reads
+(:mod:`tidemark.status.pipeline`: targets, last run). pyspark is not imported.
 """
 
 from __future__ import annotations
@@ -16,45 +15,38 @@ import json
 from pathlib import Path
 from typing import Any
 
-import pyarrow as pa
-from deltalake import DeltaTable
-from deltalake.exceptions import DeltaError
-
 from tidemark.errors import TidemarkError
-from tidemark.lake.upkeep import last_checkpoint
-from tidemark.pipeline.config import PipelineConfig, Target
-from tidemark.pipeline.run_record import read_record
-from tidemark.pipeline.written_targets import TargetLostError, WrittenTargets, exists
 from tidemark.source.postgres import session
 from tidemark.source.postgres.pgoutput import lsn_to_str, str_to_lsn
 from tidemark.source.postgres.slot_status import ServerWal, SlotState, read_server, read_slot
 from tidemark.source.postgres.stream_offsets import SourceOffset
-from tidemark.spark.options import SnapshotMode
 from tidemark.spark_checkpoint import last_batch
-from tidemark.status.report import (
-    Status,
-    human_bytes,
-    iso_time,
+from tidemark.status.pipeline import (
+    PipelineFacts,
+    last_run_section,
+    run_line,
+    target_sections,
+)
+from tidemark.status.postgres import (
     lag_section,
     lsn,
-    render,
     server_section,
     slot_findings,
     slot_lines,
     slot_section,
-    table,
 )
+from tidemark.status.report import Status, render, table
 
 
-def pipeline_status(config: PipelineConfig, config_file: str) -> Status:
-    """The status of the pipeline *config* (loaded from *config_file*)."""
+def pipeline_status(pipeline: PipelineFacts) -> Status:
+    """The status of *pipeline*."""
     problems: list[str] = []
     warnings: list[str] = []
-    checkpoint = _checkpoint(config.checkpoint, problems)
+    checkpoint = _checkpoint(pipeline.checkpoint, problems)
     # The last planned batch's whole offset (the snapshot's state), kept out of the JSON.
     offset: SourceOffset | None = checkpoint.pop("_offset", None)
-    slot_name = config.source.slot
-    with contextlib.closing(session.connect(config.dsn,
+    slot_name = pipeline.slot
+    with contextlib.closing(session.connect(pipeline.dsn,
                                             application_name="tidemark status")) as conn:
         server = read_server(conn)
         slot = read_slot(conn, slot_name, server)
@@ -65,9 +57,8 @@ def pipeline_status(config: PipelineConfig, config_file: str) -> Status:
     else:
         slot_findings(slot_name, slot, server, problems, warnings)
     _compare(checkpoint, slot, server, problems)
-    targets = [_target(t, config.checkpoint, checkpoint["query_id"], problems)
-               for t in config.targets]
-    last_run = _last_run(config.checkpoint, problems)
+    targets = target_sections(pipeline, checkpoint["query_id"], problems)
+    last_run = last_run_section(pipeline.checkpoint, problems)
     committed = (None if checkpoint["last_committed_lsn"] is None
                  else str_to_lsn(checkpoint["last_committed_lsn"]))
     return {
@@ -75,23 +66,24 @@ def pipeline_status(config: PipelineConfig, config_file: str) -> Status:
         "healthy": not problems,
         "problems": problems,
         "warnings": warnings,
-        "config": str(Path(config_file).resolve()),
+        "config": pipeline.config,
         "server": server_section(server),
         "slot": slot_section(slot_name, slot, server),
         "lag": lag_section(slot, server, checkpoint_lsn=committed),
         "checkpoint": checkpoint,
         "targets": targets,
         "last_run": last_run,
-        "snapshot": _snapshot_section(config, offset),
+        "snapshot": snapshot_section(pipeline, offset),
     }
 
 
-def _snapshot_section(config: PipelineConfig, offset: SourceOffset | None) -> dict[str, Any]:
+def snapshot_section(pipeline: PipelineFacts, offset: SourceOffset | None
+                     ) -> dict[str, Any]:
     """Which targets have been loaded, and the snapshot running now, from the last
     planned batch's offset."""
     section: dict[str, Any] = {"completed": None, "source": None, "incremental": None,
                                "running": None, "note": ""}
-    wanted = [t.table for t in config.targets if t.snapshot is SnapshotMode.INITIAL]
+    wanted = [t.table for t in pipeline.targets if t.initial_snapshot]
     if offset is None:
         section["note"] = (f"not started: {', '.join(wanted)} will be loaded first"
                            if wanted else "none: every target has snapshot = never")
@@ -109,7 +101,7 @@ def _snapshot_section(config: PipelineConfig, offset: SourceOffset | None) -> di
                               "tables": list(plan.tables),
                               "table": plan.tables[plan.position],
                               "chunks_planned": plan.chunks_done}
-        section["note"] = (f"running: {plan.progress(config.source.snapshot_chunk_rows)} "
+        section["note"] = (f"running: {plan.progress(pipeline.snapshot_chunk_rows)} "
                            f"(snapshot at {lsn(plan.at)})")
         return section
     missing = [t for t in wanted if t not in offset.known
@@ -194,82 +186,6 @@ def _compare(checkpoint: dict[str, Any], slot: SlotState | None, server: ServerW
             "batch fails); start over with a new checkpoint directory (and new targets)")
 
 
-# -- Delta targets ---------------------------------------------------------------------
-
-def _target(target: Target, checkpoint: str, query_id: str | None,
-            problems: list[str]) -> dict[str, Any]:
-    app_id = f"tidemark-{query_id}-{target.table}" if query_id is not None else None
-    section: dict[str, Any] = {
-        "table": target.table, "path": target.path,
-        "exists": exists(target), "lost": False,
-        "delta_version": None, "rows": None, "files": None, "checkpoint_version": None,
-        "app_id": app_id, "last_batch_id": None, "last_commit_at": None, "problem": None}
-    try:
-        WrittenTargets(checkpoint).check((target,))
-    except TargetLostError as err:
-        section["lost"] = True
-        section["problem"] = str(err)
-        problems.append(str(err))
-        return section
-    if not section["exists"]:
-        return section  # no change applied to it yet
-    try:
-        delta = DeltaTable(target.path, storage_options=target.storage_options)
-        section["delta_version"] = delta.version()
-        section["rows"] = _row_count(delta)
-        section["files"] = len(delta.file_uris())
-        if target.local:
-            section["checkpoint_version"] = last_checkpoint(Path(target.path))
-        if app_id is not None:
-            section["last_batch_id"] = delta.transaction_version(app_id)
-        history = delta.history(1)
-        if history:
-            section["last_commit_at"] = iso_time(int(history[0]["timestamp"]) / 1000)
-    except (DeltaError, OSError) as err:
-        section["problem"] = f"cannot read the Delta table {target.path}: {err}"
-        problems.append(section["problem"])
-    return section
-
-
-def _row_count(delta: DeltaTable) -> int | None:
-    """Rows of the table's current version from the statistics in its log (no data file
-    is read); None when a file has no statistics or deletion vectors hide rows."""
-    if "deletionVectors" in (delta.protocol().reader_features or []):
-        return None
-    actions = pa.table(delta.get_add_actions(flatten=True))
-    if actions.num_rows == 0:
-        return 0
-    counts = actions.column("num_records")
-    if counts.null_count:
-        return None
-    return int(pa.compute.sum(counts).as_py())
-
-
-# -- the run record --------------------------------------------------------------------
-
-def _last_run(checkpoint: str, problems: list[str]) -> dict[str, Any] | None:
-    try:
-        record = read_record(checkpoint)
-    except (OSError, ValueError) as err:
-        problems.append(f"cannot read the run record: {err}")
-        return None
-    if record is None:
-        return None
-    if record.outcome == "failed":
-        problems.append(f"the last run failed: {record.error}")
-
-    def when(moment: Any) -> str | None:
-        return None if moment is None else iso_time(moment.timestamp())
-
-    return {"started_at": when(record.started_at), "ended_at": when(record.ended_at),
-            "outcome": record.outcome, "error": record.error,
-            "last_batch_id": record.last_batch_id, "last_batch_at": when(record.last_batch_at),
-            "last_batch_changes": record.last_batch_changes,
-            "last_batch_lag_bytes": record.last_batch_lag_bytes,
-            "last_batch_lag_seconds": record.last_batch_lag_seconds,
-            "upkeep": record.upkeep or {}}
-
-
 # -- human output ----------------------------------------------------------------------
 
 def render_pipeline(status: Status) -> str:
@@ -285,7 +201,7 @@ def render_pipeline(status: Status) -> str:
         progress = (f"; batch {chk['last_offset_batch']} in progress (up to "
                     f"{chk['last_offset_lsn']})" if chk["batch_in_progress"] else "")
         rows.append(("checkpoint", f"{chk['path']}: {committed}{progress}"))
-    rows.append(("last run", _run_line(status["last_run"])))
+    rows.append(("last run", run_line(status["last_run"])))
     for task, text in sorted(((status["last_run"] or {}).get("upkeep") or {}).items()):
         rows.append((f"upkeep {task}", text))
     rows.append(("snapshot", status["snapshot"]["note"]))
@@ -304,23 +220,3 @@ def render_pipeline(status: Status) -> str:
             t["last_batch_id"], t["last_commit_at"], t["path"])))
     lines = ["targets:", *table(header, body)]
     return render(f"pipeline {status['config']}", rows, status, lines)
-
-
-def _run_line(run: dict[str, Any] | None) -> str:
-    if run is None:
-        return "not recorded (no run since tidemark status was added)"
-    outcome = run["outcome"]
-    if outcome == "running":
-        outcome = "running (or killed: no end was recorded)"
-    elif outcome == "failed":
-        outcome = f"failed at {run['ended_at']}: {run['error']}"
-    elif run["ended_at"] is not None:
-        outcome = f"{outcome} at {run['ended_at']}"
-    text = f"started {run['started_at']}, {outcome}"
-    if run["last_batch_id"] is not None:
-        changes = sum((run["last_batch_changes"] or {}).values())
-        seconds = run["last_batch_lag_seconds"]
-        text += (f"; last batch {run['last_batch_id']} at {run['last_batch_at']}: "
-                 f"{changes} changes, lag then {human_bytes(run['last_batch_lag_bytes'])}, "
-                 f"{'?' if seconds is None else f'{seconds:.1f}'} s")
-    return text

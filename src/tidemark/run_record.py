@@ -21,8 +21,6 @@ from typing import Final, Protocol, TypeVar
 import msgspec
 
 from tidemark.atomic_file import write_atomically
-from tidemark.pipeline.config import PipelineConfig
-from tidemark.pipeline.progress import BatchReport
 
 log = logging.getLogger(__name__)
 
@@ -65,6 +63,22 @@ def read_record(checkpoint: str) -> RunRecord | None:
         raise ValueError(f"{file} is not tidemark's run record ({err})") from None
 
 
+class BatchReport(Protocol):
+    """What the record keeps of an applied batch (the pipeline's
+    :class:`~tidemark.pipeline.progress.BatchReport`)."""
+
+    @property
+    def batch_id(self) -> int: ...
+    @property
+    def changes(self) -> dict[str, int]: ...
+    @property
+    def lag_bytes(self) -> int: ...
+    @property
+    def lag_seconds(self) -> float: ...
+    @property
+    def upkeep(self) -> tuple[tuple[str, str, str], ...]: ...
+
+
 def record_batch(checkpoint: str, report: BatchReport) -> None:
     """Note that *report*'s batch was applied."""
     now = _now()
@@ -77,9 +91,14 @@ def record_batch(checkpoint: str, report: BatchReport) -> None:
     _update(checkpoint, upkeep_done=upkeep, **changes)
 
 
+class _Config(Protocol):
+    @property
+    def checkpoint(self) -> str: ...
+
+
 class _Run(Protocol):
     @property
-    def config(self) -> PipelineConfig: ...
+    def config(self) -> _Config: ...
 
 
 R = TypeVar("R", bound=_Run)

@@ -11,8 +11,9 @@ from __future__ import annotations
 
 import logging
 import os
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Final
+from typing import Final, Protocol
 
 import msgspec
 from deltalake import DeltaTable
@@ -20,12 +21,25 @@ from deltalake.exceptions import DeltaError
 
 from tidemark.atomic_file import write_atomically
 from tidemark.errors import TerminalError
-from tidemark.pipeline.config import Target
 
 log = logging.getLogger(__name__)
 
 #: The record's file in the checkpoint directory (Spark ignores files it does not know).
 FILE_NAME: Final = "tidemark-targets.json"
+
+
+class Target(Protocol):
+    """What the record needs of a pipeline's target (``tidemark run``'s
+    :class:`~tidemark.pipeline.config.Target`, ``tidemark status``'s plain copy)."""
+
+    @property
+    def table(self) -> str: ...
+    @property
+    def path(self) -> str: ...
+    @property
+    def storage_options(self) -> dict[str, str] | None: ...
+    @property
+    def local(self) -> bool: ...
 
 
 class TargetLostError(TerminalError):
@@ -70,7 +84,7 @@ class WrittenTargets:
                                       f"checkpoint's targets ({err}); restore it or reset "
                                       f"the pipeline") from None
 
-    def check(self, targets: tuple[Target, ...], *, identity: bool = True) -> None:
+    def check(self, targets: Sequence[Target], *, identity: bool = True) -> None:
         """Raise TargetLostError if a recorded target's table is gone, or (with
         *identity*, which opens each table) is another table now."""
         for target in targets:

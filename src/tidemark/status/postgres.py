@@ -1,4 +1,6 @@
-"""The status of a ``tidemark capture``: its slot on the server and its offsets file.
+"""``tidemark status`` for a PostgreSQL source: the server's WAL, the replication slot
+and the lag (shared with a pipeline's status, :mod:`tidemark.status.postgres_pipeline`),
+and a ``tidemark capture``'s status: its slot on the server and its offsets file.
 
 The offsets file is read, never written (and never locked): a capture may be saving it
 at the same moment, which its atomic replace makes safe to read.
@@ -14,21 +16,149 @@ from tidemark.errors import ConfigError
 from tidemark.offsets.store import decode_json_object
 from tidemark.source.postgres import session
 from tidemark.source.postgres.pgoutput import lsn_to_str
-from tidemark.source.postgres.slot_status import ServerWal, SlotState, read_server, read_slot
+from tidemark.source.postgres.slot_status import (
+    ServerWal,
+    SlotState,
+    lag_bytes,
+    read_server,
+    read_slot,
+    retained_bytes,
+    time_lag,
+)
 from tidemark.status.report import (
     Status,
     human_bytes,
     incremental,
     incremental_row,
-    lag_section,
     render,
-    server_section,
-    slot_findings,
-    slot_lines,
-    slot_section,
 )
 
 _MAX_LSN = (1 << 64) - 1
+
+
+def lsn(value: int | None) -> str | None:
+    """An LSN as PostgreSQL prints it, None for None."""
+    return None if value is None else lsn_to_str(value)
+
+
+def server_section(server: ServerWal) -> dict[str, Any]:
+    return {"database": server.database, "version_num": server.version_num,
+            "in_recovery": server.in_recovery, "end_lsn": lsn(server.end_lsn),
+            "current_lsn": lsn(server.current_lsn)}
+
+
+def slot_section(name: str, slot: SlotState | None, server: ServerWal) -> dict[str, Any]:
+    """The ``slot`` keys; all null but ``name`` and ``exists`` for a missing slot."""
+    holder = slot.holder if slot is not None else None
+    return {
+        "name": name,
+        "exists": slot is not None,
+        "type": slot.slot_type if slot else None,
+        "plugin": slot.plugin if slot else None,
+        "database": slot.database if slot else None,
+        "temporary": slot.temporary if slot else None,
+        "active": slot.active if slot else None,
+        "active_pid": holder.pid if holder else None,
+        "holder_application": holder.application_name if holder else None,
+        "holder_backend_type": holder.backend_type if holder else None,
+        "holder_client_addr": holder.client_addr if holder else None,
+        "restart_lsn": lsn(slot.restart_lsn) if slot else None,
+        "confirmed_flush_lsn": lsn(slot.confirmed_flush_lsn) if slot else None,
+        "wal_status": slot.wal_status if slot else None,
+        "safe_wal_size_bytes": slot.safe_wal_size if slot else None,
+        "wal_retained_bytes": retained_bytes(slot, server) if slot else None,
+    }
+
+
+def lag_section(slot: SlotState | None, server: ServerWal, *,
+                checkpoint_lsn: int | None = None) -> dict[str, Any]:
+    """How far the consumer is behind the server: from the slot's confirmed position, or
+    for a pipeline from *checkpoint_lsn*, the end of its last committed batch (the Spark
+    source advances the slot there only when the next batch starts)."""
+    source: str | None
+    position: int | None
+    if checkpoint_lsn is not None:
+        source, position = "checkpoint", checkpoint_lsn
+        behind = (None if server.current_lsn is None
+                  else max(0, server.current_lsn - checkpoint_lsn))
+    else:
+        source = "slot" if slot is not None else None
+        position = slot.confirmed_flush_lsn if slot is not None else None
+        behind = lag_bytes(slot, server) if slot is not None else None
+    measured = time_lag(slot, behind)
+    note = measured.note
+    if source == "checkpoint" and measured.seconds is None:
+        note = ("the pipeline reads its slot through SQL, not a walsender, so the server "
+                "measures no lag in time; last_run holds the lag of its last batch")
+    return {"from": source, "from_lsn": lsn(position), "bytes": behind,
+            "seconds": measured.seconds, "seconds_source": measured.source, "note": note}
+
+
+def slot_findings(name: str, slot: SlotState | None, server: ServerWal,
+                  problems: list[str], warnings: list[str]) -> None:
+    """Append what is wrong with the slot (for tidemark's use) to *problems*/*warnings*."""
+    if slot is None:
+        problems.append(f"replication slot {name!r} does not exist on this server")
+        return
+    if slot.slot_type != "logical" or slot.plugin != "pgoutput":
+        kind = (f"a {slot.slot_type} slot" if slot.slot_type != "logical"
+                else f"a logical slot of plugin {slot.plugin!r}")
+        problems.append(f"replication slot {name!r} is {kind}; tidemark reads only "
+                        "pgoutput logical slots")
+    if slot.database is not None and slot.database != server.database:
+        problems.append(f"replication slot {name!r} belongs to database "
+                        f"{slot.database!r}, not {server.database!r} (the one connected "
+                        "to)")
+    if slot.wal_status == "lost":
+        problems.append(f"replication slot {name!r} is invalidated (wal_status lost): "
+                        "the server removed WAL it had not confirmed, so its unread "
+                        "changes are gone and it cannot be read any more")
+    elif slot.wal_status == "unreserved":
+        problems.append(f"replication slot {name!r} holds more WAL than the server keeps "
+                        "(wal_status unreserved): it will be invalidated at the next "
+                        "checkpoint unless its consumer catches up now")
+    if slot.temporary:
+        warnings.append(f"replication slot {name!r} is temporary: it disappears with the "
+                        "session that created it")
+
+
+def slot_lines(status: Status) -> list[tuple[str, str]]:
+    """The slot, lag and WAL rows of the human output."""
+    slot = status["slot"]
+    server = status["server"]
+    lag = status["lag"]
+    if not slot["exists"]:
+        return [("slot", f"{slot['name']}: does not exist (database {server['database']})")]
+    if slot["active"]:
+        holder = ", ".join(str(part) for part in (
+            slot["holder_backend_type"],
+            f"application {slot['holder_application']!r}" if slot["holder_application"]
+            else None,
+            slot["holder_client_addr"]) if part)
+        state = f"active, pid {slot['active_pid']}" + (f" ({holder})" if holder else "")
+    else:
+        state = "inactive"
+    rows = [("slot", f"{slot['name']}: {state}, {slot['type']} {slot['plugin']}, "
+                     f"database {slot['database']}")]
+    rows.append(("position", f"confirmed {slot['confirmed_flush_lsn']}, server "
+                             f"{server['current_lsn']}"))
+    if lag["from"] == "checkpoint":
+        rows.append(("applied", f"{lag['from_lsn']} (the checkpoint's last committed "
+                                "batch; the slot follows when the next batch starts)"))
+    if lag["seconds"] is not None:
+        seconds = f"{lag['seconds']:.1f} s ({lag['note']})"
+    else:
+        seconds = f"unknown seconds ({lag['note']})"
+    rows.append(("lag", f"{human_bytes(lag['bytes'])} behind the server; {seconds}"))
+    safe = slot["safe_wal_size_bytes"]
+    keep = ("" if slot["wal_status"] is None else
+            f" (wal_status {slot['wal_status']}, safe_wal_size "
+            f"{'unlimited' if safe is None else human_bytes(safe)})")
+    rows.append(("WAL retained", f"{human_bytes(slot['wal_retained_bytes'])}{keep}"))
+    return rows
+
+
+# -- a capture's status ------------------------------------------------------------------
 
 
 def capture_status(dsn: str, slot_name: str, offsets_file: str | None) -> Status:
