@@ -86,16 +86,8 @@ def check_identifier(key: str, value: object) -> str:
     return value
 
 
-def session_options(dsn: str) -> str:
-    """The DSN's own ``options`` followed by tidemark's session settings."""
-    existing = parse_dsn(dsn).get("options", "")
-    return f"{existing} {SESSION_SETTINGS}".strip()
 
 
-def keepalive_params(dsn: str) -> dict[str, str]:
-    """tidemark's TCP keepalive settings that the DSN does not set itself."""
-    given = parse_dsn(dsn)
-    return {key: value for key, value in _TCP_KEEPALIVES.items() if key not in given}
 
 
 def __getattr__(name: str) -> Any:
@@ -192,9 +184,3 @@ def cursor(conn: Connection) -> Iterator[Any]:
     """A cursor that is closed afterwards (typed as Any: rows are read positionally)."""
     with conn.cursor() as cur:
         yield cur
-
-
-def server_message(err: psycopg.Error) -> str:
-    """The server's primary message of *err* (else the first line of its text)."""
-    text = err.diag.message_primary or str(err).strip() or type(err).__name__
-    return text.splitlines()[0]

@@ -28,7 +28,8 @@ from tidemark.event import TableId
 from tidemark.pipeline import load_config
 from tidemark.pipeline.compare import compare
 from tidemark.pipeline.progress import BatchReport
-from tidemark.pipeline.runner import Pipeline, _source_unavailable
+from tidemark.pipeline.query_errors import source_unavailable
+from tidemark.pipeline.runner import Pipeline
 from tidemark.source.postgres import wal_reads as wal
 from tidemark.source.postgres.chunked_snapshot import copy_out, next_boundary, parse_csv
 from tidemark.source.postgres.stream_signals import check_signal_table, snapshot_requests
@@ -409,5 +410,5 @@ def test_a_lost_export_restarts_the_query_instead_of_stopping_the_pipeline() -> 
     failure = RuntimeError("Traceback …\ntidemark.source.postgres.chunked_snapshot."
                            "SnapshotLostError: snapshot 00000003-1 of public.a is gone "
                            "(invalid snapshot identifier)")
-    assert _source_unavailable(failure)
-    assert not _source_unavailable(RuntimeError("ValueError: something else"))
+    assert source_unavailable(failure)
+    assert not source_unavailable(RuntimeError("ValueError: something else"))

@@ -33,13 +33,14 @@ from logtable_helpers import LogDb
 from logtable_helpers import drain as drain_log
 from logtable_helpers import reader as log_reader
 from mariadb_helpers import capture as capture_mariadb
+from tidemark import postgres_connection
 from tidemark.event import ChangeEvent, Op, Record, TableId
 from tidemark.serde.debezium_json import DebeziumJsonOptions, DebeziumJsonSerializer
 from tidemark.serde.modes import DecimalHandlingMode, TimePrecisionMode
 from tidemark.source.mariadb import client as mariadb_client
 from tidemark.source.mariadb import snapshot as mariadb_snapshot
 from tidemark.source.mariadb.config import MariaDbSourceConfig
-from tidemark.source.postgres import catalog, session
+from tidemark.source.postgres import catalog
 from tidemark.source.postgres import snapshot as pg_snapshot
 from tidemark.source.postgres.change_builder import ChangeEventBuilder
 from tidemark.source.postgres.json_lines import JsonLineBuilder
@@ -351,7 +352,7 @@ class PostgresHarness:
             connector.poll()
         finally:
             connector.stop()
-        self.conn = session.connect(db.dsn)
+        self.conn = postgres_connection.connect(db.dsn)
         table = TableId("public", "edge")
         keys = catalog.primary_keys(self.conn, [table])
         not_null = {table: catalog.not_null_columns(self.conn, table)}
@@ -410,7 +411,7 @@ class PostgresHarness:
         return messages
 
     def _snapshot(self) -> list[ChangeEvent]:
-        conn = session.connect(self.db.dsn)
+        conn = postgres_connection.connect(self.db.dsn)
         with contextlib.closing(conn):
             txid = pg_snapshot.begin_snapshot(conn, None)
             return [e for chunk in pg_snapshot.snapshot_events(

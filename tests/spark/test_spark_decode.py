@@ -391,10 +391,14 @@ def _reference(messages: list[tuple[int, bytes]], lo: int, hi: int
             changes += [("t", None, r) for r in pgoutput.parse_truncate(data).relation_ids]
         else:
             upd = pgoutput.parse_update(data)
-            if upd.old is not None and upd.old[0] != upd.new[0]:
-                changes += [("d", upd.old, upd.relation_id), ("c", upd.new, upd.relation_id)]
+            new = upd.new
+            if upd.old_kind == "O" and upd.old is not None:  # the whole old row: fills in
+                new = tuple(o if n is UNAVAILABLE else n
+                            for o, n in zip(upd.old, new, strict=True))
+            if upd.old is not None and new[0] is not UNAVAILABLE and upd.old[0] != new[0]:
+                changes += [("d", upd.old, upd.relation_id), ("c", new, upd.relation_id)]
             else:
-                changes.append(("u", upd.new, upd.relation_id))
+                changes.append(("u", new, upd.relation_id))
         for op, values, relation_id in changes:
             seq += 1
             if relation_id != REL.relation_id:
@@ -425,3 +429,17 @@ def test_vectorized_walk_equals_decoding_message_by_message(
             r["_seq"], r["_commit_lsn"], r["_txid"], r["_unavailable"])
            for r in table.to_pylist()]
     assert got == _reference(messages, lo, hi)
+
+
+def test_an_unchanged_wide_key_under_replica_identity_full_is_not_a_key_change() -> None:
+    # REPLICA IDENTITY FULL sends the whole old row; a key value stored out of line and
+    # left as it was comes as unchanged TOAST in the new row. The key did not change: one
+    # update, with the key (and every unsent value) taken from the old row.
+    rel = [(1, encode_message(REL))]
+    t1 = _txn(1000, 7, Update(None, REL.relation_id, "O", ("1", "12.30", "x"),
+                              (UNAVAILABLE, "13.00", UNAVAILABLE)))
+    table = _typed(1000, 2000, [rel + t1])
+    assert table.column("_op").to_pylist() == ["u"]
+    assert table.column("id").to_pylist() == [1]
+    assert table.column("amount").to_pylist() == [Decimal("13.00")]
+    assert table.column("note").to_pylist() == ["x"]

@@ -34,7 +34,7 @@ from tidemark.source.postgres.config import (
     SnapshotMode,
     TimePrecisionMode,
 )
-from tidemark.source.registry import KINDS, kind_of
+from tidemark.source.registry import kind_of
 
 if TYPE_CHECKING:
     from prometheus_client.core import Metric
@@ -48,10 +48,11 @@ log = logging.getLogger(__name__)
                    "mariadb://user:password@host:port/database; SQLite (log tables): "
                    "sqlite:///path/to/file.db (or $TIDEMARK_DSN, to keep secrets out of the "
                    "process list).")
-@click.option("--source", "source", type=click.Choice(KINDS), default=None,
+@click.option("--source", "source", default=None, metavar="KIND",
               help="How to capture a PostgreSQL database: from its WAL (replication, the "
                    "default) or from log tables written by triggers (logtable; see "
-                   "`tidemark logtable install`). SQLite is always log tables.")
+                   "`tidemark logtable install`). SQLite is always log tables. A source kind "
+                   "of another package may add its own.")
 @click.option("--tasks", type=click.IntRange(min=1), default=1, show_default=True,
               help="Log tables: split the stream groups over this many captures ...")
 @click.option("--task", "task_index", type=click.IntRange(min=0), default=0,

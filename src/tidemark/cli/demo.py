@@ -239,10 +239,10 @@ def _write_simple_pipeline(directory: Path, dsn: str, schema: str) -> Path:
 
 
 def _prepare(dsn: str) -> None:
-    from tidemark.source.postgres import session  # noqa: PLC0415
+    from tidemark import postgres_connection as pgconn  # noqa: PLC0415
     from tidemark.source.postgres import wal_reads as wal  # noqa: PLC0415
 
-    with contextlib.closing(session.connect(dsn)) as conn, session.cursor(conn) as cur:
+    with contextlib.closing(pgconn.connect(dsn)) as conn, pgconn.cursor(conn) as cur:
         cur.execute(_SCHEMA)
     # The stream starts where the slot is (no initial snapshot yet), so the slot must
     # exist before the first change.
@@ -285,9 +285,9 @@ def _execute(dsn: str, statements: list[str]) -> None:
             for statement in statements:
                 cursor.execute(statement)
         return
-    from tidemark.source.postgres import session  # noqa: PLC0415
+    from tidemark import postgres_connection as pgconn  # noqa: PLC0415
 
-    with contextlib.closing(session.connect(dsn)) as conn, session.cursor(conn) as cur:
+    with contextlib.closing(pgconn.connect(dsn)) as conn, pgconn.cursor(conn) as cur:
         for statement in statements:
             cur.execute(statement)
 

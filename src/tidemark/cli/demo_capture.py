@@ -7,8 +7,8 @@ import sys
 
 import click
 
+from tidemark import postgres_connection as pgconn
 from tidemark.serde.debezium_json import DebeziumJsonOptions, DebeziumJsonSerializer
-from tidemark.source.postgres import session
 from tidemark.source.postgres.config import PostgresSourceConfig
 from tidemark.source.postgres.reader import PostgresReader
 
@@ -38,7 +38,7 @@ def capture_demo() -> None:
 
     with PostgresCluster() as cluster:
         dsn = cluster.create_database("demo")
-        with contextlib.closing(session.connect(dsn)) as conn, session.cursor(conn) as cur:
+        with contextlib.closing(pgconn.connect(dsn)) as conn, pgconn.cursor(conn) as cur:
             cur.execute(_SCHEMA)
         click.echo(f"# private PostgreSQL on port {cluster.port}; snapshot of 2 rows, "
                    "then live changes:", err=True)
@@ -55,7 +55,7 @@ def capture_demo() -> None:
                 if batch.offset is not None:
                     connector.commit(batch.offset)
                     done_snapshot = True
-            with contextlib.closing(session.connect(dsn)) as conn, session.cursor(conn) as cur:
+            with contextlib.closing(pgconn.connect(dsn)) as conn, pgconn.cursor(conn) as cur:
                 for statement in _CHANGES:
                     click.echo(f"# {statement}", err=True)
                     cur.execute(statement)

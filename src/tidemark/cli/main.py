@@ -2,23 +2,37 @@
 
 from __future__ import annotations
 
+import importlib
 import sys
+from typing import Final
 
 import click
 
 from tidemark import __version__
 from tidemark.cli import logs
-from tidemark.cli.capture import capture
-from tidemark.cli.demo import demo
-from tidemark.cli.logtable import logtable
-from tidemark.cli.pipelines import pipelines
-from tidemark.cli.run import run
-from tidemark.cli.signal import signal
-from tidemark.cli.status import status
 from tidemark.errors import TidemarkError
 
+#: The subcommands: each is the function of its name in ``tidemark.cli.<name>``, imported
+#: when it runs (a MariaDB capture does not pay for the PostgreSQL driver, nor a status
+#: for Spark).
+_COMMANDS: Final = ("capture", "demo", "logtable", "pipelines", "run", "signal", "status")
 
-@click.group()
+
+class _Subcommands(click.Group):
+    """The subcommands of :data:`_COMMANDS`, imported on first use."""
+
+    def list_commands(self, ctx: click.Context) -> list[str]:
+        return list(_COMMANDS)
+
+    def get_command(self, ctx: click.Context, cmd_name: str) -> click.Command | None:
+        if cmd_name not in _COMMANDS:
+            return None
+        command: click.Command = getattr(importlib.import_module(f"tidemark.cli.{cmd_name}"),
+                                         cmd_name)
+        return command
+
+
+@click.group(cls=_Subcommands)
 @click.version_option(__version__, prog_name="tidemark")
 @click.option("--log-level", default="WARNING", show_default=True,
               type=click.Choice(["DEBUG", "INFO", "WARNING", "ERROR"], case_sensitive=False),
@@ -28,14 +42,6 @@ def cli(log_level: str) -> None:
     """tidemark: change data capture for Python and Apache Spark."""
     logs.configure(log_level)
 
-
-cli.add_command(capture)
-cli.add_command(demo)
-cli.add_command(logtable)
-cli.add_command(pipelines)
-cli.add_command(run)
-cli.add_command(signal)
-cli.add_command(status)
 
 
 def main() -> None:

@@ -57,7 +57,7 @@ def _pipeline_module(config: PipelineConfig) -> ModuleType:
               help="A capture's replication slot (capture's --slot).")
 @click.option("--offsets", type=click.Path(dir_okay=False),
               help="A capture's offsets file (capture's --offsets): compared with the slot.")
-@click.option("--source", type=click.Choice(("replication", "logtable")), default=None,
+@click.option("--source", default=None, metavar="KIND",
               help="A PostgreSQL capture of log tables (capture's --source); a sqlite: DSN "
                    "is always one.")
 @click.option("--topic-prefix", default="tidemark", show_default=True,

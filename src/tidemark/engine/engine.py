@@ -101,6 +101,11 @@ class Engine:
         self._consumers = _consumer_list(consumer, config.delivery_mode)
         self._transforms = tuple(transforms)
         self._converter = converter or DebeziumJsonConverter()
+        if isinstance(self._consumers[0], JsonLinesConsumer) and \
+                not isinstance(self._converter, DebeziumJsonConverter):
+            raise ConfigError("converter", f"a JsonLinesConsumer takes Debezium JSON lines; "
+                              f"{type(self._converter).__name__} does not write them (leave "
+                              "the converter out, or give a DebeziumJsonConverter)")
         # A RecordProcessor gets the polled records themselves and may derive changed
         # events from them, which pre-rendered texts would no longer describe.
         self._rendering = (None if isinstance(self._consumers[0], RecordProcessor)
@@ -138,7 +143,8 @@ class Engine:
         from tidemark.source.capture_metrics import capture_metrics  # noqa: PLC0415
 
         name = self.connector.name
-        plugin = "postgres" if name.startswith("postgres") else name
+        # Debezium's metrics label the source by its plugin; a connector may name its own.
+        plugin = str(getattr(self.connector, "plugin", name))
         yield from queue_metrics(((str(r.index), r.capacity) for r in self._runners),
                                  name=name, plugin=plugin)
         for runner in self._runners:

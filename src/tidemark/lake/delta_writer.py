@@ -121,7 +121,7 @@ def apply_changes(target: str | os.PathLike[str], changes: pa.Table, spec: Apply
     uri = os.fspath(target)
     columns = spec.resolve(changes.schema)
     table = open_target(uri, storage_options)
-    if table is not None and _holds(table, app_id, version, uri):
+    if table is not None and holds(table, app_id, version, uri):
         return ApplyResult(skipped=len(changes), delta_version=table.version(),
                            already_applied=True)
     batch = prepare_batch(changes, spec, columns)
@@ -182,7 +182,7 @@ def apply_changes_in_steps(target: str | os.PathLike[str], pieces: Iterable[pa.T
     """
     chunks = iter(pieces)
     if spec.stored_as_scd_type == 2:
-        chunks = iter(_whole_versions(chunks, spec.version_column))
+        chunks = iter(whole_versions(chunks, spec.version_column))
     else:
         chunks = iter(_whole_key_changes(chunks))
     first = next(chunks, None)
@@ -214,7 +214,7 @@ def apply_changes_in_steps(target: str | os.PathLike[str], pieces: Iterable[pa.T
     del first, second
     try:
         for piece in itertools.chain(_taken(held), chunks):
-            applied, top = _apply_step(branch.table, piece, spec, columns,
+            applied, top = apply_step(branch.table, piece, spec, columns,
                                        previous_high_water, uri)
             result += applied
             steps += 1
@@ -246,7 +246,7 @@ def _prepare(uri: str, first: pa.Table, spec: ApplySpec, app_id: str, version: i
     columns = spec.resolve(first.schema)
     table = open_target(uri, storage_options)
     if table is not None:
-        if _holds(table, app_id, version, uri):
+        if holds(table, app_id, version, uri):
             return ApplyResult(delta_version=table.version(), already_applied=True)
         table = add_new_columns(table, first.schema, columns, spec, new_column_values)
     else:
@@ -336,7 +336,7 @@ def _taken(pieces: list[pa.Table]) -> Iterator[pa.Table]:
         yield pieces.pop(0)
 
 
-def _holds(table: DeltaTable, app_id: str, version: int, uri: str) -> bool:
+def holds(table: DeltaTable, app_id: str, version: int, uri: str) -> bool:
     """Whether *table* already holds batch *version* of *app_id* (a replay)."""
     done = table.transaction_version(app_id)
     if done is not None and done >= version:
@@ -346,7 +346,7 @@ def _holds(table: DeltaTable, app_id: str, version: int, uri: str) -> bool:
     return False
 
 
-def _whole_versions(pieces: Iterable[pa.Table], column: str) -> Iterable[pa.Table]:
+def whole_versions(pieces: Iterable[pa.Table], column: str) -> Iterable[pa.Table]:
     """*pieces* cut again so that no value of *column* (in commit order, so its rows are
     contiguous) spans two pieces: each piece's last value moves on to the next."""
     carry: pa.Table | None = None
@@ -379,7 +379,7 @@ def _whole_key_changes(pieces: Iterable[pa.Table]) -> Iterable[pa.Table]:
         yield carry
 
 
-def _apply_step(table: DeltaTable, changes: pa.Table, spec: ApplySpec,
+def apply_step(table: DeltaTable, changes: pa.Table, spec: ApplySpec,
                 columns: ResolvedColumns, previous_high_water: tuple[Any, ...] | None,
                 uri: str) -> tuple[ApplyResult, tuple[Any, ...] | None]:
     """Merge one piece of a batch into *table* (a branch); returns what it did and the

@@ -48,11 +48,11 @@ from tidemark.lake.delta_target import NewColumnValues, add_new_columns, open_ta
 from tidemark.lake.delta_writer import (
     ApplyResult,
     SnapshotLoad,
-    _apply_step,
-    _holds,
-    _whole_versions,
     apply_changes,
     apply_changes_in_steps,
+    apply_step,
+    holds,
+    whole_versions,
 )
 from tidemark.lake.high_water import HIGH_WATER_KEY, encode_high_water, read_high_water
 from tidemark.lake.spec import ApplySpec
@@ -122,7 +122,7 @@ def plan_target(uri: str, spec: ApplySpec, schema: pa.Schema, *, app_id: str, ve
     table = open_target(uri, storage_options)
     if table is None:
         return plan
-    if _holds(table, app_id, version, uri):
+    if holds(table, app_id, version, uri):
         return ApplyResult(delta_version=table.version(), already_applied=True)
     if parts < 2 or snapshot_load is not None or not spec.keys:
         return plan
@@ -187,13 +187,13 @@ def apply_part(plan: TargetPlan, part: int, pieces: Iterable[pa.Table], attempt:
     branch = Branch(table, f"{plan.app_id}-{plan.version}-p{part}-{attempt}", alone=False)
     chunks: Iterable[pa.Table] = pieces
     if plan.spec.stored_as_scd_type == 2:
-        chunks = _whole_versions(chunks, plan.spec.version_column)
+        chunks = whole_versions(chunks, plan.spec.version_column)
     result, high_water, columns = ApplyResult(), None, None
     for piece in chunks:
         if piece.column(plan.spec.keys[0]).null_count or _moves_keep_values(piece):
             return PartResult(part, ApplyResult(), str(branch.root), needs_one_part=True)
         columns = columns or plan.spec.resolve(piece.schema)
-        applied, top = _apply_step(branch.table, piece, plan.spec, columns,
+        applied, top = apply_step(branch.table, piece, plan.spec, columns,
                                    plan.previous_high_water, plan.uri)
         result += applied
         if top is not None and (high_water is None or top > high_water):

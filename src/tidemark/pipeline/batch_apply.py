@@ -44,6 +44,7 @@ from tidemark.pipeline.query_errors import STOPPED_BEFORE, PipelineError, StopBe
 from tidemark.pipeline.run_metrics import RunMetrics
 from tidemark.run_record import record_batch
 from tidemark.source.postgres.stream_offsets import SourceOffset
+from tidemark.spark import arrow_pieces
 from tidemark.spark.change_schemas import arrow_schema, envelope_table_schemas, typed_rows
 
 log = logging.getLogger(__name__)
@@ -163,7 +164,7 @@ class BatchApply:
                 replayed.append(target.table)
                 continue
             work.append(TargetWork(target.table, typed, plan, functools.partial(
-                existing_row_values_of, self.config.dsn, self.config.source.kind, target.table)))
+                existing_row_values_of, self._source.kind, self.config.dsn, target.table)))
         planned = time.monotonic()
         outcomes = apply_on_executors(batch, work)
         seen = BatchSeen()
@@ -302,7 +303,7 @@ class BatchApply:
         if isinstance(rows, pa.Table):
             # A collected batch too is applied in steps: its log can be far smaller than
             # its rows (values PostgreSQL compressed: 586 MB of rows in 10 MB of WAL).
-            rows = spill.pieces([rows], self.config.spark.apply_step_rows,
+            rows = arrow_pieces.pieces([rows], self.config.spark.apply_step_rows,
                                 self.config.spark.apply_step_mb << 20)
         pieces = seen.count(target.table, rows)
         first = next(pieces, None)
@@ -316,7 +317,7 @@ class BatchApply:
         written.check((target,), identity=False)  # deleted while the query runs
         new_column_values = functools.partial(self._source.existing_row_values, target.table)
         try:
-            stream = crash_between_steps(spill.first_then(first, pieces), batch_id)
+            stream = crash_between_steps(arrow_pieces.first_then(first, pieces), batch_id)
             del first  # the stream lets go of it once applied, like any other piece
             if load is not None:  # a snapshot's rows: written, not merged
                 result = load_in_steps(

@@ -84,8 +84,7 @@ class BatchSource:
             return None
 
     def existing_row_values(self, table: str, columns: Sequence[str]) -> dict[str, Any]:
-        return existing_row_values_of(self.config.dsn, self.config.source.kind, table,
-                                      columns)
+        return existing_row_values_of(self.kind, self.config.dsn, table, columns)
 
     def report(self, batch_id: int, changes: dict[str, int], seconds: float,
                replayed: list[str], newest_commit_us: int | None,
@@ -109,12 +108,12 @@ class BatchSource:
                            replayed=tuple(replayed), snapshot=snapshot)
 
 
-def existing_row_values_of(dsn: str, requested: str | None, table: str,
+def existing_row_values_of(kind: SourceKind, dsn: str, table: str,
                            columns: Sequence[str]) -> dict[str, Any]:
     """The values the source's existing rows hold in *columns*, new to the target (a
-    module function: executors call it too); without a catalog to ask (MariaDB,
-    SQLite), none: new columns start null in Delta's older rows."""
-    kind = kind_of(dsn, requested)
+    module function: executors call it too, given the driver's *kind* — a kind
+    registered at run time is unknown to their registry); without a catalog to ask
+    (MariaDB, SQLite), none: new columns start null in Delta's older rows."""
     if not kind.knows_column_defaults(dsn):
         return {}
     return kind.existing_row_values(dsn, table, columns)

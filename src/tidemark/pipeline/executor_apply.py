@@ -56,8 +56,8 @@ from tidemark.lake.split_apply import (
     publish,
 )
 from tidemark.lake.widening import TypeChangeError
-from tidemark.pipeline import spill
 from tidemark.pipeline.batch_seen import BatchSeen
+from tidemark.spark import arrow_pieces
 from tidemark.spark.change_schemas import typed_rows
 
 log = logging.getLogger(__name__)
@@ -145,7 +145,7 @@ def _run(batch: DataFrame, work: Sequence[TargetWork]
             seen = BatchSeen()
             rows = (part_rows(item.plan, part, typed_rows(envelope, item.table, item.schema))
                     for _, envelope in group)
-            pieces = spill.pieces(seen.count(item.table, rows), item.plan.step_rows,
+            pieces = arrow_pieces.pieces(seen.count(item.table, rows), item.plan.step_rows,
                                   item.plan.step_bytes)
             first = next(pieces, None)
             if first is None:
@@ -153,8 +153,8 @@ def _run(batch: DataFrame, work: Sequence[TargetWork]
             context = TaskContext.get()
             attempt = str(context.taskAttemptId()) if context is not None else "0"
             try:
-                result = apply_part(item.plan, part, spill.first_then(first, pieces), attempt,
-                                    new_column_values=item.new_column_values)
+                result = apply_part(item.plan, part, arrow_pieces.first_then(first, pieces),
+                                    attempt, new_column_values=item.new_column_values)
             except TypeChangeError as err:
                 raise TypeChangeError(f"{item.table}: {err}") from None
             outcome = pickle.dumps((item.table, result, seen))

@@ -19,7 +19,7 @@ import json
 import logging
 import re
 import shutil
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any, Final
 
@@ -28,15 +28,9 @@ import pyarrow.parquet as pq
 from pyspark.sql import DataFrame
 from pyspark.sql.types import StructType
 
-from tidemark.spark.arrow_pieces import DEFAULT_STEP_BYTES, first_then, pieces
+from tidemark.spark.arrow_pieces import DEFAULT_STEP_BYTES, pieces
 from tidemark.spark.change_schemas import is_packed_envelope, typed_rows
 from tidemark.spark.table_rows import rows_per_slice
-
-# pieces, first_then and DEFAULT_STEP_BYTES are the pipeline's too (its callers take them
-# from here).
-__all__ = ["DEFAULT_STEP_BYTES", "ROW_GROUP_OPTIONS", "SPILL_DIR", "batch_log_bytes",
-           "first_then", "pieces", "previous_offset", "remove", "spill", "spill_dir",
-           "table_pieces"]
 
 log = logging.getLogger(__name__)
 
@@ -50,13 +44,6 @@ _READ_BYTES: Final = 16 << 20
 _PART: Final = re.compile(r"part-(\d+)")
 
 
-def batch_log_bytes(checkpoint: str, batch_id: int, end: dict[str, Any],
-                    position: Callable[[dict[str, Any]], int]) -> int | None:
-    """How much source log the batch spans: from the end of the batch before it (Spark's
-    offset log) to its own *end*, both turned into log positions by *position*; None
-    when the start is not there (the first batch of a query)."""
-    start = previous_offset(checkpoint, batch_id)
-    return None if start is None else max(0, position(end) - position(start))
 
 
 def previous_offset(checkpoint: str, batch_id: int) -> dict[str, Any] | None:

@@ -287,9 +287,10 @@ def _write(schema: Any, record: dict[str, Any]) -> bytes:
 
 
 def avro_schemas(schema: TableSchema, options: DebeziumJsonOptions,
-                 block: SourceBlock | None = None) -> tuple[Any, Any]:
+                 block: SourceBlock | None) -> tuple[Any, Any]:
     """The (key, value) Avro schemas of a table, for a reader of the encoded records.
-    *block*: the source's (an event's ``context.block``; None: the bare block of events
+    *block* (required: the source block differs per source): the source's, an event's
+    ``context.block`` (None: the bare block of events
     whose context names none)."""
     codec = _TableCodec(schema, options, block or BARE_BLOCK)
     return codec.key, codec.envelope

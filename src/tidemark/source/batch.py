@@ -15,7 +15,7 @@ class SourceBatch(msgspec.Struct, frozen=True):
     not move it (for example it ends inside a transaction). ``finished`` is set on the
     last batch of a bounded capture (a stop position, a snapshot-only run, a synthetic
     source that ran out). ``lines`` is set instead of ``records`` by a source asked for
-    JSON lines (the PostgreSQL connector's ``json_lines``): one Debezium JSON text per
+    JSON lines (``PostgresReader``'s ``json_lines``): one Debezium JSON text per
     change event, in order. A task the engine asked for converted records (see
     :mod:`tidemark.engine.prerender`) may have some of the engine's
     ``RenderedRecord`` s among ``records``.

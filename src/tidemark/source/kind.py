@@ -130,9 +130,6 @@ class SourceKind(abc.ABC):
     #: :class:`~tidemark.source.postgres.stream_offsets.SourceOffset`) instead of the list of
     #: tables a batch ``loaded``.
     plans_snapshots_in_offset: bool = False
-    #: The pipeline checks the source before a query starts (:meth:`check_before_start`).
-    checks_before_start: bool = False
-
     def __repr__(self) -> str:
         return f"<source kind {self.name}>"
 

@@ -35,6 +35,7 @@ _BUILT_IN: Final = ("tidemark.source.mariadb.kind:KIND", "tidemark.source.logtab
                     "tidemark.source.postgres.kind:KIND")
 
 _lock = threading.Lock()
+_plugins_lock = threading.Lock()
 _registered: list[SourceKind] = []  # in registration order; asked last-first
 _built_in: list[SourceKind] | None = None
 _plugins_loaded = False
@@ -98,12 +99,13 @@ def kind_named(name: str) -> SourceKind:
                       f"{', '.join(k.name for k in kinds())}")
 
 
-def travels(kind: SourceKind) -> bool:
-    """True if *kind* was registered at run time in this process (not built in, not
-    from an entry point): another process (Spark's Python workers) knows it only if it
-    is handed over."""
+def runtime_kinds() -> tuple[SourceKind, ...]:
+    """The kinds registered at run time in this process (not built in, not from an entry
+    point): another process (Spark's Python workers) knows them only if they are handed
+    over."""
+    _load_plugins()
     with _lock:
-        return any(k is kind for k in _registered) and kind.name not in _from_entry_points
+        return tuple(k for k in _registered if k.name not in _from_entry_points)
 
 
 def source_kind(dsn: str, requested: str | None = None) -> str:
@@ -123,17 +125,21 @@ def _built_ins() -> list[SourceKind]:
 
 
 def _load_plugins() -> None:
-    """Register the kinds of the ``tidemark.sources`` entry points (once)."""
+    """Register the kinds of the ``tidemark.sources`` entry points (once; a second
+    thread asking meanwhile waits for them)."""
     global _plugins_loaded  # noqa: PLW0603 - loaded once, on first use
     if _plugins_loaded:
         return
-    _plugins_loaded = True
-    for entry in importlib.metadata.entry_points(group=ENTRY_POINT_GROUP):
-        try:
-            loaded = entry.load()
-            kind = loaded if isinstance(loaded, SourceKind) else loaded()
-            register(kind)
-            _from_entry_points.add(kind.name)
-        except Exception as err:  # one broken plugin must not stop the others
-            log.warning("cannot load source kind %s (%s) of entry point group %s: %s",
-                        entry.name, entry.value, ENTRY_POINT_GROUP, err)
+    with _plugins_lock:
+        if _plugins_loaded:
+            return
+        for entry in importlib.metadata.entry_points(group=ENTRY_POINT_GROUP):
+            try:
+                loaded = entry.load()
+                kind = loaded if isinstance(loaded, SourceKind) else loaded()
+                register(kind)
+                _from_entry_points.add(kind.name)
+            except Exception as err:  # one broken plugin must not stop the others
+                log.warning("cannot load source kind %s (%s) of entry point group %s: %s",
+                            entry.name, entry.value, ENTRY_POINT_GROUP, err)
+        _plugins_loaded = True

@@ -468,7 +468,7 @@ def send_signal(dsn: str, signal_table: str | TableId, signal_type: str,
     name, for a signal table that does not exist (the message holds its ``CREATE
     TABLE``) and for a role that may not insert into it; connection failures raise what
     the source's connection raises (for PostgreSQL
-    :func:`tidemark.source.postgres.session.connect`).
+    :func:`tidemark.postgres_connection.connect`).
     """
     table = _signal_table(signal_table)
     if signal_id is None:

@@ -14,7 +14,7 @@ Two ways to read, one data source (``format("tidemark")``):
   ``row_format="struct"`` the envelope carries each table's typed row in a struct
   column instead of JSON text: the fast path when the consumer wants typed rows; with
   ``row_format="arrow"`` each row is a whole Arrow batch of one table, for consumers
-  that collect batches to the driver (:func:`tidemark.spark.arrow_rows.typed_rows`).
+  that collect batches to the driver (:func:`tidemark.spark.change_schemas.typed_rows`).
 
 Each streaming query needs its own replication slot (the slot's position is the query's
 progress): two typed tables read as two queries use two slots.
@@ -45,6 +45,7 @@ import pyarrow as pa
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame, SparkSession
 
+    from tidemark.source.kind import SourceKind
     from tidemark.spark.source import TidemarkDataSource
 
 
@@ -68,20 +69,24 @@ def register(spark: SparkSession) -> None:
     Python workers import the same tidemark (local mode; on a cluster, install tidemark
     on the executors' Python).
     """
+    from tidemark.source.registry import runtime_kinds  # noqa: PLC0415
     from tidemark.spark.delta_sink import DeltaChangesSink  # noqa: PLC0415
-    from tidemark.spark.source import TidemarkDataSource  # noqa: PLC0415
+    from tidemark.spark.source import carrying  # noqa: PLC0415
 
     os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
-    # Once per session: a Spark Declarative Pipeline forbids registering inside its
-    # query functions, so it registers at import and read_table must not do it again.
-    if spark in _registered:
+    # Once per session (and again if kinds were registered since): a Spark Declarative
+    # Pipeline forbids registering inside its query functions, so it registers at import
+    # and read_table must not do it again.
+    kinds = runtime_kinds()
+    if _registered.get(spark) == kinds:
         return
-    spark.dataSource.register(TidemarkDataSource)
+    spark.dataSource.register(carrying(kinds))
     spark.dataSource.register(DeltaChangesSink)
-    _registered.add(spark)
+    _registered[spark] = kinds
 
 
-_registered: weakref.WeakSet[SparkSession] = weakref.WeakSet()
+_registered: weakref.WeakKeyDictionary[SparkSession, tuple[SourceKind, ...]] = \
+    weakref.WeakKeyDictionary()
 
 
 def _default_parallelism(spark: SparkSession) -> int:
@@ -95,14 +100,6 @@ def _reader(spark: SparkSession, dsn: str, options: Mapping[str, Any]) -> DataFr
     register(spark)
     stream = spark.readStream.format("tidemark").option("dsn", dsn)
     values = {k: v for k, v in options.items() if v is not None}
-    from tidemark.spark.options import (  # noqa: PLC0415 - pyspark-free import of the package
-        REGISTERED_KIND,
-        travelling_kind,
-    )
-
-    travelling = travelling_kind(dsn, values.get("source"))
-    if travelling is not None:
-        values[REGISTERED_KIND] = travelling
     values.setdefault("numPartitions", _default_parallelism(spark))
     for key, value in values.items():
         stream = stream.option(key, str(value))

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import struct
 from collections.abc import Iterator, Sequence
-from typing import Final, Protocol
+from typing import Final
 
 import msgspec
 import pyarrow as pa
@@ -32,16 +32,6 @@ from tidemark.spark.change_schemas import (
 )
 from tidemark.spark.options import DEFAULT_ARROW_BATCH_BYTES, OnSchemaChange
 from tidemark.spark.table_rows import MetaColumns, TableRows
-
-
-class RowBatches(Protocol):
-    """What the reader needs of a sink: the finished record batches."""
-
-    def take(self) -> Iterator[pa.RecordBatch]:
-        """The batches finished so far."""
-
-    def finish(self) -> Iterator[pa.RecordBatch]:
-        """Every remaining batch (the end of the partition)."""
 
 
 class TypedSink:

@@ -9,11 +9,9 @@ silently and the query would read everything in one batch).
 
 from __future__ import annotations
 
-import base64
 import dataclasses
-import pickle
 import re
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from enum import StrEnum
 from typing import Final, TypeVar
 
@@ -21,7 +19,7 @@ from tidemark.errors import ConfigError
 from tidemark.event import TableId
 from tidemark.postgres_connection import check_identifier
 from tidemark.source.kind import SourceKind
-from tidemark.source.registry import kind_named, kind_of, register, travels
+from tidemark.source.registry import kind_named, kind_of
 
 
 class OnSchemaChange(StrEnum):
@@ -57,7 +55,7 @@ class RowFormat(StrEnum):
     ARROW = "arrow"
     """Each row carries a whole Arrow IPC batch of one table's typed rows: for consumers
     that collect batches to the driver (``tidemark run``); see
-    :func:`tidemark.spark.arrow_rows.typed_rows`."""
+    :func:`tidemark.spark.change_schemas.typed_rows`."""
 
 
 #: Option names as users write them (Spark compares them case-insensitively).
@@ -82,17 +80,13 @@ SLOT_FAILOVER: Final = "slotFailover"
 SOURCE: Final = "source"
 RETENTION_S: Final = "retentionS"
 READER_NAME: Final = "readerName"
-#: Set by :func:`tidemark.spark.read_changes` (not by users) for a source kind registered
-#: at run time (:func:`tidemark.source.registry.register`): the kind, pickled, so that
-#: Spark's Python workers, which never ran the registration, know it too.
-REGISTERED_KIND: Final = "registeredKind"
 
 ALLOWED: Final = (DSN, TABLES, TABLE, SLOT, PUBLICATION, MAX_CHANGES_PER_TRIGGER,
                   NUM_PARTITIONS, ON_SCHEMA_CHANGE, ARROW_BATCH_ROWS, ARROW_BATCH_BYTES,
                   ROW_FORMAT,
                   SERVER_TIMEOUT_MS, SNAPSHOT, SNAPSHOT_TABLES, SNAPSHOT_CHUNK_ROWS,
                   SNAPSHOT_CHUNKS_PER_TRIGGER, SIGNAL_TABLE, SLOT_FAILOVER, SOURCE,
-                  RETENTION_S, READER_NAME, REGISTERED_KIND)
+                  RETENTION_S, READER_NAME)
 _BY_LOWER: Final = {name.lower(): name for name in ALLOWED}
 _TABLE_NAME: Final = re.compile(r"[^.\s]+\.[^.\s]+|[^.\s]+")
 
@@ -117,8 +111,8 @@ SNAPSHOT_CHUNKS_PER_PARTITION: Final = 2
 class SourceOptions:
     """The validated options of one ``tidemark`` stream.
 
-    Picklable (plain values only): a copy travels with every partition to the
-    executors.
+    Picklable (plain values and the source's kind): a copy travels with every partition
+    to the executors.
     """
 
     dsn: str
@@ -171,11 +165,19 @@ class SourceOptions:
     ``tidemark run`` names it after its checkpoint). One per query."""
     kind: str = "postgres"
     """What is read: a PostgreSQL WAL (``postgres``), a MariaDB binlog (``mariadb://``),
-    or log tables (``source=logtable`` on PostgreSQL, or a ``sqlite:`` DSN)."""
+    or log tables (``source=logtable`` on PostgreSQL, or a ``sqlite:`` DSN); a plugin's
+    kind's name."""
+    kind_object: SourceKind | None = dataclasses.field(default=None, compare=False,
+                                                       repr=False)
+    """The kind itself (it travels with the options to the executors, whose registry
+    may not know a kind registered at run time)."""
 
     @classmethod
-    def parse(cls, raw: Mapping[str, str], *, default_partitions: int = 1) -> SourceOptions:
-        """Validate Spark's option map; every bad value raises a ConfigError naming it."""
+    def parse(cls, raw: Mapping[str, str], *, default_partitions: int = 1,
+              kinds: Sequence[SourceKind] = ()) -> SourceOptions:
+        """Validate Spark's option map; every bad value raises a ConfigError naming it.
+        *kinds* are asked for the DSN before the registry (the kinds the data source
+        carries: registered at run time, unknown to a Spark worker's registry)."""
         values: dict[str, str] = {}
         for key, value in raw.items():
             name = _BY_LOWER.get(str(key).lower())
@@ -189,9 +191,9 @@ class SourceOptions:
         if not dsn:
             raise ConfigError(DSN, "required: the libpq connection string of the database, "
                               "e.g. 'host=db dbname=app user=cdc'")
-        if REGISTERED_KIND in values:
-            register_travelled_kind(values[REGISTERED_KIND])
-        source = kind_of(dsn, values.get(SOURCE, "").strip().lower() or None)
+        requested = values.get(SOURCE, "").strip().lower() or None
+        source = next((k for k in kinds if k.claims(dsn.strip().lower(), requested)), None) \
+            or kind_of(dsn, requested)
         source.check_dsn(dsn, DSN)
         for option in ALLOWED:
             refusal = source.spark_option_refusal(option, values.get(option))
@@ -255,6 +257,7 @@ class SourceOptions:
             retention_s=_float(values, RETENTION_S, 86_400.0),
             reader_name=values.get(READER_NAME, "").strip() or "spark",
             kind=source.name,
+            kind_object=source,
         )
 
     def redacted_dsn(self) -> str:
@@ -264,39 +267,14 @@ class SourceOptions:
     @property
     def source_kind(self) -> SourceKind:
         """The kind of source the stream reads (:attr:`kind` names it)."""
-        return kind_named(self.kind)
+        return self.kind_object if self.kind_object is not None else kind_named(self.kind)
 
     def __repr__(self) -> str:
         # dataclass's repr would print the DSN and its password.
         fields = ", ".join(f"{f.name}={getattr(self, f.name)!r}"
-                           for f in dataclasses.fields(self) if f.name != "dsn")
+                           for f in dataclasses.fields(self)
+                           if f.name not in ("dsn", "kind_object"))
         return f"SourceOptions(dsn={self.redacted_dsn()!r}, {fields})"
-
-
-def travelling_kind(dsn: str, requested: str | None) -> str | None:
-    """The :data:`REGISTERED_KIND` option for *dsn*: its kind pickled (base64), when
-    the kind was registered at run time in this process; None for the built-in kinds and
-    those of installed packages' entry points, which every process finds itself."""
-    kind = kind_of(dsn, requested)
-    if not travels(kind):
-        return None
-    from pyspark import cloudpickle  # noqa: PLC0415 - only for kinds registered at run time
-
-    pickled: bytes = cloudpickle.dumps(kind)  # type: ignore[no-untyped-call]
-    return base64.b64encode(pickled).decode("ascii")
-
-
-def register_travelled_kind(text: str) -> None:
-    """Register the kind a :data:`REGISTERED_KIND` option carries, in this process."""
-    try:
-        kind = pickle.loads(base64.b64decode(text))
-    except Exception as err:
-        raise ConfigError(REGISTERED_KIND, f"cannot read the registered source kind ({err}); "
-                          "the option is set by tidemark.spark.read_changes, leave it out"
-                          ) from None
-    if not isinstance(kind, SourceKind):
-        raise ConfigError(REGISTERED_KIND, f"holds {type(kind).__name__}, not a SourceKind")
-    register(kind)
 
 
 def _parse_table(key: str, text: str, default_schema: str = "public") -> TableId:

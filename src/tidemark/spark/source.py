@@ -15,11 +15,13 @@ columns.
 from __future__ import annotations
 
 import os
+from typing import ClassVar
 
 from pyspark.sql.datasource import DataSource, DataSourceStreamReader
 from pyspark.sql.types import StructField, StructType
 
 from tidemark.event import TableId
+from tidemark.source.kind import SourceKind
 from tidemark.spark.change_schemas import (
     ENVELOPE_SCHEMA,
     PACKED_SCHEMA,
@@ -41,12 +43,17 @@ class TidemarkDataSource(DataSource):
     table in ``tables``. Options: :mod:`tidemark.spark.options`.
     """
 
+    #: Source kinds registered at run time, which the Python workers that run this data
+    #: source never registered: they travel with the class (see :func:`carrying`).
+    kinds: ClassVar[tuple[SourceKind, ...]] = ()
+
     @classmethod
     def name(cls) -> str:
         return "tidemark"
 
     def _options(self) -> SourceOptions:
-        return SourceOptions.parse(self.options, default_partitions=os.cpu_count() or 1)
+        return SourceOptions.parse(self.options, default_partitions=os.cpu_count() or 1,
+                                   kinds=self.kinds)
 
     def schema(self) -> StructType:
         """Validate the options and the database, then build the stream's schema."""
@@ -73,3 +80,17 @@ class TidemarkDataSource(DataSource):
     def streamReader(self, schema: StructType) -> DataSourceStreamReader:  # noqa: N802 - pyspark API name
         options = self._options()
         return spark_source(options).stream_reader(options, schema)
+
+
+def carrying(kinds: tuple[SourceKind, ...]) -> type[TidemarkDataSource]:
+    """The data source class to register in a session: :class:`TidemarkDataSource`
+    itself, or, when source kinds were registered at run time, a subclass made here that
+    holds them. Spark pickles a registered class to its Python workers; a class that is
+    not a module attribute travels by value, with its kinds (no option a user could set
+    carries code)."""
+    if not kinds:
+        return TidemarkDataSource
+    carrier: type[TidemarkDataSource] = type(
+        "TidemarkDataSourceWithKinds", (TidemarkDataSource,),
+        {"kinds": kinds, "__module__": __name__, "__doc__": TidemarkDataSource.__doc__})
+    return carrier

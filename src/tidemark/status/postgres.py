@@ -12,9 +12,9 @@ import contextlib
 from pathlib import Path
 from typing import Any
 
+from tidemark import postgres_connection as pgconn
 from tidemark.errors import ConfigError
 from tidemark.offsets.store import decode_json_object
-from tidemark.source.postgres import session
 from tidemark.source.postgres.pgoutput import lsn_to_str
 from tidemark.source.postgres.slot_status import (
     ServerWal,
@@ -163,7 +163,7 @@ def slot_lines(status: Status) -> list[tuple[str, str]]:
 
 def capture_status(dsn: str, slot_name: str, offsets_file: str | None) -> Status:
     """Ask the server about *slot_name* and compare the offsets file with it."""
-    with contextlib.closing(session.connect(dsn, application_name="tidemark status")) as conn:
+    with contextlib.closing(pgconn.connect(dsn, application_name="tidemark status")) as conn:
         server = read_server(conn)
         slot = read_slot(conn, slot_name, server)
     problems: list[str] = []

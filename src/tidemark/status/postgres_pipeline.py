@@ -15,8 +15,8 @@ import json
 from pathlib import Path
 from typing import Any
 
+from tidemark import postgres_connection
 from tidemark.errors import TidemarkError
-from tidemark.source.postgres import session
 from tidemark.source.postgres.pgoutput import lsn_to_str, str_to_lsn
 from tidemark.source.postgres.slot_status import ServerWal, SlotState, read_server, read_slot
 from tidemark.source.postgres.stream_offsets import SourceOffset
@@ -46,7 +46,7 @@ def pipeline_status(pipeline: PipelineFacts) -> Status:
     # The last planned batch's whole offset (the snapshot's state), kept out of the JSON.
     offset: SourceOffset | None = checkpoint.pop("_offset", None)
     slot_name = pipeline.slot
-    with contextlib.closing(session.connect(pipeline.dsn,
+    with contextlib.closing(postgres_connection.connect(pipeline.dsn,
                                             application_name="tidemark status")) as conn:
         server = read_server(conn)
         slot = read_slot(conn, slot_name, server)

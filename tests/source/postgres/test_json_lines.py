@@ -30,6 +30,7 @@ from pgoutput_builders import (
     encode_relation,
     encode_update,
 )
+from tidemark import postgres_connection
 from tidemark.engine.converters import (
     ConvertedBatch,
     ConvertedRecord,
@@ -41,7 +42,7 @@ from tidemark.event import UNAVAILABLE, ChangeEvent, Op, Record, TableId
 from tidemark.serde.debezium_json import DebeziumJsonOptions, DebeziumJsonSerializer
 from tidemark.serde.modes import DecimalHandlingMode, TimePrecisionMode
 from tidemark.serde.rendered import PENDING, RenderedEvent
-from tidemark.source.postgres import catalog, session
+from tidemark.source.postgres import catalog
 from tidemark.source.postgres.change_builder import ChangeEventBuilder
 from tidemark.source.postgres.json_lines import JsonLineBuilder, RenderedEventBuilder
 from tidemark.source.postgres.pgoutput import (
@@ -203,7 +204,7 @@ def stream(pg_cluster: Any) -> Iterator[tuple[Messages, BuilderFactory]]:
             messages += reader.read_batch(10_000, 0.2)
         finally:
             reader.close()
-        conn = session.connect(db.dsn)
+        conn = postgres_connection.connect(db.dsn)
         ids = [TableId.parse(t) for t in tables]
         keys = catalog.primary_keys(conn, ids)
         not_null = {t: catalog.not_null_columns(conn, t) for t in ids}

@@ -50,7 +50,7 @@ def open_database(dsn: str) -> LogDatabase:
 
 
 class LogTableReader:
-    """Reads one task's groups; the engine's task and ``tidemark capture`` drive it."""
+    """Reads one task's groups (the engine's task, :class:`LogTableTask`, drives it)."""
 
     def __init__(self, config: LogTableSourceConfig) -> None:
         self.config = config

@@ -39,6 +39,7 @@ generation keep its ``C`` and stream from there.
 
 from __future__ import annotations
 
+import contextlib
 import io
 import logging
 import select
@@ -192,8 +193,13 @@ def read_chunk_text(conn: psycopg.Connection[Any], export: str, chunk: ChunkRang
             table=sql.Identifier(table.schema, table.table),
             where=_range_sql(keys, chunk.after, chunk.upto), keys=_key_list(keys))
         data = copy_out(conn, query.as_bytes(conn), server_timeout(conn))
-    finally:
-        conn.execute("COMMIT")
+    except BaseException:
+        # The error in flight says what happened; ending the transaction on a connection
+        # it closed (a server timeout) would only replace it.
+        with contextlib.suppress(psycopg.Error):
+            conn.execute("COMMIT")
+        raise
+    conn.execute("COMMIT")
     return parse_csv(data, columns)
 
 

@@ -41,6 +41,7 @@ the signal table, which is published but not captured, so its rows are never eve
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import logging
 import struct
@@ -542,8 +543,13 @@ class IncrementalSnapshot(SignalledSnapshots):
                 assert snapshot is not None
                 cur.execute(query, params)
                 rows = cur.fetchall()
-            finally:
-                cur.execute("ROLLBACK")
+            except BaseException:
+                # The error in flight says what happened (a ROLLBACK on a lost
+                # connection would replace it).
+                with contextlib.suppress(psycopg.Error):
+                    cur.execute("ROLLBACK")
+                raise
+            cur.execute("ROLLBACK")
         xmin = int(snapshot[0]) & 0xFFFFFFFF
         invisible = frozenset(int(x) & 0xFFFFFFFF for x in snapshot[1].split(",") if x)
         self._forget_before(xmin)

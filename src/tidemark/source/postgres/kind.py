@@ -29,9 +29,10 @@ if TYPE_CHECKING:
 def server_end(dsn: str) -> int:
     """The end of the server's WAL: its insert position (a standby's: what it received
     or replayed)."""
-    from tidemark.source.postgres import offset, session  # noqa: PLC0415
+    from tidemark import postgres_connection  # noqa: PLC0415
+    from tidemark.source.postgres import offset  # noqa: PLC0415
 
-    with contextlib.closing(session.connect(dsn)) as conn:
+    with contextlib.closing(postgres_connection.connect(dsn)) as conn:
         return offset.server_position(conn) or 0
 
 
@@ -69,7 +70,6 @@ class PostgresKind(SourceKind):
     name = "postgres"
     requested_names = ("replication",)
     plans_snapshots_in_offset = True
-    checks_before_start = True
 
     def claims(self, dsn: str, requested: str | None) -> bool:
         return requested is None or requested in self.requested_names

@@ -52,7 +52,7 @@ RecordParts = tuple[str, str, str, Callable[..., Any], str, Any, Any, list[int]]
 #: result itself, without a call to Python: ``make_record(destination, key text,
 #: value text, None, make_event, lsn, total order, table order, data)``, having counted
 #: the change in ``orders.total`` and ``cell[0]`` (the engine's converted records; see
-#: :class:`~tidemark.engine.converters.RenderedRecord`).
+#: :class:`~tidemark.serde.converted.RenderedRecord`).
 RecordFunction = Callable[[bytes, str, int, RecordParts], Any]
 
 _u32: Final = struct.Struct(">I").unpack_from

@@ -35,6 +35,7 @@ from typing import Final, NamedTuple
 import numpy as np
 
 from tidemark.errors import DecodeError
+from tidemark.event import UNAVAILABLE, WireTuple
 from tidemark.key_change import key_changed
 from tidemark.source.postgres import pgoutput
 from tidemark.source.postgres.pgoutput import PG_EPOCH_OFFSET_US, Relation
@@ -267,10 +268,10 @@ class TransactionWalker:
             elif chunk.weights[i] == 2:  # an update that changed the key: two rows
                 assert isinstance(message, pgoutput.Update) and message.old is not None
                 sink.add(message.relation_id, "d", message.old, lsn, seq - 1, txn, False, None)
-                sink.add(message.relation_id, "c", message.new, lsn, seq, txn, True, None)
+                sink.add(message.relation_id, "c", _filled(message), lsn, seq, txn, True, None)
             else:
                 assert isinstance(message, pgoutput.Update)
-                sink.add(message.relation_id, "u", message.new, lsn, seq, txn, True,
+                sink.add(message.relation_id, "u", _filled(message), lsn, seq, txn, True,
                          message.old)
 
 
@@ -291,3 +292,15 @@ class _Chunk(NamedTuple):
     txn_xid: np.ndarray
     decoded: dict[int, object]  # the rare messages, decoded, by position
     slow: list[int]  # positions of the rare row messages (not Relation), ascending
+
+
+def _filled(update: pgoutput.Update) -> WireTuple:
+    """The update's new row, with the values it did not send (unchanged TOAST) taken
+    from its old row when the source sent the whole of it (``REPLICA IDENTITY FULL``:
+    ``old_kind`` ``"O"``), as the change builder does: a wide key left as it was keeps
+    its value."""
+    if update.old_kind != "O" or update.old is None or \
+            not any(n is UNAVAILABLE for n in update.new):
+        return update.new
+    return tuple(o if n is UNAVAILABLE else n
+                 for o, n in zip(update.old, update.new, strict=True))

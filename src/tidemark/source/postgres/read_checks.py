@@ -13,9 +13,10 @@ from __future__ import annotations
 import contextlib
 from typing import Any
 
+from tidemark import postgres_connection
 from tidemark.errors import SourceError
 from tidemark.event import TableId
-from tidemark.source.postgres import catalog, session, slot
+from tidemark.source.postgres import catalog, slot
 from tidemark.source.postgres import wal_reads as wal
 from tidemark.source.postgres.stream_signals import check_signal_table
 from tidemark.source.read_plan import ColumnLayout, ReadOptions, TableColumns
@@ -26,7 +27,7 @@ TYPE_KEY = "tidemark.pg_type"
 
 def table_columns(options: ReadOptions) -> dict[TableId, TableColumns]:
     """Check the database, the tables and the publication; describe each table."""
-    with contextlib.closing(session.connect(options.dsn,
+    with contextlib.closing(postgres_connection.connect(options.dsn,
                                             application_name="tidemark spark")) as conn:
         catalog.check_wal_level(conn)
         catalog.check_replication_privilege(conn)

@@ -20,6 +20,7 @@ from typing import TYPE_CHECKING, Any, TypeVar
 import psycopg
 
 from tidemark import faults
+from tidemark import postgres_connection as pgconn
 from tidemark.errors import SourceError, SourceUnavailableError, TransientError
 from tidemark.event import Record, TableId
 from tidemark.offsets.store import Offset, OffsetReader
@@ -27,7 +28,7 @@ from tidemark.retry import retry_transient
 from tidemark.serde.debezium_json import DebeziumJsonSerializer
 from tidemark.source.batch import SourceBatch
 from tidemark.source.capture_stats import CaptureStats
-from tidemark.source.postgres import catalog, session, slot
+from tidemark.source.postgres import catalog, slot
 from tidemark.source.postgres import offset as pg_offset
 from tidemark.source.postgres.change_builder import ChangeEventBuilder
 from tidemark.source.postgres.config import PostgresSourceConfig, SlotLostAction, SnapshotMode
@@ -72,7 +73,7 @@ class PostgresReader:
     same kind of serializer) streamed changes stay records, but the row changes carry
     that serializer's texts (:class:`~tidemark.serde.rendered.RenderedEvent`), made the
     same way; with *converted_records* too, inserts and updates come as the engine's
-    converted records (:class:`~tidemark.engine.converters.RenderedRecord`).
+    converted records (:class:`~tidemark.serde.converted.RenderedRecord`).
     """
 
     def __init__(self, config: PostgresSourceConfig, *,
@@ -136,12 +137,12 @@ class PostgresReader:
     def _start(self, offset: Offset | None, store: OffsetReader | None,
                stop_at_lsn: int | None) -> None:
         cfg = self.config
-        conn = self._catalog_conn = session.connect(cfg.dsn)
+        conn = self._catalog_conn = pgconn.connect(cfg.dsn)
         catalog.check_wal_level(conn)
         catalog.check_replication_privilege(conn)
         # Before anything is created; create_slot decides the same way later.
         slot.makes_failover_slot(conn.info.server_version, cfg.slot_failover, "slot_failover",
-                                 standby=session.on_standby(conn))
+                                 standby=pgconn.on_standby(conn))
         self.database = catalog.current_database(conn)
         where = "the offset given to start()"
         if offset is None and store is not None:
@@ -273,7 +274,7 @@ class PostgresReader:
         for attempt in (1, 2):
             try:
                 if self._catalog_conn is None or self._catalog_conn.closed:
-                    self._catalog_conn = session.connect(self.config.dsn)
+                    self._catalog_conn = pgconn.connect(self.config.dsn)
                 return query(self._catalog_conn)
             except (psycopg.OperationalError, psycopg.InterfaceError) as err:
                 with contextlib.suppress(Exception):
@@ -298,7 +299,7 @@ class PostgresReader:
 
     def _snapshot(self, snapshot_name: str | None, lsn: int) -> Iterator[SourceBatch]:
         cfg = self.config
-        conn = session.connect(cfg.dsn, application_name="tidemark-snapshot")
+        conn = pgconn.connect(cfg.dsn, application_name="tidemark-snapshot")
         try:
             txid = begin_snapshot(conn, snapshot_name)
             schemas = [catalog.table_schema(conn, t, self._keys.get(t), generated=self._generated)
@@ -321,7 +322,7 @@ class PostgresReader:
             conn.close()
 
     def _snapshot_only(self) -> Iterator[SourceBatch]:
-        with contextlib.closing(session.connect(self.config.dsn)) as conn:
+        with contextlib.closing(pgconn.connect(self.config.dsn)) as conn:
             lsn = pg_offset.server_position(conn) or 0  # a standby has no WAL of its own
         yield from self._snapshot(None, lsn)
         yield SourceBatch([], {"lsn": lsn, "snapshot_completed": True}, finished=True)
@@ -720,7 +721,7 @@ class PostgresReader:
         if cfg.signal_table is None and not state:
             return None
         snap = IncrementalSnapshot(
-            dsn_connect=lambda: session.connect(cfg.dsn, application_name="tidemark-snapshot"),
+            dsn_connect=lambda: pgconn.connect(cfg.dsn, application_name="tidemark-snapshot"),
             captured=self.tables, keys=self._keys,
             signal_table=TableId.parse(cfg.signal_table) if cfg.signal_table else None,
             chunk_size=cfg.incremental_snapshot_chunk_size, topic_prefix=cfg.topic_prefix,
@@ -736,7 +737,7 @@ class PostgresReader:
         if not query:
             return
         def run(conn: Any) -> None:
-            with session.cursor(conn) as cur:
+            with pgconn.cursor(conn) as cur:
                 cur.execute(query)
 
         try:

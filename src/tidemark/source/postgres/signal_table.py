@@ -10,8 +10,8 @@ from typing import Any
 import psycopg
 from psycopg import sql
 
+from tidemark import postgres_connection
 from tidemark.event import TableId
-from tidemark.source.postgres import session
 from tidemark.source.signals import SIGNAL_TABLE_COLUMNS, SignalError, signal_table_ddl
 
 
@@ -22,8 +22,8 @@ def write_signal(dsn: str, table: TableId, signal_id: str, signal_type: str,
     insert, a duplicate id or data too long."""
     statement = sql.SQL("INSERT INTO {}.{} (id, type, data) VALUES (%s, %s, %s)").format(
         sql.Identifier(table.schema), sql.Identifier(table.table))
-    conn = session.connect(dsn, application_name="tidemark signal")
-    with contextlib.closing(conn), session.cursor(conn) as cur:
+    conn = postgres_connection.connect(dsn, application_name="tidemark signal")
+    with contextlib.closing(conn), postgres_connection.cursor(conn) as cur:
         try:
             cur.execute(statement, (signal_id, signal_type, data))
         except psycopg.Error as err:

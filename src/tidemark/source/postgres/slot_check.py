@@ -15,7 +15,7 @@ import logging
 
 import psycopg
 
-from tidemark.errors import first_line
+from tidemark.errors import SourceUnavailableError, first_line
 from tidemark.source.postgres import wal_reads as wal
 from tidemark.source.postgres.pgoutput import lsn_to_str
 from tidemark.source.postgres.slot import SlotLostError
@@ -43,7 +43,7 @@ def check_slot_vouched(dsn: str, slot: str, checkpoint: str) -> None:
             row = conn.execute("SELECT (confirmed_flush_lsn - '0/0')::bigint FROM "
                                "pg_replication_slots WHERE slot_name = %s",
                                (slot,)).fetchone()
-    except psycopg.OperationalError as err:
+    except (psycopg.OperationalError, SourceUnavailableError) as err:
         # Unreachable now: the query's own start reports it (and retries).
         log.warning("could not check replication slot %s before the start: %s", slot,
                     first_line(err))

@@ -8,7 +8,7 @@ slots are per server, so each database's slot gets the database name appended.
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from typing import Any
+from typing import Any, Final
 
 from tidemark.errors import ConfigError
 from tidemark.offsets.store import Offset, OffsetReader
@@ -37,7 +37,7 @@ class PostgresTask(ReopeningTask[PostgresReader]):
         """Emit streamed row changes as :class:`~tidemark.serde.rendered.RenderedEvent` s
         with Debezium JSON texts in *options*, made straight from the pgoutput bytes
         (the fused path of ``tidemark capture``); with *converted_records*, inserts and
-        updates as :class:`~tidemark.engine.converters.RenderedRecord` s. Call before
+        updates as :class:`~tidemark.serde.converted.RenderedRecord` s. Call before
         :meth:`start`. With *lines*, streamed changes come as JSON lines
         (:attr:`~tidemark.source.batch.SourceBatch.lines`) instead. Declined (False)
         with transaction metadata, whose blocks the fused path does not write."""
@@ -80,6 +80,9 @@ class PostgresConnector:
         for db in databases:
             check_identifier("databases", db)
         self.databases = tuple(databases)
+
+    #: The metrics' ``plugin`` label (Debezium's, for the PostgreSQL connector).
+    plugin: Final = "postgres"
 
     @property
     def name(self) -> str:
