@@ -81,7 +81,7 @@ $$
 _COLUMNS = ["id", "c_int", "c_bigint", "c_text", "c_numeric", "c_ts", "c_bool", "c_label",
             "c_double", "c_date"]
 # Driver: "read 1.2 s, public.t10 0.8 s"; executors: "plan 0.01 s, executors 2.1 s".
-_TOOK = re.compile(r"^(\S+ \S+) DEBUG tidemark\.pipeline\.runner: batch (\d+) took ([\d.]+) s: "
+_TOOK = re.compile(r"^(\S+ \S+) DEBUG tidemark\.pipeline\.\w+: batch (\d+) took ([\d.]+) s: "
                    r"(?:read|plan) ([\d.]+) s, (?:public\.t10|executors) ([\d.]+) s")
 _APPLIED = re.compile(r"^batch (\d+): (.*?) \|")
 
