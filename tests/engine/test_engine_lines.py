@@ -9,6 +9,7 @@ from typing import Any
 
 import pytest
 
+from tidemark.engine.avro_converter import AvroConverter
 from tidemark.engine.converters import ConvertedRecord, DebeziumJsonConverter
 from tidemark.engine.engine import Engine
 from tidemark.engine.transforms import Filter
@@ -93,6 +94,12 @@ def test_without_read_ahead_a_single_consumer_runs_in_the_readers_thread() -> No
 def test_consumers_of_records_and_of_lines_do_not_mix() -> None:
     with pytest.raises(ConfigError, match="not both"):
         Engine(SyntheticConnector(), [LinesSink(), MemorySink()],
+               config={"delivery_mode": "batch"})
+
+
+def test_a_lines_consumer_refuses_a_converter_that_writes_no_json() -> None:
+    with pytest.raises(ConfigError, match="AvroConverter does not write them"):
+        Engine(SyntheticConnector(), LinesSink(), converter=AvroConverter(),
                config={"delivery_mode": "batch"})
 
 
