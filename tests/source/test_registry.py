@@ -127,14 +127,14 @@ def test_importing_the_registry_imports_no_source() -> None:
     code = ("import sys, tidemark.source.registry as r; "
             "print(sorted(m for m in sys.modules if m.startswith('tidemark.source.')))")
     before = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
-                            check=True).stdout
+                            check=True, timeout=60).stdout
     assert "kind'" in before and "postgres" not in before and "mariadb" not in before
     # Asking for a PostgreSQL DSN's kind imports neither PyMySQL nor pyspark.
     asked = subprocess.run(
         [sys.executable, "-c", "import sys, tidemark.source.registry as r; "
          "r.kind_of('host=db').position_text(1); "
          "print([m for m in ('pymysql', 'pyspark') if m in sys.modules])"],
-        capture_output=True, text=True, check=True).stdout
+        capture_output=True, text=True, check=True, timeout=60).stdout
     assert asked.strip() == "[]"
 
 
@@ -157,6 +157,6 @@ def test_entry_points_add_kinds(tmp_path: Path) -> None:
     code = ("import tidemark.source.registry as r; "
             "print(r.kind_of('echo://box').name, r.kind_of('host=db').name)")
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
-                            check=True, env={"PYTHONPATH": str(tmp_path),
+                            check=True, timeout=60, env={"PYTHONPATH": str(tmp_path),
                                              "PATH": "/usr/bin:/bin"})
     assert result.stdout.split() == ["echo", "postgres"], result.stderr

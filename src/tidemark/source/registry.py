@@ -35,7 +35,8 @@ _BUILT_IN: Final = ("tidemark.source.mariadb.kind:KIND", "tidemark.source.logtab
                     "tidemark.source.postgres.kind:KIND")
 
 _lock = threading.Lock()
-_plugins_lock = threading.Lock()
+_plugins_lock = threading.RLock()  # reentrant: a plugin's import may ask the registry
+_plugins_loading = False
 _registered: list[SourceKind] = []  # in registration order; asked last-first
 _built_in: list[SourceKind] | None = None
 _plugins_loaded = False
@@ -125,21 +126,26 @@ def _built_ins() -> list[SourceKind]:
 
 
 def _load_plugins() -> None:
-    """Register the kinds of the ``tidemark.sources`` entry points (once; a second
-    thread asking meanwhile waits for them)."""
-    global _plugins_loaded  # noqa: PLW0603 - loaded once, on first use
+    """Register the kinds of the ``tidemark.sources`` entry points (once; another thread
+    asking meanwhile waits for them, and a plugin that asks the registry while it is
+    being loaded gets the kinds registered so far)."""
+    global _plugins_loaded, _plugins_loading  # noqa: PLW0603 - loaded once, on first use
     if _plugins_loaded:
         return
     with _plugins_lock:
-        if _plugins_loaded:
+        if _plugins_loaded or _plugins_loading:
             return
-        for entry in importlib.metadata.entry_points(group=ENTRY_POINT_GROUP):
-            try:
-                loaded = entry.load()
-                kind = loaded if isinstance(loaded, SourceKind) else loaded()
-                register(kind)
-                _from_entry_points.add(kind.name)
-            except Exception as err:  # one broken plugin must not stop the others
-                log.warning("cannot load source kind %s (%s) of entry point group %s: %s",
-                            entry.name, entry.value, ENTRY_POINT_GROUP, err)
+        _plugins_loading = True
+        try:
+            for entry in importlib.metadata.entry_points(group=ENTRY_POINT_GROUP):
+                try:
+                    loaded = entry.load()
+                    kind = loaded if isinstance(loaded, SourceKind) else loaded()
+                    register(kind)
+                    _from_entry_points.add(kind.name)
+                except Exception as err:  # one broken plugin must not stop the others
+                    log.warning("cannot load source kind %s (%s) of entry point group %s: "
+                                "%s", entry.name, entry.value, ENTRY_POINT_GROUP, err)
+        finally:
+            _plugins_loading = False
         _plugins_loaded = True
