@@ -15,7 +15,6 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from tidemark.engine.consumers import ChangeConsumer, JsonLinesConsumer, RecordConsumer
-from tidemark.engine.converters import ConvertedRecord
 from tidemark.engine.delivery import Delivery, Unit
 from tidemark.event import Record
 from tidemark.offsets.store import Offset
@@ -67,6 +66,17 @@ class _WholeBatchDelivery(Delivery):
         self._hand_on(self._unit(len(records), offset, len(self._consumer_lanes)),
                       self.pipeline.convert_parallel(records))
 
+    def _batch_runner(self, handle: Callable[[Any, Any], None]) -> Callable[[Any], None]:
+        """A consumer lane's function for *handle* (``handle_batch``, ``handle_lines``),
+        called with a whole batch and its committer; a batch the consumer did not mark
+        otherwise is finished when it returns."""
+        def run(item: tuple[Unit, Any]) -> None:
+            unit, batch = item
+            committer = _Committer(self, unit)
+            handle(batch, committer)
+            committer.mark_batch_finished()
+        return run
+
     def _hand_on(self, unit: Unit, converted: object) -> None:
         lanes = self._consumer_lanes
         if self._here or (len(lanes) == 1 and lanes[0].runs_here()):
@@ -84,12 +94,7 @@ class BatchDelivery(_WholeBatchDelivery):
         super().__init__(consumers, "batch", read_ahead=read_ahead, **kwargs)
 
     def _runner(self, consumer: ChangeConsumer) -> Callable[[Any], None]:
-        def run(item: tuple[Unit, list[ConvertedRecord]]) -> None:
-            unit, converted = item
-            committer = _Committer(self, unit)
-            consumer.handle_batch(converted, committer)
-            committer.mark_batch_finished()
-        return run
+        return self._batch_runner(consumer.handle_batch)
 
 
 class LinesDelivery(_WholeBatchDelivery):
@@ -110,12 +115,7 @@ class LinesDelivery(_WholeBatchDelivery):
                       JsonLines(lines))
 
     def _runner(self, consumer: JsonLinesConsumer) -> Callable[[Any], None]:
-        def run(item: tuple[Unit, JsonLines]) -> None:
-            unit, lines = item
-            committer = _Committer(self, unit)
-            consumer.handle_lines(lines, committer)
-            committer.mark_batch_finished()
-        return run
+        return self._batch_runner(consumer.handle_lines)
 
 
 class OrderedDelivery(_WholeBatchDelivery):

@@ -10,9 +10,9 @@ from tidemark.source.logtable.reader import open_database
 from tidemark.status.logtable import behind, log_rows, log_section
 from tidemark.status.pipeline import (
     PipelineFacts,
+    checkpoint_rows,
     committed_checkpoint,
     last_run_section,
-    run_line,
     target_sections,
 )
 from tidemark.status.report import Status, render, target_lines
@@ -38,11 +38,6 @@ def pipeline_status(pipeline: PipelineFacts) -> Status:
 
 def render_pipeline(status: Status) -> str:
     """The human output of a log-table pipeline's status."""
-    rows = log_rows(status)
-    chk = status["checkpoint"]
-    rows.append(("checkpoint", f"{chk['path']}: " + (
-        "no query has started" if chk["query_id"] is None else
-        f"last committed batch {chk['last_committed_batch']}")))
-    rows.append(("last run", run_line(status["last_run"])))
+    rows = log_rows(status) + checkpoint_rows(status)
     return render(f"pipeline {status['config']}", rows, status,
                   target_lines(status["targets"]))

@@ -7,9 +7,9 @@ from tidemark.source.mariadb.position import BinlogPosition
 from tidemark.status.mariadb import position_findings, server_rows, server_section
 from tidemark.status.pipeline import (
     PipelineFacts,
+    checkpoint_rows,
     committed_checkpoint,
     last_run_section,
-    run_line,
     target_sections,
 )
 from tidemark.status.report import Status, render, target_lines
@@ -37,11 +37,7 @@ def pipeline_status(pipeline: PipelineFacts) -> Status:
 
 def render_pipeline(status: Status) -> str:
     """The human output of a MariaDB pipeline's status."""
-    rows = server_rows(status)
-    chk = status["checkpoint"]
-    rows.append(("checkpoint", f"{chk['path']}: " + (
-        "no query has started" if chk["query_id"] is None else
-        f"last committed batch {chk['last_committed_batch']} (up to {chk['last_committed']})")))
-    rows.append(("last run", run_line(status["last_run"])))
+    upto = f" (up to {status['checkpoint']['last_committed']})"
+    rows = server_rows(status) + checkpoint_rows(status, upto)
     return render(f"pipeline {status['config']}", rows, status,
                   target_lines(status["targets"]))

@@ -182,3 +182,13 @@ def run_line(run: dict[str, Any] | None) -> str:
                  f"{changes} changes, lag then {human_bytes(run['last_batch_lag_bytes'])}, "
                  f"{'?' if seconds is None else f'{seconds:.1f}'} s")
     return text
+
+
+def checkpoint_rows(status: dict[str, Any], upto: str = "") -> list[tuple[str, str]]:
+    """The ``checkpoint`` and ``last run`` rows of a pipeline's human output; *upto*
+    follows the last committed batch (where it reached in the source's log)."""
+    chk = status["checkpoint"]
+    return [("checkpoint", f"{chk['path']}: " + (
+                "no query has started" if chk["query_id"] is None else
+                f"last committed batch {chk['last_committed_batch']}{upto}")),
+            ("last run", run_line(status["last_run"]))]
