@@ -274,12 +274,12 @@ def test_postgres_rejects_a_foreign_table_and_a_missing_schema(db: Database) -> 
     db.execute("CREATE TABLE tidemark_offsets (id int PRIMARY KEY, data jsonb)",
                "CREATE TABLE keyless (key text, \"offset\" jsonb, updated_at timestamptz)")
     with pytest.raises(ConfigError, match="not a tidemark offsets table") as info:
-        PostgresOffsetStore(db.dsn)
+        PostgresOffsetStore(db.dsn).connect()
     assert info.value.key == "offsets.table"
     with pytest.raises(ConfigError, match="no primary key or unique index"):
-        PostgresOffsetStore(db.dsn, table="keyless")
+        PostgresOffsetStore(db.dsn, table="keyless").load("k")
     with pytest.raises(ConfigError, match="schema 'nope' does not exist") as info:
-        PostgresOffsetStore(db.dsn, schema="nope")
+        PostgresOffsetStore(db.dsn, schema="nope").save("k", {"lsn": 1})
     assert db.cluster.password not in str(info.value)
 
 
@@ -316,7 +316,7 @@ def test_postgres_reconnects_once_after_a_lost_connection(db: Database) -> None:
 def test_postgres_errors_never_contain_the_password(db: Database) -> None:
     secret = "Wr0ng-s3cret-pw"
     with pytest.raises(SourceError, match="authentication failed") as info:
-        PostgresOffsetStore(db.cluster.dsn(db.name, password=secret))
+        PostgresOffsetStore(db.cluster.dsn(db.name, password=secret)).connect()
     assert secret not in str(info.value)
 
 
@@ -324,6 +324,7 @@ def test_postgres_commits_synchronously_even_if_the_database_default_is_off(
         db: Database) -> None:
     db.autocommit(f'ALTER DATABASE "{db.name}" SET synchronous_commit = off')
     with PostgresOffsetStore(db.dsn) as store:
+        store.connect()
         assert store._conn is not None
         with store._conn.cursor() as cur:
             cur.execute("SHOW synchronous_commit")

@@ -2,8 +2,9 @@
 
 Offsets are saved to the store first and then confirmed to the task (for PostgreSQL:
 the slot is told it may release WAL), so that a crash between the two only repeats
-records, never loses them. Retriable errors (:class:`TransientError`) of start, poll and
-commit are retried in place with exponential backoff, up to ``errors_max_retries``.
+records, never loses them. Retriable errors (:class:`TransientError`) of start, poll,
+offset save and commit are retried in place with exponential backoff, up to
+``errors_max_retries``.
 """
 
 from __future__ import annotations
@@ -153,8 +154,15 @@ class TaskRunner:
             # opening) must not hold back the first offset that comes after them.
             return
         self._last_flush = now
-        with self._store_lock:
-            save_offset(self._store, self.task, offset)
+
+        def save() -> None:
+            with self._store_lock:  # not held while waiting to retry
+                save_offset(self._store, self.task, offset)
+
+        # A store that is briefly unreachable (a remote offsets table) must not end the
+        # engine: the save is retried like a commit, and the offset is confirmed to the
+        # source only once saved, so nothing the store lacks is released.
+        self.retrying(save, "offset save")
         self._committed = offset
         self.retrying(lambda: self.task.commit(offset), "commit")
 

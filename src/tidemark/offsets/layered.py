@@ -27,7 +27,10 @@ class LayeredOffsetStore:
     Durability: when :meth:`save` returns, the offset is durable in both stores (each
     store's own contract). If the remote write fails the error propagates and the local
     store is one save ahead of the remote; that is safe because local wins on load, and
-    the next successful save brings the remote up to date. A local store restored from
+    the next successful save brings the remote up to date. A save never counts on the
+    local store alone: the engine retries a save whose remote is unreachable and confirms
+    nothing to the source meanwhile, since a remote left behind while the source
+    released its changes could not resume a capture on another machine. A local store restored from
     an old backup would win over a newer remote; delete it to resume from the remote.
     """
 

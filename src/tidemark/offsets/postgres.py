@@ -37,9 +37,17 @@ class PostgresOffsetStore:
     default is ``off``), so a crash of tidemark or of the server right after it keeps the
     offset. :meth:`load` is a primary-key lookup, never a scan of history.
 
+    The store connects lazily: building it opens no connection, so a store whose
+    server is down can be built (a :class:`~tidemark.offsets.layered.LayeredOffsetStore`
+    then serves loads from its local store). The first call, or :meth:`connect`, opens
+    the connection and checks (or creates) the table; a configuration error (a missing
+    schema, a foreign table, a wrong password) is raised there.
+
     A lost connection is reopened once per call (both statements are idempotent); if
-    that fails too the call raises :class:`~tidemark.errors.SourceUnavailableError`.
-    Errors never contain the password. Use from one thread at a time.
+    that fails too the call raises :class:`~tidemark.errors.SourceUnavailableError`,
+    which the engine retries per its ``errors_max_retries`` (the offset is confirmed to
+    the source only once saved). Errors never contain the password. Use from one thread
+    at a time.
     """
 
     def __init__(self, dsn: str, table: str = "tidemark_offsets",
@@ -65,12 +73,7 @@ class PostgresOffsetStore:
         ).format(self._name)
         self._conn: Connection | None = None
         self._closed = False
-        self._conn = self._open()
-        try:
-            self._create_table(self._conn)
-        except BaseException:
-            self.close()
-            raise
+        self._table_checked = False
 
     @property
     def qualified_name(self) -> str:
@@ -78,6 +81,13 @@ class PostgresOffsetStore:
         return f"{self.schema}.{self.table}"
 
     # -- connection ------------------------------------------------------------------
+    def connect(self) -> None:
+        """Open the connection and check (or create) the table now, rather than at the
+        first load or save: to find a configuration error early. Raises
+        :class:`~tidemark.errors.SourceUnavailableError` if the server cannot be
+        reached."""
+        self._run("open", lambda cur: None)
+
     def _open(self) -> Connection:
         conn = connect(self._dsn, application_name="tidemark-offsets")
         try:
@@ -144,9 +154,13 @@ class PostgresOffsetStore:
                 if self._conn is None or self._conn.closed:
                     self._drop_connection()
                     self._conn = self._open()
+                if not self._table_checked:
+                    self._create_table(self._conn)
+                    self._table_checked = True
                 with cursor(self._conn) as cur:
                     return call(cur)
-            except (psycopg.OperationalError, psycopg.InterfaceError) as err:
+            except (psycopg.OperationalError, psycopg.InterfaceError,
+                    SourceUnavailableError) as err:
                 self._drop_connection()
                 if attempt == 2:
                     raise SourceUnavailableError(

@@ -228,6 +228,11 @@ class PostgresCluster:
         self._run([str(self.bindir / "pg_ctl"), "-D", str(self.datadir), "-m", mode,
                    "-w", "stop"])
 
+    def resume(self) -> None:
+        """Start a server stopped by :meth:`halt` again, on the same port."""
+        self._run([str(self.bindir / "pg_ctl"), "-D", str(self.datadir),
+                   "-l", str(self.datadir.parent / "server.log"), "-w", "-t", "60", "start"])
+
     def _make_dir(self) -> None:
         if os.geteuid() == 0:
             user = ensure_os_user(self._os_user)
