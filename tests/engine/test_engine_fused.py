@@ -157,7 +157,7 @@ def test_fused_records_equal_the_general_path(mode: str, db: Database) -> None:
 
 def test_event_keeping_transforms_keep_the_fused_path(db: Database) -> None:
     end = _prepare(db, "fused", "general")
-    chain: list[Transform] = [Filter(ops=["c", "d"]), Route(r"tidemark\.public\.(.*)", r"db.\1")]
+    chain: list[Transform] = [Filter(ops=["c", "d"]), Route(r"tidemark\.public\.(.*)", "db.$1")]
     got, _ = _run(db, "fused", end, chain)
     expected, _ = _run(db, "general", end, [*chain, Opaque()])
     assert any(type(r.event) is RenderedEvent for r in got)

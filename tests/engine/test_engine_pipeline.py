@@ -64,7 +64,7 @@ def test_filter_by_op_table_and_predicate(changes: list[ChangeEvent]) -> None:
 
 
 def test_route_renames_destinations(changes: list[ChangeEvent]) -> None:
-    routed = run([Route(r"tidemark\.public\.(.*)", r"cdc.\1")], changes)
+    routed = run([Route(r"tidemark\.public\.(.*)", "cdc.$1")], changes)
     assert {r.destination for r in routed} == {"cdc.people", "cdc.audit"}
 
 

@@ -16,12 +16,14 @@ from typing import ClassVar, Protocol
 
 import msgspec
 
+from tidemark.engine.java_replacement import parse_replacement, replace_first
 from tidemark.engine.records import ChangeRecord, DeleteHandling, Flatten
 from tidemark.errors import ConfigError
 from tidemark.event import UNAVAILABLE, ChangeEvent, Column, Op, TableSchema, WireTuple
 from tidemark.logical_type import STRING
 
 _HASHES = tuple(sorted(a for a in hashlib.algorithms_guaranteed if not a.startswith("shake")))
+_MAX_RENAMED = 10_000  # a Route's cache of renamed destinations
 _FLATTEN_FIELDS = ("op", "table", "schema", "db", "lsn", "txId", "source_ts_ms", "ts_ms")
 
 
@@ -84,19 +86,31 @@ class Filter:
 
 
 class Route:
-    """Rename destinations: where *regex* matches the whole destination, replace it with
-    *replacement* (``\\1`` refers to groups), like Kafka Connect's ``RegexRouter``."""
+    """Rename destinations like Kafka Connect's ``RegexRouter``: where *regex* matches
+    the whole destination, the first match of *regex* in it is replaced by
+    *replacement*, in Java's syntax (``$1``, ``${name}``, ``\\$`` for a literal dollar;
+    see :mod:`tidemark.engine.java_replacement`). *regex* is a Python regular
+    expression (name a group ``(?P<name>…)``)."""
 
     def __init__(self, regex: str, replacement: str) -> None:
         self._regex = _regex("regex", regex)
-        self._replacement = replacement
+        self._parts = parse_replacement(self._regex, replacement)
+        # Destinations are few (one per table): each is renamed once.
+        self._renamed: dict[str, str] = {}
 
     keeps_event: ClassVar[bool] = True
 
     def __call__(self, record: ChangeRecord) -> ChangeRecord:
-        match = self._regex.fullmatch(record.destination)
-        if match is not None:
-            record.destination = match.expand(self._replacement)
+        destination = record.destination
+        renamed = self._renamed.get(destination)
+        if renamed is None:
+            renamed = destination
+            if self._regex.fullmatch(destination) is not None:
+                renamed = replace_first(self._regex, self._parts, destination)
+            if len(self._renamed) >= _MAX_RENAMED:
+                self._renamed.clear()
+            self._renamed[destination] = renamed
+        record.destination = renamed
         return record
 
 
