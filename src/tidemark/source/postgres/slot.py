@@ -129,6 +129,10 @@ def drop_slot(conn: Connection, name: str, wait_s: float = 10.0) -> None:
             time.sleep(0.1)
 
 
+#: Attempts of ensure_publication when concurrent starts keep winning the race.
+_PUBLICATION_ATTEMPTS = 10
+
+
 def ensure_publication(
     conn: Connection, name: str, tables: Sequence[TableId]
 ) -> list[TableId]:
@@ -138,7 +142,30 @@ def ensure_publication(
     Never publishes a table PostgreSQL would then refuse UPDATEs and DELETEs of (see
     :func:`catalog.tables_without_identity`); callers leave such tables out first, this
     is the last guard.
+
+    Safe when several captures start at once on one publication: one that finds the
+    publication created, or a table added, by another since it looked checks again and
+    adds only what is still missing.
     """
+    for attempt in range(1, _PUBLICATION_ATTEMPTS + 1):
+        try:
+            return _ensure_publication_once(conn, name, tables)
+        except (psycopg.errors.DuplicateObject, psycopg.errors.UniqueViolation) as err:
+            # Another start created the publication or added a table between our look
+            # and our statement (which changed nothing: it failed as a whole).
+            if attempt == _PUBLICATION_ATTEMPTS:
+                raise SourceError(
+                    f"publication {name!r} kept changing while tidemark completed it "
+                    f"({_first_line(err)}): start again once the other captures started"
+                ) from None
+            log.debug("publication %s changed concurrently (%s); checking again", name,
+                      _first_line(err))
+    raise AssertionError("unreachable")
+
+
+def _ensure_publication_once(
+    conn: Connection, name: str, tables: Sequence[TableId]
+) -> list[TableId]:
     with cursor(conn) as cur:
         cur.execute(
             "SELECT puballtables, pg_get_userbyid(pubowner), "
