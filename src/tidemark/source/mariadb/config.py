@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import re
 import zlib
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from typing import Any
 
 import msgspec
@@ -146,6 +146,20 @@ class TableFilter:
         if known is None:
             known = self._memo[table] = self._decide(table)
         return known
+
+    def snapshot_order(self, tables: Iterable[TableId]) -> list[TableId]:
+        """*tables* (captured ones) in the order Debezium snapshots them: the include
+        list's order, each entry's tables by name (``database.table``); without an
+        include list, by name (Debezium's ``addSignalingCollectionAndSort``)."""
+        by_name = sorted(tables, key=str)
+        if not self._include:
+            return by_name
+        ordered: dict[TableId, None] = {}
+        for pattern in self._include:
+            for table in by_name:
+                if table not in ordered and pattern.fullmatch(str(table)):
+                    ordered[table] = None
+        return [*ordered, *(t for t in by_name if t not in ordered)]
 
     def _decide(self, table: TableId) -> bool:
         if table.schema in SYSTEM_DATABASES:

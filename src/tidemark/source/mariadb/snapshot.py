@@ -38,6 +38,7 @@ from tidemark.logical_type import INTEGER_KINDS, Kind
 from tidemark.source.mariadb import binlog as b
 from tidemark.source.mariadb.change_builder import CONNECTOR
 from tidemark.source.mariadb.column_readers import float32_text
+from tidemark.source.mariadb.config import TableFilter
 from tidemark.source.mariadb.position import BinlogPosition, ordering_key
 from tidemark.source.mariadb.source_fields import MARIADB_BLOCK, MariaDbSourceFields
 from tidemark.source.mariadb.table_map import TableColumn
@@ -63,13 +64,14 @@ def quote(name: str) -> str:
     return "`" + name.replace("`", "``") + "`"
 
 
-def captured_tables(conn: pymysql.Connection[Any],
-                    captured: Callable[[TableId], bool]) -> list[TableId]:
-    """The base tables the filter captures, in name order."""
+def captured_tables(conn: pymysql.Connection[Any], captured: TableFilter) -> list[TableId]:
+    """The base tables the filter captures, in Debezium's snapshot order (the include
+    list's, see :meth:`TableFilter.snapshot_order`)."""
     with conn.cursor() as cur:
         cur.execute("SELECT TABLE_SCHEMA, TABLE_NAME FROM information_schema.TABLES "
-                    "WHERE TABLE_TYPE = 'BASE TABLE' ORDER BY TABLE_SCHEMA, TABLE_NAME")
-        return [t for t in (TableId(str(s), str(n)) for s, n in cur.fetchall()) if captured(t)]
+                    "WHERE TABLE_TYPE = 'BASE TABLE'")
+        return captured.snapshot_order(
+            t for t in (TableId(str(s), str(n)) for s, n in cur.fetchall()) if captured(t))
 
 
 def describe(conn: pymysql.Connection[Any], table: TableId) -> tuple[TableColumn, ...]:

@@ -119,7 +119,8 @@ def resolve_tables(
     include: Sequence[str],
     exclude: Sequence[str] = (),
 ) -> list[TableId]:
-    """The captured tables: every ``include`` entry resolved against the catalog.
+    """The captured tables, in Debezium's snapshot order: every ``include`` entry
+    resolved against the catalog, in the list's order.
 
     An entry that is a plain ``schema.table`` name must exist; an entry that is a
     regular expression must match at least one table. ``exclude`` patterns remove
@@ -134,7 +135,10 @@ def resolve_tables(
             "ORDER BY 1, 2",
             (list(_SYSTEM_SCHEMAS),),
         )
-        existing = [TableId(s, t) for s, t in cur.fetchall()]
+        # Debezium's snapshot order: the include list's, each entry's tables sorted by
+        # their schema.table name (as a string, like its TableId); all by name without
+        # an include list.
+        existing = sorted((TableId(s, t) for s, t in cur.fetchall()), key=str)
     database = current_database(conn)
     chosen: list[TableId] = []
     if not include:
