@@ -1,13 +1,16 @@
 """The four delivery modes (and the processor mode): how records reach consumers.
 
-Every mode cuts a polled batch into *units* (the whole batch, a chunk, the records of one
-worker), registers the units in source order with the :class:`OffsetTracker` — the
-batch's offset rides on its last unit — and completes a unit once every consumer has
-processed it. The tracker then yields the highest offset whose predecessors are all
-done, whatever order units finish in. A :class:`Capacity` bounds the records handed on
-and not yet passed by that offset (processed or not), so a slow consumer slows the reader
-(backpressure), memory stays bounded, and a crash redelivers at most that many records
-beyond the saved offset, even when one worker lags behind the others.
+Every mode registers each polled batch, with its offset, as one *unit* of the
+:class:`OffsetTracker`, in source order, and completes it once every consumer has
+processed every part of it (a chunk, the records of one worker). The tracker then
+yields the highest offset whose predecessors are all done, whatever order units finish
+in. A :class:`Capacity` bounds the records handed on and not yet passed by that offset
+(processed or not; with ``offset_flush_interval_ms = 0``, not yet passed by the saved
+offset), so a slow consumer slows the reader (backpressure), memory stays bounded, and a
+crash redelivers at most that many records beyond the saved offset (plus, with an
+interval, those processed since the last save), even when one worker lags behind the
+others. A part done early does not free its records before the batch's offset covers
+them: a crash would redeliver them.
 
 In the batch and ordered modes (:mod:`tidemark.engine.batch_delivery`) a single consumer
 runs in its own worker thread, so the reader can read ahead while it works; but a
@@ -15,7 +18,9 @@ consumer whose last call returned within 2 ms is called in the reader's thread w
 nothing is queued for its worker: handing each batch to another thread would cost more
 than such a call (the threads trade the GIL). The first call, and every call after a
 slower one, go to the worker (unless ``read_ahead`` is off: then all run in the
-reader's thread).
+reader's thread). A consumer that is quick and then blocks thus blocks the reader
+(documented in docs/configuration.md); ``async`` and ``per_key`` never call a consumer
+in the reader's thread.
 """
 
 from __future__ import annotations
