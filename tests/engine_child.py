@@ -18,6 +18,7 @@ import argparse
 import contextlib
 import json
 import threading
+import time
 from typing import Any
 
 from tidemark.engine.converters import (
@@ -46,6 +47,11 @@ def main() -> None:
                         help="PostgreSQL: stop once the row with this id (the last one "
                              "written) came; close() then drains what is in flight")
     parser.add_argument("--max-in-flight", type=int, default=1000)
+    parser.add_argument("--stall-every", type=int, default=0,
+                        help="the consumer stalls for 100 ms at every position (or id) "
+                             "divisible by this: while one worker stalls the others "
+                             "finish what is in flight behind it, the worst case for "
+                             "what a crash redelivers")
     parser.add_argument("--json", action="store_true",
                         help="PostgreSQL: Debezium JSON, no transforms (the fused path)")
     parser.add_argument("--signal-table",
@@ -111,9 +117,16 @@ def main() -> None:
                 general.write(f"{type(records).__name__} of {len(records)} records\n")
                 general.flush()
             write(records)
+            if args.stall_every and any(((position(r) or 0) + 1) % args.stall_every == 0
+                                        for r in records):
+                time.sleep(0.1)
 
     def consume(record: ConvertedRecord) -> None:
         write([record])
+        if args.stall_every:
+            at = position(record)
+            if at and (at + 1) % args.stall_every == 0:
+                time.sleep(0.1)
 
     connector: Any
     if args.dsn:

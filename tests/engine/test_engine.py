@@ -13,7 +13,7 @@ import pytest
 
 from tidemark.engine import delivery, task_runner
 from tidemark.engine.converters import ConvertedRecord, EventConverter
-from tidemark.engine.engine import Engine, EngineCallbacks
+from tidemark.engine.engine import Engine, EngineCallbacks, TaskTimeoutError
 from tidemark.engine.flow_control import Capacity
 from tidemark.engine.key_assignment import KeyAssigner, KeyGroup
 from tidemark.engine.state import IllegalStateError, State
@@ -59,14 +59,15 @@ class WatchedCapacity(Capacity):
 
     made: list[WatchedCapacity] = []
 
-    def __init__(self, limit: int, cancelled: Any, while_waiting: Any = lambda: None) -> None:
+    def __init__(self, limit: int, cancelled: Any, while_waiting: Any = lambda: None,
+                 **kwargs: Any) -> None:
         self.refusals = 0
 
         def counted() -> None:
             self.refusals += 1
             while_waiting()
 
-        super().__init__(limit, cancelled, counted)
+        super().__init__(limit, cancelled, counted, **kwargs)
         WatchedCapacity.made.append(self)
 
 
@@ -319,8 +320,9 @@ def test_a_quick_batch_consumer_runs_in_the_task_thread_a_slow_one_in_its_own(
 
 
 def test_a_task_whose_thread_is_stuck_in_a_consumer_is_stopped_when_it_comes_back() -> None:
-    """close() stops waiting after task_management_timeout_ms; the task's thread, stuck
-    in a consumer called in it, stops the task itself once the consumer returns."""
+    """close() stops waiting after task_management_timeout_ms and says that a consumer
+    call outlived the stop; the task's thread, stuck in a consumer called in it, stops
+    the task itself once the consumer returns."""
     release = threading.Event()
     stuck = threading.Event()
 
@@ -336,7 +338,8 @@ def test_a_task_whose_thread_is_stuck_in_a_consumer_is_stopped_when_it_comes_bac
                                   polling_shutdown_timeout_ms=0))
     thread = run_in_thread(engine)
     assert stuck.wait(10), "the consumer was never called in the task's thread"
-    engine.close()
+    with pytest.raises(TaskTimeoutError, match=r"still in poll\(\) or a consumer call"):
+        engine.close()
     thread.join(10)
     assert engine.state is State.STOPPED
     task = connector.created[0]

@@ -44,14 +44,18 @@ class EngineConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fie
     """Workers that transform, convert and (per-record modes) consume; 0 = CPU cores."""
     key_by: KeyBy = KeyBy.KEY
     max_in_flight: int = 10_000
-    """Records handed on but not yet processed, per task. The reader waits above it, and
-    a crash redelivers at most this many records beyond the last saved offset (plus what
-    completed since the last flush, see offset_flush_interval_ms)."""
+    """Records handed on and not yet passed by the committable offset (with
+    ``offset_flush_interval_ms = 0``: by the saved offset), per task. The reader waits
+    above it. A crash redelivers at most this many records with an interval of 0, in
+    every mode; with an interval, this many plus those processed since the last save."""
     offset_flush_interval_ms: int = 1_000
-    """Save offsets at most this often; 0 saves after every processed batch."""
+    """Save offsets at most this often; 0 saves after every processed batch (and then
+    records count against ``max_in_flight`` until saved)."""
     read_ahead: bool = True
     """Delivery modes ``batch`` and ``ordered`` with one consumer: poll the next batch
-    while the consumer (in a thread of its own) works on this one. False calls the
+    while the consumer (in a thread of its own) works on this one; a call that returned
+    within 2 ms is still made in the task's reader thread while the worker is idle, so a
+    consumer that then blocks stops polling until it returns. False calls the
     consumer in the task's thread and polls again once it returns: one batch in memory
     and no hand-off between threads, for a consumer that is Python work (the two
     threads would only trade the GIL), like ``tidemark capture``'s writer."""

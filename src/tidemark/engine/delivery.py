@@ -1,13 +1,16 @@
 """The four delivery modes (and the processor mode): how records reach consumers.
 
-Every mode cuts a polled batch into *units* (the whole batch, a chunk, the records of one
-worker), registers the units in source order with the :class:`OffsetTracker` — the
-batch's offset rides on its last unit — and completes a unit once every consumer has
-processed it. The tracker then yields the highest offset whose predecessors are all
-done, whatever order units finish in. A :class:`Capacity` bounds the records handed on
-and not yet passed by that offset (processed or not), so a slow consumer slows the reader
-(backpressure), memory stays bounded, and a crash redelivers at most that many records
-beyond the saved offset, even when one worker lags behind the others.
+Every mode registers each polled batch, with its offset, as one *unit* of the
+:class:`OffsetTracker`, in source order, and completes it once every consumer has
+processed every part of it (a chunk, the records of one worker). The tracker then
+yields the highest offset whose predecessors are all done, whatever order units finish
+in. A :class:`Capacity` bounds the records handed on and not yet passed by that offset
+(processed or not; with ``offset_flush_interval_ms = 0``, not yet passed by the saved
+offset), so a slow consumer slows the reader (backpressure), memory stays bounded, and a
+crash redelivers at most that many records beyond the saved offset (plus, with an
+interval, those processed since the last save), even when one worker lags behind the
+others. A part done early does not free its records before the batch's offset covers
+them: a crash would redeliver them.
 
 In the batch and ordered modes (:mod:`tidemark.engine.batch_delivery`) a single consumer
 runs in its own worker thread, so the reader can read ahead while it works; but a
@@ -15,13 +18,16 @@ consumer whose last call returned within 2 ms is called in the reader's thread w
 nothing is queued for its worker: handing each batch to another thread would cost more
 than such a call (the threads trade the GIL). The first call, and every call after a
 slower one, go to the worker (unless ``read_ahead`` is off: then all run in the
-reader's thread).
+reader's thread). A consumer that is quick and then blocks thus blocks the reader
+(documented in docs/configuration.md); ``async`` and ``per_key`` never call a consumer
+in the reader's thread.
 """
 
 from __future__ import annotations
 
 import logging
 import threading
+import time
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Sequence
 from concurrent.futures import Executor, ThreadPoolExecutor
@@ -111,6 +117,8 @@ class Delivery(ABC):
         self.failure = failure
         self.name = name
         self._lanes: list[Lane] = []
+        # Set by close(discard=True): no consumer call starts after it.
+        self._stopped = False
 
     def dispatch(self, records: list[Record], offset: Offset | None,
                  lines: list[str] | None = None) -> None:
@@ -145,27 +153,29 @@ class Delivery(ABC):
             unit.pending -= 1
             if unit.pending:
                 return
-        self._unit_finished(unit)
         # A unit's records stop counting as in flight once the committable offset passes
         # them, not when they are processed: what a crash redelivers stays within the
         # limit even when one worker lags behind the others.
         passed = self.tracker.complete(unit.seq)
         if passed:
-            self.capacity.release(passed)
+            if self.capacity.until_saved:
+                self.capacity.passed(passed)
+            else:
+                self.capacity.release(passed)
 
-    def _unit_finished(self, unit: Unit) -> None:
-        """Every consumer is done with *unit* (called before its records stop counting
-        as in flight, so a reader woken by that sees what this did)."""
-        return None
-
-    def _record_runner(self, consumer: RecordConsumer) -> Callable[[Any], None]:
+    def _record_runner(self, consumer: RecordConsumer,
+                       done: Callable[[Any], None] | None = None) -> Callable[[Any], None]:
         """A lane's work for a per-record consumer: each record of a unit in order, then
-        the unit is done (for this consumer)."""
-        def run(item: tuple[Unit, list[ConvertedRecord]]) -> None:
+        the unit is done for this consumer (*done*, or :meth:`complete`)."""
+        finish = done or self.complete
+
+        def run(item: tuple[Any, list[ConvertedRecord]]) -> None:
             unit, converted = item
             for record in converted:
+                if self._stopped:
+                    return  # the unit stays incomplete: redelivered after a restart
                 consumer(record)
-            self.complete(unit)
+            finish(unit)
         return run
 
     def _lane(self, label: str, run: Callable[[Any], None]) -> Lane:
@@ -174,9 +184,22 @@ class Delivery(ABC):
         return lane
 
     def close(self, discard: bool) -> None:
-        """End the worker threads: after the queued work, or (*discard*) at once."""
+        """End the worker threads: after the queued work, or (*discard*) once the
+        consumer call in hand returns."""
+        self._stopped = self._stopped or discard
         for lane in self._lanes:
             lane.stop(discard)
+
+    def wait_closed(self, timeout_s: float) -> bool:
+        """After :meth:`close`: wait until no consumer call runs or can start; False
+        if one still runs after *timeout_s*."""
+        deadline = time.monotonic() + timeout_s
+        for lane in self._lanes:
+            if lane.thread is not threading.current_thread():
+                lane.thread.join(max(0.0, deadline - time.monotonic()))
+                if lane.thread.is_alive():
+                    return False
+        return True
 
 
 class AsyncDelivery(Delivery):
@@ -189,7 +212,9 @@ class AsyncDelivery(Delivery):
         self._consumers = tuple(consumers)
         self._executor = executor
         self._workers = workers
-        self._stopped = False
+        # Consumer calls running in the pool, so that close can wait for them.
+        self._calls = 0
+        self._calls_changed = threading.Condition()
 
     def _dispatch(self, records: list[Record], offset: Offset | None) -> None:
         # The pool's queue hands each chunk to whichever worker is free. With several
@@ -200,12 +225,12 @@ class AsyncDelivery(Delivery):
         per_worker = 1 if self.capacity.limit >= 4 * len(records) else 4
         size = max(1, min(256, len(records) // (self._workers * per_worker)))
         starts = range(0, len(records), size)
-        last = starts[-1]
+        # One entry for the whole batch, done when every chunk is: a chunk's records
+        # stop counting as in flight only once the batch's offset covers them.
+        unit = self._unit(len(records), offset, len(starts) * len(self._consumers))
         for start in starts:
-            chunk = records[start:start + size]
-            unit = self._unit(len(chunk), offset if start == last else None,
-                              len(self._consumers))
-            self._executor.submit(self._convert_and_consume, unit, chunk)
+            self._executor.submit(self._convert_and_consume, unit,
+                                  records[start:start + size])
 
     def _convert_and_consume(self, unit: Unit, chunk: list[Record]) -> None:
         if self._stopped or self.failure.error is not None:
@@ -220,35 +245,56 @@ class AsyncDelivery(Delivery):
 
     def _consume(self, consumer: RecordConsumer, unit: Unit,
                  converted: list[ConvertedRecord]) -> None:
-        if self._stopped or self.failure.error is not None:
-            return
+        calls = self._calls_changed
+        with calls:
+            self._calls += 1
         try:
+            # Checked after counting the call: close() either waits for it, or it sees
+            # the stop and calls nothing.
+            if self._stopped or self.failure.error is not None:
+                return
             for record in converted:
+                if self._stopped:
+                    return
                 consumer(record)
             self.complete(unit)
         except BaseException as err:
             self.failure.set(err)
+        finally:
+            with calls:
+                self._calls -= 1
+                if not self._calls:
+                    calls.notify_all()
 
     def close(self, discard: bool) -> None:
-        self._stopped = discard
         super().close(discard)
+        if not discard:
+            # Queued chunks still run; none is left once nothing is in flight.
+            self._stopped = True
+
+    def wait_closed(self, timeout_s: float) -> bool:
+        with self._calls_changed:
+            return self._calls_changed.wait_for(lambda: not self._calls, timeout_s)
 
 
-class _KeyedUnit(Unit):
-    """A per-key unit: one worker's group of a batch."""
+class _KeyedPart:
+    """One worker's group of a per-key batch: done when all its consumers are."""
 
-    __slots__ = ("group",)
+    __slots__ = ("batch", "group", "lock", "pending")
 
-    def __init__(self, seq: int, pending: int, group: KeyGroup[Record]) -> None:
-        super().__init__(seq, len(group.records), pending)
+    def __init__(self, batch: Unit, group: KeyGroup[Record], pending: int) -> None:
+        self.batch = batch
         self.group = group
+        self.pending = pending
+        self.lock = threading.Lock()
 
 
 class PerKeyDelivery(Delivery):
     """(d) records with the same key (or table) are processed one at a time, in source
     order: they go to the worker that has the key's earlier records in flight, and a key
     with none in flight goes to the least busy worker (:class:`KeyAssigner`). Different
-    keys run in parallel. Each consumer has its own set of workers."""
+    keys run in parallel. Each consumer has its own set of workers. A batch is one
+    entry of the offset tracker, done once every worker's group of it is."""
 
     def __init__(self, consumers: Sequence[RecordConsumer], workers: int, by_table: bool,
                  **kwargs: Any) -> None:
@@ -257,7 +303,7 @@ class PerKeyDelivery(Delivery):
             workers, table_routing_key if by_table else key_routing_key)
         self._consumer_count = len(consumers)
         self._lanes_by_worker: list[list[Lane]] = [
-            [self._lane(f"key{w}.{c}", self._record_runner(consumer))
+            [self._lane(f"key{w}.{c}", self._record_runner(consumer, self._part_done))
              for c, consumer in enumerate(consumers)]
             for w in range(workers)
         ]
@@ -270,17 +316,20 @@ class PerKeyDelivery(Delivery):
                                           [group.records for group in groups]))
         else:
             converted = [self.pipeline.convert(group.records) for group in groups]
-        last = len(groups) - 1
+        batch = self._unit(len(records), offset, len(groups))
         for i, group in enumerate(groups):
-            unit = _KeyedUnit(self.tracker.track(offset if i == last else None,
-                                                 len(group.records)),
-                              self._consumer_count, group)
+            part = _KeyedPart(batch, group, self._consumer_count)
             for lane in self._lanes_by_worker[group.worker]:
-                lane.put((unit, converted[i]))
+                lane.put((part, converted[i]))
 
-    def _unit_finished(self, unit: Unit) -> None:
-        assert isinstance(unit, _KeyedUnit)
-        self._assigner.finished(unit.group)
+    def _part_done(self, part: _KeyedPart) -> None:
+        with part.lock:
+            part.pending -= 1
+            if part.pending:
+                return
+        # Before the batch may complete: a reader woken by that sees the key free.
+        self._assigner.finished(part.group)
+        self.complete(part.batch)
 
 
 class _Context:

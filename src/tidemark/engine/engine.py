@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import logging
 import threading
+import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from typing import TYPE_CHECKING, Any, TypeVar
@@ -127,6 +128,8 @@ class Engine:
         self._run_lock = threading.Lock()
         self._running = False
         self._metrics: MetricsServer | None = None
+        # What outlived the stop (a consumer call still running): close() raises it.
+        self._outlived: list[str] = []
         self.error: BaseException | None = None
 
     @property
@@ -176,8 +179,13 @@ class Engine:
 
     def close(self, timeout_s: float | None = None) -> None:
         """Stop: drain in-flight records (``polling_shutdown_timeout_ms``), save offsets,
-        stop the tasks (``task_management_timeout_ms``). Returns once STOPPED; safe to
-        call more than once."""
+        stop the tasks (``task_management_timeout_ms``). Returns once STOPPED, when no
+        consumer call runs any more nor will start; safe to call more than once.
+
+        Raises :class:`TaskTimeoutError` if the engine is not STOPPED within *timeout_s*
+        (default: the drain plus twice the task timeout, plus 5 s), or if it stopped
+        while a consumer call was still running (one that blocked past
+        ``task_management_timeout_ms``)."""
         moved = self._state.request_stop()
         self._wake.set()
         for runner in self._runners:
@@ -192,7 +200,13 @@ class Engine:
             cfg = self.config
             timeout_s = (cfg.polling_shutdown_timeout_ms + 2 * cfg.task_management_timeout_ms
                          ) / 1000 + 5
-        self._state.wait_for(State.STOPPED, timeout_s=timeout_s)
+        if not self._state.wait_for(State.STOPPED, timeout_s=timeout_s):
+            raise TaskTimeoutError(
+                f"the engine is {self._state.current.name}, not STOPPED, {timeout_s:g}s "
+                "after close() (a consumer call or a task's poll or stop has not returned); "
+                "close() again to wait longer, or give close() a longer timeout_s")
+        if self._outlived:
+            raise TaskTimeoutError(f"the engine is STOPPED, but {'; '.join(self._outlived)}")
 
     def __enter__(self) -> Engine:
         return self
@@ -384,6 +398,9 @@ class Engine:
             if thread.is_alive():
                 log.error("a task did not stop within task_management_timeout_ms=%d",
                           cfg.task_management_timeout_ms)
+                self._outlived.append(f"a task (or its consumer) did not stop within "
+                                      f"task_management_timeout_ms="
+                                      f"{cfg.task_management_timeout_ms}")
         for executor in self._executors:
             executor.shutdown(wait=False, cancel_futures=True)
         if self._callbacks.connector_stopped and self._state.current is State.STOPPING:
@@ -400,16 +417,27 @@ class Engine:
         # A task is not thread-safe: wait for its poll to return before the final
         # commit and stop (the SPI asks poll to return within about a second).
         timeout_s = self.config.task_management_timeout_ms / 1000
+        deadline = time.monotonic() + drain_s + timeout_s  # as _shutdown waits for this
         if runner.thread is not None:
             runner.thread.join(timeout_s)
             if runner.thread.is_alive() and runner.abandon():
                 log.error("task %d is still in poll() or its consumer after %.0fs; leaving "
                           "it to stop when it returns", runner.index, timeout_s)
+                self._outlived.append(
+                    f"task {runner.index}'s thread is still in poll() or a consumer call "
+                    f"after task_management_timeout_ms={self.config.task_management_timeout_ms}")
                 return
         if runner.started:
             runner.drain(drain_s)
         else:
             runner.delivery.close(discard=True)
+        # No consumer call may run once the engine is STOPPED.
+        if not runner.delivery.wait_closed(max(0.0, deadline - time.monotonic())):
+            log.error("task %d: a consumer call is still running after %.0fs", runner.index,
+                      timeout_s)
+            self._outlived.append(
+                f"task {runner.index}: a consumer call is still running after "
+                f"task_management_timeout_ms={self.config.task_management_timeout_ms}")
         try:
             runner.task.stop()
         except Exception as err:

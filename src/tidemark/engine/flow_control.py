@@ -36,12 +36,21 @@ class FailureHolder:
 
 
 class Capacity:
-    """Counts records in flight and makes the reader wait above the limit."""
+    """Counts records in flight and makes the reader wait above the limit.
+
+    A record counts from when it is handed on until the committable offset passes it
+    (:meth:`release`), or, with *until_saved*, until that offset is saved
+    (:meth:`passed`, then :meth:`release_saved` after the save): then what a crash
+    redelivers never exceeds the limit, as nothing processed and unsaved is uncounted.
+    """
 
     def __init__(self, limit: int, cancelled: Callable[[], bool],
-                 while_waiting: Callable[[], None] = lambda: None) -> None:
+                 while_waiting: Callable[[], None] = lambda: None, *,
+                 until_saved: bool = False) -> None:
         self.limit = limit
+        self.until_saved = until_saved
         self._in_flight = 0
+        self._unsaved = 0  # until_saved: passed by the committable offset, not saved yet
         self._wanted = 0  # what a waiting acquire needs to fit
         self._changed = threading.Condition()
         self._cancelled = cancelled
@@ -78,11 +87,34 @@ class Capacity:
             if not self._in_flight or self._in_flight + self._wanted <= self.limit:
                 self._changed.notify_all()
 
+    def passed(self, n: int) -> None:
+        """(*until_saved*) The committable offset passed *n* more records: they stay
+        counted until the reader has saved it; a reader waiting for room is woken to
+        save it (and waiters for an empty pipeline, as nothing is left to process)."""
+        with self._changed:
+            self._unsaved += n
+            if self._wanted or self._in_flight == self._unsaved:
+                self._changed.notify_all()
+
+    @property
+    def unsaved(self) -> int:
+        """(*until_saved*) Records passed by the committable offset, not yet saved."""
+        with self._changed:
+            return self._unsaved
+
+    def release_saved(self, n: int) -> None:
+        """(*until_saved*) *n* of the unsaved records (read before taking the offset
+        that was then saved) are saved: they stop counting."""
+        with self._changed:
+            self._unsaved -= n
+        self.release(n)
+
     def wait_empty(self, timeout_s: float | None, stop_early: Callable[[], bool]) -> bool:
-        """Wait until nothing is in flight; False on timeout or when *stop_early*."""
+        """Wait until nothing is left to process (in flight, or unsaved only); False on
+        timeout or when *stop_early*."""
         deadline = None if timeout_s is None else time.monotonic() + timeout_s
         with self._changed:
-            while self._in_flight:
+            while self._in_flight > self._unsaved:
                 if stop_early():
                     return False
                 remaining = _WAIT_SLICE_S if deadline is None else min(

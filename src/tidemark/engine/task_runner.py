@@ -44,7 +44,10 @@ class TaskRunner:
         self.stopping = threading.Event()
         self.failure = FailureHolder()
         self.tracker: OffsetTracker[Offset] = OffsetTracker()
-        self.capacity = Capacity(config.max_in_flight, self._cancelled, self.flush)
+        # Saving after every batch (offset_flush_interval_ms = 0), records count as in
+        # flight until saved: a crash then redelivers at most max_in_flight records.
+        self.capacity = Capacity(config.max_in_flight, self._cancelled, self.flush,
+                                 until_saved=config.offset_flush_interval_ms == 0)
         self.delivery = make_delivery(self.tracker, self.capacity, self.failure)
         self.finished = False
         self.started = False
@@ -148,8 +151,15 @@ class TaskRunner:
         now = time.monotonic()
         if not force and now - self._last_flush < self.config.offset_flush_interval_ms / 1000:
             return
+        capacity = self.capacity
+        # Read before taking the offset: these records are all behind it.
+        unsaved = capacity.unsaved if capacity.until_saved else 0
         offset = self.tracker.take_committable()
         if offset is None:
+            # Records passed with no offset of their own (or saved with the last one
+            # taken): there is nothing to save for them.
+            if unsaved:
+                capacity.release_saved(unsaved)
             # Only a save starts the interval: polls with nothing to save (a stream
             # opening) must not hold back the first offset that comes after them.
             return
@@ -163,6 +173,8 @@ class TaskRunner:
         # engine: the save is retried like a commit, and the offset is confirmed to the
         # source only once saved, so nothing the store lacks is released.
         self.retrying(save, "offset save")
+        if unsaved:
+            capacity.release_saved(unsaved)
         self._committed = offset
         self.retrying(lambda: self.task.commit(offset), "commit")
 
