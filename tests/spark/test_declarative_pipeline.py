@@ -2,10 +2,13 @@
 ``tidemark pipelines run`` against a private PostgreSQL: the snapshot and the changes
 reach the streaming table, the materialized view and the Delta table kept by
 ``create_delta_cdc_flow`` equal the source table, and a second run reads only what came
-after the first."""
+after the first. Its table has a ``timestamptz`` and a ``timestamp`` column, and Spark's
+session time zone is not ``UTC`` (delta-rs refused Spark's zone label): the Delta table
+holds the same instants."""
 
 from __future__ import annotations
 
+import datetime as dt
 import os
 import re
 import shutil
@@ -13,6 +16,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 import pytest
@@ -26,11 +30,15 @@ pytestmark = [pytest.mark.integration, pytest.mark.slow]
 _EXAMPLE = Path(__file__).parents[2] / "examples" / "declarative-pipeline"
 
 
+_ZONE = "America/New_York"
+
+
 def _run(project: Path, dsn: str) -> str:
     env = {**os.environ, "TIDEMARK_DSN": dsn, "PYSPARK_PYTHON": sys.executable,
            "TIDEMARK_LAKE": str(project / "lake")}
     done = subprocess.run([sys.executable, "-m", "tidemark", "pipelines", "--conf",
-                           "spark.sql.catalogImplementation=hive", "run"],
+                           "spark.sql.catalogImplementation=hive", "--conf",
+                           f"spark.sql.session.timeZone={_ZONE}", "run"],
                           cwd=project, env=env, capture_output=True, text=True, timeout=600,
                           check=False)
     output = done.stdout + done.stderr
@@ -42,24 +50,38 @@ def _run(project: Path, dsn: str) -> str:
 
 def _table(project: Path, name: str) -> list[dict[str, object]]:
     table = pq.read_table(project / "spark-warehouse" / name)
+    # Spark's parquet (INT96) timestamps are UTC instants without a zone.
+    at = table.schema.get_field_index("at")
+    table = table.set_column(at, "at", table.column(at).cast(pa.timestamp("us", tz="UTC")))
     return table.take(pc.sort_indices(table, [("id", "ascending")])).to_pylist()
 
 
 def _source(db: Database) -> list[dict[str, object]]:
-    return [{"id": i, "item": item, "qty": qty}
-            for i, item, qty in db.query("SELECT id, item, qty FROM orders ORDER BY id")]
+    return [{"id": i, "item": item, "qty": qty, "at": at, "local": local}
+            for i, item, qty, at, local in db.query(
+                "SELECT id, item, qty, at, local FROM orders ORDER BY id")]
 
 
 def _assert_delta_equals_source(project: Path, db: Database) -> None:
     source, lake = compare(db.dsn, "public.orders", str(project / "lake/orders"),
-                           ["id", "item", "qty"])
+                           ["id", "item", "qty", "at", "local"])
     assert source == lake and len(lake) > 0
+    delta = DeltaTable(str(project / "lake/orders"))
+    types = {f.name: f.type.type for f in delta.schema().fields}  # type: ignore[attr-defined]
+    assert types["at"] == "timestamp" and types["local"] == "timestamp_ntz"
+    first = delta.to_pyarrow_table(filters=[("id", "=", 1)]).to_pylist()[0]
+    assert first["at"] == dt.datetime(2024, 1, 1, 22, 0, tzinfo=dt.UTC) + dt.timedelta(hours=1)
+    assert first["local"] == dt.datetime(2024, 1, 2, 1, 0)
 
 
 def test_the_example_pipeline_keeps_the_view_equal_to_the_source(
         db: Database, tmp_path: Path) -> None:
-    db.execute("CREATE TABLE orders (id int PRIMARY KEY, item text, qty int)",
-               "INSERT INTO orders SELECT g, 'item ' || g, g FROM generate_series(1, 50) g")
+    db.execute("CREATE TABLE orders (id int PRIMARY KEY, item text, qty int, at timestamptz, "
+               "local timestamp)",
+               "INSERT INTO orders SELECT g, 'item ' || g, g, "
+               "'2024-01-02 00:00+02'::timestamptz + g * interval '1 hour', "
+               "'2024-01-02 00:00'::timestamp + g * interval '1 hour' "
+               "FROM generate_series(1, 50) g")
     project = tmp_path / "project"
     shutil.copytree(_EXAMPLE, project)
     spec = project / "spark-pipeline.yml"

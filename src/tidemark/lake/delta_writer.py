@@ -48,6 +48,7 @@ from tidemark.lake.high_water import (
     read_high_water,
 )
 from tidemark.lake.spec import ApplySpec, ResolvedColumns
+from tidemark.lake.utc_timestamps import utc_timestamps
 
 log = logging.getLogger(__name__)
 
@@ -118,6 +119,7 @@ def apply_changes(target: str | os.PathLike[str], changes: pa.Table, spec: Apply
     batch is then written, not merged. SCD type 1 only; an SCD2 target merges anyway.
     """
     _check_arguments(changes, app_id, version)
+    changes = utc_timestamps(changes)
     uri = os.fspath(target)
     columns = spec.resolve(changes.schema)
     table = open_target(uri, storage_options)
@@ -180,7 +182,7 @@ def apply_changes_in_steps(target: str | os.PathLike[str], pieces: Iterable[pa.T
     transaction), which must be planned from all of its changes at once: its pieces are
     cut again at such boundaries, so one transaction is held whole.
     """
-    chunks = iter(pieces)
+    chunks: Iterator[pa.Table] = map(utc_timestamps, pieces)
     if spec.stored_as_scd_type == 2:
         chunks = iter(whole_versions(chunks, spec.version_column))
     else:
@@ -270,7 +272,7 @@ def load_in_steps(target: str | os.PathLike[str], pieces: Iterable[pa.Table],
     and the branch is committed to the target as one transaction carrying ``(app_id,
     version)``. An SCD type 2 target merges its pieces in steps, as any batch.
     """
-    chunks = iter(pieces)
+    chunks = map(utc_timestamps, pieces)
     first = next(chunks, None)
     if first is None:
         return ApplyResult()

@@ -106,6 +106,23 @@ def _bytes_reader(avro_type: AvroType) -> Callable[[Any], Any] | None:
     return None
 
 
+def _named_once(avro_type: AvroType, defined: set[str]) -> AvroType:
+    """*avro_type*, or its full name where the schema being built already defines that
+    named type: Avro allows one definition per name (a second column of variable-scale
+    decimals names Debezium's ``VariableScaleDecimal`` again)."""
+    if not isinstance(avro_type, dict):
+        return avro_type
+    if avro_type.get("type") == "array":
+        items = avro_type["items"]
+        return {**avro_type, "items": [items[0], _named_once(items[1], defined)]}
+    if avro_type.get("type") == "record":
+        name = f"{avro_type['namespace']}.{avro_type['name']}"
+        if name in defined:
+            return name
+        defined.add(name)
+    return avro_type
+
+
 def _cell(field: str, avro_type: AvroType, fix: Callable[[Any], Any] | None
           ) -> tuple[AvroType, Callable[[Any], Any] | None]:
     """A column as a cell (``{"value": …}``, ScyllaDB's; the log tables' format with
@@ -134,6 +151,10 @@ class _TableCodec:
         plain_row_fields: list[dict[str, Any]] = []
         row_fields: list[dict[str, Any]] = []
         seen: set[str] = set()
+        # Named types each schema defines (the envelope's rows, the flat rows, the key).
+        in_row: set[str] = set()
+        in_plain: set[str] = set()
+        in_key: set[str] = set()
         for column in schema.columns:
             field = avro_name(column.name)
             while field in seen:
@@ -142,8 +163,9 @@ class _TableCodec:
             avro_type = column_type(column, options)
             fix = _bytes_reader(avro_type)
             self.plain_fields.append((column.name, field, fix))
-            plain_row_fields.append({"name": field, "type": ["null", avro_type],
-                                     "default": None})
+            plain_row_fields.append({"name": field, "default": None, "type": [
+                "null", _named_once(avro_type, in_plain)]})
+            avro_type = _named_once(avro_type, in_row)
             if options.cells and not column.is_key:
                 avro_type, fix = _cell(field, avro_type, fix)
             self.fields.append((column.name, field, fix))
@@ -153,8 +175,8 @@ class _TableCodec:
         self.key_names = [self.plain_fields[i] for i in schema.key_indexes]
         self.key = fastavro.parse_schema({
             "type": "record", "name": "Key", "namespace": name,
-            "fields": [{"name": field, "type": ["null", column_type(schema.columns[i], options)],
-                        "default": None}
+            "fields": [{"name": field, "default": None, "type": [
+                "null", _named_once(column_type(schema.columns[i], options), in_key)]}
                        for i, (_, field, _) in zip(schema.key_indexes, self.key_names,
                                                    strict=True)]})
         self.envelope = fastavro.parse_schema({

@@ -34,7 +34,7 @@ import psycopg
 from psycopg import sql
 
 from tidemark.errors import ConfigError, SourceError, SourceUnavailableError
-from tidemark.event import UNAVAILABLE, TableId, WireValue
+from tidemark.event import UNAVAILABLE, Column, TableId, WireValue
 from tidemark.fetch_budget import FetchBudget
 from tidemark.logical_type import Kind
 from tidemark.postgres_connection import connect, cursor
@@ -58,6 +58,15 @@ log = logging.getLogger(__name__)
 _XIP_BITS: Final = 24
 #: The snapshot in which no transaction is visible: a log's beginning.
 EMPTY_SNAPSHOT: Final = "1:1:"
+
+
+def _as_text(column: Column) -> sql.Composable:
+    """*column* in its type's output text, as logical replication sends it: a boolean's
+    cast to text is ``true``/``false`` where its output is ``t``/``f``."""
+    name = sql.Identifier(column.name)
+    if column.logical.kind is Kind.BOOL:
+        return sql.SQL("left({}::text, 1)").format(name)
+    return sql.SQL("{}::text").format(name)
 
 
 def _xip(snapshot: str) -> list[str]:
@@ -165,7 +174,7 @@ class PostgresLogDatabase:
         if query is None:
             values: list[sql.Composable] = []
             for column in entry.schema.columns:
-                values.append(sql.SQL("{}::text").format(sql.Identifier(column.name)))
+                values.append(_as_text(column))
                 if not column.is_key:
                     values.append(sql.Identifier(layout.deleted_column(column.name)))
             where = ("{group} = %(group)s AND {time} > %(after)s" if paged else
@@ -297,9 +306,7 @@ class PostgresLogDatabase:
 
             def rows() -> Iterator[Snapshotted]:
                 for index, entry in enumerate(tables):
-                    names = sql.SQL(", ").join(
-                        sql.SQL("{}::text").format(sql.Identifier(c.name))
-                        for c in entry.schema.columns)
+                    names = sql.SQL(", ").join(_as_text(c) for c in entry.schema.columns)
                     with conn.cursor(name=f"tidemark_snapshot_{index}") as cur:
                         cur.execute(sql.SQL("SELECT {} FROM {}").format(
                             names, sql.Identifier(entry.table.schema, entry.table.table)))

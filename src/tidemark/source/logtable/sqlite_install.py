@@ -9,6 +9,13 @@ that the table still has the columns it was installed with and aborts the write
 otherwise (``ALTER TABLE ADD COLUMN`` would else be logged without the new column):
 re-running ``tidemark logtable install`` brings the log in line.
 
+The way to alter a captured table is ``tidemark logtable install --ddl "ALTER TABLE …"``:
+the triggers are dropped, the statements run and the triggers are made again for the new
+columns, all in one transaction, so no write goes unlogged and no unread change is lost
+(a renamed column's log column is renamed with it; a dropped column's stays, holding the
+values of the changes logged before). A plain ``ALTER TABLE … DROP COLUMN`` is refused by
+SQLite itself, because the triggers name the column.
+
 The database is switched to WAL mode (readers never block the application's writer).
 """
 
@@ -121,8 +128,7 @@ def install(conn: sqlite3.Connection, names: Sequence[str], *, streams: int | No
     wanted_streams, wanted_groups = layout.wanted_counts(previous, streams, groups)
     conn.execute("BEGIN IMMEDIATE")
     try:
-        for statement in ddl:
-            conn.execute(statement)
+        altered = _run_ddl(conn, ddl) if ddl else []
         for statement in filter(None, (s.strip() for s in _SHARED.split(";"))):
             conn.execute(statement)
         _give_the_clock_an_epoch(conn)
@@ -137,7 +143,8 @@ def install(conn: sqlite3.Connection, names: Sequence[str], *, streams: int | No
         assert generation is not None
         # One writer at a time: everything written before this transaction used the old
         # generation, everything after it uses the new one.
-        rewrite = sorted(set(tables) | set(already)) if generation is not previous else tables
+        rewrite = sorted(set(tables) | set(already) | set(altered)) \
+            if generation is not previous else sorted(set(tables) | set(altered))
         for table in rewrite:
             _install_table(conn, table, generation)
         conn.execute("COMMIT")
@@ -145,6 +152,45 @@ def install(conn: sqlite3.Connection, names: Sequence[str], *, streams: int | No
         conn.execute("ROLLBACK")
         raise
     return tables
+
+
+def _run_ddl(conn: sqlite3.Connection, ddl: Sequence[str]) -> list[str]:
+    """Run *ddl* on tables whose triggers are dropped first (SQLite refuses to drop a
+    column a trigger names), following each statement's column renames into the log
+    tables; returns the captured tables, whose triggers the caller makes again."""
+    captured = installed_tables(conn)
+    for table in captured:
+        for trigger in trigger_names(table):
+            conn.execute(f"DROP TRIGGER IF EXISTS {quote(trigger)}")
+    for statement in ddl:
+        before = {t: [name for name, _, _ in table_columns(conn, t)] for t in captured}
+        try:
+            conn.execute(statement)
+        except sqlite3.Error as err:
+            raise ConfigError("ddl", f"{statement!r} failed: {err}; nothing was changed") \
+                from None
+        for table, old in before.items():
+            new = [name for name, _, _ in table_columns(conn, table)]
+            for was, now in _renamed(old, new):
+                _rename_log_column(conn, layout.log_table_name(table), was, now)
+    return [t for t in captured if table_columns(conn, t)]
+
+
+def _renamed(old: list[str], new: list[str]) -> list[tuple[str, str]]:
+    """The columns one statement renamed: SQLite keeps a renamed column in its place,
+    and a statement that renames changes no other column."""
+    if len(old) != len(new):
+        return []
+    return [(a, b) for a, b in zip(old, new, strict=True)
+            if a != b and a not in new and b not in old]
+
+
+def _rename_log_column(conn: sqlite3.Connection, log: str, old: str, new: str) -> None:
+    # Unread changes keep their values under the column's new name.
+    present = {name for name, _, _ in table_columns(conn, log)}
+    for was, now in ((old, new), (layout.deleted_column(old), layout.deleted_column(new))):
+        if was in present and now not in present:
+            conn.execute(f"ALTER TABLE {quote(log)} RENAME COLUMN {quote(was)} TO {quote(now)}")
 
 
 def _install_table(conn: sqlite3.Connection, table: str, generation: layout.Generation) -> None:
@@ -226,7 +272,8 @@ def _triggers(table: str, log: str, definition: str, keys: list[str], others: li
     # costs a lookup in the (small) schema table, a per-row pragma_table_info would
     # halve the application's write rate.
     message = (f"table {table} changed since its tidemark log table was installed: run "
-               "tidemark logtable install for it")
+               "tidemark logtable install for it, and alter a captured table through it "
+               "(tidemark logtable install --ddl \"ALTER TABLE …\")")
     guard = (f"SELECT RAISE(ABORT, {_literal(message)}) WHERE (SELECT sql FROM sqlite_master "
              f"WHERE type = 'table' AND name = {_literal(table)}) IS NOT "
              f"{_literal(definition)};")
