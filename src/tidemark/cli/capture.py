@@ -27,6 +27,7 @@ from tidemark.errors import TerminalError
 from tidemark.offsets.file import FileOffsetStore
 from tidemark.offsets.memory import MemoryOffsetStore
 from tidemark.offsets.store import OffsetStore
+from tidemark.skipped_operations import DEFAULT as SKIPPED_DEFAULT
 from tidemark.source.capture_stats import CaptureStats
 from tidemark.source.kind import Capture, CaptureOptionError, CaptureRequest
 from tidemark.source.postgres.config import (
@@ -88,6 +89,10 @@ log = logging.getLogger(__name__)
               help="Add the transaction block and BEGIN/END records.")
 @click.option("--tombstones/--no-tombstones", default=True, show_default=True,
               help="Emit a null-value record after each delete, as Debezium does.")
+@click.option("--skipped-operations", default=SKIPPED_DEFAULT, show_default=True,
+              help="Debezium's skipped.operations: changes to leave out, a comma-separated "
+                   "list of c (inserts), u (updates), d (deletes, with their tombstones), "
+                   "t (truncates), or none. Debezium's default is t; tidemark's none.")
 @click.option("--topic-prefix", default="tidemark", show_default=True,
               help="source.name of the events (Debezium's topic.prefix).")
 @click.option("--decimal-handling-mode", type=click.Choice([m.value for m in DecimalHandlingMode]),
@@ -118,7 +123,8 @@ def capture(dsn: str, source: str | None, tasks: int, task_index: int, cells: bo
             publication: str, on_slot_lost: str, snapshot_mode: str, offsets: str | None,
             stop_at_end: bool,
             max_events: int | None, transaction_metadata: bool, tombstones: bool,
-            topic_prefix: str, decimal_handling_mode: str, time_precision_mode: str,
+            skipped_operations: str, topic_prefix: str, decimal_handling_mode: str,
+            time_precision_mode: str,
             heartbeat_interval_ms: int, offset_flush_interval_ms: int,
             signal_table: str | None, incremental_snapshot_chunk_size: int,
             progress_interval_s: float, metrics_port: int | None) -> None:
@@ -138,6 +144,7 @@ def capture(dsn: str, source: str | None, tasks: int, task_index: int, cells: bo
         "time_precision_mode": time_precision_mode,
         "heartbeat_interval_ms": heartbeat_interval_ms, "signal_table": signal_table,
         "incremental_snapshot_chunk_size": incremental_snapshot_chunk_size,
+        "skipped_operations": skipped_operations,
     }
     store: OffsetStore = FileOffsetStore(offsets) if offsets else MemoryOffsetStore()
     context = click.get_current_context()

@@ -31,6 +31,7 @@ from tidemark.event import TableId
 from tidemark.lake.delta_target import check_target
 from tidemark.lake.spec import ApplySpec, spec_from_mapping
 from tidemark.lake.upkeep import UpkeepSettings
+from tidemark.skipped_operations import names_skipped_operations, not_offered
 from tidemark.spark.options import (
     DEFAULT_PUBLICATION,
     DEFAULT_SLOT,
@@ -284,6 +285,10 @@ def _section(cls: type[S], values: object, section: str, *,
     # The names users write (msgspec's encoded names, e.g. maxChangesPerTrigger).
     allowed = getattr(cls, "__struct_encode_fields__", cls.__struct_fields__)
     for key in values:
+        if key not in allowed and names_skipped_operations(key):
+            raise not_offered(f"{section}.{key}", "tidemark run",
+                              "a target that skipped a delete or truncate would keep rows "
+                              "its source no longer has; leave the setting out")
         if key not in allowed:
             raise unknown_key_error(section, key, allowed)
     for key, what in (required or {}).items():

@@ -18,6 +18,7 @@ from typing import Final, TypeVar
 from tidemark.errors import ConfigError
 from tidemark.event import TableId
 from tidemark.postgres_connection import check_identifier
+from tidemark.skipped_operations import names_skipped_operations, not_offered
 from tidemark.source.kind import SourceKind
 from tidemark.source.registry import kind_named, kind_of
 
@@ -181,6 +182,10 @@ class SourceOptions:
         values: dict[str, str] = {}
         for key, value in raw.items():
             name = _BY_LOWER.get(str(key).lower())
+            if name is None and names_skipped_operations(str(key)):
+                raise not_offered(str(key), "the Spark source",
+                                  "filter the stream instead, e.g. "
+                                  "df.where(\"_op <> 't'\")")
             if name is None:
                 raise ConfigError(
                     str(key), f"unknown option of the tidemark source; allowed options are: "

@@ -12,6 +12,9 @@ import msgspec
 
 from tidemark.config_mapping import struct_from_mapping
 from tidemark.errors import ConfigError
+from tidemark.event import Op
+from tidemark.skipped_operations import DEFAULT as SKIPPED_DEFAULT
+from tidemark.skipped_operations import parse_skipped_operations
 from tidemark.source.postgres.config import redact_dsn
 
 
@@ -51,8 +54,14 @@ class LogTableSourceConfig(msgspec.Struct, frozen=True, kw_only=True,
     read, negative never."""
     prune_interval_s: float = 60.0
     """How often a reader deletes what it may."""
+    skipped_operations: str = SKIPPED_DEFAULT
+    """Debezium's ``skipped.operations``: the changes left out while streaming, a
+    comma-separated list of ``c``, ``u``, ``d``, ``t`` or ``none`` (the default); log
+    tables hold no truncates, so ``t`` skips nothing (see
+    :mod:`tidemark.skipped_operations`)."""
 
     def __post_init__(self) -> None:
+        parse_skipped_operations(self.skipped_operations)
         for key in ("max_batch_events", "poll_interval_ms"):
             if getattr(self, key) <= 0:
                 raise ConfigError(key, f"must be > 0, got {getattr(self, key)}")
@@ -70,6 +79,11 @@ class LogTableSourceConfig(msgspec.Struct, frozen=True, kw_only=True,
         return struct_from_mapping(
             cls, values, section,
             required={"dsn": "a PostgreSQL connection string or sqlite:///path.db"})
+
+    @property
+    def skipped(self) -> frozenset[Op]:
+        """The operations :attr:`skipped_operations` leaves out."""
+        return parse_skipped_operations(self.skipped_operations)
 
     def redacted_dsn(self) -> str:
         """The DSN without its password."""

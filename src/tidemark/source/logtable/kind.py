@@ -119,7 +119,8 @@ class LogTableKind(SourceKind):
         # position would let retention delete what a real reader still needs).
         base = {"dsn": values["dsn"], "table_include_list": values["table_include_list"],
                 "topic_prefix": values["topic_prefix"], "retention_s": request.retention_s,
-                "register": request.saves_offsets}
+                "register": request.saves_offsets,
+                "skipped_operations": values["skipped_operations"]}
         groups: tuple[int, ...] = ()
         if tasks > 1:
             db = open_database(values["dsn"])

@@ -64,6 +64,9 @@ class LogTableReader:
         self._stop_at_end = False
         self._last_prune = time.monotonic()
         self.stats = CaptureStats()
+        #: ``cdc$operation`` codes of the skipped operations (skipped.operations).
+        self._skipped_codes = frozenset(code for code, op in _OPS.items()
+                                        if op in config.skipped)
 
     @property
     def partition(self) -> str:
@@ -179,6 +182,10 @@ class LogTableReader:
                      "%.0f s", deleted, config.retention_s)
 
     def _events(self, rows: list[LogRow]) -> list[Any]:
+        skipped = self._skipped_codes
+        if skipped:
+            # Dropped here, after the read: the group's position has moved past them.
+            rows = [row for row in rows if row.operation not in skipped]
         return events_of(self._require(), self._tables, rows, self.config.topic_prefix)
 
     def _require(self) -> LogDatabase:

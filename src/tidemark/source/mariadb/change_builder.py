@@ -128,15 +128,26 @@ class ChangeBuilder:
     the first ROTATE event names it again). *max_rows_in_memory*: rows of an open
     transaction held decoded; the rest go to a temporary file (None: no limit);
     *max_bytes_in_memory*: the same in binlog bytes of its rows events, so wide rows are
-    held fewer.
+    held fewer. *skipped_operations*: Debezium's ``skipped.operations`` (but never the
+    inserts of *signal_table*).
     """
 
     def __init__(self, *, name: str, position: BinlogPosition,
                  captured: Callable[[TableId], bool],
                  transaction_metadata: bool = False,
                  max_rows_in_memory: int | None = None,
-                 max_bytes_in_memory: int | None = None) -> None:
+                 max_bytes_in_memory: int | None = None,
+                 skipped_operations: frozenset[Op] = frozenset(),
+                 signal_table: TableId | None = None) -> None:
         self.name = name
+        # Debezium's binlog connectors skip by rows event, before decoding (an update
+        # that changes the key goes with the updates); the signal table's inserts are
+        # signals, never skipped.
+        self._skipped_types = frozenset(
+            event_type for event_type, (code, _) in b.ROWS_EVENTS.items()
+            if _OPS[code] in skipped_operations)
+        self._skip_truncates = Op.TRUNCATE in skipped_operations
+        self._signal_table = signal_table
         self.file = position.file
         self.next_pos = position.pos
         self.gtid_state = parse_gtid_state(position.gtids)
@@ -314,6 +325,8 @@ class ChangeBuilder:
         table = self._by_id.get(table_id)
         if table is None:
             return  # not captured (or a table map we never saw: a dump mid-transaction)
+        if header.type in self._skipped_types and table.schema.table != self._signal_table:
+            return
         tx = self._tx
         if tx is None:  # rows outside a GTID group: a server without GTIDs
             tx = self._tx = _Transaction(None, header.server_id)
@@ -367,7 +380,7 @@ class ChangeBuilder:
         truncated = self._truncated(query.database, sql)
         tx = self._tx or _Transaction(None, header.server_id)
         self._tx = tx
-        if truncated is not None:
+        if truncated is not None and not self._skip_truncates:
             tx.rows.append((truncated, Op.TRUNCATE, None, None,
                             ordering_key(self.file, header.next_position - header.size),
                             self.file, header.next_position - header.size, 0))

@@ -17,8 +17,10 @@ import msgspec
 
 from tidemark.config_mapping import struct_from_mapping
 from tidemark.errors import ConfigError
-from tidemark.event import TableId
+from tidemark.event import Op, TableId
 from tidemark.serde.modes import DecimalHandlingMode, TimePrecisionMode
+from tidemark.skipped_operations import DEFAULT as SKIPPED_DEFAULT
+from tidemark.skipped_operations import parse_skipped_operations
 from tidemark.source.mariadb.client import ConnectionSettings, parse_url
 from tidemark.source.postgres.config import SnapshotMode
 
@@ -51,6 +53,10 @@ class MariaDbSourceConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unkn
     topic_prefix: str = "tidemark"
     """Debezium's ``topic.prefix``: the ``source.name`` of every event."""
     provide_transaction_metadata: bool = False
+    skipped_operations: str = SKIPPED_DEFAULT
+    """Debezium's ``skipped.operations``: the changes left out while streaming, a
+    comma-separated list of ``c``, ``u``, ``d``, ``t`` or ``none`` (tidemark's default;
+    Debezium's is ``t``: see :mod:`tidemark.skipped_operations`)."""
     heartbeat_interval_ms: int = 5_000
     """How often the server sends a heartbeat on an idle stream; a stream silent for
     three of them is taken for dead and reopened."""
@@ -75,6 +81,7 @@ class MariaDbSourceConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unkn
 
     def __post_init__(self) -> None:
         parse_url(self.dsn)
+        parse_skipped_operations(self.skipped_operations)
         for key in ("database_include_list", "table_include_list", "table_exclude_list"):
             for pattern in getattr(self, key):
                 try:
@@ -115,6 +122,11 @@ class MariaDbSourceConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unkn
         settings = self.connection
         return 5400 + zlib.crc32(f"{settings.host}:{settings.port}/{self.topic_prefix}"
                                  .encode()) % 1000
+
+    @property
+    def skipped(self) -> frozenset[Op]:
+        """The operations :attr:`skipped_operations` leaves out."""
+        return parse_skipped_operations(self.skipped_operations)
 
     def redacted_dsn(self) -> str:
         """The server and user, without the password."""

@@ -32,7 +32,7 @@ _POSTGRES_ONLY: Final = ("slot", "publication", "on_slot_lost")
 _MARIADB_KEYS: Final = ("dsn", "table_include_list", "table_exclude_list", "snapshot_mode",
                         "provide_transaction_metadata", "topic_prefix",
                         "decimal_handling_mode", "heartbeat_interval_ms", "signal_table",
-                        "incremental_snapshot_chunk_size")
+                        "incremental_snapshot_chunk_size", "skipped_operations")
 
 
 class BinlogProgress(SourceProgress):

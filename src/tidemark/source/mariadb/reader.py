@@ -327,7 +327,8 @@ class MariaDbReader:
             captured=self._captured if signals is None
             else lambda t: t == signals or self._captured(t),
             transaction_metadata=cfg.provide_transaction_metadata,
-            max_rows_in_memory=cfg.max_transaction_rows_in_memory)
+            max_rows_in_memory=cfg.max_transaction_rows_in_memory,
+            skipped_operations=cfg.skipped, signal_table=signals)
         stream = client.BinlogStream(
             self._settings, resume[0], server_id=self.config.replica_server_id,
             blocking=not stop_at_end, heartbeat_s=self.config.heartbeat_interval_ms / 1000 or 5)

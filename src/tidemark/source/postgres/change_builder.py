@@ -61,6 +61,7 @@ class ChangeEventBuilder:
         not_null_columns: Callable[[TableId], frozenset[str]] = lambda table: frozenset(),
         transaction_metadata: bool = False,
         last_commit_lsn: int | None = None,
+        skipped_operations: frozenset[Op] = frozenset(),
     ) -> None:
         self._prefix = topic_prefix
         self._database = database
@@ -72,6 +73,9 @@ class ChangeEventBuilder:
         self._skipped: set[int] = set()
         self._not_null_columns = not_null_columns
         self._metadata = transaction_metadata
+        #: Operations left out (Debezium's skipped.operations): as in Debezium's
+        #: dispatcher, per event, before it is counted in the transaction's orders.
+        self.skipped_operations = skipped_operations
         self._relations: dict[int, TableSchema] = {}
         self._versions: dict[TableId, int] = {}
         # open transaction
@@ -144,9 +148,12 @@ class ChangeEventBuilder:
         out: list[Record] = []
         append = out.append
         relations = self._relations
+        skipped = self.skipped_operations
         for data, lsn in messages:
             kind = data[0] if data else 0
             if kind == 0x49:  # Insert
+                if Op.CREATE in skipped:
+                    continue
                 ins = pgoutput.parse_insert(data)
                 schema = relations.get(ins.relation_id) or self.schema_for(ins.relation_id)
                 if schema is None:
@@ -167,14 +174,20 @@ class ChangeEventBuilder:
                     new = tuple(o if n is UNAVAILABLE else n
                                 for o, n in zip(old, new, strict=True))
                 if old is not None and key_changed(schema.key_indexes, old, new):
-                    append(self._event(Op.DELETE, schema, old, None, lsn,
-                                       now_us))
-                    append(self._event(Op.CREATE, schema, None, new,
-                                       lsn, now_us))
-                else:
+                    # Debezium's PostgreSQL connector skips per event: a key change is a
+                    # delete and a create, each skipped by its own code.
+                    if Op.DELETE not in skipped:
+                        append(self._event(Op.DELETE, schema, old, None, lsn,
+                                           now_us))
+                    if Op.CREATE not in skipped:
+                        append(self._event(Op.CREATE, schema, None, new,
+                                           lsn, now_us))
+                elif Op.UPDATE not in skipped:
                     before = old if upd.old_kind == "O" else None
                     append(self._event(Op.UPDATE, schema, before, new, lsn, now_us))
             elif kind == 0x44:  # Delete
+                if Op.DELETE in skipped:
+                    continue
                 dele = pgoutput.parse_delete(data)
                 schema = relations.get(dele.relation_id) or self.schema_for(dele.relation_id)
                 if schema is None:
@@ -223,6 +236,8 @@ class ChangeEventBuilder:
         elif isinstance(msg, pgoutput.Type):
             pass  # type_info() reads names from the catalog, which also knows domains
         elif isinstance(msg, pgoutput.Truncate):
+            if Op.TRUNCATE in self.skipped_operations:
+                return
             for relation_id in msg.relation_ids:
                 schema = self.schema_for(relation_id)
                 if schema is not None:

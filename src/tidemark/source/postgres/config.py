@@ -17,8 +17,11 @@ import msgspec
 
 from tidemark.config_mapping import struct_from_mapping
 from tidemark.errors import ConfigError
+from tidemark.event import Op
 from tidemark.postgres_connection import check_identifier, parse_dsn, redact_dsn
 from tidemark.serde.modes import DecimalHandlingMode, TimePrecisionMode
+from tidemark.skipped_operations import DEFAULT as SKIPPED_DEFAULT
+from tidemark.skipped_operations import parse_skipped_operations
 
 __all__ = ["DecimalHandlingMode", "PostgresSourceConfig", "SnapshotMode", "TimePrecisionMode",
            "check_identifier", "redact_dsn"]
@@ -74,6 +77,10 @@ class PostgresSourceConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unk
     """Debezium's ``topic.prefix``: the ``source.name`` of every event."""
     provide_transaction_metadata: bool = False
     """Add the ``transaction`` block to events and BEGIN/END transaction records."""
+    skipped_operations: str = SKIPPED_DEFAULT
+    """Debezium's ``skipped.operations``: the changes left out while streaming, a
+    comma-separated list of ``c``, ``u``, ``d``, ``t`` or ``none`` (tidemark's default;
+    Debezium's is ``t``: see :mod:`tidemark.skipped_operations`)."""
     status_interval_ms: int = 10_000
     """How often standby status updates are sent to the server (at least 1000)."""
     max_batch_messages: int = 10_000
@@ -116,6 +123,7 @@ class PostgresSourceConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unk
         # sources do, for the names they share) must not load psycopg.
         import psycopg  # noqa: PLC0415
 
+        parse_skipped_operations(self.skipped_operations)
         try:
             parse_dsn(self.dsn)
         except psycopg.ProgrammingError as err:
@@ -168,6 +176,11 @@ class PostgresSourceConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unk
         return [("dsn", self.redacted_dsn())] + [
             (name, getattr(self, name)) for name in self.__struct_fields__ if name != "dsn"
         ]
+
+    @property
+    def skipped(self) -> frozenset[Op]:
+        """The operations :attr:`skipped_operations` leaves out."""
+        return parse_skipped_operations(self.skipped_operations)
 
     def redacted_dsn(self) -> str:
         """The DSN with any password removed, safe for logs and error messages."""

@@ -38,6 +38,9 @@ _FUSED_KINDS: Final = {
     (0x44, 0x4B): Op.DELETE, (0x44, 0x4F): Op.DELETE,
 }  # fmt: skip
 _RELATION: Final = 0x52
+#: The hot-loop entry of a row message whose operation is skipped (skipped.operations):
+#: dropped before anything is decoded or counted.
+_SKIP: Final[tuple[Any, Any, tuple[Any, ...]]] = (None, None, ())
 _NOT_SNAPSHOT: Final = SnapshotMarker.FALSE
 
 _T = TypeVar("_T")
@@ -84,6 +87,8 @@ class FusedBuilder(ABC, Generic[_T]):
         for data, lsn in messages:
             entry = hot.get(data[:6]) or miss(data)
             if entry is not None:
+                if entry is _SKIP:
+                    continue
                 ascii_fused, utf8_fused, parts = entry
                 try:
                     try:
@@ -138,6 +143,10 @@ class FusedBuilder(ABC, Generic[_T]):
         schema = self.events.schemas.get(relation_id)
         if schema is None:  # not captured, or unknown: the general path says which
             return None
+        if op in self.events.skipped_operations:
+            # The fused kinds are one operation each (an Update without an old tuple
+            # kept its key), so the whole message goes.
+            return _SKIP
         codec = self._codecs.get(relation_id)
         if codec is None or codec.schema is not schema:
             codec = self._codecs[relation_id] = self._codec(schema)

@@ -569,6 +569,7 @@ class PostgresReader:
             # source.sequence's last commit must keep growing across restarts: consumers
             # of Debezium JSON order transactions by it (Debezium keeps it in its offset).
             last_commit_lsn=last_commit_lsn,
+            skipped_operations=cfg.skipped,
         )
         lines = JsonLineBuilder(builder, self._json_lines) if self._json_lines else None
         to_records = (RenderedEventBuilder(builder, self._rendered_json,
