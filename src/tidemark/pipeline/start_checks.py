@@ -17,6 +17,7 @@ from pathlib import Path
 
 from tidemark.errors import ConfigError
 from tidemark.lake import change_rows as cr
+from tidemark.lake.delta_target import check_target
 from tidemark.pipeline.config import PipelineConfig, Target
 from tidemark.source.kind import SourceKind
 
@@ -39,6 +40,10 @@ def make_target_directory(target: Target) -> None:
     """Create *target*'s directory (empty: the first batch creates the table in it), or
     raise naming the key, the path and why not."""
     key = f'targets."{target.table}".path'
+    try:
+        check_target(target.path)  # a file or another directory took its place
+    except ConfigError as err:
+        raise ConfigError(key, str(err).removeprefix(f"{err.key}: ")) from None
     try:
         os.makedirs(target.path, exist_ok=True)
     except OSError as err:
