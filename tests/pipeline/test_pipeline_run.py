@@ -43,6 +43,7 @@ from pipeline_helpers import (
     scrape,
     value,
 )
+from tidemark.errors import ConfigError
 from tidemark.lake.written_targets import TargetLostError
 from tidemark.pipeline import load_config
 from tidemark.pipeline.compare import compare
@@ -357,7 +358,8 @@ def test_a_million_row_transaction_keeps_driver_memory_bounded(
 def test_a_target_that_stops_being_a_delta_table_fails_the_batch_and_keeps_the_slot(
         spark: SparkSession, db: Database, tmp_path: Path) -> None:
     # The file check (tidemark.pipeline.config) passed; then a file took the target's
-    # place. The batch fails before Spark commits it, so the slot keeps its changes.
+    # place. The start finds it (tidemark.pipeline.start_checks), so the slot keeps its
+    # changes.
     db.execute("CREATE TABLE a (id int PRIMARY KEY, v text, n numeric(10, 2))")
     source = _prepare(db, "a") + f'dsn = "{db.dsn}"\n'
     db.execute("INSERT INTO a SELECT g, 'x', g FROM generate_series(1, 3) g")
@@ -368,11 +370,12 @@ def test_a_target_that_stops_being_a_delta_table_fails_the_batch_and_keeps_the_s
     (tmp_path / "lake").mkdir()
     (tmp_path / "lake/a").write_text("not a table")
     slot = _slot_lsn(db)
-    with pytest.raises(PipelineError) as err:
+    with pytest.raises(ConfigError) as err:
         Pipeline(config, spark=spark).run()
+    assert str(err.value).startswith('targets."public.a".path: ')
     assert f"{tmp_path / 'lake/a'} is a file, not a Delta table" in str(err.value)
     assert _slot_lsn(db) == slot
-    assert not _batch_files(tmp_path / "chk", "commits")
+    assert not (tmp_path / "chk" / "commits").exists()  # Spark never started
 
     (tmp_path / "lake/a").unlink()
     Pipeline(config, spark=spark).run()

@@ -48,6 +48,7 @@ from tidemark.pipeline.query_errors import (
 )
 from tidemark.pipeline.run_metrics import RunMetrics
 from tidemark.pipeline.spark_session import build_session
+from tidemark.pipeline.start_checks import check_before_start
 from tidemark.run_record import records_runs
 from tidemark.spark.options import SnapshotMode
 from tidemark.spark.sources import reader_modules
@@ -278,6 +279,9 @@ class Pipeline(BatchApply):
         self._written = WrittenTargets(self.config.checkpoint)
         self._written.check(self.config.targets)
         if not self._slot_checked:
+            # Before the source creates a slot or a publication: targets' directories
+            # and the columns the settings name.
+            check_before_start(self.config, self._source.kind)
             # Once per run: a query restarted after an outage reads a slot it advanced.
             self._source.kind.check_before_start(self.config.dsn,
                                                  slot=self.config.source.slot,

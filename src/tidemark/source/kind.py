@@ -179,7 +179,16 @@ class SourceKind(abc.ABC):
         """The lag and batch sizing of a pipeline reading *tables* (and *slot*)."""
 
     def check_before_start(self, dsn: str, *, slot: str, checkpoint: str) -> None:  # noqa: B027
-        """Raise if the source cannot continue the *checkpoint* (nothing by default)."""
+        """Raise if the source cannot continue the *checkpoint*, or another process
+        reads its *slot* (nothing by default)."""
+
+    def table_columns(self, dsn: str,
+                      tables: Sequence[str]) -> Mapping[str, Sequence[str]] | None:
+        """The columns each of *tables* has in the source's catalog now, asked before
+        anything is created (no slot, no publication) so that a pipeline's settings
+        naming a column are checked before it starts; a table the source does not have
+        is left out. None: the kind cannot tell before it starts (nothing is checked)."""
+        return None
 
     def reader_options(self, *, slot: str, publication: str, checkpoint: str,
                        slot_failover: bool | None) -> dict[str, str]:

@@ -154,6 +154,17 @@ class LogTableKind(SourceKind):
         # checkpoint.
         return {"readerName": f"run:{os.path.abspath(checkpoint)}"}
 
+    def table_columns(self, dsn: str,
+                      tables: Sequence[str]) -> Mapping[str, Sequence[str]] | None:
+        from tidemark.source.logtable.reader import open_database  # noqa: PLC0415
+
+        db = open_database(dsn)
+        try:
+            # A table without a log table is refused here, with the command that adds it.
+            return {str(t.table): t.schema.column_names for t in db.tables(list(tables))}
+        finally:
+            db.close()
+
     def identity_database(self, dsn: str) -> str:
         if is_sqlite(dsn):
             from tidemark.source.logtable.sqlite import sqlite_path  # noqa: PLC0415

@@ -120,6 +120,24 @@ class MariaDbKind(SourceKind):
     def progress(self, dsn: str, *, slot: str, tables: Sequence[str]) -> SourceProgress:
         return BinlogProgress(dsn)
 
+    def table_columns(self, dsn: str,
+                      tables: Sequence[str]) -> Mapping[str, Sequence[str]] | None:
+        from tidemark.event import TableId  # noqa: PLC0415
+        from tidemark.source.mariadb import client  # noqa: PLC0415
+
+        found: dict[str, list[str]] = {}
+        with contextlib.closing(client.connect(client.parse_url(dsn))) as conn, \
+                conn.cursor() as cur:
+            for name in tables:
+                table = TableId.parse(name)
+                cur.execute("SELECT COLUMN_NAME FROM information_schema.COLUMNS WHERE "
+                            "TABLE_SCHEMA = %s AND TABLE_NAME = %s ORDER BY ORDINAL_POSITION",
+                            (table.schema, table.table))
+                columns = [str(row[0]) for row in cur.fetchall()]
+                if columns:
+                    found[str(table)] = columns
+        return found
+
     def identity_database(self, dsn: str) -> str:
         from tidemark.source.mariadb.client import parse_url  # noqa: PLC0415
 

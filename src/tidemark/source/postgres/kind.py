@@ -117,9 +117,19 @@ class PostgresKind(SourceKind):
         return PostgresProgress(dsn, slot, tables)
 
     def check_before_start(self, dsn: str, *, slot: str, checkpoint: str) -> None:
-        from tidemark.source.postgres.slot_check import check_slot_vouched  # noqa: PLC0415
+        from tidemark.source.postgres.slot_check import (  # noqa: PLC0415
+            check_slot_free,
+            check_slot_vouched,
+        )
 
+        check_slot_free(dsn, slot)
         check_slot_vouched(dsn, slot, checkpoint)
+
+    def table_columns(self, dsn: str,
+                      tables: Sequence[str]) -> Mapping[str, Sequence[str]] | None:
+        from tidemark.source.postgres.read_checks import columns_of  # noqa: PLC0415
+
+        return columns_of(dsn, tables)
 
     def identity_database(self, dsn: str) -> str:
         return database_of(dsn)

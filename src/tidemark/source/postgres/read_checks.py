@@ -11,6 +11,7 @@ never started holds no WAL.
 from __future__ import annotations
 
 import contextlib
+from collections.abc import Sequence
 from typing import Any
 
 from tidemark import postgres_connection
@@ -78,3 +79,22 @@ def describe_table(conn: Any, table: TableId, key: tuple[str, ...], *,
     the publication sends them), its key columns marked."""
     return TableColumns(catalog.table_schema(conn, table, key, generated=generated).columns,
                         TYPE_KEY)
+
+
+def columns_of(dsn: str, tables: Sequence[str]) -> dict[str, tuple[str, ...]]:
+    """The columns of each of *tables* (``schema.table``) that exists, in their order;
+    reads the catalog only (creates nothing)."""
+    parsed = [TableId.parse(name) for name in tables]
+    with contextlib.closing(wal.connect(dsn, purpose="catalog")) as conn:
+        rows = conn.execute(
+            "SELECT n.nspname, c.relname, a.attname FROM pg_attribute a "
+            "JOIN pg_class c ON c.oid = a.attrelid "
+            "JOIN pg_namespace n ON n.oid = c.relnamespace "
+            "WHERE (n.nspname, c.relname) IN "
+            "(SELECT * FROM unnest(%s::text[], %s::text[])) "
+            "AND a.attnum > 0 AND NOT a.attisdropped ORDER BY a.attrelid, a.attnum",
+            ([t.schema for t in parsed], [t.table for t in parsed])).fetchall()
+    found: dict[str, list[str]] = {}
+    for schema, table, column in rows:
+        found.setdefault(str(TableId(schema, table)), []).append(column)
+    return {name: tuple(columns) for name, columns in found.items()}

@@ -30,6 +30,7 @@ import psycopg
 
 from tidemark import faults
 from tidemark.event import TableId
+from tidemark.source.postgres import slot_holder
 from tidemark.source.postgres import wal_reads as wal
 from tidemark.source.postgres.chunked_snapshot import (
     SkippingSink,
@@ -113,8 +114,16 @@ class PostgresReadPlan:
 
     def _connection(self) -> psycopg.Connection[Any]:
         if self._conn is None or self._conn.closed:
-            self._conn = wal.connect(self.options.dsn, purpose="driver",
-                                     server_timeout_s=self.options.server_timeout_ms / 1000)
+            conn = wal.connect(self.options.dsn, purpose="driver",
+                               server_timeout_s=self.options.server_timeout_ms / 1000)
+            try:
+                # Held while this driver (and so the query) runs: another reader of the
+                # slot is refused at its start instead of taking this one's changes.
+                slot_holder.claim(conn, self.options.slot, "the stream's slot option")
+            except BaseException:
+                conn.close()
+                raise
+            self._conn = conn
         return self._conn
 
     def initial_offset(self) -> dict[str, Any]:

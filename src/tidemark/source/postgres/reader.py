@@ -28,7 +28,7 @@ from tidemark.retry import retry_transient
 from tidemark.serde.debezium_json import DebeziumJsonSerializer
 from tidemark.source.batch import SourceBatch
 from tidemark.source.capture_stats import CaptureStats
-from tidemark.source.postgres import catalog, slot
+from tidemark.source.postgres import catalog, slot, slot_holder
 from tidemark.source.postgres import offset as pg_offset
 from tidemark.source.postgres.change_builder import ChangeEventBuilder
 from tidemark.source.postgres.config import PostgresSourceConfig, SlotLostAction, SnapshotMode
@@ -261,6 +261,10 @@ class PostgresReader:
         (briefly: a walsender whose client died goes away within seconds)."""
 
         def existing() -> slot.SlotInfo | None:
+            # A reader that is going away lets go within moments; one that stays (a
+            # second capture, engine or pipeline on the slot) is refused now, in one line.
+            slot_holder.wait_until_free(self._catalog_conn, self.config.slot_name,
+                                        "slot_name, --slot")
             info = slot.get_slot(self._catalog_conn, self.config.slot_name)
             if info is not None:
                 slot.validate_slot(info, self.database)

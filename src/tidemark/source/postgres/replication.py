@@ -143,8 +143,9 @@ class ReplicationStream:
             sqlstate = (result.error_field(pq.DiagnosticField.SQLSTATE) or b"").decode()
             if sqlstate == "55006":  # object_in_use
                 raise SlotInUseError(
-                    f"replication slot {self._slot!r} is active in another process: {message}"
-                )
+                    f"replication slot {self._slot!r} is active in another process "
+                    f"({message.rstrip('.')}): stop the other reader or use another slot "
+                    "(slot_name, --slot)")
             if sqlstate and not sqlstate.startswith(("08", "57")):
                 raise _slot_error(self._slot, f"cannot stream from slot {self._slot!r}: "
                                               f"{message}")

@@ -16,6 +16,7 @@ import logging
 import psycopg
 
 from tidemark.errors import SourceUnavailableError, first_line
+from tidemark.source.postgres import slot_holder
 from tidemark.source.postgres import wal_reads as wal
 from tidemark.source.postgres.pgoutput import lsn_to_str
 from tidemark.source.postgres.slot import SlotLostError
@@ -61,3 +62,14 @@ def check_slot_vouched(dsn: str, slot: str, checkpoint: str) -> None:
             "this pipeline never advanced it there, so it is not the slot the checkpoint "
             "was reading (it was dropped and made again), and the changes in between were "
             f"never read. {_REPAIR}")
+
+
+def check_slot_free(dsn: str, slot: str) -> None:
+    """Raise :class:`~tidemark.source.postgres.slot_holder.SlotHeldError` if another
+    process streams from *slot* or holds it (another pipeline, a capture, an engine)."""
+    try:
+        with contextlib.closing(wal.connect(dsn, purpose="driver")) as conn:
+            slot_holder.wait_until_free(conn, slot, "source.slot")
+    except (psycopg.OperationalError, SourceUnavailableError) as err:
+        log.warning("could not check replication slot %s before the start: %s", slot,
+                    first_line(err))

@@ -1,0 +1,92 @@
+"""What ``tidemark run`` checks against the world before anything is created.
+
+:mod:`tidemark.pipeline.config` checks the file alone; this asks the places it names,
+before the source makes a slot or a publication and before Spark starts (a mistake
+found after those holds WAL, and comes behind a traceback): each local target's
+directory can be created, and each target's settings that name a column (keys,
+``column_list``, ``partition_by``, …) name one its table has in the source's catalog.
+Each failure is a :class:`~tidemark.errors.ConfigError` naming the key, what is wrong
+and what exists.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterator, Mapping, Sequence
+from pathlib import Path
+
+from tidemark.errors import ConfigError
+from tidemark.lake import change_rows as cr
+from tidemark.lake.delta_target import check_target
+from tidemark.pipeline.config import PipelineConfig, Target
+from tidemark.source.kind import SourceKind
+
+#: The apply settings whose values are column names of the source table.
+_COLUMN_SETTINGS = ("keys", "sequence_by", "column_list", "except_column_list",
+                    "track_history_column_list", "track_history_except_column_list",
+                    "partition_by")
+
+
+def check_before_start(config: PipelineConfig, kind: SourceKind) -> None:
+    """Raise ConfigError if a target's directory cannot be made or a setting names a
+    column (or a table) the source does not have."""
+    for target in config.targets:
+        if target.local:
+            make_target_directory(target)
+    check_columns(config.targets, kind.table_columns(config.dsn, list(config.tables)))
+
+
+def make_target_directory(target: Target) -> None:
+    """Create *target*'s directory (empty: the first batch creates the table in it), or
+    raise naming the key, the path and why not."""
+    key = f'targets."{target.table}".path'
+    try:
+        check_target(target.path)  # a file or another directory took its place
+    except ConfigError as err:
+        raise ConfigError(key, str(err).removeprefix(f"{err.key}: ")) from None
+    try:
+        os.makedirs(target.path, exist_ok=True)
+    except OSError as err:
+        raise ConfigError(key, f"cannot create the target directory {target.path}: "
+                               f"{_reason(err, Path(target.path))}") from None
+
+
+def _reason(err: OSError, path: Path) -> str:
+    """Why *path* cannot be made, with the part of it in the way."""
+    reason = err.strerror or str(err)
+    for parent in path.parents:
+        if parent.exists():
+            if not parent.is_dir():
+                return f"{reason} ({parent} is a file)"
+            return f"{reason} (in {parent})"
+    return reason
+
+
+def check_columns(targets: Sequence[Target],
+                  columns: Mapping[str, Sequence[str]] | None) -> None:
+    """Raise ConfigError if a target's table is not in *columns* (the source's catalog)
+    or one of its settings names a column the table lacks; nothing if *columns* is
+    None (unknown before the start)."""
+    if columns is None:
+        return
+    for target in targets:
+        section = f'targets."{target.table}"'
+        have = columns.get(target.table)
+        if have is None:
+            raise ConfigError(section, f"table {target.table} does not exist in the source "
+                                       "(or cannot be read): create it, or fix the name")
+        known = set(have)
+        for setting, names in _named_columns(target):
+            unknown = [n for n in names if n not in known and n not in cr.METADATA_COLUMNS]
+            if unknown:
+                raise ConfigError(
+                    f"{section}.{setting}",
+                    f"table {target.table} has no column {', '.join(map(repr, unknown))}; "
+                    f"its columns are {', '.join(have)}")
+
+
+def _named_columns(target: Target) -> Iterator[tuple[str, Sequence[str]]]:
+    for setting in _COLUMN_SETTINGS:
+        value = getattr(target.spec, setting)
+        if value is not None:
+            yield setting, value

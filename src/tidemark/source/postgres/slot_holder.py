@@ -1,0 +1,88 @@
+"""Who else reads a replication slot: one slot, one reader, refused at start.
+
+Two readers of one slot take each other's changes: each confirms (advances) what it
+read, so the other finds the slot past its batch and cannot read those changes again.
+A capture or an engine holds its slot while it streams (``active_pid`` of
+``pg_replication_slots``); a Spark stream only peeks copies of it and advances it
+between batches, so its driver holds a session advisory lock named after the slot for
+as long as it runs (:func:`claim`). :func:`holder` finds either, and every runtime
+refuses to start on a slot another process holds, with one line naming the slot, the
+process and the way out (:class:`SlotHeldError`).
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any, Final
+
+from tidemark.errors import SourceError
+
+#: The advisory lock's first key (``tide`` in ASCII); the second is ``hashtext(slot)``.
+LOCK_CLASS: Final = 0x74696465
+
+#: How long a start waits for a holder to go away: a reader that just stopped (or whose
+#: process died) lets go of the slot within moments.
+RELEASE_WAIT_S: Final = 5.0
+
+_HOLDER_SQL: Final = """
+SELECT active_pid FROM pg_replication_slots
+WHERE slot_name = %(slot)s AND active_pid IS NOT NULL AND active_pid <> pg_backend_pid()
+UNION ALL
+SELECT pid FROM pg_locks
+WHERE locktype = 'advisory' AND granted AND classid = %(cls)s::oid
+  AND objid = hashtext(%(slot)s)::oid AND objsubid = 2 AND pid <> pg_backend_pid()
+  AND database = (SELECT oid FROM pg_database WHERE datname = current_database())
+LIMIT 1
+"""
+
+
+class SlotHeldError(SourceError):
+    """Another process reads the replication slot (the message names it and what to do)."""
+
+
+def held_error(slot: str, pid: int, setting: str) -> SlotHeldError:
+    """The error for *slot* held by process *pid*; *setting* names the slot's option."""
+    return SlotHeldError(
+        f"replication slot {slot!r} is in use by another process (PID {pid}: another "
+        f"tidemark capture, engine or pipeline reading it): stop that one, or give this one "
+        f"its own slot ({setting}); two readers of one slot would take each other's changes")
+
+
+def holder(conn: Any, slot: str) -> int | None:
+    """The PID of another session that streams from *slot* or claimed it; None if free."""
+    row = conn.execute(_HOLDER_SQL, {"slot": slot, "cls": LOCK_CLASS}).fetchone()
+    return None if row is None else int(row[0])
+
+
+def wait_until_free(conn: Any, slot: str, setting: str,
+                    wait_s: float = RELEASE_WAIT_S) -> None:
+    """Return once no other session holds *slot*, waiting up to *wait_s* for one that
+    is going away; raise :class:`SlotHeldError` otherwise."""
+    deadline = time.monotonic() + wait_s
+    while True:
+        pid = holder(conn, slot)
+        if pid is None:
+            return
+        if time.monotonic() >= deadline:
+            raise held_error(slot, pid, setting)
+        time.sleep(0.2)
+
+
+def claim(conn: Any, slot: str, setting: str, wait_s: float = RELEASE_WAIT_S) -> None:
+    """Hold *slot* for the life of *conn*'s session (an advisory lock), once no other
+    session streams from it or holds it; raise :class:`SlotHeldError` otherwise."""
+    deadline = time.monotonic() + wait_s
+    while True:
+        row = conn.execute("SELECT pg_try_advisory_lock(%s, hashtext(%s))",
+                           (LOCK_CLASS, slot)).fetchone()
+        if row is not None and row[0]:
+            try:
+                wait_until_free(conn, slot, setting, max(0.0, deadline - time.monotonic()))
+            except SlotHeldError:
+                conn.execute("SELECT pg_advisory_unlock(%s, hashtext(%s))", (LOCK_CLASS, slot))
+                raise
+            return
+        pid = holder(conn, slot)
+        if time.monotonic() >= deadline and pid is not None:
+            raise held_error(slot, pid, setting)
+        time.sleep(0.2)

@@ -1,0 +1,112 @@
+"""``tidemark run`` checks what it can before anything is created: a setting naming a
+column the table lacks, and a target directory that cannot be made, end the run at
+once with one line naming the key, and leave no slot or publication behind (every
+source: PostgreSQL, MariaDB, log tables on PostgreSQL and SQLite)."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+from conftest import Database
+from logtable_helpers import LogDb
+
+pytestmark = pytest.mark.integration
+
+
+@dataclass
+class Source:
+    """A source database holding ``orders (id, name)``, as a pipeline file names it."""
+
+    dsn: str
+    table: str
+    extra: str = ""
+
+
+@pytest.fixture(params=["postgres", "mariadb", "logtable-postgres", "logtable-sqlite"])
+def source(request: pytest.FixtureRequest, tmp_path: Path) -> Source:
+    create = "CREATE TABLE orders (id INT PRIMARY KEY, name VARCHAR(20))"
+    if request.param == "postgres":
+        db: Database = request.getfixturevalue("db")
+        db.execute(create)
+        return Source(db.dsn, "public.orders",
+                      f'slot = "s_{db.name}"\npublication = "p_{db.name}"\n')
+    if request.param == "mariadb":
+        mdb = request.getfixturevalue("mdb")
+        mdb.execute(create)
+        return Source(mdb.dsn, f"{mdb.name}.orders")
+    if request.param == "logtable-sqlite":
+        path = tmp_path / "app.db"
+        path.touch()
+        log = LogDb("sqlite", f"sqlite:///{path}", path)
+    else:
+        log = LogDb("postgres", request.getfixturevalue("db").dsn)
+    log.execute(create)
+    log.install(["orders"])
+    kind = 'kind = "logtable"\n' if log.kind == "postgres" else ""
+    return Source(log.dsn, log.table("orders"), kind)
+
+
+def _run(tmp_path: Path, source: Source, target: str) -> subprocess.CompletedProcess[str]:
+    file = tmp_path / "pipeline.toml"
+    file.write_text(f'[source]\ndsn = "{source.dsn}"\n{source.extra}\n[spark]\n'
+                    f'checkpoint = "chk"\navailable_now = true\n'
+                    f'[targets."{source.table}"]\n{target}\n')
+    return subprocess.run([sys.executable, "-m", "tidemark", "run", str(file)],
+                          capture_output=True, text=True, timeout=120, check=False,
+                          env={**os.environ, "PYSPARK_PYTHON": sys.executable})
+
+
+def _one_error(result: subprocess.CompletedProcess[str]) -> str:
+    assert result.returncode != 0
+    errors = [line for line in result.stderr.splitlines()
+              if line.strip() and not line.startswith("tidemark run:")]
+    assert len(errors) == 1, result.stderr  # one line: no traceback, no Spark log
+    assert errors[0].startswith("error: ")
+    return errors[0]
+
+
+def _nothing_created(source: Source, request: pytest.FixtureRequest) -> None:
+    if source.extra.startswith("slot"):
+        db: Database = request.getfixturevalue("db")
+        assert db.query("SELECT slot_name FROM pg_replication_slots "
+                        "WHERE database = current_database()") == []
+        assert db.query("SELECT pubname FROM pg_publication") == []
+
+
+def test_key_the_table_lacks_is_refused_before_anything_starts(
+        source: Source, tmp_path: Path, request: pytest.FixtureRequest) -> None:
+    result = _run(tmp_path, source, 'path = "lake/orders"\nkeys = ["nosuch"]')
+    line = _one_error(result)
+    assert f'targets."{source.table}".keys' in line
+    assert "'nosuch'" in line
+    assert "id, name" in line  # the columns there are
+    _nothing_created(source, request)
+    assert not (tmp_path / "chk" / "offsets").exists()  # Spark never started
+
+
+def test_column_list_naming_a_missing_column_is_refused(
+        source: Source, tmp_path: Path, request: pytest.FixtureRequest) -> None:
+    result = _run(tmp_path, source,
+                  'path = "lake/orders"\nkeys = ["id"]\ncolumn_list = ["id", "nmae"]')
+    line = _one_error(result)
+    assert f'targets."{source.table}".column_list' in line
+    assert "'nmae'" in line
+    _nothing_created(source, request)
+
+
+def test_target_path_that_cannot_be_created_names_key_and_path(
+        source: Source, tmp_path: Path, request: pytest.FixtureRequest) -> None:
+    (tmp_path / "afile").write_text("not a directory")
+    result = _run(tmp_path, source, 'path = "afile/lake/orders"\nkeys = ["id"]')
+    line = _one_error(result)
+    assert f'targets."{source.table}".path' in line
+    assert str(tmp_path / "afile" / "lake" / "orders") in line
+    assert "Not a directory" in line
+    assert "Os {" not in line
+    _nothing_created(source, request)
