@@ -87,6 +87,11 @@ class SourceUnderTest:
     restart_refusal: str | None = None
     """Why this source has no server to restart (None: it has one)."""
     extra: dict[str, Any] = field(default_factory=dict)
+    refused_capture: tuple[list[str], str] = (["--slot", "other"], "")
+    """A ``tidemark capture`` option this source does not have, and what its refusal
+    says ("": the source has every option the runtimes give; nothing to refuse)."""
+    refused_spark: tuple[str, str] = ("readerName", "applies to log tables only")
+    """A Spark source option this source does not have, and what its refusal says."""
 
     # -- the database -------------------------------------------------------------------
     def connect(self) -> Any:
@@ -309,18 +314,25 @@ def make_source(name: str, request: pytest.FixtureRequest, tmp_path: Path) -> So
     if name == "mariadb":
         mdb = request.getfixturevalue("mdb")
         source = MariaDbSource(name, mdb.dsn, _typed(_MARIA_SQL, COMMON + TYPED),
-                               table=f"{mdb.name}.mx", extra={"mdb": mdb})
+                               table=f"{mdb.name}.mx", extra={"mdb": mdb},
+                               refused_capture=(["--slot", "other"],
+                                                "--slot applies to PostgreSQL only"))
     elif name == "sqlite-logtable":
         path = tmp_path / "app.db"
         path.touch()
         source = SqliteLogTableSource(
             name, f"sqlite:///{path}", _typed(_SQLITE_SQL, COMMON), placeholder="?",
             table="main.mx", extra={"path": path},
+            refused_capture=(["--slot", "other"], "--slot does not apply to log tables"),
+            refused_spark=("slot", "does not apply"),
             restart_refusal="a SQLite file has no server to restart")
     else:
         db = request.getfixturevalue("db")
         kind = PostgresSource if name == "postgres" else PostgresLogTableSource
+        refusals: dict[str, Any] = {} if name == "postgres" else {
+            "refused_capture": (["--slot", "other"], "--slot does not apply to log tables"),
+            "refused_spark": ("slot", "does not apply")}
         source = kind(name, db.dsn, _typed(_PG_SQL, COMMON + TYPED),
-                      extra={"cluster": db.cluster, "slot": f"mx_{db.name}"})
+                      extra={"cluster": db.cluster, "slot": f"mx_{db.name}"}, **refusals)
     source.create()
     return source
