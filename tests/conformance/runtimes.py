@@ -1,0 +1,347 @@
+"""The columns of the conformance matrix: one :class:`Runtime` per way to run a source.
+
+A runtime is opened on a source (:meth:`Runtime.open`) and gives a :class:`Running`
+whose :meth:`Running.rows` are the rows its output says the table holds: the change
+events it delivered, decoded from the runtime's own format (JSON lines, Avro, Arrow,
+Spark rows) and replayed, or, for ``tidemark run``, the Delta table itself.
+"""
+
+from __future__ import annotations
+
+import base64
+import contextlib
+import io
+import json
+import subprocess
+import sys
+import threading
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pyarrow as pa
+
+from conformance.sources import Rows, SourceUnderTest, canon_rows
+from tidemark.lake.debezium_input import changes_from_debezium_json
+
+ChangeRow = dict[str, Any]
+_META = ("_op", "_lsn", "_commit_lsn", "_seq", "_commit_ts", "_txid", "_unavailable")
+
+
+def replay(changes: list[ChangeRow], names: list[str]) -> Rows:
+    """The rows *changes* leave (in order per key; a column the change did not carry,
+    named in ``_unavailable``, keeps its value)."""
+    state: Rows = {}
+    for change in changes:
+        key = change["id"]
+        if change["_op"] == "d":
+            state.pop(key, None)
+            continue
+        if change["_op"] not in ("c", "u", "r"):
+            continue
+        skip = set(change.get("_unavailable") or ())
+        row = dict(state.get(key, {}))
+        row.update({n: change[n] for n in names if n not in skip})
+        state[key] = row
+    return canon_rows(state)
+
+
+def from_json_values(values: list[Any], source: SourceUnderTest) -> list[ChangeRow]:
+    """Debezium JSON envelope values (text, or dicts) as change rows."""
+    envelopes = []
+    for number, value in enumerate(values):
+        envelope = json.loads(value) if isinstance(value, (str, bytes)) else value
+        if not isinstance(envelope, dict):
+            continue
+        # Replayed in delivery order (a key's changes come in order on every source):
+        # an order for the decoder where the source block has none (log tables).
+        if not (envelope.get("transaction") or {}).get("commit_lsn"):
+            envelope["transaction"] = {"commit_lsn": 1, "total_order": number + 1}
+        envelopes.append(envelope)
+    if not envelopes:
+        return []
+    return list(changes_from_debezium_json(envelopes, source.arrow_schema()).to_pylist())
+
+
+class Running:
+    """A runtime running on a source."""
+
+    def __init__(self, source: SourceUnderTest) -> None:
+        self.source = source
+
+    def changes(self) -> list[ChangeRow]:
+        """What the runtime delivered so far, as change rows, in delivery order."""
+        raise NotImplementedError
+
+    def rows(self) -> Rows:
+        return replay(self.changes(), self.source.names)
+
+    def close(self) -> None:
+        """Stop the runtime the way a user does."""
+
+    def kill(self) -> None:
+        """SIGKILL the runtime's process."""
+        raise NotImplementedError
+
+
+class Runtime:
+    """One column of the matrix."""
+
+    name = ""
+    #: Why this runtime cannot be SIGKILLed on its own (None: it can).
+    kill_refusal: str | None = None
+
+    def open(self, source: SourceUnderTest, where: Path, **settings: Any) -> Running:
+        """Start it on *source*, keeping its state (offsets, checkpoint) in *where*;
+        *settings* are the source connector's."""
+        raise NotImplementedError
+
+    def __repr__(self) -> str:
+        return self.name
+
+
+# -- tidemark capture ---------------------------------------------------------------------
+class _CaptureRunning(Running):
+    def __init__(self, source: SourceUnderTest, where: Path) -> None:
+        super().__init__(source)
+        self.out = where / "capture.jsonl"
+        self.err = where / "capture.err"
+        with self.out.open("ab") as out, self.err.open("ab") as err:
+            self.process = subprocess.Popen(
+                [sys.executable, "-m", "tidemark", "capture", "--dsn", source.dsn,
+                 "--offsets", str(where / "offsets.json"), "--offset-flush-interval-ms", "0",
+                 "--progress-interval-s", "0", *source.capture_args()],
+                stdout=out, stderr=err)
+
+    def changes(self) -> list[ChangeRow]:
+        assert self.process.poll() is None, self.err.read_text()[-3000:]
+        lines = self.out.read_bytes().split(b"\n")[:-1]  # complete lines only
+        return from_json_values([json.loads(line)["value"] for line in lines if line],
+                                self.source)
+
+    def close(self) -> None:
+        if self.process.poll() is None:
+            self.process.terminate()
+        self.process.wait(60)
+
+    def kill(self) -> None:
+        self.process.kill()
+        self.process.wait(60)
+        # A line the kill cut short is not output: the restart appends after the last
+        # whole one.
+        data = self.out.read_bytes()
+        self.out.write_bytes(data[:data.rfind(b"\n") + 1])
+
+
+class CaptureRuntime(Runtime):
+    name = "capture"
+
+    def open(self, source: SourceUnderTest, where: Path, **settings: Any) -> Running:
+        assert not settings, "capture takes no connector settings here"
+        return _CaptureRunning(source, where)
+
+
+# -- the engine, in this process ------------------------------------------------------------
+class _EngineRunning(Running):
+    def __init__(self, source: SourceUnderTest, where: Path, converter: str,
+                 settings: dict[str, Any]) -> None:
+        from tidemark import Engine, SqliteOffsetStore  # noqa: PLC0415
+        from tidemark.testing.sink import MemorySink  # noqa: PLC0415
+
+        super().__init__(source)
+        self.converter = converter
+        self.sink = MemorySink()
+        self.engine = Engine(source.engine_connector(**settings), self.sink,
+                             config={"offset_flush_interval_ms": 0},
+                             converter=_converter(converter),
+                             offset_store=SqliteOffsetStore(where / "offsets.db"))
+        self.failure: list[BaseException] = []
+        self.thread = threading.Thread(target=self._run, daemon=True)
+        self.thread.start()
+
+    def _run(self) -> None:
+        try:
+            self.engine.run()
+        except BaseException as err:  # reported by changes()
+            self.failure.append(err)
+
+    def changes(self) -> list[ChangeRow]:
+        if self.failure:
+            raise AssertionError(f"the engine ({self.converter}) failed: "
+                                 f"{self.failure[0]!r}") from self.failure[0]
+        with self.sink._lock:
+            records = list(self.sink.records)
+        return _decode(records, self.converter, self.source)
+
+    def close(self) -> None:
+        self.engine.close()
+        self.thread.join(60)
+        assert not self.thread.is_alive(), "the engine did not stop"
+
+
+def _converter(name: str) -> Any:
+    from tidemark.engine.converters import DebeziumJsonConverter  # noqa: PLC0415
+
+    if name == "json":
+        return DebeziumJsonConverter()
+    if name == "avro":
+        from tidemark.engine.avro_converter import AvroConverter  # noqa: PLC0415
+
+        return AvroConverter()
+    from tidemark.engine.arrow_converter import ArrowConverter  # noqa: PLC0415
+
+    return ArrowConverter()
+
+
+def _b64(value: Any) -> Any:
+    """An Avro-decoded value in the shape Debezium JSON gives it (bytes as base64)."""
+    if isinstance(value, bytes):
+        return base64.b64encode(value).decode()
+    if isinstance(value, dict):
+        return {k: _b64(v) for k, v in value.items()}
+    return value
+
+
+def _decode(records: list[Any], converter: str, source: SourceUnderTest) -> list[ChangeRow]:
+    records = [r for r in records if r.value is not None]
+    if converter == "json":
+        return from_json_values([r.value for r in records], source)
+    if converter == "arrow":
+        assert all(isinstance(r.value, pa.RecordBatch) for r in records)
+        return [row for r in records for row in r.value.to_pylist()]
+    import fastavro  # noqa: PLC0415
+
+    from tidemark.serde.avro import avro_schemas  # noqa: PLC0415
+    from tidemark.serde.debezium_json import DebeziumJsonOptions  # noqa: PLC0415
+
+    values = []
+    for record in records:
+        event = record.event
+        _, schema = avro_schemas(event.schema, DebeziumJsonOptions(), event.context.block)
+        values.append(_b64(fastavro.schemaless_reader(io.BytesIO(record.value), schema)))
+    return from_json_values(values, source)
+
+
+class EngineRuntime(Runtime):
+    kill_refusal = ("not in the matrix yet: the matrix runs the engine in its own process; "
+                    "SIGKILL of an engine process: tests/engine/test_engine_crash.py "
+                    "(PostgreSQL), tests/source/*/test_*_engine.py")
+
+    def __init__(self, converter: str) -> None:
+        self.converter = converter
+        self.name = f"engine-{converter}"
+
+    def open(self, source: SourceUnderTest, where: Path, **settings: Any) -> Running:
+        return _EngineRunning(source, where, self.converter, settings)
+
+
+# -- the Spark source ---------------------------------------------------------------------
+class _SparkRunning(Running):
+    """A streaming query run with Trigger.AvailableNow each time it is asked for its
+    changes (the first run takes the stream's starting position)."""
+
+    def __init__(self, source: SourceUnderTest, where: Path, spark: Any) -> None:
+        super().__init__(source)
+        self.spark = spark
+        self.where = where
+        self.collected: list[ChangeRow] = []
+        self._trigger()
+
+    def _trigger(self) -> None:
+        import tidemark.spark as ts  # noqa: PLC0415
+
+        stream = ts.read_table(self.spark, dsn=self.source.dsn, table=self.source.table,
+                               **self.source.spark_options())
+
+        def collect(frame: Any, _batch: int) -> None:
+            self.collected += [row.asDict() for row in frame.collect()]
+
+        query = (stream.writeStream.option("checkpointLocation", str(self.where / "chk"))
+                 .foreachBatch(collect).trigger(availableNow=True).start())
+        assert query.awaitTermination(120), "Trigger.AvailableNow did not stop"
+        assert query.exception() is None, query.exception()
+
+    def changes(self) -> list[ChangeRow]:
+        self._trigger()
+        return list(self.collected)
+
+
+class SparkRuntime(Runtime):
+    name = "spark"
+    kill_refusal = ("the Spark source runs inside the user's driver: its SIGKILL is the "
+                    "driver's, proven in the tidemark run column")
+
+    def __init__(self, spark: Any = None) -> None:
+        self.spark = spark
+
+    def open(self, source: SourceUnderTest, where: Path, **settings: Any) -> Running:
+        assert self.spark is not None
+        return _SparkRunning(source, where, self.spark)
+
+
+# -- tidemark run ----------------------------------------------------------------------------
+class _PipelineRunning(Running):
+    def __init__(self, source: SourceUnderTest, where: Path, spark: Any) -> None:
+        from tidemark.pipeline import load_config  # noqa: PLC0415
+
+        super().__init__(source)
+        self.spark = spark
+        self.lake = where / "lake" / "mx"
+        file = where / "pipeline.toml"
+        file.write_text(f'[source]\ndsn = "{source.dsn}"\n{source.pipeline_source()}'
+                        f'[spark]\ncheckpoint = "{where}/chk"\navailable_now = true\n'
+                        f'[targets."{source.table}"]\npath = "{self.lake}"\nkeys = ["id"]\n')
+        self.config = load_config(file)
+        self._run()
+
+    def _run(self) -> None:
+        from tidemark.pipeline.runner import Pipeline  # noqa: PLC0415
+
+        Pipeline(self.config, spark=self.spark).run()
+
+    def rows(self) -> Rows:
+        from tidemark.pipeline.compare import delta_rows  # noqa: PLC0415
+
+        self._run()
+        names = self.source.names
+        found = delta_rows(str(self.lake), names)
+        return canon_rows({r[0]: dict(zip(names, r, strict=True)) for r in found})
+
+
+class PipelineRuntime(Runtime):
+    name = "run"
+    kill_refusal = None
+
+    def __init__(self, spark: Any = None) -> None:
+        self.spark = spark
+
+    def open(self, source: SourceUnderTest, where: Path, **settings: Any) -> Running:
+        assert self.spark is not None
+        return _PipelineRunning(source, where, self.spark)
+
+
+RUNTIMES = ("capture", "engine-json", "engine-avro", "engine-arrow", "spark", "run")
+SPARK_RUNTIMES = ("spark", "run")
+
+
+def make_runtime(name: str, spark: Any = None) -> Runtime:
+    if name == "capture":
+        return CaptureRuntime()
+    if name.startswith("engine-"):
+        return EngineRuntime(name.removeprefix("engine-"))
+    if name == "spark":
+        return SparkRuntime(spark)
+    return PipelineRuntime(spark)
+
+
+@contextlib.contextmanager
+def opened(runtime: Runtime, source: SourceUnderTest, where: Path,
+           **settings: Any) -> Iterator[Running]:
+    where.mkdir(parents=True, exist_ok=True)
+    running = runtime.open(source, where, **settings)
+    try:
+        yield running
+    finally:
+        with contextlib.suppress(Exception):
+            running.close()
+

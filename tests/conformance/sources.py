@@ -1,0 +1,338 @@
+"""The rows of the conformance matrix: one :class:`SourceUnderTest` per source.
+
+Each makes the matrix table ``mx`` (an integer key and the types every source has, then
+its own), runs the standard workload on it, reads its rows back, and knows how each
+runtime is pointed at it. Adding a source to the matrix is one class here and its name
+in :data:`SOURCES`.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import datetime as dt
+import sqlite3
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from decimal import Decimal
+from pathlib import Path
+from typing import Any
+
+import pyarrow as pa
+import pytest
+
+from logtable_helpers import LogDb
+from tidemark.testing.postgres import sql_connection
+
+Rows = dict[Any, dict[str, Any]]
+Statement = tuple[str, Sequence[Any]]
+
+
+def canon(value: Any) -> Any:
+    """One Python value for what runtimes carry in different shapes: bytes of any kind,
+    aware timestamps as naive UTC, decimals without trailing zeros."""
+    if isinstance(value, (bytearray, memoryview)):
+        return bytes(value)
+    if isinstance(value, dt.datetime) and value.tzinfo is not None:
+        return value.astimezone(dt.UTC).replace(tzinfo=None)
+    if isinstance(value, Decimal):
+        return value.normalize()
+    return value
+
+
+def canon_rows(rows: Rows) -> Rows:
+    return {key: {name: canon(v) for name, v in row.items()} for key, row in rows.items()}
+
+
+@dataclass(frozen=True)
+class Column:
+    name: str
+    sql: str
+    arrow: pa.DataType
+    value: Callable[[int], Any]
+    """The column's value in workload row *i* (None: NULL)."""
+
+
+def _text(i: int) -> str:
+    return f"row {i} \u00e9\u00df"
+
+
+COMMON = (
+    Column("t", "", pa.string(), _text),
+    Column("f", "", pa.float64(), lambda i: i + 0.5),
+    Column("bin", "", pa.binary(), lambda i: bytes([i % 256, 0, 255])),
+)
+TYPED = (
+    Column("d", "", pa.decimal128(10, 2), lambda i: Decimal(f"{i}.25")),
+    Column("b", "", pa.bool_(), lambda i: i % 2 == 0),
+    Column("dt", "", pa.date32(), lambda i: dt.date(2024, 2, 29) + dt.timedelta(days=i)),
+    Column("ts", "", pa.timestamp("us"),
+           lambda i: dt.datetime(2024, 1, 2, 3, 4, 5, 678901) + dt.timedelta(minutes=i)),
+)
+
+
+def _typed(sql: dict[str, str], columns: Sequence[Column]) -> tuple[Column, ...]:
+    return tuple(Column(c.name, sql[c.name], c.arrow, c.value) for c in columns)
+
+
+@dataclass
+class SourceUnderTest:
+    """One source's database with the matrix table; subclasses say how to reach it."""
+
+    name: str
+    dsn: str
+    columns: tuple[Column, ...]
+    placeholder: str = "%s"
+    table: str = "public.mx"
+    """The table as events name it."""
+    restart_refusal: str | None = None
+    """Why this source has no server to restart (None: it has one)."""
+    extra: dict[str, Any] = field(default_factory=dict)
+    refused_capture: tuple[list[str], str] = (["--slot", "other"], "")
+    """A ``tidemark capture`` option this source does not have, and what its refusal
+    says ("": the source has every option the runtimes give; nothing to refuse)."""
+    refused_spark: tuple[str, str] = ("readerName", "applies to log tables only")
+    """A Spark source option this source does not have, and what its refusal says."""
+
+    # -- the database -------------------------------------------------------------------
+    def connect(self) -> Any:
+        raise NotImplementedError
+
+    def execute(self, *statements: Statement | str) -> None:
+        """Run *statements* in one transaction."""
+        with contextlib.closing(self.connect()) as conn:
+            cur = conn.cursor()
+            cur.execute("BEGIN")
+            for statement in statements:
+                sql, params = (statement, ()) if isinstance(statement, str) else statement
+                cur.execute(sql, tuple(params))
+            cur.execute("COMMIT")
+
+    def query(self, sql: str) -> list[tuple[Any, ...]]:
+        with contextlib.closing(self.connect()) as conn:
+            cur = conn.cursor()
+            cur.execute(sql)
+            return list(cur.fetchall())
+
+    def key_sql(self) -> str:
+        return "id integer PRIMARY KEY"
+
+    def create(self) -> None:
+        cols = ", ".join(f"{c.name} {c.sql}" for c in self.columns)
+        self.execute(f"CREATE TABLE mx ({self.key_sql()}, {cols})")
+
+    def restart_server(self) -> None:
+        raise NotImplementedError
+
+    # -- rows ---------------------------------------------------------------------------
+    @property
+    def names(self) -> list[str]:
+        return ["id", *(c.name for c in self.columns)]
+
+    def rows(self) -> Rows:
+        """The table's rows now, by key, canonical (:func:`canon`)."""
+        found = self.query(f"SELECT {', '.join(self.names)} FROM mx")
+        return canon_rows({r[0]: dict(zip(self.names, r, strict=True)) for r in found})
+
+    def arrow_schema(self) -> pa.Schema:
+        return pa.schema([pa.field("id", pa.int64()),
+                          *(pa.field(c.name, c.arrow) for c in self.columns)])
+
+    def insert(self, i: int, *, nulls: bool = False) -> Statement:
+        values = [i, *(None if nulls else c.value(i) for c in self.columns)]
+        marks = ", ".join([self.placeholder] * len(values))
+        return f"INSERT INTO mx ({', '.join(self.names)}) VALUES ({marks})", values
+
+    def update(self, i: int, **values: Any) -> Statement:
+        sets = ", ".join(f"{name} = {self.placeholder}" for name in values)
+        return f"UPDATE mx SET {sets} WHERE id = {int(i)}", list(values.values())
+
+    def workload(self) -> list[list[Statement | str]]:
+        """Every operation: inserts (a multi-row transaction), a row of NULLs, updates
+        to values and to NULL, a primary-key change, a delete, and a transaction that
+        inserts, updates and deletes."""
+        col = {c.name: c for c in self.columns}
+        return [
+            [self.insert(i) for i in range(1, 6)],
+            [self.insert(6, nulls=True)],
+            [self.update(1, t="changed", f=-1.25, bin=b"\x01\x02"),
+             self.update(2, **{name: None for name in col})],
+            ["UPDATE mx SET id = 30 WHERE id = 3"],
+            ["DELETE FROM mx WHERE id = 4"],
+            [self.insert(7), self.update(7, t=None, f=7.75), "DELETE FROM mx WHERE id = 5",
+             self.update(6, **{name: c.value(60) for name, c in col.items()})],
+        ]
+
+    def big_transaction(self, first: int, count: int, width: int) -> list[Statement | str]:
+        """One transaction of *count* wide rows (text of *width* characters)."""
+        statements: list[Statement | str] = []
+        for i in range(first, first + count):
+            name, values = self.insert(i)
+            values[1] = f"{i:08d}" + "w" * (width - 8)
+            statements.append((name, values))
+        return statements
+
+    # -- how runtimes reach it ------------------------------------------------------------
+    def capture_args(self) -> list[str]:
+        """``tidemark capture`` options (besides --dsn and --offsets)."""
+        raise NotImplementedError
+
+    def engine_connector(self, **settings: Any) -> Any:
+        raise NotImplementedError
+
+    def spark_options(self) -> dict[str, str]:
+        """Options of ``read_table`` besides dsn and table."""
+        return {}
+
+    def pipeline_source(self) -> str:
+        """The ``[source]`` section's lines besides the dsn."""
+        return ""
+
+    def batch_settings(self) -> dict[str, Any]:
+        """The connector's settings that bound what a batch holds in memory, small."""
+        raise NotImplementedError
+
+
+class _Postgres(SourceUnderTest):
+    def connect(self) -> Any:
+        conn = sql_connection(self.dsn)
+        conn.autocommit = True
+        return conn
+
+    def restart_server(self) -> None:
+        self.extra["cluster"].restart()
+
+
+class PostgresSource(_Postgres):
+    """PostgreSQL through pgoutput logical replication."""
+
+    def capture_args(self) -> list[str]:
+        return ["--table", "public.mx", "--slot", self.extra["slot"], "--snapshot-mode",
+                "no_data", "--heartbeat-interval-ms", "200"]
+
+    def engine_connector(self, **settings: Any) -> Any:
+        from tidemark import PostgresConnector  # noqa: PLC0415
+
+        return PostgresConnector({"dsn": self.dsn, "snapshot_mode": "no_data",
+                                  "slot_name": self.extra["slot"],
+                                  "table_include_list": ["public.mx"],
+                                  "heartbeat_interval_ms": 200, **settings})
+
+    def spark_options(self) -> dict[str, str]:
+        return {"slot": self.extra["slot"] + "_spark"}
+
+    def pipeline_source(self) -> str:
+        return f'slot = "{self.extra["slot"]}_run"\n'
+
+    def batch_settings(self) -> dict[str, Any]:
+        return {"max_batch_messages": 50}
+
+
+class PostgresLogTableSource(_Postgres):
+    """CDC log tables (triggers) on PostgreSQL."""
+
+    def create(self) -> None:
+        super().create()
+        LogDb("postgres", self.dsn).install(["mx"], streams=8, groups=2)
+
+    def capture_args(self) -> list[str]:
+        return ["--source", "logtable", "--no-cells"]
+
+    def engine_connector(self, **settings: Any) -> Any:
+        from tidemark import LogTableConnector  # noqa: PLC0415
+
+        return LogTableConnector({"dsn": self.dsn, "poll_interval_ms": 20, **settings})
+
+    def spark_options(self) -> dict[str, str]:
+        return {"source": "logtable"}
+
+    def pipeline_source(self) -> str:
+        return 'kind = "logtable"\n'
+
+    def batch_settings(self) -> dict[str, Any]:
+        return {"max_batch_events": 50}
+
+
+class SqliteLogTableSource(SourceUnderTest):
+    """CDC log tables (triggers) on SQLite: a file, no server."""
+
+    def connect(self) -> Any:
+        return sqlite3.connect(self.extra["path"], isolation_level=None, timeout=30)
+
+    def create(self) -> None:
+        super().create()
+        LogDb("sqlite", self.dsn, self.extra["path"]).install(["mx"], streams=8, groups=2)
+
+    def capture_args(self) -> list[str]:
+        return ["--no-cells"]
+
+    def engine_connector(self, **settings: Any) -> Any:
+        from tidemark import LogTableConnector  # noqa: PLC0415
+
+        return LogTableConnector({"dsn": self.dsn, "poll_interval_ms": 20, **settings})
+
+    def batch_settings(self) -> dict[str, Any]:
+        return {"max_batch_events": 50}
+
+
+class MariaDbSource(SourceUnderTest):
+    """MariaDB through its binlog."""
+
+    def connect(self) -> Any:
+        return self.extra["mdb"].server.connect(self.extra["mdb"].name)
+
+    def execute(self, *statements: Statement | str) -> None:
+        # PyMySQL: no BEGIN needed, but COMMIT is; the base class's text works too.
+        super().execute(*statements)
+
+    def restart_server(self) -> None:
+        self.extra["mdb"].server.restart()
+
+    def capture_args(self) -> list[str]:
+        return ["--snapshot-mode", "no_data", "--heartbeat-interval-ms", "200"]
+
+    def engine_connector(self, **settings: Any) -> Any:
+        from tidemark import MariaDbConnector  # noqa: PLC0415
+
+        return MariaDbConnector({"dsn": self.dsn, "snapshot_mode": "no_data", **settings})
+
+    def batch_settings(self) -> dict[str, Any]:
+        return {"max_batch_events": 50, "max_transaction_rows_in_memory": 50}
+
+
+_PG_SQL = {"t": "text", "f": "double precision", "bin": "bytea", "d": "numeric(10,2)",
+           "b": "boolean", "dt": "date", "ts": "timestamp(6)"}
+_MARIA_SQL = {"t": "TEXT", "f": "DOUBLE", "bin": "VARBINARY(20)", "d": "DECIMAL(10,2)",
+              "b": "BOOLEAN", "dt": "DATE", "ts": "DATETIME(6)"}
+_SQLITE_SQL = {"t": "text", "f": "real", "bin": "blob"}
+
+SOURCES = ("postgres", "mariadb", "postgres-logtable", "sqlite-logtable")
+
+
+def make_source(name: str, request: pytest.FixtureRequest, tmp_path: Path) -> SourceUnderTest:
+    """The matrix table on source *name* (its table made, nothing else yet)."""
+    source: SourceUnderTest
+    if name == "mariadb":
+        mdb = request.getfixturevalue("mdb")
+        source = MariaDbSource(name, mdb.dsn, _typed(_MARIA_SQL, COMMON + TYPED),
+                               table=f"{mdb.name}.mx", extra={"mdb": mdb},
+                               refused_capture=(["--slot", "other"],
+                                                "--slot applies to PostgreSQL only"))
+    elif name == "sqlite-logtable":
+        path = tmp_path / "app.db"
+        path.touch()
+        source = SqliteLogTableSource(
+            name, f"sqlite:///{path}", _typed(_SQLITE_SQL, COMMON), placeholder="?",
+            table="main.mx", extra={"path": path},
+            refused_capture=(["--slot", "other"], "--slot does not apply to log tables"),
+            refused_spark=("slot", "does not apply"),
+            restart_refusal="a SQLite file has no server to restart")
+    else:
+        db = request.getfixturevalue("db")
+        kind = PostgresSource if name == "postgres" else PostgresLogTableSource
+        refusals: dict[str, Any] = {} if name == "postgres" else {
+            "refused_capture": (["--slot", "other"], "--slot does not apply to log tables"),
+            "refused_spark": ("slot", "does not apply")}
+        source = kind(name, db.dsn, _typed(_PG_SQL, COMMON + TYPED),
+                      extra={"cluster": db.cluster, "slot": f"mx_{db.name}"}, **refusals)
+    source.create()
+    return source
