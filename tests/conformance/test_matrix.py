@@ -81,9 +81,6 @@ def _settled(running: Running, source: SourceUnderTest, what: str,
                              f"key: {differ}") from None
 
 
-_BOOL = ("product defect: a PostgreSQL log table's boolean true arrives as false in "
-         "Debezium JSON (capture, the engine's JSON converter), the Spark source and "
-         "tidemark run (the engine's Arrow converter reads true)")
 _AVRO_UNCHANGED = ("product defect: AvroConverter on a log-table update that leaves a "
                    "non-text column unchanged: the unavailable-value placeholder does not "
                    "fit the column's Avro type (ValueError), the engine stops")
@@ -91,10 +88,6 @@ _AVRO_UNCHANGED = ("product defect: AvroConverter on a log-table update that lea
 #: Cells that fail today, by (source, runtime, check) ("*": every check), with why: each
 #: an xfail(strict=True), so a fix turns the cell red until its entry is removed.
 KNOWN_FAILURES: dict[tuple[str, str, str], str] = {
-    ("postgres-logtable", "capture", "*"): _BOOL,
-    ("postgres-logtable", "engine-json", "*"): _BOOL,
-    ("postgres-logtable", "spark", "*"): _BOOL,
-    ("postgres-logtable", "run", "*"): _BOOL,
     ("postgres-logtable", "engine-avro", "*"): _AVRO_UNCHANGED,
     ("sqlite-logtable", "engine-avro", "round_trip"): _AVRO_UNCHANGED,
 }
