@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import contextlib
 import sqlite3
+import time
 from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
@@ -81,17 +82,27 @@ def reader(db: LogDb, *, store: OffsetReader | None = None, **settings: Any) -> 
     return r
 
 
-def drain(r: LogTableReader, max_polls: int = 10_000) -> list[ChangeEvent]:
+def drain(r: LogTableReader, timeout_s: float = 30.0) -> list[ChangeEvent]:
     """Everything *r* has to read now: polls until every group is idle."""
     events: list[ChangeEvent] = []
-    idle = 0
-    for _ in range(max_polls):
+    # An idle reader's polls return at once without looking until its poll interval
+    # has passed: idle means nothing came for longer than that.
+    interval_s = r.config.poll_interval_ms / 1000
+    quiet_since: float | None = None
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
         batch = r.poll()
         events.extend(batch.records)  # type: ignore[arg-type]
-        idle = 0 if batch.records else idle + 1
-        if idle >= 2:
+        now = time.monotonic()
+        if batch.records:
+            quiet_since = None
+        elif quiet_since is None:
+            quiet_since = now
+        elif now - quiet_since > interval_s:
             return events
-    raise AssertionError("the reader never went idle")
+        else:
+            time.sleep(0.002)  # paces the polls of an idle reader
+    raise AssertionError(f"the reader never went idle within {timeout_s}s")
 
 
 def replay(events: Sequence[ChangeEvent], state: dict[Any, dict[str, Any]] | None = None

@@ -63,6 +63,7 @@ class LogTableReader:
         self._caught_up: set[int] = set()
         self._stop_at_end = False
         self._last_prune = time.monotonic()
+        self._idle_until = 0.0  # every group was idle: no query before this moment
         self.stats = CaptureStats()
         #: ``cdc$operation`` codes of the skipped operations (skipped.operations).
         self._skipped_codes = frozenset(code for code, op in _OPS.items()
@@ -109,8 +110,14 @@ class LogTableReader:
                  self.config.redacted_dsn(), _ranges(groups))
 
     def poll(self) -> SourceBatch:
-        """The next group's changes (empty when every group is idle)."""
+        """The next group's changes; empty when every group is idle, and then, until
+        ``poll_interval_ms`` has passed, empty at once without querying: the poll never
+        waits, so the engine saves offsets on time (a crash redelivers no more) and
+        stops promptly."""
         db = self._require()
+        if time.monotonic() < self._idle_until:
+            self._maybe_prune()
+            return SourceBatch([], None)
         moved = False
         for _ in range(len(self._groups)):
             group = self._groups[self._next]
@@ -132,8 +139,9 @@ class LogTableReader:
         if not finished:
             self._maybe_prune()
             if not moved:
-                # Every group is idle: wait, rather than query the database in a loop.
-                time.sleep(self.config.poll_interval_ms / 1000)
+                # Every group is idle: look again after the interval, rather than query
+                # the database in a loop.
+                self._idle_until = time.monotonic() + self.config.poll_interval_ms / 1000
         return SourceBatch([], self._offset() if moved or finished else None, finished)
 
     def _offset(self) -> Offset:
