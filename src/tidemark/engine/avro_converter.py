@@ -40,7 +40,12 @@ class AvroConverter:
             key = avro.key(event, key_json)
             value = msgspec.json.decode(value_json)
             if record.flatten is not None:
-                row = flat_row(value, record.flatten)
+                # Cells flatten to their values (an unchanged one to null), as the JSON
+                # converter's rows: the flat schema holds plain values.
+                cells = None
+                if self.options.cells:
+                    cells = [c.name for c in event.schema.columns if not c.is_key]
+                row = flat_row(value, record.flatten, cells)
                 out.append(ConvertedRecord(
                     record.destination, key,
                     None if row is None else avro.flat(event, row, record.flatten.add_fields),

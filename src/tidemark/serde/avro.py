@@ -19,14 +19,15 @@ import base64
 import io
 import re
 from collections.abc import Callable
-from typing import Any
+from typing import Any, NamedTuple
 
 import fastavro
+import fastavro.validation
 import msgspec
 
-from tidemark.event import ChangeEvent, Column, TableSchema
+from tidemark.event import UNAVAILABLE, ChangeEvent, Column, Op, TableSchema, WireTuple
 from tidemark.logical_type import Kind, LogicalType
-from tidemark.serde.json_columns import DebeziumJsonOptions
+from tidemark.serde.json_columns import DebeziumJsonOptions, column_mapping
 from tidemark.serde.modes import DecimalHandlingMode, TimePrecisionMode
 from tidemark.source_block import BARE_BLOCK, COMMON_FIELDS, BlockField, FieldType, SourceBlock
 
@@ -123,16 +124,42 @@ def _named_once(avro_type: AvroType, defined: set[str]) -> AvroType:
     return avro_type
 
 
-def _cell(field: str, avro_type: AvroType, fix: Callable[[Any], Any] | None
+def _cell(namespace: str, avro_type: AvroType, fix: Callable[[Any], Any] | None
           ) -> tuple[AvroType, Callable[[Any], Any] | None]:
-    """A column as a cell (``{"value": …}``, ScyllaDB's; the log tables' format with
-    ``cells``): its record type and the fix-up of its JSON form."""
-    cell = {"type": "record", "name": f"{field}_Cell",
+    """A column as a cell (``{"value": …}``, the log tables' format with ``cells``): its
+    record type and the fix-up of its JSON form. Named as ScyllaDB's connector names
+    its cell struct (``<table>.<column>.Cell``, one optional field ``value``); the
+    rows make the cell itself optional (null: the change left the column as it was)."""
+    cell = {"type": "record", "name": "Cell", "namespace": namespace,
             "fields": [{"name": "value", "type": ["null", avro_type], "default": None}]}
     if fix is None:
         return cell, None
     inner = fix
     return cell, lambda v: {"value": None if v["value"] is None else inner(v["value"])}
+
+
+def _placeholder(column: Column, avro_type: AvroType, options: DebeziumJsonOptions) -> Any:
+    """What Avro writes for *column* when its value is unavailable (an unchanged TOASTed
+    value, a column a log-table change did not set, written without cells): the JSON
+    converter's placeholder where the column's Avro type holds it (the placeholder
+    text, its bytes, a list of them), else null — as Debezium, which leaves out a value
+    it has no placeholder of that type for (an unchanged numeric, a boolean array)."""
+    placeholder = column_mapping(column, options).placeholder
+    schema = fastavro.parse_schema({"type": "record", "name": "Placeholder", "fields": [
+        {"name": "v", "type": ["null", avro_type]}]})
+    valid = fastavro.validation.validate({"v": placeholder}, schema, raise_errors=False)
+    return placeholder if valid else None
+
+
+class _Field(NamedTuple):
+    """A column's field in a row record: its JSON name, Avro name, the fix-up of its JSON
+    value (None: none), its position in the event's row and its unavailable value."""
+
+    column: str
+    name: str
+    fix: Callable[[Any], Any] | None
+    position: int
+    placeholder: Any
 
 
 class _TableCodec:
@@ -146,8 +173,8 @@ class _TableCodec:
         name = avro_name(f"{options.topic_prefix}.{schema.table.schema}.{schema.table.table}")
         # plain_*: the columns' own values (keys, flattened rows); self.fields and
         # row: the envelope's rows, whose non-key columns are cells with options.cells.
-        self.plain_fields: list[tuple[str, str, Callable[[Any], Any] | None]] = []
-        self.fields: list[tuple[str, str, Callable[[Any], Any] | None]] = []
+        self.plain_fields: list[_Field] = []
+        self.fields: list[_Field] = []
         plain_row_fields: list[dict[str, Any]] = []
         row_fields: list[dict[str, Any]] = []
         seen: set[str] = set()
@@ -155,20 +182,23 @@ class _TableCodec:
         in_row: set[str] = set()
         in_plain: set[str] = set()
         in_key: set[str] = set()
-        for column in schema.columns:
+        for index, column in enumerate(schema.columns):
             field = avro_name(column.name)
             while field in seen:
                 field += "_"
             seen.add(field)
             avro_type = column_type(column, options)
             fix = _bytes_reader(avro_type)
-            self.plain_fields.append((column.name, field, fix))
+            placeholder = _placeholder(column, avro_type, options)
+            self.plain_fields.append(_Field(column.name, field, fix, index, placeholder))
             plain_row_fields.append({"name": field, "default": None, "type": [
                 "null", _named_once(avro_type, in_plain)]})
             avro_type = _named_once(avro_type, in_row)
             if options.cells and not column.is_key:
-                avro_type, fix = _cell(field, avro_type, fix)
-            self.fields.append((column.name, field, fix))
+                # An unchanged column is a null cell, never a placeholder.
+                avro_type, fix = _cell(f"{name}.{field}", avro_type, fix)
+                placeholder = None
+            self.fields.append(_Field(column.name, field, fix, index, placeholder))
             row_fields.append({"name": field, "type": ["null", avro_type], "default": None})
         self.row_fields = plain_row_fields
         self.row = {"type": "record", "name": "Value", "namespace": name, "fields": row_fields}
@@ -177,8 +207,8 @@ class _TableCodec:
             "type": "record", "name": "Key", "namespace": name,
             "fields": [{"name": field, "default": None, "type": [
                 "null", _named_once(column_type(schema.columns[i], options), in_key)]}
-                       for i, (_, field, _) in zip(schema.key_indexes, self.key_names,
-                                                   strict=True)]})
+                       for i, (_, field, *_) in zip(schema.key_indexes, self.key_names,
+                                                    strict=True)]})
         self.envelope = fastavro.parse_schema({
             "type": "record", "name": "Envelope", "namespace": name, "fields": [
                 {"name": "before", "type": ["null", self.row], "default": None},
@@ -204,14 +234,19 @@ class _TableCodec:
                 "fields": self.row_fields + extra})
         return schema
 
-    def row_value(self, row: dict[str, Any] | None,
-                  fields: list[tuple[str, str, Callable[[Any], Any] | None]] | None = None
-                  ) -> dict[str, Any] | None:
-        """The Avro record of a Debezium JSON row (of *fields*, default all columns)."""
+    def row_value(self, row: dict[str, Any] | None, fields: list[_Field] | None = None,
+                  raw: WireTuple | None = None) -> dict[str, Any] | None:
+        """The Avro record of a Debezium JSON row (of *fields*, default all columns);
+        *raw*, the event's row of wire values, tells the unavailable values, written as
+        their field's placeholder."""
         if row is None:
             return None
         out: dict[str, Any] = {}
-        for column, field, fix in self.fields if fields is None else fields:
+        for column, field, fix, position, placeholder in self.fields if fields is None \
+                else fields:
+            if raw is not None and raw[position] is UNAVAILABLE:
+                out[field] = placeholder
+                continue
             value = row.get(column)
             out[field] = fix(value) if fix is not None and value is not None else value
         return out
@@ -280,8 +315,8 @@ class AvroEncoder:
             if isinstance(source.get(field), str):
                 source[field] = int(source[field])
         record = {
-            "before": codec.row_value(value.get("before")),
-            "after": codec.row_value(value.get("after")),
+            "before": codec.row_value(value.get("before"), raw=event.raw_before),
+            "after": codec.row_value(value.get("after"), raw=event.raw_after),
             "source": source,
             "transaction": value.get("transaction"),
             "op": value["op"],
@@ -293,10 +328,15 @@ class AvroEncoder:
 
     def flat(self, event: ChangeEvent, row: dict[str, Any],
              add_fields: tuple[str, ...]) -> bytes:
-        """The Avro value of a flattened row (ExtractNewRecordState)."""
+        """The Avro value of a flattened row (ExtractNewRecordState): *row* from
+        :func:`~tidemark.engine.converters.flat_row` (cells already flattened, an
+        unchanged one to null)."""
         assert event.schema is not None
         codec = self.codec(event.schema, event.context.block)
-        out = codec.row_value(row, codec.plain_fields) or {}
+        raw = None
+        if not self.options.cells:
+            raw = event.raw_before if event.op is Op.DELETE else event.raw_after
+        out = codec.row_value(row, codec.plain_fields, raw) or {}
         for field in (*(f"__{f}" for f in add_fields), "__deleted"):
             out[field] = row.get(field)
         return _write(codec.flat_schema(add_fields), out)
