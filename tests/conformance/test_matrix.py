@@ -81,15 +81,9 @@ def _settled(running: Running, source: SourceUnderTest, what: str,
                              f"key: {differ}") from None
 
 
-_AVRO_UNCHANGED = ("product defect: AvroConverter on a log-table update that leaves a "
-                   "non-text column unchanged: the unavailable-value placeholder does not "
-                   "fit the column's Avro type (ValueError), the engine stops")
-
 #: Cells that fail today, by (source, runtime, check) ("*": every check), with why: each
 #: an xfail(strict=True), so a fix turns the cell red until its entry is removed.
 KNOWN_FAILURES: dict[tuple[str, str, str], str] = {
-    ("postgres-logtable", "engine-avro", "*"): _AVRO_UNCHANGED,
-    ("sqlite-logtable", "engine-avro", "round_trip"): _AVRO_UNCHANGED,
 }
 
 
