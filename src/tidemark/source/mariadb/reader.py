@@ -36,6 +36,7 @@ from tidemark.source.mariadb import client
 from tidemark.source.mariadb import snapshot as snap
 from tidemark.source.mariadb.change_builder import ChangeBuilder
 from tidemark.source.mariadb.config import MariaDbSourceConfig, SnapshotMode
+from tidemark.source.mariadb.grants import check_grants
 from tidemark.source.mariadb.incremental_snapshot import ChunkedSnapshots
 from tidemark.source.mariadb.position import BinlogPosition
 from tidemark.source.signals import SignalError, parse_signal
@@ -111,6 +112,9 @@ class MariaDbReader:
         conn = client.connect(self._settings)
         with contextlib.closing(conn):
             client.check_server(conn)
+            # Before the snapshot: a user the binlog dump refuses is told now, not
+            # after every row went out.
+            check_grants(conn, self._settings)
             current = client.current_position(conn)
             kept = client.binlog_files(conn) \
                 if cfg.snapshot_mode == SnapshotMode.WHEN_NEEDED else []
