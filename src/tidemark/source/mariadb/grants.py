@@ -25,17 +25,18 @@ from tidemark.source.mariadb.position import BinlogPosition
 _REPLICATION_SLAVE = "REPLICATION SLAVE"
 
 
-def check_grants(conn: pymysql.Connection[Any], settings: client.ConnectionSettings) -> None:
+def check_grants(conn: pymysql.Connection[Any], settings: client.ConnectionSettings, *,
+                 dump: bool = True) -> None:
     """Raise :class:`~tidemark.source.mariadb.client.MissingPrivilegeError` naming every
     global privilege the user of *conn* lacks for a capture, and the GRANT that gives
-    them."""
+    them (*dump*: the capture reads the binlog, not only a snapshot)."""
     missing: list[tuple[str, str]] = []
     position: BinlogPosition | None = None
     try:
         position = client.current_position(conn)
     except client.MissingPrivilegeError:
         missing.append((_monitor_privilege(conn), "to find the binlog's end"))
-    if not _can_dump(settings, position):
+    if dump and not _can_dump(settings, position):
         missing.append((_REPLICATION_SLAVE, "to read the binlog"))
     if not missing:
         return
