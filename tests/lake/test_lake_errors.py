@@ -82,6 +82,23 @@ def test_target_that_is_not_a_delta_table(tmp_path: Path, kind: str) -> None:
         target / "data.csv"]
 
 
+@pytest.mark.parametrize("where", ["under a file", "unknown scheme"])
+def test_a_target_delta_rs_cannot_create_is_one_line_naming_the_path(
+        tmp_path: Path, where: str) -> None:
+    (tmp_path / "afile").write_text("x\n")
+    target = str(tmp_path / "afile" / "t") if where == "under a file" else "nosuch://b/t"
+    with pytest.raises(ConfigError) as err:
+        apply_changes(target, rows(change("c", 1, id=1)), ApplySpec(keys=("id",)),
+                      app_id="a", version=0)
+    message = str(err.value)
+    assert err.value.key == "target"
+    assert f"cannot create the Delta table at {target}: " in message or \
+        f"cannot open the Delta table at {target}: " in message
+    assert "\n" not in message and "Os {" not in message
+    assert ("Not a directory" if where == "under a file" else "Unknown scheme: nosuch") \
+        in message
+
+
 def test_an_empty_directory_becomes_the_table(tmp_path: Path) -> None:
     (tmp_path / "t").mkdir()
     result = apply_changes(tmp_path / "t", rows(change("c", 1, id=1)),

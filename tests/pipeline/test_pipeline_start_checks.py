@@ -110,3 +110,13 @@ def test_target_path_that_cannot_be_created_names_key_and_path(
     assert "Not a directory" in line
     assert "Os {" not in line
     _nothing_created(source, request)
+
+
+def test_target_uri_delta_rs_cannot_reach_is_refused_at_start(
+        source: Source, tmp_path: Path, request: pytest.FixtureRequest) -> None:
+    result = _run(tmp_path, source, 'path = "nosuch://bucket/orders"\nkeys = ["id"]')
+    line = _one_error(result)
+    assert f'targets."{source.table}".path' in line
+    assert "nosuch://bucket/orders" in line and "Unknown scheme: nosuch" in line
+    _nothing_created(source, request)
+    assert not (tmp_path / "chk" / "offsets").exists()  # Spark never started

@@ -13,6 +13,7 @@ from __future__ import annotations
 import json
 import logging
 import os
+import re
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any, Final
 
@@ -38,6 +39,11 @@ FILLED_KEY: Final = "tidemark.filledNewColumns"
 #: source for rows that existed before it was added (PostgreSQL: the DEFAULT of
 #: ``ADD COLUMN``); a column left out stays null in those rows.
 NewColumnValues = Callable[[Sequence[str]], Mapping[str, Any]]
+
+#: Parts of delta-rs' error texts that are for its own debugging: terminal colours, the
+#: arrows of its error chains, and Rust's ``Os { code, kind, message }``.
+_ANSI: Final = re.compile(r"\x1b\[[0-9;]*m")
+_RUST_OS_ERROR: Final = re.compile(r"Error: Os \{[^}]*message: \"([^\"]*)\"[^}]*\}")
 
 
 def check_target(uri: str) -> None:
@@ -65,8 +71,24 @@ def open_target(uri: str, storage_options: dict[str, str] | None) -> DeltaTable 
         # A plain file fails with delta-rs' "Path does not exist", which hides the cause.
         check_target(uri)
         if isinstance(err, TableNotFoundError):
+            if "Unknown scheme" in str(err):  # no table can ever be made there
+                raise target_error(uri, "open", err) from None
             return None
         raise
+
+
+def target_error(uri: str, doing: str, err: BaseException) -> ConfigError:
+    """A delta-rs failure to *doing* (open, create) the table at *uri*, in one line that
+    names the path (ConfigError keyed ``target``: the caller knows the setting)."""
+    return ConfigError("target", f"cannot {doing} the Delta table at {uri}: "
+                                 f"{delta_reason(err)}")
+
+
+def delta_reason(err: BaseException) -> str:
+    """delta-rs' message of *err* on one line, without colours, arrows or Rust's
+    ``Os { … }`` wrapping."""
+    text = _RUST_OS_ERROR.sub(r"(\1)", _ANSI.sub("", str(err)))
+    return " ".join(text.replace("\u21b3", " ").split()) or type(err).__name__
 
 
 def target_fields(schema: pa.Schema, columns: ResolvedColumns,
@@ -90,9 +112,12 @@ def create_target(uri: str, schema: pa.Schema, columns: ResolvedColumns, spec: A
     """Create the target table (a no-op where another writer just did)."""
     log.info("creating Delta table %s (keys %s, SCD type %d)", uri, ", ".join(spec.keys),
              spec.stored_as_scd_type)
-    return DeltaTable.create(uri, pa.schema(target_fields(schema, columns, spec)),
-                             mode="ignore", partition_by=list(spec.partition_by) or None,
-                             storage_options=storage_options)
+    try:
+        return DeltaTable.create(uri, pa.schema(target_fields(schema, columns, spec)),
+                                 mode="ignore", partition_by=list(spec.partition_by) or None,
+                                 storage_options=storage_options)
+    except (DeltaError, OSError) as err:  # OSError: an object store's failures
+        raise target_error(uri, "create", err) from None
 
 
 def add_new_columns(table: DeltaTable, schema: pa.Schema, columns: ResolvedColumns,

@@ -22,6 +22,7 @@ from pyspark.sql.pandas.types import to_arrow_schema
 from pyspark.sql.types import StructType
 
 from tidemark import faults
+from tidemark.errors import ConfigError
 from tidemark.lake import ApplyResult, apply_changes
 from tidemark.lake.delta_writer import SnapshotLoad, apply_changes_in_steps, load_in_steps
 from tidemark.lake.split_apply import plan_target
@@ -332,6 +333,12 @@ class BatchApply:
                     new_column_values=new_column_values)
         except TypeChangeError as err:
             raise PipelineError(f"{target.table}: {err}") from None
+        except ConfigError as err:
+            if err.key != "target":  # a setting of the target's apply spec names itself
+                raise
+            # delta-rs could not make the table: the key it is configured under.
+            raise PipelineError(f'targets."{target.table}".path: '
+                                f"{str(err).removeprefix('target: ')}") from None
         except (MemoryError, DeltaError) as err:
             if isinstance(err, DeltaError) and "Resources exhausted" not in str(err):
                 raise

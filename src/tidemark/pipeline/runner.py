@@ -81,6 +81,7 @@ class Pipeline(BatchApply):
         self._on_batch = on_batch
         self._stop = threading.Event()
         self._slot_checked = False
+        self._undo_start: Callable[[], list[str]] | None = None
         self._stop_now = threading.Event()
         self._in_flight = InFlight()
         self._streaming = False
@@ -123,7 +124,11 @@ class Pipeline(BatchApply):
         except PySparkException as err:
             # The source checks the database when the stream is loaded; its error comes
             # back wrapped in a Python traceback inside a Spark exception.
+            self._undo_failed_start()
             raise PipelineError(message_of(err)) from None
+        except BaseException:
+            self._undo_failed_start()
+            raise
 
     def _start(self, spark: SparkSession) -> StreamingQuery:
         source = self.config.source
@@ -192,8 +197,26 @@ class Pipeline(BatchApply):
         logging.getLogger(_PY4J_CALLBACKS).addFilter(quiet)
         try:
             self._run()
+        except BaseException:
+            self._undo_failed_start()
+            raise
         finally:
             logging.getLogger(_PY4J_CALLBACKS).removeFilter(quiet)
+
+    def _undo_failed_start(self) -> None:
+        """Drop what this start created in the source (its slot, its publication) when
+        it failed before planning a batch: once one is planned, the checkpoint relies on
+        the slot (the batch replays from it)."""
+        undo, self._undo_start = self._undo_start, None
+        if undo is None or self._batches_applied or planned_a_batch(self.config.checkpoint):
+            return
+        try:
+            dropped = undo()
+        except Exception as err:  # the start's own failure is what the user must see
+            log.warning("could not drop what the failed start created: %s", err)
+            return
+        if dropped:
+            log.info("the start failed: dropped the %s it created", " and the ".join(dropped))
 
     @records_runs  # <checkpoint>/tidemark-status.json, for tidemark status
     def _run(self) -> None:
@@ -286,6 +309,11 @@ class Pipeline(BatchApply):
             self._source.kind.check_before_start(self.config.dsn,
                                                  slot=self.config.source.slot,
                                                  checkpoint=self.config.checkpoint)
+            if not planned_a_batch(self.config.checkpoint):
+                # A first start: what it creates is dropped again if it fails.
+                self._undo_start = self._source.kind.note_before_start(
+                    self.config.dsn, slot=self.config.source.slot,
+                    publication=self.config.source.publication)
             self._slot_checked = True
         if self._spark is None:
             self._spark = build_session(self.config)
@@ -295,6 +323,12 @@ class Pipeline(BatchApply):
 #: Longest wait for a batch to return once its query was stopped (its Spark jobs are
 #: cancelled; a Delta commit in progress finishes).
 _BATCH_RETURN_S: Final = 120.0
+
+
+def planned_a_batch(checkpoint: str) -> bool:
+    """Whether Spark planned a batch into *checkpoint* (its offset log has one)."""
+    offsets = Path(checkpoint) / "offsets"
+    return offsets.is_dir() and any(p.name.isdigit() for p in offsets.iterdir())
 
 
 def _stop_between_batches(query: StreamingQuery, now: threading.Event) -> None:

@@ -3,8 +3,9 @@
 :mod:`tidemark.pipeline.config` checks the file alone; this asks the places it names,
 before the source makes a slot or a publication and before Spark starts (a mistake
 found after those holds WAL, and comes behind a traceback): each local target's
-directory can be created, and each target's settings that name a column (keys,
-``column_list``, ``partition_by``, …) name one its table has in the source's catalog.
+directory can be created (an object store's table can be opened), and each target's
+settings that name a column (keys, ``column_list``, ``partition_by``, …) name one its
+table has in the source's catalog.
 Each failure is a :class:`~tidemark.errors.ConfigError` naming the key, what is wrong
 and what exists.
 """
@@ -15,9 +16,11 @@ import os
 from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
 
+from deltalake.exceptions import DeltaError
+
 from tidemark.errors import ConfigError
 from tidemark.lake import change_rows as cr
-from tidemark.lake.delta_target import check_target
+from tidemark.lake.delta_target import check_target, open_target, target_error
 from tidemark.pipeline.config import PipelineConfig, Target
 from tidemark.source.kind import SourceKind
 
@@ -33,6 +36,8 @@ def check_before_start(config: PipelineConfig, kind: SourceKind) -> None:
     for target in config.targets:
         if target.local:
             make_target_directory(target)
+        else:
+            reach_target(target)
     check_columns(config.targets, kind.table_columns(config.dsn, list(config.tables)))
 
 
@@ -49,6 +54,20 @@ def make_target_directory(target: Target) -> None:
     except OSError as err:
         raise ConfigError(key, f"cannot create the target directory {target.path}: "
                                f"{_reason(err, Path(target.path))}") from None
+
+
+def reach_target(target: Target) -> None:
+    """Open *target*'s table in its object store (none there yet is fine), or raise
+    naming the key, the URI and delta-rs' reason (an unknown scheme, a bucket or
+    credentials it cannot use)."""
+    key = f'targets."{target.table}".path'
+    try:
+        open_target(target.path, target.storage_options)
+    except ConfigError as err:
+        raise ConfigError(key, str(err).removeprefix(f"{err.key}: ")) from None
+    except (DeltaError, OSError) as err:
+        raise ConfigError(key, str(target_error(target.path, "open", err))
+                          .removeprefix("target: ")) from None
 
 
 def _reason(err: OSError, path: Path) -> str:

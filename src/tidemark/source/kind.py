@@ -182,6 +182,14 @@ class SourceKind(abc.ABC):
         """Raise if the source cannot continue the *checkpoint*, or another process
         reads its *slot* (nothing by default)."""
 
+    def note_before_start(self, dsn: str, *, slot: str,
+                          publication: str) -> Callable[[], list[str]] | None:
+        """Called before a pipeline's stream starts: the function that drops what the
+        start then creates in the source (a slot, a publication; never what exists now),
+        returning what it dropped, for a start that fails before its first batch is
+        planned. None: a start creates nothing to undo."""
+        return None
+
     def table_columns(self, dsn: str,
                       tables: Sequence[str]) -> Mapping[str, Sequence[str]] | None:
         """The columns each of *tables* has in the source's catalog now, asked before

@@ -165,11 +165,21 @@ def binlog_files(conn: pymysql.Connection[Any]) -> list[str]:
         raise _privilege_error(err, "SHOW BINARY LOGS", "BINLOG MONITOR") from None
 
 
+class MissingPrivilegeError(SourceError):
+    """The server refused a statement or command for want of *privilege* (a global one:
+    granted ``ON *.*``)."""
+
+    def __init__(self, message: str, privilege: str) -> None:
+        super().__init__(message)
+        self.privilege = privilege
+
+
 def _privilege_error(err: pymysql.err.MySQLError, what: str, privilege: str) -> Exception:
     code = err.args[0] if err.args else 0
     if code in (ER_SPECIFIC_ACCESS_DENIED, 1044, 1142):
-        return SourceError(f"{what} was refused ({err.args[-1]}): grant the capture user "
-                           f"{privilege} (GRANT {privilege} ON *.* TO ...)")
+        return MissingPrivilegeError(f"{what} was refused ({err.args[-1]}): grant the "
+                                     f"capture user {privilege} (GRANT {privilege} ON *.* "
+                                     "TO ...)", privilege)
     if code in CR_CONNECTION_ERRORS:
         return SourceUnavailableError(f"{what}: connection lost ({err.args[-1]})")
     return SourceError(f"{what} failed: {err.args[-1]}")

@@ -120,6 +120,15 @@ class MariaDbKind(SourceKind):
     def progress(self, dsn: str, *, slot: str, tables: Sequence[str]) -> SourceProgress:
         return BinlogProgress(dsn)
 
+    def check_before_start(self, dsn: str, *, slot: str, checkpoint: str) -> None:
+        from tidemark.source.mariadb import client  # noqa: PLC0415
+        from tidemark.source.mariadb.grants import check_grants  # noqa: PLC0415
+
+        settings = client.parse_url(dsn)
+        with contextlib.closing(client.connect(settings)) as conn:
+            client.check_server(conn)
+            check_grants(conn, settings)
+
     def table_columns(self, dsn: str,
                       tables: Sequence[str]) -> Mapping[str, Sequence[str]] | None:
         from tidemark.event import TableId  # noqa: PLC0415

@@ -39,6 +39,7 @@ from tidemark.source.change_feed import ChangeFeed
 from tidemark.source.mariadb import client
 from tidemark.source.mariadb import snapshot as snap
 from tidemark.source.mariadb.change_builder import ChangeBuilder
+from tidemark.source.mariadb.grants import check_grants
 from tidemark.source.mariadb.position import BinlogPosition
 from tidemark.source.read_plan import (
     SNAPSHOT_INITIAL,
@@ -267,8 +268,10 @@ def read_view_from(conn: Any, at: BinlogPosition) -> BinlogPosition:
 
 def table_columns(options: ReadOptions) -> dict[TableId, TableColumns]:
     """Check the server and the tables, and describe each table."""
-    with contextlib.closing(client.connect(client.parse_url(options.dsn))) as conn:
+    settings = client.parse_url(options.dsn)
+    with contextlib.closing(client.connect(settings)) as conn:
         client.check_server(conn)
+        check_grants(conn, settings)
         # Changes committed before this position were made under the columns read now
         # or older ones, whose names the binlog gives (tidemark.spark.column_history).
         read_at = client.current_position(conn).key

@@ -36,8 +36,10 @@ from tidemark.source.mariadb import client
 from tidemark.source.mariadb import snapshot as snap
 from tidemark.source.mariadb.change_builder import ChangeBuilder
 from tidemark.source.mariadb.config import MariaDbSourceConfig, SnapshotMode
+from tidemark.source.mariadb.grants import check_grants
 from tidemark.source.mariadb.incremental_snapshot import ChunkedSnapshots
 from tidemark.source.mariadb.position import BinlogPosition
+from tidemark.source.mariadb.replica_id import ReplicaIdClaim
 from tidemark.source.signals import SignalError, parse_signal
 from tidemark.source.snapshot_progress import OFFSET_KEY
 
@@ -83,6 +85,7 @@ class MariaDbReader:
         self._signal_table = TableId.parse(config.signal_table) \
             if config.signal_table is not None else None
         self._snapshots = self._chunked_snapshots(None)
+        self._replica_id = ReplicaIdClaim(self._settings, config.replica_server_id)
 
     @property
     def partition(self) -> str:
@@ -111,6 +114,14 @@ class MariaDbReader:
         conn = client.connect(self._settings)
         with contextlib.closing(conn):
             client.check_server(conn)
+            # Before the snapshot: a user the binlog dump refuses is told now, not
+            # after every row went out.
+            dumps = cfg.snapshot_mode != SnapshotMode.INITIAL_ONLY  # reads the binlog
+            check_grants(conn, self._settings, dump=dumps)
+            if dumps:
+                # Held until stop(): a second capture with this replica id would end
+                # this one's dump (and this one its), so it is refused at its start.
+                self._replica_id.claim()
             current = client.current_position(conn)
             kept = client.binlog_files(conn) \
                 if cfg.snapshot_mode == SnapshotMode.WHEN_NEEDED else []
@@ -154,6 +165,7 @@ class MariaDbReader:
         half a second)."""
         if self._batches is None:
             raise SourceError("poll() before start()")
+        self._replica_id.keep()
         try:
             return next(self._batches)
         except StopIteration:
@@ -180,6 +192,7 @@ class MariaDbReader:
                     self._queue.get_nowait()
             reader.join(timeout=10)
         self._snapshots.close()
+        self._replica_id.release()
         self.stats.connected = False
 
     # -- snapshot ----------------------------------------------------------------------

@@ -9,7 +9,7 @@ from __future__ import annotations
 import contextlib
 import getpass
 import os
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any, Final
 
 from tidemark.errors import ConfigError
@@ -124,6 +124,12 @@ class PostgresKind(SourceKind):
 
         check_slot_free(dsn, slot)
         check_slot_vouched(dsn, slot, checkpoint)
+
+    def note_before_start(self, dsn: str, *, slot: str,
+                          publication: str) -> Callable[[], list[str]] | None:
+        from tidemark.source.postgres.start_undo import note_before_start  # noqa: PLC0415
+
+        return note_before_start(dsn, slot, publication)
 
     def table_columns(self, dsn: str,
                       tables: Sequence[str]) -> Mapping[str, Sequence[str]] | None:

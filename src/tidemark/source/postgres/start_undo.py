@@ -1,0 +1,54 @@
+"""Undoing what a failed start of a Spark stream made: its slot and its publication.
+
+A pipeline's stream creates its publication when it is loaded and its slot when its
+first batch is planned; a start that fails in between (Spark cannot start the query, a
+check after them fails) would leave them behind, the slot holding WAL. What existed
+before the start is noted first (:func:`note_before_start`) and only what did not is
+dropped: never a slot or a publication the start found, and never once the start
+planned a batch (then the pipeline's checkpoint relies on the slot: the caller decides).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+from collections.abc import Callable
+
+import psycopg
+from psycopg import sql
+
+from tidemark.source.postgres import wal_reads as wal
+
+log = logging.getLogger(__name__)
+
+_SLOT_SQL = "SELECT active_pid FROM pg_replication_slots WHERE slot_name = %s"
+_PUBLICATION_SQL = "SELECT 1 FROM pg_publication WHERE pubname = %s"
+
+
+def note_before_start(dsn: str, slot: str, publication: str) -> Callable[[], list[str]]:
+    """What exists now; returns the function that drops the slot and the publication
+    that did not (and names what it dropped)."""
+    with contextlib.closing(wal.connect(dsn, purpose="start check")) as conn:
+        had_slot = conn.execute(_SLOT_SQL, (slot,)).fetchone() is not None
+        had_publication = conn.execute(_PUBLICATION_SQL, (publication,)).fetchone() \
+            is not None
+
+    def undo() -> list[str]:
+        dropped: list[str] = []
+        with contextlib.closing(wal.connect(dsn, purpose="failed start")) as conn:
+            conn.autocommit = True
+            row = None if had_slot else conn.execute(_SLOT_SQL, (slot,)).fetchone()
+            if row is not None and row[0] is None:  # made by this start, read by no one
+                try:
+                    conn.execute("SELECT pg_drop_replication_slot(%s)", (slot,))
+                    dropped.append(f"replication slot {slot}")
+                except psycopg.Error as err:
+                    log.warning("could not drop replication slot %s: %s", slot, err)
+            if not had_publication and \
+                    conn.execute(_PUBLICATION_SQL, (publication,)).fetchone() is not None:
+                conn.execute(sql.SQL("DROP PUBLICATION IF EXISTS {}")
+                             .format(sql.Identifier(publication)))
+                dropped.append(f"publication {publication}")
+        return dropped
+
+    return undo

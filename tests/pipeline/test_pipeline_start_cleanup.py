@@ -1,0 +1,77 @@
+"""A ``tidemark run`` whose start fails after its stream made the publication (or the
+slot) drops what that start made, and only that: a slot or publication that existed
+before survives, and so does everything once a batch was planned (the checkpoint then
+relies on the slot)."""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from pyspark.sql import SparkSession
+
+from conftest import Database
+from tidemark.pipeline import load_config
+from tidemark.pipeline.runner import Pipeline, PipelineError
+
+pytestmark = pytest.mark.integration
+
+
+def _config_file(tmp_path: Path, db: Database, name: str) -> Path:
+    file = tmp_path / "pipeline.toml"
+    file.write_text(f'[source]\ndsn = "{db.dsn}"\nslot = "s_{db.name}"\n'
+                    f'publication = "p_{db.name}"\n[spark]\ncheckpoint = "chk"\n'
+                    f'available_now = true\napp_name = "{name}"\n'
+                    '[targets."public.t"]\npath = "lake/t"\nkeys = ["id"]\n')
+    return file
+
+
+@contextlib.contextmanager
+def _query_named(spark: SparkSession, name: str) -> Iterator[None]:
+    """A streaming query holding *name*: Spark refuses to start a second one with it,
+    after the pipeline's stream was loaded (its publication made)."""
+    query = spark.readStream.format("rate").load().writeStream.format("noop") \
+        .queryName(name).start()
+    try:
+        yield
+    finally:
+        query.stop()
+
+
+def _slots(db: Database) -> list[str]:
+    return [r[0] for r in db.query("SELECT slot_name FROM pg_replication_slots "
+                                   "WHERE database = current_database()")]
+
+
+def _publications(db: Database) -> list[str]:
+    return [r[0] for r in db.query("SELECT pubname FROM pg_publication")]
+
+
+def test_a_failed_start_drops_the_publication_it_made(
+        spark: SparkSession, db: Database, tmp_path: Path) -> None:
+    db.execute("CREATE TABLE t (id INT PRIMARY KEY)", "INSERT INTO t VALUES (1)")
+    name = f"busy_{db.name}"
+    config = load_config(_config_file(tmp_path, db, name))
+    with _query_named(spark, name), pytest.raises((PipelineError, Exception)) as caught:
+        Pipeline(config, spark=spark).run()
+    assert name in str(caught.value)  # Spark's refusal, after the stream was loaded
+    assert _publications(db) == []
+    assert _slots(db) == []
+    # The next start makes them again and runs.
+    Pipeline(config, spark=spark).run()
+    assert _publications(db) == [f"p_{db.name}"] and _slots(db) == [f"s_{db.name}"]
+
+
+def test_a_failed_start_keeps_the_slot_and_publication_it_found(
+        spark: SparkSession, db: Database, tmp_path: Path) -> None:
+    db.execute("CREATE TABLE t (id INT PRIMARY KEY)", "INSERT INTO t VALUES (1)")
+    db.autocommit(f"CREATE PUBLICATION p_{db.name} FOR TABLE t",
+                  f"SELECT pg_create_logical_replication_slot('s_{db.name}', 'pgoutput')")
+    name = f"busy_{db.name}"
+    config = load_config(_config_file(tmp_path, db, name))
+    with _query_named(spark, name), pytest.raises(Exception, match=name):
+        Pipeline(config, spark=spark).run()
+    assert _publications(db) == [f"p_{db.name}"]
+    assert _slots(db) == [f"s_{db.name}"]
