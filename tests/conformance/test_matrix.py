@@ -7,10 +7,16 @@ runtime (columns, :mod:`conformance.runtimes`), each cell checked for
   tests/source/postgres/test_debezium_conformance.py, tests/source/mariadb/
   test_mariadb_conformance.py);
 * ``sigkill``: the runtime killed with SIGKILL mid-stream and started again loses
-  nothing;
+  nothing: capture and the engine (a child process per converter,
+  :mod:`conformance.engine_child`; it redelivers at most ``max_in_flight`` records),
+  ``tidemark run`` at the fault point ``after_write`` (:mod:`tidemark.faults`: Delta
+  holds the batch, Spark's commit log does not), after which no row is in Delta twice;
 * ``server_restart``: the source's server restarted mid-stream, nothing is lost;
 * ``big_transaction``: a transaction of a few MB of wide rows, with the source's batch
-  bounds small, arrives whole.
+  bounds small, arrives whole;
+* ``refusal``: an option the source does not have is refused at start, naming it
+  (capture's flags, the engine connector's settings, the Spark source's options,
+  ``pipeline.toml``'s ``[source]`` lines).
 
 A cell that cannot hold is skipped with the reason (the matrix report prints it); the
 terminal summary prints the whole matrix.
