@@ -12,9 +12,11 @@ import base64
 import contextlib
 import io
 import json
+import os
+import pickle
+import signal
 import subprocess
 import sys
-import threading
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -141,56 +143,73 @@ class CaptureRuntime(Runtime):
         return _CaptureRunning(source, where)
 
 
-# -- the engine, in this process ------------------------------------------------------------
-class _EngineRunning(Running):
+# -- the engine, in a process of its own -----------------------------------------------------
+_ENGINE_CHILD = Path(__file__).with_name("engine_child.py")
+#: The engine's in-flight limit in the matrix: what a SIGKILL may redeliver at most.
+MAX_IN_FLIGHT = 100
+
+
+def _status_kib(pid: int, field: str) -> int:
+    """A memory line of a process's status (``VmRSS``, ``VmHWM``), in KiB."""
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith(f"{field}:"):
+            return int(line.split()[1])
+    return 0
+
+
+class EngineRunning(Running):
+    """The engine in :mod:`conformance.engine_child`, its output in a file."""
+
     def __init__(self, source: SourceUnderTest, where: Path, converter: str,
                  settings: dict[str, Any]) -> None:
-        from tidemark import Engine, SqliteOffsetStore  # noqa: PLC0415
-        from tidemark.testing.sink import MemorySink  # noqa: PLC0415
-
         super().__init__(source)
         self.converter = converter
-        self.sink = MemorySink()
-        self.engine = Engine(source.engine_connector(**settings), self.sink,
-                             config={"offset_flush_interval_ms": 0},
-                             converter=_converter(converter),
-                             offset_store=SqliteOffsetStore(where / "offsets.db"))
-        self.failure: list[BaseException] = []
-        self.thread = threading.Thread(target=self._run, daemon=True)
-        self.thread.start()
+        self.out = where / f"engine-{converter}.out"
+        self.err = where / f"engine-{converter}.err"
+        connector, values = source.engine_connector(**settings)
+        with self.err.open("ab") as err:
+            self.process = subprocess.Popen(
+                [sys.executable, str(_ENGINE_CHILD), "--connector", connector,
+                 "--settings", json.dumps(values), "--converter", converter,
+                 "--out", str(self.out), "--offsets", str(where / "offsets.db"),
+                 "--max-in-flight", str(MAX_IN_FLIGHT)], stderr=err)
 
-    def _run(self) -> None:
-        try:
-            self.engine.run()
-        except BaseException as err:  # reported by changes()
-            self.failure.append(err)
+    def records(self) -> list[tuple[Any, Any, Any]]:
+        """Every record the engine wrote so far (across restarts): (identity, value,
+        Avro schema)."""
+        if not self.out.exists():
+            return []
+        lines = self.out.read_bytes().split(b"\n")[:-1]  # complete lines only
+        return [pickle.loads(base64.b64decode(line)) for line in lines if line]
 
     def changes(self) -> list[ChangeRow]:
-        if self.failure:
-            raise AssertionError(f"the engine ({self.converter}) failed: "
-                                 f"{self.failure[0]!r}") from self.failure[0]
-        with self.sink._lock:
-            records = list(self.sink.records)
-        return _decode(records, self.converter, self.source)
+        assert self.process.poll() is None, \
+            f"the engine ({self.converter}) stopped: {self.err.read_text()[-3000:]}"
+        return _decode(self.records(), self.converter, self.source)
+
+    def redelivered(self) -> int:
+        """Records delivered more than once (a change's identity seen before)."""
+        identities = [identity for identity, value, _ in self.records() if value is not None]
+        return len(identities) - len(set(identities))
+
+    def peak_kib(self) -> int:
+        return _status_kib(self.process.pid, "VmHWM")
+
+    def rss_kib(self) -> int:
+        return _status_kib(self.process.pid, "VmRSS")
 
     def close(self) -> None:
-        self.engine.close()
-        self.thread.join(60)
-        assert not self.thread.is_alive(), "the engine did not stop"
+        if self.process.poll() is None:
+            self.process.terminate()
+        self.process.wait(60)
 
-
-def _converter(name: str) -> Any:
-    from tidemark.engine.converters import DebeziumJsonConverter  # noqa: PLC0415
-
-    if name == "json":
-        return DebeziumJsonConverter()
-    if name == "avro":
-        from tidemark.engine.avro_converter import AvroConverter  # noqa: PLC0415
-
-        return AvroConverter()
-    from tidemark.engine.arrow_converter import ArrowConverter  # noqa: PLC0415
-
-    return ArrowConverter()
+    def kill(self) -> None:
+        self.process.kill()
+        self.process.wait(60)
+        # A line the kill cut short is not output: the restart appends after the last
+        # whole one.
+        data = self.out.read_bytes() if self.out.exists() else b""
+        self.out.write_bytes(data[:data.rfind(b"\n") + 1])
 
 
 def _b64(value: Any) -> Any:
@@ -202,37 +221,28 @@ def _b64(value: Any) -> Any:
     return value
 
 
-def _decode(records: list[Any], converter: str, source: SourceUnderTest) -> list[ChangeRow]:
-    records = [r for r in records if r.value is not None]
+def _decode(records: list[tuple[Any, Any, Any]], converter: str,
+            source: SourceUnderTest) -> list[ChangeRow]:
+    records = [r for r in records if r[1] is not None]
     if converter == "json":
-        return from_json_values([r.value for r in records], source)
+        return from_json_values([value for _, value, _ in records], source)
     if converter == "arrow":
-        assert all(isinstance(r.value, pa.RecordBatch) for r in records)
-        return [row for r in records for row in r.value.to_pylist()]
+        assert all(isinstance(value, pa.RecordBatch) for _, value, _ in records)
+        return [row for _, value, _ in records for row in value.to_pylist()]
     import fastavro  # noqa: PLC0415
 
-    from tidemark.serde.avro import avro_schemas  # noqa: PLC0415
-    from tidemark.serde.debezium_json import DebeziumJsonOptions  # noqa: PLC0415
-
-    values = []
-    for record in records:
-        event = record.event
-        _, schema = avro_schemas(event.schema, DebeziumJsonOptions(), event.context.block)
-        values.append(_b64(fastavro.schemaless_reader(io.BytesIO(record.value), schema)))
-    return from_json_values(values, source)
+    return from_json_values(
+        [_b64(fastavro.schemaless_reader(io.BytesIO(value), schema))
+         for _, value, schema in records], source)
 
 
 class EngineRuntime(Runtime):
-    kill_refusal = ("not in the matrix yet: the matrix runs the engine in its own process; "
-                    "SIGKILL of an engine process: tests/engine/test_engine_crash.py "
-                    "(PostgreSQL), tests/source/*/test_*_engine.py")
-
     def __init__(self, converter: str) -> None:
         self.converter = converter
         self.name = f"engine-{converter}"
 
     def open(self, source: SourceUnderTest, where: Path, **settings: Any) -> Running:
-        return _EngineRunning(source, where, self.converter, settings)
+        return EngineRunning(source, where, self.converter, settings)
 
 
 # -- the Spark source ---------------------------------------------------------------------
@@ -280,18 +290,30 @@ class SparkRuntime(Runtime):
 
 
 # -- tidemark run ----------------------------------------------------------------------------
-class _PipelineRunning(Running):
-    def __init__(self, source: SourceUnderTest, where: Path, spark: Any) -> None:
+class PipelineRunning(Running):
+    """``tidemark run`` with Trigger.AvailableNow, in this process's Spark session each
+    time it is asked for its rows; :meth:`crash_at` runs it once in a process of its own
+    that a named fault point kills."""
+
+    def __init__(self, source: SourceUnderTest, where: Path, spark: Any,
+                 extra_source: str = "") -> None:
         from tidemark.pipeline import load_config  # noqa: PLC0415
 
         super().__init__(source)
         self.spark = spark
+        self.where = where
         self.lake = where / "lake" / "mx"
-        file = where / "pipeline.toml"
-        file.write_text(f'[source]\ndsn = "{source.dsn}"\n{source.pipeline_source()}'
-                        f'[spark]\ncheckpoint = "{where}/chk"\navailable_now = true\n'
-                        f'[targets."{source.table}"]\npath = "{self.lake}"\nkeys = ["id"]\n')
-        self.config = load_config(file)
+        self.file = where / "pipeline.toml"
+        where.mkdir(parents=True, exist_ok=True)
+        # One core, no UI, one shuffle partition: a child driver starts sooner (the
+        # session of this process is the tests' own; these settings are the file's).
+        self.file.write_text(
+            f'[source]\ndsn = "{source.dsn}"\n{source.pipeline_source()}{extra_source}'
+            f'[spark]\ncheckpoint = "{where}/chk"\navailable_now = true\n'
+            'master = "local[1]"\nconf = { "spark.ui.enabled" = "false", '
+            '"spark.sql.shuffle.partitions" = "1" }\n'
+            f'[targets."{source.table}"]\npath = "{self.lake}"\nkeys = ["id"]\n')
+        self.config = load_config(self.file)
         self._run()
 
     def _run(self) -> None:
@@ -299,12 +321,42 @@ class _PipelineRunning(Running):
 
         Pipeline(self.config, spark=self.spark).run()
 
+    def _next_batch(self) -> int:
+        """The batch the next run starts with: one Spark logged and did not commit, or
+        the one after the last."""
+        def ids(log: str) -> set[int]:
+            return {int(p.name) for p in (self.where / "chk" / log).glob("*")
+                    if p.name.isdigit()}
+        offsets, commits = ids("offsets"), ids("commits")
+        return max(offsets) if offsets - commits else max(offsets, default=-1) + 1
+
+    def crash_at(self, point: str) -> None:
+        """Run ``tidemark run`` in a process group of its own with ``TIDEMARK_FAULT`` at
+        *point* of its first batch, and wait for the fault's SIGKILL."""
+        spec = f"{point}:{self._next_batch()}"
+        log = self.where / f"run-{point}.log"
+        with log.open("ab") as out:
+            process = subprocess.Popen(
+                [sys.executable, "-m", "tidemark", "run", "--available-now", str(self.file)],
+                stdout=out, stderr=subprocess.STDOUT, start_new_session=True,
+                env={**os.environ, "TIDEMARK_FAULT": spec})
+        try:
+            code = process.wait(240)
+        finally:
+            if process.poll() is None:
+                os.killpg(process.pid, signal.SIGKILL)
+                process.wait(30)
+        assert code == -signal.SIGKILL, \
+            f"TIDEMARK_FAULT={spec}: exit {code}: {log.read_text(errors='replace')[-3000:]}"
+
     def rows(self) -> Rows:
         from tidemark.pipeline.compare import delta_rows  # noqa: PLC0415
 
         self._run()
         names = self.source.names
         found = delta_rows(str(self.lake), names)
+        keys = [r[0] for r in found]
+        assert len(keys) == len(set(keys)), f"rows twice in Delta: {sorted(keys)}"
         return canon_rows({r[0]: dict(zip(names, r, strict=True)) for r in found})
 
 
@@ -317,7 +369,7 @@ class PipelineRuntime(Runtime):
 
     def open(self, source: SourceUnderTest, where: Path, **settings: Any) -> Running:
         assert self.spark is not None
-        return _PipelineRunning(source, where, self.spark)
+        return PipelineRunning(source, where, self.spark)
 
 
 RUNTIMES = ("capture", "engine-json", "engine-avro", "engine-arrow", "spark", "run")

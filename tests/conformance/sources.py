@@ -92,6 +92,11 @@ class SourceUnderTest:
     says ("": the source has every option the runtimes give; nothing to refuse)."""
     refused_spark: tuple[str, str] = ("readerName", "applies to log tables only")
     """A Spark source option this source does not have, and what its refusal says."""
+    refused_engine: tuple[str, Any] = ("slot_name", "x")
+    """A connector setting this source's connector does not have, and a value."""
+    refused_run: tuple[str, str] = ('slot = "other"', "slot")
+    """A ``[source]`` line of ``pipeline.toml`` this source does not take, and what its
+    refusal says."""
 
     # -- the database -------------------------------------------------------------------
     def connect(self) -> Any:
@@ -176,7 +181,9 @@ class SourceUnderTest:
         """``tidemark capture`` options (besides --dsn and --offsets)."""
         raise NotImplementedError
 
-    def engine_connector(self, **settings: Any) -> Any:
+    def engine_connector(self, **settings: Any) -> tuple[str, dict[str, Any]]:
+        """The engine's connector: its class in the ``tidemark`` package and its
+        settings (JSON), *settings* over the matrix's own."""
         raise NotImplementedError
 
     def spark_options(self) -> dict[str, str]:
@@ -209,13 +216,11 @@ class PostgresSource(_Postgres):
         return ["--table", "public.mx", "--slot", self.extra["slot"], "--snapshot-mode",
                 "no_data", "--heartbeat-interval-ms", "200"]
 
-    def engine_connector(self, **settings: Any) -> Any:
-        from tidemark import PostgresConnector  # noqa: PLC0415
-
-        return PostgresConnector({"dsn": self.dsn, "snapshot_mode": "no_data",
-                                  "slot_name": self.extra["slot"],
-                                  "table_include_list": ["public.mx"],
-                                  "heartbeat_interval_ms": 200, **settings})
+    def engine_connector(self, **settings: Any) -> tuple[str, dict[str, Any]]:
+        return "PostgresConnector", {"dsn": self.dsn, "snapshot_mode": "no_data",
+                                     "slot_name": self.extra["slot"],
+                                     "table_include_list": ["public.mx"],
+                                     "heartbeat_interval_ms": 200, **settings}
 
     def spark_options(self) -> dict[str, str]:
         return {"slot": self.extra["slot"] + "_spark"}
@@ -237,10 +242,8 @@ class PostgresLogTableSource(_Postgres):
     def capture_args(self) -> list[str]:
         return ["--source", "logtable", "--no-cells"]
 
-    def engine_connector(self, **settings: Any) -> Any:
-        from tidemark import LogTableConnector  # noqa: PLC0415
-
-        return LogTableConnector({"dsn": self.dsn, "poll_interval_ms": 20, **settings})
+    def engine_connector(self, **settings: Any) -> tuple[str, dict[str, Any]]:
+        return "LogTableConnector", {"dsn": self.dsn, "poll_interval_ms": 20, **settings}
 
     def spark_options(self) -> dict[str, str]:
         return {"source": "logtable"}
@@ -265,10 +268,8 @@ class SqliteLogTableSource(SourceUnderTest):
     def capture_args(self) -> list[str]:
         return ["--no-cells"]
 
-    def engine_connector(self, **settings: Any) -> Any:
-        from tidemark import LogTableConnector  # noqa: PLC0415
-
-        return LogTableConnector({"dsn": self.dsn, "poll_interval_ms": 20, **settings})
+    def engine_connector(self, **settings: Any) -> tuple[str, dict[str, Any]]:
+        return "LogTableConnector", {"dsn": self.dsn, "poll_interval_ms": 20, **settings}
 
     def batch_settings(self) -> dict[str, Any]:
         return {"max_batch_events": 50}
@@ -290,10 +291,8 @@ class MariaDbSource(SourceUnderTest):
     def capture_args(self) -> list[str]:
         return ["--snapshot-mode", "no_data", "--heartbeat-interval-ms", "200"]
 
-    def engine_connector(self, **settings: Any) -> Any:
-        from tidemark import MariaDbConnector  # noqa: PLC0415
-
-        return MariaDbConnector({"dsn": self.dsn, "snapshot_mode": "no_data", **settings})
+    def engine_connector(self, **settings: Any) -> tuple[str, dict[str, Any]]:
+        return "MariaDbConnector", {"dsn": self.dsn, "snapshot_mode": "no_data", **settings}
 
     def batch_settings(self) -> dict[str, Any]:
         return {"max_batch_events": 50, "max_transaction_rows_in_memory": 50}
@@ -329,7 +328,9 @@ def make_source(name: str, request: pytest.FixtureRequest, tmp_path: Path) -> So
     else:
         db = request.getfixturevalue("db")
         kind = PostgresSource if name == "postgres" else PostgresLogTableSource
-        refusals: dict[str, Any] = {} if name == "postgres" else {
+        refusals: dict[str, Any] = {
+            "refused_engine": ("server_id", 5),
+            "refused_run": ("retention_s = 60", "retention")} if name == "postgres" else {
             "refused_capture": (["--slot", "other"], "--slot does not apply to log tables"),
             "refused_spark": ("slot", "does not apply")}
         source = kind(name, db.dsn, _typed(_PG_SQL, COMMON + TYPED),

@@ -1,0 +1,92 @@
+"""The engine in a process of its own, for the matrix's engine columns: a connector built
+from a class name and settings (JSON), one converter, its output written to a file.
+
+Each record is one line, ``base64(pickle((identity, value, avro_schema)))``: the
+event's position (``lsn``, ``total_order``, ``op``: the same change delivered twice has
+the same identity), the converter's value exactly as it made it (JSON text, Avro bytes,
+an Arrow record batch), and, for Avro, the writer schema a reader needs. A batch's lines
+are written and flushed before the consumer returns, and offsets are saved after every
+batch (``offset_flush_interval_ms = 0``), so a SIGKILL leaves in the file what was
+processed, and a restart redelivers at most ``max_in_flight`` records
+(docs/configuration.md, "What a crash redelivers").
+
+SIGTERM closes the engine the way a user does.
+"""
+
+from __future__ import annotations
+
+import argparse
+import base64
+import json
+import pickle
+import signal
+import threading
+from typing import Any
+
+import tidemark
+from tidemark import Engine, SqliteOffsetStore
+
+
+def _converter(name: str) -> Any:
+    from tidemark.engine.converters import DebeziumJsonConverter  # noqa: PLC0415
+
+    if name == "json":
+        return DebeziumJsonConverter()
+    if name == "avro":
+        from tidemark.engine.avro_converter import AvroConverter  # noqa: PLC0415
+
+        return AvroConverter()
+    from tidemark.engine.arrow_converter import ArrowConverter  # noqa: PLC0415
+
+    return ArrowConverter()
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--connector", required=True, help="a class of the tidemark package")
+    parser.add_argument("--settings", required=True, help="its settings, JSON")
+    parser.add_argument("--converter", required=True, choices=("json", "avro", "arrow"))
+    parser.add_argument("--out", required=True)
+    parser.add_argument("--offsets", required=True)
+    parser.add_argument("--max-in-flight", type=int, required=True)
+    args = parser.parse_args()
+
+    avro_schemas: Any = None
+    if args.converter == "avro":
+        from tidemark.serde.avro import avro_schemas  # noqa: PLC0415
+        from tidemark.serde.debezium_json import DebeziumJsonOptions  # noqa: PLC0415
+
+        options = DebeziumJsonOptions()
+    out = open(args.out, "ab")  # noqa: SIM115 - lives as long as the process
+
+    def line(record: Any) -> bytes:
+        event = record.event
+        schema = (avro_schemas(event.schema, options, event.context.block)[1]
+                  if avro_schemas is not None and record.value is not None else None)
+        identity = (event.lsn, event.total_order, str(event.op))
+        return base64.b64encode(pickle.dumps((identity, record.value, schema))) + b"\n"
+
+    class FileSink:
+        def handle_batch(self, records: list[Any], committer: Any) -> None:
+            out.write(b"".join(line(r) for r in records))
+            out.flush()
+
+    connector = getattr(tidemark, args.connector)(json.loads(args.settings))
+    engine = Engine(connector, FileSink(),
+                    config={"offset_flush_interval_ms": 0,
+                            "max_in_flight": args.max_in_flight},
+                    converter=_converter(args.converter),
+                    offset_store=SqliteOffsetStore(args.offsets))
+    stop = threading.Event()
+    signal.signal(signal.SIGTERM, lambda *_: stop.set())
+    thread = threading.Thread(target=engine.run, daemon=True)
+    thread.start()
+    while thread.is_alive() and not stop.wait(0.1):
+        pass
+    if thread.is_alive():
+        engine.close()
+    thread.join(60)
+
+
+if __name__ == "__main__":
+    main()
