@@ -238,7 +238,7 @@ def capture(dsn: str, source: str | None, tasks: int, task_index: int, cells: bo
 def _stop(engine: Engine | None) -> None:
     """Ask *engine* to stop without waiting for it (called from its own threads)."""
     if engine is not None:
-        engine.close(timeout_s=0)
+        engine.request_stop()
 
 
 def _on_signals(engine: Engine) -> threading.Event:

@@ -185,17 +185,12 @@ class Engine:
         Raises :class:`TaskTimeoutError` if the engine is not STOPPED within *timeout_s*
         (default: the drain plus twice the task timeout, plus 5 s), or if it stopped
         while a consumer call was still running (one that blocked past
-        ``task_management_timeout_ms``)."""
-        moved = self._state.request_stop()
-        self._wake.set()
-        for runner in self._runners:
-            runner.stopping.set()
+        ``task_management_timeout_ms``). From a consumer or a signal handler, use
+        :meth:`request_stop`: close() there would wait for the call it is in."""
+        self.request_stop()
         with self._run_lock:
-            running = self._running
-        if not running:
-            if moved:
-                self._state.transition(State.STOPPING, State.STOPPED)
-            return
+            if not self._running:
+                return
         if timeout_s is None:
             cfg = self.config
             timeout_s = (cfg.polling_shutdown_timeout_ms + 2 * cfg.task_management_timeout_ms
@@ -207,6 +202,22 @@ class Engine:
                 "close() again to wait longer, or give close() a longer timeout_s")
         if self._outlived:
             raise TaskTimeoutError(f"the engine is STOPPED, but {'; '.join(self._outlived)}")
+
+    def request_stop(self) -> bool:
+        """Ask the engine to stop, as :meth:`close` does, and return at once: for a
+        consumer (which runs on the engine's threads) or a signal handler. True if this
+        call moved the engine towards STOPPED."""
+        moved = self._state.request_stop()
+        self._wake.set()
+        for runner in self._runners:
+            runner.stopping.set()
+        with self._run_lock:
+            running = self._running
+        if not running:
+            if moved:  # never ran: nothing to wait for
+                self._state.transition(State.STOPPING, State.STOPPED)
+            return True
+        return moved
 
     def __enter__(self) -> Engine:
         return self
