@@ -126,6 +126,11 @@ class TaskRunner:
         while not self.stopping.is_set():
             self.failure.raise_if_failed()
             batch = self.retrying(task.poll, "poll")
+            if self.stopping.is_set():
+                # close() was called while the poll ran: no consumer call may start
+                # after it (nor after STOPPED, if the engine gave up waiting). The
+                # batch's offset is not saved: it comes again after a restart.
+                return
             if batch.records or batch.lines or batch.offset is not None:
                 delivery.dispatch(batch.records, batch.offset, batch.lines)
             self.flush()
