@@ -117,3 +117,26 @@ def test_a_layered_store_is_built_and_read_while_its_remote_is_down(
         store.close()
     with PostgresOffsetStore(remote_dsn) as remote:
         assert remote.load("k") == {"lsn": 9}
+
+
+def test_a_misconfigured_remote_store_stops_the_engine_before_anything_is_delivered(
+        db: Database, tmp_path: Path) -> None:
+    """The local store has the key, so loads never touch the remote: the engine connects
+    the remote at start anyway, and a missing schema stops it there (ConfigError)
+    instead of at the first save, after records were delivered."""
+    from tidemark.errors import ConfigError  # noqa: PLC0415
+    from tidemark.source.synthetic import SyntheticConnector  # noqa: PLC0415
+
+    with SqliteOffsetStore(tmp_path / "offsets.db") as local:
+        local.save("synthetic/synthetic/0", {"position": 5})
+    store = LayeredOffsetStore(SqliteOffsetStore(tmp_path / "offsets.db"),
+                               PostgresOffsetStore(db.dsn, schema="no_such_schema"))
+    sink = MemorySink()
+    engine = Engine(SyntheticConnector(total=1000, batch_size=10), sink,
+                    config={"offset_flush_interval_ms": 60_000}, offset_store=store)
+    try:
+        with pytest.raises(ConfigError, match="no_such_schema"):
+            engine.run()
+    finally:
+        store.close()
+    assert sink.records == []

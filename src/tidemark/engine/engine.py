@@ -46,9 +46,9 @@ from tidemark.engine.prerender import converted_records, offer_rendering, render
 from tidemark.engine.state import EngineState, IllegalStateError, State
 from tidemark.engine.task_runner import TaskRunner
 from tidemark.engine.transforms import Transform
-from tidemark.errors import ConfigError, TerminalError
+from tidemark.errors import ConfigError, SourceUnavailableError, TerminalError
 from tidemark.offsets.memory import MemoryOffsetStore
-from tidemark.offsets.store import Offset, OffsetStore
+from tidemark.offsets.store import Offset, OffsetStore, connect_store
 from tidemark.source.capture_stats import CaptureStats
 from tidemark.source.spi import SourceConnector, SourceTask, TaskConfig
 
@@ -265,6 +265,7 @@ class Engine:
                 raise ConfigError("tasks_max", f"connector {self.connector.name} made "
                                   f"{len(task_configs)} tasks, more than tasks_max="
                                   f"{cfg.tasks_max}")
+            self._connect_store()
             if self._callbacks.connector_started:
                 self._callbacks.connector_started()
             if not self._advance(State.INITIALIZING, State.CREATING_TASKS):
@@ -281,6 +282,16 @@ class Engine:
             self._poll_tasks()
         except BaseException as err:
             self.error = self.error or err
+
+    def _connect_store(self) -> None:
+        """Connect the offset store before any task starts: a configuration error stops
+        the engine now, not at the first save after records were delivered; a server
+        that is down is tolerated (saves are retried, loads may be served locally)."""
+        try:
+            connect_store(self._store)
+        except SourceUnavailableError as err:
+            log.warning("offset store %s is unreachable at start (%s); going on: offset "
+                        "saves are retried until it is back", self._store, err)
 
     def _create_task(self, task_config: TaskConfig) -> SourceTask:
         task = self.connector.create_task(task_config)
