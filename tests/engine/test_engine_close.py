@@ -130,6 +130,10 @@ def test_close_raises_when_a_consumer_call_outlives_the_task_timeout() -> None:
     finally:
         release.set()
         runner.join(30)
+    # Said once: the engine is STOPPED, and a later close() (a with block's exit)
+    # returns as for any stopped engine.
+    assert engine.state is State.STOPPED
+    engine.close()
 
 
 @pytest.mark.parametrize("abandoned", [False, True], ids=["poll-returns-in-time",

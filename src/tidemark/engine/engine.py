@@ -183,9 +183,9 @@ class Engine:
         consumer call runs any more nor will start; safe to call more than once.
 
         Raises :class:`TaskTimeoutError` if the engine is not STOPPED within *timeout_s*
-        (default: the drain plus twice the task timeout, plus 5 s), or if it stopped
-        while a consumer call was still running (one that blocked past
-        ``task_management_timeout_ms``)."""
+        (default: the drain plus twice the task timeout, plus 5 s; close again to wait
+        more), or, once, if it stopped while a poll or a consumer call was still running
+        (one that blocked past ``task_management_timeout_ms``)."""
         moved = self._state.request_stop()
         self._wake.set()
         for runner in self._runners:
@@ -204,9 +204,15 @@ class Engine:
             raise TaskTimeoutError(
                 f"the engine is {self._state.current.name}, not STOPPED, {timeout_s:g}s "
                 "after close() (a consumer call or a task's poll or stop has not returned); "
-                "close() again to wait longer, or give close() a longer timeout_s")
-        if self._outlived:
-            raise TaskTimeoutError(f"the engine is STOPPED, but {'; '.join(self._outlived)}")
+                "close() again to wait longer (it stops within task_management_timeout_ms, "
+                "leaving behind what has not returned by then), or give close() a longer "
+                "timeout_s")
+        # Said once: the engine is STOPPED, and what outlived it cannot be waited for;
+        # a later close() (a with block's exit) returns as for any stopped engine.
+        outlived, self._outlived = self._outlived, []
+        if outlived:
+            raise TaskTimeoutError(f"the engine is STOPPED, but {'; '.join(outlived)} "
+                                   "(it stops by itself when that call returns)")
 
     def __enter__(self) -> Engine:
         return self
