@@ -13,6 +13,7 @@ import pytest
 from tidemark.engine.engine import Engine, TaskTimeoutError
 from tidemark.engine.state import State
 from tidemark.source.synthetic import SyntheticConnector
+from waiting import wait_for
 
 MODES = ["batch", "ordered", "async", "per_key"]
 # After close() returned, how long to watch for a late call: the old engine's stray
@@ -129,3 +130,57 @@ def test_close_raises_when_a_consumer_call_outlives_the_task_timeout() -> None:
     finally:
         release.set()
         runner.join(30)
+    # Said once: the engine is STOPPED, and a later close() (a with block's exit)
+    # returns as for any stopped engine.
+    assert engine.state is State.STOPPED
+    engine.close()
+
+
+@pytest.mark.parametrize("abandoned", [False, True], ids=["poll-returns-in-time",
+                                                          "poll-outlives-the-stop"])
+@pytest.mark.parametrize("pause_s", [0.0, 0.02], ids=["reader-thread", "worker"])
+def test_a_batch_polled_while_closing_is_not_handed_on(pause_s: float,
+                                                       abandoned: bool) -> None:
+    """A poll in progress when close() is called returns a batch after it: with
+    ``polling_shutdown_timeout_ms = 0`` no consumer call starts for it, neither while
+    close() waits for the poll nor after the engine gave up on it (STOPPED); its
+    offset is not saved, so it comes again after a restart. A fast consumer runs in
+    the reader's thread (``reader-thread``), a slower one in a worker."""
+    calls = _Calls()
+    in_poll = threading.Event()
+    release = threading.Event()
+
+    def hook(task: Any) -> None:
+        if task.polls > 5:
+            in_poll.set()
+            release.wait(30)
+
+    engine = Engine(SyntheticConnector(total=None, batch_size=10, poll_hook=hook),
+                    _consumer("batch", calls, pause_s),
+                    config={"delivery_mode": "batch", "polling_shutdown_timeout_ms": 0,
+                            "task_management_timeout_ms": 300 if abandoned else 30_000})
+    runner = threading.Thread(target=engine.run)
+    runner.start()
+    try:
+        assert in_poll.wait(30)
+        wait_for(lambda: calls.started == 5 and calls.running == 0, 30,
+                 "the batches polled before to be consumed")
+        with calls.lock:
+            calls.closed = True
+        if abandoned:
+            with pytest.raises(TaskTimeoutError, match="task_management_timeout_ms=300"):
+                engine.close()
+            assert engine.state is State.STOPPED
+            release.set()
+        else:
+            closer = threading.Thread(target=engine.close)
+            closer.start()
+            wait_for(lambda: engine.state is not State.POLLING_TASKS, 10, "close to begin")
+            release.set()
+            closer.join(30)
+            assert engine.state is State.STOPPED
+        threading.Event().wait(WATCH_S)
+    finally:
+        release.set()
+        runner.join(30)
+    assert calls.after_close == 0, f"{calls.after_close} consumer calls after close()"

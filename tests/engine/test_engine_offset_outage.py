@@ -42,6 +42,12 @@ def remote_offset(dsn: str, key: str) -> Offset | None:
         return store.load(key)
 
 
+def confirmed_lsn(db: Database, slot: str) -> int:
+    """The slot's confirmed_flush_lsn, as a number."""
+    return int(db.query("SELECT (confirmed_flush_lsn - '0/0')::bigint FROM "
+                        "pg_replication_slots WHERE slot_name = %s", (slot,))[0][0])
+
+
 @pytest.fixture
 def offsets_cluster() -> PostgresCluster:
     with PostgresCluster() as cluster:
@@ -73,12 +79,18 @@ def test_the_engine_survives_a_remote_offset_store_outage(
 
         offsets_cluster.halt("immediate")
         down_at = time.monotonic()
+        before_outage = db.insert_lsn()  # nothing after it is saved until the store is back
         db.execute("INSERT INTO t SELECT g FROM generate_series(101, 200) g")
         wait_for(lambda: "offset save failed" in caplog.text, 10,
                  "a failed offset save being retried")
-        # The outage under test lasts OUTAGE_S: this is the scenario, not a wait for
-        # a condition.
-        time.sleep(max(0.0, OUTAGE_S - (time.monotonic() - down_at)))
+        # The outage under test lasts OUTAGE_S (the scenario, not a wait for a
+        # condition); meanwhile the slot is confirmed no further than before it: the
+        # rows delivered since are not saved, so their WAL must stay.
+        confirmed: list[int] = []
+        while time.monotonic() - down_at < OUTAGE_S:
+            confirmed.append(confirmed_lsn(db, "tidemark"))
+            time.sleep(0.1)
+        assert confirmed and max(confirmed) <= before_outage, (confirmed, before_outage)
         assert engine.state is State.POLLING_TASKS and engine.error is None, engine.error
         offsets_cluster.resume()
 
@@ -117,3 +129,26 @@ def test_a_layered_store_is_built_and_read_while_its_remote_is_down(
         store.close()
     with PostgresOffsetStore(remote_dsn) as remote:
         assert remote.load("k") == {"lsn": 9}
+
+
+def test_a_misconfigured_remote_store_stops_the_engine_before_anything_is_delivered(
+        db: Database, tmp_path: Path) -> None:
+    """The local store has the key, so loads never touch the remote: the engine connects
+    the remote at start anyway, and a missing schema stops it there (ConfigError)
+    instead of at the first save, after records were delivered."""
+    from tidemark.errors import ConfigError  # noqa: PLC0415
+    from tidemark.source.synthetic import SyntheticConnector  # noqa: PLC0415
+
+    with SqliteOffsetStore(tmp_path / "offsets.db") as local:
+        local.save("synthetic/synthetic/0", {"position": 5})
+    store = LayeredOffsetStore(SqliteOffsetStore(tmp_path / "offsets.db"),
+                               PostgresOffsetStore(db.dsn, schema="no_such_schema"))
+    sink = MemorySink()
+    engine = Engine(SyntheticConnector(total=1000, batch_size=10), sink,
+                    config={"offset_flush_interval_ms": 60_000}, offset_store=store)
+    try:
+        with pytest.raises(ConfigError, match="no_such_schema"):
+            engine.run()
+    finally:
+        store.close()
+    assert sink.records == []

@@ -46,9 +46,9 @@ from tidemark.engine.prerender import converted_records, offer_rendering, render
 from tidemark.engine.state import EngineState, IllegalStateError, State
 from tidemark.engine.task_runner import TaskRunner
 from tidemark.engine.transforms import Transform
-from tidemark.errors import ConfigError, TerminalError
+from tidemark.errors import ConfigError, SourceUnavailableError, TerminalError
 from tidemark.offsets.memory import MemoryOffsetStore
-from tidemark.offsets.store import Offset, OffsetStore
+from tidemark.offsets.store import Offset, OffsetStore, connect_store
 from tidemark.source.capture_stats import CaptureStats
 from tidemark.source.spi import SourceConnector, SourceTask, TaskConfig
 
@@ -183,10 +183,11 @@ class Engine:
         consumer call runs any more nor will start; safe to call more than once.
 
         Raises :class:`TaskTimeoutError` if the engine is not STOPPED within *timeout_s*
-        (default: the drain plus twice the task timeout, plus 5 s), or if it stopped
-        while a consumer call was still running (one that blocked past
-        ``task_management_timeout_ms``). From a consumer or a signal handler, use
-        :meth:`request_stop`: close() there would wait for the call it is in."""
+        (default: the drain plus twice the task timeout, plus 5 s; close again to wait
+        more), or, once, if it stopped while a poll or a consumer call was still running
+        (one that blocked past ``task_management_timeout_ms``). From a consumer or a
+        signal handler, use :meth:`request_stop`: close() there would wait for the call it
+        is in."""
         self.request_stop()
         with self._run_lock:
             if not self._running:
@@ -199,9 +200,15 @@ class Engine:
             raise TaskTimeoutError(
                 f"the engine is {self._state.current.name}, not STOPPED, {timeout_s:g}s "
                 "after close() (a consumer call or a task's poll or stop has not returned); "
-                "close() again to wait longer, or give close() a longer timeout_s")
-        if self._outlived:
-            raise TaskTimeoutError(f"the engine is STOPPED, but {'; '.join(self._outlived)}")
+                "close() again to wait longer (it stops within task_management_timeout_ms, "
+                "leaving behind what has not returned by then), or give close() a longer "
+                "timeout_s")
+        # Said once: the engine is STOPPED, and what outlived it cannot be waited for;
+        # a later close() (a with block's exit) returns as for any stopped engine.
+        outlived, self._outlived = self._outlived, []
+        if outlived:
+            raise TaskTimeoutError(f"the engine is STOPPED, but {'; '.join(outlived)} "
+                                   "(it stops by itself when that call returns)")
 
     def request_stop(self) -> bool:
         """Ask the engine to stop, as :meth:`close` does, and return at once: for a
@@ -276,6 +283,7 @@ class Engine:
                 raise ConfigError("tasks_max", f"connector {self.connector.name} made "
                                   f"{len(task_configs)} tasks, more than tasks_max="
                                   f"{cfg.tasks_max}")
+            self._connect_store()
             if self._callbacks.connector_started:
                 self._callbacks.connector_started()
             if not self._advance(State.INITIALIZING, State.CREATING_TASKS):
@@ -292,6 +300,16 @@ class Engine:
             self._poll_tasks()
         except BaseException as err:
             self.error = self.error or err
+
+    def _connect_store(self) -> None:
+        """Connect the offset store before any task starts: a configuration error stops
+        the engine now, not at the first save after records were delivered; a server
+        that is down is tolerated (saves are retried, loads may be served locally)."""
+        try:
+            connect_store(self._store)
+        except SourceUnavailableError as err:
+            log.warning("offset store %s is unreachable at start (%s); going on: offset "
+                        "saves are retried until it is back", self._store, err)
 
     def _create_task(self, task_config: TaskConfig) -> SourceTask:
         task = self.connector.create_task(task_config)

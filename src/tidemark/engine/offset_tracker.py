@@ -97,3 +97,11 @@ class OffsetTracker(Generic[T]):
         with self._lock:
             offset, self._committable = self._committable, None
             return offset
+
+    def put_back(self, offset: T) -> None:
+        """*offset*, taken by :meth:`take_committable`, was not saved after all: it is
+        the committable offset again, unless a newer one became committable meanwhile
+        (which covers it)."""
+        with self._lock:
+            if self._committable is None:
+                self._committable = offset

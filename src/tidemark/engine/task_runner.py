@@ -126,6 +126,11 @@ class TaskRunner:
         while not self.stopping.is_set():
             self.failure.raise_if_failed()
             batch = self.retrying(task.poll, "poll")
+            if self.stopping.is_set():
+                # close() was called while the poll ran: no consumer call may start
+                # after it (nor after STOPPED, if the engine gave up waiting). The
+                # batch's offset is not saved: it comes again after a restart.
+                return
             if batch.records or batch.lines or batch.offset is not None:
                 delivery.dispatch(batch.records, batch.offset, batch.lines)
             self.flush()
@@ -172,7 +177,14 @@ class TaskRunner:
         # A store that is briefly unreachable (a remote offsets table) must not end the
         # engine: the save is retried like a commit, and the offset is confirmed to the
         # source only once saved, so nothing the store lacks is released.
-        self.retrying(save, "offset save")
+        try:
+            self.retrying(save, "offset save")
+        except BaseException:
+            # Cancelled by a stop (or failed for good): the offset is still to be saved,
+            # by the final flush if the store is back by then, and the records behind
+            # it stay counted until it is.
+            self.tracker.put_back(offset)
+            raise
         if unsaved:
             capacity.release_saved(unsaved)
         self._committed = offset

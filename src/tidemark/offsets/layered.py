@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from types import TracebackType
 
-from tidemark.offsets.store import Offset, OffsetStore, load_offsets
+from tidemark.offsets.store import Offset, OffsetStore, connect_store, load_offsets
 
 
 class LayeredOffsetStore:
@@ -71,6 +71,14 @@ class LayeredOffsetStore:
         """Durably save *offsets* locally, then remotely."""
         self.local.save_many(offsets)
         self.remote.save_many(offsets)
+
+    def connect(self) -> None:
+        """Connect both stores now (those that have a ``connect``), local first: the
+        engine calls this at start so that a misconfigured remote (a missing schema, a
+        foreign table) is found before anything is delivered, not at the first save
+        (its loads are served by the local store)."""
+        connect_store(self.local)
+        connect_store(self.remote)
 
     def close(self) -> None:
         """Close both stores (those that have a ``close``), remote last."""

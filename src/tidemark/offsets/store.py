@@ -81,3 +81,14 @@ class OffsetStore(Protocol):
         with one offset per stream group saves thousands of keys; one write, not one
         per key)."""
         ...
+
+
+def connect_store(store: object) -> None:
+    """Open *store*'s connection now if it has one (a ``connect`` method): a store that
+    connects lazily otherwise reports a configuration error (a missing schema, a
+    foreign table) only at its first save, after records were delivered. Raises what
+    ``connect`` raises (:class:`~tidemark.errors.SourceUnavailableError` for a server
+    that cannot be reached)."""
+    connect = getattr(store, "connect", None)
+    if callable(connect):
+        connect()

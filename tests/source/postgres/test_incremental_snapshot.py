@@ -338,10 +338,11 @@ def _in_window(monkeypatch: pytest.MonkeyPatch, db: Database, *statements: str) 
 
 
 def _snapshot_with(db: Database, monkeypatch: pytest.MonkeyPatch, statements: tuple[str, ...],
-                   signal_data: dict[str, Any], *tables: str) -> list[Any]:
+                   signal_data: dict[str, Any], *tables: str, **settings: Any) -> list[Any]:
     _in_window(monkeypatch, db, *statements)
     connector = make_connector(db.dsn, *(tables or ("public.t",)), snapshot_mode="no_data",
-                               signal_table=SIGNALS, incremental_snapshot_chunk_size=100)
+                               signal_table=SIGNALS, incremental_snapshot_chunk_size=100,
+                               **settings)
     connector.start()
     drain(connector, db.insert_lsn())
     try:
@@ -378,6 +379,19 @@ def test_a_surrogate_key_chunks_while_deletes_match_by_primary_key(
     assert len(reads) == 248 and {249, 248}.isdisjoint(e.after["id"] for e in reads)
     assert reads[0].schema is not None and reads[0].schema.key_names == ("id",)  # record key
     assert _rebuild(got) == _source(db)
+
+
+def test_a_skipped_update_inside_a_window_leaves_the_row_in_the_chunk(
+        db: Database, monkeypatch: pytest.MonkeyPatch) -> None:
+    """skipped_operations = "u": an update of a row of the open chunk is not streamed,
+    so it must not take the row out of the chunk either (Debezium's dispatcher hands a
+    skipped operation to the incremental snapshot neither): every row comes as a read."""
+    _setup(db, 150)
+    got = _snapshot_with(db, monkeypatch, (
+        "UPDATE t SET v = 'changed' WHERE id IN (2, 3, 99)",),
+        _snapshot_rows(db, ["public.t"]), skipped_operations="u")
+    assert sorted(e.after["id"] for e in _reads(got)) == list(range(1, 151))
+    assert not [e for e in events(got) if e.op is Op.UPDATE]
 
 
 def test_a_column_added_inside_a_window_reads_the_chunk_again(

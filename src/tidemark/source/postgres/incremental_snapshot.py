@@ -163,8 +163,16 @@ class IncrementalSnapshot(SignalledSnapshots):
                  captured: Sequence[TableId], keys: dict[TableId, tuple[str, ...]],
                  signal_table: TableId | None, chunk_size: int, topic_prefix: str,
                  database: str, state: dict[str, Any] | None = None,
-                 generated: bool = False) -> None:
+                 generated: bool = False, skipped: frozenset[Op] = frozenset()) -> None:
         super().__init__(set(captured).__contains__, state)
+        # Row changes that skipped_operations leaves out of the stream do not take their
+        # key out of an open chunk (Debezium's EventDispatcher hands a skipped operation
+        # to the incremental snapshot neither): a row whose only change in the window is
+        # skipped must still come as a read. (A truncate, skipped by default, still
+        # drops the chunk: the rows read before it are gone.)
+        self._kept_kinds = frozenset(
+            kind for kind, op in ((_INSERT, Op.CREATE), (_UPDATE, Op.UPDATE),
+                                  (_DELETE, Op.DELETE)) if op not in skipped) | {_TRUNCATE}
         self._connect = dsn_connect
         self._conn: Connection | None = None
         self._keys = keys
@@ -306,8 +314,7 @@ class IncrementalSnapshot(SignalledSnapshots):
                 # (partial_transaction).
                 self._read_signal(payload)
                 window = self.windows[0] if self.windows else None  # a stop may drop it
-            if window is not None and window.opened and kind in (_INSERT, _UPDATE, _DELETE,
-                                                                  _TRUNCATE):
+            if window is not None and window.opened and kind in self._kept_kinds:
                 self._dedupe(window, payload, kind)
             kept.append(message)
         return Split(kept, [], None)

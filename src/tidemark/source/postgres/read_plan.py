@@ -99,6 +99,10 @@ class PostgresReadPlan:
         self._export: SnapshotExport | None = None  # the running snapshot's, if ours
         self._finished: set[str] = set()  # exports whose every chunk this driver read
         self._keys: dict[str, tuple[str, ...]] = {}
+        #: The backends of this driver's earlier connections: after one broke (a
+        #: ServerTimeoutError, a network cut) the server may keep it, and its claim on
+        #: the slot, for a while; it is this driver's, so a new claim ends it.
+        self._own_backends: set[int] = set()
 
     def __getstate__(self) -> dict[str, Any]:
         # The driver's connections must not travel (nor fail pickling).
@@ -119,10 +123,12 @@ class PostgresReadPlan:
             try:
                 # Held while this driver (and so the query) runs: another reader of the
                 # slot is refused at its start instead of taking this one's changes.
-                slot_holder.claim(conn, self.options.slot, "the stream's slot option")
+                slot_holder.claim(conn, self.options.slot, "the stream's slot option",
+                                  own=self._own_backends)
             except BaseException:
                 conn.close()
                 raise
+            self._own_backends.add(conn.info.backend_pid)
             self._conn = conn
         return self._conn
 

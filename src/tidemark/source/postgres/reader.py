@@ -14,7 +14,7 @@ import importlib
 import logging
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from typing import TYPE_CHECKING, Any, TypeVar
 
 import psycopg
@@ -79,7 +79,8 @@ class PostgresReader:
     def __init__(self, config: PostgresSourceConfig, *,
                  json_lines: DebeziumJsonSerializer | None = None,
                  rendered_json: DebeziumJsonSerializer | None = None,
-                 converted_records: bool = False) -> None:
+                 converted_records: bool = False,
+                 previous_backends: Iterable[int] = ()) -> None:
         if json_lines is not None and rendered_json is not None:
             raise ValueError("json_lines and rendered_json exclude each other")
         self.config = config
@@ -103,6 +104,11 @@ class PostgresReader:
         self._snapshots: IncrementalSnapshot | None = None
         #: An offset handed on that must be saved before the connector goes on.
         self._awaited: Offset | None = None
+        #: The walsenders of this reader's replication connections, and of the reader
+        #: it replaces (*previous_backends*, after a reconnect): after a network cut
+        #: the server keeps one active on the slot until wal_sender_timeout.
+        self._own_backends: set[int] = set(previous_backends)
+        self._reconnect = bool(self._own_backends)
 
     @property
     def partition(self) -> str:
@@ -110,6 +116,12 @@ class PostgresReader:
         if not self.database:
             raise SourceError("the offset key is known only after start()")
         return f"postgres/{self.database}/{self.config.slot_name}"
+
+    @property
+    def backend_pids(self) -> frozenset[int]:
+        """The server backends this reader (and the one it replaces) streamed on: pass
+        them to the reader that replaces this one (``previous_backends``)."""
+        return frozenset(self._own_backends)
 
     @property
     def incremental_snapshot(self) -> IncrementalSnapshot | None:
@@ -262,9 +274,17 @@ class PostgresReader:
 
         def existing() -> slot.SlotInfo | None:
             # A reader that is going away lets go within moments; one that stays (a
-            # second capture, engine or pipeline on the slot) is refused now, in one line.
-            slot_holder.wait_until_free(self._catalog_conn, self.config.slot_name,
-                                        "slot_name, --slot")
+            # second capture, engine or pipeline on the slot) is refused now, in one
+            # line. This reader's own previous walsender (a reconnect after a network
+            # cut) is ended instead; on a reconnect, a holder that stays is retried:
+            # it may be a previous connection not known here.
+            try:
+                slot_holder.wait_until_free(self._catalog_conn, self.config.slot_name,
+                                            "slot_name, --slot", own=self._own_backends)
+            except slot_holder.SlotHeldError as err:
+                if not self._reconnect:
+                    raise
+                raise slot.SlotInUseError(str(err)) from None
             info = slot.get_slot(self._catalog_conn, self.config.slot_name)
             if info is not None:
                 slot.validate_slot(info, self.database)
@@ -347,7 +367,8 @@ class PostgresReader:
 
         stream = ReplicationStream(cfg.dsn, cfg.slot_name, cfg.publication_name,
                                    status_interval_s=cfg.status_interval_ms / 1000,
-                                   receive_timeout_s=cfg.wal_receive_timeout_ms / 1000)
+                                   receive_timeout_s=cfg.wal_receive_timeout_ms / 1000,
+                                   backend_pids=self._own_backends)
         if existing is not None and existing.invalidation is not None and offset:
             existing = self._lost_slot(existing, start_lsn)
         if existing is None:
@@ -731,7 +752,7 @@ class PostgresReader:
             signal_table=TableId.parse(cfg.signal_table) if cfg.signal_table else None,
             chunk_size=cfg.incremental_snapshot_chunk_size, topic_prefix=cfg.topic_prefix,
             database=self.database, state=state if isinstance(state, dict) else None,
-            generated=self._generated)
+            generated=self._generated, skipped=cfg.skipped)
         snap.open()
         self._snapshots = snap
         snap.maybe_open_window()
@@ -750,11 +771,23 @@ class PostgresReader:
         except Exception as err:  # a failing heartbeat must not stop capture
             log.warning("heartbeat_action_query failed: %s", str(err).strip().splitlines()[0])
 
+    def _release_own_slot(self, conn: Any) -> None:
+        """Wait for the slot to be free before streaming again, ending this reader's own
+        previous walsender; another holder is retried (transient)."""
+        try:
+            slot_holder.wait_until_free(conn, self.config.slot_name, "slot_name, --slot",
+                                        own=self._own_backends)
+        except slot_holder.SlotHeldError as err:
+            raise slot.SlotInUseError(str(err)) from None
+
     def _open_with_retry(self, stream: ReplicationStream, lsn: int) -> None:
         """Open the stream, retrying transient failures up to reconnect_max_attempts."""
 
         def open_stream() -> None:
             try:
+                # The broken connection's walsender may still hold the slot (the server
+                # has not noticed the cut): it is this reader's, so it is ended.
+                self._catalog(self._release_own_slot)
                 stream.connect()
                 stream.start(lsn)
             except TransientError:

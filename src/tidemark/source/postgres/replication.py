@@ -58,8 +58,13 @@ class ReplicationStream:
     """
 
     def __init__(self, dsn: str, slot: str, publication: str, *,
-                 status_interval_s: float = 10.0, receive_timeout_s: float = 60.0) -> None:
+                 status_interval_s: float = 10.0, receive_timeout_s: float = 60.0,
+                 backend_pids: set[int] | None = None) -> None:
         self._dsn = dsn
+        #: Every server backend (walsender) this stream connected to, oldest first
+        #: (*backend_pids*, if given, is added to): one still holding the slot after
+        #: the connection broke is this reader's own, not another reader.
+        self.backend_pids: set[int] = set() if backend_pids is None else backend_pids
         self._slot = slot
         self._publication = publication
         self._status_interval = status_interval_s
@@ -83,6 +88,7 @@ class ReplicationStream:
             conn.finish()
             raise classify_connect_message(self._dsn, message)
         self._conn = conn
+        self.backend_pids.add(conn.backend_pid)
         self._streaming = False
 
     def _require(self) -> pq.abc.PGconn:

@@ -8,14 +8,25 @@ between batches, so its driver holds a session advisory lock named after the slo
 as long as it runs (:func:`claim`). :func:`holder` finds either, and every runtime
 refuses to start on a slot another process holds, with one line naming the slot, the
 process and the way out (:class:`SlotHeldError`).
+
+A reader that reconnects (its connection broke) is not another process: after a
+network cut the server keeps the old backend, and with it the slot or the lock, until
+``wal_sender_timeout`` (or TCP keepalives) notice. The reader remembers the backend
+PIDs it used and passes them as *own*: such a holder is ended
+(``pg_terminate_backend``) instead of refusing the slot.
 """
 
 from __future__ import annotations
 
+import contextlib
+import logging
 import time
+from collections.abc import Collection
 from typing import Any, Final
 
 from tidemark.errors import SourceError
+
+log = logging.getLogger(__name__)
 
 #: The advisory lock's first key (``tide`` in ASCII); the second is ``hashtext(slot)``.
 LOCK_CLASS: Final = 0x74696465
@@ -54,35 +65,54 @@ def holder(conn: Any, slot: str) -> int | None:
     return None if row is None else int(row[0])
 
 
+def end_own(conn: Any, slot: str, pid: int, own: Collection[int]) -> None:
+    """If *pid* (a holder of *slot*) is one of *own*, the caller's earlier backends, end
+    it: its client is gone (the connection broke), the server has not noticed yet."""
+    if pid not in own:
+        return
+    log.info("replication slot %s is still held by this reader's previous connection "
+             "(PID %d, whose client side broke): ending that backend", slot, pid)
+    # Without the right to (another role's backend), waiting for it is all there is.
+    with contextlib.suppress(Exception):
+        conn.execute("SELECT pg_terminate_backend(%s)", (pid,))
+
+
 def wait_until_free(conn: Any, slot: str, setting: str,
-                    wait_s: float = RELEASE_WAIT_S) -> None:
+                    wait_s: float = RELEASE_WAIT_S, *, own: Collection[int] = ()) -> None:
     """Return once no other session holds *slot*, waiting up to *wait_s* for one that
-    is going away; raise :class:`SlotHeldError` otherwise."""
+    is going away (ending it if it is one of *own*, the caller's earlier backends);
+    raise :class:`SlotHeldError` otherwise."""
     deadline = time.monotonic() + wait_s
     while True:
         pid = holder(conn, slot)
         if pid is None:
             return
+        end_own(conn, slot, pid, own)
         if time.monotonic() >= deadline:
             raise held_error(slot, pid, setting)
         time.sleep(0.2)
 
 
-def claim(conn: Any, slot: str, setting: str, wait_s: float = RELEASE_WAIT_S) -> None:
+def claim(conn: Any, slot: str, setting: str, wait_s: float = RELEASE_WAIT_S, *,
+          own: Collection[int] = ()) -> None:
     """Hold *slot* for the life of *conn*'s session (an advisory lock), once no other
-    session streams from it or holds it; raise :class:`SlotHeldError` otherwise."""
+    session streams from it or holds it (one of *own*, the caller's earlier backends,
+    is ended); raise :class:`SlotHeldError` otherwise."""
     deadline = time.monotonic() + wait_s
     while True:
         row = conn.execute("SELECT pg_try_advisory_lock(%s, hashtext(%s))",
                            (LOCK_CLASS, slot)).fetchone()
         if row is not None and row[0]:
             try:
-                wait_until_free(conn, slot, setting, max(0.0, deadline - time.monotonic()))
+                wait_until_free(conn, slot, setting, max(0.0, deadline - time.monotonic()),
+                                own=own)
             except SlotHeldError:
                 conn.execute("SELECT pg_advisory_unlock(%s, hashtext(%s))", (LOCK_CLASS, slot))
                 raise
             return
         pid = holder(conn, slot)
+        if pid is not None:
+            end_own(conn, slot, pid, own)
         if time.monotonic() >= deadline and pid is not None:
             raise held_error(slot, pid, setting)
         time.sleep(0.2)

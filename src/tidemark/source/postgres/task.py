@@ -49,13 +49,18 @@ class PostgresTask(ReopeningTask[PostgresReader]):
         return True
 
     def _new_connector(self) -> PostgresReader:
+        # A reconnect: the reader it replaces may still hold the slot on the server (a
+        # network cut); its walsenders are this task's, not another reader's.
+        previous = self._connector.backend_pids if self._connector is not None else ()
         rendered = self._rendered
         if rendered is None:
-            return PostgresReader(self.config)
+            return PostgresReader(self.config, previous_backends=previous)
         if self._lines:
-            return PostgresReader(self.config, json_lines=DebeziumJsonSerializer(rendered))
+            return PostgresReader(self.config, json_lines=DebeziumJsonSerializer(rendered),
+                                  previous_backends=previous)
         return PostgresReader(self.config, rendered_json=DebeziumJsonSerializer(rendered),
-                              converted_records=self._converted_records)
+                              converted_records=self._converted_records,
+                              previous_backends=previous)
 
     def _start_connector(self, connector: PostgresReader, offset: Offset | None,
                          offsets: OffsetReader | None) -> None:
