@@ -4,7 +4,8 @@ from a class name and settings (JSON), one converter, its output written to a fi
 Each record is one line, ``base64(pickle((identity, value, avro_schema)))``: the
 event's position (``lsn``, ``total_order``, ``op``: the same change delivered twice has
 the same identity), the converter's value exactly as it made it (JSON text, Avro bytes,
-an Arrow record batch), and, for Avro, the writer schema a reader needs. A batch's lines
+an Arrow record batch), and, for Avro, the writer schema a reader needs. The converters
+take their defaults, as a user's do: on log tables, non-key columns as cells. A batch's lines
 are written and flushed before the consumer returns, and offsets are saved after every
 batch (``offset_flush_interval_ms = 0``), so a SIGKILL leaves in the file what was
 processed, and a restart redelivers at most ``max_in_flight`` records
@@ -54,15 +55,15 @@ def main() -> None:
     avro_schemas: Any = None
     if args.converter == "avro":
         from tidemark.serde.avro import avro_schemas  # noqa: PLC0415
-        from tidemark.serde.debezium_json import DebeziumJsonOptions  # noqa: PLC0415
-
-        options = DebeziumJsonOptions()
     out = open(args.out, "ab")  # noqa: SIM115 - lives as long as the process
 
     def line(record: Any) -> bytes:
         event = record.event
-        schema = (avro_schemas(event.schema, options, event.context.block)[1]
-                  if avro_schemas is not None and record.value is not None else None)
+        schema = None
+        if avro_schemas is not None and record.value is not None:
+            # The converter's options as the engine resolved them (a log table's cells).
+            options = engine.converter.options  # type: ignore[attr-defined]
+            schema = avro_schemas(event.schema, options, event.context.block)[1]
         identity = (event.lsn, event.total_order, str(event.op))
         return base64.b64encode(pickle.dumps((identity, record.value, schema))) + b"\n"
 

@@ -24,7 +24,7 @@ from typing import Any
 import pyarrow as pa
 
 from conformance.sources import Rows, SourceUnderTest, canon_rows
-from tidemark.lake.debezium_input import changes_from_debezium_json
+from tidemark.lake.debezium_input import PLACEHOLDER, changes_from_debezium_json
 
 ChangeRow = dict[str, Any]
 _META = ("_op", "_lsn", "_commit_lsn", "_seq", "_commit_ts", "_txid", "_unavailable")
@@ -221,19 +221,39 @@ def _b64(value: Any) -> Any:
     return value
 
 
+def _uncell(value: Any, names: list[str]) -> Any:
+    """A Debezium envelope (text or decoded) whose *names* are ScyllaDB's cells, with
+    plain values: a cell's value, and for a null cell (the change left the column as it
+    was) Debezium's placeholder, which the decoder reads as unavailable."""
+    envelope = json.loads(value) if isinstance(value, (str, bytes)) else value
+    if not isinstance(envelope, dict):
+        return envelope
+    for part in ("before", "after"):
+        row = envelope.get(part)
+        if isinstance(row, dict):
+            for name in names:
+                cell = row.get(name)
+                assert cell is None or isinstance(cell, dict), f"{name}: {cell!r} no cell"
+                row[name] = PLACEHOLDER if cell is None else cell["value"]
+    return envelope
+
+
 def _decode(records: list[tuple[Any, Any, Any]], converter: str,
             source: SourceUnderTest) -> list[ChangeRow]:
     records = [r for r in records if r[1] is not None]
-    if converter == "json":
-        return from_json_values([value for _, value, _ in records], source)
     if converter == "arrow":
         assert all(isinstance(value, pa.RecordBatch) for _, value, _ in records)
         return [row for _, value, _ in records for row in value.to_pylist()]
-    import fastavro  # noqa: PLC0415
+    if converter == "json":
+        values = [value for _, value, _ in records]
+    else:
+        import fastavro  # noqa: PLC0415
 
-    return from_json_values(
-        [_b64(fastavro.schemaless_reader(io.BytesIO(value), schema))
-         for _, value, schema in records], source)
+        values = [_b64(fastavro.schemaless_reader(io.BytesIO(value), schema))
+                  for _, value, schema in records]
+    if source.engine_cells():
+        values = [_uncell(value, source.names[1:]) for value in values]
+    return from_json_values(values, source)
 
 
 class EngineRuntime(Runtime):

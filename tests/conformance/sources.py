@@ -98,6 +98,11 @@ class SourceUnderTest:
     """A ``[source]`` line of ``pipeline.toml`` this source does not take, and what its
     refusal says."""
 
+    def engine_cells(self) -> bool:
+        """The engine's converters write this source's non-key columns as ScyllaDB's
+        cells by default (log tables)."""
+        return False
+
     # -- the database -------------------------------------------------------------------
     def connect(self) -> Any:
         raise NotImplementedError
@@ -235,6 +240,9 @@ class PostgresSource(_Postgres):
 class PostgresLogTableSource(_Postgres):
     """CDC log tables (triggers) on PostgreSQL."""
 
+    def engine_cells(self) -> bool:
+        return True
+
     def create(self) -> None:
         super().create()
         LogDb("postgres", self.dsn).install(["mx"], streams=8, groups=2)
@@ -257,6 +265,9 @@ class PostgresLogTableSource(_Postgres):
 
 class SqliteLogTableSource(SourceUnderTest):
     """CDC log tables (triggers) on SQLite: a file, no server."""
+
+    def engine_cells(self) -> bool:
+        return True
 
     def connect(self) -> Any:
         return sqlite3.connect(self.extra["path"], isolation_level=None, timeout=30)

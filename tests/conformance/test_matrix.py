@@ -109,7 +109,6 @@ _RUN_TAKES_SLOT = ("product defect: tidemark run takes [source] slot = \"other\"
 #: Cells that fail today, by (source, runtime, check) ("*": every check), with why: each
 #: an xfail(strict=True), so a fix turns the cell red until its entry is removed.
 KNOWN_FAILURES: dict[tuple[str, str, str], str] = {
-    ("postgres-logtable", "engine-avro", "*"): _AVRO_UNCHANGED,
     ("postgres", "run", "refusal"): (
         "product defect: tidemark run refuses [source] retention_s on a PostgreSQL "
         "replication source late: the Spark source's option check raises PipelineError "

@@ -1,11 +1,14 @@
 """Unavailable values in Avro: the columns a log-table update did not set (written as
 ScyllaDB's cells, or with Debezium's placeholder without cells) and PostgreSQL's
 unchanged TOASTed values of every TOASTable type, through the engine's AvroConverter,
-decoded back with fastavro; the Arrow converter on the same events."""
+decoded back with fastavro; the Arrow converter on the same events; and every
+converter with its defaults on a log table: unchanged told from NULL."""
 
 from __future__ import annotations
 
 import io
+import json
+import logging
 import threading
 from collections.abc import Callable, Sequence
 from decimal import Decimal
@@ -20,7 +23,7 @@ from logtable_helpers import LogDb
 from tidemark import Engine, LogTableConnector, MemoryOffsetStore
 from tidemark.engine.arrow_converter import ArrowConverter
 from tidemark.engine.avro_converter import AvroConverter
-from tidemark.engine.converters import ConvertedRecord
+from tidemark.engine.converters import ConvertedRecord, DebeziumJsonConverter
 from tidemark.engine.records import ChangeRecord
 from tidemark.engine.transforms import ExtractNewRecordState
 from tidemark.event import UNAVAILABLE, ChangeEvent
@@ -35,29 +38,45 @@ from waiting import wait_for
 PLACEHOLDER = "__debezium_unavailable_value"
 
 
-def _run(connector: Any, converter: AvroConverter, count: int,
+def _run(connector: Any, converter: Any, count: int,
          transforms: Sequence[Any] = (), change: Callable[[], None] | None = None
          ) -> list[ConvertedRecord]:
     """The engine's first *count* records with a value; *change* runs once the first
     has come."""
+    return _run_engine(connector, converter, count, transforms, change)[1]
+
+
+def _run_engine(connector: Any, converter: Any, count: int,
+                transforms: Sequence[Any] = (), change: Callable[[], None] | None = None,
+                size: Callable[[ConvertedRecord], int] = lambda _: 1
+                ) -> tuple[Engine, list[ConvertedRecord]]:
+    """The engine and its first records with a value, until they hold *count* changes
+    (*size*: the changes a record holds)."""
     sink = MemorySink()
     engine = Engine(connector, sink, config={"offset_flush_interval_ms": 0},
                     converter=converter, transforms=transforms,
                     offset_store=MemoryOffsetStore())
     thread = threading.Thread(target=engine.run, daemon=True)
     thread.start()
+
+    def valued() -> list[ConvertedRecord]:
+        return [r for r in sink.records if r.value is not None]
+
     try:
         if change is not None:
-            wait_for(lambda: any(r.value is not None for r in sink.records), 60,
-                     "the first converted record")
+            wait_for(lambda: bool(valued()), 60, "the first converted record")
             change()
-        wait_for(lambda: sum(r.value is not None for r in sink.records) >= count, 60,
-                 f"{count} converted records")
+        wait_for(lambda: sum(map(size, valued())) >= count, 60, f"{count} changes")
     finally:
         engine.close()
         thread.join(timeout=30)
     assert not thread.is_alive()
-    return [r for r in sink.records if r.value is not None][:count]
+    records, held = [], 0
+    for record in valued():
+        if held < count:
+            records.append(record)
+            held += size(record)
+    return engine, records
 
 
 def _rows(records: list[ConvertedRecord], options: DebeziumJsonOptions, *, flat: bool
@@ -117,8 +136,9 @@ def _plain_placeholder(event: ChangeEvent, name: str) -> Any:
 @pytest.mark.parametrize("cells", [True, False], ids=["cells", "plain"])
 def test_log_table_update_unchanged_columns_in_avro(logdb: LogDb, cells: bool,
                                                      flat: bool) -> None:
-    """Unchanged: a null cell (flattened: null); set to NULL: a cell holding null; set:
-    a cell holding the value. Without cells: Debezium's placeholder where the type
+    """Unchanged: a null cell (flattened, a row without cells: the placeholder where the
+    type holds it, else null); set to NULL: a cell holding null; set: a cell holding
+    the value. Without cells: Debezium's placeholder where the type
     holds it (text, bytes), else null; no update stops the engine."""
     _log_table(logdb)
     options = DebeziumJsonOptions(cells=cells)
@@ -138,10 +158,11 @@ def test_log_table_update_unchanged_columns_in_avro(logdb: LogDb, cells: bool,
         assert set_value == again[name] and set_value is not None, name
         if wrap:
             assert set_value["value"] is not None, name
-        unchanged = None if cells else _plain_placeholder(insert, name)
+        # A flat row has no cells: the placeholder where the type holds it, as without.
+        unchanged = None if wrap else _plain_placeholder(insert, name)
         assert only_u[name] == unchanged, name
         assert nulls[name] == cell(None), name
-    assert nulls["u"] == again["u"] == (None if cells else _plain_placeholder(insert, "u"))
+    assert nulls["u"] == again["u"] == (None if wrap else _plain_placeholder(insert, "u"))
 
     if wrap:  # ScyllaDB's cell struct: <table>.<column>.Cell, one optional field value
         assert insert.schema is not None
@@ -177,6 +198,91 @@ def test_log_table_unchanged_columns_in_arrow(logdb: LogDb) -> None:
         assert only_u[name] is None and nulls[name] is None, name
     assert [e.raw_after[2] for e in events] == [  # type: ignore[union-attr]
         events[0].raw_after[2], UNAVAILABLE, None, events[0].raw_after[2]]  # type: ignore[union-attr]
+
+
+UNCHANGED = object()  # a column the update left as it was, as a consumer reads it
+
+
+def _decoded(converter: str, engine: Engine, records: list[ConvertedRecord]
+             ) -> list[dict[str, Any]]:
+    """Each change's row after it, as a consumer decodes the converter's output with
+    what the engine says of it: a column's value, or UNCHANGED."""
+    if converter == "arrow":
+        rows = [row for r in records for row in r.value.to_pylist()]  # type: ignore[union-attr]
+        return [{n: UNCHANGED if n in row["_unavailable"] else row[n] for n in _LOG_COLUMNS}
+                for row in rows]
+    options = engine.converter.options  # type: ignore[attr-defined]
+    assert options.cells is True, "a log table's default is cells"
+    out = []
+    for record in records:
+        if converter == "json":
+            assert isinstance(record.value, str)
+            after = json.loads(record.value)["after"]
+        else:
+            event = record.event
+            assert isinstance(event, ChangeEvent) and event.schema is not None
+            _, schema = avro_schemas(event.schema, options, event.context.block)
+            after = fastavro.schemaless_reader(io.BytesIO(record.value), schema)["after"]
+        out.append({n: UNCHANGED if after[n] is None else after[n]["value"]
+                    for n in _LOG_COLUMNS})
+    return out
+
+
+@pytest.mark.parametrize("converter", ["json", "avro", "arrow"])
+def test_log_table_defaults_tell_unchanged_from_null(logdb: LogDb, converter: str) -> None:
+    """Every converter made with its defaults, on a log table: an update leaving int,
+    numeric, bool, date, timestamp, bytes and text columns unchanged reads as unchanged,
+    one setting them to NULL as NULL, and the values come back as they were (failed
+    before: JSON wrote the placeholder text into non-text columns, Avro null)."""
+    _log_table(logdb)
+    made = {"json": DebeziumJsonConverter, "avro": AvroConverter,
+            "arrow": ArrowConverter}[converter]()
+    connector = LogTableConnector({"dsn": logdb.dsn, "poll_interval_ms": 50})
+    engine, records = _run_engine(
+        connector, made, 4,
+        size=lambda r: r.value.num_rows if converter == "arrow" else 1)  # type: ignore[union-attr]
+    first, only_u, nulls, again = _decoded(converter, engine, records)
+    for name in _LOG_COLUMNS:
+        assert first[name] not in (None, UNCHANGED) and first[name] == again[name], name
+        assert only_u[name] is UNCHANGED, name
+        assert nulls[name] is None, name
+
+
+def test_log_table_flat_json_leaves_unchanged_out(logdb: LogDb) -> None:
+    """ExtractNewRecordState and the default JSON converter on a log table: a column
+    the update left unchanged is absent from the flat row, one set to NULL is null
+    (failed before: both null)."""
+    _log_table(logdb)
+    connector = LogTableConnector({"dsn": logdb.dsn, "poll_interval_ms": 50})
+    records = _run(connector, DebeziumJsonConverter(), 4, [ExtractNewRecordState()])
+    first, only_u, nulls, again = [json.loads(r.value) for r in records]  # type: ignore[arg-type]
+    assert set(first) == {"id", "u", *_LOG_COLUMNS} and set(again) == {"id", *_LOG_COLUMNS}
+    assert all(first[n] is not None and first[n] == again[n] for n in _LOG_COLUMNS)
+    assert only_u == {"id": 1, "u": 1}
+    assert nulls == {"id": 1, **dict.fromkeys(_LOG_COLUMNS)}
+
+
+@pytest.mark.parametrize("case", ["plain", "flat", "default"])
+def test_avro_warns_once_where_unchanged_reads_as_null(
+        logdb: LogDb, case: str, caplog: pytest.LogCaptureFixture) -> None:
+    """AvroConverter on a log table warns once at start where an unchanged column of a
+    non-text type becomes null: cells=False set explicitly, or flattened rows; naming
+    the types and the fix. Its defaults, unflattened, warn of nothing."""
+    connector = LogTableConnector({"dsn": logdb.dsn, "poll_interval_ms": 50})
+    options = DebeziumJsonOptions(cells=False) if case == "plain" else None
+    transforms = [ExtractNewRecordState()] if case == "flat" else []
+    with caplog.at_level(logging.WARNING, "tidemark.engine.avro_converter"):
+        Engine(connector, MemorySink(), converter=AvroConverter(options),
+               transforms=transforms)
+        Engine(PostgresConnector({"dsn": "postgresql://localhost/x"}), MemorySink(),
+               converter=AvroConverter(options), transforms=transforms)
+    warnings = [r.getMessage() for r in caplog.records]
+    if case == "default":
+        assert warnings == []
+        return
+    [warning] = warnings  # once, and not for PostgreSQL's replication source
+    assert "integer, float, boolean, date, time, timestamp" in warning
+    assert ("cells=True" if case == "plain" else "leave out ExtractNewRecordState") in warning
 
 
 # Every TOASTable type (xml too where the server has libxml: a string, as text), stored

@@ -9,6 +9,7 @@ several workers at once, so they keep their caches per thread.
 
 from __future__ import annotations
 
+import copy
 import threading
 from collections.abc import Sequence
 from typing import Any, Protocol
@@ -25,6 +26,7 @@ from tidemark.engine.records import (
     as_change_record,
     default_destination,
 )
+from tidemark.engine.transforms import ExtractNewRecordState, Transform
 from tidemark.event import ChangeEvent, Op, Record
 from tidemark.serde.converted import ConvertedBatch, ConvertedRecord, RenderedRecord
 from tidemark.serde.debezium_json import (
@@ -34,9 +36,11 @@ from tidemark.serde.debezium_json import (
 )
 from tidemark.serde.json_lines import JsonLines, lines_of_events
 from tidemark.serde.rendered import RenderedEvent
+from tidemark.source.spi import SourceConnector, cells_by_default
 
 __all__ = ["ConvertedBatch", "ConvertedRecord", "Converter", "DebeziumJsonConverter",
-           "EventConverter", "PerThread", "RenderedRecord", "flat_row"]
+           "EventConverter", "PerThread", "RenderedRecord", "converter_for_source",
+           "flat_row"]
 
 
 class Converter(Protocol):
@@ -67,8 +71,9 @@ def flat_row(value: dict[str, Any], flatten: Flatten,
     """The row of a flattened record from the decoded envelope (None: a tombstone).
 
     *cells* names the columns written as ScyllaDB's cells (``{"value": …}``, ``null``
-    when unchanged): they are flattened to their values, an unchanged one to null, as
-    Scylla's ``ScyllaExtractNewState`` does (which cannot tell NULL from unchanged)."""
+    when unchanged): a set one is flattened to its value, an unchanged one is left out
+    of the row, so that absent (unchanged) stays apart from null (set to NULL), where
+    Scylla's ``ScyllaExtractNewState`` writes null for both."""
     op = value["op"]
     deleted = op == "d"
     if deleted and flatten.delete_handling is DeleteHandling.TOMBSTONE:
@@ -76,7 +81,10 @@ def flat_row(value: dict[str, Any], flatten: Flatten,
     row: dict[str, Any] = dict(value["before"] if deleted else value["after"])
     for name in cells or ():
         cell = row.get(name)
-        row[name] = cell["value"] if isinstance(cell, dict) else None
+        if isinstance(cell, dict):
+            row[name] = cell["value"]
+        else:
+            row.pop(name, None)
     source = value["source"]
     for field in flatten.add_fields:
         if field in ("op", "ts_ms"):
@@ -114,6 +122,22 @@ class PerThread:
 
 
 
+def converter_for_source(converter: Converter, connector: SourceConnector,
+                         transforms: Sequence[Transform]) -> Converter:
+    """*converter* with what its options leave to the source resolved for *connector*
+    (cells on log tables, :func:`~tidemark.source.spi.cells_by_default`), through its
+    optional ``for_source(source, cells_by_default, flattens=…)`` (*flattens*: one of
+    *transforms* is ExtractNewRecordState; a converter without the method is used as it
+    is). Called once, as the engine is made: nothing of it is left to do per record."""
+    for_source = getattr(converter, "for_source", None)
+    if for_source is None:
+        return converter
+    flattens = any(isinstance(t, ExtractNewRecordState) for t in transforms)
+    resolved: Converter = for_source(connector.name, cells_by_default(connector),
+                                     flattens=flattens)
+    return resolved
+
+
 class DebeziumJsonConverter:
     """Debezium JSON key and value texts (``str``, as Debezium's engine gives with its
     Json format); a tombstone after each delete unless turned off in the options;
@@ -128,6 +152,19 @@ class DebeziumJsonConverter:
         self.options = options or DebeziumJsonOptions()
         self._per_thread = PerThread(self.options)
         self._encoder = msgspec.json.Encoder()
+
+    def for_source(self, source: str, cells_by_default: bool, *,
+                   flattens: bool) -> DebeziumJsonConverter:
+        """This converter with the source's default where its options leave it (a copy;
+        ``self`` when nothing is left): cells on a log table. Without cells an
+        unchanged column is Debezium's placeholder text, also in a column of another
+        type (schema-invalid there, but never taken for NULL)."""
+        options = self.options.for_source(cells_by_default)
+        if options is self.options:
+            return self
+        resolved = copy.copy(self)
+        DebeziumJsonConverter.__init__(resolved, options)
+        return resolved
 
     @property
     def rendered_options(self) -> DebeziumJsonOptions | None:

@@ -32,7 +32,7 @@ from tidemark.engine.consumers import (
     RecordConsumer,
     RecordProcessor,
 )
-from tidemark.engine.converters import Converter, DebeziumJsonConverter
+from tidemark.engine.converters import Converter, DebeziumJsonConverter, converter_for_source
 from tidemark.engine.delivery import (
     AsyncDelivery,
     Delivery,
@@ -101,7 +101,8 @@ class Engine:
         self.connector = connector
         self._consumers = _consumer_list(consumer, config.delivery_mode)
         self._transforms = tuple(transforms)
-        self._converter = converter or DebeziumJsonConverter()
+        self._converter = converter_for_source(converter or DebeziumJsonConverter(),
+                                               connector, self._transforms)
         if isinstance(self._consumers[0], JsonLinesConsumer) and \
                 not isinstance(self._converter, DebeziumJsonConverter):
             raise ConfigError("converter", f"a JsonLinesConsumer takes Debezium JSON lines; "
@@ -135,6 +136,12 @@ class Engine:
     @property
     def state(self) -> State:
         return self._state.current
+
+    @property
+    def converter(self) -> Converter:
+        """The converter in use, with what its options left to the source resolved (a
+        log table's cells): its ``options`` are those a reader of its output needs."""
+        return self._converter
 
     @property
     def metrics_port(self) -> int | None:

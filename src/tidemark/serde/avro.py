@@ -329,13 +329,12 @@ class AvroEncoder:
     def flat(self, event: ChangeEvent, row: dict[str, Any],
              add_fields: tuple[str, ...]) -> bytes:
         """The Avro value of a flattened row (ExtractNewRecordState): *row* from
-        :func:`~tidemark.engine.converters.flat_row` (cells already flattened, an
-        unchanged one to null)."""
+        :func:`~tidemark.engine.converters.flat_row` (cells already flattened). A flat
+        row has no cells: an unavailable value, with cells or without, is the field's
+        placeholder where its Avro type holds one, else null."""
         assert event.schema is not None
         codec = self.codec(event.schema, event.context.block)
-        raw = None
-        if not self.options.cells:
-            raw = event.raw_before if event.op is Op.DELETE else event.raw_after
+        raw = event.raw_before if event.op is Op.DELETE else event.raw_after
         out = codec.row_value(row, codec.plain_fields, raw) or {}
         for field in (*(f"__{f}" for f in add_fields), "__deleted"):
             out[field] = row.get(field)

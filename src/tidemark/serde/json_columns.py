@@ -84,10 +84,20 @@ class DebeziumJsonOptions(msgspec.Struct, frozen=True, kw_only=True):
     interval_handling_mode: str = "numeric"
     tombstones_on_delete: bool = True
     transaction_metadata: bool = False
-    cells: bool = False
+    cells: bool | None = None
     """Non-key columns as ScyllaDB's cells: ``{"value": …}`` for a value set,
     ``{"value": null}`` for one set to NULL, ``null`` for one left unchanged
-    (:data:`~tidemark.event.UNAVAILABLE`) — the log-table sources' format."""
+    (:data:`~tidemark.event.UNAVAILABLE`) — the log-table sources' format. None: the
+    source's default, which the engine resolves at start (:meth:`for_source`: cells on
+    log tables, whose updates leave columns unset, plain values elsewhere); read
+    unresolved, None writes plain values."""
+
+    def for_source(self, cells_by_default: bool) -> DebeziumJsonOptions:
+        """These options with the source's default where they left it to the source
+        (``self`` when nothing was left)."""
+        if self.cells is not None:
+            return self
+        return msgspec.structs.replace(self, cells=cells_by_default)
 
 
 def column_mapping(column: Column, options: DebeziumJsonOptions) -> _Mapping:

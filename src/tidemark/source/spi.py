@@ -73,7 +73,11 @@ class RendersDebeziumJson(Protocol):
 
 
 class SourceConnector(Protocol):
-    """A configured source that splits its work into tasks."""
+    """A configured source that splits its work into tasks.
+
+    Optional: a ``cells_by_default`` attribute, True when the source's events are
+    written as ScyllaDB's cells unless the converter's options say otherwise
+    (:func:`cells_by_default`)."""
 
     @property
     def name(self) -> str:
@@ -88,6 +92,15 @@ class SourceConnector(Protocol):
     def create_task(self, config: TaskConfig) -> SourceTask:
         """A new, not yet started task for one of :meth:`task_configs`' entries."""
         ...
+
+
+def cells_by_default(connector: SourceConnector) -> bool:
+    """Whether *connector*'s events are written as cells when the converter's options
+    leave it to the source (``DebeziumJsonOptions.cells`` None): its optional
+    ``cells_by_default`` attribute — True for log tables, whose updates leave the
+    columns they did not set unavailable, which plain values cannot tell from NULL in
+    every type — else False."""
+    return getattr(connector, "cells_by_default", False) is True
 
 
 @runtime_checkable

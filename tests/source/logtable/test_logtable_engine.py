@@ -64,9 +64,10 @@ def test_two_tasks_read_every_change_once_and_resume_after_a_restart(
     assert {r.value.op.value for r in again.records} == {"d"}  # type: ignore[union-attr]
 
 
-def test_extract_new_state_flattens_cells_as_scylla_does(logdb: LogDb) -> None:
+def test_extract_new_state_flattens_cells_leaving_unchanged_out(logdb: LogDb) -> None:
     """Cells in the envelope; ExtractNewRecordState delivers plain rows, an unchanged
-    column as null (Scylla's ScyllaExtractNewState)."""
+    column left out (absent: unchanged; null: set to NULL), where Scylla's
+    ScyllaExtractNewState writes null for both."""
     logdb.execute("CREATE TABLE t (id integer PRIMARY KEY, v text, n integer)")
     logdb.install(["t"], streams=4, groups=1)
     logdb.execute("INSERT INTO t VALUES (1, 'a', 5)")
@@ -77,7 +78,7 @@ def test_extract_new_state_flattens_cells_as_scylla_does(logdb: LogDb) -> None:
             ((), [{"id": 1, "v": {"value": "a"}, "n": {"value": 5}},
                   {"id": 1, "v": {"value": None}, "n": None}]),
             ((ExtractNewRecordState(),), [{"id": 1, "v": "a", "n": 5},
-                                          {"id": 1, "v": None, "n": None}])):
+                                          {"id": 1, "v": None}])):
         sink = MemorySink()
         engine = Engine(connector, sink, config={"offset_flush_interval_ms": 0},
                         transforms=transforms, converter=DebeziumJsonConverter(cells))

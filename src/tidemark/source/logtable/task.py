@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import contextlib
 from collections.abc import Mapping
-from typing import Any
+from typing import Any, Final
 
 from tidemark.errors import ConfigError
 from tidemark.offsets.store import Offset, OffsetReader
@@ -55,6 +55,10 @@ class LogTableConnector:
     :class:`LogTableSourceConfig`; without ``groups`` the connector assigns them to its
     tasks, with ``groups`` one task reads those.
     *stop_at_end*: finish once every group has read what the log held."""
+
+    #: An update logs only the columns it set: the others are UNAVAILABLE, which the
+    #: converters tell from NULL in every type only as cells (as ``tidemark capture``).
+    cells_by_default: Final = True
 
     def __init__(self, config: Mapping[str, Any], stop_at_end: bool = False) -> None:
         self._base = dict(config)
