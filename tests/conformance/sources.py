@@ -20,6 +20,7 @@ from typing import Any
 import pyarrow as pa
 import pytest
 
+from conformance.debezium_cells import DebeziumCase, mariadb_case, postgres_case
 from logtable_helpers import LogDb
 from tidemark.testing.postgres import sql_connection
 
@@ -198,6 +199,11 @@ class SourceUnderTest:
         """The connector's settings that bound what a batch holds in memory, small."""
         raise NotImplementedError
 
+    def debezium(self) -> DebeziumCase | None:
+        """Debezium's own output for a script on this source (None: Debezium has no
+        connector for it)."""
+        return None
+
 
 class _Postgres(SourceUnderTest):
     def connect(self) -> Any:
@@ -230,6 +236,9 @@ class PostgresSource(_Postgres):
 
     def batch_settings(self) -> dict[str, Any]:
         return {"max_batch_messages": 50}
+
+    def debezium(self) -> DebeziumCase | None:
+        return postgres_case(self.dsn, self.extra["slot"])
 
 
 class PostgresLogTableSource(_Postgres):
@@ -296,6 +305,9 @@ class MariaDbSource(SourceUnderTest):
 
     def batch_settings(self) -> dict[str, Any]:
         return {"max_batch_events": 50, "max_transaction_rows_in_memory": 50}
+
+    def debezium(self) -> DebeziumCase | None:
+        return mariadb_case(self.extra["mdb"].server, self.extra["mdb"].name)
 
 
 _PG_SQL = {"t": "text", "f": "double precision", "bin": "bytea", "d": "numeric(10,2)",

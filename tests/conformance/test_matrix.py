@@ -16,7 +16,12 @@ runtime (columns, :mod:`conformance.runtimes`), each cell checked for
   bounds small, arrives whole;
 * ``refusal``: an option the source does not have is refused at start, naming it
   (capture's flags, the engine connector's settings, the Spark source's options,
-  ``pipeline.toml``'s ``[source]`` lines).
+  ``pipeline.toml``'s ``[source]`` lines);
+* ``debezium``: where Debezium has the source's connector (PostgreSQL, MariaDB) and the
+  runtime writes Debezium JSON (capture, the engine's JSON converter), the runtime's
+  records for the reference script equal Debezium 3.6.3's own, record by record
+  (:mod:`conformance.debezium_cells`; the allowed differences are
+  :mod:`debezium_comparison`'s, shared with the sources' conformance tests).
 
 A cell that cannot hold is skipped with the reason (the matrix report prints it); the
 terminal summary prints the whole matrix.
@@ -45,12 +50,14 @@ from conformance.runtimes import (
     opened,
 )
 from conformance.sources import SOURCES, SourceUnderTest, make_source
+from debezium_comparison import assert_same_as_debezium
 from tidemark.errors import ConfigError
 from waiting import wait_for
 
 pytestmark = pytest.mark.integration
 
-CHECKS = ("round_trip", "sigkill", "server_restart", "big_transaction", "refusal")
+CHECKS = ("round_trip", "sigkill", "server_restart", "big_transaction", "refusal",
+          "debezium")
 
 
 @pytest.fixture(params=SOURCES)
@@ -198,6 +205,30 @@ def test_sigkill(source: SourceUnderTest, runtime: Runtime, cell: Cell) -> None:
                  cell.patience_s)
         if isinstance(again, EngineRunning):
             assert again.redelivered() <= MAX_IN_FLIGHT, again.redelivered()
+
+
+def test_debezium(source: SourceUnderTest, runtime: Runtime, cell: Cell) -> None:
+    """Debezium's own output for the source's reference script (snapshot and stream)
+    equals the runtime's, record by record, but for the deliberate differences listed
+    in :mod:`debezium_comparison`."""
+    case = source.debezium()
+    if case is None:
+        pytest.skip("no Debezium connector for this source")
+    if runtime.name not in ("capture", "engine-json"):
+        pytest.skip("not Debezium JSON")
+    case.run_statements(case.setup)
+    settings = ({"capture_args": case.capture_args} if runtime.name == "capture" else
+                case.engine_settings())
+    with opened(runtime, source, cell.where, **settings) as running:
+        lines: Any = running.json_lines  # type: ignore[attr-defined]
+        wait_for(lambda: any('"snapshot":"last"' in line for line in lines()), 120,
+                 f"{source.name}: the reference's snapshot")
+        case.run_statements(case.stream)
+        wait_for(lambda: any(case.end_marker in line for line in lines()), 120,
+                 f"{source.name}: the reference script's end")
+        got = case.normalize(lines())
+    found = case.compare(case.reference, got, runtime.name != "capture")
+    assert_same_as_debezium(found, case.allowed, case.run)
 
 
 def test_refusal(source: SourceUnderTest, runtime: Runtime, cell: Cell) -> None:
