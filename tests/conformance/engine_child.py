@@ -1,11 +1,13 @@
 """The engine in a process of its own, for the matrix's engine columns: a connector built
 from a class name and settings (JSON), one converter, its output written to a file.
 
-Each record is one line, ``base64(pickle((identity, value, avro_schema)))``: the
-event's position (``lsn``, ``total_order``, ``op``: the same change delivered twice has
-the same identity), the converter's value exactly as it made it (JSON text, Avro bytes,
-an Arrow record batch), and, for Avro, the writer schema a reader needs. The converters
-take their defaults, as a user's do: on log tables, non-key columns as cells. A batch's lines
+Each record is one line, ``base64(pickle((identity, value, avro_schema, key, topic)))``:
+the event's position (``lsn``, ``total_order``, ``op``: the same change delivered twice
+has the same identity; None for a record without an event, such as a tombstone), the
+converter's value exactly as it made it (JSON text, Avro bytes, an Arrow record batch),
+for Avro the writer schema a reader needs, and the record's key and destination (for the
+matrix's comparison with Debezium's own records). The converters take their
+defaults, as a user's do: on log tables, non-key columns as cells. A batch's lines
 are written and flushed before the consumer returns, and offsets are saved after every
 batch (``offset_flush_interval_ms = 0``), so a SIGKILL leaves in the file what was
 processed, and a restart redelivers at most ``max_in_flight`` records
@@ -28,11 +30,16 @@ import tidemark
 from tidemark import Engine, SqliteOffsetStore
 
 
-def _converter(name: str) -> Any:
+def _converter(name: str, options: dict[str, Any]) -> Any:
     from tidemark.engine.converters import DebeziumJsonConverter  # noqa: PLC0415
+    from tidemark.serde.debezium_json import DebeziumJsonOptions  # noqa: PLC0415
+    from tidemark.serde.modes import DecimalHandlingMode, TimePrecisionMode  # noqa: PLC0415
 
     if name == "json":
-        return DebeziumJsonConverter()
+        modes = {"decimal_handling_mode": DecimalHandlingMode,
+                 "time_precision_mode": TimePrecisionMode}
+        return DebeziumJsonConverter(DebeziumJsonOptions(
+            **{k: modes[k](v) if k in modes else v for k, v in options.items()}))
     if name == "avro":
         from tidemark.engine.avro_converter import AvroConverter  # noqa: PLC0415
 
@@ -50,6 +57,8 @@ def main() -> None:
     parser.add_argument("--out", required=True)
     parser.add_argument("--offsets", required=True)
     parser.add_argument("--max-in-flight", type=int, required=True)
+    parser.add_argument("--json-options", default="{}",
+                        help="DebeziumJsonOptions of the JSON converter, JSON")
     args = parser.parse_args()
 
     avro_schemas: Any = None
@@ -64,8 +73,9 @@ def main() -> None:
             # The converter's options as the engine resolved them (a log table's cells).
             options = engine.converter.options  # type: ignore[attr-defined]
             schema = avro_schemas(event.schema, options, event.context.block)[1]
-        identity = (event.lsn, event.total_order, str(event.op))
-        return base64.b64encode(pickle.dumps((identity, record.value, schema))) + b"\n"
+        identity = None if event is None else (event.lsn, event.total_order, str(event.op))
+        return base64.b64encode(pickle.dumps(
+            (identity, record.value, schema, record.key, record.destination))) + b"\n"
 
     class FileSink:
         def handle_batch(self, records: list[Any], committer: Any) -> None:
@@ -76,7 +86,7 @@ def main() -> None:
     engine = Engine(connector, FileSink(),
                     config={"offset_flush_interval_ms": 0,
                             "max_in_flight": args.max_in_flight},
-                    converter=_converter(args.converter),
+                    converter=_converter(args.converter, json.loads(args.json_options)),
                     offset_store=SqliteOffsetStore(args.offsets))
     stop = threading.Event()
     signal.signal(signal.SIGTERM, lambda *_: stop.set())

@@ -104,7 +104,7 @@ class Runtime:
 
 # -- tidemark capture ---------------------------------------------------------------------
 class _CaptureRunning(Running):
-    def __init__(self, source: SourceUnderTest, where: Path) -> None:
+    def __init__(self, source: SourceUnderTest, where: Path, args: list[str]) -> None:
         super().__init__(source)
         self.out = where / "capture.jsonl"
         self.err = where / "capture.err"
@@ -112,14 +112,21 @@ class _CaptureRunning(Running):
             self.process = subprocess.Popen(
                 [sys.executable, "-m", "tidemark", "capture", "--dsn", source.dsn,
                  "--offsets", str(where / "offsets.json"), "--offset-flush-interval-ms", "0",
-                 "--progress-interval-s", "0", *source.capture_args()],
+                 "--progress-interval-s", "0", *args],
                 stdout=out, stderr=err)
 
-    def changes(self) -> list[ChangeRow]:
+    def json_lines(self) -> list[str]:
+        """The complete lines written so far, as written."""
         assert self.process.poll() is None, self.err.read_text()[-3000:]
-        lines = self.out.read_bytes().split(b"\n")[:-1]  # complete lines only
-        return from_json_values([json.loads(line)["value"] for line in lines if line],
+        lines = self.out.read_bytes().decode().split("\n")[:-1]
+        return [line for line in lines if line]
+
+    def changes(self) -> list[ChangeRow]:
+        return from_json_values([json.loads(line)["value"] for line in self.json_lines()],
                                 self.source)
+
+    def peak_kib(self) -> int:
+        return _status_kib(self.process.pid, "VmHWM")
 
     def close(self) -> None:
         if self.process.poll() is None:
@@ -139,8 +146,9 @@ class CaptureRuntime(Runtime):
     name = "capture"
 
     def open(self, source: SourceUnderTest, where: Path, **settings: Any) -> Running:
-        assert not settings, "capture takes no connector settings here"
-        return _CaptureRunning(source, where)
+        args = settings.pop("capture_args", None)
+        assert not settings, "capture takes no connector settings here, only capture_args"
+        return _CaptureRunning(source, where, source.capture_args() if args is None else args)
 
 
 # -- the engine, in a process of its own -----------------------------------------------------
@@ -166,17 +174,19 @@ class EngineRunning(Running):
         self.converter = converter
         self.out = where / f"engine-{converter}.out"
         self.err = where / f"engine-{converter}.err"
+        json_options = settings.pop("json_options", {})
         connector, values = source.engine_connector(**settings)
         with self.err.open("ab") as err:
             self.process = subprocess.Popen(
                 [sys.executable, str(_ENGINE_CHILD), "--connector", connector,
                  "--settings", json.dumps(values), "--converter", converter,
                  "--out", str(self.out), "--offsets", str(where / "offsets.db"),
-                 "--max-in-flight", str(MAX_IN_FLIGHT)], stderr=err)
+                 "--max-in-flight", str(MAX_IN_FLIGHT),
+                 "--json-options", json.dumps(json_options)], stderr=err)
 
-    def records(self) -> list[tuple[Any, Any, Any]]:
+    def records(self) -> list[tuple[Any, ...]]:
         """Every record the engine wrote so far (across restarts): (identity, value,
-        Avro schema)."""
+        Avro schema, key, destination)."""
         if not self.out.exists():
             return []
         lines = self.out.read_bytes().split(b"\n")[:-1]  # complete lines only
@@ -187,9 +197,16 @@ class EngineRunning(Running):
             f"the engine ({self.converter}) stopped: {self.err.read_text()[-3000:]}"
         return _decode(self.records(), self.converter, self.source)
 
+    def json_lines(self) -> list[str]:
+        """The JSON converter's records as ``{"topic":…,"key":…,"value":…}`` lines, as
+        Debezium's references hold them."""
+        assert self.converter == "json"
+        return [f'{{"topic":"{r[4]}","key":{r[3] or "null"},"value":{r[1] or "null"}}}'
+                for r in self.records()]
+
     def redelivered(self) -> int:
         """Records delivered more than once (a change's identity seen before)."""
-        identities = [identity for identity, value, _ in self.records() if value is not None]
+        identities = [record[0] for record in self.records() if record[1] is not None]
         return len(identities) - len(set(identities))
 
     def peak_kib(self) -> int:
@@ -238,22 +255,22 @@ def _uncell(value: Any, names: list[str]) -> Any:
     return envelope
 
 
-def _decode(records: list[tuple[Any, Any, Any]], converter: str,
+def _decode(records: list[tuple[Any, ...]], converter: str,
             source: SourceUnderTest) -> list[ChangeRow]:
-    records = [r for r in records if r[1] is not None]
+    values = [(r[1], r[2]) for r in records if r[1] is not None]
     if converter == "arrow":
-        assert all(isinstance(value, pa.RecordBatch) for _, value, _ in records)
-        return [row for _, value, _ in records for row in value.to_pylist()]
+        assert all(isinstance(value, pa.RecordBatch) for value, _ in values)
+        return [row for value, _ in values for row in value.to_pylist()]
     if converter == "json":
-        values = [value for _, value, _ in records]
+        decoded = [value for value, _ in values]
     else:
         import fastavro  # noqa: PLC0415
 
-        values = [_b64(fastavro.schemaless_reader(io.BytesIO(value), schema))
-                  for _, value, schema in records]
+        decoded = [_b64(fastavro.schemaless_reader(io.BytesIO(value), schema))
+                   for value, schema in values]
     if source.engine_cells():
-        values = [_uncell(value, source.names[1:]) for value in values]
-    return from_json_values(values, source)
+        decoded = [_uncell(value, source.names[1:]) for value in decoded]
+    return from_json_values(decoded, source)
 
 
 class EngineRuntime(Runtime):

@@ -20,8 +20,16 @@ from typing import Any
 import pyarrow as pa
 import pytest
 
+from conformance.debezium_cells import DebeziumCase, mariadb_case, postgres_case
 from logtable_helpers import LogDb
 from tidemark.testing.postgres import sql_connection
+from type_lists import (
+    MARIADB_TYPES,
+    POSTGRES_LOGTABLE_TYPES,
+    POSTGRES_TYPES,
+    SQLITE_LOGTABLE_TYPES,
+    TypeList,
+)
 
 Rows = dict[Any, dict[str, Any]]
 Statement = tuple[str, Sequence[Any]]
@@ -86,6 +94,8 @@ class SourceUnderTest:
     """The table as events name it."""
     restart_refusal: str | None = None
     """Why this source has no server to restart (None: it has one)."""
+    types: TypeList | None = None
+    """Every type of the source (:mod:`type_lists`, shared with the converters' test)."""
     extra: dict[str, Any] = field(default_factory=dict)
     refused_capture: tuple[list[str], str] = (["--slot", "other"], "")
     """A ``tidemark capture`` option this source does not have, and what its refusal
@@ -203,6 +213,11 @@ class SourceUnderTest:
         """The connector's settings that bound what a batch holds in memory, small."""
         raise NotImplementedError
 
+    def debezium(self) -> DebeziumCase | None:
+        """Debezium's own output for a script on this source (None: Debezium has no
+        connector for it)."""
+        return None
+
 
 class _Postgres(SourceUnderTest):
     def connect(self) -> Any:
@@ -235,6 +250,9 @@ class PostgresSource(_Postgres):
 
     def batch_settings(self) -> dict[str, Any]:
         return {"max_batch_messages": 50}
+
+    def debezium(self) -> DebeziumCase | None:
+        return postgres_case(self.dsn, self.extra["slot"])
 
 
 class PostgresLogTableSource(_Postgres):
@@ -308,6 +326,9 @@ class MariaDbSource(SourceUnderTest):
     def batch_settings(self) -> dict[str, Any]:
         return {"max_batch_events": 50, "max_transaction_rows_in_memory": 50}
 
+    def debezium(self) -> DebeziumCase | None:
+        return mariadb_case(self.extra["mdb"].server, self.extra["mdb"].name)
+
 
 _PG_SQL = {"t": "text", "f": "double precision", "bin": "bytea", "d": "numeric(10,2)",
            "b": "boolean", "dt": "date", "ts": "timestamp(6)"}
@@ -324,6 +345,7 @@ def make_source(name: str, request: pytest.FixtureRequest, tmp_path: Path) -> So
     if name == "mariadb":
         mdb = request.getfixturevalue("mdb")
         source = MariaDbSource(name, mdb.dsn, _typed(_MARIA_SQL, COMMON + TYPED),
+                               types=MARIADB_TYPES,
                                table=f"{mdb.name}.mx", extra={"mdb": mdb},
                                refused_capture=(["--slot", "other"],
                                                 "--slot applies to PostgreSQL only"))
@@ -332,7 +354,7 @@ def make_source(name: str, request: pytest.FixtureRequest, tmp_path: Path) -> So
         path.touch()
         source = SqliteLogTableSource(
             name, f"sqlite:///{path}", _typed(_SQLITE_SQL, COMMON), placeholder="?",
-            table="main.mx", extra={"path": path},
+            table="main.mx", extra={"path": path}, types=SQLITE_LOGTABLE_TYPES,
             refused_capture=(["--slot", "other"], "--slot does not apply to log tables"),
             refused_spark=("slot", "does not apply"),
             restart_refusal="a SQLite file has no server to restart")
@@ -345,6 +367,7 @@ def make_source(name: str, request: pytest.FixtureRequest, tmp_path: Path) -> So
             "refused_capture": (["--slot", "other"], "--slot does not apply to log tables"),
             "refused_spark": ("slot", "does not apply")}
         source = kind(name, db.dsn, _typed(_PG_SQL, COMMON + TYPED),
+                      types=POSTGRES_TYPES if name == "postgres" else POSTGRES_LOGTABLE_TYPES,
                       extra={"cluster": db.cluster, "slot": f"mx_{db.name}"}, **refusals)
     source.create()
     return source

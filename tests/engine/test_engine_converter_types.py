@@ -23,6 +23,12 @@ from tidemark.event import ChangeEvent, Column
 from tidemark.logical_type import Kind
 from tidemark.serde.debezium_json import DebeziumJsonOptions
 from tidemark.source.postgres.task import PostgresConnector
+from type_lists import (
+    MARIADB_TYPES,
+    POSTGRES_LOGTABLE_TYPES,
+    POSTGRES_TYPES,
+    SQLITE_LOGTABLE_TYPES,
+)
 
 _EPOCH = dt.datetime(1970, 1, 1, tzinfo=dt.UTC)
 
@@ -124,88 +130,41 @@ def _avro_as_json(value: Any, column: Column) -> Any:
     return value
 
 
-_MARIADB_TYPES = (
-    "id INT PRIMARY KEY, t0 TIME, t3 TIME(3), t6 TIME(6), d DATE, dt DATETIME, "
-    "dt3 DATETIME(3), dt6 DATETIME(6), ts TIMESTAMP NULL, ts6 TIMESTAMP(6) NULL, y YEAR, "
-    "b1 BIT(1), b10 BIT(10), n DECIMAL(10,3), n0 DECIMAL(30,0), e ENUM('x','y'), "
-    "s SET('p','q'), j JSON, bl BLOB, vb VARBINARY(10), f FLOAT, dd DOUBLE, ti TINYINT, "
-    "u BIGINT UNSIGNED, mi MEDIUMINT, c CHAR(3), tx TEXT")
-_MARIADB_ROWS = (
-    "(%d, '-01:02:03', '838:59:59.5', '-00:00:00.000001', '2024-02-29', "
-    "'1000-01-01 00:00:00', '2024-01-02 03:04:05.123', '9999-12-31 23:59:59.999999', "
-    "'1970-01-01 00:00:01', '2038-01-19 03:14:07.999999', 2024, b'1', b'1010101010', "
-    "-1234.567, 123456789012345678901234567890, 'y', 'p,q', '{\"a\": [1, 2]}', "
-    "x'00ff10', x'0102', 1.5, -2.25e100, -128, 18446744073709551615, -8388608, 'ab', 'é'), "
-    "(%d, '00:00:00', NULL, '12:34:56.789012', '1000-01-01', NULL, NULL, "
-    "'1970-01-01 00:00:00', NULL, NULL, 1901, b'0', b'0', 0, -1, NULL, '', 'null', x'', "
-    "NULL, NULL, 0, 127, 0, 0, '', NULL)")
-
-
 def test_every_mariadb_type_in_every_converter(mdb: MariaDatabase) -> None:
     """Snapshot rows and binlog rows (each decoded by its own code) of every type."""
-    mdb.execute(f"CREATE TABLE t ({_MARIADB_TYPES})",
-                "INSERT INTO t VALUES " + _MARIADB_ROWS % (1, 2))
+    mdb.execute(f"CREATE TABLE t ({MARIADB_TYPES.columns})",
+                "INSERT INTO t VALUES " + MARIADB_TYPES.row % (1, 2))
     options = DebeziumJsonOptions()
 
     def change() -> None:
-        mdb.execute("INSERT INTO t VALUES " + _MARIADB_ROWS % (3, 4))
+        mdb.execute("INSERT INTO t VALUES " + MARIADB_TYPES.row % (3, 4))
         mdb.execute("UPDATE t SET t6 = '-838:59:59.999999', n = 0.001 WHERE id = 3",
                     "DELETE FROM t WHERE id = 4")
 
     records = _run(MariaDbConnector({"dsn": mdb.dsn}), AvroConverter(options),
                    (2, change), (6, lambda: None))
-    assert _check(records, options, {}) == 6 * 27
-
-
-_POSTGRES_TYPES = (
-    "id int PRIMARY KEY, t time, t3 time(3), tz timetz, iv interval, n numeric(10,3), "
-    "nn numeric, by bytea, ai int[], at text[], j json, jb jsonb, u uuid, au uuid[], "
-    "ts timestamp, ts3 timestamp(3), tst timestamptz, d date, m money, b bool, f real, "
-    "dp double precision, bi bigint, si smallint, bt bit(3), vb varbit, e mood, "
-    "ip inet, c char(3), vc varchar(5)")
-_POSTGRES_ROW = (
-    "(%d, '23:59:59.999999', '12:00:00.5', '10:00:00+02', '1 year 2 mons 3 days "
-    "04:05:06.7', -1234.567, %s, '\\x00ff', '{1,NULL,3}', '{\"a b\",c}', "
-    "'{\"a\": 1}', '{\"b\": [1]}', 'a0eebc99-9c0b-4ef8-bb6d-6bb9bd380a11', "
-    "'{a0eebc99-9c0b-4ef8-bb6d-6bb9bd380a11}', '2024-01-02 03:04:05.123456', "
-    "'1900-01-02 03:04:05.5', '2024-01-02 03:04:05.123456+02', '2024-02-29', 12.34, "
-    "true, 1.5, -2.25e100, 9223372036854775807, -32768, B'101', B'11', 'happy', "
-    "'10.0.0.1/8', 'ab', 'é')")
-_POSTGRES_TEXT = {"tz": "10:00:00+02", "iv": "P1Y2M3DT4H5M6.7S", "m": "$12.34"}
+    assert _check(records, options, MARIADB_TYPES.arrow_text) == 6 * MARIADB_TYPES.width
 
 
 def test_every_postgres_type_in_every_converter(db: Database) -> None:
-    db.execute("CREATE TYPE mood AS ENUM ('sad', 'happy')",
-               f"CREATE TABLE t ({_POSTGRES_TYPES})",
-               "INSERT INTO t VALUES " + _POSTGRES_ROW % (1, "'NaN'"))
+    db.execute(*POSTGRES_TYPES.prelude,
+               f"CREATE TABLE t ({POSTGRES_TYPES.columns})",
+               "INSERT INTO t VALUES " + POSTGRES_TYPES.row % (1, "'NaN'"))
     options = DebeziumJsonOptions()
 
     def change() -> None:
-        db.execute("INSERT INTO t VALUES " + _POSTGRES_ROW % (2, "-0.000123"))
+        db.execute("INSERT INTO t VALUES " + POSTGRES_TYPES.row % (2, "-0.000123"))
         db.execute("UPDATE t SET nn = 1e20 WHERE id = 2", "DELETE FROM t WHERE id = 1")
 
     records = _run(PostgresConnector({"dsn": db.dsn}), AvroConverter(options),
                    (1, change), (4, lambda: None))
-    assert _check(records, options, _POSTGRES_TEXT) == 4 * 30
+    assert _check(records, options, POSTGRES_TYPES.arrow_text) == 4 * POSTGRES_TYPES.width
 
 
 def test_every_log_table_type_in_every_converter(logdb: LogDb) -> None:
-    if logdb.kind == "sqlite":
-        logdb.execute("CREATE TABLE t (id INTEGER PRIMARY KEY, r REAL, tx TEXT, bl BLOB, "
-                      "b BOOLEAN, n NUMERIC, dc DECIMAL(10,2), d DATE, j JSON)")
-        row = "(%d, -2.5, 'é', x'00ff', 1, %s, 12.5, '2024-02-29', '{\"a\": 1}')"
-        textual: dict[str, Any] = {}
-        width = 9
-    else:
-        logdb.execute("CREATE TABLE t (id int PRIMARY KEY, t time, iv interval, "
-                      "n numeric(10,3), nn numeric, by bytea, ai int[], j jsonb, u uuid, "
-                      "ts timestamp, tst timestamptz, d date, b bool)")
-        row = ("(%d, '12:00:00.5', '-1 day', -1234.567, %s, '\\x00ff', '{1,NULL}', "
-               "'{\"a\": 1}', 'a0eebc99-9c0b-4ef8-bb6d-6bb9bd380a11', "
-               "'2024-01-02 03:04:05.123456', '2024-01-02 03:04:05.123456+02', "
-               "'2024-02-29', true)")
-        textual = {"iv": "P-1D"}
-        width = 13
+    types = SQLITE_LOGTABLE_TYPES if logdb.kind == "sqlite" else POSTGRES_LOGTABLE_TYPES
+    logdb.execute(f"CREATE TABLE t ({types.columns})")
+    row, textual, width = types.row, types.arrow_text, types.width
     logdb.install(["t"])
     logdb.execute("INSERT INTO t VALUES " + row % (1, "-0.000123"),
                   "INSERT INTO t VALUES " + row % (2, "100000000000000000000"))

@@ -21,15 +21,13 @@ longer matches anything fails the test too, so the list stays true.
 
 from __future__ import annotations
 
-import difflib
 import os
-import re
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 import pytest
 
+from debezium_comparison import MARIADB_ALLOWED, assert_same_as_debezium, differences_paired
 from mariadb_helpers import ALL_TYPES, ROW_1, capture
 from tidemark.serde.debezium_json import (
     COMPILED_RENDERER,
@@ -37,7 +35,6 @@ from tidemark.serde.debezium_json import (
     DebeziumJsonSerializer,
 )
 from tidemark.source.mariadb.config import MariaDbSourceConfig
-from tidemark.testing.debezium_reference import Difference, Obj, differences, dump, parse
 from tidemark.testing.debezium_reference_mariadb import (
     RUNS,
     load_workload,
@@ -51,56 +48,7 @@ WORKLOAD = load_workload(REFERENCE_DIR / "workload.sql")
 RUN = RUNS[0]
 
 
-@dataclass(frozen=True)
-class Allowed:
-    """A difference at paths matching *path* (a regular expression over ``key...``/
-    ``value...``, or ``records`` for records missing or extra), of this *kind*, where the
-    reference's JSON text matches *expected* and tidemark's *got* (None: any)."""
-
-    path: str
-    kind: str
-    reason: str
-    expected: str | None = None
-    got: str | None = None
-
-    def matches(self, difference: Difference) -> bool:
-        return (difference.kind == self.kind
-                and re.fullmatch(self.path, difference.path) is not None
-                and (self.expected is None
-                     or re.fullmatch(self.expected, difference.expected) is not None)
-                and (self.got is None or re.fullmatch(self.got, difference.got) is not None))
-
-
-#: Deliberate differences from Debezium 3.6.3's MySQL connector, one line of reason each.
-#: Each must still occur: one that no longer does fails.
-ALLOWED: tuple[Allowed, ...] = (
-    Allowed(r"value\.source\.version", "value",
-            "source.version names tidemark and its version, not a Debezium release"),
-    Allowed(r"value\.source\.connector", "value",
-            "'mariadb' in tidemark, as in Debezium's own MariaDB connector; the reference "
-            "comes from the MySQL connector, which says 'mysql'",
-            expected='"mysql"', got='"mariadb"'),
-    Allowed(r"value\.source\.gtid", "value",
-            "tidemark writes the MariaDB GTID (domain-server-sequence), as Debezium's "
-            "MariaDB connector does; the MySQL connector does not understand MariaDB GTIDs",
-            expected="null", got=r'"<gtid\d+>"'),
-    Allowed(r"value\.source\.thread", "value",
-            "a TRUNCATE's thread id: tidemark takes it from the statement's query event; "
-            "Debezium only from a BEGIN query, which MariaDB's binlog never has",
-            expected="null", got=r'"<thread\d+>"'),
-    Allowed(r"value\.(after|before)\.(tier|note)", "value",
-            "a column's DEFAULT is not written for a NULL value (Kafka's JsonConverter "
-            "replace.null.with.default, as in the PostgreSQL conformance test)",
-            expected=r'"basic"|"none"', got="null"),
-    Allowed(r"value\.(after|before)\.ts", "value",
-            "a TIMESTAMP(2) holding .50 s: Debezium's snapshot (JDBC) writes .5Z and its "
-            "stream .50Z; tidemark writes .50Z for both, as the same value should",
-            expected=r'"2024-06-01T12:00:00\.5Z"', got=r'"2024-06-01T12:00:00\.50Z"'),
-    Allowed("records", "records",
-            "no tombstone after a delete from a table without a primary key: its key is "
-            "null, so it cannot delete anything in a compacted topic",
-            expected=r"tombstone null", got=""),
-)
+ALLOWED = MARIADB_ALLOWED
 
 
 # -- capturing with tidemark ----------------------------------------------------------------
@@ -138,44 +86,6 @@ def captured(mariadb_server: MariaDbServer) -> Captured:
                            for how, serializer in serializers.items()})
 
 
-# -- comparing ------------------------------------------------------------------------------
-def _signature(record: Obj) -> str:
-    """What pairs a record with its counterpart: table, op and key (a tombstone has no
-    table: tidemark's lines have no topic)."""
-    key, value = record.get("key"), record.get("value")
-    key_text = "null" if key is None else dump(key)
-    if not isinstance(value, Obj):
-        return f"tombstone {key_text}"
-    source, op = value.get("source"), value.get("op")
-    table = source.get("table") if isinstance(source, Obj) else None
-    return f"{str(table).strip(chr(34))} {str(op).strip(chr(34))} {key_text}"
-
-
-def compare(reference: list[str], got: list[str]) -> list[tuple[int, Difference]]:
-    """Every difference, with the number of the reference's record (1-based)."""
-    expected = [_without_topic(parse(line)) for line in reference]
-    actual = [_without_topic(parse(line)) for line in got]
-    signatures_e = [_signature(r) for r in expected]
-    signatures_g = [_signature(r) for r in actual]
-    matcher = difflib.SequenceMatcher(None, signatures_e, signatures_g, autojunk=False)
-    out: list[tuple[int, Difference]] = []
-    for tag, i1, i2, j1, j2 in matcher.get_opcodes():
-        if tag == "equal" or (tag == "replace" and i2 - i1 == j2 - j1):
-            for n, (e, g) in enumerate(zip(expected[i1:i2], actual[j1:j2], strict=True), i1):
-                out += [(n + 1, d) for d in differences(e, g)]
-        else:
-            out.append((i1 + 1, Difference("records", "records",
-                                           " | ".join(signatures_e[i1:i2]),
-                                           " | ".join(signatures_g[j1:j2]))))
-    return out
-
-
-def _without_topic(node: Any) -> Obj:
-    assert isinstance(node, Obj)
-    node.members = [(k, v) for k, v in node.members if k != '"topic"']
-    return node
-
-
 def _reference() -> list[str]:
     return (REFERENCE_DIR / RUN.file_name()).read_text(encoding="utf-8").splitlines()
 
@@ -191,34 +101,13 @@ def _normalized(captured: Captured, how: str) -> list[str]:
     return got
 
 
-def _report(unexplained: list[tuple[int, Difference]]) -> str:
-    """The differences grouped by path (array indexes elided), with one example each."""
-    groups: dict[str, list[str]] = {}
-    for n, difference in unexplained:
-        groups.setdefault(re.sub(r"\[\d+\]", "[]", difference.path), []).append(
-            f"record {n}: {difference}")
-    return f"{len(unexplained)} differences from Debezium:\n" + "\n".join(
-        f"  {len(lines)}x {where}\n      e.g. {lines[0][:400]}"
-        for where, lines in groups.items())
-
-
 @pytest.mark.integration
 @pytest.mark.parametrize("how", ["serializer", "serializer-python"])
 def test_same_json_as_debezium(how: str, captured: Captured) -> None:
     if how == "serializer" and not COMPILED_RENDERER:
         pytest.fail("the compiled event writer is not built")
-    found = compare(_reference(), _normalized(captured, how))
-    unexplained: list[tuple[int, Difference]] = []
-    used: set[Allowed] = set()
-    for n, difference in found:
-        entry = next((a for a in ALLOWED if a.matches(difference)), None)
-        if entry is None:
-            unexplained.append((n, difference))
-        else:
-            used.add(entry)
-    stale = [a.reason for a in ALLOWED if a not in used]
-    assert not unexplained, _report(unexplained)
-    assert not stale, f"listed differences that no longer occur (remove them): {stale}"
+    found = differences_paired(_reference(), _normalized(captured, how))
+    assert_same_as_debezium(found, ALLOWED, RUN.name)
 
 
 def test_workload_holds_the_all_types_table_of_the_capture_tests() -> None:

@@ -26,11 +26,9 @@ that no longer matches anything fails the test too, so the list stays true.
 from __future__ import annotations
 
 import os
-import re
 import threading
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -38,6 +36,7 @@ import pytest
 
 from capture_helpers import drain, make_connector
 from conftest import Database
+from debezium_comparison import POSTGRES_ALLOWED, assert_same_as_debezium, differences_in_order
 from tidemark.engine.converters import DebeziumJsonConverter
 from tidemark.engine.engine import Engine
 from tidemark.event import ChangeEvent, Op
@@ -55,7 +54,6 @@ from tidemark.testing.debezium_reference import (
     END_PREFIX,
     RUNS,
     TABLES,
-    Difference,
     Obj,
     ReferenceRun,
     differences,
@@ -75,45 +73,7 @@ SCRIPT = load_script(REFERENCE / "debezium_script.sql")
 REFERENCE_DIR = REFERENCE / "debezium-3.6.3"
 
 
-@dataclass(frozen=True)
-class Allowed:
-    """A deliberate difference: at paths matching *path* (a regular expression over
-    ``key…``/``value…``/``topic``), of this *kind*, where the reference's JSON text
-    matches *expected* (None: any), in these runs (None: all)."""
-
-    path: str
-    kind: str
-    reason: str
-    expected: str | None = None
-    runs: tuple[str, ...] | None = None
-
-    def applies(self, run: str) -> bool:
-        return self.runs is None or run in self.runs
-
-    def matches(self, run: str, difference: Difference) -> bool:
-        return (difference.kind == self.kind and self.applies(run)
-                and re.fullmatch(self.path, difference.path) is not None
-                and (self.expected is None
-                     or re.fullmatch(self.expected, difference.expected) is not None))
-
-
-#: Deliberate differences from Debezium 3.6.3, one line of reason each (the list in
-#: docs/debezium-format.md). Each must still occur: one that no longer does fails.
-ALLOWED: tuple[Allowed, ...] = (
-    Allowed(r"value\.source\.version", "value",
-            "source.version names tidemark and its version, not a Debezium release"),
-    Allowed(r"value\.transaction", "members",
-            "tidemark's transaction block ends with commit_lsn, commit_ts_ms, commit_ts_us",
-            runs=("transaction-metadata",)),
-    Allowed(r"value\.source\.sequence", "value",
-            "first transaction after a fresh start: tidemark's lastCommitLsn is the start "
-            "position, Debezium's null, so that source.sequence keeps growing over restarts",
-            expected=r'"\[null,\\"<lsn>\\"\]"'),
-    Allowed(r"value\.(after|before)\.(note|n|status)", "value",
-            "a column's DEFAULT is not written for a null or missing value (Debezium's "
-            "replace.null.with.default: 'none', 7, 'new' for the table nn's NULLs)",
-            expected=r'"none"|7|"new"'),
-)
+ALLOWED = POSTGRES_ALLOWED
 
 
 # -- capturing with tidemark ----------------------------------------------------------------
@@ -221,30 +181,6 @@ CAPTURES: dict[str, Callable[[Database, ReferenceRun], list[str]]] = {
 }
 
 
-# -- comparing ------------------------------------------------------------------------------
-def compare(run: str, reference: list[str], got: list[str], *, topics: bool
-            ) -> tuple[list[str], set[Allowed]]:
-    """The differences not allowed (as text), and the allow-list entries used."""
-    unexplained: list[str] = []
-    used: set[Allowed] = set()
-    for n, (expected_text, got_text) in enumerate(zip(reference, got, strict=False), 1):
-        expected, actual = parse(expected_text), parse(got_text)
-        assert isinstance(expected, Obj) and isinstance(actual, Obj)
-        if not topics:
-            expected.members = [(k, v) for k, v in expected.members if k != '"topic"']
-        for difference in differences(expected, actual):
-            allowed = next((a for a in ALLOWED if a.matches(run, difference)), None)
-            if allowed is None:
-                unexplained.append(f"record {n}: {difference}")
-            else:
-                used.add(allowed)
-    if len(reference) != len(got):
-        unexplained.append(f"{len(reference)} records in the reference, {len(got)} from "
-                           f"tidemark; the first extra: "
-                           f"{(reference + got)[min(len(reference), len(got))][:300]}")
-    return unexplained, used
-
-
 # tidemark capture writes events with transaction metadata through the serializer: the
 # 'serializer' case is its case there.
 CASES = [(run, how) for run in RUNS for how in CAPTURES
@@ -264,21 +200,8 @@ def test_same_json_as_debezium(run: ReferenceRun, how: str, db: Database) -> Non
             path = Path(dump_dir) / f"{run.name}.{how}.{name}.jsonl"
             path.parent.mkdir(parents=True, exist_ok=True)
             path.write_text("".join(f"{line}\n" for line in lines))
-    unexplained, used = compare(run.name, reference, got, topics=how == "engine")
-    stale = [a.reason for a in ALLOWED if a.applies(run.name) and a not in used]
-    assert not unexplained, _report(unexplained)
-    assert not stale, f"allowed differences that no longer occur (remove them): {stale}"
-
-
-def _report(unexplained: list[str]) -> str:
-    """The differences grouped by path (array indexes elided), with one example each."""
-    groups: dict[str, list[str]] = {}
-    for line in unexplained:
-        where = re.sub(r"^record \d+: ", "", line).split(" differs: ")[0]
-        groups.setdefault(re.sub(r"\[\d+\]", "[]", where), []).append(line)
-    return f"{len(unexplained)} differences from Debezium:\n" + "\n".join(
-        f"  {len(lines)}x {where}\n      e.g. {lines[0][:400]}"
-        for where, lines in groups.items())
+    found = differences_in_order(reference, got, topics=how == "engine")
+    assert_same_as_debezium(found, ALLOWED, run.name)
 
 
 # -- the pieces, without a database ------------------------------------------------------------
