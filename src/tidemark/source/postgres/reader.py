@@ -785,11 +785,17 @@ class PostgresReader:
 
         def open_stream() -> None:
             try:
-                # The broken connection's walsender may still hold the slot (the server
-                # has not noticed the cut): it is this reader's, so it is ended.
-                self._catalog(self._release_own_slot)
                 stream.connect()
                 stream.start(lsn)
+            except slot.SlotInUseError:
+                stream.close()
+                # The broken connection's walsender may still hold the slot (the server
+                # has not noticed the cut): it is this reader's, so it is ended. Asked
+                # only once the server answered: a catalog query to a server that stopped
+                # answering would wait without a deadline.
+                if self._own_backends:
+                    self._catalog(self._release_own_slot)
+                raise
             except TransientError:
                 stream.close()
                 raise
