@@ -29,6 +29,11 @@ SCHEMES: Final = ("mariadb://", "mysql://")
 #: Options that only the PostgreSQL connector has; given explicitly with a MariaDB
 #: URL they are an error, not silently ignored.
 _POSTGRES_ONLY: Final = ("slot", "publication", "on_slot_lost")
+#: Spark options only PostgreSQL's replication stream reads (a binlog has no slot or
+#: publication, its snapshot is read whole, its reads have no server timeout): given
+#: for a MariaDB stream, or as ``tidemark run``'s ``[source]`` settings, they are refused.
+_SPARK_POSTGRES_ONLY: Final = ("slot", "publication", "slotFailover", "serverTimeoutMs",
+                               "snapshotChunkRows", "snapshotChunksPerTrigger")
 _MARIADB_KEYS: Final = ("dsn", "table_include_list", "table_exclude_list", "snapshot_mode",
                         "provide_transaction_metadata", "topic_prefix",
                         "decimal_handling_mode", "heartbeat_interval_ms", "signal_table",
@@ -83,6 +88,12 @@ class MariaDbKind(SourceKind):
         from tidemark.source.mariadb.client import parse_url  # noqa: PLC0415
 
         return parse_url(dsn).redacted()
+
+    def spark_option_refusal(self, option: str, value: str | None) -> str | None:
+        if option in _SPARK_POSTGRES_ONLY and (value or "").strip():
+            return ("applies to PostgreSQL replication only (a MariaDB binlog has no slot, "
+                    "publication or chunked snapshot)")
+        return super().spark_option_refusal(option, value)
 
     def capture(self, request: CaptureRequest) -> Capture:
         # Imported here: a PostgreSQL capture's start should not pay for PyMySQL.
