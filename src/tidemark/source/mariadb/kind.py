@@ -131,6 +131,12 @@ class MariaDbKind(SourceKind):
     def progress(self, dsn: str, *, slot: str, tables: Sequence[str]) -> SourceProgress:
         return BinlogProgress(dsn)
 
+    def reader_options(self, *, slot: str, publication: str, checkpoint: str,
+                       slot_failover: bool | None) -> dict[str, str]:
+        # A binlog has no slot or publication (the stream refuses them): the server
+        # keeps it by time and size, and the checkpoint holds the position.
+        return {}
+
     def check_before_start(self, dsn: str, *, slot: str, checkpoint: str) -> None:
         from tidemark.source.mariadb import client  # noqa: PLC0415
         from tidemark.source.mariadb.grants import check_grants  # noqa: PLC0415
