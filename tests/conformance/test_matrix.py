@@ -87,18 +87,27 @@ def _open_stream(running: Running, source: SourceUnderTest) -> None:
 
 def _settled(running: Running, source: SourceUnderTest, what: str,
              timeout_s: float) -> None:
-    """Wait until the runtime's rows equal the source's; fail showing the difference."""
+    """Wait until the runtime's rows equal the source's; fail showing the difference,
+    or the runtime's own failure (a capture that exited: its stderr)."""
     expected = source.rows()
     last: list[object] = []
+    failed: list[AssertionError] = []
 
     def equal() -> bool:
-        got = running.rows()
+        try:
+            got = running.rows()
+        except AssertionError as err:  # the runtime ended: why, not a timeout
+            failed.append(err)
+            raise
         last[:] = [got]
         return got == expected
 
     try:
         wait_for(equal, timeout_s, f"{source.name}: {what}", interval_s=0.2)
     except AssertionError:
+        if failed:
+            raise AssertionError(f"{source.name}: {what}: the runtime failed: "
+                                 f"{failed[0]}") from None
         got: Any = last[0] if last else {}
         differ = {k: (got.get(k), expected.get(k)) for k in got.keys() | expected.keys()
                   if got.get(k) != expected.get(k)}
@@ -106,26 +115,9 @@ def _settled(running: Running, source: SourceUnderTest, what: str,
                              f"key: {differ}") from None
 
 
-_RUN_TAKES_SLOT = ("product defect: tidemark run takes [source] slot = \"other\" on a source "
-                   "without slots and ignores it (SourceKind.reader_options drops it): "
-                   "never refused, where capture and the Spark source refuse --slot/slot")
-
 #: Cells that fail today, by (source, runtime, check) ("*": every check), with why: each
 #: an xfail(strict=True), so a fix turns the cell red until its entry is removed.
 KNOWN_FAILURES: dict[tuple[str, str, str], str] = {
-    ("postgres", "run", "refusal"): (
-        "product defect: tidemark run refuses [source] retention_s on a PostgreSQL "
-        "replication source late: the Spark source's option check raises PipelineError "
-        "'retentionS: applies to log tables only' once the query started (~20 s in, "
-        "after the checkpoint is made), not a ConfigError at start"),
-    ("mariadb", "run", "refusal"): _RUN_TAKES_SLOT,
-    ("postgres-logtable", "capture", "server_restart"): (
-        "product defect: tidemark capture --source logtable exits (error: reading the log "
-        "tables of <db>: terminating connection due to administrator command) when the "
-        "PostgreSQL server restarts, where the engine's LogTableConnector on the same "
-        "source reconnects and goes on (fails at 32274e3 too)"),
-    ("postgres-logtable", "run", "refusal"): _RUN_TAKES_SLOT,
-    ("sqlite-logtable", "run", "refusal"): _RUN_TAKES_SLOT,
 }
 
 

@@ -23,7 +23,9 @@ def _config(tmp_path: Path, source: str, *targets: str, name: str = "p") -> Pipe
     file = tmp_path / f"{name}.toml"
     file.write_text(f'[source]\n{source}\n[spark]\ncheckpoint = "chk"\n' + "".join(
         f'[targets."{t}"]\npath = "lake/{t.split(".")[1]}"\nkeys = ["id"]\n' for t in targets))
-    return load_config(file)
+    config = load_config(file)
+    Path(config.checkpoint).mkdir(exist_ok=True)  # a start makes it, after its checks
+    return config
 
 
 def _record(tmp_path: Path) -> dict[str, object]:

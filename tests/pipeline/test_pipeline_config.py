@@ -50,7 +50,8 @@ def test_a_good_file_resolves_paths_and_the_dsn_from_the_environment(tmp_path: P
     assert config.dsn == _ENV["TIDEMARK_DSN"]
     assert "secret" not in repr(config)
     assert config.tables == ("public.orders",)
-    assert config.checkpoint == str(tmp_path / "chk") and Path(config.checkpoint).is_dir()
+    assert config.checkpoint == str(tmp_path / "chk")
+    assert not Path(config.checkpoint).exists()  # made by the start, after its checks
     (target,) = config.targets
     assert target.path == str(tmp_path / "lake/orders")
     assert target.spec.keys == ("id",) and target.spec.stored_as_scd_type == 2
@@ -248,3 +249,48 @@ def test_on_schema_change_is_a_source_setting(tmp_path: Path) -> None:
     assert config.source.on_schema_change.value == "drop_new_columns"  # type: ignore[attr-defined]
     err = _error(tmp_path, _GOOD.replace('slot = "s1"', 'slot = "s1"\nonSchemaChange = "x"'))
     assert err.key == "source.onSchemaChange" and "drop_new_columns" in str(err), str(err)
+
+
+_TARGET = '[spark]\ncheckpoint = "chk"\n[targets."public.orders"]\npath = "lake/o"\nkeys = ["id"]\n'
+_SQLITE = 'dsn = "sqlite:///app.db"'
+_MARIADB = 'dsn = "mariadb://cdc@db:3306/shop"'
+_LOGTABLE = 'dsn = "host=db dbname=app"\nkind = "logtable"'
+_POSTGRES = 'dsn = "host=db dbname=app"'
+
+
+@pytest.mark.parametrize(("source", "line", "says"), [
+    (_SQLITE, 'slot = "other"', "does not apply to log tables"),
+    (_LOGTABLE, 'slot = "other"', "does not apply to log tables"),
+    (_MARIADB, 'slot = "other"', "applies to PostgreSQL replication only"),
+    (_POSTGRES, "retention_s = 60", "applies to log tables only"),
+    (_MARIADB, "retention_s = 60", "applies to log tables only"),
+    (_MARIADB, 'publication = "p"', "applies to PostgreSQL replication only"),
+    (_MARIADB, "slotFailover = true", "applies to PostgreSQL replication only"),
+    (_MARIADB, "snapshotChunkRows = 10", "applies to PostgreSQL replication only"),
+    (_MARIADB, "serverTimeoutMs = 1000", "applies to PostgreSQL replication only"),
+    (_SQLITE, 'publication = "p"', "does not apply to log tables"),
+    (_SQLITE, 'signal_table = "main.sig"', "does not apply to log tables"),
+    (_LOGTABLE, "maxChangesPerTrigger = 5", "does not apply to log tables"),
+    (_LOGTABLE, "snapshotChunksPerTrigger = 5", "does not apply to log tables"),
+    (_SQLITE, "serverTimeoutMs = 1000", "does not apply to log tables"),
+])
+def test_a_source_setting_the_source_would_ignore_is_refused(
+        tmp_path: Path, source: str, line: str, says: str) -> None:
+    """Refused by the kind's list of the Spark options it refuses, before the checkpoint
+    is made (the runner would ignore the setting, or the Spark source refuse it late)."""
+    err = _error(tmp_path, f"[source]\n{source}\n{line}\n{_TARGET}")
+    key = line.split(maxsplit=1)[0]
+    assert err.key == f"source.{key}", str(err)
+    assert says in str(err) and f"leave {key} out of [source]" in str(err), str(err)
+    assert "is read as" in str(err)  # the source
+    assert not (tmp_path / "chk").exists()
+
+
+@pytest.mark.parametrize(("source", "line"), [
+    (_SQLITE, "retention_s = 60"), (_LOGTABLE, "retention_s = -1"),
+    (_MARIADB, "maxChangesPerTrigger = 5"), (_MARIADB, 'signal_table = "shop.sig"'),
+    (_POSTGRES, 'slot = "other"'), (_POSTGRES, "snapshotChunkRows = 10"),
+])
+def test_a_source_setting_the_source_reads_is_taken(
+        tmp_path: Path, source: str, line: str) -> None:
+    _load(tmp_path, f"[source]\n{source}\n{line}\n{_TARGET}")

@@ -1,7 +1,8 @@
 """``tidemark run`` checks what it can before anything is created: a setting naming a
 column the table lacks, and a target directory that cannot be made, end the run at
-once with one line naming the key, and leave no slot or publication behind (every
-source: PostgreSQL, MariaDB, log tables on PostgreSQL and SQLite)."""
+once with one line naming the key, and leave nothing behind: no slot or publication,
+no checkpoint or target directory (every source: PostgreSQL, MariaDB, log tables on
+PostgreSQL and SQLite)."""
 
 from __future__ import annotations
 
@@ -72,6 +73,9 @@ def _one_error(result: subprocess.CompletedProcess[str]) -> str:
 
 
 def _nothing_created(source: Source, request: pytest.FixtureRequest) -> None:
+    tmp_path: Path = request.getfixturevalue("tmp_path")
+    assert not (tmp_path / "chk").exists()  # the checkpoint is made after the checks
+    assert not (tmp_path / "lake").exists()  # and so are the targets' directories
     if source.extra.startswith("slot"):
         db: Database = request.getfixturevalue("db")
         assert db.query("SELECT slot_name FROM pg_replication_slots "
@@ -120,3 +124,34 @@ def test_target_uri_delta_rs_cannot_reach_is_refused_at_start(
     assert "nosuch://bucket/orders" in line and "Unknown scheme: nosuch" in line
     _nothing_created(source, request)
     assert not (tmp_path / "chk" / "offsets").exists()  # Spark never started
+
+
+def _run_file(tmp_path: Path, source: str, table: str) -> subprocess.CompletedProcess[str]:
+    file = tmp_path / "pipeline.toml"
+    file.write_text(f'[source]\n{source}\n[spark]\ncheckpoint = "chk"\n'
+                    f'available_now = true\n[targets."{table}"]\npath = "lake/t"\n'
+                    'keys = ["id"]\n')
+    return subprocess.run([sys.executable, "-m", "tidemark", "run", str(file)],
+                          capture_output=True, text=True, timeout=120, check=False,
+                          env={**os.environ, "PYSPARK_PYTHON": sys.executable})
+
+
+@pytest.mark.parametrize(("source", "table", "says"), [
+    ('dsn = "host=127.0.0.1 port=1 dbname=x user=x connect_timeout=2"', "public.t",
+     "cannot connect to PostgreSQL"),
+    ('dsn = "host=127.0.0.1 port=1 dbname=x user=x connect_timeout=2"\nkind = "logtable"',
+     "public.t", "cannot connect to PostgreSQL"),
+    ('dsn = "sqlite:///{tmp}/missing.db"', "main.t", "does not exist"),
+    ('dsn = "sqlite:///{tmp}/missing.db"\nslot = "other"', "main.t",
+     "source.slot: does not apply to log tables"),
+    ('dsn = "host=127.0.0.1 port=1 dbname=x user=x"\nretention_s = 60', "public.t",
+     "source.retention_s: applies to log tables only"),
+])
+def test_a_failed_start_leaves_no_checkpoint_or_target_directory(
+        tmp_path: Path, source: str, table: str, says: str) -> None:
+    """Cannot connect, no such SQLite file, a refused setting: one line, and neither
+    the checkpoint nor a target's directory is left behind."""
+    line = _one_error(_run_file(tmp_path, source.format(tmp=tmp_path), table))
+    assert says in line, line
+    assert not (tmp_path / "chk").exists()
+    assert not (tmp_path / "lake").exists()

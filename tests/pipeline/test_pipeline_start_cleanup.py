@@ -1,7 +1,8 @@
 """A ``tidemark run`` whose start fails after its stream made the publication (or the
 slot) drops what that start made, and only that: a slot or publication that existed
 before survives, and so does everything once a batch was planned (the checkpoint then
-relies on the slot)."""
+relies on the slot). The same holds for the checkpoint and the targets' directories:
+the ones this start made are removed, ones that existed keep what they held."""
 
 from __future__ import annotations
 
@@ -59,6 +60,7 @@ def test_a_failed_start_drops_the_publication_it_made(
     assert name in str(caught.value)  # Spark's refusal, after the stream was loaded
     assert _publications(db) == []
     assert _slots(db) == []
+    assert not (tmp_path / "chk").exists() and not (tmp_path / "lake").exists()
     # The next start makes them again and runs.
     Pipeline(config, spark=spark).run()
     assert _publications(db) == [f"p_{db.name}"] and _slots(db) == [f"s_{db.name}"]
@@ -75,3 +77,18 @@ def test_a_failed_start_keeps_the_slot_and_publication_it_found(
         Pipeline(config, spark=spark).run()
     assert _publications(db) == [f"p_{db.name}"]
     assert _slots(db) == [f"s_{db.name}"]
+
+
+def test_a_failed_start_keeps_the_directories_it_found(
+        spark: SparkSession, db: Database, tmp_path: Path) -> None:
+    db.execute("CREATE TABLE t (id INT PRIMARY KEY)", "INSERT INTO t VALUES (1)")
+    (tmp_path / "chk").mkdir()
+    (tmp_path / "chk" / "notes.txt").write_text("a previous run's")
+    (tmp_path / "lake").mkdir()
+    name = f"busy_{db.name}"
+    config = load_config(_config_file(tmp_path, db, name))
+    with _query_named(spark, name), pytest.raises(Exception, match=name):
+        Pipeline(config, spark=spark).run()
+    assert (tmp_path / "chk" / "notes.txt").read_text() == "a previous run's"
+    assert (tmp_path / "lake").is_dir()
+    assert not (tmp_path / "lake" / "t").exists()  # made by the start: removed

@@ -247,6 +247,7 @@ def _prepared_pipeline(db: Database, tmp_path: Path) -> tuple[Path, int]:
                          "pg_replication_slots WHERE slot_name = 'pipe'"))
     file = _pipeline_file(tmp_path, db, "pipe")
     config = load_config(file)
+    Path(config.checkpoint).mkdir(exist_ok=True)  # a start makes it, after its checks
     target = config.targets[0]
     app_id = f"tidemark-{QUERY_ID}-public.a"
     apply_changes(target.path, rows(change("c", 10, 1, id=1, name="a", body="x"),
@@ -338,6 +339,7 @@ def test_pipeline_problems_are_exit_1(db: Database, tmp_path: Path) -> None:
 def test_the_run_record_says_how_the_last_run_ended(db: Database, tmp_path: Path) -> None:
     file, _ = _prepared_pipeline(db, tmp_path)
     config = load_config(file)
+    Path(config.checkpoint).mkdir(exist_ok=True)  # a start makes it, after its checks
 
     class Run:
         def __init__(self, error: Exception | None) -> None:

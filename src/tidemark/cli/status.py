@@ -28,7 +28,7 @@ def pipeline_facts(config: PipelineConfig, config_file: str) -> PipelineFacts:
                                      storage_options=t.storage_options, local=t.local,
                                      initial_snapshot=t.snapshot is SnapshotMode.INITIAL)
                       for t in config.targets),
-        snapshot_chunk_rows=config.source.snapshot_chunk_rows)
+        snapshot_chunk_rows=config.source.chunk_rows)
 
 
 def pipeline_status(config: PipelineConfig, config_file: str) -> Status:

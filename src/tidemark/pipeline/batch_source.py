@@ -102,7 +102,7 @@ class BatchSource:
         if newest_commit_us is not None:
             lag_seconds = max(0.0, time.time() - newest_commit_us / 1e6)
         snapshot = "" if offset is None or offset.snapshot is None else \
-            offset.snapshot.progress(self.config.source.snapshot_chunk_rows)
+            offset.snapshot.progress(self.config.source.chunk_rows)
         return BatchReport(batch_id=batch_id, changes=changes, seconds=seconds,
                            lag_bytes=lag_bytes, lag_seconds=lag_seconds,
                            replayed=tuple(replayed), snapshot=snapshot)

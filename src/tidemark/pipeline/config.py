@@ -3,9 +3,11 @@
 Spark takes seconds to start and a streaming query may run for days, so every mistake a
 file can hold is found here first: TOML syntax (with the line), unknown keys (named with
 the allowed ones), a target table the source does not capture, bad ``apply_changes``
-settings, a target path that holds something other than a Delta table, a missing or
-unwritable checkpoint directory, a DSN that is neither in the file nor in its
-environment variable. Each raises :class:`tidemark.errors.ConfigError`
+settings, a target path that holds something other than a Delta table, a checkpoint
+directory that cannot be made or written, a DSN that is neither in the file nor in its
+environment variable, a ``[source]`` setting the source would ignore (a slot for log
+tables, a retention for PostgreSQL's WAL: refused by the kind, as the Spark source's
+option that setting sets). Each raises :class:`tidemark.errors.ConfigError`
 naming the key (``spark.checkpoint``, ``targets."public.orders".keys``).
 
 Relative paths are resolved against the directory of the file, so a pipeline directory
@@ -31,11 +33,17 @@ from tidemark.event import TableId
 from tidemark.lake.delta_target import check_target
 from tidemark.lake.spec import ApplySpec, spec_from_mapping
 from tidemark.lake.upkeep import UpkeepSettings
+from tidemark.pipeline.directories import cannot_create
 from tidemark.skipped_operations import names_skipped_operations, not_offered
+from tidemark.source.kind import SourceKind
+from tidemark.source.registry import kind_of
 from tidemark.spark.options import (
+    ALLOWED,
     DEFAULT_PUBLICATION,
     DEFAULT_SLOT,
     DEFAULT_SNAPSHOT_CHUNK_ROWS,
+    RETENTION_S,
+    SIGNAL_TABLE,
     OnSchemaChange,
     SnapshotMode,
 )
@@ -47,6 +55,9 @@ _TABLE_NAME: Final = re.compile(r"[^.\s]+\.[^.\s]+")
 # target's storage options); the runner reads Spark's checkpoint files (query id, batch
 # offsets) with plain file I/O, so the checkpoint and the change log must be local.
 _URI: Final = re.compile(r"^[A-Za-z][A-Za-z0-9+.-]*://")
+#: ``[source]`` settings named otherwise as the Spark source's options they set (the
+#: others have the option's name).
+_SPARK_OPTION_OF: Final = {"retention_s": RETENTION_S, "signal_table": SIGNAL_TABLE}
 
 S = TypeVar("S", bound=msgspec.Struct)
 Positive = Annotated[int, msgspec.Meta(gt=0)]
@@ -79,9 +90,10 @@ class SourceSection(msgspec.Struct, frozen=True):
     """First delay before such a restart; doubles up to 30 s."""
     server_timeout_ms: Positive | None = msgspec.field(default=None, name="serverTimeoutMs")
     """Longest wait for one answer from PostgreSQL (the Spark source's option)."""
-    snapshot_chunk_rows: Positive = msgspec.field(default=DEFAULT_SNAPSHOT_CHUNK_ROWS,
-                                                  name="snapshotChunkRows")
-    """Rows per snapshot chunk (one Spark task reads one chunk)."""
+    snapshot_chunk_rows: Positive | None = msgspec.field(default=None,
+                                                         name="snapshotChunkRows")
+    """Rows per snapshot chunk (one Spark task reads one chunk); PostgreSQL's WAL only
+    (None: not given, :attr:`chunk_rows` is the default)."""
     snapshot_chunks_per_trigger: Positive | None = msgspec.field(
         default=None, name="snapshotChunksPerTrigger")
     """Snapshot chunks per micro-batch (default: 2 per partition)."""
@@ -89,6 +101,11 @@ class SourceSection(msgspec.Struct, frozen=True):
     """Debezium's signal table: ``execute-snapshot`` reloads the targets it names."""
     slot_failover: bool | None = msgspec.field(default=None, name="slotFailover")
     """Create the slot as a failover slot (PostgreSQL 17+); default: where supported."""
+
+    @property
+    def chunk_rows(self) -> int:
+        """Rows per snapshot chunk, given or the default."""
+        return self.snapshot_chunk_rows or DEFAULT_SNAPSHOT_CHUNK_ROWS
 
 
 class SparkSection(msgspec.Struct, frozen=True):
@@ -189,10 +206,8 @@ class PipelineConfig:
 def load_config(path: str | os.PathLike[str],
                 environ: Mapping[str, str] | None = None) -> PipelineConfig:
     """Read and validate a pipeline file; raises ConfigError naming the bad key.
-
-    The checkpoint directory is created if missing (that is how its writability is
-    checked before Spark starts).
-    """
+    Nothing is made: the checkpoint directory is checked to be makeable (the pipeline's
+    start makes it)."""
     file = Path(path)
     try:
         text = file.read_text(encoding="utf-8")
@@ -214,6 +229,10 @@ def parse_config(raw: Mapping[str, Any], *, base: Path,
         if key not in _SECTIONS:
             raise unknown_key_error("", key, _SECTIONS)
     source = _section(SourceSection, raw.get("source", {}), "source")
+    dsn = _dsn(source, environ)
+    # Before anything is made (the checkpoint, a target's directory): a setting the
+    # source would ignore ends the start here.
+    _check_source_settings(raw.get("source", {}), kind_of(dsn, source.kind), dsn)
     if source.signal_table is not None and not _TABLE_NAME.fullmatch(source.signal_table):
         raise ConfigError("source.signal_table", f"{source.signal_table!r} is not a table "
                           "name; expected schema.table, e.g. public.dbz_signal")
@@ -244,9 +263,23 @@ def parse_config(raw: Mapping[str, Any], *, base: Path,
     checkpoint = _local_path(spark.checkpoint, base, "spark.checkpoint")
     _check_disjoint(targets, checkpoint, changelog)
     return PipelineConfig(
-        dsn=_dsn(source, environ), source=source, spark=spark,
+        dsn=dsn, source=source, spark=spark,
         checkpoint=_checkpoint(checkpoint), targets=targets,
         changelog=changelog, tables=tables, metrics=metrics)
+
+
+def _check_source_settings(given: Mapping[str, Any], kind: SourceKind, dsn: str) -> None:
+    """Refuse a ``[source]`` setting *kind* has no use for: each sets a Spark source
+    option, which the kind refuses as the Spark source does (one list for both)."""
+    for key, value in given.items():
+        option = _SPARK_OPTION_OF.get(key, key)
+        if option not in ALLOWED:
+            continue
+        refusal = kind.spark_option_refusal(option, str(value))
+        if refusal is not None:
+            raise ConfigError(f"source.{key}", f"{refusal}: the source "
+                              f"{kind.redact_dsn(dsn)} is read as {kind.name}; leave "
+                              f"{key} out of [source]")
 
 
 def _check_disjoint(targets: tuple[Target, ...], checkpoint: str,
@@ -401,12 +434,12 @@ def _local_path(path: str, base: Path, key: str) -> str:
 
 
 def _checkpoint(path: str) -> str:
+    """*path* if the checkpoint directory exists writable or can be made (it is made
+    when the pipeline starts, after its checks: a refused start leaves none)."""
     resolved = Path(path)
-    try:
-        resolved.mkdir(parents=True, exist_ok=True)
-    except OSError as err:
-        raise ConfigError("spark.checkpoint", f"cannot create {resolved}: "
-                          f"{err.strerror or err}") from None
-    if not resolved.is_dir() or not os.access(resolved, os.W_OK | os.X_OK):
+    if resolved.is_dir() and not os.access(resolved, os.W_OK | os.X_OK):
         raise ConfigError("spark.checkpoint", f"{resolved} is not a writable directory")
+    reason = cannot_create(resolved)
+    if reason is not None:
+        raise ConfigError("spark.checkpoint", f"cannot create {resolved}: {reason}")
     return str(resolved)

@@ -35,6 +35,7 @@ from tidemark.metrics import serve
 from tidemark.pipeline.batch_apply import BatchApply
 from tidemark.pipeline.batch_source import BatchSource
 from tidemark.pipeline.config import PipelineConfig
+from tidemark.pipeline.directories import MadeDirectories
 from tidemark.pipeline.executor_apply import apply_on_executors
 from tidemark.pipeline.identity import claim_checkpoint
 from tidemark.pipeline.in_flight import InFlight
@@ -80,7 +81,9 @@ class Pipeline(BatchApply):
         self._spark = spark
         self._on_batch = on_batch
         self._stop = threading.Event()
-        self._slot_checked = False
+        self._prepared = False
+        self._noted = False
+        self._made = MadeDirectories()
         self._undo_start: Callable[[], list[str]] | None = None
         self._stop_now = threading.Event()
         self._in_flight = InFlight()
@@ -118,8 +121,8 @@ class Pipeline(BatchApply):
 
     def start(self) -> StreamingQuery:
         """Start the streaming query (validating the database through the source)."""
-        claim_checkpoint(self.config)
         try:
+            self._prepare()
             return self._start_query()
         except PySparkException as err:
             # The source checks the database when the stream is loaded; its error comes
@@ -169,7 +172,9 @@ class Pipeline(BatchApply):
 
     def _snapshot_options(self) -> dict[str, Any]:
         source = self.config.source
-        options: dict[str, Any] = {"snapshotChunkRows": source.snapshot_chunk_rows}
+        options: dict[str, Any] = {}
+        if source.snapshot_chunk_rows is not None:
+            options["snapshotChunkRows"] = source.snapshot_chunk_rows
         if source.signal_table is not None:
             options["signalTable"] = source.signal_table
         wanted = [t.table for t in self.config.targets if t.snapshot is SnapshotMode.INITIAL]
@@ -190,12 +195,10 @@ class Pipeline(BatchApply):
         ``source.reconnect_max_attempts`` times in a row: the batch in progress replays
         and exactly-once holds, as after any crash.
         """
-        # Before the run is recorded in the checkpoint, Spark plans a batch into it or
-        # the source creates a slot: another pipeline's checkpoint must stay untouched.
-        claim_checkpoint(self.config)
         quiet = QuietStops(self._stop_now)
         logging.getLogger(_PY4J_CALLBACKS).addFilter(quiet)
         try:
+            self._prepare()
             self._run()
         except BaseException:
             self._undo_failed_start()
@@ -208,15 +211,46 @@ class Pipeline(BatchApply):
         it failed before planning a batch: once one is planned, the checkpoint relies on
         the slot (the batch replays from it)."""
         undo, self._undo_start = self._undo_start, None
-        if undo is None or self._batches_applied or planned_a_batch(self.config.checkpoint):
+        if self._batches_applied or planned_a_batch(self.config.checkpoint):
             return
-        try:
-            dropped = undo()
-        except Exception as err:  # the start's own failure is what the user must see
-            log.warning("could not drop what the failed start created: %s", err)
+        if undo is not None:
+            try:
+                dropped = undo()
+            except Exception as err:  # the start's own failure is what the user must see
+                log.warning("could not drop what the failed start created: %s", err)
+            else:
+                if dropped:
+                    log.info("the start failed: dropped the %s it created",
+                             " and the ".join(dropped))
+        removed = self._made.remove()
+        if removed:
+            log.info("the start failed: removed the directories it made (%s)",
+                     ", ".join(removed))
+
+    def _prepare(self) -> None:
+        """Once per run, before anything is made: check the targets' directories, the
+        columns the settings name and the source (:func:`check_before_start`, the kind's
+        own checks), then make the checkpoint and the targets' directories and claim the
+        checkpoint. A check that fails leaves nothing behind."""
+        if self._prepared:
             return
-        if dropped:
-            log.info("the start failed: dropped the %s it created", " and the ".join(dropped))
+        config, kind = self.config, self._source.kind
+        existed = Path(config.checkpoint).is_dir()
+        if existed:
+            # Before the source's checks read it: another pipeline's checkpoint is
+            # named as such (claiming writes nothing when it refuses).
+            claim_checkpoint(config)
+        check_before_start(config, kind)
+        # A query restarted after an outage reads a slot it advanced: once per run.
+        kind.check_before_start(config.dsn, slot=config.source.slot,
+                                checkpoint=config.checkpoint)
+        self._made.make(config.checkpoint, "spark.checkpoint")
+        for target in config.targets:
+            if target.local:
+                self._made.make(target.path, f'targets."{target.table}".path')
+        if not existed:
+            claim_checkpoint(config)
+        self._prepared = True
 
     @records_runs  # <checkpoint>/tidemark-status.json, for tidemark status
     def _run(self) -> None:
@@ -301,20 +335,12 @@ class Pipeline(BatchApply):
         # Before Spark starts: a target lost since the last run is a stop, not a new table.
         self._written = WrittenTargets(self.config.checkpoint)
         self._written.check(self.config.targets)
-        if not self._slot_checked:
-            # Before the source creates a slot or a publication: targets' directories
-            # and the columns the settings name.
-            check_before_start(self.config, self._source.kind)
-            # Once per run: a query restarted after an outage reads a slot it advanced.
-            self._source.kind.check_before_start(self.config.dsn,
-                                                 slot=self.config.source.slot,
-                                                 checkpoint=self.config.checkpoint)
-            if not planned_a_batch(self.config.checkpoint):
-                # A first start: what it creates is dropped again if it fails.
-                self._undo_start = self._source.kind.note_before_start(
-                    self.config.dsn, slot=self.config.source.slot,
-                    publication=self.config.source.publication)
-            self._slot_checked = True
+        if not self._noted and not planned_a_batch(self.config.checkpoint):
+            # A first start: what it creates is dropped again if it fails.
+            self._undo_start = self._source.kind.note_before_start(
+                self.config.dsn, slot=self.config.source.slot,
+                publication=self.config.source.publication)
+        self._noted = True
         if self._spark is None:
             self._spark = build_session(self.config)
         return self._start(self._spark)

@@ -1,9 +1,11 @@
 """What ``tidemark run`` checks against the world before anything is created.
 
 :mod:`tidemark.pipeline.config` checks the file alone; this asks the places it names,
-before the source makes a slot or a publication and before Spark starts (a mistake
-found after those holds WAL, and comes behind a traceback): each local target's
-directory can be created (an object store's table can be opened), and each target's
+before anything is made (a directory, a slot, a publication) and before Spark starts
+(a mistake found after those holds WAL, and comes behind a traceback): each local
+target's directory can be created (it is made after every check:
+:mod:`tidemark.pipeline.directories`; an object store's table can be opened), and each
+target's
 settings that name a column (keys, ``column_list``, ``partition_by``, …) name one its
 table has in the source's catalog.
 Each failure is a :class:`~tidemark.errors.ConfigError` naming the key, what is wrong
@@ -12,7 +14,6 @@ and what exists.
 
 from __future__ import annotations
 
-import os
 from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
 
@@ -22,6 +23,7 @@ from tidemark.errors import ConfigError
 from tidemark.lake import change_rows as cr
 from tidemark.lake.delta_target import check_target, open_target, target_error
 from tidemark.pipeline.config import PipelineConfig, Target
+from tidemark.pipeline.directories import cannot_create
 from tidemark.source.kind import SourceKind
 
 #: The apply settings whose values are column names of the source table.
@@ -32,28 +34,28 @@ _COLUMN_SETTINGS = ("keys", "sequence_by", "column_list", "except_column_list",
 
 def check_before_start(config: PipelineConfig, kind: SourceKind) -> None:
     """Raise ConfigError if a target's directory cannot be made or a setting names a
-    column (or a table) the source does not have."""
+    column (or a table) the source does not have; makes nothing."""
     for target in config.targets:
         if target.local:
-            make_target_directory(target)
+            check_target_directory(target)
         else:
             reach_target(target)
     check_columns(config.targets, kind.table_columns(config.dsn, list(config.tables)))
 
 
-def make_target_directory(target: Target) -> None:
-    """Create *target*'s directory (empty: the first batch creates the table in it), or
-    raise naming the key, the path and why not."""
+def check_target_directory(target: Target) -> None:
+    """Raise naming the key, the path and why, if *target*'s directory holds something
+    other than a Delta table or cannot be made (the start makes it after its checks;
+    empty: the first batch creates the table in it)."""
     key = f'targets."{target.table}".path'
     try:
         check_target(target.path)  # a file or another directory took its place
     except ConfigError as err:
         raise ConfigError(key, str(err).removeprefix(f"{err.key}: ")) from None
-    try:
-        os.makedirs(target.path, exist_ok=True)
-    except OSError as err:
+    reason = cannot_create(Path(target.path))
+    if reason is not None:
         raise ConfigError(key, f"cannot create the target directory {target.path}: "
-                               f"{_reason(err, Path(target.path))}") from None
+                               f"{reason}")
 
 
 def reach_target(target: Target) -> None:
@@ -68,17 +70,6 @@ def reach_target(target: Target) -> None:
     except (DeltaError, OSError) as err:
         raise ConfigError(key, str(target_error(target.path, "open", err))
                           .removeprefix("target: ")) from None
-
-
-def _reason(err: OSError, path: Path) -> str:
-    """Why *path* cannot be made, with the part of it in the way."""
-    reason = err.strerror or str(err)
-    for parent in path.parents:
-        if parent.exists():
-            if not parent.is_dir():
-                return f"{reason} ({parent} is a file)"
-            return f"{reason} (in {parent})"
-    return reason
 
 
 def check_columns(targets: Sequence[Target],

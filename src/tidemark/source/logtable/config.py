@@ -54,6 +54,12 @@ class LogTableSourceConfig(msgspec.Struct, frozen=True, kw_only=True,
     read, negative never."""
     prune_interval_s: float = 60.0
     """How often a reader deletes what it may."""
+    reconnect_max_attempts: int = 10
+    """Attempts to reconnect after the database became unreachable (a server restart, a
+    failover), each from the positions already handed on (0: fail at once). An
+    attempt that reads again starts a new count."""
+    reconnect_backoff_ms: int = 500
+    """First delay before such an attempt; doubles up to 30 s."""
     skipped_operations: str = SKIPPED_DEFAULT
     """Debezium's ``skipped.operations``: the changes left out while streaming, a
     comma-separated list of ``c``, ``u``, ``d``, ``t`` or ``none`` (the default); log
@@ -62,7 +68,10 @@ class LogTableSourceConfig(msgspec.Struct, frozen=True, kw_only=True,
 
     def __post_init__(self) -> None:
         parse_skipped_operations(self.skipped_operations)
-        for key in ("max_batch_events", "poll_interval_ms"):
+        if self.reconnect_max_attempts < 0:
+            raise ConfigError("reconnect_max_attempts",
+                              f"must be >= 0, got {self.reconnect_max_attempts}")
+        for key in ("max_batch_events", "poll_interval_ms", "reconnect_backoff_ms"):
             if getattr(self, key) <= 0:
                 raise ConfigError(key, f"must be > 0, got {getattr(self, key)}")
         if self.prune_interval_s < 0:

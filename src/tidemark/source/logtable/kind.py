@@ -35,9 +35,11 @@ LOG_ROW_BYTES: Final = 256
 _CAPTURE_UNUSED: Final = ("slot", "publication", "on_slot_lost", "snapshot_mode",
                           "transaction_metadata", "decimal_handling_mode",
                           "time_precision_mode", "signal_table", "exclude")
-#: Spark options a log-table stream has no use for.
+#: Spark options a log-table stream has no use for (``tidemark run`` refuses the
+#: ``[source]`` settings that set them by the same list).
 _SPARK_UNUSED: Final = ("signalTable", "maxChangesPerTrigger", "slot", "publication",
-                        "slotFailover")
+                        "slotFailover", "serverTimeoutMs", "snapshotChunkRows",
+                        "snapshotChunksPerTrigger")
 
 
 class LogTableProgress(SourceProgress):

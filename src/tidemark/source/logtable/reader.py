@@ -17,11 +17,12 @@ from the target by ``apply_changes``). ``source`` adds the log's fields: ``strea
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import time
 from typing import Any
 
-from tidemark.errors import ConfigError, SourceError
+from tidemark.errors import ConfigError, SourceError, SourceUnavailableError
 from tidemark.event import ChangeEvent, Op, SourceContext
 from tidemark.offsets.store import Offset, OffsetReader, load_offsets
 from tidemark.source.batch import SourceBatch
@@ -36,6 +37,9 @@ log = logging.getLogger(__name__)
 #: ``cdc$operation`` codes to Debezium's (plain ints: no enum call per row).
 _OPS: dict[int, Op] = {int(Operation.INSERT): Op.CREATE, int(Operation.UPDATE): Op.UPDATE,
                        int(Operation.ROW_DELETE): Op.DELETE}
+
+#: Longest wait between reconnect attempts.
+_MAX_BACKOFF_S = 30.0
 
 
 def open_database(dsn: str) -> LogDatabase:
@@ -64,6 +68,9 @@ class LogTableReader:
         self._stop_at_end = False
         self._last_prune = time.monotonic()
         self._idle_until = 0.0  # every group was idle: no query before this moment
+        self._broken = False  # the database became unreachable: reconnect before reading
+        self._attempts = 0  # reconnect attempts since the last successful poll
+        self._retry_at = 0.0
         self.stats = CaptureStats()
         #: ``cdc$operation`` codes of the skipped operations (skipped.operations).
         self._skipped_codes = frozenset(code for code, op in _OPS.items()
@@ -113,7 +120,64 @@ class LogTableReader:
         """The next group's changes; empty when every group is idle, and then, until
         ``poll_interval_ms`` has passed, empty at once without querying: the poll never
         waits, so the engine saves offsets on time (a crash redelivers no more) and
-        stops promptly."""
+        stops promptly.
+
+        When the database becomes unreachable (a server restart) the poll returns
+        empty and reconnects after ``reconnect_backoff_ms`` (doubling), up to
+        ``reconnect_max_attempts`` times, then reads on from the positions handed on:
+        nothing is lost or read twice. After the last attempt it raises the error."""
+        if self._broken:
+            if time.monotonic() < self._retry_at:
+                return SourceBatch([], None)
+            try:
+                self._reconnect()
+            except SourceUnavailableError as err:
+                self._unreachable(err)
+                return SourceBatch([], None)
+        try:
+            batch = self._poll()
+        except SourceUnavailableError as err:
+            self._unreachable(err)
+            return SourceBatch([], None)
+        self._attempts = 0
+        return batch
+
+    def _unreachable(self, err: SourceUnavailableError) -> None:
+        """Let the connection go and plan the next attempt, or raise *err* once the
+        attempts are spent."""
+        if self._db is not None:
+            with contextlib.suppress(Exception):
+                self._db.close()
+            self._db = None
+        self._broken = True
+        self.stats.connected = False
+        self._attempts += 1
+        limit = self.config.reconnect_max_attempts
+        if self._attempts > limit:
+            if limit:
+                raise SourceUnavailableError(f"{err} (gave up after {limit} reconnect "
+                                             "attempts, reconnect_max_attempts)") from None
+            raise err
+        delay = min(self.config.reconnect_backoff_ms / 1000 * 2 ** (self._attempts - 1),
+                    _MAX_BACKOFF_S)
+        self._retry_at = time.monotonic() + delay
+        log.warning("%s; reconnecting in %.1f s (attempt %d/%d)", err, delay,
+                    self._attempts, limit)
+
+    def _reconnect(self) -> None:
+        """Open the database again; the groups read on from their positions."""
+        db = open_database(self.config.dsn)
+        try:
+            tables = db.tables(list(self.config.table_include_list))
+        except BaseException:
+            with contextlib.suppress(Exception):
+                db.close()
+            raise
+        self._db, self._tables, self._broken = db, tables, False
+        self.stats.connected = True
+        log.info("reconnected to %s", self.config.redacted_dsn())
+
+    def _poll(self) -> SourceBatch:
         db = self._require()
         if time.monotonic() < self._idle_until:
             self._maybe_prune()
@@ -202,6 +266,7 @@ class LogTableReader:
         return self._db
 
     def stop(self) -> None:
+        self._broken = False
         if self._db is not None:
             self._db.close()
             self._db = None

@@ -29,6 +29,11 @@ SCHEMES: Final = ("mariadb://", "mysql://")
 #: Options that only the PostgreSQL connector has; given explicitly with a MariaDB
 #: URL they are an error, not silently ignored.
 _POSTGRES_ONLY: Final = ("slot", "publication", "on_slot_lost")
+#: Spark options only PostgreSQL's replication stream reads (a binlog has no slot or
+#: publication, its snapshot is read whole, its reads have no server timeout): given
+#: for a MariaDB stream, or as ``tidemark run``'s ``[source]`` settings, they are refused.
+_SPARK_POSTGRES_ONLY: Final = ("slot", "publication", "slotFailover", "serverTimeoutMs",
+                               "snapshotChunkRows", "snapshotChunksPerTrigger")
 _MARIADB_KEYS: Final = ("dsn", "table_include_list", "table_exclude_list", "snapshot_mode",
                         "provide_transaction_metadata", "topic_prefix",
                         "decimal_handling_mode", "heartbeat_interval_ms", "signal_table",
@@ -84,6 +89,12 @@ class MariaDbKind(SourceKind):
 
         return parse_url(dsn).redacted()
 
+    def spark_option_refusal(self, option: str, value: str | None) -> str | None:
+        if option in _SPARK_POSTGRES_ONLY and (value or "").strip():
+            return ("applies to PostgreSQL replication only (a MariaDB binlog has no slot, "
+                    "publication or chunked snapshot)")
+        return super().spark_option_refusal(option, value)
+
     def capture(self, request: CaptureRequest) -> Capture:
         # Imported here: a PostgreSQL capture's start should not pay for PyMySQL.
         from tidemark.serde.debezium_json import DebeziumJsonOptions  # noqa: PLC0415
@@ -119,6 +130,12 @@ class MariaDbKind(SourceKind):
 
     def progress(self, dsn: str, *, slot: str, tables: Sequence[str]) -> SourceProgress:
         return BinlogProgress(dsn)
+
+    def reader_options(self, *, slot: str, publication: str, checkpoint: str,
+                       slot_failover: bool | None) -> dict[str, str]:
+        # A binlog has no slot or publication (the stream refuses them): the server
+        # keeps it by time and size, and the checkpoint holds the position.
+        return {}
 
     def check_before_start(self, dsn: str, *, slot: str, checkpoint: str) -> None:
         from tidemark.source.mariadb import client  # noqa: PLC0415
