@@ -19,6 +19,10 @@ from typing import TYPE_CHECKING, Any
 import pytest
 from hypothesis import settings
 
+from conformance.matrix_report import (  # noqa: F401  (hooks: the matrix's report)
+    pytest_runtest_logreport,
+    pytest_terminal_summary,
+)
 from logtable_helpers import LogDb
 from tidemark.testing.mariadb import MariaDbServer
 from tidemark.testing.postgres import PostgresCluster, sql_connection

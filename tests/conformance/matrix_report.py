@@ -1,5 +1,9 @@
 """The conformance matrix's report: at the end of a run, every cell (source, runtime,
-check) with its result, its time and, for a skip or an xfail, the reason."""
+check) with its result, its time and, for a skip or an xfail, the reason.
+
+Hooks imported by the suite's ``tests/conftest.py``: a ``conftest.py`` of its own here
+would shadow that one for the modules that import helpers from it.
+"""
 
 from __future__ import annotations
 
