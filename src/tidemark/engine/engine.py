@@ -227,10 +227,8 @@ class Engine:
             runner.stopping.set()
         with self._run_lock:
             running = self._running
-        if not running:
-            if moved:  # never ran: nothing to wait for
-                self._state.transition(State.STOPPING, State.STOPPED)
-            return True
+        if not running and moved:  # never ran: nothing to wait for
+            self._state.transition(State.STOPPING, State.STOPPED)
         return moved
 
     def __enter__(self) -> Engine:
