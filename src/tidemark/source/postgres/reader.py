@@ -783,22 +783,27 @@ class PostgresReader:
     def _open_with_retry(self, stream: ReplicationStream, lsn: int) -> None:
         """Open the stream, retrying transient failures up to reconnect_max_attempts."""
 
-        def open_stream() -> None:
+        def open_once() -> None:
             try:
                 stream.connect()
                 stream.start(lsn)
-            except slot.SlotInUseError:
-                stream.close()
-                # The broken connection's walsender may still hold the slot (the server
-                # has not noticed the cut): it is this reader's, so it is ended. Asked
-                # only once the server answered: a catalog query to a server that stopped
-                # answering would wait without a deadline.
-                if self._own_backends:
-                    self._catalog(self._release_own_slot)
-                raise
             except TransientError:
                 stream.close()
                 raise
+
+        def open_stream() -> None:
+            try:
+                open_once()
+            except slot.SlotInUseError:
+                # The broken connection's walsender may still hold the slot (the server
+                # has not noticed the cut): it is this reader's, so it is ended, and the
+                # slot, free now, opened at once (not counted as a failed attempt).
+                # Asked only once the server answered: a catalog query to a server that
+                # stopped answering would wait without a deadline.
+                if not self._own_backends:
+                    raise
+                self._catalog(self._release_own_slot)
+                open_once()
 
         self._retrying(open_stream, max_delay_s=_MAX_BACKOFF_S)
 
