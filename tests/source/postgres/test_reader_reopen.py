@@ -26,7 +26,7 @@ def test_a_reader_opens_the_slot_it_freed_from_its_old_walsender(db: Database) -
     reader = PostgresReader(PostgresSourceConfig.from_mapping({
         "dsn": db.dsn, "slot_name": slot, "publication_name": publication,
         "table_include_list": ["public.t"], "reconnect_max_attempts": 0}),
-        previous_backends=[old_pid])
+        previous_backends=old.backend_pids)
     stream = ReplicationStream(db.dsn, slot, publication, backend_pids=reader._own_backends)
     try:
         reader._open_with_retry(stream, lsn)
