@@ -102,7 +102,7 @@ class PostgresReadPlan:
         #: The backends of this driver's earlier connections: after one broke (a
         #: ServerTimeoutError, a network cut) the server may keep it, and its claim on
         #: the slot, for a while; it is this driver's, so a new claim ends it.
-        self._own_backends: set[int] = set()
+        self._own_backends: dict[int, str] = {}
 
     def __getstate__(self) -> dict[str, Any]:
         # The driver's connections must not travel (nor fail pickling).
@@ -128,7 +128,7 @@ class PostgresReadPlan:
             except BaseException:
                 conn.close()
                 raise
-            self._own_backends.add(conn.info.backend_pid)
+            self._own_backends[conn.info.backend_pid] = slot_holder.backend_start(conn)
             self._conn = conn
         return self._conn
 

@@ -14,7 +14,7 @@ import importlib
 import logging
 import threading
 import time
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 from typing import TYPE_CHECKING, Any, TypeVar
 
 import psycopg
@@ -80,7 +80,7 @@ class PostgresReader:
                  json_lines: DebeziumJsonSerializer | None = None,
                  rendered_json: DebeziumJsonSerializer | None = None,
                  converted_records: bool = False,
-                 previous_backends: Iterable[int] = ()) -> None:
+                 previous_backends: Mapping[int, str] | None = None) -> None:
         if json_lines is not None and rendered_json is not None:
             raise ValueError("json_lines and rendered_json exclude each other")
         self.config = config
@@ -107,7 +107,7 @@ class PostgresReader:
         #: The walsenders of this reader's replication connections, and of the reader
         #: it replaces (*previous_backends*, after a reconnect): after a network cut
         #: the server keeps one active on the slot until wal_sender_timeout.
-        self._own_backends: set[int] = set(previous_backends)
+        self._own_backends: dict[int, str] = dict(previous_backends or {})
         self._reconnect = bool(self._own_backends)
 
     @property
@@ -118,10 +118,10 @@ class PostgresReader:
         return f"postgres/{self.database}/{self.config.slot_name}"
 
     @property
-    def backend_pids(self) -> frozenset[int]:
+    def backend_pids(self) -> dict[int, str]:
         """The server backends this reader (and the one it replaces) streamed on: pass
         them to the reader that replaces this one (``previous_backends``)."""
-        return frozenset(self._own_backends)
+        return dict(self._own_backends)
 
     @property
     def incremental_snapshot(self) -> IncrementalSnapshot | None:
@@ -783,22 +783,27 @@ class PostgresReader:
     def _open_with_retry(self, stream: ReplicationStream, lsn: int) -> None:
         """Open the stream, retrying transient failures up to reconnect_max_attempts."""
 
-        def open_stream() -> None:
+        def open_once() -> None:
             try:
                 stream.connect()
                 stream.start(lsn)
-            except slot.SlotInUseError:
-                stream.close()
-                # The broken connection's walsender may still hold the slot (the server
-                # has not noticed the cut): it is this reader's, so it is ended. Asked
-                # only once the server answered: a catalog query to a server that stopped
-                # answering would wait without a deadline.
-                if self._own_backends:
-                    self._catalog(self._release_own_slot)
-                raise
             except TransientError:
                 stream.close()
                 raise
+
+        def open_stream() -> None:
+            try:
+                open_once()
+            except slot.SlotInUseError:
+                # The broken connection's walsender may still hold the slot (the server
+                # has not noticed the cut): it is this reader's, so it is ended, and the
+                # slot, free now, opened at once (not counted as a failed attempt).
+                # Asked only once the server answered: a catalog query to a server that
+                # stopped answering would wait without a deadline.
+                if not self._own_backends:
+                    raise
+                self._catalog(self._release_own_slot)
+                open_once()
 
         self._retrying(open_stream, max_delay_s=_MAX_BACKOFF_S)
 

@@ -28,6 +28,7 @@ from psycopg import pq
 
 from tidemark.errors import SourceError, SourceUnavailableError
 from tidemark.postgres_connection import classify_connect_message, session_conninfo
+from tidemark.source.postgres import slot_holder
 from tidemark.source.postgres.pgoutput import PG_EPOCH_OFFSET_US, lsn_to_str, str_to_lsn
 from tidemark.source.postgres.slot import SlotInUseError, SlotLostError, makes_failover_slot
 
@@ -59,12 +60,12 @@ class ReplicationStream:
 
     def __init__(self, dsn: str, slot: str, publication: str, *,
                  status_interval_s: float = 10.0, receive_timeout_s: float = 60.0,
-                 backend_pids: set[int] | None = None) -> None:
+                 backend_pids: dict[int, str] | None = None) -> None:
         self._dsn = dsn
         #: Every server backend (walsender) this stream connected to, oldest first
         #: (*backend_pids*, if given, is added to): one still holding the slot after
         #: the connection broke is this reader's own, not another reader.
-        self.backend_pids: set[int] = set() if backend_pids is None else backend_pids
+        self.backend_pids: dict[int, str] = {} if backend_pids is None else backend_pids
         self._slot = slot
         self._publication = publication
         self._status_interval = status_interval_s
@@ -88,7 +89,10 @@ class ReplicationStream:
             conn.finish()
             raise classify_connect_message(self._dsn, message)
         self._conn = conn
-        self.backend_pids.add(conn.backend_pid)
+        # With its start: a PID alone may name another process later (see slot_holder).
+        result = self._exec(conn, slot_holder.BACKEND_START_SQL)
+        started = result.get_value(0, 0) if result.ntuples else None
+        self.backend_pids[conn.backend_pid] = (started or b"").decode()
         self._streaming = False
 
     def _require(self) -> pq.abc.PGconn:

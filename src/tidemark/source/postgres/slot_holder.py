@@ -11,9 +11,11 @@ process and the way out (:class:`SlotHeldError`).
 
 A reader that reconnects (its connection broke) is not another process: after a
 network cut the server keeps the old backend, and with it the slot or the lock, until
-``wal_sender_timeout`` (or TCP keepalives) notice. The reader remembers the backend
-PIDs it used and passes them as *own*: such a holder is ended
-(``pg_terminate_backend``) instead of refusing the slot.
+``wal_sender_timeout`` (or TCP keepalives) notice. The reader remembers the backends
+it used and passes them as *own*: such a holder is ended (``pg_terminate_backend``)
+instead of refusing the slot. A backend is named by its PID and its start
+(:func:`backend_start`): PIDs are reused (soon after a server restart, when they start
+low again), and ending another process that got an old PID would be a disaster.
 """
 
 from __future__ import annotations
@@ -21,7 +23,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import time
-from collections.abc import Collection
+from collections.abc import Mapping
 from typing import Any, Final
 
 from tidemark.errors import SourceError
@@ -65,20 +67,40 @@ def holder(conn: Any, slot: str) -> int | None:
     return None if row is None else int(row[0])
 
 
-def end_own(conn: Any, slot: str, pid: int, own: Collection[int]) -> None:
+#: A backend's start, as text that every connection reads alike (not its TimeZone).
+BACKEND_START_SQL: Final = ("SELECT extract(epoch FROM backend_start)::text "
+                            "FROM pg_stat_activity WHERE pid = pg_backend_pid()")
+
+#: The caller's earlier backends: PID to start (:func:`backend_start`).
+OwnBackends = Mapping[int, str]
+
+
+def backend_start(conn: Any) -> str:
+    """When *conn*'s backend started (with its PID, it names the backend: see
+    :data:`OwnBackends`)."""
+    row = conn.execute(BACKEND_START_SQL).fetchone()
+    return "" if row is None else str(row[0])
+
+
+def end_own(conn: Any, slot: str, pid: int, own: OwnBackends) -> None:
     """If *pid* (a holder of *slot*) is one of *own*, the caller's earlier backends, end
-    it: its client is gone (the connection broke), the server has not noticed yet."""
-    if pid not in own:
+    it: its client is gone (the connection broke), the server has not noticed yet.
+    A process that reuses the PID (it started at another time) is left alone."""
+    started = own.get(pid)
+    if started is None:
         return
     log.info("replication slot %s is still held by this reader's previous connection "
              "(PID %d, whose client side broke): ending that backend", slot, pid)
     # Without the right to (another role's backend), waiting for it is all there is.
     with contextlib.suppress(Exception):
-        conn.execute("SELECT pg_terminate_backend(%s)", (pid,))
+        conn.execute("SELECT pg_terminate_backend(pid) FROM pg_stat_activity "
+                     "WHERE pid = %s AND extract(epoch FROM backend_start)::text = %s",
+                     (pid, started))
 
 
 def wait_until_free(conn: Any, slot: str, setting: str,
-                    wait_s: float = RELEASE_WAIT_S, *, own: Collection[int] = ()) -> None:
+                    wait_s: float = RELEASE_WAIT_S, *, own: OwnBackends | None = None
+                    ) -> None:
     """Return once no other session holds *slot*, waiting up to *wait_s* for one that
     is going away (ending it if it is one of *own*, the caller's earlier backends);
     raise :class:`SlotHeldError` otherwise."""
@@ -87,14 +109,14 @@ def wait_until_free(conn: Any, slot: str, setting: str,
         pid = holder(conn, slot)
         if pid is None:
             return
-        end_own(conn, slot, pid, own)
+        end_own(conn, slot, pid, own or {})
         if time.monotonic() >= deadline:
             raise held_error(slot, pid, setting)
         time.sleep(0.2)
 
 
 def claim(conn: Any, slot: str, setting: str, wait_s: float = RELEASE_WAIT_S, *,
-          own: Collection[int] = ()) -> None:
+          own: OwnBackends | None = None) -> None:
     """Hold *slot* for the life of *conn*'s session (an advisory lock), once no other
     session streams from it or holds it (one of *own*, the caller's earlier backends,
     is ended); raise :class:`SlotHeldError` otherwise."""
@@ -112,7 +134,7 @@ def claim(conn: Any, slot: str, setting: str, wait_s: float = RELEASE_WAIT_S, *,
             return
         pid = holder(conn, slot)
         if pid is not None:
-            end_own(conn, slot, pid, own)
+            end_own(conn, slot, pid, own or {})
         if time.monotonic() >= deadline and pid is not None:
             raise held_error(slot, pid, setting)
         time.sleep(0.2)

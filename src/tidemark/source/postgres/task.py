@@ -51,7 +51,7 @@ class PostgresTask(ReopeningTask[PostgresReader]):
     def _new_connector(self) -> PostgresReader:
         # A reconnect: the reader it replaces may still hold the slot on the server (a
         # network cut); its walsenders are this task's, not another reader's.
-        previous = self._connector.backend_pids if self._connector is not None else ()
+        previous = self._connector.backend_pids if self._connector is not None else None
         rendered = self._rendered
         if rendered is None:
             return PostgresReader(self.config, previous_backends=previous)
