@@ -5,13 +5,16 @@ once, none lost); with ``reconnect_max_attempts = 0`` it fails at once, as befor
 
 from __future__ import annotations
 
+import contextlib
 from typing import Any
 
 import pytest
 
-from logtable_helpers import LogDb, reader
+from logtable_helpers import LogDb, drain, reader
 from tidemark.errors import SourceUnavailableError
 from tidemark.event import ChangeEvent
+from tidemark.source.logtable import reader as logtable_reader
+from tidemark.source.logtable.database import LogDatabase, ReadResult
 from tidemark.source.logtable.reader import LogTableReader
 from waiting import wait_for
 
@@ -52,3 +55,52 @@ def test_without_reconnect_attempts_a_restart_fails_the_reader(db: Any) -> None:
             wait_for(lambda: r.poll() and False, 30, "the reader's failure", interval_s=0.05)
     finally:
         r.stop()
+
+
+def _flaky_prune(monkeypatch: pytest.MonkeyPatch) -> list[str]:
+    """Make the reader's databases (real ones) fail their next prune once, right after
+    a read that returned rows, as a server restart would; returns what happened."""
+    real_open = logtable_reader.open_database
+    happened: list[str] = []
+
+    def open_database(dsn: str, **kwargs: Any) -> LogDatabase:
+        db = real_open(dsn, **kwargs)
+        real_read, real_prune = db.read, db.prune
+        last: list[bool] = [False]
+
+        def read(*args: Any, **kw: Any) -> ReadResult:
+            result = real_read(*args, **kw)
+            last[0] = bool(result.rows)
+            return result
+
+        def prune(*args: Any, **kw: Any) -> int:
+            if last[0] and not happened:
+                happened.append("prune failed after a read with rows")
+                raise SourceUnavailableError("the server is restarting (injected)")
+            return real_prune(*args, **kw)
+
+        db.read, db.prune = read, prune  # type: ignore[method-assign]
+        return db
+
+    monkeypatch.setattr(logtable_reader, "open_database", open_database)
+    return happened
+
+
+def test_a_prune_failing_after_a_read_loses_no_rows(
+        logdb: LogDb, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The read moved the group on; the prune after it found the server gone: the rows
+    read come again after the reconnect, each once."""
+    logdb.execute("CREATE TABLE t (id integer PRIMARY KEY)")
+    logdb.install(["t"])
+    logdb.execute(*(f"INSERT INTO t VALUES ({i})" for i in range(1, 7)))
+    happened = _flaky_prune(monkeypatch)
+    r = reader(logdb, prune_interval_s=0, max_batch_events=2, reconnect_backoff_ms=10)
+    got: list[ChangeEvent] = []
+    try:
+        with contextlib.suppress(AssertionError):
+            wait_for(lambda: _ids(r, got, 6), 10, "every change")
+        got.extend(drain(r))
+    finally:
+        r.stop()
+    assert happened
+    assert sorted(e.after["id"] for e in got if e.after) == [1, 2, 3, 4, 5, 6]

@@ -134,9 +134,14 @@ class LogTableReader:
             except SourceUnavailableError as err:
                 self._unreachable(err)
                 return SourceBatch([], None)
+        # A poll that fails after its read (the prune's queries) hands on nothing: the
+        # groups go back to where the last batch left them, so the rows it read come
+        # again after the reconnect.
+        positions, caught_up, following = dict(self._positions), set(self._caught_up), self._next
         try:
             batch = self._poll()
         except SourceUnavailableError as err:
+            self._positions, self._caught_up, self._next = positions, caught_up, following
             self._unreachable(err)
             return SourceBatch([], None)
         self._attempts = 0
