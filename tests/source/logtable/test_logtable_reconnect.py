@@ -6,16 +6,21 @@ once, none lost); with ``reconnect_max_attempts = 0`` it fails at once, as befor
 from __future__ import annotations
 
 import contextlib
+import signal
+import threading
+import time
 from typing import Any
 
 import pytest
 
 from logtable_helpers import LogDb, drain, reader
+from pipeline_helpers import _signal_server
 from tidemark.errors import SourceUnavailableError
 from tidemark.event import ChangeEvent
 from tidemark.source.logtable import reader as logtable_reader
 from tidemark.source.logtable.database import LogDatabase, ReadResult
 from tidemark.source.logtable.reader import LogTableReader
+from tidemark.testing.postgres import PostgresCluster
 from waiting import wait_for
 
 pytestmark = pytest.mark.integration
@@ -104,3 +109,45 @@ def test_a_prune_failing_after_a_read_loses_no_rows(
         r.stop()
     assert happened
     assert sorted(e.after["id"] for e in got if e.after) == [1, 2, 3, 4, 5, 6]
+
+
+@pytest.mark.slow
+def test_a_stopped_server_is_noticed_and_read_through() -> None:
+    """SIGSTOP: the kernel still answers TCP, so only silence says the server is gone.
+    The reader's queries end after ``server_timeout_ms`` and it reconnects per its
+    settings instead of waiting for ever; after SIGCONT it reads on, losing nothing."""
+    with PostgresCluster() as cluster:
+        log = LogDb("postgres", cluster.create_database("stopped_log") + " connect_timeout=2")
+        log.execute("CREATE TABLE t (id integer PRIMARY KEY)")
+        log.install(["t"])
+        r = reader(log, server_timeout_ms=1000, reconnect_backoff_ms=100,
+                   reconnect_max_attempts=100)
+        got: list[ChangeEvent] = []
+        running = threading.Event()
+        running.set()
+
+        def poll() -> None:  # in a thread: a hung poll fails the test instead of it
+            while running.is_set():
+                got.extend(r.poll().records)  # type: ignore[arg-type]
+                time.sleep(0.005)
+
+        poller = threading.Thread(target=poll, daemon=True)
+        poller.start()
+        try:
+            log.execute("INSERT INTO t VALUES (1)", "INSERT INTO t VALUES (2)")
+            wait_for(lambda: len(got) >= 2, 30, "the changes before the stop")
+            _signal_server(cluster, signal.SIGSTOP)
+            try:
+                wait_for(lambda: not r.stats.connected, 20,
+                         "the reader noticing the stopped server")
+            finally:
+                _signal_server(cluster, signal.SIGCONT)
+            log.execute("INSERT INTO t VALUES (3)", "INSERT INTO t VALUES (4)")
+            wait_for(lambda: len(got) >= 4 and r.stats.connected, 60,
+                     "the changes after the server went on")
+        finally:
+            running.clear()
+            poller.join(60)
+            r.stop()
+        assert poller.is_alive() is False  # no poll hung, and none failed
+        assert sorted(e.after["id"] for e in got if e.after) == [1, 2, 3, 4]

@@ -37,7 +37,7 @@ from tidemark.errors import ConfigError, SourceError, SourceUnavailableError
 from tidemark.event import UNAVAILABLE, Column, TableId, WireValue
 from tidemark.fetch_budget import FetchBudget
 from tidemark.logical_type import Kind
-from tidemark.postgres_connection import connect, cursor
+from tidemark.postgres_connection import connect, cursor, redact_dsn
 from tidemark.source.logtable import layout
 from tidemark.source.logtable import postgres_install as install
 from tidemark.source.logtable.database import (
@@ -81,13 +81,21 @@ class PostgresLogDatabase:
     """Log tables on one PostgreSQL database (psycopg, autocommit: every statement sees
     what is committed when it starts, which is all a step needs)."""
 
-    def __init__(self, dsn: str) -> None:
+    def __init__(self, dsn: str, *, server_timeout_s: float | None = None) -> None:
+        """With *server_timeout_s*, no wait for the server lasts longer: a stopped
+        server fails the query (SourceUnavailableError) instead of holding it."""
         self._dsn = dsn
         try:
-            self._conn = connect(dsn, application_name="tidemark-logtable")
+            self._conn = connect(dsn, application_name="tidemark-logtable",
+                                 server_timeout_s=server_timeout_s)
         except psycopg.OperationalError as err:  # pragma: no cover - connect classifies
             raise SourceUnavailableError(str(err)) from None
-        self._db = current_database(self._conn)
+        try:
+            with _unavailable(redact_dsn(dsn)):
+                self._db = current_database(self._conn)
+        except BaseException:
+            self._conn.close()
+            raise
         self._queries: dict[tuple[str, int, bool], sql.Composed] = {}
 
     @property
@@ -114,6 +122,10 @@ class PostgresLogDatabase:
         return generations
 
     def tables(self, include: list[str]) -> list[LogTable]:
+        with _unavailable(self._db):
+            return self._tables(include)
+
+    def _tables(self, include: list[str]) -> list[LogTable]:
         installed = install.installed_tables(self._conn)
         if include:
             wanted = [TableId.parse(name) for name in include]
@@ -410,7 +422,9 @@ class PostgresLogDatabase:
 
     def prune(self, groups: Sequence[int], tables: list[LogTable], retention_s: float) -> int:
         bounds: dict[int, int] = {}
-        for registered in self.readers():
+        with _unavailable(self._db):
+            registry = self.readers()
+        for registered in registry:
             # Every transaction below a snapshot's xmin is visible in it: read.
             xmin = int(str(registered.position.get("snapshot", "0:0:")).split(":")[0])
             bounds[registered.group] = min(bounds.get(registered.group, xmin), xmin)
@@ -439,6 +453,17 @@ class PostgresLogDatabase:
 
     def close(self) -> None:
         self._conn.close()
+
+
+@contextlib.contextmanager
+def _unavailable(database: str) -> Iterator[None]:
+    """A lost or silent server (a restart, a stopped server's ServerTimeoutError) as
+    SourceUnavailableError: the reader reconnects."""
+    try:
+        yield
+    except psycopg.OperationalError as err:
+        raise SourceUnavailableError(f"querying the log tables of {database}: "
+                                     f"{str(err).strip()}") from None
 
 
 def _check_table(cur: Any, entry: LogTable) -> None:
