@@ -15,6 +15,7 @@ from pyspark.sql import SparkSession
 
 from conftest import Database
 from tidemark.pipeline import load_config
+from tidemark.pipeline.directories import MadeDirectories
 from tidemark.pipeline.runner import Pipeline, PipelineError
 
 pytestmark = pytest.mark.integration
@@ -92,3 +93,27 @@ def test_a_failed_start_keeps_the_directories_it_found(
     assert (tmp_path / "chk" / "notes.txt").read_text() == "a previous run's"
     assert (tmp_path / "lake").is_dir()
     assert not (tmp_path / "lake" / "t").exists()  # made by the start: removed
+
+
+def test_a_failed_start_removes_its_leaf_but_not_a_parent_another_start_wrote_in(
+        tmp_path: Path) -> None:
+    """Two pipelines under one new parent start at once: the first's failure removes
+    its own directory, and the parent only if nothing else is in it."""
+    made = MadeDirectories()
+    made.make(str(tmp_path / "srv" / "p1" / "chk"), "spark.checkpoint")
+    (tmp_path / "srv" / "p1" / "chk" / "state").write_text("this start's")
+    (tmp_path / "srv" / "p2").mkdir()  # the other pipeline, started meanwhile
+    (tmp_path / "srv" / "p2" / "offsets").write_text("the other start's")
+    made.remove()
+    assert not (tmp_path / "srv" / "p1").exists()  # the leaf, and its emptied parent
+    assert (tmp_path / "srv" / "p2" / "offsets").read_text() == "the other start's"
+
+
+def test_a_directory_another_start_made_first_is_not_removed(tmp_path: Path) -> None:
+    """A directory that exists when the start would make it is not the start's."""
+    (tmp_path / "srv").mkdir()
+    made = MadeDirectories()
+    made.make(str(tmp_path / "srv" / "chk"), "spark.checkpoint")
+    made.make(str(tmp_path / "srv" / "chk"), "lake")  # already there: not made again
+    made.remove()
+    assert (tmp_path / "srv").is_dir() and not (tmp_path / "srv" / "chk").exists()

@@ -43,35 +43,57 @@ def cannot_create(path: Path) -> str | None:
 
 
 class MadeDirectories:
-    """The directories one start made, outermost first, to remove if it fails."""
+    """The directories one start made, outermost first, to remove if it fails.
+
+    Only a directory this start's own ``mkdir`` created counts as made: another start
+    running at the same time may create, and write in, a shared parent. So the leaf a
+    start asked for goes with what is in it (its own files), a parent only if empty.
+    """
 
     def __init__(self) -> None:
-        self._made: list[Path] = []
+        self._made: list[tuple[Path, bool]] = []  # (directory, whether a leaf)
 
     def make(self, path: str, key: str) -> None:
-        """Make the directory *path* (and its missing parents), remembering the
-        outermost one that did not exist; raise ConfigError naming *key* if it cannot."""
+        """Make the directory *path* and its missing parents, one level at a time,
+        remembering each that this call created; raise ConfigError naming *key* if it
+        cannot."""
         target = Path(path)
-        missing = [p for p in (target, *target.parents) if not p.exists()]
-        try:
-            os.makedirs(target, exist_ok=True)
-        except OSError as err:
+        for level in (*reversed(target.parents), target):
+            if level.is_dir():
+                continue
+            try:
+                os.mkdir(level)
+            except FileExistsError:
+                continue  # made meanwhile by someone else (or a file: the next level says)
+            except OSError as err:
+                raise ConfigError(key, f"cannot create {target}: "
+                                       f"{cannot_create(target) or err.strerror or err}"
+                                  ) from None
+            self._made.append((level, level == target))
+        if not target.is_dir():
             raise ConfigError(key, f"cannot create {target}: "
-                                   f"{cannot_create(target) or err.strerror or err}") from None
-        if missing:
-            self._made.append(missing[-1])
+                                   f"{cannot_create(target) or 'not a directory'}")
 
     def remove(self) -> list[str]:
-        """Remove every directory :meth:`make` made, with what is in it (this start's
-        files only: it did not exist before); returns the removed paths."""
+        """Remove the directories :meth:`make` made, innermost first: a leaf with what
+        is in it (this start's files: it did not exist before), a parent only if it is
+        empty; returns the removed paths."""
         removed: list[str] = []
         made, self._made = self._made, []
-        for path in reversed(made):
+        for path, leaf in reversed(made):
             try:
-                shutil.rmtree(path)
+                if leaf:
+                    shutil.rmtree(path)
+                else:
+                    os.rmdir(path)
             except FileNotFoundError:
                 continue
-            except OSError as err:  # the start's own failure is what the user must see
+            except OSError as err:
+                if not leaf and err.errno in (errno.ENOTEMPTY, errno.EEXIST):
+                    log.info("kept %s, which the failed start made: something else was "
+                             "written in it since", path)
+                    continue
+                # The start's own failure is what the user must see.
                 log.warning("could not remove %s, which the failed start made: %s",
                             path, err)
                 continue

@@ -60,6 +60,10 @@ class LogTableSourceConfig(msgspec.Struct, frozen=True, kw_only=True,
     attempt that reads again starts a new count."""
     reconnect_backoff_ms: int = 500
     """First delay before such an attempt; doubles up to 30 s."""
+    server_timeout_ms: int = 300_000
+    """Longest wait for PostgreSQL's answer to one query (as the Spark source's
+    ``serverTimeoutMs``): a stopped or unreachable server then counts as unreachable,
+    and the reader reconnects, instead of waiting for ever. Not for SQLite."""
     skipped_operations: str = SKIPPED_DEFAULT
     """Debezium's ``skipped.operations``: the changes left out while streaming, a
     comma-separated list of ``c``, ``u``, ``d``, ``t`` or ``none`` (the default); log
@@ -71,7 +75,8 @@ class LogTableSourceConfig(msgspec.Struct, frozen=True, kw_only=True,
         if self.reconnect_max_attempts < 0:
             raise ConfigError("reconnect_max_attempts",
                               f"must be >= 0, got {self.reconnect_max_attempts}")
-        for key in ("max_batch_events", "poll_interval_ms", "reconnect_backoff_ms"):
+        for key in ("max_batch_events", "poll_interval_ms", "reconnect_backoff_ms",
+                    "server_timeout_ms"):
             if getattr(self, key) <= 0:
                 raise ConfigError(key, f"must be > 0, got {getattr(self, key)}")
         if self.prune_interval_s < 0:

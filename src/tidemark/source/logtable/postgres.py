@@ -33,11 +33,11 @@ from typing import Any, Final
 import psycopg
 from psycopg import sql
 
-from tidemark.errors import ConfigError, SourceError, SourceUnavailableError
+from tidemark.errors import ConfigError, SourceUnavailableError
 from tidemark.event import UNAVAILABLE, Column, TableId, WireValue
 from tidemark.fetch_budget import FetchBudget
 from tidemark.logical_type import Kind
-from tidemark.postgres_connection import connect, cursor
+from tidemark.postgres_connection import connect, cursor, redact_dsn
 from tidemark.source.logtable import layout
 from tidemark.source.logtable import postgres_install as install
 from tidemark.source.logtable.database import (
@@ -51,6 +51,7 @@ from tidemark.source.logtable.database import (
     fetched,
     merged_pages,
 )
+from tidemark.source.logtable.postgres_guard import check_table
 from tidemark.source.postgres.catalog import current_database
 
 log = logging.getLogger(__name__)
@@ -81,13 +82,21 @@ class PostgresLogDatabase:
     """Log tables on one PostgreSQL database (psycopg, autocommit: every statement sees
     what is committed when it starts, which is all a step needs)."""
 
-    def __init__(self, dsn: str) -> None:
+    def __init__(self, dsn: str, *, server_timeout_s: float | None = None) -> None:
+        """With *server_timeout_s*, no wait for the server lasts longer: a stopped
+        server fails the query (SourceUnavailableError) instead of holding it."""
         self._dsn = dsn
         try:
-            self._conn = connect(dsn, application_name="tidemark-logtable")
+            self._conn = connect(dsn, application_name="tidemark-logtable",
+                                 server_timeout_s=server_timeout_s)
         except psycopg.OperationalError as err:  # pragma: no cover - connect classifies
             raise SourceUnavailableError(str(err)) from None
-        self._db = current_database(self._conn)
+        try:
+            with _unavailable(redact_dsn(dsn)):
+                self._db = current_database(self._conn)
+        except BaseException:
+            self._conn.close()
+            raise
         self._queries: dict[tuple[str, int, bool], sql.Composed] = {}
 
     @property
@@ -114,6 +123,10 @@ class PostgresLogDatabase:
         return generations
 
     def tables(self, include: list[str]) -> list[LogTable]:
+        with _unavailable(self._db):
+            return self._tables(include)
+
+    def _tables(self, include: list[str]) -> list[LogTable]:
         installed = install.installed_tables(self._conn)
         if include:
             wanted = [TableId.parse(name) for name in include]
@@ -158,7 +171,7 @@ class PostgresLogDatabase:
         try:
             with cursor(self._conn) as cur:
                 for entry in tables:
-                    _check_table(cur, entry)
+                    check_table(cur, entry)
         except psycopg.OperationalError as err:
             raise SourceUnavailableError(f"checking the log tables of {self._db}: "
                                          f"{str(err).strip()}") from None
@@ -410,7 +423,9 @@ class PostgresLogDatabase:
 
     def prune(self, groups: Sequence[int], tables: list[LogTable], retention_s: float) -> int:
         bounds: dict[int, int] = {}
-        for registered in self.readers():
+        with _unavailable(self._db):
+            registry = self.readers()
+        for registered in registry:
             # Every transaction below a snapshot's xmin is visible in it: read.
             xmin = int(str(registered.position.get("snapshot", "0:0:")).split(":")[0])
             bounds[registered.group] = min(bounds.get(registered.group, xmin), xmin)
@@ -441,38 +456,15 @@ class PostgresLogDatabase:
         self._conn.close()
 
 
-def _check_table(cur: Any, entry: LogTable) -> None:
-    """Raise SourceError when *entry*'s log no longer follows its table: the log table
-    or a trigger missing or disabled, a column the log lacks or types apart."""
-    table = entry.table
-    log_types = install._column_types(cur, table.schema, entry.log)
-    if not log_types:
-        raise SourceError(f"the log table {table.schema}.{entry.log} of {table} is missing "
-                          f"(dropped?): run `tidemark logtable install` for {table}; changes "
-                          "made since it was dropped were not logged")
-    # The table as it is now, not as it was when the reader started.
-    types = install._column_types(cur, table.schema, table.table)
-    missing = [name for name in types if name not in log_types]
-    changed = [name for name, kind in types.items()
-               if name in log_types and log_types[name] != kind]
-    if missing or changed:
-        what = (f"column(s) {', '.join(missing)} that its log table {entry.log} lacks"
-                if missing else f"column(s) {', '.join(changed)} of another type than in "
-                f"its log table {entry.log}")
-        raise SourceError(f"table {table} has {what} (ALTER TABLE without the log): changes "
-                          "to them were not logged right. Run `tidemark logtable install` for "
-                          "the table, then re-load it (changes since the ALTER are incomplete)")
-    cur.execute("SELECT t.tgname, t.tgenabled FROM pg_trigger t WHERE t.tgrelid = "
-                "%s::regclass AND t.tgname LIKE 'tidemark_cdc_%%'",
-                (sql.Identifier(table.schema, table.table).as_string(cur),))
-    triggers = dict(cur.fetchall())
-    for op in install.OPS:
-        state = triggers.get(f"tidemark_cdc_{op}")
-        if state is None or state == "D":
-            raise SourceError(
-                f"the {op} trigger tidemark_cdc_{op} of {table} is "
-                f"{'missing' if state is None else 'disabled'}: changes are not logged. Run "
-                f"`tidemark logtable install` for {table}, then re-load it")
+@contextlib.contextmanager
+def _unavailable(database: str) -> Iterator[None]:
+    """A lost or silent server (a restart, a stopped server's ServerTimeoutError) as
+    SourceUnavailableError: the reader reconnects."""
+    try:
+        yield
+    except psycopg.OperationalError as err:
+        raise SourceUnavailableError(f"querying the log tables of {database}: "
+                                     f"{str(err).strip()}") from None
 
 
 def _streamed(index: int, entry: LogTable, cur: Any, budget: FetchBudget) -> Iterator[LogRow]:

@@ -42,15 +42,17 @@ _OPS: dict[int, Op] = {int(Operation.INSERT): Op.CREATE, int(Operation.UPDATE): 
 _MAX_BACKOFF_S = 30.0
 
 
-def open_database(dsn: str) -> LogDatabase:
-    """The log-table access of the database *dsn* names."""
+def open_database(dsn: str, *, server_timeout_s: float | None = None) -> LogDatabase:
+    """The log-table access of the database *dsn* names; on PostgreSQL, with
+    *server_timeout_s*, no wait for the server lasts longer (the query then raises
+    SourceUnavailableError)."""
     if is_sqlite(dsn):
         from tidemark.source.logtable.sqlite import SqliteLogDatabase  # noqa: PLC0415
 
         return SqliteLogDatabase(dsn)
     from tidemark.source.logtable.postgres import PostgresLogDatabase  # noqa: PLC0415
 
-    return PostgresLogDatabase(dsn)
+    return PostgresLogDatabase(dsn, server_timeout_s=server_timeout_s)
 
 
 class LogTableReader:
@@ -90,7 +92,7 @@ class LogTableReader:
         """Open the database and position every group: at *offset* (a batch's offset,
         after a reconnect) or its stored offset in *store*, else at the log's start."""
         self._stop_at_end = stop_at_end
-        db = self._db = open_database(self.config.dsn)
+        db = self._db = self._open()
         generations = db.generations()
         total = generations[0].groups
         groups = list(self.config.groups) or list(range(total))
@@ -134,9 +136,14 @@ class LogTableReader:
             except SourceUnavailableError as err:
                 self._unreachable(err)
                 return SourceBatch([], None)
+        # A poll that fails after its read (the prune's queries) hands on nothing: the
+        # groups go back to where the last batch left them, so the rows it read come
+        # again after the reconnect.
+        positions, caught_up, following = dict(self._positions), set(self._caught_up), self._next
         try:
             batch = self._poll()
         except SourceUnavailableError as err:
+            self._positions, self._caught_up, self._next = positions, caught_up, following
             self._unreachable(err)
             return SourceBatch([], None)
         self._attempts = 0
@@ -166,7 +173,7 @@ class LogTableReader:
 
     def _reconnect(self) -> None:
         """Open the database again; the groups read on from their positions."""
-        db = open_database(self.config.dsn)
+        db = self._open()
         try:
             tables = db.tables(list(self.config.table_include_list))
         except BaseException:
@@ -176,6 +183,10 @@ class LogTableReader:
         self._db, self._tables, self._broken = db, tables, False
         self.stats.connected = True
         log.info("reconnected to %s", self.config.redacted_dsn())
+
+    def _open(self) -> LogDatabase:
+        return open_database(self.config.dsn,
+                             server_timeout_s=self.config.server_timeout_ms / 1000)
 
     def _poll(self) -> SourceBatch:
         db = self._require()
