@@ -74,24 +74,26 @@ class MadeDirectories:
             raise ConfigError(key, f"cannot create {target}: "
                                    f"{cannot_create(target) or 'not a directory'}")
 
-    def remove(self) -> list[str]:
+    def remove(self, *, only_empty: bool = False) -> list[str]:
         """Remove the directories :meth:`make` made, innermost first: a leaf with what
         is in it (this start's files: it did not exist before), a parent only if it is
-        empty; returns the removed paths."""
+        empty; with *only_empty*, a leaf too only if empty (a run that planned a batch
+        wrote what a restart needs). Returns the removed paths."""
         removed: list[str] = []
         made, self._made = self._made, []
         for path, leaf in reversed(made):
             try:
-                if leaf:
+                if leaf and not only_empty:
                     shutil.rmtree(path)
                 else:
                     os.rmdir(path)
             except FileNotFoundError:
                 continue
             except OSError as err:
-                if not leaf and err.errno in (errno.ENOTEMPTY, errno.EEXIST):
-                    log.info("kept %s, which the failed start made: something else was "
-                             "written in it since", path)
+                if (only_empty or not leaf) and err.errno in (errno.ENOTEMPTY, errno.EEXIST):
+                    if not only_empty:
+                        log.info("kept %s, which the failed start made: something else "
+                                 "was written in it since", path)
                     continue
                 # The start's own failure is what the user must see.
                 log.warning("could not remove %s, which the failed start made: %s",

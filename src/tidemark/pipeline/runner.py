@@ -212,6 +212,8 @@ class Pipeline(BatchApply):
         the slot (the batch replays from it)."""
         undo, self._undo_start = self._undo_start, None
         if self._batches_applied or planned_a_batch(self.config.checkpoint):
+            # An empty directory this start made (a lost target's) is no one's state.
+            self._made.remove(only_empty=True)
             return
         if undo is not None:
             try:
