@@ -162,18 +162,21 @@ class SourceUnderTest:
         NULLs, a row of NULLs updated to values, a delete."""
         assert self.types is not None
         row = self.types.row
+        # The rows of values (keys from 1) stay to the end, compared; a copy of them
+        # (keys from 11) is updated to NULLs and deleted.
         if "%s" in row:  # one row per numeric of the test's choice
             numerics = ("12345678901234567890.123456789", "-0.5", "0")
-            rows = [row % (key, n) for key, n in enumerate(numerics, start=1)]
-        else:  # two rows of its own, keys (1, 2) and (3, 4)
-            rows = [row % (1, 2), row % (3, 4)]
+            rows = [row % (key + base, n) for base in (0, 10)
+                    for key, n in enumerate(numerics, start=1)]
+        else:  # two rows of its own, keys (1, 2) and (11, 12)
+            rows = [row % (1, 2), row % (11, 12)]
         non_key = [c.name for c in self.columns]
         return [
             [f"INSERT INTO mx VALUES {text}" for text in rows],
             [self.insert(9, nulls=True)],
-            [self.update(1, **{name: None for name in non_key}),
-             self.copy_row(2, 9, non_key)],
-            ["DELETE FROM mx WHERE id = 3"],
+            [self.update(11, **{name: None for name in non_key}),
+             self.copy_row(1, 9, non_key)],
+            ["DELETE FROM mx WHERE id = 12"],
         ]
 
     def copy_row(self, source: int, target: int, names: list[str]) -> str:

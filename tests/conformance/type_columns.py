@@ -32,6 +32,8 @@ _TSZ = pa.timestamp("us", tz="UTC")
 #: JSON readers take the unit from the envelope's schema, or without one from these.
 _MS = pa.time32("ms")
 _TS_MS = pa.timestamp("ms")
+#: A time that is a duration (MariaDB's TIME) in microseconds, as its envelope has it.
+_DURATION = pa.int64()
 #: PostgreSQL's money is Debezium's decimal of scale 2 (bytes in precise mode).
 _MONEY = pa.decimal128(38, 2)
 
@@ -47,8 +49,11 @@ ARROW: dict[int, dict[str, pa.DataType]] = {
         "t": _US, "n": pa.decimal128(10, 3), "by": pa.binary(), "ai": pa.list_(pa.int32()),
         "ts": _TS, "tst": _TSZ, "d": pa.date32(), "b": pa.bool_()},
     id(MARIADB_TYPES): {
-        "t0": _US, "t3": _US, "t6": _US, "d": pa.date32(), "dt": _TS_MS, "dt3": _TS_MS, "dt6": _TS,
+        # MariaDB's TIME is a duration (signed, up to 838 h): Debezium's MicroTime.
+        "t0": _DURATION, "t3": _DURATION, "t6": _DURATION, "d": pa.date32(), "dt": _TS_MS,
+        "dt3": _TS_MS, "dt6": _TS,
         "ts": _TSZ, "ts6": _TSZ, "y": pa.int32(), "b1": pa.bool_(), "b10": pa.binary(),
+        "u": pa.decimal128(20, 0),
         "n": pa.decimal128(10, 3), "n0": pa.decimal128(30, 0), "bl": pa.binary(),
         "vb": pa.binary(), "f": pa.float32(), "dd": pa.float64(), "ti": pa.int16(),
         "mi": pa.int32()},
@@ -63,6 +68,62 @@ ARROW: dict[int, dict[str, pa.DataType]] = {
 AS_TEXT = {"interval"}
 
 
+#: Columns an Arrow batch carries as their number's text (decimals without a declared
+#: precision: :func:`tidemark.serde.arrow_changes.arrow_type`), read back as decimals.
+NUMERIC_TEXT: dict[int, set[str]] = {
+    id(POSTGRES_TYPES): {"nn"}, id(POSTGRES_LOGTABLE_TYPES): {"nn"},
+    id(SQLITE_LOGTABLE_TYPES): {"n"}, id(MARIADB_TYPES): set()}
+
+
+def from_text(row: dict[str, Any], schema: pa.Schema, types: TypeList | None) -> dict[
+        str, Any]:
+    """*row* with the values a Spark row or a Delta table carries as text read as
+    *schema* types them: the numbers of :data:`NUMERIC_TEXT` (Spark's decimals need a
+    declared precision), and SQLite's DATE and DECIMAL (a storage class of text or
+    real: their declared type is a name, the Spark type string)."""
+    numeric = NUMERIC_TEXT[id(types)] if types is not None else set()
+    out = dict(row)
+    for name, value in row.items():
+        if isinstance(value, str) and name in schema.names:
+            arrow = schema.field(name).type
+            try:
+                if name in numeric or pa.types.is_decimal(arrow):
+                    out[name] = Decimal(value)
+                elif pa.types.is_date32(arrow):
+                    out[name] = dt.date.fromisoformat(value)
+            except (ArithmeticError, ValueError):
+                pass  # a type's own text (money's '$12.34'): normal() reads it
+    return out
+
+
+#: BIT(n > 1) columns: Debezium's Bits are the bits' bytes little-endian, the
+#: driver's big-endian.
+BITS: dict[int, set[str]] = {id(MARIADB_TYPES): {"b10"}}
+
+
+def from_debezium(row: dict[str, Any], types: TypeList | None) -> dict[str, Any]:
+    """*row*, decoded from a Debezium envelope, with its Bits in the driver's order."""
+    bits = BITS.get(id(types), set())
+    return {n: v[::-1] if n in bits and isinstance(v, bytes) else v for n, v in row.items()}
+
+
+def from_batch(batch: pa.RecordBatch, schema: pa.Schema, types: TypeList | None) -> list[
+        dict[str, Any]]:
+    """An Arrow batch's rows (the engine's arrow converter) as the JSON readers read the
+    same change: a time column that is a duration as its microseconds, a column the
+    batch carries as text read as *schema* types it (:func:`from_text`)."""
+    columns = {}
+    for field in batch.schema:
+        column = batch.column(field.name)
+        want = schema.field(field.name).type if field.name in schema.names else None
+        if pa.types.is_time64(field.type) and want == _DURATION:
+            column = column.cast(_DURATION)
+        columns[field.name] = column.to_pylist()
+    return [from_debezium(from_text(dict(zip(columns, values, strict=True)), schema, types),
+                          types)
+            for values in zip(*columns.values(), strict=True)]
+
+
 def arrow_types(types: TypeList) -> dict[str, pa.DataType]:
     """Every non-key column of *types* with its Arrow type."""
     known = ARROW[id(types)]
@@ -74,6 +135,8 @@ def typed(value: Any, arrow: pa.DataType) -> Any:
     storage class: 1 for a BOOLEAN, a float for a DECIMAL, text for a DATE)."""
     if pa.types.is_boolean(arrow) and isinstance(value, int):
         return bool(value)
+    if pa.types.is_boolean(arrow) and isinstance(value, bytes):
+        return any(value)  # MariaDB's BIT(1): Debezium's boolean
     if isinstance(value, float) and (pa.types.is_decimal(arrow) or pa.types.is_string(arrow)):
         return Decimal(repr(value))
     if pa.types.is_date32(arrow) and isinstance(value, str):
