@@ -24,7 +24,7 @@ from typing import Any
 import pyarrow as pa
 
 from conformance.sources import Rows, SourceUnderTest, canon_rows
-from conformance.type_columns import from_batch, from_debezium, from_text
+from conformance.type_columns import from_batch, from_debezium, from_text, time_millis
 from tidemark.lake.debezium_input import PLACEHOLDER, changes_from_debezium_json
 
 ChangeRow = dict[str, Any]
@@ -56,6 +56,7 @@ def from_json_values(values: list[Any], source: SourceUnderTest) -> list[ChangeR
         envelope = json.loads(value) if isinstance(value, (str, bytes)) else value
         if not isinstance(envelope, dict):
             continue
+        time_millis(envelope, source.arrow_schema())
         # Replayed in delivery order (a key's changes come in order on every source):
         # an order for the decoder where the source block has none (log tables).
         if not (envelope.get("transaction") or {}).get("commit_lsn"):

@@ -53,7 +53,7 @@ ARROW: dict[int, dict[str, pa.DataType]] = {
         "t0": _DURATION, "t3": _DURATION, "t6": _DURATION, "d": pa.date32(), "dt": _TS_MS,
         "dt3": _TS_MS, "dt6": _TS,
         "ts": _TSZ, "ts6": _TSZ, "y": pa.int32(), "b1": pa.bool_(), "b10": pa.binary(),
-        "u": pa.decimal128(20, 0),
+        "u": pa.int64(),
         "n": pa.decimal128(10, 3), "n0": pa.decimal128(30, 0), "bl": pa.binary(),
         "vb": pa.binary(), "f": pa.float32(), "dd": pa.float64(), "ti": pa.int16(),
         "mi": pa.int32()},
@@ -80,9 +80,9 @@ def from_text(row: dict[str, Any], schema: pa.Schema, types: TypeList | None) ->
     """*row* with the values a Spark row or a Delta table carries as text read as
     *schema* types them: the numbers of :data:`NUMERIC_TEXT` (Spark's decimals need a
     declared precision), and SQLite's DATE and DECIMAL (a storage class of text or
-    real: their declared type is a name, the Spark type string)."""
+    real: their declared type is a name, the Spark type string); Bits as :func:`from_debezium`."""
     numeric = NUMERIC_TEXT[id(types)] if types is not None else set()
-    out = dict(row)
+    out = from_debezium(row, types)
     for name, value in row.items():
         if isinstance(value, str) and name in schema.names:
             arrow = schema.field(name).type
@@ -107,6 +107,20 @@ def from_debezium(row: dict[str, Any], types: TypeList | None) -> dict[str, Any]
     return {n: v[::-1] if n in bits and isinstance(v, bytes) else v for n, v in row.items()}
 
 
+def time_millis(envelope: dict[str, Any], schema: pa.Schema) -> None:
+    """Scale to microseconds, in place, the duration columns (:data:`_DURATION`) whose
+    envelope schema says ``io.debezium.time.Time``: milliseconds, Debezium's adaptive
+    mode for a TIME of precision 0-3."""
+    for part in (envelope.get("schema") or {}).get("fields") or ():
+        row = (envelope.get("payload") or envelope).get(part.get("field"))
+        for field in part.get("fields") or ():
+            name = field.get("field")
+            if field.get("name") == "io.debezium.time.Time" and isinstance(row, dict) \
+                    and name in schema.names and schema.field(name).type == _DURATION \
+                    and isinstance(row.get(name), int):
+                row[name] *= 1000
+
+
 def from_batch(batch: pa.RecordBatch, schema: pa.Schema, types: TypeList | None) -> list[
         dict[str, Any]]:
     """An Arrow batch's rows (the engine's arrow converter) as the JSON readers read the
@@ -119,8 +133,7 @@ def from_batch(batch: pa.RecordBatch, schema: pa.Schema, types: TypeList | None)
         if pa.types.is_time64(field.type) and want == _DURATION:
             column = column.cast(_DURATION)
         columns[field.name] = column.to_pylist()
-    return [from_debezium(from_text(dict(zip(columns, values, strict=True)), schema, types),
-                          types)
+    return [from_text(dict(zip(columns, values, strict=True)), schema, types)
             for values in zip(*columns.values(), strict=True)]
 
 
@@ -137,6 +150,8 @@ def typed(value: Any, arrow: pa.DataType) -> Any:
         return bool(value)
     if pa.types.is_boolean(arrow) and isinstance(value, bytes):
         return any(value)  # MariaDB's BIT(1): Debezium's boolean
+    if pa.types.is_int64(arrow) and isinstance(value, int) and value >= 2**63:
+        return value - 2**64  # BIGINT UNSIGNED: int64, wrapped (Debezium's long mode)
     if isinstance(value, float) and (pa.types.is_decimal(arrow) or pa.types.is_string(arrow)):
         return Decimal(repr(value))
     if pa.types.is_date32(arrow) and isinstance(value, str):
