@@ -24,6 +24,7 @@ from typing import Any
 import pyarrow as pa
 
 from conformance.sources import Rows, SourceUnderTest, canon_rows
+from conformance.type_columns import from_batch, from_debezium, from_text, time_millis
 from tidemark.lake.debezium_input import PLACEHOLDER, changes_from_debezium_json
 
 ChangeRow = dict[str, Any]
@@ -55,6 +56,7 @@ def from_json_values(values: list[Any], source: SourceUnderTest) -> list[ChangeR
         envelope = json.loads(value) if isinstance(value, (str, bytes)) else value
         if not isinstance(envelope, dict):
             continue
+        time_millis(envelope, source.arrow_schema())
         # Replayed in delivery order (a key's changes come in order on every source):
         # an order for the decoder where the source block has none (log tables).
         if not (envelope.get("transaction") or {}).get("commit_lsn"):
@@ -62,7 +64,9 @@ def from_json_values(values: list[Any], source: SourceUnderTest) -> list[ChangeR
         envelopes.append(envelope)
     if not envelopes:
         return []
-    return list(changes_from_debezium_json(envelopes, source.arrow_schema()).to_pylist())
+    types = source.types if source.typed else None
+    return [from_debezium(row, types) for row in
+            changes_from_debezium_json(envelopes, source.arrow_schema()).to_pylist()]
 
 
 class Running:
@@ -260,7 +264,9 @@ def _decode(records: list[tuple[Any, ...]], converter: str,
     values = [(r[1], r[2]) for r in records if r[1] is not None]
     if converter == "arrow":
         assert all(isinstance(value, pa.RecordBatch) for value, _ in values)
-        return [row for value, _ in values for row in value.to_pylist()]
+        schema = source.arrow_schema()
+        return [row for value, _ in values
+                for row in from_batch(value, schema, source.types if source.typed else None)]
     if converter == "json":
         decoded = [value for value, _ in values]
     else:
@@ -301,7 +307,10 @@ class _SparkRunning(Running):
                                **self.source.spark_options())
 
         def collect(frame: Any, _batch: int) -> None:
-            self.collected += [row.asDict() for row in frame.collect()]
+            types = self.source.types if self.source.typed else None
+            schema = self.source.arrow_schema()
+            self.collected += [from_text(row.asDict(), schema, types)
+                               for row in frame.collect()]
 
         query = (stream.writeStream.option("checkpointLocation", str(self.where / "chk"))
                  .foreachBatch(collect).trigger(availableNow=True).start())
@@ -394,7 +403,10 @@ class PipelineRunning(Running):
         found = delta_rows(str(self.lake), names)
         keys = [r[0] for r in found]
         assert len(keys) == len(set(keys)), f"rows twice in Delta: {sorted(keys)}"
-        return canon_rows({r[0]: dict(zip(names, r, strict=True)) for r in found})
+        types = self.source.types if self.source.typed else None
+        schema = self.source.arrow_schema()
+        return canon_rows({r[0]: from_text(dict(zip(names, r, strict=True)), schema, types)
+                           for r in found})
 
 
 class PipelineRuntime(Runtime):

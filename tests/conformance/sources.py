@@ -21,6 +21,7 @@ import pyarrow as pa
 import pytest
 
 from conformance.debezium_cells import DebeziumCase, mariadb_case, postgres_case
+from conformance.type_columns import AS_TEXT, arrow_types, normal, typed
 from logtable_helpers import LogDb
 from tidemark.testing.postgres import sql_connection
 from type_lists import (
@@ -37,14 +38,14 @@ Statement = tuple[str, Sequence[Any]]
 
 def canon(value: Any) -> Any:
     """One Python value for what runtimes carry in different shapes: bytes of any kind,
-    aware timestamps as naive UTC, decimals without trailing zeros."""
+    aware timestamps as naive UTC, and :func:`conformance.type_columns.normal`'s forms
+    (decimals without trailing zeros, times as microseconds, UUIDs as text, JSON
+    text as its value, lists element by element)."""
     if isinstance(value, (bytearray, memoryview)):
         return bytes(value)
     if isinstance(value, dt.datetime) and value.tzinfo is not None:
         return value.astimezone(dt.UTC).replace(tzinfo=None)
-    if isinstance(value, Decimal):
-        return value.normalize()
-    return value
+    return normal(value)
 
 
 def canon_rows(rows: Rows) -> Rows:
@@ -107,6 +108,8 @@ class SourceUnderTest:
     refused_run: tuple[str, str] = ('slot = "other"', "slot")
     """A ``[source]`` line of ``pipeline.toml`` this source does not take, and what its
     refusal says."""
+    typed: bool = False
+    """The table has every type of :attr:`types` (:meth:`use_types`)."""
 
     def engine_cells(self) -> bool:
         """The engine's converters write this source's non-key columns as ScyllaDB's
@@ -137,8 +140,50 @@ class SourceUnderTest:
         return "id integer PRIMARY KEY"
 
     def create(self) -> None:
+        if self.typed:
+            assert self.types is not None
+            self.execute(*self.types.prelude, f"CREATE TABLE mx ({self.types.columns})")
+            return
         cols = ", ".join(f"{c.name} {c.sql}" for c in self.columns)
         self.execute(f"CREATE TABLE mx ({self.key_sql()}, {cols})")
+
+    def use_types(self) -> None:
+        """Make the matrix table of every type of :attr:`types` instead (the ``types``
+        check): its columns typed for the runtimes' readers (:mod:`conformance.
+        type_columns`)."""
+        assert self.types is not None
+        self.typed = True
+        self.columns = tuple(Column(name, "", arrow, lambda _i: None)
+                             for name, arrow in arrow_types(self.types).items())
+
+    def types_workload(self) -> list[list[Statement | str]]:
+        """The ``types`` check's changes: rows of every type's values (edge values, and
+        in MariaDB's second row NULLs and zeros), a row of NULLs, a row updated to
+        NULLs, a row of NULLs updated to values, a delete."""
+        assert self.types is not None
+        row = self.types.row
+        # The rows of values (keys from 1) stay to the end, compared; a copy of them
+        # (keys from 11) is updated to NULLs and deleted.
+        if "%s" in row:  # one row per numeric of the test's choice
+            numerics = ("12345678901234567890.123456789", "-0.5", "0")
+            rows = [row % (key + base, n) for base in (0, 10)
+                    for key, n in enumerate(numerics, start=1)]
+        else:  # two rows of its own, keys (1, 2) and (11, 12)
+            rows = [row % (1, 2), row % (11, 12)]
+        non_key = [c.name for c in self.columns]
+        return [
+            [f"INSERT INTO mx VALUES {text}" for text in rows],
+            [self.insert(9, nulls=True)],
+            [self.update(11, **{name: None for name in non_key}),
+             self.copy_row(1, 9, non_key)],
+            ["DELETE FROM mx WHERE id = 12"],
+        ]
+
+    def copy_row(self, source: int, target: int, names: list[str]) -> str:
+        """An UPDATE giving row *target* row *source*'s values of *names*."""
+        listed = ", ".join(names)
+        return (f"UPDATE mx SET ({listed}) = (SELECT {listed} FROM mx WHERE id = "
+                f"{int(source)}) WHERE id = {int(target)}")
 
     def restart_server(self) -> None:
         raise NotImplementedError
@@ -150,8 +195,21 @@ class SourceUnderTest:
 
     def rows(self) -> Rows:
         """The table's rows now, by key, canonical (:func:`canon`)."""
-        found = self.query(f"SELECT {', '.join(self.names)} FROM mx")
+        found = self.query(f"SELECT {', '.join(self.selected())} FROM mx")
+        if self.typed:
+            arrows = [pa.int64(), *(c.arrow for c in self.columns)]
+            found = [tuple(typed(v, a) for v, a in zip(r, arrows, strict=True))
+                     for r in found]
         return canon_rows({r[0]: dict(zip(self.names, r, strict=True)) for r in found})
+
+    def selected(self) -> list[str]:
+        """What :meth:`rows` selects: the columns, a type in :data:`AS_TEXT` as text."""
+        if not self.typed:
+            return self.names
+        assert self.types is not None
+        text = {d.split()[0] for d in self.types.columns.split(", ")
+                if len(d.split()) > 1 and d.split()[1] in AS_TEXT}
+        return [f"{n}::text" if n in text else n for n in self.names]
 
     def arrow_schema(self) -> pa.Schema:
         return pa.schema([pa.field("id", pa.int64()),
@@ -223,6 +281,7 @@ class _Postgres(SourceUnderTest):
     def connect(self) -> Any:
         conn = sql_connection(self.dsn)
         conn.autocommit = True
+        conn.execute("SET IntervalStyle = iso_8601")  # an interval's text: ISO 8601
         return conn
 
     def restart_server(self) -> None:
@@ -326,6 +385,12 @@ class MariaDbSource(SourceUnderTest):
     def batch_settings(self) -> dict[str, Any]:
         return {"max_batch_events": 50, "max_transaction_rows_in_memory": 50}
 
+    def copy_row(self, source: int, target: int, names: list[str]) -> str:
+        # MariaDB has no row-valued SET; a self-join does it.
+        sets = ", ".join(f"a.{name} = b.{name}" for name in names)
+        return (f"UPDATE mx a JOIN mx b ON b.id = {int(source)} SET {sets} "
+                f"WHERE a.id = {int(target)}")
+
     def debezium(self) -> DebeziumCase | None:
         return mariadb_case(self.extra["mdb"].server, self.extra["mdb"].name)
 
@@ -339,8 +404,10 @@ _SQLITE_SQL = {"t": "text", "f": "real", "bin": "blob"}
 SOURCES = ("postgres", "mariadb", "postgres-logtable", "sqlite-logtable")
 
 
-def make_source(name: str, request: pytest.FixtureRequest, tmp_path: Path) -> SourceUnderTest:
-    """The matrix table on source *name* (its table made, nothing else yet)."""
+def make_source(name: str, request: pytest.FixtureRequest, tmp_path: Path, *,
+                typed: bool = False) -> SourceUnderTest:
+    """The matrix table on source *name* (its table made, nothing else yet); *typed*:
+    the table of every type of the source's list (:meth:`SourceUnderTest.use_types`)."""
     source: SourceUnderTest
     if name == "mariadb":
         mdb = request.getfixturevalue("mdb")
@@ -369,5 +436,7 @@ def make_source(name: str, request: pytest.FixtureRequest, tmp_path: Path) -> So
         source = kind(name, db.dsn, _typed(_PG_SQL, COMMON + TYPED),
                       types=POSTGRES_TYPES if name == "postgres" else POSTGRES_LOGTABLE_TYPES,
                       extra={"cluster": db.cluster, "slot": f"mx_{db.name}"}, **refusals)
+    if typed:
+        source.use_types()
     source.create()
     return source
