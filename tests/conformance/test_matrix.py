@@ -131,12 +131,6 @@ def _difference(got: Any, expected: Any) -> Any:
 #: Cells that fail today, by (source, runtime, check) ("*": every check), with why: each
 #: an xfail(strict=True), so a fix turns the cell red until its entry is removed.
 KNOWN_FAILURES: dict[tuple[str, str, str], str] = {
-    ("mariadb", "engine-avro", "types"): (
-        "tidemark.changes_from_debezium_json (lake/debezium_input.py, _decimal_decoder) "
-        "raises DebeziumInputError on DECIMAL(30,0) 123456789012345678901234567890 given "
-        "as a Decimal (an Avro record's fastavro decode): number.quantize() runs in "
-        "Python's default 28-digit context (decimal.InvalidOperation); any decimal of "
-        "more than 28 digits is affected"),
     ("mariadb", "engine-json", "types"): (
         "the engine's Debezium JSON converter writes MariaDB TIME(0)/TIME(3) in "
         "milliseconds (io.debezium.time.Time: DebeziumJsonOptions' time_precision_mode "

@@ -186,6 +186,24 @@ def test_decimal_handling_modes(mode: str, value: object, expected: str) -> None
     assert row["price"] == decimal.Decimal(expected)
 
 
+_WIDE_VALUE = 123456789012345678901234567890123  # 33 digits: more than Python's default 28
+
+
+@pytest.mark.parametrize(("mode", "value"), [
+    ("precise", base64.b64encode(_WIDE_VALUE.to_bytes(16, "big", signed=True)).decode()),
+    ("string", "1234567890123456789012345678901.23"),
+    ("precise", decimal.Decimal("1234567890123456789012345678901.23")),  # decoded Avro
+])
+def test_decimals_wider_than_python_s_default_precision_keep_every_digit(
+        mode: str, value: object) -> None:
+    schema = pa.schema([pa.field("id", pa.int32()), pa.field("d", pa.decimal128(38, 2))])
+    event = _envelope("c", None, {"id": 1, "d": value}, 1)
+    # A decoded Avro record carries a Decimal: handed on as a dict, not as JSON text.
+    changes = [event if isinstance(value, decimal.Decimal) else json.dumps(event)]
+    row = changes_from_debezium_json(changes, schema, decimal_handling_mode=mode).to_pylist()[0]
+    assert row["d"] == decimal.Decimal("1234567890123456789012345678901.23")
+
+
 def test_the_envelope_schema_says_which_decimals_are_text() -> None:
     schema = pa.schema([pa.field("id", pa.int32()), pa.field("price", pa.decimal128(12, 2)),
                         pa.field("cost", pa.decimal128(12, 2))])

@@ -110,8 +110,13 @@ def _parse_clock(text: str, per_unit: int) -> int:
     return micros * per_unit // 1_000_000
 
 
+#: Wide enough for any Arrow decimal (76 digits) with room to spare: the default context's
+#: 28 digits made quantize() fail on a DECIMAL(30, 0) value (and scaleb() round it).
+_WIDE = decimal.Context(prec=160)
+
+
 def _decimal_decoder(scale: int, text_is_base64: bool) -> Decoder:
-    quantum = decimal.Decimal(1).scaleb(-scale)
+    quantum = decimal.Decimal(1).scaleb(-scale, _WIDE)
 
     def decode(value: Any) -> decimal.Decimal | None:
         if isinstance(value, str):
@@ -120,19 +125,19 @@ def _decimal_decoder(scale: int, text_is_base64: bool) -> Decoder:
                 try:  # base64 of the unscaled value (decimal.handling.mode=precise)
                     raw = base64.b64decode(value, validate=True)
                     return decimal.Decimal(int.from_bytes(raw, "big", signed=True)).scaleb(
-                        -scale)
+                        -scale, _WIDE)
                 except ValueError:
                     pass  # not base64 at all: read it as a number
             number = decimal.Decimal(value)
         elif isinstance(value, dict):  # VariableScaleDecimal
             raw = base64.b64decode(value["value"])
             number = decimal.Decimal(int.from_bytes(raw, "big", signed=True)).scaleb(
-                -int(value["scale"]))
+                -int(value["scale"]), _WIDE)
         else:
             number = decimal.Decimal(str(value))  # double mode
         if not number.is_finite():
             return None
-        return number.quantize(quantum)
+        return number.quantize(quantum, context=_WIDE)
 
     return decode
 
