@@ -131,13 +131,6 @@ def _difference(got: Any, expected: Any) -> Any:
 #: Cells that fail today, by (source, runtime, check) ("*": every check), with why: each
 #: an xfail(strict=True), so a fix turns the cell red until its entry is removed.
 KNOWN_FAILURES: dict[tuple[str, str, str], str] = {
-    ("mariadb", "engine-json", "types"): (
-        "the engine's Debezium JSON converter writes MariaDB TIME(0)/TIME(3) in "
-        "milliseconds (io.debezium.time.Time: DebeziumJsonOptions' time_precision_mode "
-        "default ADAPTIVE, not the MariaDB source's documented adaptive_time_microseconds "
-        "that tidemark capture and the engine's Arrow converter follow), in an envelope "
-        "without a schema to tell: '-01:02:03' arrives as -3723000, '838:59:59.5' as "
-        "3020399500, read as MicroTime a thousand times too small"),
 }
 
 

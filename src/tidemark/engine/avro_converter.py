@@ -15,6 +15,7 @@ from tidemark.engine.records import Routed, as_change_record
 from tidemark.event import ChangeEvent, Op
 from tidemark.serde.avro import AvroEncoder
 from tidemark.serde.debezium_json import DebeziumJsonOptions
+from tidemark.serde.modes import TimePrecisionMode
 
 log = logging.getLogger(__name__)
 
@@ -36,8 +37,8 @@ class AvroConverter:
         self._per_thread = PerThread(self.options)
         self._avro = threading.local()
 
-    def for_source(self, source: str, cells_by_default: bool, *,
-                   flattens: bool) -> AvroConverter:
+    def for_source(self, source: str, cells_by_default: bool, *, flattens: bool,
+                   time_precision_mode: TimePrecisionMode | None = None) -> AvroConverter:
         """This converter with the source's default where its options leave it (a copy;
         ``self`` when nothing is left): cells on a log table. Warns once, here, of what
         a log table's unchanged columns lose in Avro: with ``cells=False`` set
@@ -57,7 +58,7 @@ class AvroConverter:
                         "ExtractNewRecordState to keep the cells, or flatten with "
                         "DebeziumJsonConverter (leaves the column out of the row) or "
                         "ArrowConverter (names it in _unavailable)", source, LOSSY_KINDS)
-        options = self.options.for_source(cells_by_default)
+        options = self.options.for_source(cells_by_default, time_precision_mode)
         if options is self.options:
             return self
         resolved = copy.copy(self)

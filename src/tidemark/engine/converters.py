@@ -35,8 +35,9 @@ from tidemark.serde.debezium_json import (
     EventRenderer,
 )
 from tidemark.serde.json_lines import JsonLines, lines_of_events
+from tidemark.serde.modes import TimePrecisionMode
 from tidemark.serde.rendered import RenderedEvent
-from tidemark.source.spi import SourceConnector, cells_by_default
+from tidemark.source.spi import SourceConnector, cells_by_default, source_time_precision_mode
 
 __all__ = ["ConvertedBatch", "ConvertedRecord", "Converter", "DebeziumJsonConverter",
            "EventConverter", "PerThread", "RenderedRecord", "converter_for_source",
@@ -126,15 +127,17 @@ def converter_for_source(converter: Converter, connector: SourceConnector,
                          transforms: Sequence[Transform]) -> Converter:
     """*converter* with what its options leave to the source resolved for *connector*
     (cells on log tables, :func:`~tidemark.source.spi.cells_by_default`), through its
-    optional ``for_source(source, cells_by_default, flattens=…)`` (*flattens*: one of
-    *transforms* is ExtractNewRecordState; a converter without the method is used as it
-    is). Called once, as the engine is made: nothing of it is left to do per record."""
+    optional ``for_source(source, cells_by_default, flattens=…, time_precision_mode=…)``
+    (*flattens*: one of *transforms* is ExtractNewRecordState; *time_precision_mode*: the
+    connector's, or None; a converter without the method is used as it is). Called once,
+    as the engine is made: nothing of it is left to do per record."""
     for_source = getattr(converter, "for_source", None)
     if for_source is None:
         return converter
     flattens = any(isinstance(t, ExtractNewRecordState) for t in transforms)
     resolved: Converter = for_source(connector.name, cells_by_default(connector),
-                                     flattens=flattens)
+                                     flattens=flattens,
+                                     time_precision_mode=source_time_precision_mode(connector))
     return resolved
 
 
@@ -153,13 +156,14 @@ class DebeziumJsonConverter:
         self._per_thread = PerThread(self.options)
         self._encoder = msgspec.json.Encoder()
 
-    def for_source(self, source: str, cells_by_default: bool, *,
-                   flattens: bool) -> DebeziumJsonConverter:
+    def for_source(self, source: str, cells_by_default: bool, *, flattens: bool,
+                   time_precision_mode: TimePrecisionMode | None = None
+                   ) -> DebeziumJsonConverter:
         """This converter with the source's default where its options leave it (a copy;
         ``self`` when nothing is left): cells on a log table. Without cells an
         unchanged column is Debezium's placeholder text, also in a column of another
         type (schema-invalid there, but never taken for NULL)."""
-        options = self.options.for_source(cells_by_default)
+        options = self.options.for_source(cells_by_default, time_precision_mode)
         if options is self.options:
             return self
         resolved = copy.copy(self)

@@ -92,12 +92,21 @@ class DebeziumJsonOptions(msgspec.Struct, frozen=True, kw_only=True):
     log tables, whose updates leave columns unset, plain values elsewhere); read
     unresolved, None writes plain values."""
 
-    def for_source(self, cells_by_default: bool) -> DebeziumJsonOptions:
+    def for_source(self, cells_by_default: bool,
+                   time_precision_mode: TimePrecisionMode | None = None) -> DebeziumJsonOptions:
         """These options with the source's default where they left it to the source
-        (``self`` when nothing was left)."""
-        if self.cells is not None:
-            return self
-        return msgspec.structs.replace(self, cells=cells_by_default)
+        (``self`` when nothing was left): cells, and the source's *time_precision_mode*
+        where these options keep the default (the mode is a connector setting in
+        Debezium: a MariaDB connector's ``adaptive_time_microseconds`` holds for every
+        converter of its events)."""
+        changes: dict[str, Any] = {}
+        if self.cells is None:
+            changes["cells"] = cells_by_default
+        if (time_precision_mode is not None
+                and self.time_precision_mode is TimePrecisionMode.ADAPTIVE
+                and time_precision_mode is not TimePrecisionMode.ADAPTIVE):
+            changes["time_precision_mode"] = time_precision_mode
+        return msgspec.structs.replace(self, **changes) if changes else self
 
 
 def column_mapping(column: Column, options: DebeziumJsonOptions) -> _Mapping:

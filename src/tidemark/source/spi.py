@@ -15,6 +15,7 @@ from typing import Any, Protocol, runtime_checkable
 
 from tidemark.offsets.store import Offset, OffsetReader, OffsetStore
 from tidemark.serde.debezium_json import DebeziumJsonOptions
+from tidemark.serde.modes import TimePrecisionMode
 from tidemark.source.batch import SourceBatch
 
 TaskConfig = Mapping[str, Any]
@@ -92,6 +93,15 @@ class SourceConnector(Protocol):
     def create_task(self, config: TaskConfig) -> SourceTask:
         """A new, not yet started task for one of :meth:`task_configs`' entries."""
         ...
+
+
+def source_time_precision_mode(connector: SourceConnector) -> TimePrecisionMode | None:
+    """The time precision mode *connector*'s settings chose (its optional
+    ``time_precision_mode`` attribute: MariaDB's ``adaptive_time_microseconds`` unless
+    set, as Debezium's binlog connectors), which a converter left at its default follows;
+    None when the source has no such setting."""
+    mode = getattr(connector, "time_precision_mode", None)
+    return mode if isinstance(mode, TimePrecisionMode) else None
 
 
 def cells_by_default(connector: SourceConnector) -> bool:

@@ -12,6 +12,7 @@ from typing import Any
 
 from tidemark.errors import ConfigError
 from tidemark.offsets.store import Offset, OffsetReader
+from tidemark.serde.modes import TimePrecisionMode
 from tidemark.source.mariadb.config import MariaDbSourceConfig
 from tidemark.source.mariadb.reader import MariaDbReader
 from tidemark.source.reopening_task import ReopeningTask
@@ -46,7 +47,16 @@ class MariaDbConnector:
     def __init__(self, config: Mapping[str, Any], stop_at_end: bool = False) -> None:
         self._base = dict(config)
         self._stop_at_end = stop_at_end
-        MariaDbSourceConfig.from_mapping(self._base)  # fail now, naming the bad key
+        # Fail now, naming the bad key.
+        self._time_precision_mode = MariaDbSourceConfig.from_mapping(
+            self._base).time_precision_mode
+
+    @property
+    def time_precision_mode(self) -> TimePrecisionMode:
+        """The connector's ``time_precision_mode`` (Debezium's MySQL/MariaDB connectors:
+        ``adaptive_time_microseconds`` unless set): converters left at their default
+        follow it (:func:`~tidemark.source.spi.source_time_precision_mode`)."""
+        return self._time_precision_mode
 
     @property
     def name(self) -> str:
