@@ -338,7 +338,10 @@ def test_a_task_whose_thread_is_stuck_in_a_consumer_is_stopped_when_it_comes_bac
                                   polling_shutdown_timeout_ms=0))
     thread = run_in_thread(engine)
     assert stuck.wait(10), "the consumer was never called in the task's thread"
-    with pytest.raises(TaskTimeoutError, match=r"still in poll\(\) or a consumer call"):
+    # Which stage of the stop gives up first depends on the machine's load: either says
+    # the consumer call outlived the stop.
+    with pytest.raises(TaskTimeoutError, match=r"still in poll\(\) or a consumer call|"
+                                               r"its consumer\) did not stop within"):
         engine.close()
     thread.join(10)
     assert engine.state is State.STOPPED
