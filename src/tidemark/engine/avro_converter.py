@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import copy
 import logging
 import threading
 from collections.abc import Sequence
@@ -10,7 +9,7 @@ from typing import Final
 
 import msgspec
 
-from tidemark.engine.converters import ConvertedRecord, PerThread, flat_row
+from tidemark.engine.converters import ConvertedRecord, PerThread, flat_row, with_options
 from tidemark.engine.records import Routed, as_change_record
 from tidemark.event import ChangeEvent, Op
 from tidemark.serde.avro import AvroEncoder
@@ -58,12 +57,8 @@ class AvroConverter:
                         "ExtractNewRecordState to keep the cells, or flatten with "
                         "DebeziumJsonConverter (leaves the column out of the row) or "
                         "ArrowConverter (names it in _unavailable)", source, LOSSY_KINDS)
-        options = self.options.for_source(cells_by_default, time_precision_mode)
-        if options is self.options:
-            return self
-        resolved = copy.copy(self)
-        AvroConverter.__init__(resolved, options)
-        return resolved
+        return with_options(self, self.options.for_source(cells_by_default,
+                                                          time_precision_mode))
 
     def convert(self, records: Sequence[Routed]) -> list[ConvertedRecord]:
         serializer = self._per_thread.json

@@ -12,7 +12,7 @@ from __future__ import annotations
 import copy
 import threading
 from collections.abc import Sequence
-from typing import Any, Protocol
+from typing import Any, Protocol, TypeVar
 
 import msgspec
 
@@ -123,6 +123,25 @@ class PerThread:
 
 
 
+class _OptionsConverter(Protocol):
+    options: DebeziumJsonOptions
+
+    def __init__(self, options: DebeziumJsonOptions | None = None) -> None: ...
+
+
+_Options = TypeVar("_Options", bound=_OptionsConverter)
+
+
+def with_options(converter: _Options, options: DebeziumJsonOptions) -> _Options:
+    """*converter* made anew with *options* (a copy whose per-thread state is fresh), or
+    *converter* itself when they are its own: what ``for_source`` returns."""
+    if options is converter.options:
+        return converter
+    resolved = copy.copy(converter)
+    type(converter).__init__(resolved, options)
+    return resolved
+
+
 def converter_for_source(converter: Converter, connector: SourceConnector,
                          transforms: Sequence[Transform]) -> Converter:
     """*converter* with what its options leave to the source resolved for *connector*
@@ -163,12 +182,8 @@ class DebeziumJsonConverter:
         ``self`` when nothing is left): cells on a log table. Without cells an
         unchanged column is Debezium's placeholder text, also in a column of another
         type (schema-invalid there, but never taken for NULL)."""
-        options = self.options.for_source(cells_by_default, time_precision_mode)
-        if options is self.options:
-            return self
-        resolved = copy.copy(self)
-        DebeziumJsonConverter.__init__(resolved, options)
-        return resolved
+        return with_options(self, self.options.for_source(cells_by_default,
+                                                          time_precision_mode))
 
     @property
     def rendered_options(self) -> DebeziumJsonOptions | None:
