@@ -106,8 +106,34 @@ class Runtime:
         return self.name
 
 
+class _ChildRunning(Running):
+    """A runtime in a process of its own (``process``), writing its output to ``out``."""
+
+    process: subprocess.Popen[bytes]
+    out: Path
+
+    def peak_kib(self) -> int:
+        return _status_kib(self.process.pid, "VmHWM")
+
+    def rss_kib(self) -> int:
+        return _status_kib(self.process.pid, "VmRSS")
+
+    def close(self) -> None:
+        if self.process.poll() is None:
+            self.process.terminate()
+        self.process.wait(60)
+
+    def kill(self) -> None:
+        self.process.kill()
+        self.process.wait(60)
+        # A line the kill cut short is not output: the restart appends after the last
+        # whole one.
+        data = self.out.read_bytes() if self.out.exists() else b""
+        self.out.write_bytes(data[:data.rfind(b"\n") + 1])
+
+
 # -- tidemark capture ---------------------------------------------------------------------
-class _CaptureRunning(Running):
+class _CaptureRunning(_ChildRunning):
     def __init__(self, source: SourceUnderTest, where: Path, args: list[str]) -> None:
         super().__init__(source)
         self.out = where / "capture.jsonl"
@@ -128,23 +154,6 @@ class _CaptureRunning(Running):
     def changes(self) -> list[ChangeRow]:
         return from_json_values([json.loads(line)["value"] for line in self.json_lines()],
                                 self.source)
-
-    def peak_kib(self) -> int:
-        return _status_kib(self.process.pid, "VmHWM")
-
-    def close(self) -> None:
-        if self.process.poll() is None:
-            self.process.terminate()
-        self.process.wait(60)
-
-    def kill(self) -> None:
-        self.process.kill()
-        self.process.wait(60)
-        # A line the kill cut short is not output: the restart appends after the last
-        # whole one.
-        data = self.out.read_bytes()
-        self.out.write_bytes(data[:data.rfind(b"\n") + 1])
-
 
 class CaptureRuntime(Runtime):
     name = "capture"
@@ -169,7 +178,7 @@ def _status_kib(pid: int, field: str) -> int:
     return 0
 
 
-class EngineRunning(Running):
+class EngineRunning(_ChildRunning):
     """The engine in :mod:`conformance.engine_child`, its output in a file."""
 
     def __init__(self, source: SourceUnderTest, where: Path, converter: str,
@@ -212,25 +221,6 @@ class EngineRunning(Running):
         """Records delivered more than once (a change's identity seen before)."""
         identities = [record[0] for record in self.records() if record[1] is not None]
         return len(identities) - len(set(identities))
-
-    def peak_kib(self) -> int:
-        return _status_kib(self.process.pid, "VmHWM")
-
-    def rss_kib(self) -> int:
-        return _status_kib(self.process.pid, "VmRSS")
-
-    def close(self) -> None:
-        if self.process.poll() is None:
-            self.process.terminate()
-        self.process.wait(60)
-
-    def kill(self) -> None:
-        self.process.kill()
-        self.process.wait(60)
-        # A line the kill cut short is not output: the restart appends after the last
-        # whole one.
-        data = self.out.read_bytes() if self.out.exists() else b""
-        self.out.write_bytes(data[:data.rfind(b"\n") + 1])
 
 
 def _b64(value: Any) -> Any:

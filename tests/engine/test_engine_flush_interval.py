@@ -13,6 +13,7 @@ from tidemark.engine.engine import Engine
 from tidemark.offsets.memory import MemoryOffsetStore
 from tidemark.offsets.store import Offset
 from tidemark.source.synthetic import SyntheticConnector
+from waiting import wait_for
 
 MODES = ["batch", "ordered", "async", "per_key"]
 INTERVAL_MS = 250
@@ -48,10 +49,11 @@ def test_offsets_are_saved_at_the_flush_interval_and_once_more_on_close(mode: st
     runner = threading.Thread(target=engine.run)
     started = time.monotonic()
     runner.start()
-    deadline = started + 30
-    while len(store.saves) < 4:  # a few intervals' worth of saves
-        assert time.monotonic() < deadline and runner.is_alive(), "offsets were not saved"
-        time.sleep(0.01)
+    def saved_a_few() -> bool:  # a few intervals' worth of saves
+        assert runner.is_alive(), "the engine stopped before saving offsets"
+        return len(store.saves) >= 4
+
+    wait_for(saved_a_few, 30, "offsets being saved", interval_s=0.01)
     engine.close()
     runner.join(30)
     elapsed = time.monotonic() - started
