@@ -83,7 +83,8 @@ def main() -> None:
     if args.source == "mariadb":
         _mariadb(rows)
         return
-    with PostgresCluster() as cluster, tempfile.TemporaryDirectory() as tmp:
+    with PostgresCluster(durable=True) as cluster, tempfile.TemporaryDirectory() as tmp:
+        print(f"server: PostgreSQL, {cluster.durability}")
         dsn = cluster.create_database("bench")
         with contextlib.closing(sql_connection(dsn)) as conn:
             conn.autocommit = True
@@ -151,8 +152,9 @@ def _mariadb(rows: int) -> None:
     binlog_tool = shutil.which("mariadb-binlog") or shutil.which("mysqlbinlog")
     if binlog_tool is None:
         raise SystemExit("mariadb-binlog not found: install mariadb-client")
-    with MariaDbServer(settings={"max-binlog-size": "1G"}) as server, \
+    with MariaDbServer(durable=True, settings={"max-binlog-size": "1G"}) as server, \
             tempfile.TemporaryDirectory() as tmp:
+        print(f"server: MariaDB, {server.durability}")
         conn = server.connect()
         with contextlib.closing(conn), conn.cursor() as cur:
             cur.execute("CREATE DATABASE bench")

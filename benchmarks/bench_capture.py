@@ -42,7 +42,8 @@ def main() -> None:
     args = parser.parse_args()
 
     bindir = None
-    with PostgresCluster() as cluster:
+    with PostgresCluster(durable=True) as cluster:
+        print(f"server: PostgreSQL, {cluster.durability}")
         bindir = cluster.bindir
         dsn = cluster.create_database("bench")
         workload.create_table(dsn)

@@ -146,7 +146,8 @@ def engine_only(records: int, runs: int) -> None:
 
 
 def end_to_end(transactions: int, runs: int, workers: int) -> None:
-    with PostgresCluster() as cluster:
+    with PostgresCluster(durable=True) as cluster:
+        print(f"server: PostgreSQL, {cluster.durability}")
         dsn = cluster.create_database("bench")
         workload.create_table(dsn)
         with contextlib.closing(sql_connection(dsn)) as conn:

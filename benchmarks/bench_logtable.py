@@ -317,7 +317,8 @@ def main() -> None:
     parser.add_argument("--skip-pipeline", action="store_true")
     args = parser.parse_args()
 
-    with PostgresCluster() as cluster, tempfile.TemporaryDirectory() as tmp:
+    with PostgresCluster(durable=True) as cluster, tempfile.TemporaryDirectory() as tmp:
+        print(f"server: PostgreSQL, {cluster.durability}")
         work = Path(tmp)
         # 1. write cost
         pg_writes = _pg_writes(cluster.create_database("writes"), args.write_rows,

@@ -264,7 +264,9 @@ def main() -> None:
     # contender reads the same server started as "5.5.5-10.x-MariaDB" (what MariaDB
     # itself announces to MySQL clients on the wire).
     announced = mysql_compatible_version(find_binaries()[0])
-    with MariaDbServer(settings={"max-binlog-size": "1G", "version": announced}) as server:
+    with MariaDbServer(durable=True,
+                       settings={"max-binlog-size": "1G", "version": announced}) as server:
+        print(f"server: MariaDB, {server.durability}")
         conn = server.connect()
         with contextlib.closing(conn), conn.cursor() as cur:
             cur.execute("CREATE DATABASE bench")

@@ -65,11 +65,8 @@ from tidemark.spark.options import DEFAULT_ARROW_BATCH_BYTES
 from tidemark.testing.mariadb import MariaDbServer
 from tidemark.testing.postgres import PostgresCluster, sql_connection
 
-#: PostgreSQL's own defaults for what the test clusters turn off.
-_DURABLE_PG = {"fsync": "on", "full_page_writes": "on", "synchronous_commit": "on"}
-#: MariaDB's own defaults for what the test servers change.
-_DEFAULT_MARIADB = {"innodb-flush-log-at-trx-commit": "1", "sync-binlog": "0",
-                    "innodb-buffer-pool-size": "128M", "innodb-log-file-size": "96M"}
+#: MariaDB's own defaults for the memory the test servers give it.
+_DEFAULT_MARIADB_MEMORY = {"innodb-buffer-pool-size": "128M", "innodb-log-file-size": "96M"}
 #: ``... 812M->95M(1024M) 12.3ms``: heap in use before and after, and its size.
 _GC_LINE = re.compile(r"(\d+)M->(\d+)M\((\d+)M\)")
 _READ = 50_000
@@ -376,12 +373,14 @@ def main() -> None:
             _measure(source, args, work)
 
         if args.source == "mariadb":
-            with MariaDbServer(settings=_DEFAULT_MARIADB) as server:
+            with MariaDbServer(durable=True, settings=_DEFAULT_MARIADB_MEMORY) as server:
+                print(f"server: MariaDB, {server.durability}")
                 run(MariaDb(server))
         elif args.source == "logtable-sqlite":
             run(Sqlite(work / "bench.db"))
         else:
-            with PostgresCluster(settings=_DURABLE_PG) as cluster:
+            with PostgresCluster(durable=True) as cluster:
+                print(f"server: PostgreSQL, {cluster.durability}")
                 run(Postgres(cluster, logtable=args.source == "logtable-postgres",
                              repeated=args.values == "repeated"))
 

@@ -71,7 +71,8 @@ def main() -> None:
     parser.add_argument("--keys", type=int, default=10_000)
     parser.add_argument("--runs", type=int, default=5)
     args = parser.parse_args()
-    with PostgresCluster() as cluster, tempfile.TemporaryDirectory() as tmp:
+    with PostgresCluster(durable=True) as cluster, tempfile.TemporaryDirectory() as tmp:
+        print(f"server: PostgreSQL, {cluster.durability}")
         work = Path(tmp)
         results: dict[str, dict[int, tuple[float, float, float]]] = {}
         for keys in (10, args.keys):

@@ -168,7 +168,8 @@ def main() -> None:
     args = parser.parse_args()
     sizes = args.rows or [1_000_000]
     masters = args.master or ["local[1]", "local[2]"]
-    with PostgresCluster() as cluster, tempfile.TemporaryDirectory() as tmp:
+    with PostgresCluster(durable=True) as cluster, tempfile.TemporaryDirectory() as tmp:
+        print(f"server: PostgreSQL, {cluster.durability}")
         for rows in sizes:
             bench = Bench(cluster, rows, Path(tmp))
             contenders = [Contender("COPY t10 TO STDOUT"),

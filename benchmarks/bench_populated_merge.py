@@ -188,9 +188,10 @@ def main() -> None:
     parser.add_argument("--runs", type=int, default=2)
     args = parser.parse_args()
     per_batch = args.transactions * 100
-    with PostgresCluster() as pg, tempfile.TemporaryDirectory() as tmp, \
+    with PostgresCluster(durable=True) as pg, tempfile.TemporaryDirectory() as tmp, \
             SparkStandaloneCluster(Path(tmp) / "spark", workers=2, cores=1,
                                    memory_mb=3072) as spark_cluster:
+        print(f"server: PostgreSQL, {pg.durability}")
         work = Path(tmp)
         dsn = pg.create_database("bench")
         workload.fill_t10(dsn, args.rows, "CREATE PUBLICATION bench FOR TABLE t10")

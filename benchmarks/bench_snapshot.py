@@ -224,7 +224,8 @@ def main() -> None:
                                         args.update_rate))
 
     print(f"load average at start: {' '.join(f'{x:.2f}' for x in os.getloadavg())}")
-    with PostgresCluster() as cluster:
+    with PostgresCluster(durable=True) as cluster:
+        print(f"server: PostgreSQL, {cluster.durability}")
         dsn = cluster.create_database("bench")
         t0 = time.perf_counter()
         _build(dsn, args.rows)

@@ -351,7 +351,8 @@ def main() -> None:
     rates: dict[str, list[float]] = {"capture": []}
     extra: dict[str, list[float]] = {}
     peaks: dict[str, tuple[int, int]] = {}
-    with PostgresCluster() as cluster:
+    with PostgresCluster(durable=True) as cluster:
+        print(f"server: PostgreSQL, {cluster.durability}")
         dsn = cluster.create_database("bench")
         changes = _prepare(dsn, args.transactions)
         for run in range(args.runs):

@@ -153,7 +153,8 @@ def main() -> None:
     parser.add_argument("--seed", type=int, default=1, help="of the signals' moments")
     parser.add_argument("--keep", type=Path, help="work in this directory and keep it")
     args = parser.parse_args()
-    with PostgresCluster() as cluster, contextlib.ExitStack() as stack:
+    with PostgresCluster(durable=True) as cluster, contextlib.ExitStack() as stack:
+        print(f"server: PostgreSQL, {cluster.durability}")
         work = args.keep or Path(stack.enter_context(tempfile.TemporaryDirectory()))
         work.mkdir(parents=True, exist_ok=True)
         dsn = cluster.create_database("stress")

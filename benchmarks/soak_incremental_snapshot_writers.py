@@ -45,7 +45,6 @@ from typing import Any
 from tidemark.testing.postgres import PostgresCluster, sql_connection
 
 SIGNALS = "public.dbz_signal"
-PRODUCTION = {"fsync": "on", "full_page_writes": "on", "synchronous_commit": "on"}
 
 
 def _execute(dsn: str, *statements: str, params: Any = None) -> None:
@@ -198,8 +197,8 @@ def main() -> None:
     parser.add_argument("--production", action="store_true",
                         help="PostgreSQL's durable defaults instead of the test settings")
     args = parser.parse_args()
-    settings = PRODUCTION if args.production else None
-    with tempfile.TemporaryDirectory() as tmp, PostgresCluster(settings=settings) as cluster:
+    with tempfile.TemporaryDirectory() as tmp, \
+            PostgresCluster(durable=args.production) as cluster:
         version = _query(cluster.dsn("postgres"), "SHOW server_version")[0][0]
         print(f"server: PostgreSQL {version}, "
               f"{'production settings' if args.production else 'test settings (fsync off)'}")

@@ -143,7 +143,8 @@ def main() -> None:
     parser.add_argument("--log", type=Path, help="keep tidemark run's output (its batch "
                         "lines) in this file instead of the temporary directory")
     args = parser.parse_args()
-    with PostgresCluster() as cluster, tempfile.TemporaryDirectory() as tmp:
+    with PostgresCluster(durable=True) as cluster, tempfile.TemporaryDirectory() as tmp:
+        print(f"server: PostgreSQL, {cluster.durability}")
         dsn = cluster.create_database("soak")
         workload.fill_t10(dsn, args.rows,
                           "CREATE TABLE probe (id int PRIMARY KEY, at timestamptz)")

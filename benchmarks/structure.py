@@ -7,7 +7,10 @@ Prints, for ``src/tidemark`` (or the tree given with ``--root``):
 - modules importing psycopg2 (``src/``, ``tests/``, ``benchmarks/``, ``scripts/``);
 - imports from a lower layer to a higher one (the layers, top down: cli; pipeline; spark,
   engine, status; source; serde; lake, offsets; the core modules), each listed;
-- modules over 500 lines, each listed.
+- modules over 500 lines, each listed;
+- servers that benchmarks start without saying how durable they are: a
+  ``PostgresCluster(...)`` or ``MariaDbServer(...)`` in ``benchmarks/`` without a
+  ``durable=`` argument (benchmarks run production durability; a soak may choose).
 
 Usage: ``uv run python benchmarks/structure.py [--root PATH] [--list]``
 """
@@ -83,6 +86,17 @@ def imports(tree: ast.AST, module: str) -> list[tuple[int, str]]:
             if name.startswith("tidemark.")]
 
 
+SERVERS = frozenset({"PostgresCluster", "MariaDbServer"})
+
+
+def servers_without_durability(tree: ast.AST) -> list[int]:
+    """Line numbers of server constructions that do not pass ``durable=``."""
+    return [node.lineno for node in ast.walk(tree)
+            if isinstance(node, ast.Call) and isinstance(node.func, ast.Name)
+            and node.func.id in SERVERS
+            and not any(k.arg == "durable" for k in node.keywords)]
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--root", type=Path, default=Path(__file__).parent.parent)
@@ -114,10 +128,14 @@ def main() -> None:
                        and any((a.name if isinstance(n, ast.Import) else n.module or "")
                                .startswith("psycopg2") for a in n.names)
                        for n in ast.walk(ast.parse(p.read_text(encoding="utf-8"))))]
+    undurable = [f"{p.relative_to(args.root)}:{line}"
+                 for p in sorted((args.root / "benchmarks").glob("*.py"))
+                 for line in servers_without_durability(ast.parse(p.read_text(encoding="utf-8")))]
     for title, found in (("comparisons on the source kind outside source/", comparisons),
                          ("modules importing psycopg2", psycopg2),
                          ("imports from a lower layer to a higher one", upward),
-                         (f"modules over {LONG} lines", long)):
+                         (f"modules over {LONG} lines", long),
+                         ("benchmark servers without durable=", undurable)):
         print(f"{title}: {len(found)}")
         if args.list:
             for item in found:

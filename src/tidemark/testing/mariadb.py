@@ -52,6 +52,14 @@ DEFAULT_SETTINGS: Mapping[str, str] = {
     "default-time-zone": "+00:00",
 }
 
+#: MariaDB's own defaults for what :data:`DEFAULT_SETTINGS` changes for speed: the redo
+#: log flushed at every commit (the binlog left to the OS, as MariaDB does by default).
+#: Benchmarks use these (``MariaDbServer(durable=True)``).
+DURABLE_SETTINGS: Mapping[str, str] = {
+    "innodb-flush-log-at-trx-commit": "1",
+    "sync-binlog": "0",
+}
+
 
 class MariaDbNotInstalledError(TidemarkError):
     """No MariaDB server binaries (mariadbd, mariadb-install-db) could be found."""
@@ -87,9 +95,11 @@ class MariaDbServer:
     """
 
     def __init__(self, *, settings: Mapping[str, str] | None = None,
-                 os_user: str = DEFAULT_OS_USER, base_dir: str | None = None) -> None:
+                 os_user: str = DEFAULT_OS_USER, base_dir: str | None = None,
+                 durable: bool = False) -> None:
         self.server_bin, self.install_bin = find_binaries()
-        self.settings = {**DEFAULT_SETTINGS, **(settings or {})}
+        self.settings = {**DEFAULT_SETTINGS, **(DURABLE_SETTINGS if durable else {}),
+                         **(settings or {})}
         self.user = "tidemark"
         self.password = secrets.token_urlsafe(12)
         self.host = "127.0.0.1"
@@ -99,6 +109,11 @@ class MariaDbServer:
         self._tmp: Path | None = None
         self._ids: tuple[int, int] | None = None
         self._process: subprocess.Popen[bytes] | None = None
+
+    @property
+    def durability(self) -> str:
+        """The durability settings the server runs with, for benchmarks to print."""
+        return ", ".join(f"{key}={self.settings[key]}" for key in DURABLE_SETTINGS)
 
     @property
     def directory(self) -> Path:

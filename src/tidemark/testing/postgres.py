@@ -51,6 +51,16 @@ DEFAULT_SETTINGS: Mapping[str, str] = {
     "logical_decoding_work_mem": "64MB",
 }
 
+#: PostgreSQL's own defaults for what :data:`DEFAULT_SETTINGS` turns off: a server
+#: configured as production servers are. Benchmarks use these
+#: (``PostgresCluster(durable=True)``): every commit waits for its WAL flush, which is
+#: what watermarks, offset tables and log-table triggers cost on a real server.
+DURABLE_SETTINGS: Mapping[str, str] = {
+    "fsync": "on",
+    "full_page_writes": "on",
+    "synchronous_commit": "on",
+}
+
 
 class PostgresNotInstalledError(TidemarkError):
     """No PostgreSQL server binaries (initdb, pg_ctl, postgres) could be found."""
@@ -141,7 +151,9 @@ class PostgresCluster:
     """A private PostgreSQL cluster in a temporary directory.
 
     Use as a context manager, or call :meth:`start` and :meth:`stop`. The superuser is
-    ``postgres`` with a random password; :meth:`dsn` builds connection strings.
+    ``postgres`` with a random password; :meth:`dsn` builds connection strings. With
+    *durable*, commits are flushed as on a production server (:data:`DURABLE_SETTINGS`);
+    without it, durability is off for speed (tests).
     """
 
     def __init__(
@@ -151,9 +163,11 @@ class PostgresCluster:
         settings: Mapping[str, str] | None = None,
         os_user: str = DEFAULT_OS_USER,
         base_dir: str | None = None,
+        durable: bool = False,
     ) -> None:
         self.bindir = find_bindir(bindir)
-        self.settings = {**DEFAULT_SETTINGS, **(settings or {})}
+        self.settings = {**DEFAULT_SETTINGS, **(DURABLE_SETTINGS if durable else {}),
+                         **(settings or {})}
         self.superuser = "postgres"
         self.password = secrets.token_urlsafe(12)
         self.host = "127.0.0.1"
@@ -163,6 +177,11 @@ class PostgresCluster:
         self._tmp: Path | None = None
         self._uid: int | None = None
         self._gid: int | None = None
+
+    @property
+    def durability(self) -> str:
+        """The durability settings the server runs with, for benchmarks to print."""
+        return ", ".join(f"{key}={self.settings[key]}" for key in DURABLE_SETTINGS)
 
     # -- lifecycle ---------------------------------------------------------------
     @property
