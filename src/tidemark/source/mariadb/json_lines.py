@@ -1,0 +1,164 @@
+"""MariaDB rows events to Debezium JSON lines: the fused path of ``tidemark capture``.
+
+The rows of one rows event share their table, operation, transaction and position;
+only their index (``source.row``) differs. So a whole rows event's lines are written in
+one call, from its decoded row tuples, with no change event object per row: by the C
+writer (``EventRenderer.lines`` of ``tidemark.serde._render``) where it is built, else
+by :class:`PythonRowLines`, its Python twin. Both write what
+:class:`~tidemark.source.mariadb.change_builder.ChangeBuilder`'s change events through
+:class:`~tidemark.serde.debezium_json.DebeziumJsonSerializer` become, byte for byte
+(the tests hold them to it); without transaction metadata only, whose blocks differ
+per event.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Sequence
+from typing import Any, Final, NamedTuple, Protocol
+
+from tidemark.event import Record, SnapshotMarker, SourceContext, TableId, TableSchema, WireTuple
+from tidemark.key_change import key_changed
+from tidemark.serde.debezium_json import DebeziumJsonOptions, DebeziumJsonSerializer
+from tidemark.serde.json_codegen import compile_row_converter
+from tidemark.serde.source_json import SourceJson
+
+#: ``(before, after)`` per row of a rows event, as the row decoder gives them.
+RowPairs = list[tuple[WireTuple | None, WireTuple | None]]
+#: ``lines(rows, op, head, tail, ts_text, tombstones)``: one text per change event.
+RowLinesWriter = Callable[[RowPairs, str, str, str, str, bool], list[str]]
+
+_STREAMED: Final = SnapshotMarker.FALSE
+_ROW_ZERO: Final = ',"row":0'
+
+
+class EventRows(NamedTuple):
+    """The decoded rows of one rows event of a captured table, held until the commit."""
+
+    schema: TableSchema
+    op: str  # "c", "u" or "d"
+    rows: RowPairs
+    file: str
+    pos: int
+
+
+class TransactionSource(Protocol):
+    """What the lines need of a committed transaction: its events' source context, and
+    the change events of rows that do not go through the fused path."""
+
+    def context(self, table: TableId, file: str, pos: int, row: int) -> SourceContext: ...
+
+    def records(self, rows: Sequence[Any]) -> Sequence[Record | str]: ...
+
+
+class PythonRowLines:
+    """The Python twin of the C ``EventRenderer.lines`` for one table schema: the
+    generated row and key converters, and the line around them."""
+
+    def __init__(self, schema: TableSchema, options: DebeziumJsonOptions) -> None:
+        self._row = compile_row_converter(schema.columns, options)
+        self._keys = tuple(schema.key_indexes)
+        self._key = compile_row_converter(schema.columns, options, self._keys) \
+            if self._keys else None
+
+    def lines(self, rows: RowPairs, op: str, head: str, tail: str, ts_text: str,
+              tombstones: bool) -> list[str]:
+        """One text per change event of *rows* (see ``EventRenderer.lines``)."""
+        out: list[str] = []
+        keys = self._keys
+        for index, (before, after) in enumerate(rows):
+            source = f"{head}{index}{tail}"
+            if op == "u" and keys and before is not None and after is not None \
+                    and key_changed(keys, before, after):
+                out.append(self._line("d", before, None, source, ts_text, tombstones))
+                out.append(self._line("c", None, after, source, ts_text, tombstones))
+            else:
+                out.append(self._line(op, None if op == "c" else before,
+                                      None if op == "d" else after, source, ts_text,
+                                      tombstones))
+        return out
+
+    def _line(self, op: str, before: WireTuple | None, after: WireTuple | None,
+              source: str, ts_text: str, tombstones: bool) -> str:
+        key_row = before if op == "d" else after
+        key = "null" if self._key is None or key_row is None else self._key(key_row)
+        before_text = "null" if before is None else self._row(before)
+        after_text = "null" if after is None else self._row(after)
+        line = (f'{{"key":{key},"value":{{"before":{before_text},"after":{after_text},'
+                f'"source":{source},"transaction":null,"op":"{op}",{ts_text}}}\n')
+        if tombstones and op == "d" and key != "null":
+            line += f'{{"key":{key},"value":null}}\n'
+        return line
+
+
+class LineWriter:
+    """Writes committed transactions' rows as Debezium JSON lines in *serializer*'s
+    options (without transaction metadata). One per change builder (not thread-safe).
+
+    *compiled*: the C writer where it is built (the default), else the Python twin.
+    """
+
+    def __init__(self, serializer: DebeziumJsonSerializer, *, compiled: bool = True) -> None:
+        options = serializer.options
+        if options.transaction_metadata:
+            raise ValueError("MariaDB's JSON lines are written without transaction "
+                             "metadata; use the change events for it")
+        self.serializer = serializer
+        self._compiled = compiled and serializer.compiled
+        self._tombstones = options.tombstones_on_delete
+        self._writers: dict[int, tuple[TableSchema, RowLinesWriter]] = {}
+        self._blocks = SourceJson()
+        #: Whether a transaction since this was last reset gave change events too (a
+        #: truncate, a signal table's rows): their reader writes or takes them.
+        self.mixed = False
+
+    def writer(self, schema: TableSchema) -> RowLinesWriter:
+        """The lines writer of *schema*'s rows events, made on first use."""
+        entry = self._writers.get(id(schema))
+        if entry is None or entry[0] is not schema:
+            lines: RowLinesWriter | None = None
+            if self._compiled:
+                lines = getattr(self.serializer.renderer(schema), "lines", None)
+            if lines is None:
+                lines = PythonRowLines(schema, self.serializer.options).lines
+            entry = self._writers[id(schema)] = (schema, lines)
+        return entry[1]
+
+    def source_parts(self, made: TransactionSource, table: TableId, file: str,
+                     pos: int) -> tuple[str, str]:
+        """The ``source`` block of a rows event's rows around their row index: the
+        serializer's own block of row 0, cut at its ``"row":0``. (Unambiguous: inside a
+        JSON string a quote is escaped, so ``,"row":`` is only ever the member.)"""
+        block = self._block(made, table, file, pos, 0)
+        cut = block.find(_ROW_ZERO) + len(_ROW_ZERO) - 1
+        if cut < len(_ROW_ZERO):
+            raise AssertionError(f"the source block has no row member: {block}")
+        return block[:cut], block[cut + 1:]
+
+    def _block(self, made: TransactionSource, table: TableId, file: str, pos: int,
+               row: int) -> str:
+        return self._blocks.text(made.context(table, file, pos, row), _STREAMED, table, None)
+
+    def lines(self, entries: Sequence[EventRows | Any], made: TransactionSource
+              ) -> list[Record | str]:
+        """The texts of a transaction's *entries* in order: a rows event's as lines,
+        anything else (a truncate, a signal table's row) as *made*'s change events."""
+        out: list[Record | str] = []
+        pending: list[Any] = []
+        ts_text = self.serializer.ts_fields(time.time_ns() // 1000)
+        tombstones = self._tombstones
+        for entry in entries:
+            if entry.__class__ is not EventRows:
+                pending.append(entry)
+                continue
+            if pending:
+                out += made.records(pending)
+                pending = []
+                self.mixed = True
+            schema = entry.schema
+            head, tail = self.source_parts(made, schema.table, entry.file, entry.pos)
+            out += self.writer(schema)(entry.rows, entry.op, head, tail, ts_text, tombstones)
+        if pending:
+            out += made.records(pending)
+            self.mixed = True
+        return out
