@@ -41,6 +41,8 @@ OPTIONS = DebeziumJsonOptions(time_precision_mode=TimePrecisionMode.ADAPTIVE_TIM
 _OPS = {"c": Op.CREATE, "u": Op.UPDATE, "d": Op.DELETE}
 #: The envelope's ts_* fields: when tidemark processed the event, never the same twice.
 _PROCESSED = re.compile(r'"op":"(.)","ts_ms":\d+,"ts_us":\d+,"ts_ns":\d+}')
+#: A snapshot read's source ts_* fields: when it was read.
+_READ_AT = re.compile(r'"ts_ms":\d+,("snapshot":"incremental",[^}]*"ts_us":)\d+,"ts_ns":\d+')
 
 
 def _schema(table_map: TableMap, key: tuple[int, ...]) -> TableSchema:
@@ -144,7 +146,8 @@ def _capture(config: MariaDbSourceConfig, json_lines: DebeziumJsonSerializer | N
                 lines += batch.lines
             lines += serializer.text_lines(batch.records)
             if batch.finished:
-                return [_PROCESSED.sub(r'"op":"\1",TS}', line) for line in lines]
+                return [_READ_AT.sub(r"\1READ", _PROCESSED.sub(r'"op":"\1",TS}', line))
+                        for line in lines]
         raise AssertionError("capture did not reach the binlog's end in 60 s")
     finally:
         reader.stop()
@@ -166,7 +169,8 @@ def _workload(mdb: MariaDatabase) -> None:
     mdb.execute("UPDATE k SET v = 'x' WHERE id <= 20")
     mdb.execute("INSERT INTO nokey VALUES (1, 'a'), (NULL, NULL)")
     mdb.execute("DELETE FROM nokey")
-    mdb.execute("INSERT INTO signals VALUES ('s1', 'log', '{\"message\": \"hello\"}')")
+    mdb.execute("INSERT INTO signals VALUES ('s1', 'execute-snapshot', "
+                f"'{{\"data-collections\": [\"{mdb.name}.t\"]}}')")
     mdb.execute("TRUNCATE TABLE k")
 
 
@@ -174,8 +178,10 @@ def _workload(mdb: MariaDatabase) -> None:
 def test_capture_lines_are_the_events_lines(mdb: MariaDatabase,
                                             rows_in_memory: int | None) -> None:
     """Every MariaDB type, NULLs, non-ASCII, a key change, a table without a key, a
-    truncate and a signal; with *rows_in_memory*, transactions larger than memory."""
-    settings: dict[str, Any] = {"dsn": mdb.dsn, "signal_table": f"{mdb.name}.signals"}
+    truncate and an incremental snapshot (its signal, its chunks' reads); with
+    *rows_in_memory*, transactions larger than memory."""
+    settings: dict[str, Any] = {"dsn": mdb.dsn, "signal_table": f"{mdb.name}.signals",
+                                "incremental_snapshot_chunk_size": 1}
     if rows_in_memory is not None:
         settings["max_transaction_rows_in_memory"] = rows_in_memory
     config = MariaDbSourceConfig.from_mapping(settings)
@@ -188,8 +194,10 @@ def test_capture_lines_are_the_events_lines(mdb: MariaDatabase,
     offset: Offset = {"binlog": start.to_offset()}
     events = _capture(config, None, offset)
     # t: 3 inserts, an update, a key change (2), a delete; k: 50 inserts, 20 updates, a
-    # truncate; nokey: 2 inserts, 2 deletes; the signal is no event.
-    assert len(events) == 7 + 71 + 4
+    # truncate; nokey: 2 inserts, 2 deletes; the signal is no event, the snapshot reads
+    # the two rows of t left.
+    assert len(events) == 7 + 71 + 4 + 2
+    assert sum('"op":"r"' in line for line in events) == 2
     assert _capture(config, DebeziumJsonSerializer(OPTIONS), offset) == events
     # The Python twin, where the C writer is not built.
     assert _capture(config, DebeziumJsonSerializer(OPTIONS, compiled=False), offset) == events
