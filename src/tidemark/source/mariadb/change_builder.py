@@ -102,14 +102,13 @@ class _Transaction:
 
 def _append_rows(append: Callable[[_Row | EventRows], None], table: _Table,
                  event_type: int, body: bytes, file: str, position: int,
-                 lines: bool = False) -> int:
+                 lines: LineWriter | None = None) -> int:
     """The rows of one rows event, decoded, through *append*: one entry per change, or
-    with *lines* one for the event; the number of rows."""
+    with *lines* one for the event (see :meth:`LineWriter.hold`); the number of rows."""
     rows_event = b.parse_rows(body, event_type)
+    if lines is not None:
+        return lines.hold(append, table.schema, table.decoder, rows_event, file, position)
     rows = table.decoder.rows(rows_event)
-    if lines:
-        append(EventRows(table.schema, rows_event.op, rows, file, position))
-        return len(rows)
     key = ordering_key(file, position)
     op = _OPS[rows_event.op]
     schema = table.schema
@@ -356,9 +355,9 @@ class ChangeBuilder:
                                  position, self._lines_of(table))
         tx.held += len(body)
 
-    def _lines_of(self, table: _Table) -> bool:
-        """Whether *table*'s rows become JSON lines (a signal's must stay an event)."""
-        return self._lines is not None and table.schema.table != self._signal_table
+    def _lines_of(self, table: _Table) -> LineWriter | None:
+        """The writer of *table*'s rows' JSON lines (a signal's must stay an event)."""
+        return self._lines if table.schema.table != self._signal_table else None
 
     def _made(self, made: TransactionRecords, rows: list[_Row | EventRows]) -> Made:
         return made.records(rows) if self._lines is None else self._lines.lines(rows, made)

@@ -20,8 +20,17 @@ from typing import Any, Final, NamedTuple, Protocol
 from tidemark.event import Record, SnapshotMarker, SourceContext, TableId, TableSchema, WireTuple
 from tidemark.key_change import key_changed
 from tidemark.serde.debezium_json import DebeziumJsonOptions, DebeziumJsonSerializer
-from tidemark.serde.json_codegen import compile_row_converter
+from tidemark.serde.json_codegen import compile_row_converter, compiled_columns
+from tidemark.serde.json_columns import KIND_FLOAT, KIND_RAW, KIND_STRING
+from tidemark.serde.json_values import KIND_DATE, KIND_DECIMAL, KIND_ZONED
 from tidemark.serde.source_json import SourceJson
+from tidemark.source.mariadb.binlog import RowsEvent
+from tidemark.source.mariadb.row_decoder import RowDecoder
+
+try:
+    from tidemark.source.mariadb import _row_image
+except ImportError:  # not built: rows are decoded, and written by the serializer's code
+    _row_image = None  # type: ignore[assignment]
 
 #: ``(before, after)`` per row of a rows event, as the row decoder gives them.
 RowPairs = list[tuple[WireTuple | None, WireTuple | None]]
@@ -33,13 +42,51 @@ _ROW_ZERO: Final = ',"row":0'
 
 
 class EventRows(NamedTuple):
-    """The decoded rows of one rows event of a captured table, held until the commit."""
+    """One rows event of a captured table, held until the commit: its decoded rows, or
+    the event itself for the compiled decoder to write (*json*: its :func:`fused_plan`)."""
 
     schema: TableSchema
     op: str  # "c", "u" or "d"
-    rows: RowPairs
+    rows: RowPairs | None
     file: str
     pos: int
+    event: RowsEvent | None = None
+    decoder: RowDecoder | None = None
+    json: tuple[Any, ...] | None = None
+
+
+#: The compiled decoder's JSON kind of each (decoder kind, writer kind) pair it writes in
+#: one step (``_row_image.c``, rows_lines): the writer's text of the decoder's value.
+_FUSED: Final[dict[tuple[int, int], int]] = {} if _row_image is None else {
+    (_row_image.INT, KIND_RAW): _row_image.J_INT,
+    (_row_image.UTF8, KIND_STRING): _row_image.J_STRING,
+    (_row_image.DATE, KIND_DATE): _row_image.J_DATE,
+    (_row_image.TIMESTAMP2, KIND_ZONED): _row_image.J_ZONED,
+    (_row_image.DECIMAL, KIND_DECIMAL): _row_image.J_DECIMAL,
+    (_row_image.DOUBLE, KIND_FLOAT): _row_image.J_DOUBLE,
+}
+
+
+def fused_plan(decoder: RowDecoder, schema: TableSchema, options: DebeziumJsonOptions
+               ) -> tuple[Any, ...] | None:
+    """What ``_row_image.rows_lines`` needs to write *schema*'s lines from its images:
+    (kinds, params, names, nulls, key indexes, key names); None unless every column is
+    of a pair it writes (and every key column an integer or a text)."""
+    plan = decoder.plan
+    if plan is None or _row_image is None or len(plan) != len(schema.columns):
+        return None
+    columns = compiled_columns(schema, options)
+    kinds = []
+    for (decoded, *_), written in zip(plan, columns.kinds, strict=True):
+        kind = _FUSED.get((decoded, written))
+        if kind is None:
+            return None
+        kinds.append(kind)
+    keys = tuple(schema.key_indexes)
+    if any(kinds[i] not in (_row_image.J_INT, _row_image.J_STRING) for i in keys):
+        return None  # the key's change is seen in its bytes: exact for these alone
+    return (bytes(kinds), columns.params, columns.names, columns.nulls, keys,
+            columns.key_names)
 
 
 class TransactionSource(Protocol):
@@ -107,10 +154,30 @@ class LineWriter:
         self._compiled = compiled and serializer.compiled
         self._tombstones = options.tombstones_on_delete
         self._writers: dict[int, tuple[TableSchema, RowLinesWriter]] = {}
+        self._fused: dict[int, tuple[RowDecoder, tuple[Any, ...] | None]] = {}
         self._blocks = SourceJson()
         #: Whether a transaction since this was last reset gave change events too (a
         #: truncate, a signal table's rows): their reader writes or takes them.
         self.mixed = False
+
+    def hold(self, append: Callable[[EventRows], None], schema: TableSchema,
+             decoder: RowDecoder, event: RowsEvent, file: str, pos: int) -> int:
+        """Keep *event* until its transaction's commit, through *append*: as it is, for
+        the compiled decoder to write its lines then, or decoded; its rows' count."""
+        entry = self._fused.get(id(decoder))
+        if entry is None or entry[0] is not decoder:
+            json = fused_plan(decoder, schema, self.serializer.options) \
+                if self._compiled else None
+            entry = self._fused[id(decoder)] = (decoder, json)
+        json = entry[1]
+        if json is not None:
+            count = decoder.count_rows(event)
+            if count >= 0:
+                append(EventRows(schema, event.op, None, file, pos, event, decoder, json))
+                return count
+        rows = decoder.rows(event)
+        append(EventRows(schema, event.op, rows, file, pos))
+        return len(rows)
 
     def writer(self, schema: TableSchema) -> RowLinesWriter:
         """The lines writer of *schema*'s rows events, made on first use."""
@@ -157,7 +224,17 @@ class LineWriter:
                 self.mixed = True
             schema = entry.schema
             head, tail = self.source_parts(made, schema.table, entry.file, entry.pos)
-            out += self.writer(schema)(entry.rows, entry.op, head, tail, ts_text, tombstones)
+            rows = entry.rows
+            if rows is None:  # the compiled decoder's, unless it leaves them to decoding
+                assert entry.decoder is not None and entry.event is not None
+                assert entry.json is not None
+                lines = entry.decoder.json_lines(entry.event, entry.json, head, tail,
+                                                 ts_text, tombstones)
+                if lines is not None:
+                    out += lines
+                    continue
+                rows = entry.decoder.rows(entry.event)
+            out += self.writer(schema)(rows, entry.op, head, tail, ts_text, tombstones)
         if pending:
             out += made.records(pending)
             self.mixed = True
