@@ -37,6 +37,9 @@ COM_BINLOG_DUMP: Final = 0x12
 _DUMP_NON_BLOCK: Final = 1
 _MARIA_SLAVE_CAPABILITY_GTID: Final = 4
 _READ_BUFFER_BYTES: Final = 1 << 20  # the binlog stream's read buffer (see BinlogStream.open)
+_MAX_PACKET: Final = 0xFFFFFF  # a packet this long continues in the next
+_CR_SERVER_LOST: Final = 2013
+_LOST: Final = "Lost connection to MySQL server during query"
 
 # Server error codes that say what to fix.
 ER_ACCESS_DENIED: Final = 1045
@@ -269,21 +272,59 @@ class BinlogStream:
         raw._execute_command(COM_BINLOG_DUMP, payload)
 
     def events(self) -> Iterator[bytes]:
-        """The events, as they arrive; ends at the log's end when not blocking."""
-        conn: Any = self._conn  # PyMySQL's packet layer (see open())
+        """The events, as they arrive; ends at the log's end when not blocking.
+
+        The packets are read here, as PyMySQL's ``_read_packet`` reads them (sequence
+        numbers checked, packets of 16 MiB continued, error packets raised as its
+        errors), without its packet object per event: a tenth of a capture's time.
+        """
+        conn: Any = self._conn  # PyMySQL's connection (see open())
         if conn is None:
             raise RuntimeError("BinlogStream.open() was not called")
-        while True:
-            try:
-                packet = conn._read_packet()
-            except pymysql.err.OperationalError as err:
-                raise self._dump_error(err) from None
-            except pymysql.err.InternalError as err:
-                raise self._dump_error(err) from None
-            data = packet.get_all_data()
-            if packet.is_eof_packet():
-                return
-            yield data[1:]  # after the OK byte
+        if conn._current_timeout != conn._read_timeout:
+            conn._sock.settimeout(conn._read_timeout)
+            conn._current_timeout = conn._read_timeout
+        read = conn._rfile.read
+        sequence = conn._next_seq_id
+        try:
+            while True:
+                parts: list[bytes] = []
+                while True:
+                    header = read(4)
+                    if len(header) < 4:
+                        raise pymysql.err.OperationalError(_CR_SERVER_LOST, _LOST)
+                    if header[3] != sequence:
+                        if header[3] == 0:  # MariaDB's error packet at shutdown
+                            raise pymysql.err.OperationalError(_CR_SERVER_LOST, _LOST)
+                        raise pymysql.err.InternalError(
+                            f"Packet sequence number wrong - got {header[3]} expected "
+                            f"{sequence}")
+                    sequence = (sequence + 1) & 0xFF
+                    length = header[0] | header[1] << 8 | header[2] << 16
+                    data = read(length)
+                    if len(data) < length:
+                        raise pymysql.err.OperationalError(_CR_SERVER_LOST, _LOST)
+                    if length < _MAX_PACKET or parts:
+                        if parts:
+                            parts.append(data)
+                            if length == _MAX_PACKET:
+                                continue
+                            data = b"".join(parts)
+                        break
+                    parts.append(data)
+                first = data[0]
+                if first == 0xFF:
+                    pymysql.err.raise_mysql_exception(data)
+                if first == 0xFE and len(data) < 9:
+                    return
+                yield data[1:]  # after the OK byte
+        except OSError as err:
+            raise self._dump_error(pymysql.err.OperationalError(
+                _CR_SERVER_LOST, f"{_LOST} ({err})")) from None
+        except (pymysql.err.OperationalError, pymysql.err.InternalError) as err:
+            raise self._dump_error(err) from None
+        finally:
+            conn._next_seq_id = sequence
 
     def _dump_error(self, err: pymysql.err.MySQLError) -> Exception:
         code = err.args[0] if err.args else 0

@@ -39,6 +39,7 @@ RowLinesWriter = Callable[[RowPairs, str, str, str, str, bool], list[str]]
 
 _STREAMED: Final = SnapshotMarker.FALSE
 _ROW_ZERO: Final = ',"row":0'
+_KEPT: Final = 1024  # writers and plans kept, as the change builder keeps table maps
 
 
 class EventRows(NamedTuple):
@@ -168,6 +169,8 @@ class LineWriter:
         if entry is None or entry[0] is not decoder:
             json = fused_plan(decoder, schema, self.serializer.options) \
                 if self._compiled else None
+            if len(self._fused) >= _KEPT:  # table maps come anew after DDL: no growth
+                self._fused.clear()
             entry = self._fused[id(decoder)] = (decoder, json)
         json = entry[1]
         if json is not None:
@@ -188,6 +191,8 @@ class LineWriter:
                 lines = getattr(self.serializer.renderer(schema), "lines", None)
             if lines is None:
                 lines = PythonRowLines(schema, self.serializer.options).lines
+            if len(self._writers) >= _KEPT:
+                self._writers.clear()
             entry = self._writers[id(schema)] = (schema, lines)
         return entry[1]
 
