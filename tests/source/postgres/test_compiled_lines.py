@@ -57,6 +57,10 @@ _EDGE_ROWS = [
     ("2", "-1.5", "1.0000", "'0.000001'", "'2024-01-02 03:04:05.1+00'",
      "'2024-01-02 03:04:05.12+00'", "'2024-01-02 03:04:05+00'", "'1999-12-31'",
      "'1e7'", "'9999999'", "false", "-1", "-1"),
+    ("3", "7", "-7", "'7'", "'2024-01-02 03:04:05.000001+00'", "NULL", "NULL", "'0001-01-01'",
+     "'7'", "'-1234567'", "true", "7", "7"),
+    ("4", "100", "0", "'-0'", "NULL", "NULL", "NULL", "NULL", "'0'", "'12345678'", "NULL",
+     "0", "0"),
 ]
 
 
@@ -159,7 +163,7 @@ def test_compiled_lines_equal_the_generated_code_and_the_general_path(
     got, reference = _lines(compiled, messages, batch), _lines(generated, messages, batch)
     general = DebeziumJsonSerializer(options).encode_lines(
         factory().process(messages, NOW_US)).decode()
-    assert got.count("\n") == 20 + (3 if options.tombstones_on_delete else 0)  # 3 deletes
+    assert got.count("\n") == 24 + (3 if options.tombstones_on_delete else 0)  # 3 deletes
     assert "\\u0001" in got and "😀" in got and '"__debezium_unavailable_value"' in got
     assert got == reference
     if batch == 100_000:  # one processing time: the general path's ts fields match

@@ -18,7 +18,8 @@
  * Column kinds (those of serde/_render.c, with the same meaning, on the value's bytes;
  * for any other shape than the one written here, ``functions[i](text)``):
  *   RAW the text; STRING the text as a JSON string (json.encoder.encode_basestring);
- *   BOOL true for "t", else false; FLOAT the text when already Java's; FUNCTION the
+ *   BOOL true for "t", else false; FLOAT the text when already Java's (and ".0" after
+ *   a whole number below 1e7); FUNCTION the
  *   function (memoized per column where ``memos[i]`` is a dict); DECIMAL, ZONED, DATE
  *   their common shapes (numeric(p, s) base64, timestamptz in UTC, 'YYYY-MM-DD').
  */
@@ -183,6 +184,24 @@ java_plain_float(const unsigned char *c, Py_ssize_t len)
         }
     }
     return 0;
+}
+
+/* Whether PostgreSQL's float text is a whole number that Java writes as the text and
+ * ".0" (json_values._java_notation): "0", or 1 to 7 digits without a leading zero,
+ * after an optional minus sign (|x| < 1e7). */
+static int
+java_whole_float(const unsigned char *c, Py_ssize_t len)
+{
+    Py_ssize_t start = len > 0 && c[0] == '-' ? 1 : 0, digits = len - start;
+    if (digits < 1 || digits > 7 || (c[start] == '0' && digits != 1)) {
+        return 0;
+    }
+    for (Py_ssize_t i = start; i < len; i++) {
+        if (c[i] < '0' || c[i] > '9') {
+            return 0;
+        }
+    }
+    return 1;
 }
 
 static int
@@ -445,6 +464,9 @@ write_value(Writer *self, Buf *b, Py_ssize_t i, const unsigned char *c, Py_ssize
     case K_FLOAT:
         if (java_plain_float(c, len)) {
             return buf_add(b, (const char *)c, len);
+        }
+        if (java_whole_float(c, len)) {
+            return buf_add(b, (const char *)c, len) < 0 ? -1 : ADD_LITERAL(b, ".0");
         }
         break;
     case K_DECIMAL:
