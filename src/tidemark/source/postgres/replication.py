@@ -29,8 +29,10 @@ from psycopg import pq
 from tidemark.errors import SourceError, SourceUnavailableError
 from tidemark.postgres_connection import classify_connect_message, session_conninfo
 from tidemark.source.postgres import slot_holder
+from tidemark.source.postgres.copy_data import GOT_EMPTY, GOT_END, GOT_LIMIT, read_copy
 from tidemark.source.postgres.pgoutput import PG_EPOCH_OFFSET_US, lsn_to_str, str_to_lsn
 from tidemark.source.postgres.slot import SlotInUseError, SlotLostError, makes_failover_slot
+from tidemark.source.postgres.socket_fill import SocketFill
 
 log = logging.getLogger(__name__)
 
@@ -77,6 +79,7 @@ class ReplicationStream:
         self._confirmed = 0
         self._server_wal_end = 0
         self._last_status = 0.0
+        self._fill: SocketFill | None = None  # while streaming
 
     # -- connection and slot creation ---------------------------------------------------
     def connect(self) -> None:
@@ -161,6 +164,8 @@ class ReplicationStream:
                                               f"{message}")
             raise SourceUnavailableError(f"replication connection failed: {message}")
         conn.nonblocking = 1
+        self._close_fill()
+        self._fill = SocketFill(conn.socket)
         self._streaming = True
         # A new walsender: what the last one said it had sent may be past transactions
         # whose messages died with its connection, unread, and come again from here.
@@ -191,11 +196,20 @@ class ReplicationStream:
         # are large: per-batch costs downstream (flushes, offset saves) are high.
         gather_until = time.monotonic() + _GATHER_S
         sock = conn.socket
+        fill = self._fill
         heard = False
         try:
             while len(batch) < max_messages:
-                size, data = get(1)
-                if size == 0:  # nothing complete in libpq's buffer: read the socket
+                # The XLogData messages at hand, in bulk (compiled where built).
+                had = len(batch)
+                status, data = read_copy(get, batch, max_messages)
+                if len(batch) > had:
+                    heard = True
+                if status == GOT_LIMIT:
+                    break
+                if status == GOT_EMPTY:  # nothing complete in libpq's buffer: read the socket
+                    if batch and fill is not None:  # a read worth its syscall (socket_fill)
+                        fill.wait(_GATHER_PAUSE_S)
                     conn.consume_input()
                     size, data = get(1)
                     if size == 0:
@@ -211,8 +225,10 @@ class ReplicationStream:
                         waited = True
                         select.select([sock], [], [], timeout_s)
                         continue
-                if size < 0:
-                    raise self._broken(conn)  # the server ended COPY
+                    if size < 0:
+                        raise self._broken(conn)  # the server ended COPY
+                elif status == GOT_END:
+                    raise self._broken(conn)
                 heard = True
                 kind = data[0]
                 if kind == _XLOG_DATA:
@@ -316,7 +332,13 @@ class ReplicationStream:
         finally:
             self._conn = None
             self._streaming = False
+            self._close_fill()
             conn.finish()
+
+    def _close_fill(self) -> None:
+        if self._fill is not None:
+            self._fill.close()
+            self._fill = None
 
 
 def _slot_error(slot: str, message: str) -> SourceError:
