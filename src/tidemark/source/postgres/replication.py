@@ -46,6 +46,9 @@ _XLOG_DATA: Final = 0x77  # 'w'
 _KEEPALIVE_TYPE: Final = 0x6B  # 'k'
 _GATHER_S: Final = 0.05
 _GATHER_PAUSE_S: Final = 0.002
+# Messages a batch holds before its reads wait for the socket to fill (socket_fill): a
+# batch's first messages, the first event's among them, are handed on as they arrive.
+_FILL_AFTER: Final = 256
 
 
 def _now_pg_us() -> int:
@@ -208,8 +211,8 @@ class ReplicationStream:
                 if status == GOT_LIMIT:
                     break
                 if status == GOT_EMPTY:  # nothing complete in libpq's buffer: read the socket
-                    if batch and fill is not None:  # a read worth its syscall (socket_fill)
-                        fill.wait(_GATHER_PAUSE_S)
+                    if len(batch) >= _FILL_AFTER and fill is not None:
+                        fill.wait(_GATHER_PAUSE_S)  # a read worth its syscall (socket_fill)
                     conn.consume_input()
                     size, data = get(1)
                     if size == 0:
