@@ -83,6 +83,7 @@ class ReplicationStream:
         self._server_wal_end = 0
         self._last_status = 0.0
         self._fill: SocketFill | None = None  # while streaming
+        self._reply_requested = False  # a keepalive asked for and not yet received
 
     # -- connection and slot creation ---------------------------------------------------
     def connect(self) -> None:
@@ -173,6 +174,7 @@ class ReplicationStream:
         # A new walsender: what the last one said it had sent may be past transactions
         # whose messages died with its connection, unread, and come again from here.
         self._server_wal_end = 0
+        self._reply_requested = False
         self._last_status = self._last_received = time.monotonic()
         self._pinged = False
         log.info("streaming from slot %s at %s", self._slot, lsn_to_str(start_lsn))
@@ -194,7 +196,12 @@ class ReplicationStream:
         data_start = _DATA_START.unpack_from
         batch: list[WalMessage] = []
         append = batch.append
-        waited = False
+        # Until the first XLogData, wait this long, or until the answer to a keepalive
+        # request: a keepalive the walsender sends of its own accord does not end the
+        # wait (it often sends one just before the data, and an empty batch costs the
+        # caller an idle pause).
+        deadline = time.monotonic() + timeout_s
+        answered = False
         # Keep reading while the socket has data at hand (up to _GATHER_S), so batches
         # are large: per-batch costs downstream (flushes, offset saves) are high.
         gather_until = time.monotonic() + _GATHER_S
@@ -223,10 +230,10 @@ class ReplicationStream:
                                     select.select([sock], [], [], _GATHER_PAUSE_S)[0]:
                                 continue
                             break
-                        if waited or timeout_s <= 0:
+                        remaining = deadline - time.monotonic()
+                        if remaining <= 0 or answered:
                             break
-                        waited = True
-                        select.select([sock], [], [], timeout_s)
+                        select.select([sock], [], [], remaining)
                         continue
                     if size < 0:
                         raise self._broken(conn)  # the server ended COPY
@@ -240,6 +247,9 @@ class ReplicationStream:
                 elif kind == _KEEPALIVE_TYPE:
                     wal_end, _, reply = _KEEPALIVE.unpack_from(data, 1)
                     self._server_wal_end = max(self._server_wal_end, wal_end)
+                    if self._reply_requested:
+                        answered = True
+                        self._reply_requested = False
                     if reply:
                         self._send_status(reply=False)
             if heard:
@@ -320,6 +330,8 @@ class ReplicationStream:
             conn.flush()
         except psycopg.OperationalError as err:
             raise self._broken(conn, str(err)) from None
+        if reply:
+            self._reply_requested = True
         self._last_status = time.monotonic()
 
     def close(self) -> None:
