@@ -169,7 +169,7 @@ class DebeziumJsonSerializer:
             raise ValueError("stream_value_parts is for sources with the position in the block")
         head, middle, end = parts
         ts = self._ts_fields(ts_us)
-        return head, middle, f'{end},"transaction":null,"op":"{op.value}",{ts}'
+        return head, middle, f'{end},"transaction":null,"op":"{op._value_}",{ts}'
 
     def stream_line_parts(self, schema: TableSchema, context: SourceContext, op: Op,
                           ts_us: int) -> tuple[str, str, str]:
