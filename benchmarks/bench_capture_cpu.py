@@ -32,9 +32,8 @@ import workload
 from tidemark.testing.postgres import PostgresCluster, sql_connection
 
 PUBLICATION = "bench_pub"
-# Production durability (what PostgresCluster(durable=True) sets where it exists).
-DURABLE = {"fsync": "on", "full_page_writes": "on", "synchronous_commit": "on",
-           "max_replication_slots": "100", "max_wal_senders": "100"}
+# A slot and a walsender per run of every contender.
+SLOTS = {"max_replication_slots": "100", "max_wal_senders": "100"}
 _TICK = os.sysconf("SC_CLK_TCK")
 
 
@@ -94,7 +93,8 @@ def main() -> None:
     args = parser.parse_args()
     trees = {"tidemark": "", **dict(v.split("=", 1) for v in args.variants)}
     names = ["pg_recvlogical", *trees]
-    with PostgresCluster(settings=DURABLE) as cluster:
+    with PostgresCluster(durable=True, settings=SLOTS) as cluster:
+        print(f"server: PostgreSQL, {cluster.durability}")
         dsn = cluster.create_database("bench")
         workload.create_table(dsn)
         with contextlib.closing(sql_connection(dsn)) as conn:
