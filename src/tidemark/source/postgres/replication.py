@@ -219,6 +219,11 @@ class ReplicationStream:
                     break
                 if status == GOT_EMPTY:  # nothing complete in libpq's buffer: read the socket
                     if len(batch) >= _FILL_AFTER and fill is not None:
+                        # The gathering time bounds the batch: the fill waits would
+                        # otherwise soak up the pauses that end it, holding a trickle's
+                        # changes until max_messages.
+                        if time.monotonic() >= gather_until:
+                            break
                         fill.wait(_GATHER_PAUSE_S)  # a read worth its syscall (socket_fill)
                     conn.consume_input()
                     size, data = get(1)
