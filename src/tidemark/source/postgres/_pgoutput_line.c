@@ -26,6 +26,7 @@
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
 #include <stddef.h>
+#include <stdint.h>
 #include <string.h>
 
 enum {
@@ -116,7 +117,11 @@ static int
 write_string(Buf *b, const unsigned char *c, Py_ssize_t n)
 {
     static const char hex[] = "0123456789abcdef";
-    /* at most 6 bytes per byte, and the quotes */
+    /* at most 6 bytes per byte, and the quotes (a size past Py_ssize_t: too big) */
+    if (n > (PY_SSIZE_T_MAX - 2) / 6) {
+        PyErr_NoMemory();
+        return -1;
+    }
     if (b->len + 6 * n + 2 > b->cap && buf_grow(b, 6 * n + 2) < 0) {
         return -1;
     }
@@ -553,13 +558,15 @@ write_line(Writer *self, PyObject *data, PyObject *lsn, PyObject *parts)
                 fallback("truncated");
                 goto done;
             }
-            Py_ssize_t len = (Py_ssize_t)((unsigned long)c[pos + 1] << 24 |
-                                          (unsigned long)c[pos + 2] << 16 |
-                                          (unsigned long)c[pos + 3] << 8 | c[pos + 4]);
-            if (len > size - pos - 5) {
+            /* Compared unsigned: where Py_ssize_t is 32 bits, a length of 2^31 or
+             * more must not turn negative and pass the check. */
+            uint32_t wire_len = (uint32_t)c[pos + 1] << 24 | (uint32_t)c[pos + 2] << 16 |
+                                (uint32_t)c[pos + 3] << 8 | (uint32_t)c[pos + 4];
+            if ((size_t)wire_len > (size_t)(size - pos - 5)) {
                 fallback("truncated");
                 goto done;
             }
+            Py_ssize_t len = (Py_ssize_t)wire_len;
             if (write_value(self, &row, i, c + pos + 5, len) < 0) {
                 goto done;
             }
