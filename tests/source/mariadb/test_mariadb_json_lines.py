@@ -153,6 +153,8 @@ def _capture(config: MariaDbSourceConfig, json_lines: DebeziumJsonSerializer | N
             assert not (batch.records and batch.lines), "a batch holds lines or records"
             if batch.lines is not None:
                 assert json_lines is not None
+                assert all(isinstance(line, str) for line in batch.lines), \
+                    "a change event among the lines"
                 lines += batch.lines
             lines += serializer.text_lines(batch.records)
             if batch.finished:
@@ -224,6 +226,39 @@ def test_capture_lines_are_the_events_lines(mdb: MariaDatabase,
     assert sum('"op":"r"' in line for line in events) == 2
     assert _capture(config, DebeziumJsonSerializer(OPTIONS), offset) == events
     # The Python twin, where the C writer is not built.
+    assert _capture(config, DebeziumJsonSerializer(OPTIONS, compiled=False), offset) == events
+
+
+def test_a_signal_in_the_last_part_of_a_transaction_larger_than_memory(
+        mdb: MariaDatabase) -> None:
+    """Each part of a transaction that outgrew memory says itself whether it holds
+    change events (a signal's row): one read ahead never hides the signal of the last."""
+    settings: dict[str, Any] = {"dsn": mdb.dsn, "signal_table": f"{mdb.name}.signals",
+                                "incremental_snapshot_chunk_size": 1,
+                                "max_transaction_rows_in_memory": 3}
+    config = MariaDbSourceConfig.from_mapping(settings)
+    mdb.execute("CREATE TABLE k (id INT PRIMARY KEY, v VARCHAR(20))")
+    mdb.execute("CREATE TABLE signals (id VARCHAR(42) PRIMARY KEY, type VARCHAR(32), "
+                "data VARCHAR(2048))")
+    mdb.execute("INSERT INTO k VALUES (100, 'x')")
+    conn = client.connect(config.connection)
+    try:
+        start = client.current_position(conn)
+        with conn.cursor() as cur:
+            cur.execute("BEGIN")
+            for i in range(10):
+                cur.execute(f"INSERT INTO k VALUES ({i}, 'v')")
+            cur.execute("INSERT INTO signals VALUES ('s1', 'execute-snapshot', "
+                        f"'{{\"data-collections\": [\"{mdb.name}.k\"]}}')")
+            cur.execute("COMMIT")
+    finally:
+        conn.close()
+    offset: Offset = {"binlog": start.to_offset()}
+    events = _capture(config, None, offset)
+    # 10 inserts, then the snapshot reads the 11 rows of k; the signal is no event.
+    assert len(events) == 21
+    assert sum('"op":"r"' in line for line in events) == 11
+    assert _capture(config, DebeziumJsonSerializer(OPTIONS), offset) == events
     assert _capture(config, DebeziumJsonSerializer(OPTIONS, compiled=False), offset) == events
 
 

@@ -18,6 +18,11 @@ from tidemark.source.mariadb.column_readers import decimal_size
 from tidemark.source.mariadb.row_decoder import COMPILED_ROW_IMAGES, RowDecoder
 from tidemark.source.mariadb.table_map import TableColumn, TableMap
 
+try:
+    from tidemark.source.mariadb import _row_image
+except ImportError:  # not built: the tests of the Python decoder still run
+    _row_image = None  # type: ignore[assignment]
+
 UTF8MB4 = 45
 BINARY = 63
 LATIN1 = 8
@@ -232,3 +237,34 @@ def test_a_short_image_is_a_decode_error_naming_the_table(compiled: bool) -> Non
     event = RowsEvent(1, "c", 0, 1, 1, 1, b"\0\1\2\3", 0)
     with pytest.raises(DecodeError, match=r"shop\.orders"):
         RowDecoder(table_map, compiled=compiled).rows(event)
+
+
+@pytest.mark.parametrize("compiled", [True, False])
+def test_rows_of_a_table_with_no_columns_are_a_decode_error(compiled: bool) -> None:
+    """Images of no columns take no bytes: bytes after them are an error, never a loop
+    that does not end (MariaDB has no table without columns; a corrupt event might)."""
+    table_map = TableMap(1, "shop", "empty", (), (), True)
+    event = RowsEvent(1, "c", 0, 0, 0, 0, b"xx", 0)
+    decoder = RowDecoder(table_map, compiled=compiled)
+    assert decoder.count_rows(event) == -1
+    with pytest.raises(DecodeError, match=r"shop\.empty.*no columns"):
+        decoder.rows(event)
+    assert decoder.rows(RowsEvent(1, "c", 0, 0, 0, 0, b"xx", 2)) == []
+
+
+@pytest.mark.skipif(not COMPILED_ROW_IMAGES, reason="the compiled decoder is not built")
+def test_the_compiled_decoder_refuses_rows_of_no_columns() -> None:
+    assert _row_image is not None
+    assert _row_image.count_rows(b"xx", 0, 0, ()) == -1
+    assert _row_image.count_rows(b"xx", 2, 0, ()) == 0
+    with pytest.raises(ValueError, match="no columns"):
+        _row_image.decode_rows(b"xx", 0, 1, ())
+    with pytest.raises(ValueError, match="no columns"):
+        _row_image.rows_lines(b"xx", 0, 0, (), (b"", b"", (), (), (), ()), "{", "}", "",
+                              False)
+    assert _row_image.rows_lines(b"xx", 2, 0, (), (b"", b"", (), (), (), ()), "{", "}",
+                                 "", False) == []
+    decoder = RowDecoder(TableMap(1, "shop", "empty", (), (), True))
+    with pytest.raises(DecodeError, match=r"shop\.empty.*no columns"):
+        decoder.json_lines(RowsEvent(1, "c", 0, 0, 0, 0, b"xx", 0),
+                           (b"", b"", (), (), (), ()), "{", "}", "", False)

@@ -547,6 +547,19 @@ parse_plan(PyObject *plan, Column **out, Py_ssize_t *width)
     return 0;
 }
 
+/* A table with no columns has images of no bytes: rows after *pos* would never end
+ * (a corrupt or crafted event; MariaDB has no such table). Sets the error, -1. */
+static int
+no_columns_with_rows(Py_ssize_t width, Py_ssize_t pos, Py_ssize_t size)
+{
+    if (width > 0 || pos >= size)
+        return 0;
+    PyErr_Format(PyExc_ValueError, "a rows event of a table with no columns holds %zd "
+                 "bytes of row images; a rows event holds images of its table's columns",
+                 size - pos);
+    return -1;
+}
+
 PyDoc_STRVAR(decode_rows_doc,
 "decode_rows(data, pos, op, plan) -> list of (before, after)\n\n"
 "The rows of a rows event whose images hold every column, from *pos* to the end of\n"
@@ -571,8 +584,8 @@ decode_rows(PyObject *module, PyObject *args)
         return NULL;
     const unsigned char *buf = (const unsigned char *)PyBytes_AS_STRING(data);
     Py_ssize_t size = PyBytes_GET_SIZE(data);
-    PyObject *rows = PyList_New(0);
-    if (rows == NULL)
+    PyObject *rows = NULL;
+    if (no_columns_with_rows(width, pos, size) < 0 || (rows = PyList_New(0)) == NULL)
         goto fail;
     while (pos < size) {
         PyObject *first = read_image(data, buf, size, &pos, columns, width);
@@ -1123,6 +1136,10 @@ rows_lines(PyObject *module, PyObject *args)
     Py_ssize_t width;
     if (parse_plan(plan, &cols, &width) < 0)
         return NULL;
+    if (no_columns_with_rows(width, pos, PyBytes_GET_SIZE(data)) < 0) {
+        PyMem_Free(cols);
+        return NULL;
+    }
     Py_ssize_t n_keys = PyTuple_GET_SIZE(key_indexes);
     PyObject *lines = NULL, *result = NULL;
     JColumn *js = PyMem_Calloc((size_t)(width ? width : 1), sizeof(JColumn));
@@ -1244,7 +1261,8 @@ done:
 PyDoc_STRVAR(count_rows_doc,
 "count_rows(data, pos, op, plan) -> int, or -1\n\n"
 "How many rows a rows event with full images holds, from the images' sizes alone; -1\n"
-"if a column's size needs its Python reader, or the images are short.");
+"if a column's size needs its Python reader, or the images are short (or, of a table\n"
+"with no columns, not empty: decode_rows says what is wrong).");
 
 static PyObject *
 count_rows(PyObject *module, PyObject *args)
@@ -1261,6 +1279,8 @@ count_rows(PyObject *module, PyObject *args)
     const unsigned char *buf = (const unsigned char *)PyBytes_AS_STRING(data);
     Py_ssize_t size = PyBytes_GET_SIZE(data), images = 0, null_size = (width + 7) >> 3;
     long count = -1;
+    if (width == 0 && pos < size)  /* images of no bytes: the loop would never end */
+        goto done;
     while (pos >= 0 && pos < size) {
         if (pos + null_size > size)
             goto done;

@@ -312,6 +312,9 @@ class BinlogStream:
                             data = b"".join(parts)
                         break
                     parts.append(data)
+                if not data:  # not even the OK byte: no event, the stream broke
+                    raise pymysql.err.OperationalError(
+                        _CR_SERVER_LOST, f"{_LOST} (an empty packet in the binlog stream)")
                 first = data[0]
                 if first == 0xFF:
                     pymysql.err.raise_mysql_exception(data)

@@ -90,6 +90,15 @@ def fused_plan(decoder: RowDecoder, schema: TableSchema, options: DebeziumJsonOp
             columns.key_names)
 
 
+class MixedLines(list[Record | str]):
+    """A transaction's (or a part's) texts with change events among them (a truncate,
+    a signal table's row), for its reader to write or take: each part says it itself,
+    as a part of a transaction larger than memory is made before the one ahead goes on.
+    A plain list holds lines alone."""
+
+    __slots__ = ()
+
+
 class TransactionSource(Protocol):
     """What the lines need of a committed transaction: its events' source context, and
     the change events of rows that do not go through the fused path."""
@@ -157,9 +166,6 @@ class LineWriter:
         self._writers: dict[int, tuple[TableSchema, RowLinesWriter]] = {}
         self._fused: dict[int, tuple[RowDecoder, tuple[Any, ...] | None]] = {}
         self._blocks = SourceJson()
-        #: Whether a transaction since this was last reset gave change events too (a
-        #: truncate, a signal table's rows): their reader writes or takes them.
-        self.mixed = False
 
     def hold(self, append: Callable[[EventRows], None], schema: TableSchema,
              decoder: RowDecoder, event: RowsEvent, file: str, pos: int) -> int:
@@ -214,9 +220,11 @@ class LineWriter:
     def lines(self, entries: Sequence[EventRows | Any], made: TransactionSource
               ) -> list[Record | str]:
         """The texts of a transaction's *entries* in order: a rows event's as lines,
-        anything else (a truncate, a signal table's row) as *made*'s change events."""
+        anything else (a truncate, a signal table's row) as *made*'s change events,
+        then in a :class:`MixedLines`."""
         out: list[Record | str] = []
         pending: list[Any] = []
+        mixed = False
         ts_text = self.serializer.ts_fields(time.time_ns() // 1000)
         tombstones = self._tombstones
         for entry in entries:
@@ -226,7 +234,7 @@ class LineWriter:
             if pending:
                 out += made.records(pending)
                 pending = []
-                self.mixed = True
+                mixed = True
             schema = entry.schema
             head, tail = self.source_parts(made, schema.table, entry.file, entry.pos)
             rows = entry.rows
@@ -242,5 +250,5 @@ class LineWriter:
             out += self.writer(schema)(rows, entry.op, head, tail, ts_text, tombstones)
         if pending:
             out += made.records(pending)
-            self.mixed = True
-        return out
+            mixed = True
+        return MixedLines(out) if mixed else out

@@ -39,7 +39,7 @@ from tidemark.source.mariadb.change_builder import ChangeBuilder
 from tidemark.source.mariadb.config import MariaDbSourceConfig, SnapshotMode
 from tidemark.source.mariadb.grants import check_grants
 from tidemark.source.mariadb.incremental_snapshot import ChunkedSnapshots
-from tidemark.source.mariadb.json_lines import LineWriter
+from tidemark.source.mariadb.json_lines import LineWriter, MixedLines
 from tidemark.source.mariadb.position import BinlogPosition
 from tidemark.source.mariadb.replica_id import ReplicaIdClaim
 from tidemark.source.mariadb.transaction_records import Made
@@ -417,14 +417,12 @@ class MariaDbReader:
         """What a transaction of *builder* becomes on the queue: without the signal
         table's rows (signals); as JSON lines only, if the reader writes lines."""
         table = self._signal_table
-        writer = builder.lines
-        if writer is None:
+        if builder.lines is None:
             return lambda made: self._signals_out(made, table)
 
         def out(made: Made) -> Made:
-            if not writer.mixed:  # lines only: nothing to look at
+            if made.__class__ is not MixedLines:  # lines only: nothing to look at
                 return made
-            writer.mixed = False
             return self._texts(self._signals_out(made, table))
         return out
 

@@ -213,6 +213,12 @@ class RowDecoder:
         data, pos, end = event.data, event.start, len(event.data)
         out: list[tuple[WireTuple | None, WireTuple | None]] = []
         try:
+            if pos < end and not (event.present & self.full and (
+                    event.op != "u" or event.present_after & self.full)):
+                # An image of no columns has no bytes: the loop below would never end.
+                raise ValueError(f"a rows event whose images hold no columns (of "
+                                 f"{self.width}) holds {end - pos} bytes of row images; a "
+                                 f"rows event holds images of its table's columns")
             if self._plan is not None and event.present == self.full and (
                     event.op != "u" or event.present_after == self.full):
                 return _row_image.decode_rows(data, pos, _OP_CODES[event.op], self._plan)
