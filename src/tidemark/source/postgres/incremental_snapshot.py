@@ -66,6 +66,7 @@ from tidemark.event import (
 from tidemark.postgres_connection import Connection, on_standby
 from tidemark.source.postgres import catalog, pgoutput
 from tidemark.source.postgres.change_builder import CONNECTOR_NAME
+from tidemark.source.postgres.key_order import INDEX_ORDER_SETTINGS, ordered_index
 from tidemark.source.postgres.snapshot import register_text_types
 from tidemark.source.postgres.source_block import POSTGRES_BLOCK
 from tidemark.source.signals import (
@@ -186,6 +187,9 @@ class IncrementalSnapshot(SignalledSnapshots):
         """Windows read and not closed yet, in the order of their marks."""
         self._drop_commit = False  # the next message is a watermark's Commit to leave out
         self._table_cache: dict[TableId, tuple[TableSchema, int]] = {}
+        self._index_order: dict[tuple[TableId, tuple[str, ...]], bool] = {}
+        """Whether an index gives each (table, chunk key)'s order (see
+        :mod:`~tidemark.source.postgres.key_order`)."""
         self._retry_at = 0.0
         self._retry_delay = 0.5
         self._generated = generated  # the stream carries stored generated columns
@@ -214,6 +218,7 @@ class IncrementalSnapshot(SignalledSnapshots):
     def close(self) -> None:
         """Close the snapshot's connection (a new one registers its types again)."""
         self._table_cache.clear()
+        self._index_order.clear()
         if self._conn is not None:
             try:
                 self._conn.close()
@@ -537,13 +542,16 @@ class IncrementalSnapshot(SignalledSnapshots):
         query = sql.SQL("SELECT {} FROM {} WHERE {}{} ORDER BY {} LIMIT {}").format(
             columns, table_sql, sql.SQL(" AND ").join(bounds), condition, key_sql,
             sql.Literal(self._chunk_size))
+        begin = _BEGIN_CHUNK
+        if self._key_is_indexed(conn, progress.table, key):
+            begin = f"{begin}; {INDEX_ORDER_SETTINGS}"
         self._mark(conn, f"open:{window_id}")
         with conn.cursor() as cur:
             register_text_types(cur)
             try:
                 # One snapshot for both: the running transactions it does not see, and
                 # the chunk read in it.
-                cur.execute("BEGIN ISOLATION LEVEL REPEATABLE READ READ ONLY")
+                cur.execute(begin)
                 cur.execute(_SNAPSHOT_QUERY if conn.info.server_version >= 130000
                             else _SNAPSHOT_QUERY_12)
                 snapshot = cur.fetchone()
@@ -582,6 +590,21 @@ class IncrementalSnapshot(SignalledSnapshots):
         return Window(window_id, schema, oid, rows, last, done, start, match_indexes,
                       invisible=invisible)
 
+    def _key_is_indexed(self, conn: Connection, table: TableId, key: tuple[str, ...]) -> bool:
+        """Whether an index gives *key*'s order (looked up once per table and key); a
+        warning the first time it does not: each chunk then reads the rest of the table."""
+        known = self._index_order.get((table, key))
+        if known is None:
+            known = self._index_order[(table, key)] = \
+                ordered_index(conn, table, key) is not None
+            if not known:
+                log.warning("incremental snapshot of %s: no btree index has the chunk key "
+                            "(%s) as its leading columns in ascending order, so each chunk "
+                            "may read the rest of the table; create one (CREATE INDEX ON %s "
+                            "(%s)) for chunks that cost the same wherever they are",
+                            table, ", ".join(key), table, ", ".join(key))
+        return known
+
     @staticmethod
     def _mark(conn: Connection, content: str) -> None:
         with conn.cursor() as cur:
@@ -611,6 +634,8 @@ def signal_table_layout(conn: Connection,
                                  f"{SIGNAL_TABLE_COLUMNS}")
     return int(oid), tuple(columns)
 
+
+_BEGIN_CHUNK: Final = "BEGIN ISOLATION LEVEL REPEATABLE READ READ ONLY"
 
 # The snapshot's oldest running transaction and the running ones it does not see (xid8
 # as text; PostgreSQL 12 has only the txid_ forms).
