@@ -61,6 +61,10 @@ _REPLICATION_MODULE = "tidemark.source.postgres.replication"
 
 _MAX_BACKOFF_S = 30.0
 _FIRST_BATCH_MESSAGES = 128
+#: While an incremental snapshot's marks stream in, batches with nothing to hand on are
+#: not handed to the engine; one goes at least this often all the same (the engine
+#: checks for a stop and saves offsets between batches).
+_BUSY_SNAPSHOT_YIELD_S = 0.2
 
 
 class PostgresReader:
@@ -615,9 +619,11 @@ class PostgresReader:
         # milliseconds of the stream opening, then grow to max_batch_messages, where
         # per-batch costs stop mattering.
         limit = min(_FIRST_BATCH_MESSAGES, cfg.max_batch_messages)
+        last_yield = time.monotonic()
         while True:
             try:
                 messages = stream.read_batch(limit, 0.2)
+                messages_read = bool(messages)
                 if messages:
                     limit = min(limit * 4, cfg.max_batch_messages)
             except SourceUnavailableError as err:
@@ -659,7 +665,8 @@ class PostgresReader:
                 while split.after is not None:
                     records, texts = self._handle(split.before, now_us, lines, to_records,
                                                   builder)
-                    yield SourceBatch(records, None, False, texts)
+                    if records or texts:
+                        yield SourceBatch(records, None, False, texts)
                     if split.reads:
                         stats.count_rows(split.reads)
                         stats.saw_events(len(split.reads), now_us)
@@ -706,12 +713,21 @@ class PostgresReader:
                     partial = (builder.context.commit_lsn, open_messages)
             else:
                 open_messages = 0
+            if messages_read and not records and not texts and not finished and \
+                    snap is not None and snap.active and not snap.paused and \
+                    time.monotonic() - last_yield < _BUSY_SNAPSHOT_YIELD_S:
+                # The stream is bringing the snapshot's marks: read on at once. An empty
+                # batch would make the engine wait as for an idle source (50 ms a
+                # window). What it would have carried goes with the next one.
+                snap.maybe_open_window()
+                continue
             snap_changed = snap is not None and snap.changed
             offset: Offset | None = None
             if resume > emitted or finished or partial != handed_partial or snap_changed:
                 offset = _offset(resume, partial, snap)
                 emitted = stats.position_lsn = resume
                 handed_partial = partial
+            last_yield = time.monotonic()
             yield SourceBatch(records, offset, finished, texts)
             if finished:
                 return
