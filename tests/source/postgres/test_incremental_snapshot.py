@@ -253,8 +253,9 @@ def _capture(db: Database, offsets: Path, *args: str) -> subprocess.Popen[bytes]
     return subprocess.Popen(
         [sys.executable, "-m", "tidemark", "capture", "--table", "public.t",
          "--slot", f"s_{db.name}", "--snapshot-mode", "no_data", "--offsets", str(offsets),
+         # Pinned: the restart test counts on chunks of 100 rows.
          "--signal-table", SIGNALS, "--incremental-snapshot-chunk-size", "100",
-         "--offset-flush-interval-ms", "0", *args],
+         "--incremental-snapshot-chunk-fixed", "--offset-flush-interval-ms", "0", *args],
         stdout=subprocess.PIPE, stderr=subprocess.PIPE,
         env={**os.environ, "TIDEMARK_DSN": db.dsn})
 

@@ -10,6 +10,7 @@ key's order a warning says so once.
 from __future__ import annotations
 
 import logging
+import re
 from typing import Any
 
 import psycopg
@@ -54,11 +55,12 @@ def _explained(db: Database, table: TableId, keys: tuple[str, ...], *,
             snap.maybe_open_window()
     finally:
         snap.close()
-    return [p for p in plans if f"LIMIT {CHUNK}" in p]
+    # The chunk queries (LIMIT grows from CHUNK), not the one for the largest key.
+    return [p for p in plans if re.search(r"LIMIT (?!1\b)\d+", p)]
 
 
 def _assert_index_walk(plans: list[str]) -> None:
-    assert len(plans) >= 20, plans
+    assert len(plans) >= 5, plans
     for plan in plans:
         assert "Index Scan" in plan, plan
         assert "Bitmap" not in plan and "Sort" not in plan and "Seq Scan" not in plan, plan

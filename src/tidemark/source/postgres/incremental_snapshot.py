@@ -64,6 +64,7 @@ from tidemark.event import (
     TableSchema,
 )
 from tidemark.postgres_connection import Connection, on_standby
+from tidemark.source.chunk_size import ChunkSizer
 from tidemark.source.postgres import catalog, pgoutput
 from tidemark.source.postgres.change_builder import CONNECTOR_NAME
 from tidemark.source.postgres.key_order import INDEX_ORDER_SETTINGS, ordered_index
@@ -164,7 +165,8 @@ class IncrementalSnapshot(SignalledSnapshots):
                  captured: Sequence[TableId], keys: dict[TableId, tuple[str, ...]],
                  signal_table: TableId | None, chunk_size: int, topic_prefix: str,
                  database: str, state: dict[str, Any] | None = None,
-                 generated: bool = False, skipped: frozenset[Op] = frozenset()) -> None:
+                 generated: bool = False, skipped: frozenset[Op] = frozenset(),
+                 adaptive_chunks: bool = True) -> None:
         super().__init__(set(captured).__contains__, state)
         # Row changes that skipped_operations leaves out of the stream do not take their
         # key out of an open chunk (Debezium's EventDispatcher hands a skipped operation
@@ -180,7 +182,7 @@ class IncrementalSnapshot(SignalledSnapshots):
         self.signal_table = signal_table
         self._signal_prefix: bytes | None = None
         self._signal_columns: tuple[str, ...] = ()
-        self._chunk_size = chunk_size
+        self._sizer = ChunkSizer(chunk_size, adaptive=adaptive_chunks)
         self._prefix = topic_prefix
         self._database = database
         self.windows: list[Window] = []
@@ -529,6 +531,7 @@ class IncrementalSnapshot(SignalledSnapshots):
                 self.changed = True
                 return None
             progress.max_key = list(top)
+            self._sizer.reset()
             self.changed = True
             log.info("incremental snapshot of %s started (up to key %s)", progress.table,
                      progress.max_key)
@@ -539,9 +542,10 @@ class IncrementalSnapshot(SignalledSnapshots):
         if progress.read_key is not None:
             bounds.insert(0, sql.SQL("({}) > ({})").format(key_sql, _typed(casts)))
             params = [*progress.read_key, *params]
+        limit = self._sizer.rows()
         query = sql.SQL("SELECT {} FROM {} WHERE {}{} ORDER BY {} LIMIT {}").format(
             columns, table_sql, sql.SQL(" AND ").join(bounds), condition, key_sql,
-            sql.Literal(self._chunk_size))
+            sql.Literal(limit))
         begin = _BEGIN_CHUNK
         if self._key_is_indexed(conn, progress.table, key):
             begin = f"{begin}; {INDEX_ORDER_SETTINGS}"
@@ -556,8 +560,10 @@ class IncrementalSnapshot(SignalledSnapshots):
                             else _SNAPSHOT_QUERY_12)
                 snapshot = cur.fetchone()
                 assert snapshot is not None
+                started = time.monotonic()
                 cur.execute(query, params)
                 rows = cur.fetchall()
+                read_s = time.monotonic() - started
             except BaseException:
                 # The error in flight says what happened (a ROLLBACK on a lost
                 # connection would replace it).
@@ -585,7 +591,8 @@ class IncrementalSnapshot(SignalledSnapshots):
         self._mark(conn, f"close:{window_id}")
         start = progress.read_key
         last = list(rows[-1][i] for i in key_indexes) if rows else start
-        done = len(rows) < self._chunk_size or last == progress.max_key
+        done = len(rows) < limit or last == progress.max_key
+        self._sizer.saw(rows, limit, read_s)
         progress.read_key, progress.read_all = last, done
         return Window(window_id, schema, oid, rows, last, done, start, match_indexes,
                       invisible=invisible)

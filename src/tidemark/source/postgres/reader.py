@@ -768,7 +768,8 @@ class PostgresReader:
             signal_table=TableId.parse(cfg.signal_table) if cfg.signal_table else None,
             chunk_size=cfg.incremental_snapshot_chunk_size, topic_prefix=cfg.topic_prefix,
             database=self.database, state=state if isinstance(state, dict) else None,
-            generated=self._generated, skipped=cfg.skipped)
+            generated=self._generated, skipped=cfg.skipped,
+            adaptive_chunks=cfg.incremental_snapshot_chunk_adaptive)
         snap.open()
         self._snapshots = snap
         snap.maybe_open_window()
