@@ -112,7 +112,7 @@ log = logging.getLogger(__name__)
 @click.option("--incremental-snapshot-chunk-size", type=click.IntRange(min=1), default=1024,
               show_default=True,
               help="Rows of an incremental snapshot's first chunk; later chunks grow "
-                   "while they read fast (to 32,768 rows and about 8 MB at most).")
+                   "while they read fast (to 32,768 rows and about 4 MB at most).")
 @click.option("--incremental-snapshot-chunk-fixed", is_flag=True,
               help="Keep every chunk of an incremental snapshot at "
                    "--incremental-snapshot-chunk-size rows (no growth).")

@@ -22,8 +22,8 @@ from tidemark.fetch_budget import value_bytes
 #: The most rows a chunk grows to.
 MOST_ROWS: Final = 32_768
 #: The most memory (an estimate: values and Python's per-value overhead) a chunk grows
-#: to hold; the PostgreSQL source reads up to 4 windows ahead, so 32 MB at most.
-MOST_BYTES: Final = 8 << 20
+#: to hold; the PostgreSQL source reads up to 4 windows ahead, so 16 MB at most.
+MOST_BYTES: Final = 4 << 20
 #: A full chunk read faster than this makes the next one twice as large.
 CHEAP_READ_S: Final = 0.05
 #: A chunk read slower than this makes the next one half as large.

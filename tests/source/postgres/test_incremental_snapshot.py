@@ -142,17 +142,17 @@ def test_seed_001_buffer_example_k1_to_k6(db: Database,
                "INSERT INTO t VALUES (2, 'k2'), (3, 'k3'), (4, 'k4')",
                "CREATE TABLE dbz_signal (id varchar(42) PRIMARY KEY, type varchar(32) NOT NULL,"
                " data varchar(2048) NULL)")
-    real_mark = incremental_snapshot.IncrementalSnapshot._mark
+    real_send = incremental_snapshot.IncrementalSnapshot._send
 
-    def mark(conn: Any, content: str) -> None:
-        if content.startswith("close:"):
+    def send(cur: Any, statements: str) -> None:
+        if "'close:" in statements:
             db.execute("DELETE FROM t WHERE id = 4")
             db.execute("INSERT INTO t VALUES (6, 'k6')")
-        real_mark(conn, content)
-        if content.startswith("open:"):
+        real_send(cur, statements)
+        if "'open:" in statements:
             db.execute("INSERT INTO t VALUES (5, 'k5')")  # committed before the SELECT
 
-    monkeypatch.setattr(incremental_snapshot.IncrementalSnapshot, "_mark", staticmethod(mark))
+    monkeypatch.setattr(incremental_snapshot.IncrementalSnapshot, "_send", staticmethod(send))
     connector = make_connector(db.dsn, "public.t", snapshot_mode="no_data",
                                signal_table=SIGNALS)
     connector.start()
@@ -326,16 +326,16 @@ def test_stop_at_end_waits_for_a_snapshot_signalled_before_the_start(
 
 def _in_window(monkeypatch: pytest.MonkeyPatch, db: Database, *statements: str) -> None:
     """Run *statements* inside the first window (after its SELECT, before its close)."""
-    real_mark = incremental_snapshot.IncrementalSnapshot._mark
+    real_send = incremental_snapshot.IncrementalSnapshot._send
     done: list[bool] = []
 
-    def mark(conn: Any, content: str) -> None:
-        if content.startswith("close:") and not done:
+    def send(cur: Any, sent: str) -> None:
+        if "'close:" in sent and not done:
             done.append(True)
             db.execute(*statements)
-        real_mark(conn, content)
+        real_send(cur, sent)
 
-    monkeypatch.setattr(incremental_snapshot.IncrementalSnapshot, "_mark", staticmethod(mark))
+    monkeypatch.setattr(incremental_snapshot.IncrementalSnapshot, "_send", staticmethod(send))
 
 
 def _snapshot_with(db: Database, monkeypatch: pytest.MonkeyPatch, statements: tuple[str, ...],

@@ -120,7 +120,7 @@ class PostgresSourceConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unk
     grow while they are cheap to read (see :mod:`tidemark.source.chunk_size`)."""
     incremental_snapshot_chunk_adaptive: bool = True
     """Let chunks grow from ``incremental_snapshot_chunk_size`` (doubling while a full
-    chunk reads in under 50 ms, up to 32,768 rows and about 8 MB); false pins every
+    chunk reads in under 50 ms, up to 32,768 rows and about 4 MB); false pins every
     chunk to that size."""
 
     def __post_init__(self) -> None:

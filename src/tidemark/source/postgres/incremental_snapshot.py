@@ -546,24 +546,36 @@ class IncrementalSnapshot(SignalledSnapshots):
         query = sql.SQL("SELECT {} FROM {} WHERE {}{} ORDER BY {} LIMIT {}").format(
             columns, table_sql, sql.SQL(" AND ").join(bounds), condition, key_sql,
             sql.Literal(limit))
-        begin = _BEGIN_CHUNK
+        # The opening mark, then the chunk's transaction, in one round trip. The mark's
+        # commit need not wait for its WAL flush: its place in the WAL is what counts,
+        # and the closing mark's flushed commit flushes it too (the stream brings
+        # neither sooner).
+        begin = (f"BEGIN; SET LOCAL synchronous_commit = off; "
+                 f"{_mark_sql(conn, f'open:{window_id}')}; COMMIT; {_BEGIN_CHUNK}")
         if self._key_is_indexed(conn, progress.table, key):
             begin = f"{begin}; {INDEX_ORDER_SETTINGS}"
-        self._mark(conn, f"open:{window_id}")
+        rows: list[tuple[Any, ...]] = []
+        read_s = 0.0
         with conn.cursor() as cur:
             register_text_types(cur)
             try:
                 # One snapshot for both: the running transactions it does not see, and
                 # the chunk read in it.
-                cur.execute(begin)
+                self._send(cur, begin)
                 cur.execute(_SNAPSHOT_QUERY if conn.info.server_version >= 130000
                             else _SNAPSHOT_QUERY_12)
                 snapshot = cur.fetchone()
                 assert snapshot is not None
-                started = time.monotonic()
-                cur.execute(query, params)
-                rows = cur.fetchall()
-                read_s = time.monotonic() - started
+                xmin = int(snapshot[0]) & 0xFFFFFFFF
+                invisible = frozenset(int(x) & 0xFFFFFFFF
+                                      for x in snapshot[1].split(",") if x)
+                self._forget_before(xmin)
+                missed = [x for x in invisible if x << 32 | oid in self._recent]
+                if not missed:
+                    started = time.monotonic()
+                    cur.execute(query, params)
+                    rows = cur.fetchall()
+                    read_s = time.monotonic() - started
             except BaseException:
                 # The error in flight says what happened (a ROLLBACK on a lost
                 # connection would replace it).
@@ -571,10 +583,9 @@ class IncrementalSnapshot(SignalledSnapshots):
                     cur.execute("ROLLBACK")
                 raise
             cur.execute("ROLLBACK")
-        xmin = int(snapshot[0]) & 0xFFFFFFFF
-        invisible = frozenset(int(x) & 0xFFFFFFFF for x in snapshot[1].split(",") if x)
-        self._forget_before(xmin)
-        missed = [x for x in invisible if x << 32 | oid in self._recent]
+            if not missed:
+                # The closing mark: a flushed commit, so the stream brings it at once.
+                self._send(cur, _mark_sql(conn, f"close:{window_id}"))
         if missed:
             # Streamed already, so committed before the opening mark, yet not visible:
             # its commit is still finishing (a synchronous standby's answer, say). The
@@ -588,7 +599,6 @@ class IncrementalSnapshot(SignalledSnapshots):
             self._invisible_delay = min(self._invisible_delay * 2, _INVISIBLE_RETRY_MAX_S)
             return None
         self._invisible_delay = _INVISIBLE_RETRY_S
-        self._mark(conn, f"close:{window_id}")
         start = progress.read_key
         last = list(rows[-1][i] for i in key_indexes) if rows else start
         done = len(rows) < limit or last == progress.max_key
@@ -596,6 +606,11 @@ class IncrementalSnapshot(SignalledSnapshots):
         progress.read_key, progress.read_all = last, done
         return Window(window_id, schema, oid, rows, last, done, start, match_indexes,
                       invisible=invisible)
+
+    @staticmethod
+    def _send(cur: psycopg.Cursor[Any], statements: str) -> None:
+        """Run *statements* (a window's marks go through here: one place to watch)."""
+        cur.execute(statements)
 
     def _key_is_indexed(self, conn: Connection, table: TableId, key: tuple[str, ...]) -> bool:
         """Whether an index gives *key*'s order (looked up once per table and key); a
@@ -612,11 +627,6 @@ class IncrementalSnapshot(SignalledSnapshots):
                             table, ", ".join(key), table, ", ".join(key))
         return known
 
-    @staticmethod
-    def _mark(conn: Connection, content: str) -> None:
-        with conn.cursor() as cur:
-            cur.execute("SELECT pg_logical_emit_message(true, %s, %s)",
-                        (WATERMARK_PREFIX, content))
 
 
 def signal_table_layout(conn: Connection,
@@ -652,6 +662,13 @@ _SNAPSHOT_QUERY: Final = ("SELECT pg_snapshot_xmin(s)::text, "
 _SNAPSHOT_QUERY_12: Final = ("SELECT txid_snapshot_xmin(s)::text, "
                              "array_to_string(ARRAY(SELECT txid_snapshot_xip(s)), ',') "
                              "FROM txid_current_snapshot() s")
+
+
+def _mark_sql(conn: Connection, content: str) -> str:
+    """The statement writing a watermark with *content* (inlined: it goes in a string of
+    several statements, which takes no parameters)."""
+    return sql.SQL("SELECT pg_logical_emit_message(true, {}, {})").format(
+        sql.Literal(WATERMARK_PREFIX), sql.Literal(content)).as_string(conn)
 
 
 def _typed(casts: Sequence[str]) -> sql.Composable:
