@@ -7,11 +7,14 @@ rows in a private, durable MariaDB (its defaults: ``innodb_flush_log_at_trx_comm
 
 * ``mariadb -N -B -e 'SELECT * FROM t10'`` to /dev/null — the baseline (the server's own
   client reading the whole table in one statement);
-* ``tidemark capture --stop-at-end`` after an ``execute-snapshot`` signal (Debezium JSON
-  lines to /dev/null) at each ``--chunk-size`` (default: tidemark's default): rows/s =
-  table rows / wall time from process start to exit, and rows / (wall - startup), where
-  startup is a ``--stop-at-end`` run with nothing to do from the same offsets, measured
-  just before;
+* ``tidemark capture`` after an ``execute-snapshot`` signal (Debezium JSON lines to
+  a pipe, where this script counts the ``op: "r"`` lines) at each ``--chunk-size``
+  (default: tidemark's default): rows/s = table rows / wall time from process start to
+  the last read line (then it is stopped with SIGTERM: MariaDB's ``--stop-at-end`` stops
+  at the binlog's end as it was at the start, and leaves a snapshot still running for
+  the next capture), and rows /
+  (wall - startup), where startup is a ``--stop-at-end`` run with nothing to do from the
+  same offsets, measured just before;
 * the same with a writer doing single-row UPDATEs of random rows at ``--update-rate``
   per second (default 1,000; the achieved rate is printed);
 * CPU seconds (user + sys) of the measured process and of the server (``mariadbd``).
@@ -34,6 +37,7 @@ import os
 import random
 import re
 import shutil
+import signal
 import statistics
 import subprocess
 import sys
@@ -137,17 +141,18 @@ class Bench:
         return Sample(seconds, cpu, self.server_cpu() - before, rss)
 
     def snapshot(self, chunk: int, update_rate: float, src: str | None = None,
-                 stdout: int | IO[bytes] = subprocess.DEVNULL) -> Sample:
+                 keep: IO[bytes] | None = None) -> Sample:
         self.runs += 1
         offsets = self.workdir / f"offsets-{self.runs}.json"
         argv = [sys.executable, "-m", "tidemark", "--log-level", "INFO", "capture",
                 "--table", "bench.t10", "--snapshot-mode", "no_data", "--offsets",
                 str(offsets), "--signal-table", "bench.dbz_signal",
-                "--incremental-snapshot-chunk-size", str(chunk), "--stop-at-end"]
+                "--incremental-snapshot-chunk-size", str(chunk)]
         env = {**os.environ, "TIDEMARK_DSN": self.server.dsn("bench")}
         if src is not None:
             env["PYTHONPATH"] = src
-        startup, _, _, _ = run_usage(argv, env)  # starts at the binlog's end, saves it
+        # Starts at the binlog's end and saves it.
+        startup, _, _, _ = run_usage([*argv, "--stop-at-end"], env)
         with self.conn.cursor() as cur:
             cur.execute("INSERT INTO dbz_signal VALUES (%s, 'execute-snapshot', %s)",
                         (f"bench-{self.runs}", json.dumps(
@@ -159,20 +164,18 @@ class Bench:
             writer.ready.wait()
         before = self.server_cpu()
         try:
-            seconds, rss, cpu, err = run_usage(argv, env, stdout)
+            seconds, rss, cpu = _until_read(argv, env, self.rows, keep)
         finally:
             if writer is not None:
                 writer.stop.set()
                 writer.join()
         server = self.server_cpu() - before
-        if "incremental snapshot of bench.t10 finished" not in err:
-            raise SystemExit(f"the snapshot did not finish:\n{err}")
         return Sample(seconds, cpu, server, rss, startup,
                       writer.achieved if writer else None)
 
     def verify(self, chunk: int) -> float:
         with tempfile.TemporaryFile(dir=self.workdir) as out:
-            sample = self.snapshot(chunk, 0.0, stdout=out)
+            sample = self.snapshot(chunk, 0.0, keep=out)
             out.seek(0)
             reads = 0
             ids: set[int] = set()
@@ -187,6 +190,45 @@ class Bench:
             raise SystemExit(f"verification failed: {reads:,} 'r' lines, {len(ids):,} "
                              f"distinct ids, expected {self.rows:,} of each")
         return sample.seconds
+
+
+def _until_read(argv: list[str], env: dict[str, str], rows: int,
+                keep: IO[bytes] | None = None) -> tuple[float, int, float]:
+    """Run *argv* until its output holds *rows* reads, then stop it (SIGTERM): (seconds
+    to that point, peak RSS bytes, CPU seconds of the whole run). *keep* gets the
+    output."""
+    with tempfile.TemporaryFile() as err:
+        started = time.perf_counter()
+        proc = subprocess.Popen(argv, env=env, stdout=subprocess.PIPE, stderr=err)
+        assert proc.stdout is not None
+        reads = 0
+        tail = b""
+        seconds = None
+        while block := proc.stdout.read1(1 << 16):
+            if keep is not None:
+                keep.write(block)
+            data = tail + block
+            reads += data.count(b'"op":"r"')
+            tail = data[-(len(b'"op":"r"') - 1):]
+            if reads >= rows:
+                seconds = time.perf_counter() - started
+                proc.send_signal(signal.SIGTERM)
+                break
+        if keep is not None:
+            keep.write(proc.stdout.read())
+        else:
+            proc.stdout.read()
+        _, status, usage = os.wait4(proc.pid, 0)
+        err.seek(0)
+        text = err.read().decode(errors="replace")
+    if seconds is None:
+        raise SystemExit(f"the snapshot did not finish ({reads:,} reads):\n{text}")
+    if "incremental snapshot of bench.t10 finished" not in text:
+        raise SystemExit(f"{reads:,} reads but no end of the snapshot in the log:\n{text}")
+    code = os.waitstatus_to_exitcode(status)
+    if code not in (0, -signal.SIGTERM):
+        raise SystemExit(f"capture failed ({code}):\n{text}")
+    return seconds, usage.ru_maxrss * 1024, usage.ru_utime + usage.ru_stime
 
 
 def _fmt(values: list[float], digits: int = 0) -> str:
