@@ -494,10 +494,11 @@ def test_a_change_committed_before_the_window_but_not_yet_visible_is_not_overwri
     assert [e.after["v"] for e in _reads(got) if e.after["id"] == 5] == ["new"]
 
 
-def test_a_change_streamed_before_the_opening_mark_but_invisible_reads_the_chunk_again(
+def test_a_change_streamed_before_the_opening_mark_but_invisible_leaves_the_chunk(
         db: Database, caplog: pytest.LogCaptureFixture) -> None:
     """The same, when the chunk is read before the stream brings that transaction (a
-    restart mid-snapshot reads the next chunks at once): the window is read again."""
+    restart mid-snapshot reads the next chunks at once): its change comes before the
+    window opens and takes its key out of the chunk, as a change inside the window does."""
     caplog.set_level(logging.INFO, logger=incremental_snapshot.__name__)
     _setup(db, 300)
     first = make_connector(db.dsn, "public.t", snapshot_mode="no_data",
@@ -522,7 +523,10 @@ def test_a_change_streamed_before_the_opening_mark_but_invisible_reads_the_chunk
     try:
         with _commit_held(db, "UPDATE t SET v = 'new' WHERE id = 150"):
             second.start(offset)  # reads the next chunks before streaming anything
-            got += _collect(second, lambda r: any(e.after["id"] == 150 for e in _reads(r))
+            # The window holding 150 closes (150 left out of it: its update came
+            # first), or is read again.
+            got += _collect(second, lambda r: any(150 <= e.after["id"] <= 200
+                                                  for e in _reads(r))
                             or "was not visible to the chunk's SELECT" in caplog.text)
         got += _collect(second, lambda r: _done(second) and any(
             e.after["id"] == 300 for e in _reads(got + r)))
@@ -534,4 +538,4 @@ def test_a_change_streamed_before_the_opening_mark_but_invisible_reads_the_chunk
     assert [e.after["v"] for e in updates] == ["new"]
     after_update = events(got)[events(got).index(updates[0]):]
     assert [e.after["v"] for e in _reads(after_update) if e.after["id"] == 150] in ([], ["new"])
-    assert {int(e.after["id"]) for e in _reads(got)} >= set(range(101, 301))
+    assert {int(e.after["id"]) for e in _reads(got)} >= set(range(101, 301)) - {150}

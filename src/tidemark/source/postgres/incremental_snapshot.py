@@ -352,6 +352,13 @@ class IncrementalSnapshot(SignalledSnapshots):
             for w in self.windows:
                 if not w.opened and xid in w.invisible and w.relation_oid in oids \
                         and not w.reread:
+                    if kind in self._kept_kinds:
+                        # Its change is handed on before the window; the chunk's row of
+                        # that key is older: it leaves the chunk, as if changed inside
+                        # the window (on a durable server a commit stays invisible for
+                        # its WAL flush, so this is common under concurrent writes).
+                        self._dedupe(w, payload, kind)
+                        continue
                     log.info("incremental snapshot of %s: transaction %d committed before "
                              "the window opened but was not visible to the chunk's SELECT "
                              "yet; reading the chunk again", w.schema.table, xid)
