@@ -67,7 +67,7 @@ from tidemark.postgres_connection import Connection, on_standby
 from tidemark.source.chunk_size import ChunkSizer
 from tidemark.source.postgres import catalog, pgoutput
 from tidemark.source.postgres.change_builder import CONNECTOR_NAME
-from tidemark.source.postgres.key_order import INDEX_ORDER_SETTINGS, ordered_index
+from tidemark.source.postgres.key_order import IndexOrder
 from tidemark.source.postgres.snapshot import register_text_types
 from tidemark.source.postgres.source_block import POSTGRES_BLOCK
 from tidemark.source.signals import (
@@ -189,9 +189,7 @@ class IncrementalSnapshot(SignalledSnapshots):
         """Windows read and not closed yet, in the order of their marks."""
         self._drop_commit = False  # the next message is a watermark's Commit to leave out
         self._table_cache: dict[TableId, tuple[TableSchema, int]] = {}
-        self._index_order: dict[tuple[TableId, tuple[str, ...]], bool] = {}
-        """Whether an index gives each (table, chunk key)'s order (see
-        :mod:`~tidemark.source.postgres.key_order`)."""
+        self._index_order = IndexOrder("incremental snapshot")
         self._retry_at = 0.0
         self._retry_delay = 0.5
         self._generated = generated  # the stream carries stored generated columns
@@ -558,9 +556,8 @@ class IncrementalSnapshot(SignalledSnapshots):
         # and the closing mark's flushed commit flushes it too (the stream brings
         # neither sooner).
         begin = (f"BEGIN; SET LOCAL synchronous_commit = off; "
-                 f"{_mark_sql(conn, f'open:{window_id}')}; COMMIT; {_BEGIN_CHUNK}")
-        if self._key_is_indexed(conn, progress.table, key):
-            begin = f"{begin}; {INDEX_ORDER_SETTINGS}"
+                 f"{_mark_sql(conn, f'open:{window_id}')}; COMMIT; {_BEGIN_CHUNK}"
+                 f"{self._index_order.settings(conn, progress.table, key)}")
         rows: list[tuple[Any, ...]] = []
         read_s = 0.0
         with conn.cursor() as cur:
@@ -618,22 +615,6 @@ class IncrementalSnapshot(SignalledSnapshots):
     def _send(cur: psycopg.Cursor[Any], statements: str) -> None:
         """Run *statements* (a window's marks go through here: one place to watch)."""
         cur.execute(statements)
-
-    def _key_is_indexed(self, conn: Connection, table: TableId, key: tuple[str, ...]) -> bool:
-        """Whether an index gives *key*'s order (looked up once per table and key); a
-        warning the first time it does not: each chunk then reads the rest of the table."""
-        known = self._index_order.get((table, key))
-        if known is None:
-            known = self._index_order[(table, key)] = \
-                ordered_index(conn, table, key) is not None
-            if not known:
-                log.warning("incremental snapshot of %s: no btree index has the chunk key "
-                            "(%s) as its leading columns in ascending order, so each chunk "
-                            "may read the rest of the table; create one (CREATE INDEX ON %s "
-                            "(%s)) for chunks that cost the same wherever they are",
-                            table, ", ".join(key), table, ", ".join(key))
-        return known
-
 
 
 def signal_table_layout(conn: Connection,

@@ -16,6 +16,7 @@ make the planner pick among them at a penalty.
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Sequence
 from typing import Any, Final
 
@@ -23,6 +24,8 @@ import psycopg
 from psycopg import sql
 
 from tidemark.event import TableId
+
+log = logging.getLogger(__name__)
 
 #: Statements (one string, no parameters) that leave the planner the index scan for a
 #: query ordered by an indexed key; local to the transaction they run in.
@@ -62,3 +65,30 @@ def ordered_index(conn: psycopg.Connection[Any], table: TableId,
             "key": list(key)})
         row = cur.fetchone()
     return None if row is None else str(row[0])
+
+
+class IndexOrder:
+    """What a chunk's transaction sets for *key*'s order: :data:`INDEX_ORDER_SETTINGS`
+    (as ``; …`` to append to its BEGIN) where an index has the order, else nothing and
+    a warning, once per table and key. *what* names the reader in the warning."""
+
+    def __init__(self, what: str) -> None:
+        self.what = what
+        self._known: dict[tuple[TableId, tuple[str, ...]], bool] = {}
+
+    def settings(self, conn: psycopg.Connection[Any], table: TableId,
+                 key: tuple[str, ...]) -> str:
+        indexed = self._known.get((table, key))
+        if indexed is None:
+            indexed = self._known[(table, key)] = ordered_index(conn, table, key) is not None
+            if not indexed:
+                log.warning("%s of %s: no btree index has the chunk key (%s) as its leading "
+                            "columns in ascending order, so each chunk may read the rest of "
+                            "the table; create one (CREATE INDEX ON %s (%s)) for chunks that "
+                            "cost the same wherever they are", self.what, table,
+                            ", ".join(key), table, ", ".join(key))
+        return f"; {INDEX_ORDER_SETTINGS}" if indexed else ""
+
+    def clear(self) -> None:
+        """Forget what was looked up (a new connection: the indexes may have changed)."""
+        self._known.clear()
