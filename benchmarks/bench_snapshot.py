@@ -105,6 +105,8 @@ class Sample:
     """CPU seconds of the server's processes while it ran."""
     startup: float | None = None
     updates_per_s: float | None = None
+    rereads: int = 0
+    """Chunks read again (the capture's log says why)."""
 
 
 @dataclass
@@ -233,7 +235,8 @@ class Bench:
             # the fresh table without column statistics).
             self.sql("VACUUM t10")
         return Sample(seconds, rss, cpu, server, startup,
-                      writer.achieved if writer else None)
+                      writer.achieved if writer else None,
+                      err.count("reading the chunk again"))
 
     def drop_slot(self, slot: str, timeout_s: float = 30.0) -> None:
         """Drop *slot* once its walsender has gone (it outlives the client briefly)."""
@@ -349,6 +352,8 @@ def main() -> None:
                     extra += f", startup {sample.startup:.2f} s"
                 if sample.updates_per_s is not None:
                     extra += f", {sample.updates_per_s:,.0f} updates/s achieved"
+                if sample.rereads:
+                    extra += f", {sample.rereads} chunk(s) read again"
                 print(f"run {run + 1}: {c.name}: {sample.seconds:.2f} s, "
                       f"{args.rows / sample.seconds:,.0f} rows/s, CPU {sample.cpu:.2f} s, "
                       f"server CPU {sample.server_cpu:.2f} s, "

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import time
+from typing import Any
 
 import pytest
 
@@ -20,6 +21,7 @@ from tidemark.event import Op, TableId
 from tidemark.postgres_connection import connect
 from tidemark.source.chunk_size import MOST_BYTES, MOST_ROWS, row_memory
 from tidemark.source.postgres.incremental_snapshot import IncrementalSnapshot
+from tidemark.source.postgres.replication import ReplicationStream
 from tidemark.source.signals import ExecuteSnapshot
 
 pytestmark = [pytest.mark.integration]
@@ -104,3 +106,44 @@ def test_chunks_of_wide_rows_grow_only_within_the_memory_bound(db: Database) -> 
     assert max(len(w) for w in windows) > 10  # it grew, then the bound held it
     for rows in windows:
         assert sum(row_memory(r) for r in rows) <= MOST_BYTES, len(rows)
+
+
+def test_reads_with_windows_waiting_do_not_gather(db: Database,
+                                                  monkeypatch: pytest.MonkeyPatch) -> None:
+    """A stream read gathers changes for up to 50 ms while they keep coming; with
+    windows waiting for their closing marks it ends with what is at hand, or a writer's
+    steady changes would hold back a closing mark already read."""
+    gathers: list[tuple[bool, float | None]] = []
+    real = ReplicationStream.read_batch
+    connector: Any = None
+
+    def read_batch(self: ReplicationStream, *args: Any) -> Any:
+        snap = connector.incremental_snapshot if connector is not None else None
+        gathers.append((bool(snap and snap.windows), args[2] if len(args) > 2 else None))
+        return real(self, *args)
+
+    monkeypatch.setattr(ReplicationStream, "read_batch", read_batch)
+    db.execute("CREATE TABLE t (id int PRIMARY KEY, v text)",
+               "INSERT INTO t SELECT g, 'v' || g FROM generate_series(1, 3000) g",
+               "CREATE TABLE dbz_signal (id varchar(42) PRIMARY KEY, type varchar(32) NOT NULL,"
+               " data varchar(2048) NULL)")
+    connector = make_connector(db.dsn, "public.t", snapshot_mode="no_data",
+                               signal_table=SIGNALS, incremental_snapshot_chunk_size=100)
+    connector.start()
+    try:
+        drain(connector, db.insert_lsn())
+        db.execute("INSERT INTO dbz_signal VALUES ('s1', 'execute-snapshot', %s)",
+                   params=(json.dumps({"data-collections": ["public.t"]}),))
+        reads = 0
+        deadline = time.monotonic() + 60
+        while reads < 3000:
+            assert time.monotonic() < deadline, f"timed out after {reads} reads"
+            batch = connector.poll()
+            reads += sum(1 for e in events(batch.records) if e.op is Op.READ)
+            if batch.offset is not None:
+                connector.commit(batch.offset)
+    finally:
+        connector.stop()
+    waiting = [gather for windows, gather in gathers if windows]
+    assert waiting and set(waiting) == {0.0}, gathers
+    assert {gather for windows, gather in gathers if not windows} == {None}

@@ -622,7 +622,11 @@ class PostgresReader:
         last_yield = time.monotonic()
         while True:
             try:
-                messages = stream.read_batch(limit, 0.2)
+                # While windows wait for their closing marks, a batch ends as soon as
+                # nothing more is at hand: the 50 ms gather would hold a closing mark
+                # already read for as long as a writer's changes keep coming.
+                messages = stream.read_batch(limit, 0.2) if snap is None or not snap.windows \
+                    else stream.read_batch(limit, 0.2, 0.0)
                 messages_read = bool(messages)
                 if messages:
                     limit = min(limit * 4, cfg.max_batch_messages)
