@@ -50,3 +50,16 @@ def test_the_connection_module_loads_psycopg_when_asked() -> None:
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                          check=True).stdout.strip()
     assert out == "False True True"
+
+
+def test_a_postgresql_capture_loads_only_what_it_uses() -> None:
+    # Every module a capture start loads is paid for in its time to the first event:
+    # incremental snapshots (a signal table) and the offsets file (--offsets) are
+    # loaded when asked for.
+    lazy = ("tidemark.source.postgres.incremental_snapshot", "tidemark.offsets.file")
+    code = ("import sys, tidemark.cli.main, tidemark.cli.capture, "
+            "tidemark.source.postgres.task, tidemark.source.postgres.reader; "
+            f"print(','.join(m for m in {lazy!r} if m in sys.modules))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                         check=True).stdout.strip()
+    assert out == "", f"imported at capture start: {out}"

@@ -24,7 +24,6 @@ from tidemark.engine.converters import DebeziumJsonConverter
 from tidemark.engine.engine import Engine, EngineCallbacks
 from tidemark.engine.state import IllegalStateError
 from tidemark.errors import TerminalError
-from tidemark.offsets.file import FileOffsetStore
 from tidemark.offsets.memory import MemoryOffsetStore
 from tidemark.offsets.store import OffsetStore
 from tidemark.skipped_operations import DEFAULT as SKIPPED_DEFAULT
@@ -153,6 +152,9 @@ def capture(dsn: str, source: str | None, tasks: int, task_index: int, cells: bo
         "incremental_snapshot_chunk_adaptive": not incremental_snapshot_chunk_fixed,
         "skipped_operations": skipped_operations,
     }
+    if offsets:
+        # Imported only when asked for (tempfile, shutil): every capture start would pay.
+        from tidemark.offsets.file import FileOffsetStore  # noqa: PLC0415
     store: OffsetStore = FileOffsetStore(offsets) if offsets else MemoryOffsetStore()
     context = click.get_current_context()
     given = frozenset(name for name in context.params

@@ -1132,6 +1132,251 @@ Renderer_call(PyObject *self, PyObject *args, PyObject *kwargs)
     return PyVectorcall_Call(self, args, kwargs);
 }
 
+/* -- whole JSON lines of one rows event ---------------------------------------------
+ * For a source that knows a batch of rows of one table share everything but their row
+ * index (MariaDB's rows events): the lines are written here, with no event object per
+ * row. The Python twin is tidemark.source.mariadb.json_lines.PythonRowLines. */
+
+/* Copies pieces [from, to) of *b* to its end; the caller has reserved room. */
+static inline void
+copy_pieces(Buf *b, Py_ssize_t from, Py_ssize_t to)
+{
+    memcpy(&b->items[b->n], &b->items[from], sizeof(Piece) * (size_t)(to - from));
+    b->n += to - from;
+}
+
+/* The key's pieces of a row written by write_row (without braces' join). */
+static void
+push_key(Renderer *self, Buf *b, const Py_ssize_t *starts)
+{
+    for (Py_ssize_t j = 0; j < self->n_keys; j++) {
+        Py_ssize_t column = self->key_indexes[j];
+        push_str(b, PyTuple_GET_ITEM(self->key_names, j));
+        copy_pieces(b, starts[column] + 1, starts[column + 1]);
+    }
+    PUSH_LITERAL(b, "}");
+}
+
+static Py_ssize_t
+key_pieces(Renderer *self, const Py_ssize_t *starts)
+{
+    Py_ssize_t count = 1;
+    for (Py_ssize_t j = 0; j < self->n_keys; j++) {
+        Py_ssize_t column = self->key_indexes[j];
+        count += 1 + starts[column + 1] - (starts[column] + 1);
+    }
+    return count;
+}
+
+/* One change event's line (and its tombstone's, after a delete with a key), appended
+ * to *out*. *before_starts* and *after_starts*: the rows as written, or NULL for none. */
+static int
+append_line(Renderer *self, Buf *b, PyObject *out, char op, const Py_ssize_t *before_starts,
+            const Py_ssize_t *after_starts, PyObject *head, const char *row, Py_ssize_t row_len,
+            PyObject *tail, PyObject *ts_text, int tombstones)
+{
+    Py_ssize_t n = self->n_columns;
+    const Py_ssize_t *key_starts = op == 'd' ? before_starts : after_starts;
+    int keyed = self->n_keys > 0 && key_starts != NULL;
+    Py_ssize_t keys = keyed ? key_pieces(self, key_starts) : 1;
+    Py_ssize_t need = 2 * keys + 24 +
+                      (before_starts ? before_starts[n] + 1 - before_starts[0] : 1) +
+                      (after_starts ? after_starts[n] + 1 - after_starts[0] : 1);
+    if (buf_reserve(b, need) < 0) {
+        return -1;
+    }
+    Py_ssize_t start = b->n;
+    PUSH_LITERAL(b, "{\"key\":");
+    if (keyed) {
+        push_key(self, b, key_starts);
+    }
+    else {
+        PUSH_LITERAL(b, "null");
+    }
+    PUSH_LITERAL(b, ",\"value\":{\"before\":");
+    if (before_starts != NULL) {
+        copy_pieces(b, before_starts[0], before_starts[n] + 1);
+    }
+    else {
+        PUSH_LITERAL(b, "null");
+    }
+    PUSH_LITERAL(b, ",\"after\":");
+    if (after_starts != NULL) {
+        copy_pieces(b, after_starts[0], after_starts[n] + 1);
+    }
+    else {
+        PUSH_LITERAL(b, "null");
+    }
+    PUSH_LITERAL(b, ",\"source\":");
+    push_str(b, head);
+    push_ascii(b, row, row_len);
+    push_str(b, tail);
+    PUSH_LITERAL(b, ",\"transaction\":null,\"op\":\"");
+    push_ascii(b, op == 'c' ? "c" : op == 'u' ? "u" : "d", 1);
+    PUSH_LITERAL(b, "\",");
+    push_str(b, ts_text);
+    PUSH_LITERAL(b, "}\n");
+    if (tombstones && op == 'd' && keyed) {
+        PUSH_LITERAL(b, "{\"key\":");
+        push_key(self, b, key_starts);
+        PUSH_LITERAL(b, ",\"value\":null}\n");
+    }
+    PyObject *line = join(b, start, b->n);
+    b->n = start;
+    if (line == NULL) {
+        return -1;
+    }
+    int failed = PyList_Append(out, line);
+    Py_DECREF(line);
+    return failed;
+}
+
+/* Whether an update changed its row's key (tidemark.key_change.key_changed). */
+static int
+key_changed(Renderer *self, PyObject *before, PyObject *after)
+{
+    for (Py_ssize_t j = 0; j < self->n_keys; j++) {
+        Py_ssize_t i = self->key_indexes[j];
+        PyObject *old = PyTuple_GET_ITEM(before, i), *new = PyTuple_GET_ITEM(after, i);
+        if (new == self->unavailable) {
+            continue;
+        }
+        int differ = PyObject_RichCompareBool(old, new, Py_NE);
+        if (differ != 0) {
+            return differ; /* 1, or -1 on error */
+        }
+    }
+    return 0;
+}
+
+static int
+check_row(Renderer *self, PyObject *row)
+{
+    if (row != Py_None &&
+        (!PyTuple_CheckExact(row) || PyTuple_GET_SIZE(row) != self->n_columns)) {
+        PyErr_Format(PyExc_ValueError, "a row must be None or a tuple of %zd values, not %R",
+                     self->n_columns, row);
+        return -1;
+    }
+    return 0;
+}
+
+static PyObject *
+Renderer_lines(Renderer *self, PyObject *const *args, Py_ssize_t nargs)
+{
+    if (nargs != 6) {
+        PyErr_SetString(PyExc_TypeError,
+                        "lines(rows, op, head, tail, ts_text, tombstones) takes 6 arguments");
+        return NULL;
+    }
+    PyObject *rows = args[0], *op_text = args[1], *head = args[2], *tail = args[3],
+             *ts_text = args[4];
+    if (!PyList_CheckExact(rows)) {
+        PyErr_SetString(PyExc_TypeError, "rows must be a list of (before, after)");
+        return NULL;
+    }
+    if (!PyUnicode_CheckExact(op_text) || PyUnicode_GET_LENGTH(op_text) != 1 ||
+        (PyUnicode_READ_CHAR(op_text, 0) != 'c' && PyUnicode_READ_CHAR(op_text, 0) != 'u' &&
+         PyUnicode_READ_CHAR(op_text, 0) != 'd')) {
+        PyErr_Format(PyExc_ValueError, "op must be 'c', 'u' or 'd', not %R", op_text);
+        return NULL;
+    }
+    if (!PyUnicode_CheckExact(head) || !PyUnicode_CheckExact(tail) ||
+        !PyUnicode_CheckExact(ts_text)) {
+        PyErr_SetString(PyExc_TypeError, "head, tail and ts_text must be str");
+        return NULL;
+    }
+    int tombstones = PyObject_IsTrue(args[5]);
+    if (tombstones < 0) {
+        return NULL;
+    }
+    char op = (char)PyUnicode_READ_CHAR(op_text, 0);
+    Py_ssize_t n = self->n_columns;
+    Py_ssize_t small_starts[2 * (SMALL_COLUMNS + 1)];
+    Py_ssize_t *starts = small_starts;
+    if (n > SMALL_COLUMNS &&
+        (starts = PyMem_Malloc(sizeof(Py_ssize_t) * 2 * (size_t)(n + 1))) == NULL) {
+        return PyErr_NoMemory();
+    }
+    Py_ssize_t *before_starts = starts, *after_starts = starts + n + 1;
+    PyObject *out = PyList_New(0);
+    if (out == NULL) {
+        goto fail;
+    }
+    for (Py_ssize_t r = 0; r < PyList_GET_SIZE(rows); r++) {
+        PyObject *item = PyList_GET_ITEM(rows, r);
+        if (!PyTuple_CheckExact(item) || PyTuple_GET_SIZE(item) != 2) {
+            PyErr_Format(PyExc_ValueError, "rows[%zd] is not a (before, after) pair", r);
+            goto fail;
+        }
+        /* Held: writing a value may call into Python, which may change the list. */
+        Py_INCREF(item);
+        PyObject *before = PyTuple_GET_ITEM(item, 0), *after = PyTuple_GET_ITEM(item, 1);
+        Buf b;
+        buf_init(&b);
+        char row[20];
+        Py_ssize_t row_len = decimal_digits((unsigned long long)r, row);
+        int failed = check_row(self, before) < 0 || check_row(self, after) < 0 ||
+                     (op != 'c' && before == Py_None) || (op != 'd' && after == Py_None);
+        if (failed && !PyErr_Occurred()) {
+            PyErr_Format(PyExc_ValueError, "rows[%zd] lacks the image a '%c' needs", r, op);
+        }
+        if (!failed && before != Py_None) {
+            failed = write_row(self, &b, before, before_starts) < 0;
+        }
+        if (!failed && after != Py_None) {
+            failed = write_row(self, &b, after, after_starts) < 0;
+        }
+        const Py_ssize_t *bs = before == Py_None ? NULL : before_starts;
+        const Py_ssize_t *as = after == Py_None ? NULL : after_starts;
+        int changed = 0;
+        if (!failed && op == 'u' && self->n_keys > 0) {
+            changed = key_changed(self, before, after);
+            failed = changed < 0;
+        }
+        if (!failed) {
+            if (changed) { /* a delete of the old key, then a create of the new row */
+                failed = append_line(self, &b, out, 'd', bs, NULL, head, row, row_len, tail,
+                                     ts_text, tombstones) < 0 ||
+                         append_line(self, &b, out, 'c', NULL, as, head, row, row_len, tail,
+                                     ts_text, tombstones) < 0;
+            }
+            else {
+                failed = append_line(self, &b, out, op, op == 'c' ? NULL : bs,
+                                     op == 'd' ? NULL : as, head, row, row_len, tail,
+                                     ts_text, tombstones) < 0;
+            }
+        }
+        buf_free(&b);
+        Py_DECREF(item);
+        if (failed) {
+            goto fail;
+        }
+    }
+    if (starts != small_starts) {
+        PyMem_Free(starts);
+    }
+    return out;
+
+fail:
+    if (starts != small_starts) {
+        PyMem_Free(starts);
+    }
+    Py_XDECREF(out);
+    return NULL;
+}
+
+static PyMethodDef Renderer_methods[] = {
+    {"lines", (PyCFunction)(void (*)(void))Renderer_lines, METH_FASTCALL,
+     "lines(rows, op, head, tail, ts_text, tombstones) -> list of str\n\n"
+     "The JSON lines of one batch of rows of this schema, each ``(before, after)``, all\n"
+     "of operation *op* ('c', 'u', 'd'), without transaction metadata: the source block\n"
+     "of row *i* is ``head + str(i) + tail``; the value ends with *ts_text*. An update\n"
+     "that changes the key becomes a delete and a create (tidemark.key_change); a\n"
+     "delete with a key is followed by its tombstone's line when *tombstones*."},
+    {NULL, NULL, 0, NULL},
+};
+
 PyDoc_STRVAR(Renderer_doc,
 "EventRenderer(kinds, functions, names, nulls, placeholders, key_indexes, key_names,\n"
 "              unavailable, binary, escape, general, source_parts, ts_fields,\n"
@@ -1153,6 +1398,7 @@ static PyTypeObject RendererType = {
     .tp_traverse = (traverseproc)Renderer_traverse,
     .tp_clear = (inquiry)Renderer_clear,
     .tp_new = Renderer_new,
+    .tp_methods = Renderer_methods,
 };
 
 static struct PyModuleDef render_module = {

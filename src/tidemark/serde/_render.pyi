@@ -23,3 +23,14 @@ class EventRenderer:
         params: bytes = ...,
     ) -> None: ...
     def __call__(self, event: Any, /) -> tuple[str, str]: ...
+    def lines(
+        self,
+        rows: list[tuple[Any, Any]],
+        op: str,
+        head: str,
+        tail: str,
+        ts_text: str,
+        tombstones: bool,
+        /,
+    ) -> list[str]:
+        """The JSON lines of one batch of rows of this schema (one rows event)."""

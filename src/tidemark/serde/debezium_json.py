@@ -148,6 +148,11 @@ class DebeziumJsonSerializer:
             self._ts_text = f'"ts_ms":{ts_us // 1000},"ts_us":{ts_us},"ts_ns":{ts_us * 1000}}}'
         return self._ts_text
 
+    def ts_fields(self, ts_us: int) -> str:
+        """The top-level ``ts_*`` fields of a value processed at *ts_us* and its closing
+        brace: the end of every row event's value."""
+        return self._ts_fields(ts_us)
+
     def stream_value_parts(self, schema: TableSchema, context: SourceContext, op: Op,
                            ts_us: int) -> tuple[str, str, str]:
         """The text of a streamed row event's value around its ``source.lsn``, which
@@ -164,7 +169,7 @@ class DebeziumJsonSerializer:
             raise ValueError("stream_value_parts is for sources with the position in the block")
         head, middle, end = parts
         ts = self._ts_fields(ts_us)
-        return head, middle, f'{end},"transaction":null,"op":"{op.value}",{ts}'
+        return head, middle, f'{end},"transaction":null,"op":"{op._value_}",{ts}'
 
     def stream_line_parts(self, schema: TableSchema, context: SourceContext, op: Op,
                           ts_us: int) -> tuple[str, str, str]:

@@ -7,7 +7,7 @@ from the per-column decisions of :mod:`tidemark.serde.json_columns`.
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable
-from typing import Any, Final
+from typing import Any, Final, NamedTuple
 
 from tidemark.event import (
     UNAVAILABLE,
@@ -217,22 +217,46 @@ def compiled_event_renderer(schema: TableSchema, options: DebeziumJsonOptions,
     """
     if _CompiledRenderer is None:
         raise ImportError("tidemark.serde._render is not built (no C compiler at install?)")
+    c = compiled_columns(schema, options)
+    return _CompiledRenderer(
+        kinds=c.kinds, params=c.params, functions=c.functions, names=c.names,
+        nulls=c.nulls, placeholders=c.placeholders, key_indexes=tuple(schema.key_indexes),
+        key_names=c.key_names, unavailable=UNAVAILABLE, binary=json_fragment,
+        escape=_escape, general=general, source_parts=source_parts, ts_fields=ts_fields,
+        transaction=transaction if options.transaction_metadata else None,
+    )
+
+
+class CompiledColumns(NamedTuple):
+    """How the compiled writer writes each column of a schema (``_render.c``'s kinds)."""
+
+    kinds: bytes
+    """Per column: KIND_RAW, KIND_STRING, ... (json_columns, json_values)."""
+    params: bytes
+    """Per column: the kind's parameter (a decimal's scale, a timestamp's digits)."""
+    functions: tuple[Callable[[str], str] | None, ...]
+    names: tuple[str, ...]
+    """The JSON text before each column's value: ``{"id":``, then ``,"x":``."""
+    nulls: tuple[str, ...]
+    placeholders: tuple[str, ...]
+    key_names: tuple[str, ...]
+    """The same as names, for the key's columns."""
+
+
+def compiled_columns(schema: TableSchema, options: DebeziumJsonOptions) -> CompiledColumns:
+    """The per-column decisions the compiled writer of *schema* is built from (also for
+    a source's own compiled writer of the same text, MariaDB's rows_lines)."""
     columns = schema.columns
     writers = [_column_writer(column, options) for column in columns]
-    keys = schema.key_indexes
-    return _CompiledRenderer(
-        kinds=bytes(_compiled_kind(kind, function)[0] for kind, _, function, *_ in writers),
-        params=bytes(_compiled_kind(kind, function)[1] for kind, _, function, *_ in writers),
+    kinds = [_compiled_kind(kind, function) for kind, _, function, *_ in writers]
+    return CompiledColumns(
+        kinds=bytes(kind for kind, _ in kinds), params=bytes(param for _, param in kinds),
         functions=tuple(function for _, _, function, _, _ in writers),
         names=tuple(_member_prefix(n, column.name) for n, column in enumerate(columns)),
         nulls=tuple(null_text for *_, null_text, _ in writers),
         placeholders=tuple(json_fragment(placeholder) for *_, placeholder in writers),
-        key_indexes=tuple(keys),
-        key_names=tuple(_member_prefix(n, columns[i].name) for n, i in enumerate(keys)),
-        unavailable=UNAVAILABLE, binary=json_fragment, escape=_escape, general=general,
-        source_parts=source_parts, ts_fields=ts_fields,
-        transaction=transaction if options.transaction_metadata else None,
-    )
+        key_names=tuple(_member_prefix(n, columns[i].name)
+                        for n, i in enumerate(schema.key_indexes)))
 
 
 def _member_prefix(position: int, name: str) -> str:

@@ -22,15 +22,11 @@ import logging
 import re
 import struct
 import tempfile
-import time
 from collections.abc import Callable, Iterator
 from typing import IO, Final
 
 from tidemark.event import (
-    ChangeEvent,
     Op,
-    Record,
-    SourceContext,
     TableId,
     TableSchema,
     TransactionBoundary,
@@ -39,6 +35,7 @@ from tidemark.event import (
 from tidemark.key_change import key_changed
 from tidemark.source.mariadb import binlog as b
 from tidemark.source.mariadb.binlog import EventHeader
+from tidemark.source.mariadb.json_lines import EventRows, LineWriter
 from tidemark.source.mariadb.position import (
     BinlogPosition,
     format_gtid_state,
@@ -46,13 +43,12 @@ from tidemark.source.mariadb.position import (
     parse_gtid_state,
 )
 from tidemark.source.mariadb.row_decoder import RowDecoder
-from tidemark.source.mariadb.source_fields import MARIADB_BLOCK, MariaDbSourceFields
 from tidemark.source.mariadb.table_map import TableMap, parse_table_map
+from tidemark.source.mariadb.transaction_records import Made, TransactionRecords
 from tidemark.source.mariadb.types import table_column
 
 log = logging.getLogger(__name__)
 
-CONNECTOR: Final = "mariadb"
 _OPS: Final = {"c": Op.CREATE, "u": Op.UPDATE, "d": Op.DELETE}
 _TRUNCATE: Final = re.compile(
     r"^\s*TRUNCATE\s+(?:TABLE\s+)?(?:`((?:[^`]|``)+)`|(\w+))(?:\s*\.\s*(?:`((?:[^`]|``)+)`|(\w+)))?",
@@ -83,12 +79,14 @@ class _Table:
 
 
 class _Transaction:
-    __slots__ = ("file", "gtid", "held", "rows", "server_id", "spool", "tables", "thread")
+    __slots__ = ("count", "file", "gtid", "held", "rows", "server_id", "spool", "tables",
+                 "thread")
 
     def __init__(self, gtid: b.Gtid | None, server_id: int) -> None:
         self.gtid = gtid
         self.server_id = server_id
-        self.rows: list[_Row] = []
+        self.rows: list[_Row | EventRows] = []
+        self.count = 0  # rows in rows
         self.held = 0  # binlog bytes of the rows events in rows
         self.thread: int | None = None
         #: Rows events past the in-memory limit, as read (see _SPOOLED), and their tables.
@@ -102,21 +100,27 @@ class _Transaction:
             self.spool = None
 
 
-def _append_rows(append: Callable[[_Row], None], table: _Table, event_type: int,
-                 body: bytes, file: str, position: int) -> None:
-    """The rows of one rows event, decoded, through *append*."""
+def _append_rows(append: Callable[[_Row | EventRows], None], table: _Table,
+                 event_type: int, body: bytes, file: str, position: int,
+                 lines: LineWriter | None = None) -> int:
+    """The rows of one rows event, decoded, through *append*: one entry per change, or
+    with *lines* one for the event (see :meth:`LineWriter.hold`); the number of rows."""
     rows_event = b.parse_rows(body, event_type)
+    if lines is not None:
+        return lines.hold(append, table.schema, table.decoder, rows_event, file, position)
+    rows = table.decoder.rows(rows_event)
     key = ordering_key(file, position)
     op = _OPS[rows_event.op]
     schema = table.schema
     key_at = table.key if op is Op.UPDATE else ()
-    for index, (before, after) in enumerate(table.decoder.rows(rows_event)):
+    for index, (before, after) in enumerate(rows):
         if key_at and before is not None and after is not None \
                 and key_changed(key_at, before, after):
             append((schema, Op.DELETE, before, None, key, file, position, index))
             append((schema, Op.CREATE, None, after, key, file, position, index))
         else:
             append((schema, op, before, after, key, file, position, index))
+    return len(rows)
 
 
 class ChangeBuilder:
@@ -129,7 +133,9 @@ class ChangeBuilder:
     transaction held decoded; the rest go to a temporary file (None: no limit);
     *max_bytes_in_memory*: the same in binlog bytes of its rows events, so wide rows are
     held fewer. *skipped_operations*: Debezium's ``skipped.operations`` (but never the
-    inserts of *signal_table*).
+    inserts of *signal_table*). *lines*: the rows of rows events come as Debezium JSON
+    lines written by it (:mod:`~tidemark.source.mariadb.json_lines`), the signal table's
+    and truncates as change events still.
     """
 
     def __init__(self, *, name: str, position: BinlogPosition,
@@ -138,8 +144,12 @@ class ChangeBuilder:
                  max_rows_in_memory: int | None = None,
                  max_bytes_in_memory: int | None = None,
                  skipped_operations: frozenset[Op] = frozenset(),
-                 signal_table: TableId | None = None) -> None:
+                 signal_table: TableId | None = None,
+                 lines: LineWriter | None = None) -> None:
+        if lines is not None and transaction_metadata:
+            raise ValueError("JSON lines are written without transaction metadata")
         self.name = name
+        self._lines = lines
         # Debezium's binlog connectors skip by rows event, before decoding (an update
         # that changes the key goes with the updates); the signal table's inserts are
         # signals, never skipped.
@@ -164,7 +174,7 @@ class ChangeBuilder:
         self._max_bytes = max_bytes_in_memory
         #: The spooled part of the transaction handle() completed last, made into
         #: records by rest().
-        self._rest: tuple[_Transaction, _Records] | None = None
+        self._rest: tuple[_Transaction, TransactionRecords] | None = None
         #: Commit time (µs since the epoch) of the last transaction handled.
         self.commit_us: int | None = None
 
@@ -182,6 +192,11 @@ class ChangeBuilder:
         return BinlogPosition(self.file, self.next_pos, format_gtid_state(self.gtid_state))
 
     @property
+    def lines(self) -> LineWriter | None:
+        """The writer of rows events' JSON lines, if the builder writes them."""
+        return self._lines
+
+    @property
     def in_transaction(self) -> bool:
         return self._tx is not None
 
@@ -191,7 +206,7 @@ class ChangeBuilder:
         more of its records."""
         return self._rest is not None
 
-    def rest(self, chunk: int, chunk_bytes: int | None = None) -> Iterator[list[Record]]:
+    def rest(self, chunk: int, chunk_bytes: int | None = None) -> Iterator[Made]:
         """The rest of the records of the transaction handle() completed last, *chunk*
         rows or about *chunk_bytes* binlog bytes at a time (the transaction's END record
         comes with the last chunk); nothing unless it outgrew memory."""
@@ -204,30 +219,30 @@ class ChangeBuilder:
         try:
             tables = list(tx.tables)
             spool.seek(0)
-            rows: list[_Row] = []
+            rows: list[_Row | EventRows] = []
             append = rows.append
             read = spool.read
-            held = 0
+            held = count = 0
             most = chunk_bytes if chunk_bytes is not None else 1 << 62
             while header := read(_SPOOLED.size):
                 table, event_type, position, size = _SPOOLED.unpack(header)
-                _append_rows(append, tables[table], event_type, read(size), tx.file,
-                             position)
+                count += _append_rows(append, tables[table], event_type, read(size),
+                                      tx.file, position, self._lines_of(tables[table]))
                 held += size
-                if len(rows) >= chunk or held >= most:
-                    yield made.records(rows)
+                if count >= chunk or held >= most:
+                    yield self._made(made, rows)
                     rows = []
                     append = rows.append
-                    held = 0
-            records = made.records(rows)
+                    held = count = 0
+            records = self._made(made, rows)
             if made.metadata:
                 records.append(made.end())
             yield records
         finally:
             tx.close()
 
-    def with_rest(self, records: list[Record], chunk: int,
-                  chunk_bytes: int | None = None) -> Iterator[list[Record]]:
+    def with_rest(self, records: Made, chunk: int,
+                  chunk_bytes: int | None = None) -> Iterator[Made]:
         """*records*, what :meth:`handle` returned, then :meth:`rest`."""
         yield records
         yield from self.rest(chunk, chunk_bytes)
@@ -239,7 +254,7 @@ class ChangeBuilder:
                 tx.close()
         self._tx = self._rest = None
 
-    def handle(self, event: bytes) -> list[Record] | None:
+    def handle(self, event: bytes) -> Made | None:
         """The records of the transaction this event completes (possibly none, for a
         transaction of uncaptured tables), or None when it completes nothing. Of a
         transaction that outgrew memory, its first part: :meth:`rest` has the others."""
@@ -332,26 +347,34 @@ class ChangeBuilder:
             tx = self._tx = _Transaction(None, header.server_id)
         position = header.next_position - header.size
         if tx.spool is not None or (self._max_rows is not None
-                                    and len(tx.rows) >= self._max_rows) or (
+                                    and tx.count >= self._max_rows) or (
                 self._max_bytes is not None and tx.held >= self._max_bytes):
             self._spool(tx, table, header.type, body, position)
             return
-        _append_rows(tx.rows.append, table, header.type, body, self.file, position)
+        tx.count += _append_rows(tx.rows.append, table, header.type, body, self.file,
+                                 position, self._lines_of(table))
         tx.held += len(body)
+
+    def _lines_of(self, table: _Table) -> LineWriter | None:
+        """The writer of *table*'s rows' JSON lines (a signal's must stay an event)."""
+        return self._lines if table.schema.table != self._signal_table else None
+
+    def _made(self, made: TransactionRecords, rows: list[_Row | EventRows]) -> Made:
+        return made.records(rows) if self._lines is None else self._lines.lines(rows, made)
 
     def _spool(self, tx: _Transaction, table: _Table, event_type: int, body: bytes,
                position: int) -> None:
         if tx.spool is None:
             log.info("transaction %s holds more than %d rows or %d bytes: the rest of it "
                      "waits in a temporary file until its commit", tx.gtid or self.file,
-                     len(tx.rows), tx.held)
+                     tx.count, tx.held)
             tx.spool = tempfile.TemporaryFile(prefix="tidemark-transaction-")  # noqa: SIM115
             tx.file = self.file
         index = tx.tables.setdefault(table, len(tx.tables))
         tx.spool.write(_SPOOLED.pack(index, event_type, position, len(body)))
         tx.spool.write(body)
 
-    def _query(self, header: EventHeader, body: bytes) -> list[Record] | None:
+    def _query(self, header: EventHeader, body: bytes) -> Made | None:
         query = b.parse_query(body)
         sql = query.sql.lstrip()
         head = sql[:8].upper()
@@ -384,6 +407,7 @@ class ChangeBuilder:
             tx.rows.append((truncated, Op.TRUNCATE, None, None,
                             ordering_key(self.file, header.next_position - header.size),
                             self.file, header.next_position - header.size, 0))
+            tx.count += 1
         elif head.startswith(("ALTER", "CREATE", "DROP", "RENAME")):
             log.info("DDL in the binlog (%s): %s", tx.gtid or self.file, sql[:200])
         tx.thread = query.thread_id
@@ -402,7 +426,7 @@ class ChangeBuilder:
                       if t is not None and t.schema.table == table), None)
         return known or TableSchema(table, (), (), "default", self._versions.get(table, 0))
 
-    def _commit(self, header: EventHeader) -> list[Record]:
+    def _commit(self, header: EventHeader) -> Made:
         tx, self._tx = self._tx, None
         self.next_pos = header.next_position
         commit_key = ordering_key(self.file, header.next_position)
@@ -415,8 +439,10 @@ class ChangeBuilder:
         if not tx.rows and tx.spool is None:
             return []
         tx_id = str(gtid) if gtid is not None else f"{self.file}:{header.next_position}"
-        made = _Records(self.name, tx, tx_id, ts_us, commit_key, self._metadata)
-        records = made.records(tx.rows)
+        made = TransactionRecords(self.name, str(gtid) if gtid is not None else None,
+                                  tx.server_id, tx.thread, tx_id, ts_us, commit_key,
+                                  self._metadata)
+        records = self._made(made, tx.rows)
         tx.rows = []
         if made.metadata:
             records.insert(0, TransactionBoundary("BEGIN", tx_id, ts_us, commit_key,
@@ -426,48 +452,3 @@ class ChangeBuilder:
         elif made.metadata:
             records.append(made.end())
         return records
-
-
-class _Records:
-    """The change events of one committed transaction, made chunk by chunk: the order
-    in the transaction and the per-table counts run on from one chunk to the next."""
-
-    __slots__ = ("commit_key", "gtid_text", "metadata", "name", "order", "per_table",
-                 "server_id", "thread", "ts_us", "tx_id")
-
-    def __init__(self, name: str, tx: _Transaction, tx_id: str, ts_us: int,
-                 commit_key: int, metadata: bool) -> None:
-        self.name = name
-        self.tx_id = tx_id
-        self.gtid_text = str(tx.gtid) if tx.gtid is not None else None
-        self.server_id, self.thread = tx.server_id, tx.thread
-        self.ts_us = ts_us
-        self.commit_key = commit_key
-        self.metadata = metadata
-        self.order = 0
-        self.per_table: dict[TableId, int] = {}
-
-    def records(self, rows: list[_Row]) -> list[Record]:
-        now_us = time.time_ns() // 1000
-        records: list[Record] = []
-        per_table = self.per_table
-        server_id, thread, name, gtid_text = self.server_id, self.thread, self.name, \
-            self.gtid_text
-        tx_id, ts_us, commit_key = self.tx_id, self.ts_us, self.commit_key
-        for order, (schema, op, before, after, key, file, pos, row) in enumerate(
-                rows, self.order + 1):
-            table = schema.table
-            count = per_table.get(table, 0) + 1
-            per_table[table] = count
-            context = SourceContext(
-                CONNECTOR, name, table.schema, ts_us, None, None, tx_id, commit_key, None,
-                MariaDbSourceFields(server_id, gtid_text, file, pos, row, thread), MARIADB_BLOCK)
-            records.append(ChangeEvent(op, schema, before, after, context, key, order, count,
-                                       now_us))
-        self.order += len(rows)
-        return records
-
-    def end(self) -> TransactionBoundary:
-        return TransactionBoundary(
-            "END", self.tx_id, self.ts_us, self.commit_key, self.order,
-            tuple((str(t), n) for t, n in self.per_table.items()), self.name)

@@ -50,10 +50,10 @@ from tidemark.event import (
 from tidemark.source.chunk_size import ChunkSizer
 from tidemark.source.mariadb import binlog as b
 from tidemark.source.mariadb import snapshot as snap
-from tidemark.source.mariadb.change_builder import CONNECTOR
 from tidemark.source.mariadb.position import BinlogPosition
 from tidemark.source.mariadb.source_fields import MARIADB_BLOCK, MariaDbSourceFields
 from tidemark.source.mariadb.table_map import TableColumn
+from tidemark.source.mariadb.transaction_records import CONNECTOR
 from tidemark.source.snapshot_progress import SignalledSnapshots, TableProgress
 
 log = logging.getLogger(__name__)

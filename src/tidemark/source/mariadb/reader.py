@@ -21,8 +21,8 @@ import contextlib
 import logging
 import queue
 import threading
-from collections.abc import Iterator
-from typing import Any, Final, NamedTuple
+from collections.abc import Callable, Iterator
+from typing import Any, Final, NamedTuple, cast
 
 import pymysql.err
 
@@ -30,6 +30,7 @@ from tidemark.errors import SourceError, SourceUnavailableError, TransientError
 from tidemark.event import ChangeEvent, Op, Record, TableId
 from tidemark.offsets.store import Offset, OffsetReader
 from tidemark.retry import retry_transient
+from tidemark.serde.debezium_json import DebeziumJsonSerializer
 from tidemark.source.batch import SourceBatch
 from tidemark.source.capture_stats import CaptureStats
 from tidemark.source.mariadb import client
@@ -38,8 +39,10 @@ from tidemark.source.mariadb.change_builder import ChangeBuilder
 from tidemark.source.mariadb.config import MariaDbSourceConfig, SnapshotMode
 from tidemark.source.mariadb.grants import check_grants
 from tidemark.source.mariadb.incremental_snapshot import ChunkedSnapshots
+from tidemark.source.mariadb.json_lines import LineWriter
 from tidemark.source.mariadb.position import BinlogPosition
 from tidemark.source.mariadb.replica_id import ReplicaIdClaim
+from tidemark.source.mariadb.transaction_records import Made
 from tidemark.source.signals import SignalError, parse_signal
 from tidemark.source.snapshot_progress import OFFSET_KEY
 
@@ -58,7 +61,7 @@ class _Queued(NamedTuple):
     the incremental snapshot's state there; or a chunk of a large transaction, with
     position None unless it is the last."""
 
-    records: list[Record]
+    records: Made  # JSON lines only, from a reader asked for them
     position: BinlogPosition | None
     commit_us: int | None
     snapshot: dict[str, Any] | None
@@ -68,8 +71,12 @@ class _Queued(NamedTuple):
 class MariaDbReader:
     """Captures changes of the tables a :class:`MariaDbSourceConfig` selects."""
 
-    def __init__(self, config: MariaDbSourceConfig) -> None:
+    def __init__(self, config: MariaDbSourceConfig,
+                 json_lines: DebeziumJsonSerializer | None = None) -> None:
         self.config = config
+        # Streamed changes as this serializer's JSON lines (SourceBatch.lines), written
+        # from the rows events (json_lines.py); snapshot rows still come as records.
+        self._json_lines = json_lines
         self.stats = CaptureStats()
         self._settings = config.connection
         self._batches: Iterator[SourceBatch] | None = None
@@ -246,7 +253,7 @@ class MariaDbReader:
                 except queue.Empty:
                     yield SourceBatch([], None)
                     continue
-            records: list[Record] = []
+            records: Made = []
             offset: Offset | None = None
             while True:
                 if (offset is not None and isinstance(item, _Queued)
@@ -257,11 +264,11 @@ class MariaDbReader:
                     held = item
                     break
                 if item is _END:
-                    yield SourceBatch(records, offset, finished=True)
+                    yield self._batch(records, offset, finished=True)
                     return
                 if isinstance(item, BaseException):
                     if records:
-                        yield SourceBatch(records, offset)
+                        yield self._batch(records, offset)
                     raise item
                 queued: _Queued = item
                 self._taken(len(queued.records))
@@ -281,7 +288,12 @@ class MariaDbReader:
                     item = self._queue.get_nowait()
                 except queue.Empty:
                     break
-            yield SourceBatch(records, offset)
+            yield self._batch(records, offset)
+
+    def _batch(self, made: Made, offset: Offset | None, finished: bool = False) -> SourceBatch:
+        if self._json_lines is None:
+            return SourceBatch(cast("list[Record]", made), offset, finished)
+        return SourceBatch([], offset, finished, cast("list[str]", made))
 
     @staticmethod
     def _offset(position: BinlogPosition, snapshot: dict[str, Any] | None) -> Offset:
@@ -342,7 +354,9 @@ class MariaDbReader:
             else lambda t: t == signals or self._captured(t),
             transaction_metadata=cfg.provide_transaction_metadata,
             max_rows_in_memory=cfg.max_transaction_rows_in_memory,
-            skipped_operations=cfg.skipped, signal_table=signals)
+            skipped_operations=cfg.skipped, signal_table=signals,
+            lines=None if self._json_lines is None else LineWriter(self._json_lines))
+        out = self._out_of(builder)
         stream = client.BinlogStream(
             self._settings, resume[0], server_id=self.config.replica_server_id,
             blocking=not stop_at_end, heartbeat_s=self.config.heartbeat_interval_ms / 1000 or 5)
@@ -359,12 +373,11 @@ class MariaDbReader:
                         # Too large to hold: its chunks go out as they are made. A
                         # restart before its last one starts it over (at-least-once).
                         for chunk in builder.rest(cfg.max_batch_events):
-                            self._put(_Queued(self._signals_out(records, signals), None,
-                                              builder.commit_us, None))
+                            self._put(_Queued(out(records), None, builder.commit_us, None))
                             records = chunk
                     position = resume[0] = builder.position
-                    self._put(_Queued(self._signals_out(records, signals), position,
-                                      builder.commit_us, snapshots.state()))
+                    self._put(_Queued(out(records), position, builder.commit_us,
+                                      snapshots.state()))
                 if snapshots.queue and not builder.in_transaction:
                     # Between transactions: a chunk whose read view the stream has
                     # reached goes out here, before any later transaction.
@@ -392,17 +405,54 @@ class MariaDbReader:
         while (chunk := snapshots.due(builder.position_key)) is not None:
             position = builder.position
             reads = snapshots.emit(chunk, position)
-            self._put(_Queued(list(reads), position, None, snapshots.state(), reads=True))
+            made: Made = list(reads)
+            if self._json_lines is not None:
+                self.stats.count_rows(reads)  # here: poll() finds no event among lines
+                made = self._texts(made)
+            self._put(_Queued(made, position, None, snapshots.state(), reads=True))
             if self._stopping.is_set():
                 raise _Stopped
         self.stats.snapshot_running = snapshots.active and not snapshots.paused
 
-    def _signals_out(self, records: list[Record], table: TableId | None) -> list[Record]:
+    def _out_of(self, builder: ChangeBuilder) -> Callable[[Made], Made]:
+        """What a transaction of *builder* becomes on the queue: without the signal
+        table's rows (signals); as JSON lines only, if the reader writes lines."""
+        table = self._signal_table
+        writer = builder.lines
+        if writer is None:
+            return lambda made: self._signals_out(made, table)
+
+        def out(made: Made) -> Made:
+            if not writer.mixed:  # lines only: nothing to look at
+                return made
+            writer.mixed = False
+            return self._texts(self._signals_out(made, table))
+        return out
+
+    def _texts(self, made: Made) -> Made:
+        """*made* as JSON lines: its records written by the serializer, in place."""
+        serializer = self._json_lines
+        assert serializer is not None
+        texts: Made = []
+        records: list[Record] = []
+        for item in made:
+            if isinstance(item, str):
+                if records:
+                    texts += serializer.text_lines(records)
+                    records = []
+                texts.append(item)
+            else:
+                records.append(item)
+        if records:
+            texts += serializer.text_lines(records)
+        return texts
+
+    def _signals_out(self, records: Made, table: TableId | None) -> Made:
         """*records* without the signal table's (if there is one), whose inserts are
         signals."""
         if table is None:
             return records
-        kept: list[Record] = []
+        kept: Made = []
         for record in records:
             if not isinstance(record, ChangeEvent) or record.table != table:
                 kept.append(record)

@@ -173,6 +173,41 @@ class RowDecoder:
             n += 1
         return tuple(values), pos
 
+    @property
+    def plan(self) -> tuple[PlanEntry, ...] | None:
+        """The compiled decoder's plan of full images (None where it does not run)."""
+        return self._plan
+
+    def _full(self, event: RowsEvent) -> bool:
+        return event.present == self.full and (event.op != "u"
+                                               or event.present_after == self.full)
+
+    def count_rows(self, event: RowsEvent) -> int:
+        """The rows of *event*, counted by the compiled decoder from the images' sizes
+        alone; -1 where it cannot (not built, images not full, a column it reads in
+        Python)."""
+        if self._plan is None or not self._full(event):
+            return -1
+        return int(_row_image.count_rows(event.data, event.start, _OP_CODES[event.op],
+                                         self._plan))
+
+    def json_lines(self, event: RowsEvent, json: tuple[Any, ...], head: str, tail: str,
+                   ts_text: str, tombstones: bool) -> list[str] | None:
+        """The Debezium JSON lines of *event* written by the compiled decoder straight
+        from its images (``_row_image.rows_lines``; *json*:
+        :func:`~tidemark.source.mariadb.json_lines.fused_plan`), or None where it leaves
+        them to :meth:`rows` and the serializer's writer."""
+        if self._plan is None or not self._full(event):
+            return None
+        try:
+            lines: list[str] | None = _row_image.rows_lines(
+                event.data, event.start, _OP_CODES[event.op], self._plan, json, head, tail,
+                ts_text, tombstones)
+        except (IndexError, struct.error, UnicodeDecodeError, ValueError) as err:
+            table = f"{self.table_map.database}.{self.table_map.table}"
+            raise DecodeError(f"ROWS ({table})", event.start, str(err), "binlog") from None
+        return lines
+
     def rows(self, event: RowsEvent) -> list[tuple[WireTuple | None, WireTuple | None]]:
         """(before, after) per row: inserts have no before, deletes no after."""
         data, pos, end = event.data, event.start, len(event.data)

@@ -36,12 +36,12 @@ from tidemark.event import (
 )
 from tidemark.logical_type import INTEGER_KINDS, Kind
 from tidemark.source.mariadb import binlog as b
-from tidemark.source.mariadb.change_builder import CONNECTOR
 from tidemark.source.mariadb.column_readers import float32_text
 from tidemark.source.mariadb.config import TableFilter
 from tidemark.source.mariadb.position import BinlogPosition, ordering_key
 from tidemark.source.mariadb.source_fields import MARIADB_BLOCK, MariaDbSourceFields
 from tidemark.source.mariadb.table_map import TableColumn
+from tidemark.source.mariadb.transaction_records import CONNECTOR
 from tidemark.source.mariadb.types import logical_type, table_column
 
 _TYPE_CODES: Final = {

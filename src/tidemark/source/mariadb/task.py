@@ -12,6 +12,7 @@ from typing import Any
 
 from tidemark.errors import ConfigError
 from tidemark.offsets.store import Offset, OffsetReader
+from tidemark.serde.debezium_json import DebeziumJsonOptions, DebeziumJsonSerializer
 from tidemark.serde.modes import TimePrecisionMode
 from tidemark.source.mariadb.config import MariaDbSourceConfig
 from tidemark.source.mariadb.reader import MariaDbReader
@@ -27,9 +28,26 @@ class MariaDbTask(ReopeningTask[MariaDbReader]):
         super().__init__()
         self.config = config
         self._stop_at_end = stop_at_end
+        self._lines: DebeziumJsonOptions | None = None
+
+    def render_debezium_json(self, options: DebeziumJsonOptions, *,
+                             converted_records: bool = False, lines: bool = False) -> bool:
+        """Emit streamed changes as Debezium JSON lines in *options*, written straight
+        from the rows events (the fused path of ``tidemark capture``). Call before
+        :meth:`start`. Declined (False) unless *lines*: rendered events or records would
+        only cost an object per row again; and with transaction metadata, whose blocks
+        the fused path does not write."""
+        del converted_records  # events are made as before when lines are not wanted
+        if not lines or options.transaction_metadata or \
+                self.config.provide_transaction_metadata:
+            return False
+        self._lines = options
+        return True
 
     def _new_connector(self) -> MariaDbReader:
-        return MariaDbReader(self.config)
+        lines = self._lines
+        return MariaDbReader(self.config, json_lines=None if lines is None
+                             else DebeziumJsonSerializer(lines))
 
     def _start_connector(self, connector: MariaDbReader, offset: Offset | None,
                          offsets: OffsetReader | None) -> None:

@@ -55,10 +55,13 @@ class FusedBuilder(ABC, Generic[_T]):
 
     Shares the stream state of *events*; without transaction metadata only (the
     ``transaction`` block is per event there, and BEGIN/END records are not events).
-    Subclasses choose the shape of the generated code and of the output.
+    Subclasses choose the shape of the generated code and of the output; *compiled*
+    False keeps lines in the generated Python code (what the compiled writer is tested
+    against).
     """
 
-    def __init__(self, events: ChangeEventBuilder, serializer: DebeziumJsonSerializer) -> None:
+    def __init__(self, events: ChangeEventBuilder, serializer: DebeziumJsonSerializer, *,
+                 compiled: bool = True) -> None:
         if serializer.options.transaction_metadata:
             raise ValueError(f"{type(self).__name__} does not support transaction metadata")
         self.events = events
@@ -69,6 +72,7 @@ class FusedBuilder(ABC, Generic[_T]):
         # processing time differ between them), rebuilt on first use.
         self._hot: dict[bytes, _Hot | None] = {}
         self._context = events.context
+        self._compiled = compiled  # lines by the compiled writer where it is built
         self._now_us = 0
         # The append of the batch being processed (for what makes two records of one
         # message; parts are made during a batch and live for it only).
@@ -91,6 +95,9 @@ class FusedBuilder(ABC, Generic[_T]):
                     continue
                 ascii_fused, utf8_fused, parts = entry
                 try:
+                    if ascii_fused is utf8_fused:  # compiled: reads the bytes itself
+                        append(ascii_fused(data, "", lsn, parts))
+                        continue
                     try:
                         text = data.decode("ascii")
                     except UnicodeDecodeError:
@@ -108,7 +115,7 @@ class FusedBuilder(ABC, Generic[_T]):
         """Append what the general path made of one message."""
 
     def _codec(self, schema: TableSchema) -> FusedCodec:
-        return FusedCodec(schema, self._serializer.options)
+        return FusedCodec(schema, self._serializer.options, compiled=self._compiled)
 
     @abstractmethod
     def _parts(self, schema: TableSchema, op: Op) -> tuple[Any, ...]:

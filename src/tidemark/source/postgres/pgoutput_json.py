@@ -13,6 +13,11 @@ converters, so the output is byte for byte the same.
 Anything the generated code does not expect (another column count, a binary value,
 truncated bytes, a converter that fails) raises; the caller then takes the general
 path, which emits the same text or raises the precise error.
+
+For lines, the same writer compiled (``_pgoutput_line``, where it is built) takes the
+place of the generated code: one writer per operation, from the same per-column
+decisions (:func:`~tidemark.serde.json_columns.column_fragment`), reading the message's
+bytes; the generated code is what it is tested against.
 """
 
 from __future__ import annotations
@@ -29,6 +34,15 @@ from tidemark.serde.debezium_json import (
     column_fragment,
     json_fragment,
 )
+from tidemark.serde.json_columns import _column_writer, _compiled_kind
+
+try:
+    from tidemark.source.postgres._pgoutput_line import LineWriter as _LineWriter
+except ImportError:  # not built: the generated Python code writes the same lines
+    _LineWriter = None  # type: ignore[assignment,misc]
+
+#: Whether the compiled line writer (``tidemark.source.postgres._pgoutput_line``) is built.
+COMPILED_LINES: Final = _LineWriter is not None
 
 #: ``line(data, text, lsn, parts)``: *text* is ``data.decode("ascii")`` for the ASCII
 #: variant (ignored by the UTF-8 one); *parts* is what
@@ -89,21 +103,69 @@ class FusedCodec:
     its key text and its value text to the ``emit`` of their *parts*; with *records*
     ``insert`` and ``update`` are :data:`RecordFunction` s (and ``delete`` an
     EventFunction, whose *emit* makes a delete's two records).
+
+    Lines are written by the compiled writer where it is built (and *compiled*): then
+    both functions of a pair are the same :data:`LineFunction`, which ignores *text*
+    (see :attr:`compiled`).
     """
 
-    __slots__ = ("delete", "insert", "schema", "update")
+    __slots__ = ("compiled", "delete", "insert", "schema", "update")
 
     def __init__(self, schema: TableSchema, options: DebeziumJsonOptions, *,
-                 events: bool = False, records: bool = False) -> None:
+                 events: bool = False, records: bool = False, compiled: bool = True) -> None:
         self.schema = schema
         # One memo per column, shared by all six functions: an update hits the values
         # its row's insert converted.
         memos: list[dict[str, str]] = [{} for _ in schema.columns]
         shape = "records" if records else "events" if events else "lines"
+        #: Whether the functions are the compiled writer's (one per operation).
+        self.compiled = (compiled and shape == "lines" and _LineWriter is not None
+                         and bool(schema.columns))
+        if self.compiled:
+            self.insert, self.update, self.delete = _compiled_writers(schema, options)
+            return
         self.insert = _compile(schema, options, "c", memos, shape)
         self.update = _compile(schema, options, "u", memos, shape)
         self.delete = _compile(schema, options, "d", memos,
                                "events" if records else shape)
+
+
+def _compiled_writers(schema: TableSchema, options: DebeziumJsonOptions
+                      ) -> tuple[tuple[Any, Any], tuple[Any, Any], tuple[Any, Any]]:
+    """The compiled writer's (insert, update, delete) pairs, from the per-column
+    decisions the generated code is made of."""
+    assert _LineWriter is not None
+    columns = schema.columns
+    writers = [_column_writer(column, options) for column in columns]
+    compiled = [_compiled_kind(kind, function) for kind, _, function, *_ in writers]
+    keys = schema.key_indexes
+    # Memoized as the generated code memoizes (the converted texts of these types
+    # recur); shared by the three writers, keyed by the value's bytes.
+    memos: tuple[dict[bytes, str] | None, ...] = tuple(
+        {} if column.logical.kind in _MEMO_TYPES else None for column in columns)
+    common: dict[str, Any] = {
+        "kinds": bytes(kind for kind, _ in compiled),
+        "params": bytes(param for _, param in compiled),
+        "functions": tuple(function for _, _, function, _, _ in writers),
+        "names": tuple(_member(n, column.name) for n, column in enumerate(columns)),
+        "nulls": tuple(null_text.encode() for *_, null_text, _ in writers),
+        "placeholders": tuple(json_fragment(placeholder).encode()
+                              for *_, placeholder in writers),
+        "memos": memos,
+        "key_indexes": tuple(keys),
+        "key_names": tuple(_member(n, columns[i].name) for n, i in enumerate(keys)),
+        "tombstone": options.tombstones_on_delete,
+    }
+    insert = _LineWriter(**common, delete=False)
+    delete = _LineWriter(**common, delete=True)
+    # An update without an old tuple is an insert's line but for its op, which the
+    # parts (the source block's tail) carry.
+    return (insert, insert), (insert, insert), (delete, delete)
+
+
+def _member(position: int, name: str) -> bytes:
+    """The UTF-8 JSON text before an object's member value: ``{"name":`` or ``,"name":``."""
+    return (("{" if position == 0 else ",") + json_fragment(name) + ":").encode()
 
 
 def _compile(schema: TableSchema, options: DebeziumJsonOptions, op: str,

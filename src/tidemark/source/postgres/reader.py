@@ -32,10 +32,6 @@ from tidemark.source.postgres import catalog, slot, slot_holder
 from tidemark.source.postgres import offset as pg_offset
 from tidemark.source.postgres.change_builder import ChangeEventBuilder
 from tidemark.source.postgres.config import PostgresSourceConfig, SlotLostAction, SnapshotMode
-from tidemark.source.postgres.incremental_snapshot import (
-    IncrementalSnapshot,
-    signal_table_layout,
-)
 from tidemark.source.postgres.json_lines import JsonLineBuilder, RenderedEventBuilder
 from tidemark.source.postgres.partial_transaction import (
     COMMIT_LSN_KEY,
@@ -50,6 +46,7 @@ from tidemark.source.postgres.snapshot import begin_snapshot, snapshot_events
 from tidemark.source.snapshot_progress import OFFSET_KEY as SNAPSHOT_OFFSET_KEY
 
 if TYPE_CHECKING:
+    from tidemark.source.postgres.incremental_snapshot import IncrementalSnapshot
     from tidemark.source.postgres.replication import ReplicationStream
 
 log = logging.getLogger(__name__)
@@ -191,8 +188,13 @@ class PostgresReader:
             return
         # The signal table is published (its Inserts are the signals) but not captured.
         signals = [TableId.parse(cfg.signal_table)] if cfg.signal_table else []
-        for table in signals:
-            signal_table_layout(conn, table)
+        if signals:
+            # Imported only for a signal table: every capture start would pay for it.
+            from tidemark.source.postgres.incremental_snapshot import (  # noqa: PLC0415
+                signal_table_layout,
+            )
+            for table in signals:
+                signal_table_layout(conn, table)
         added = slot.ensure_publication(conn, cfg.publication_name, [*self.tables, *signals])
         added = [t for t in added if t in self.tables]
         if added and offset and offset.get("snapshot_completed"):
@@ -766,6 +768,9 @@ class PostgresReader:
         state = self._committed.get(SNAPSHOT_OFFSET_KEY) if self._committed else None
         if cfg.signal_table is None and not state:
             return None
+        from tidemark.source.postgres.incremental_snapshot import (  # noqa: PLC0415
+            IncrementalSnapshot,
+        )
         snap = IncrementalSnapshot(
             dsn_connect=lambda: pgconn.connect(cfg.dsn, application_name="tidemark-snapshot"),
             captured=self.tables, keys=self._keys,

@@ -29,8 +29,10 @@ from psycopg import pq
 from tidemark.errors import SourceError, SourceUnavailableError
 from tidemark.postgres_connection import classify_connect_message, session_conninfo
 from tidemark.source.postgres import slot_holder
+from tidemark.source.postgres.copy_data import GOT_EMPTY, GOT_END, GOT_LIMIT, read_copy
 from tidemark.source.postgres.pgoutput import PG_EPOCH_OFFSET_US, lsn_to_str, str_to_lsn
 from tidemark.source.postgres.slot import SlotInUseError, SlotLostError, makes_failover_slot
+from tidemark.source.postgres.socket_fill import SocketFill
 
 log = logging.getLogger(__name__)
 
@@ -44,6 +46,9 @@ _XLOG_DATA: Final = 0x77  # 'w'
 _KEEPALIVE_TYPE: Final = 0x6B  # 'k'
 _GATHER_S: Final = 0.05
 _GATHER_PAUSE_S: Final = 0.002
+# Messages a batch holds before its reads wait for the socket to fill (socket_fill): a
+# batch's first messages, the first event's among them, are handed on as they arrive.
+_FILL_AFTER: Final = 256
 
 
 def _now_pg_us() -> int:
@@ -77,6 +82,8 @@ class ReplicationStream:
         self._confirmed = 0
         self._server_wal_end = 0
         self._last_status = 0.0
+        self._fill: SocketFill | None = None  # while streaming
+        self._reply_requested = False  # a keepalive asked for and not yet received
 
     # -- connection and slot creation ---------------------------------------------------
     def connect(self) -> None:
@@ -161,10 +168,13 @@ class ReplicationStream:
                                               f"{message}")
             raise SourceUnavailableError(f"replication connection failed: {message}")
         conn.nonblocking = 1
+        self._close_fill()
+        self._fill = SocketFill(conn.socket)
         self._streaming = True
         # A new walsender: what the last one said it had sent may be past transactions
         # whose messages died with its connection, unread, and come again from here.
         self._server_wal_end = 0
+        self._reply_requested = False
         self._last_status = self._last_received = time.monotonic()
         self._pinged = False
         log.info("streaming from slot %s at %s", self._slot, lsn_to_str(start_lsn))
@@ -188,16 +198,30 @@ class ReplicationStream:
         data_start = _DATA_START.unpack_from
         batch: list[WalMessage] = []
         append = batch.append
-        waited = False
+        # Until the first XLogData, wait this long, or until the answer to a keepalive
+        # request: a keepalive the walsender sends of its own accord does not end the
+        # wait (it often sends one just before the data, and an empty batch costs the
+        # caller an idle pause).
+        deadline = time.monotonic() + timeout_s
+        answered = False
         # Keep reading while the socket has data at hand (up to _GATHER_S), so batches
         # are large: per-batch costs downstream (flushes, offset saves) are high.
         gather_until = time.monotonic() + gather_s
         sock = conn.socket
+        fill = self._fill
         heard = False
         try:
             while len(batch) < max_messages:
-                size, data = get(1)
-                if size == 0:  # nothing complete in libpq's buffer: read the socket
+                # The XLogData messages at hand, in bulk (compiled where built).
+                had = len(batch)
+                status, data = read_copy(get, batch, max_messages)
+                if len(batch) > had:
+                    heard = True
+                if status == GOT_LIMIT:
+                    break
+                if status == GOT_EMPTY:  # nothing complete in libpq's buffer: read the socket
+                    if len(batch) >= _FILL_AFTER and fill is not None:
+                        fill.wait(_GATHER_PAUSE_S)  # a read worth its syscall (socket_fill)
                     conn.consume_input()
                     size, data = get(1)
                     if size == 0:
@@ -208,13 +232,15 @@ class ReplicationStream:
                                     select.select([sock], [], [], _GATHER_PAUSE_S)[0]:
                                 continue
                             break
-                        if waited or timeout_s <= 0:
+                        remaining = deadline - time.monotonic()
+                        if remaining <= 0 or answered:
                             break
-                        waited = True
-                        select.select([sock], [], [], timeout_s)
+                        select.select([sock], [], [], remaining)
                         continue
-                if size < 0:
-                    raise self._broken(conn)  # the server ended COPY
+                    if size < 0:
+                        raise self._broken(conn)  # the server ended COPY
+                elif status == GOT_END:
+                    raise self._broken(conn)
                 heard = True
                 kind = data[0]
                 if kind == _XLOG_DATA:
@@ -223,6 +249,9 @@ class ReplicationStream:
                 elif kind == _KEEPALIVE_TYPE:
                     wal_end, _, reply = _KEEPALIVE.unpack_from(data, 1)
                     self._server_wal_end = max(self._server_wal_end, wal_end)
+                    if self._reply_requested:
+                        answered = True
+                        self._reply_requested = False
                     if reply:
                         self._send_status(reply=False)
             if heard:
@@ -303,6 +332,8 @@ class ReplicationStream:
             conn.flush()
         except psycopg.OperationalError as err:
             raise self._broken(conn, str(err)) from None
+        if reply:
+            self._reply_requested = True
         self._last_status = time.monotonic()
 
     def close(self) -> None:
@@ -318,7 +349,13 @@ class ReplicationStream:
         finally:
             self._conn = None
             self._streaming = False
+            self._close_fill()
             conn.finish()
+
+    def _close_fill(self) -> None:
+        if self._fill is not None:
+            self._fill.close()
+            self._fill = None
 
 
 def _slot_error(slot: str, message: str) -> SourceError:
