@@ -152,14 +152,26 @@ class ServerCpu:
         return total
 
 
+#: The longest a measured process may run: past it, it is killed and the benchmark ends.
+RUN_TIMEOUT_S = 300.0
+
+
 def run_usage(argv: list[str], env: dict[str, str],
               stdout: int | IO[bytes] = subprocess.DEVNULL) -> tuple[float, int, float, str]:
     """Run to completion: (wall seconds, peak RSS bytes, CPU seconds, stderr text)."""
     started = time.perf_counter()
     proc = subprocess.Popen(argv, env=env, stdout=stdout, stderr=subprocess.PIPE)
     assert proc.stderr is not None
-    err = proc.stderr.read()
-    _, status, usage = os.wait4(proc.pid, 0)
+    killer = threading.Timer(RUN_TIMEOUT_S, proc.kill)
+    killer.start()
+    try:
+        err = proc.stderr.read()
+        _, status, usage = os.wait4(proc.pid, 0)
+    finally:
+        killer.cancel()
+    if time.perf_counter() - started >= RUN_TIMEOUT_S:
+        raise SystemExit(f"{' '.join(argv[:4])}… did not exit within {RUN_TIMEOUT_S:.0f} s "
+                         f"(killed):\n{err.decode(errors='replace')[-3000:]}")
     elapsed = time.perf_counter() - started
     text = err.decode(errors="replace")
     if os.waitstatus_to_exitcode(status) != 0:
