@@ -134,8 +134,10 @@ def main() -> None:
             "dsn": args.dsn, "table_include_list": ["public.t"], "slot_name": "kill_test",
             "max_batch_messages": 200, "heartbeat_interval_ms": 200}
         if args.signal_table:
+            # Pinned: the kill test counts on chunks of 100 rows.
             settings.update(signal_table=args.signal_table, snapshot_mode="no_data",
-                            incremental_snapshot_chunk_size=100)
+                            incremental_snapshot_chunk_size=100,
+                            incremental_snapshot_chunk_adaptive=False)
         if args.snapshot_mode:
             settings["snapshot_mode"] = args.snapshot_mode
         if args.on_slot_lost:

@@ -109,7 +109,12 @@ log = logging.getLogger(__name__)
                    "type varchar(32), data varchar(2048)): rows inserted there are signals, "
                    "e.g. execute-snapshot for an incremental snapshot (see tidemark signal).")
 @click.option("--incremental-snapshot-chunk-size", type=click.IntRange(min=1), default=1024,
-              show_default=True, help="Rows per chunk of an incremental snapshot.")
+              show_default=True,
+              help="Rows of an incremental snapshot's first chunk; later chunks grow "
+                   "while they read fast (to 32,768 rows and about 4 MB at most).")
+@click.option("--incremental-snapshot-chunk-fixed", is_flag=True,
+              help="Keep every chunk of an incremental snapshot at "
+                   "--incremental-snapshot-chunk-size rows (no growth).")
 @click.option("--progress-interval-s", type=click.FloatRange(min=0), default=30.0,
               show_default=True,
               help="Write a progress line to stderr this often: events written and their "
@@ -126,7 +131,8 @@ def capture(dsn: str, source: str | None, tasks: int, task_index: int, cells: bo
             time_precision_mode: str,
             heartbeat_interval_ms: int, offset_flush_interval_ms: int,
             signal_table: str | None, incremental_snapshot_chunk_size: int,
-            progress_interval_s: float, metrics_port: int | None) -> None:
+            incremental_snapshot_chunk_fixed: bool, progress_interval_s: float,
+            metrics_port: int | None) -> None:
     """Capture changes and write one JSON object per line: {"key": …, "value": …}.
 
     Key and value are what Debezium's PostgreSQL connector (or, for a mariadb:// DSN,
@@ -143,6 +149,7 @@ def capture(dsn: str, source: str | None, tasks: int, task_index: int, cells: bo
         "time_precision_mode": time_precision_mode,
         "heartbeat_interval_ms": heartbeat_interval_ms, "signal_table": signal_table,
         "incremental_snapshot_chunk_size": incremental_snapshot_chunk_size,
+        "incremental_snapshot_chunk_adaptive": not incremental_snapshot_chunk_fixed,
         "skipped_operations": skipped_operations,
     }
     if offsets:

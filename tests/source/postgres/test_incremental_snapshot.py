@@ -142,17 +142,17 @@ def test_seed_001_buffer_example_k1_to_k6(db: Database,
                "INSERT INTO t VALUES (2, 'k2'), (3, 'k3'), (4, 'k4')",
                "CREATE TABLE dbz_signal (id varchar(42) PRIMARY KEY, type varchar(32) NOT NULL,"
                " data varchar(2048) NULL)")
-    real_mark = incremental_snapshot.IncrementalSnapshot._mark
+    real_send = incremental_snapshot.IncrementalSnapshot._send
 
-    def mark(conn: Any, content: str) -> None:
-        if content.startswith("close:"):
+    def send(cur: Any, statements: str) -> None:
+        if "'close:" in statements:
             db.execute("DELETE FROM t WHERE id = 4")
             db.execute("INSERT INTO t VALUES (6, 'k6')")
-        real_mark(conn, content)
-        if content.startswith("open:"):
+        real_send(cur, statements)
+        if "'open:" in statements:
             db.execute("INSERT INTO t VALUES (5, 'k5')")  # committed before the SELECT
 
-    monkeypatch.setattr(incremental_snapshot.IncrementalSnapshot, "_mark", staticmethod(mark))
+    monkeypatch.setattr(incremental_snapshot.IncrementalSnapshot, "_send", staticmethod(send))
     connector = make_connector(db.dsn, "public.t", snapshot_mode="no_data",
                                signal_table=SIGNALS)
     connector.start()
@@ -253,8 +253,9 @@ def _capture(db: Database, offsets: Path, *args: str) -> subprocess.Popen[bytes]
     return subprocess.Popen(
         [sys.executable, "-m", "tidemark", "capture", "--table", "public.t",
          "--slot", f"s_{db.name}", "--snapshot-mode", "no_data", "--offsets", str(offsets),
+         # Pinned: the restart test counts on chunks of 100 rows.
          "--signal-table", SIGNALS, "--incremental-snapshot-chunk-size", "100",
-         "--offset-flush-interval-ms", "0", *args],
+         "--incremental-snapshot-chunk-fixed", "--offset-flush-interval-ms", "0", *args],
         stdout=subprocess.PIPE, stderr=subprocess.PIPE,
         env={**os.environ, "TIDEMARK_DSN": db.dsn})
 
@@ -325,16 +326,16 @@ def test_stop_at_end_waits_for_a_snapshot_signalled_before_the_start(
 
 def _in_window(monkeypatch: pytest.MonkeyPatch, db: Database, *statements: str) -> None:
     """Run *statements* inside the first window (after its SELECT, before its close)."""
-    real_mark = incremental_snapshot.IncrementalSnapshot._mark
+    real_send = incremental_snapshot.IncrementalSnapshot._send
     done: list[bool] = []
 
-    def mark(conn: Any, content: str) -> None:
-        if content.startswith("close:") and not done:
+    def send(cur: Any, sent: str) -> None:
+        if "'close:" in sent and not done:
             done.append(True)
             db.execute(*statements)
-        real_mark(conn, content)
+        real_send(cur, sent)
 
-    monkeypatch.setattr(incremental_snapshot.IncrementalSnapshot, "_mark", staticmethod(mark))
+    monkeypatch.setattr(incremental_snapshot.IncrementalSnapshot, "_send", staticmethod(send))
 
 
 def _snapshot_with(db: Database, monkeypatch: pytest.MonkeyPatch, statements: tuple[str, ...],
@@ -493,10 +494,11 @@ def test_a_change_committed_before_the_window_but_not_yet_visible_is_not_overwri
     assert [e.after["v"] for e in _reads(got) if e.after["id"] == 5] == ["new"]
 
 
-def test_a_change_streamed_before_the_opening_mark_but_invisible_reads_the_chunk_again(
+def test_a_change_streamed_before_the_opening_mark_but_invisible_leaves_the_chunk(
         db: Database, caplog: pytest.LogCaptureFixture) -> None:
     """The same, when the chunk is read before the stream brings that transaction (a
-    restart mid-snapshot reads the next chunks at once): the window is read again."""
+    restart mid-snapshot reads the next chunks at once): its change comes before the
+    window opens and takes its key out of the chunk, as a change inside the window does."""
     caplog.set_level(logging.INFO, logger=incremental_snapshot.__name__)
     _setup(db, 300)
     first = make_connector(db.dsn, "public.t", snapshot_mode="no_data",
@@ -521,7 +523,10 @@ def test_a_change_streamed_before_the_opening_mark_but_invisible_reads_the_chunk
     try:
         with _commit_held(db, "UPDATE t SET v = 'new' WHERE id = 150"):
             second.start(offset)  # reads the next chunks before streaming anything
-            got += _collect(second, lambda r: any(e.after["id"] == 150 for e in _reads(r))
+            # The window holding 150 closes (150 left out of it: its update came
+            # first), or is read again.
+            got += _collect(second, lambda r: any(150 <= e.after["id"] <= 200
+                                                  for e in _reads(r))
                             or "was not visible to the chunk's SELECT" in caplog.text)
         got += _collect(second, lambda r: _done(second) and any(
             e.after["id"] == 300 for e in _reads(got + r)))
@@ -533,4 +538,4 @@ def test_a_change_streamed_before_the_opening_mark_but_invisible_reads_the_chunk
     assert [e.after["v"] for e in updates] == ["new"]
     after_update = events(got)[events(got).index(updates[0]):]
     assert [e.after["v"] for e in _reads(after_update) if e.after["id"] == 150] in ([], ["new"])
-    assert {int(e.after["id"]) for e in _reads(got)} >= set(range(101, 301))
+    assert {int(e.after["id"]) for e in _reads(got)} >= set(range(101, 301)) - {150}

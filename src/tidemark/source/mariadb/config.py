@@ -77,7 +77,11 @@ class MariaDbSourceConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unkn
     binlog; ``execute-snapshot`` re-reads tables chunk by chunk while the stream goes on
     (an incremental snapshot)."""
     incremental_snapshot_chunk_size: int = 1024
-    """Rows per chunk of an incremental snapshot (one consistent read each)."""
+    """Rows of the first chunk of an incremental snapshot (one consistent read each);
+    later chunks grow while they are cheap to read (see
+    :mod:`tidemark.source.chunk_size`)."""
+    incremental_snapshot_chunk_adaptive: bool = True
+    """Let chunks grow from ``incremental_snapshot_chunk_size``; false pins them to it."""
 
     def __post_init__(self) -> None:
         parse_url(self.dsn)

@@ -47,6 +47,7 @@ from tidemark.event import (
     TableSchema,
     WireValue,
 )
+from tidemark.source.chunk_size import ChunkSizer
 from tidemark.source.mariadb import binlog as b
 from tidemark.source.mariadb import snapshot as snap
 from tidemark.source.mariadb.position import BinlogPosition
@@ -91,11 +92,11 @@ class ChunkedSnapshots(SignalledSnapshots):
 
     def __init__(self, *, connect: Callable[[], pymysql.Connection[Any]],
                  captured: Callable[[TableId], bool], chunk_size: int, name: str,
-                 state: dict[str, Any] | None = None) -> None:
+                 state: dict[str, Any] | None = None, adaptive_chunks: bool = True) -> None:
         super().__init__(captured, state)
         self._connect = connect
         self._conn: pymysql.Connection[Any] | None = None
-        self._chunk_size = chunk_size
+        self._sizer = ChunkSizer(chunk_size, adaptive=adaptive_chunks)
         self._name = name
         self.pending: Chunk | None = None
         self._retry_at = 0.0
@@ -246,6 +247,7 @@ class ChunkedSnapshots(SignalledSnapshots):
                     return None
                 progress.max_key = [_stored(v, c) for v, c in zip(top, key_columns,
                                                                    strict=True)]
+                self._sizer.reset()
                 self.changed = True
                 log.info("incremental snapshot of %s started (up to key %s)", table,
                          progress.max_key)
@@ -258,12 +260,15 @@ class ChunkedSnapshots(SignalledSnapshots):
             clause, values = _after(exprs, key_columns, progress.max_key)
             where.append(f"NOT {clause}")
             params += values
+            limit = self._sizer.rows()
+            started = time.monotonic()
             cur.execute(_with_placeholders(
                 f"SELECT {', '.join(snap.select_expression(c) for c in columns)}, "
                 f"{', '.join(exprs)} FROM {table_sql} WHERE {' AND '.join(where)} "
                 f"ORDER BY {', '.join(snap.quote(k) for k in key_names)} "
-                f"LIMIT {self._chunk_size}"), params)
+                f"LIMIT {limit}"), params)
             rows = cur.fetchall()
+            self._sizer.saw(rows, limit, time.monotonic() - started)
         width = len(columns)
         normalize = [snap.normalizer(c) for c in columns]
         values_out = [tuple(None if v is None else f(v)
@@ -271,7 +276,7 @@ class ChunkedSnapshots(SignalledSnapshots):
                       for row in rows]
         last = [_stored(v, c) for v, c in zip(rows[-1][width:], key_columns, strict=True)] \
             if rows else progress.read_key
-        done = len(rows) < self._chunk_size or last == progress.max_key
+        done = len(rows) < limit or last == progress.max_key
         return Chunk(progress, snap.schema_of(table, columns, primary), values_out,
                      position.key, last, done)
 

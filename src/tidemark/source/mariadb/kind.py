@@ -37,7 +37,8 @@ _SPARK_POSTGRES_ONLY: Final = ("slot", "publication", "slotFailover", "serverTim
 _MARIADB_KEYS: Final = ("dsn", "table_include_list", "table_exclude_list", "snapshot_mode",
                         "provide_transaction_metadata", "topic_prefix",
                         "decimal_handling_mode", "heartbeat_interval_ms", "signal_table",
-                        "incremental_snapshot_chunk_size", "skipped_operations")
+                        "incremental_snapshot_chunk_size",
+                        "incremental_snapshot_chunk_adaptive", "skipped_operations")
 
 
 class BinlogProgress(SourceProgress):

@@ -165,7 +165,8 @@ class MariaDbReader:
         return ChunkedSnapshots(
             connect=lambda: client.connect(self._settings, conv=client.RAW_VALUES),
             captured=self._captured, chunk_size=self.config.incremental_snapshot_chunk_size,
-            name=self.config.topic_prefix, state=state)
+            name=self.config.topic_prefix, state=state,
+            adaptive_chunks=self.config.incremental_snapshot_chunk_adaptive)
 
     def poll(self) -> SourceBatch:
         """The next batch (possibly empty when the server is idle; returns within about

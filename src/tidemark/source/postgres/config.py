@@ -116,7 +116,12 @@ class PostgresSourceConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unk
     …), read from the stream; the table is published, never captured (Debezium's
     ``signal.data.collection``)."""
     incremental_snapshot_chunk_size: int = 1024
-    """Rows per chunk (one window) of an incremental snapshot."""
+    """Rows of the first chunk (one window) of an incremental snapshot; later chunks
+    grow while they are cheap to read (see :mod:`tidemark.source.chunk_size`)."""
+    incremental_snapshot_chunk_adaptive: bool = True
+    """Let chunks grow from ``incremental_snapshot_chunk_size`` (doubling while a full
+    chunk reads in under 50 ms, up to 32,768 rows and about 4 MB); false pins every
+    chunk to that size."""
 
     def __post_init__(self) -> None:
         # Here, not at the top: importing this module (as the MariaDB and log-table

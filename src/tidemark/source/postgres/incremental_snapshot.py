@@ -64,8 +64,10 @@ from tidemark.event import (
     TableSchema,
 )
 from tidemark.postgres_connection import Connection, on_standby
+from tidemark.source.chunk_size import ChunkSizer
 from tidemark.source.postgres import catalog, pgoutput
 from tidemark.source.postgres.change_builder import CONNECTOR_NAME
+from tidemark.source.postgres.key_order import IndexOrder
 from tidemark.source.postgres.snapshot import register_text_types
 from tidemark.source.postgres.source_block import POSTGRES_BLOCK
 from tidemark.source.signals import (
@@ -163,7 +165,8 @@ class IncrementalSnapshot(SignalledSnapshots):
                  captured: Sequence[TableId], keys: dict[TableId, tuple[str, ...]],
                  signal_table: TableId | None, chunk_size: int, topic_prefix: str,
                  database: str, state: dict[str, Any] | None = None,
-                 generated: bool = False, skipped: frozenset[Op] = frozenset()) -> None:
+                 generated: bool = False, skipped: frozenset[Op] = frozenset(),
+                 adaptive_chunks: bool = True) -> None:
         super().__init__(set(captured).__contains__, state)
         # Row changes that skipped_operations leaves out of the stream do not take their
         # key out of an open chunk (Debezium's EventDispatcher hands a skipped operation
@@ -179,13 +182,14 @@ class IncrementalSnapshot(SignalledSnapshots):
         self.signal_table = signal_table
         self._signal_prefix: bytes | None = None
         self._signal_columns: tuple[str, ...] = ()
-        self._chunk_size = chunk_size
+        self._sizer = ChunkSizer(chunk_size, adaptive=adaptive_chunks)
         self._prefix = topic_prefix
         self._database = database
         self.windows: list[Window] = []
         """Windows read and not closed yet, in the order of their marks."""
         self._drop_commit = False  # the next message is a watermark's Commit to leave out
         self._table_cache: dict[TableId, tuple[TableSchema, int]] = {}
+        self._index_order = IndexOrder("incremental snapshot")
         self._retry_at = 0.0
         self._retry_delay = 0.5
         self._generated = generated  # the stream carries stored generated columns
@@ -214,6 +218,7 @@ class IncrementalSnapshot(SignalledSnapshots):
     def close(self) -> None:
         """Close the snapshot's connection (a new one registers its types again)."""
         self._table_cache.clear()
+        self._index_order.clear()
         if self._conn is not None:
             try:
                 self._conn.close()
@@ -345,6 +350,13 @@ class IncrementalSnapshot(SignalledSnapshots):
             for w in self.windows:
                 if not w.opened and xid in w.invisible and w.relation_oid in oids \
                         and not w.reread:
+                    if kind in self._kept_kinds:
+                        # Its change is handed on before the window; the chunk's row of
+                        # that key is older: it leaves the chunk, as if changed inside
+                        # the window (on a durable server a commit stays invisible for
+                        # its WAL flush, so this is common under concurrent writes).
+                        self._dedupe(w, payload, kind)
+                        continue
                     log.info("incremental snapshot of %s: transaction %d committed before "
                              "the window opened but was not visible to the chunk's SELECT "
                              "yet; reading the chunk again", w.schema.table, xid)
@@ -524,6 +536,7 @@ class IncrementalSnapshot(SignalledSnapshots):
                 self.changed = True
                 return None
             progress.max_key = list(top)
+            self._sizer.reset()
             self.changed = True
             log.info("incremental snapshot of %s started (up to key %s)", progress.table,
                      progress.max_key)
@@ -534,22 +547,39 @@ class IncrementalSnapshot(SignalledSnapshots):
         if progress.read_key is not None:
             bounds.insert(0, sql.SQL("({}) > ({})").format(key_sql, _typed(casts)))
             params = [*progress.read_key, *params]
+        limit = self._sizer.rows()
         query = sql.SQL("SELECT {} FROM {} WHERE {}{} ORDER BY {} LIMIT {}").format(
             columns, table_sql, sql.SQL(" AND ").join(bounds), condition, key_sql,
-            sql.Literal(self._chunk_size))
-        self._mark(conn, f"open:{window_id}")
+            sql.Literal(limit))
+        # The opening mark, then the chunk's transaction, in one round trip. The mark's
+        # commit need not wait for its WAL flush: its place in the WAL is what counts,
+        # and the closing mark's flushed commit flushes it too (the stream brings
+        # neither sooner).
+        begin = (f"BEGIN; SET LOCAL synchronous_commit = off; "
+                 f"{_mark_sql(conn, f'open:{window_id}')}; COMMIT; {_BEGIN_CHUNK}"
+                 f"{self._index_order.settings(conn, progress.table, key)}")
+        rows: list[tuple[Any, ...]] = []
+        read_s = 0.0
         with conn.cursor() as cur:
             register_text_types(cur)
             try:
                 # One snapshot for both: the running transactions it does not see, and
                 # the chunk read in it.
-                cur.execute("BEGIN ISOLATION LEVEL REPEATABLE READ READ ONLY")
+                self._send(cur, begin)
                 cur.execute(_SNAPSHOT_QUERY if conn.info.server_version >= 130000
                             else _SNAPSHOT_QUERY_12)
                 snapshot = cur.fetchone()
                 assert snapshot is not None
-                cur.execute(query, params)
-                rows = cur.fetchall()
+                xmin = int(snapshot[0]) & 0xFFFFFFFF
+                invisible = frozenset(int(x) & 0xFFFFFFFF
+                                      for x in snapshot[1].split(",") if x)
+                self._forget_before(xmin)
+                missed = [x for x in invisible if x << 32 | oid in self._recent]
+                if not missed:
+                    started = time.monotonic()
+                    cur.execute(query, params)
+                    rows = cur.fetchall()
+                    read_s = time.monotonic() - started
             except BaseException:
                 # The error in flight says what happened (a ROLLBACK on a lost
                 # connection would replace it).
@@ -557,10 +587,9 @@ class IncrementalSnapshot(SignalledSnapshots):
                     cur.execute("ROLLBACK")
                 raise
             cur.execute("ROLLBACK")
-        xmin = int(snapshot[0]) & 0xFFFFFFFF
-        invisible = frozenset(int(x) & 0xFFFFFFFF for x in snapshot[1].split(",") if x)
-        self._forget_before(xmin)
-        missed = [x for x in invisible if x << 32 | oid in self._recent]
+            if not missed:
+                # The closing mark: a flushed commit, so the stream brings it at once.
+                self._send(cur, _mark_sql(conn, f"close:{window_id}"))
         if missed:
             # Streamed already, so committed before the opening mark, yet not visible:
             # its commit is still finishing (a synchronous standby's answer, say). The
@@ -574,19 +603,18 @@ class IncrementalSnapshot(SignalledSnapshots):
             self._invisible_delay = min(self._invisible_delay * 2, _INVISIBLE_RETRY_MAX_S)
             return None
         self._invisible_delay = _INVISIBLE_RETRY_S
-        self._mark(conn, f"close:{window_id}")
         start = progress.read_key
         last = list(rows[-1][i] for i in key_indexes) if rows else start
-        done = len(rows) < self._chunk_size or last == progress.max_key
+        done = len(rows) < limit or last == progress.max_key
+        self._sizer.saw(rows, limit, read_s)
         progress.read_key, progress.read_all = last, done
         return Window(window_id, schema, oid, rows, last, done, start, match_indexes,
                       invisible=invisible)
 
     @staticmethod
-    def _mark(conn: Connection, content: str) -> None:
-        with conn.cursor() as cur:
-            cur.execute("SELECT pg_logical_emit_message(true, %s, %s)",
-                        (WATERMARK_PREFIX, content))
+    def _send(cur: psycopg.Cursor[Any], statements: str) -> None:
+        """Run *statements* (a window's marks go through here: one place to watch)."""
+        cur.execute(statements)
 
 
 def signal_table_layout(conn: Connection,
@@ -612,6 +640,8 @@ def signal_table_layout(conn: Connection,
     return int(oid), tuple(columns)
 
 
+_BEGIN_CHUNK: Final = "BEGIN ISOLATION LEVEL REPEATABLE READ READ ONLY"
+
 # The snapshot's oldest running transaction and the running ones it does not see (xid8
 # as text; PostgreSQL 12 has only the txid_ forms).
 _SNAPSHOT_QUERY: Final = ("SELECT pg_snapshot_xmin(s)::text, "
@@ -620,6 +650,13 @@ _SNAPSHOT_QUERY: Final = ("SELECT pg_snapshot_xmin(s)::text, "
 _SNAPSHOT_QUERY_12: Final = ("SELECT txid_snapshot_xmin(s)::text, "
                              "array_to_string(ARRAY(SELECT txid_snapshot_xip(s)), ',') "
                              "FROM txid_current_snapshot() s")
+
+
+def _mark_sql(conn: Connection, content: str) -> str:
+    """The statement writing a watermark with *content* (inlined: it goes in a string of
+    several statements, which takes no parameters)."""
+    return sql.SQL("SELECT pg_logical_emit_message(true, {}, {})").format(
+        sql.Literal(WATERMARK_PREFIX), sql.Literal(content)).as_string(conn)
 
 
 def _typed(casts: Sequence[str]) -> sql.Composable:

@@ -58,6 +58,10 @@ _REPLICATION_MODULE = "tidemark.source.postgres.replication"
 
 _MAX_BACKOFF_S = 30.0
 _FIRST_BATCH_MESSAGES = 128
+#: While an incremental snapshot's marks stream in, batches with nothing to hand on are
+#: not handed to the engine; one goes at least this often all the same (the engine
+#: checks for a stop and saves offsets between batches).
+_BUSY_SNAPSHOT_YIELD_S = 0.2
 
 
 class PostgresReader:
@@ -617,9 +621,15 @@ class PostgresReader:
         # milliseconds of the stream opening, then grow to max_batch_messages, where
         # per-batch costs stop mattering.
         limit = min(_FIRST_BATCH_MESSAGES, cfg.max_batch_messages)
+        last_yield = time.monotonic()
         while True:
             try:
-                messages = stream.read_batch(limit, 0.2)
+                # While windows wait for their closing marks, a batch ends as soon as
+                # nothing more is at hand: the 50 ms gather would hold a closing mark
+                # already read for as long as a writer's changes keep coming.
+                messages = stream.read_batch(limit, 0.2) if snap is None or not snap.windows \
+                    else stream.read_batch(limit, 0.2, 0.0)
+                messages_read = bool(messages)
                 if messages:
                     limit = min(limit * 4, cfg.max_batch_messages)
             except SourceUnavailableError as err:
@@ -661,7 +671,8 @@ class PostgresReader:
                 while split.after is not None:
                     records, texts = self._handle(split.before, now_us, lines, to_records,
                                                   builder)
-                    yield SourceBatch(records, None, False, texts)
+                    if records or texts:
+                        yield SourceBatch(records, None, False, texts)
                     if split.reads:
                         stats.count_rows(split.reads)
                         stats.saw_events(len(split.reads), now_us)
@@ -708,12 +719,21 @@ class PostgresReader:
                     partial = (builder.context.commit_lsn, open_messages)
             else:
                 open_messages = 0
+            if messages_read and not records and not texts and not finished and \
+                    snap is not None and snap.active and not snap.paused and \
+                    time.monotonic() - last_yield < _BUSY_SNAPSHOT_YIELD_S:
+                # The stream is bringing the snapshot's marks: read on at once. An empty
+                # batch would make the engine wait as for an idle source (50 ms a
+                # window). What it would have carried goes with the next one.
+                snap.maybe_open_window()
+                continue
             snap_changed = snap is not None and snap.changed
             offset: Offset | None = None
             if resume > emitted or finished or partial != handed_partial or snap_changed:
                 offset = _offset(resume, partial, snap)
                 emitted = stats.position_lsn = resume
                 handed_partial = partial
+            last_yield = time.monotonic()
             yield SourceBatch(records, offset, finished, texts)
             if finished:
                 return
@@ -757,7 +777,8 @@ class PostgresReader:
             signal_table=TableId.parse(cfg.signal_table) if cfg.signal_table else None,
             chunk_size=cfg.incremental_snapshot_chunk_size, topic_prefix=cfg.topic_prefix,
             database=self.database, state=state if isinstance(state, dict) else None,
-            generated=self._generated, skipped=cfg.skipped)
+            generated=self._generated, skipped=cfg.skipped,
+            adaptive_chunks=cfg.incremental_snapshot_chunk_adaptive)
         snap.open()
         self._snapshots = snap
         snap.maybe_open_window()

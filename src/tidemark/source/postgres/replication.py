@@ -189,8 +189,10 @@ class ReplicationStream:
             ) from None
 
     # -- streaming -----------------------------------------------------------------------
-    def read_batch(self, max_messages: int, timeout_s: float) -> list[WalMessage]:
-        """Up to *max_messages* messages; waits at most *timeout_s* for the first."""
+    def read_batch(self, max_messages: int, timeout_s: float,
+                   gather_s: float = _GATHER_S) -> list[WalMessage]:
+        """Up to *max_messages* messages; waits at most *timeout_s* for the first, and
+        gathers more while they keep coming, for up to *gather_s*."""
         conn = self._require()
         get = conn.get_copy_data
         data_start = _DATA_START.unpack_from
@@ -204,7 +206,7 @@ class ReplicationStream:
         answered = False
         # Keep reading while the socket has data at hand (up to _GATHER_S), so batches
         # are large: per-batch costs downstream (flushes, offset saves) are high.
-        gather_until = time.monotonic() + _GATHER_S
+        gather_until = time.monotonic() + gather_s
         sock = conn.socket
         fill = self._fill
         heard = False
