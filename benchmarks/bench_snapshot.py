@@ -387,7 +387,9 @@ def main() -> None:
     for c in contenders:
         copy = next(x for x in contenders if x.database == c.database and x.chunk is None)
         wall = [args.rows / s.seconds for s in c.samples]
-        net = [args.rows / (s.seconds - s.startup) for s in c.samples if s.startup is not None]
+        # A run shorter than the start-up it is compared with has no figure.
+        net = [args.rows / (s.seconds - s.startup) for s in c.samples
+               if s.startup is not None and s.seconds > s.startup]
         ratio = statistics.median(cs.seconds / s.seconds
                                   for s, cs in zip(c.samples, copy.samples, strict=True))
         updates = [s.updates_per_s for s in c.samples if s.updates_per_s is not None]

@@ -691,24 +691,26 @@ class PostgresReader:
             if builder.last_end_lsn is not None and builder.last_end_lsn > resume:
                 resume = builder.last_end_lsn
             finished = False
-            if not messages and not builder.in_transaction:
-                # Idle: everything sent so far is handed on, so the server's position is a
-                # safe resume point; confirming it lets the slot advance past WAL written
-                # for tables we do not capture.
-                server = stream.wal_end
-                if heartbeat_s and time.monotonic() - last_heartbeat >= heartbeat_s:
-                    last_heartbeat = time.monotonic()
-                    self._heartbeat_action()
+            idle = not messages and not builder.in_transaction
+            # Idle: everything sent so far is handed on, so the server's position is a
+            # safe resume point; confirming it lets the slot advance past WAL written
+            # for tables we do not capture.
+            server = stream.wal_end if idle else 0
+            if idle and heartbeat_s and time.monotonic() - last_heartbeat >= heartbeat_s:
+                last_heartbeat = time.monotonic()
+                self._heartbeat_action()
+                resume = max(resume, server)
+            if self._stop_at is not None and not builder.in_transaction:
+                # Between transactions, and never only when idle: under a steady writer
+                # the stream is never idle, and the end is reached once a commit past it
+                # is handed on. Snapshots signalled before the end are part of what it
+                # waits for. (A paused one is not waited for: nothing would resume it.)
+                if max(server, resume) >= self._stop_at and (
+                        snap is None or not snap.active or snap.paused):
+                    finished = True
                     resume = max(resume, server)
-                if self._stop_at is not None:
-                    # Snapshots signalled before the end are part of what it waits for.
-                    # (A paused one is not waited for: nothing would resume it.)
-                    if max(server, resume) >= self._stop_at and (
-                            snap is None or not snap.active or snap.paused):
-                        finished = True
-                        resume = max(resume, server)
-                    else:
-                        stream.request_keepalive()
+                elif idle:
+                    stream.request_keepalive()
             # In the middle of a transaction, the offset also says how much of it was
             # handed on, so that a restart skips that part (partial_transaction).
             partial = None
