@@ -32,7 +32,8 @@ def test_stop_at_end_stops_beside_a_steady_writer(db: Database) -> None:
     loop = threading.Thread(target=_write, args=(writer,), daemon=True)
     loop.start()
     try:
-        done = subprocess.run(argv, env=env, capture_output=True, text=True, timeout=90)
+        done = subprocess.run(argv, env=env, capture_output=True, text=True, timeout=90,
+                              check=False)
     finally:
         writer.cancel_safe()
         loop.join(timeout=30)
