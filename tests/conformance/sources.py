@@ -110,6 +110,8 @@ class SourceUnderTest:
     refusal says."""
     typed: bool = False
     """The table has every type of :attr:`types` (:meth:`use_types`)."""
+    log_groups: int = 2
+    """The stream groups of a log-table source's log."""
 
     def engine_cells(self) -> bool:
         """The engine's converters write this source's non-key columns as ScyllaDB's
@@ -322,7 +324,8 @@ class PostgresLogTableSource(_Postgres):
 
     def create(self) -> None:
         super().create()
-        LogDb("postgres", self.dsn).install(["mx"], streams=8, groups=2)
+        LogDb("postgres", self.dsn).install(["mx"], streams=max(8, self.log_groups),
+                                            groups=self.log_groups)
 
     def capture_args(self) -> list[str]:
         return ["--source", "logtable", "--no-cells"]
@@ -351,7 +354,8 @@ class SqliteLogTableSource(SourceUnderTest):
 
     def create(self) -> None:
         super().create()
-        LogDb("sqlite", self.dsn, self.extra["path"]).install(["mx"], streams=8, groups=2)
+        LogDb("sqlite", self.dsn, self.extra["path"]).install(
+            ["mx"], streams=max(8, self.log_groups), groups=self.log_groups)
 
     def capture_args(self) -> list[str]:
         return ["--no-cells"]
@@ -405,9 +409,10 @@ SOURCES = ("postgres", "mariadb", "postgres-logtable", "sqlite-logtable")
 
 
 def make_source(name: str, request: pytest.FixtureRequest, tmp_path: Path, *,
-                typed: bool = False) -> SourceUnderTest:
+                typed: bool = False, log_groups: int = 2) -> SourceUnderTest:
     """The matrix table on source *name* (its table made, nothing else yet); *typed*:
-    the table of every type of the source's list (:meth:`SourceUnderTest.use_types`)."""
+    the table of every type of the source's list (:meth:`SourceUnderTest.use_types`);
+    *log_groups*: the stream groups of a log-table source's log."""
     source: SourceUnderTest
     if name == "mariadb":
         mdb = request.getfixturevalue("mdb")
@@ -438,5 +443,6 @@ def make_source(name: str, request: pytest.FixtureRequest, tmp_path: Path, *,
                       extra={"cluster": db.cluster, "slot": f"mx_{db.name}"}, **refusals)
     if typed:
         source.use_types()
+    source.log_groups = log_groups
     source.create()
     return source

@@ -209,8 +209,11 @@ class LogTableReader:
                 events = self._events(result.rows)
                 self.stats.saw_events(len(events), result.rows[-1].ts_us)
                 self.stats.position_lsn = result.rows[-1].time
-                return SourceBatch(events, self._offset())
-        finished = self._stop_at_end and len(self._caught_up) == len(self._groups)
+                # Checked here too, not only on a pass that found every group empty: a
+                # steady writer may never leave one (a group caught up since the start
+                # has read everything committed before it).
+                return SourceBatch(events, self._offset(), self._finished())
+        finished = self._finished()
         if not finished:
             self._maybe_prune()
             if not moved:
@@ -218,6 +221,10 @@ class LogTableReader:
                 # the database in a loop.
                 self._idle_until = time.monotonic() + self.config.poll_interval_ms / 1000
         return SourceBatch([], self._offset() if moved or finished else None, finished)
+
+    def _finished(self) -> bool:
+        """A bounded capture's end: every group caught up once since the start."""
+        return self._stop_at_end and len(self._caught_up) == len(self._groups)
 
     def _offset(self) -> Offset:
         return {"groups": {str(g): p for g, p in self._positions.items()}}
