@@ -93,6 +93,7 @@ class MariaDbReader:
             if config.signal_table is not None else None
         self._snapshots = self._chunked_snapshots(None)
         self._replica_id = ReplicaIdClaim(self._settings, config.replica_server_id)
+        self._end_key = 0  # a bounded capture's end: the binlog's end at its start
 
     @property
     def partition(self) -> str:
@@ -106,7 +107,8 @@ class MariaDbReader:
         """Check the server, decide about the snapshot, and get ready to poll.
 
         The resume position is *offset*, or what *store* holds under :attr:`partition`.
-        *stop_at_end*: finish at the end of the binlog as it is now (non-blocking dump).
+        *stop_at_end*: finish once everything in the binlog now is handed on, and the
+        incremental snapshots signalled in it (unless paused).
         """
         try:
             self._start(offset if offset is not None else
@@ -130,6 +132,7 @@ class MariaDbReader:
                 # this one's dump (and this one its), so it is refused at its start.
                 self._replica_id.claim()
             current = client.current_position(conn)
+            self._end_key = current.key
             kept = client.binlog_files(conn) \
                 if cfg.snapshot_mode == SnapshotMode.WHEN_NEEDED else []
         position = BinlogPosition.from_offset(offset["binlog"]) \
@@ -359,7 +362,7 @@ class MariaDbReader:
         out = self._out_of(builder)
         stream = client.BinlogStream(
             self._settings, resume[0], server_id=self.config.replica_server_id,
-            blocking=not stop_at_end, heartbeat_s=self.config.heartbeat_interval_ms / 1000 or 5)
+            blocking=True, heartbeat_s=self.config.heartbeat_interval_ms / 1000 or 5)
         self._stream = stream
         try:
             stream.open()
@@ -382,13 +385,16 @@ class MariaDbReader:
                     # Between transactions: a chunk whose read view the stream has
                     # reached goes out here, before any later transaction.
                     self._hand_on_chunks(builder)
+                if stop_at_end and not builder.in_transaction \
+                        and builder.position_key >= self._end_key \
+                        and (not snapshots.active or snapshots.paused):
+                    # Between transactions, whether or not the stream is idle (a steady
+                    # writer never leaves it so). Snapshots signalled before the end are
+                    # part of what it waits for; a paused one is not (nothing would
+                    # resume it), its state is in the offset.
+                    return
                 if self._stopping.is_set():
                     raise _Stopped
-            if snapshots.queue:  # a bounded capture: the chunks the log's end allows
-                self._hand_on_chunks(builder)
-                if snapshots.queue:
-                    log.info("the incremental snapshot goes on in the next capture (its "
-                             "state is in the offset)")
         except _Stopped:
             raise
         except Exception:
