@@ -10,9 +10,9 @@ rows in a private, durable MariaDB (its defaults: ``innodb_flush_log_at_trx_comm
 * ``tidemark capture`` after an ``execute-snapshot`` signal (Debezium JSON lines to
   a pipe, where this script counts the ``op: "r"`` lines) at each ``--chunk-size``
   (default: tidemark's default): rows/s = table rows / wall time from process start to
-  the last read line (then it is stopped with SIGTERM: MariaDB's ``--stop-at-end`` stops
-  at the binlog's end as it was at the start, and leaves a snapshot still running for
-  the next capture), and rows /
+  the last read line (then it is stopped with SIGTERM: a ``--baseline-src`` checkout
+  older than the stopend branch has a ``--stop-at-end`` that stops at the binlog's end as
+  it was at the start and leaves the snapshot to the next capture), and rows /
   (wall - startup), where startup is a ``--stop-at-end`` run with nothing to do from the
   same offsets, measured just before;
 * the same with a writer doing single-row UPDATEs of random rows at ``--update-rate``
