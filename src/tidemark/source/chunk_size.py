@@ -10,6 +10,10 @@ what keeps a chunk's rows within :data:`MOST_BYTES` of memory by the widest row 
 last chunk (the rows of the windows read ahead wait in memory until their closing
 mark). A chunk whose read took longer than :data:`DEAR_READ_S` halves it again (not
 below the size set). With ``adaptive`` off the size set is kept (pinned).
+
+The bound by the last chunk's rows does not hold where the rows get wider further on:
+the PostgreSQL source's chunk query also stops at :data:`MOST_BYTES` itself, counted by
+the server (:mod:`tidemark.source.postgres.chunk_query`).
 """
 
 from __future__ import annotations

@@ -72,6 +72,7 @@ from tidemark.postgres_connection import Connection, on_standby
 from tidemark.source.chunk_size import ChunkSizer
 from tidemark.source.postgres import catalog, pgoutput
 from tidemark.source.postgres.change_builder import CONNECTOR_NAME
+from tidemark.source.postgres.chunk_query import chunk_query
 from tidemark.source.postgres.key_order import IndexOrder
 from tidemark.source.postgres.snapshot import register_text_types
 from tidemark.source.postgres.source_block import POSTGRES_BLOCK
@@ -564,16 +565,14 @@ class IncrementalSnapshot(SignalledSnapshots):
             log.info("incremental snapshot of %s started (up to key %s)", progress.table,
                      progress.max_key)
         window_id = uuid.uuid4().hex
-        columns = sql.SQL(", ").join(sql.Identifier(c.name) for c in schema.columns)
         bounds = [sql.SQL("({}) <= ({})").format(key_sql, _typed(casts))]
         params: list[Any] = list(progress.max_key)
         if progress.read_key is not None:
             bounds.insert(0, sql.SQL("({}) > ({})").format(key_sql, _typed(casts)))
             params = [*progress.read_key, *params]
         limit = self._sizer.rows()
-        query = sql.SQL("SELECT {} FROM {} WHERE {}{} ORDER BY {} LIMIT {}").format(
-            columns, table_sql, sql.SQL(" AND ").join(bounds), condition, key_sql,
-            sql.Literal(limit))
+        query = chunk_query(schema.columns, table_sql, sql.SQL("{}{}").format(
+            sql.SQL(" AND ").join(bounds), condition), key, limit, self._sizer.most_bytes)
         # The opening mark, then the chunk's transaction, in one round trip. The mark's
         # commit need not wait for its WAL flush: its place in the WAL is what counts,
         # and the closing mark's flushed commit flushes it too (the stream brings
@@ -583,6 +582,7 @@ class IncrementalSnapshot(SignalledSnapshots):
                  f"{self._index_order.settings(conn, progress.table, key)}")
         rows: list[tuple[Any, ...]] = []
         read_s = 0.0
+        more = False
         with conn.cursor() as cur:
             register_text_types(cur)
             try:
@@ -610,6 +610,10 @@ class IncrementalSnapshot(SignalledSnapshots):
                     cur.execute(query, params)
                     rows = cur.fetchall()
                     read_s = time.monotonic() - started
+                    if rows and len(rows) < limit:
+                        # Short: the table's end, or the byte budget (rows left).
+                        more = self._rows_after(cur, rows[-1], key_indexes, progress,
+                                                table_sql, key_sql, casts, condition)
             except BaseException:
                 # The error in flight says what happened (a ROLLBACK on a lost
                 # connection would replace it).
@@ -635,11 +639,27 @@ class IncrementalSnapshot(SignalledSnapshots):
         self._invisible_delay = _INVISIBLE_RETRY_S
         start = progress.read_key
         last = list(rows[-1][i] for i in key_indexes) if rows else start
-        done = len(rows) < limit or last == progress.max_key
+        done = (len(rows) < limit and not more) or last == progress.max_key
         self._sizer.saw(rows, limit, read_s)
         progress.read_key, progress.read_all = last, done
         return Window(window_id, schema, oid, rows, last, done, start, match_indexes,
                       invisible=invisible, xmax=xmax)
+
+    @staticmethod
+    def _rows_after(cur: psycopg.Cursor[Any], row: tuple[Any, ...],
+                    key_indexes: tuple[int, ...], progress: TableProgress,
+                    table_sql: sql.Composable, key_sql: sql.Composable, casts: list[str],
+                    condition: sql.Composable) -> bool:
+        """Rows of the snapshot are left after *row* (a chunk cut by its byte budget)."""
+        last = [row[i] for i in key_indexes]
+        if last == progress.max_key:
+            return False
+        assert progress.max_key is not None
+        cur.execute(sql.SQL("SELECT 1 FROM {} WHERE ({}) > ({}) AND ({}) <= ({}){} "
+                            "LIMIT 1").format(table_sql, key_sql, _typed(casts), key_sql,
+                                              _typed(casts), condition),
+                    [*last, *progress.max_key])
+        return cur.fetchone() is not None
 
     @staticmethod
     def _send(cur: psycopg.Cursor[Any], statements: str) -> None:

@@ -1,0 +1,64 @@
+"""The SELECT of an incremental snapshot's chunk, held to a byte budget by the server.
+
+A chunk's row count comes from the rows of the chunks before it (:mod:`chunk_size`): a
+table whose rows get wider further on would bring up to that many rows of the new width
+in one fetch. So the server counts the bytes as it reads: each row's width is summed in
+key order, and the chunk ends at the last row that keeps the sum within the budget (the
+first row always comes, however wide, or the snapshot could not go on). A chunk ended
+that way is simply a shorter chunk: its last key is the last row read. Counting on the
+server costs no round trip and no per-row work in Python; widths are read from each
+value's header (``octet_length`` of text and bytea does not decompress or detoast).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Final
+
+from psycopg import sql
+
+from tidemark.event import Column
+from tidemark.source.chunk_size import VALUE_OVERHEAD
+
+#: Types whose text is their stored bytes: ``octet_length`` is their width.
+_TEXT_TYPES: Final = ("text", "character", "char", "bpchar", "varchar", "name", "citext")
+#: Column names inside the query (not a table's: a table column of that name would
+#: only be shadowed in the outer filter, which reads these two).
+_BYTES_UPTO: Final = "tidemark_chunk_bytes_upto"
+_ROW_NUMBER: Final = "tidemark_chunk_row_number"
+
+
+def chunk_query(columns: Sequence[Column], table_sql: sql.Composable,
+                where: sql.Composable, key: Sequence[str], limit: int,
+                most_bytes: int) -> sql.Composed:
+    """Up to *limit* rows of *columns* in *key* order where *where* holds, cut after the
+    last row that keeps their bytes (as :func:`~tidemark.source.chunk_size.row_memory`
+    counts them) within *most_bytes*."""
+    names = sql.SQL(", ").join(sql.Identifier(c.name) for c in columns)
+    order = sql.SQL(", ").join(sql.Identifier(k) for k in key)
+    widths = sql.SQL(" + ").join([*(_width(c) for c in columns),
+                                  sql.Literal(VALUE_OVERHEAD * (len(columns) + 1))])
+    # Both window functions share one window and the ORDER BY of the LIMIT: the rows
+    # stream from the key's index through them, in one pass.
+    return sql.SQL(
+        "SELECT {names} FROM (SELECT {names}, "
+        "sum({widths}) OVER w AS {upto}, row_number() OVER w AS {number} "
+        "FROM {table} WHERE {where} WINDOW w AS (ORDER BY {order} ROWS UNBOUNDED "
+        "PRECEDING) ORDER BY {order} LIMIT {limit}) chunk "
+        "WHERE {upto} <= {most} OR {number} = 1 ORDER BY {order}").format(
+            names=names, widths=widths, upto=sql.Identifier(_BYTES_UPTO),
+            number=sql.Identifier(_ROW_NUMBER), table=table_sql, where=where,
+            order=order, limit=sql.Literal(limit), most=sql.Literal(most_bytes))
+
+
+def _width(column: Column) -> sql.Composable:
+    """The bytes *column*'s value takes as the text a chunk row holds (0 for NULL)."""
+    name = sql.Identifier(column.name)
+    base = column.type_name.split("(")[0].strip().lower()
+    if base == "bytea":  # hex text: two characters a byte, and "\x"
+        return sql.SQL("coalesce(2 * octet_length({})::bigint + 2, 0)").format(name)
+    if base in _TEXT_TYPES or base.startswith(("character varying", "character")):
+        return sql.SQL("coalesce(octet_length({})::bigint, 0)").format(name)
+    # Other types by their stored size: their text is about as long (a compressed
+    # value, a large jsonb say, is counted by its compressed size).
+    return sql.SQL("coalesce(pg_column_size({})::bigint, 0)").format(name)
