@@ -22,6 +22,15 @@ from tidemark.source.chunk_size import VALUE_OVERHEAD
 
 #: Types whose text is their stored bytes: ``octet_length`` is their width.
 _TEXT_TYPES: Final = ("text", "character", "char", "bpchar", "varchar", "name", "citext")
+#: Fixed-width types, counted as :data:`_FIXED_TEXT` bytes each without looking (the
+#: per-row sum is the query's cost: it reads only the variable-width values).
+_FIXED_TYPES: Final = frozenset({
+    "smallint", "integer", "bigint", "boolean", "real", "double precision", "oid",
+    "date", "uuid", "money", "interval", "timestamp without time zone",
+    "timestamp with time zone", "time without time zone", "time with time zone"})
+#: The longest text of a fixed-width type's value, about (a timestamptz with
+#: microseconds is 29 characters, a uuid 36).
+_FIXED_TEXT: Final = 40
 #: Column names inside the query (not a table's: a table column of that name would
 #: only be shadowed in the outer filter, which reads these two).
 _BYTES_UPTO: Final = "tidemark_chunk_bytes_upto"
@@ -36,8 +45,10 @@ def chunk_query(columns: Sequence[Column], table_sql: sql.Composable,
     counts them) within *most_bytes*."""
     names = sql.SQL(", ").join(sql.Identifier(c.name) for c in columns)
     order = sql.SQL(", ").join(sql.Identifier(k) for k in key)
-    widths = sql.SQL(" + ").join([*(_width(c) for c in columns),
-                                  sql.Literal(VALUE_OVERHEAD * (len(columns) + 1))])
+    varying = [c for c in columns if _base_type(c) not in _FIXED_TYPES]
+    fixed = (len(columns) - len(varying)) * _FIXED_TEXT
+    widths = sql.SQL(" + ").join([*(_width(c) for c in varying),
+                                  sql.Literal(VALUE_OVERHEAD * (len(columns) + 1) + fixed)])
     # Both window functions share one window and the ORDER BY of the LIMIT: the rows
     # stream from the key's index through them, in one pass.
     return sql.SQL(
@@ -54,7 +65,7 @@ def chunk_query(columns: Sequence[Column], table_sql: sql.Composable,
 def _width(column: Column) -> sql.Composable:
     """The bytes *column*'s value takes as the text a chunk row holds (0 for NULL)."""
     name = sql.Identifier(column.name)
-    base = column.type_name.split("(")[0].strip().lower()
+    base = _base_type(column)
     if base == "bytea":  # hex text: two characters a byte, and "\x"
         return sql.SQL("coalesce(2 * octet_length({})::bigint + 2, 0)").format(name)
     if base in _TEXT_TYPES or base.startswith(("character varying", "character")):
@@ -62,3 +73,15 @@ def _width(column: Column) -> sql.Composable:
     # Other types by their stored size: their text is about as long (a compressed
     # value, a large jsonb say, is counted by its compressed size).
     return sql.SQL("coalesce(pg_column_size({})::bigint, 0)").format(name)
+
+
+def _base_type(column: Column) -> str:
+    """*column*'s type without its modifiers: ``character varying(20)`` ->
+    ``character varying``, ``timestamp(3) with time zone`` -> ``timestamp with time
+    zone``."""
+    name = column.type_name.lower()
+    while "(" in name:
+        start = name.index("(")
+        end = name.find(")", start)
+        name = name[:start] + (name[end + 1:] if end != -1 else "")
+    return " ".join(name.split())
