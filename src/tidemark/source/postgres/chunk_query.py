@@ -2,16 +2,19 @@
 
 A chunk's row count comes from the rows of the chunks before it (:mod:`chunk_size`): a
 table whose rows get wider further on would bring up to that many rows of the new width
-in one fetch. So the server counts the bytes as it reads: each row's width is summed in
-key order, and the chunk ends at the last row that keeps the sum within the budget (the
-first row always comes, however wide, or the snapshot could not go on). A chunk ended
-that way is simply a shorter chunk: its last key is the last row read. Counting on the
-server costs no round trip and no per-row work in Python; widths are read from each
-value's header (``octet_length`` of text and bytea does not decompress or detoast).
+in one fetch. So the server counts the bytes first: the chunk's rows' widths, summed
+(:attr:`ChunkQueries.size`). Within the budget (nearly always) the chunk is read as
+before; over it, a query that sums the widths row by row in key order ends the chunk
+at the last row that keeps the sum within the budget (the first row always comes,
+however wide, or the snapshot could not go on). A chunk ended that way is simply a
+shorter chunk: its last key is the last row read. No per-row work in Python; widths
+are read from each variable-width value's header (``octet_length`` of text and bytea
+does not decompress or detoast).
 """
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Sequence
 from typing import Final
 
@@ -37,29 +40,50 @@ _BYTES_UPTO: Final = "tidemark_chunk_bytes_upto"
 _ROW_NUMBER: Final = "tidemark_chunk_row_number"
 
 
-def chunk_query(columns: Sequence[Column], table_sql: sql.Composable,
-                where: sql.Composable, key: Sequence[str], limit: int,
-                most_bytes: int) -> sql.Composed:
-    """Up to *limit* rows of *columns* in *key* order where *where* holds, cut after the
-    last row that keeps their bytes (as :func:`~tidemark.source.chunk_size.row_memory`
-    counts them) within *most_bytes*."""
+@dataclasses.dataclass(frozen=True)
+class ChunkQueries:
+    """The queries of one chunk (same parameters): :attr:`size` first, then
+    :attr:`plain` if its answer is within the bound, else :attr:`within`."""
+
+    size: sql.Composed
+    """The bytes of the chunk's rows (one number; NULL for none)."""
+    plain: sql.Composed
+    """The chunk's rows."""
+    within: sql.Composed
+    """The chunk's rows up to the last that keeps them within the bound."""
+
+
+def chunk_queries(columns: Sequence[Column], table_sql: sql.Composable,
+                  where: sql.Composable, key: Sequence[str], limit: int,
+                  most_bytes: int) -> ChunkQueries:
+    """Queries for up to *limit* rows of *columns* in *key* order where *where* holds,
+    their bytes (as :func:`~tidemark.source.chunk_size.row_memory` counts them) within
+    *most_bytes*."""
     names = sql.SQL(", ").join(sql.Identifier(c.name) for c in columns)
     order = sql.SQL(", ").join(sql.Identifier(k) for k in key)
     varying = [c for c in columns if _base_type(c) not in _FIXED_TYPES]
     fixed = (len(columns) - len(varying)) * _FIXED_TEXT
     widths = sql.SQL(" + ").join([*(_width(c) for c in varying),
                                   sql.Literal(VALUE_OVERHEAD * (len(columns) + 1) + fixed)])
+    fields = {"names": names, "widths": widths, "table": table_sql, "where": where,
+              "order": order, "limit": sql.Literal(limit), "most": sql.Literal(most_bytes),
+              "upto": sql.Identifier(_BYTES_UPTO), "number": sql.Identifier(_ROW_NUMBER)}
+    # The size walks the index as the chunk does, reading only the variable-width
+    # values' headers: a fraction of the chunk's cost, where the running sum of the
+    # cut query (a window over every row) costs more than the chunk itself.
+    size = sql.SQL("SELECT sum(w) FROM (SELECT {widths} AS w FROM {table} WHERE {where} "
+                   "ORDER BY {order} LIMIT {limit}) chunk").format(**fields)
+    plain = sql.SQL("SELECT {names} FROM {table} WHERE {where} ORDER BY {order} "
+                    "LIMIT {limit}").format(**fields)
     # Both window functions share one window and the ORDER BY of the LIMIT: the rows
     # stream from the key's index through them, in one pass.
-    return sql.SQL(
+    within = sql.SQL(
         "SELECT {names} FROM (SELECT {names}, "
         "sum({widths}) OVER w AS {upto}, row_number() OVER w AS {number} "
         "FROM {table} WHERE {where} WINDOW w AS (ORDER BY {order} ROWS UNBOUNDED "
         "PRECEDING) ORDER BY {order} LIMIT {limit}) chunk "
-        "WHERE {upto} <= {most} OR {number} = 1 ORDER BY {order}").format(
-            names=names, widths=widths, upto=sql.Identifier(_BYTES_UPTO),
-            number=sql.Identifier(_ROW_NUMBER), table=table_sql, where=where,
-            order=order, limit=sql.Literal(limit), most=sql.Literal(most_bytes))
+        "WHERE {upto} <= {most} OR {number} = 1 ORDER BY {order}").format(**fields)
+    return ChunkQueries(size, plain, within)
 
 
 def _width(column: Column) -> sql.Composable:

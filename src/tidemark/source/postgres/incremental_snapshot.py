@@ -72,7 +72,7 @@ from tidemark.postgres_connection import Connection, on_standby
 from tidemark.source.chunk_size import ChunkSizer
 from tidemark.source.postgres import catalog, pgoutput
 from tidemark.source.postgres.change_builder import CONNECTOR_NAME
-from tidemark.source.postgres.chunk_query import chunk_query
+from tidemark.source.postgres.chunk_query import chunk_queries
 from tidemark.source.postgres.key_order import IndexOrder
 from tidemark.source.postgres.snapshot import register_text_types
 from tidemark.source.postgres.source_block import POSTGRES_BLOCK
@@ -571,7 +571,7 @@ class IncrementalSnapshot(SignalledSnapshots):
             bounds.insert(0, sql.SQL("({}) > ({})").format(key_sql, _typed(casts)))
             params = [*progress.read_key, *params]
         limit = self._sizer.rows()
-        query = chunk_query(schema.columns, table_sql, sql.SQL("{}{}").format(
+        queries = chunk_queries(schema.columns, table_sql, sql.SQL("{}{}").format(
             sql.SQL(" AND ").join(bounds), condition), key, limit, self._sizer.most_bytes)
         # The opening mark, then the chunk's transaction, in one round trip. The mark's
         # commit need not wait for its WAL flush: its place in the WAL is what counts,
@@ -607,7 +607,12 @@ class IncrementalSnapshot(SignalledSnapshots):
                     missed.append(top)
                 if not missed:
                     started = time.monotonic()
-                    cur.execute(query, params)
+                    cur.execute(queries.size, params)
+                    size = cur.fetchone()
+                    # (Text: the cursor loads every type as text.)
+                    within = size is None or size[0] is None \
+                        or int(size[0]) <= self._sizer.most_bytes
+                    cur.execute(queries.plain if within else queries.within, params)
                     rows = cur.fetchall()
                     read_s = time.monotonic() - started
                     if rows and len(rows) < limit:
