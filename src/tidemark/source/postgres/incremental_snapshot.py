@@ -572,7 +572,8 @@ class IncrementalSnapshot(SignalledSnapshots):
             params = [*progress.read_key, *params]
         limit = self._sizer.rows()
         queries = chunk_queries(schema.columns, table_sql, sql.SQL("{}{}").format(
-            sql.SQL(" AND ").join(bounds), condition), key, limit, self._sizer.most_bytes)
+            sql.SQL(" AND ").join(bounds), condition), key, limit,
+            self._sizer.chunk_most_bytes)
         # The opening mark, then the chunk's transaction, in one round trip. The mark's
         # commit need not wait for its WAL flush: its place in the WAL is what counts,
         # and the closing mark's flushed commit flushes it too (the stream brings
@@ -611,7 +612,7 @@ class IncrementalSnapshot(SignalledSnapshots):
                     size = cur.fetchone()
                     # (Text: the cursor loads every type as text.)
                     within = size is None or size[0] is None \
-                        or int(size[0]) <= self._sizer.most_bytes
+                        or int(size[0]) <= self._sizer.chunk_most_bytes
                     cur.execute(queries.plain if within else queries.within, params)
                     rows = cur.fetchall()
                     read_s = time.monotonic() - started
