@@ -10,6 +10,10 @@ what keeps a chunk's rows within :data:`MOST_BYTES` of memory by the widest row 
 last chunk (the rows of the windows read ahead wait in memory until their closing
 mark). A chunk whose read took longer than :data:`DEAR_READ_S` halves it again (not
 below the size set). With ``adaptive`` off the size set is kept (pinned).
+
+The bound by the last chunk's rows does not hold where the rows get wider further on:
+the PostgreSQL source's chunk query also stops at :data:`CHUNK_MOST_BYTES` itself,
+counted by the server (:mod:`tidemark.source.postgres.chunk_query`).
 """
 
 from __future__ import annotations
@@ -24,6 +28,10 @@ MOST_ROWS: Final = 32_768
 #: The most memory (an estimate: values and Python's per-value overhead) a chunk grows
 #: to hold; the PostgreSQL source reads up to 4 windows ahead, so 16 MB at most.
 MOST_BYTES: Final = 4 << 20
+#: The most memory a chunk's rows may take whatever its size said: twice the aim, so
+#: that a chunk sized right by the rows before it is not cut (the server counts the
+#: bytes its own way, a little over or under :func:`row_memory`).
+CHUNK_MOST_BYTES: Final = 2 * MOST_BYTES
 #: A full chunk read faster than this makes the next one twice as large.
 CHEAP_READ_S: Final = 0.05
 #: A chunk read slower than this makes the next one half as large.
@@ -42,6 +50,9 @@ class ChunkSizer:
         self.adaptive = adaptive
         self.most_rows = max(self.start, most_rows)
         self.most_bytes = most_bytes
+        self.chunk_most_bytes = 2 * most_bytes
+        """The most a chunk's rows may hold, however wide they turn out
+        (:data:`CHUNK_MOST_BYTES`)."""
         self._rows = self.start
 
     def rows(self) -> int:

@@ -19,7 +19,7 @@ from capture_helpers import drain, events, make_connector
 from conftest import Database
 from tidemark.event import Op, TableId
 from tidemark.postgres_connection import connect
-from tidemark.source.chunk_size import MOST_BYTES, MOST_ROWS, row_memory
+from tidemark.source.chunk_size import CHUNK_MOST_BYTES, MOST_BYTES, MOST_ROWS, row_memory
 from tidemark.source.postgres.incremental_snapshot import IncrementalSnapshot
 from tidemark.source.postgres.replication import ReplicationStream
 from tidemark.source.signals import ExecuteSnapshot
@@ -147,3 +147,18 @@ def test_reads_with_windows_waiting_do_not_gather(db: Database,
     waiting = [gather for windows, gather in gathers if windows]
     assert waiting and set(waiting) == {0.0}, gathers
     assert {gather for windows, gather in gathers if not windows} == {None}
+
+
+def test_a_chunk_reaching_wider_rows_ends_within_the_memory_bound(db: Database) -> None:
+    """A chunk's size is learnt from the rows before it: where the rows get wider (here
+    from a few bytes to 1 MB) a chunk of the narrow rows' size would hold 40 MB. It ends
+    at the chunk memory bound instead (8 MB), and the next one starts after its last
+    row."""
+    db.execute("CREATE TABLE g (id int PRIMARY KEY, v text)",
+               "INSERT INTO g SELECT x, 'v' || x FROM generate_series(1, 2000) x",
+               "INSERT INTO g SELECT x, repeat('x', 1 << 20) FROM generate_series(2001, 2040) x")
+    windows = _window_sizes(db, "g", 16)
+    assert [int(str(r[0])) for rows in windows for r in rows] == list(range(1, 2041))
+    assert max(len(w) for w in windows) >= 512  # it grew on the narrow rows
+    for rows in windows:
+        assert sum(row_memory(r) for r in rows) <= CHUNK_MOST_BYTES, len(rows)

@@ -24,10 +24,15 @@ committing transaction waits there for synchronous standbys. So a transaction th
 commits before the opening mark can still be invisible to the chunk's SELECT, which
 would then hand on a row older than that transaction's change, streamed before the
 window. The SELECT therefore runs in a snapshot whose running transactions are known
-(``pg_current_snapshot()``), and the chunk is not used if one of them changed the
-table and committed before the opening mark: either it was already streamed (the
-chunk is read again at once, in a new snapshot) or it arrives before the opening mark
-(the window is read again when it closes).
+(``pg_current_snapshot()``). It does not see the transactions it lists as running, nor
+any at or above its ``xmax``, which it does not list: one that took its xid after the
+opening mark's, wrote its commit record before the mark's commit and is still waiting
+(for its WAL flush or a standby) when the snapshot is taken. A change of the table by
+such a transaction is handled by where it comes in the stream: one that comes before
+the opening mark takes its key out of the chunk, as a change inside the window does (a
+change left out of the stream, or whose key cannot be matched, has the chunk read again
+when the window closes); one already streamed when the chunk is read means the chunk is
+not used, and it is read again a moment later, in a new snapshot.
 
 The state (tables left, the current table's maximum key and last key sent) travels in
 the connector's offset (``incremental_snapshot``), so a restart continues from the chunk
@@ -67,6 +72,7 @@ from tidemark.postgres_connection import Connection, on_standby
 from tidemark.source.chunk_size import ChunkSizer
 from tidemark.source.postgres import catalog, pgoutput
 from tidemark.source.postgres.change_builder import CONNECTOR_NAME
+from tidemark.source.postgres.chunk_query import chunk_queries
 from tidemark.source.postgres.key_order import IndexOrder
 from tidemark.source.postgres.snapshot import register_text_types
 from tidemark.source.postgres.source_block import POSTGRES_BLOCK
@@ -139,13 +145,20 @@ class Window:
     """A change inside the window could not be matched to a chunk row (its key was not
     sent, or the table's columns changed): the chunk is dropped and read again."""
     invisible: frozenset[int] = frozenset()
-    """Transactions running for the chunk's SELECT (32-bit xids): one that changes the
-    table and commits before the opening mark makes the chunk stale."""
+    """Transactions listed as running for the chunk's SELECT (32-bit xids): one that
+    changes the table and commits before the opening mark makes the chunk stale."""
+    xmax: int | None = None
+    """The SELECT's snapshot's xmax (32-bit): transactions at or above it are not listed
+    in :attr:`invisible` but are not seen either."""
     removed: set[Key] = dataclasses.field(default_factory=set)
     """Keys changed in the stream inside the window: their rows are not emitted (kept
     as a set of keys rather than a dict of rows: a window that nothing hits costs no
     per-row key at all)."""
     truncated: bool = False
+
+    def sees_not(self, xid: int) -> bool:
+        """The chunk's SELECT did not see transaction *xid* (32-bit)."""
+        return xid in self.invisible or (self.xmax is not None and _at_or_after(xid, self.xmax))
 
 
 @dataclasses.dataclass
@@ -199,6 +212,11 @@ class IncrementalSnapshot(SignalledSnapshots):
         :data:`RECENT_CHANGES_LIMIT`), in the order they came."""
         self._suspects: frozenset[int] = frozenset()
         """The union of the ``invisible`` sets of the windows not opened yet."""
+        self._suspect_xmax: int | None = None
+        """The lowest ``xmax`` of the windows not opened yet: transactions at or above it
+        are suspects too."""
+        self._newest: dict[int, int] = {}
+        """Relation oid -> the newest xid (32-bit order) of its changes streamed lately."""
         self._missed_logged: set[int] = set()
         self._invisible_delay = _INVISIBLE_RETRY_S
 
@@ -341,14 +359,18 @@ class IncrementalSnapshot(SignalledSnapshots):
         xid = self._xid
         oids = pgoutput.parse_truncate(payload).relation_ids if kind == _TRUNCATE \
             else (_U32.unpack_from(payload, 1)[0],)
-        recent = self._recent
+        recent, newest = self._recent, self._newest
         for oid in oids:
             recent[xid << 32 | oid] = None
+            top = newest.get(oid)
+            if top != xid and (top is None or _at_or_after(xid, top)):
+                newest[oid] = xid
         if len(recent) > RECENT_CHANGES_LIMIT:
             del recent[next(iter(recent))]
-        if xid in self._suspects:
+        bound = self._suspect_xmax
+        if xid in self._suspects or (bound is not None and _at_or_after(xid, bound)):
             for w in self.windows:
-                if not w.opened and xid in w.invisible and w.relation_oid in oids \
+                if not w.opened and w.sees_not(xid) and w.relation_oid in oids \
                         and not w.reread:
                     if kind in self._kept_kinds:
                         # Its change is handed on before the window; the chunk's row of
@@ -363,8 +385,10 @@ class IncrementalSnapshot(SignalledSnapshots):
                     w.reread = True
 
     def _refresh_suspects(self) -> None:
-        self._suspects = frozenset().union(*(w.invisible for w in self.windows
-                                             if not w.opened))
+        waiting = [w for w in self.windows if not w.opened]
+        self._suspects = frozenset().union(*(w.invisible for w in waiting))
+        # Windows are read in order, and a later snapshot's xmax is never lower.
+        self._suspect_xmax = waiting[0].xmax if waiting else None
 
     def _forget_before(self, xmin: int) -> None:
         """Forget changes of transactions that began before *xmin* (32-bit): no snapshot
@@ -541,16 +565,15 @@ class IncrementalSnapshot(SignalledSnapshots):
             log.info("incremental snapshot of %s started (up to key %s)", progress.table,
                      progress.max_key)
         window_id = uuid.uuid4().hex
-        columns = sql.SQL(", ").join(sql.Identifier(c.name) for c in schema.columns)
         bounds = [sql.SQL("({}) <= ({})").format(key_sql, _typed(casts))]
         params: list[Any] = list(progress.max_key)
         if progress.read_key is not None:
             bounds.insert(0, sql.SQL("({}) > ({})").format(key_sql, _typed(casts)))
             params = [*progress.read_key, *params]
         limit = self._sizer.rows()
-        query = sql.SQL("SELECT {} FROM {} WHERE {}{} ORDER BY {} LIMIT {}").format(
-            columns, table_sql, sql.SQL(" AND ").join(bounds), condition, key_sql,
-            sql.Literal(limit))
+        queries = chunk_queries(schema.columns, table_sql, sql.SQL("{}{}").format(
+            sql.SQL(" AND ").join(bounds), condition), key, limit,
+            self._sizer.chunk_most_bytes)
         # The opening mark, then the chunk's transaction, in one round trip. The mark's
         # commit need not wait for its WAL flush: its place in the WAL is what counts,
         # and the closing mark's flushed commit flushes it too (the stream brings
@@ -560,6 +583,7 @@ class IncrementalSnapshot(SignalledSnapshots):
                  f"{self._index_order.settings(conn, progress.table, key)}")
         rows: list[tuple[Any, ...]] = []
         read_s = 0.0
+        more = False
         with conn.cursor() as cur:
             register_text_types(cur)
             try:
@@ -573,13 +597,29 @@ class IncrementalSnapshot(SignalledSnapshots):
                 xmin = int(snapshot[0]) & 0xFFFFFFFF
                 invisible = frozenset(int(x) & 0xFFFFFFFF
                                       for x in snapshot[1].split(",") if x)
+                xmax = int(snapshot[2]) & 0xFFFFFFFF
                 self._forget_before(xmin)
                 missed = [x for x in invisible if x << 32 | oid in self._recent]
+                # Not listed either: a streamed transaction at or above xmax (its xid
+                # came after the opening mark's, its commit record before the mark's).
+                top = self._newest.get(oid)
+                if top is not None and _at_or_after(top, xmax) \
+                        and top << 32 | oid in self._recent:
+                    missed.append(top)
                 if not missed:
                     started = time.monotonic()
-                    cur.execute(query, params)
+                    cur.execute(queries.size, params)
+                    size = cur.fetchone()
+                    # (Text: the cursor loads every type as text.)
+                    within = size is None or size[0] is None \
+                        or int(size[0]) <= self._sizer.chunk_most_bytes
+                    cur.execute(queries.plain if within else queries.within, params)
                     rows = cur.fetchall()
                     read_s = time.monotonic() - started
+                    if rows and len(rows) < limit:
+                        # Short: the table's end, or the byte budget (rows left).
+                        more = self._rows_after(cur, rows[-1], key_indexes, progress,
+                                                table_sql, key_sql, casts, condition)
             except BaseException:
                 # The error in flight says what happened (a ROLLBACK on a lost
                 # connection would replace it).
@@ -605,11 +645,27 @@ class IncrementalSnapshot(SignalledSnapshots):
         self._invisible_delay = _INVISIBLE_RETRY_S
         start = progress.read_key
         last = list(rows[-1][i] for i in key_indexes) if rows else start
-        done = len(rows) < limit or last == progress.max_key
+        done = (len(rows) < limit and not more) or last == progress.max_key
         self._sizer.saw(rows, limit, read_s)
         progress.read_key, progress.read_all = last, done
         return Window(window_id, schema, oid, rows, last, done, start, match_indexes,
-                      invisible=invisible)
+                      invisible=invisible, xmax=xmax)
+
+    @staticmethod
+    def _rows_after(cur: psycopg.Cursor[Any], row: tuple[Any, ...],
+                    key_indexes: tuple[int, ...], progress: TableProgress,
+                    table_sql: sql.Composable, key_sql: sql.Composable, casts: list[str],
+                    condition: sql.Composable) -> bool:
+        """Rows of the snapshot are left after *row* (a chunk cut by its byte budget)."""
+        last = [row[i] for i in key_indexes]
+        if last == progress.max_key:
+            return False
+        assert progress.max_key is not None
+        cur.execute(sql.SQL("SELECT 1 FROM {} WHERE ({}) > ({}) AND ({}) <= ({}){} "
+                            "LIMIT 1").format(table_sql, key_sql, _typed(casts), key_sql,
+                                              _typed(casts), condition),
+                    [*last, *progress.max_key])
+        return cur.fetchone() is not None
 
     @staticmethod
     def _send(cur: psycopg.Cursor[Any], statements: str) -> None:
@@ -642,14 +698,19 @@ def signal_table_layout(conn: Connection,
 
 _BEGIN_CHUNK: Final = "BEGIN ISOLATION LEVEL REPEATABLE READ READ ONLY"
 
-# The snapshot's oldest running transaction and the running ones it does not see (xid8
-# as text; PostgreSQL 12 has only the txid_ forms).
+# The snapshot's oldest running transaction, the running ones below its xmax, and its
+# xmax (xid8 as text; PostgreSQL 12 has only the txid_ forms).
 _SNAPSHOT_QUERY: Final = ("SELECT pg_snapshot_xmin(s)::text, "
-                          "array_to_string(ARRAY(SELECT pg_snapshot_xip(s)), ',') "
-                          "FROM pg_current_snapshot() s")
+                          "array_to_string(ARRAY(SELECT pg_snapshot_xip(s)), ','), "
+                          "pg_snapshot_xmax(s)::text FROM pg_current_snapshot() s")
 _SNAPSHOT_QUERY_12: Final = ("SELECT txid_snapshot_xmin(s)::text, "
-                             "array_to_string(ARRAY(SELECT txid_snapshot_xip(s)), ',') "
-                             "FROM txid_current_snapshot() s")
+                             "array_to_string(ARRAY(SELECT txid_snapshot_xip(s)), ','), "
+                             "txid_snapshot_xmax(s)::text FROM txid_current_snapshot() s")
+
+
+def _at_or_after(xid: int, bound: int) -> bool:
+    """32-bit xid *xid* is *bound* or later (modulo 2**32, as PostgreSQL compares)."""
+    return (xid - bound) & 0xFFFFFFFF < 0x80000000
 
 
 def _mark_sql(conn: Connection, content: str) -> str:
