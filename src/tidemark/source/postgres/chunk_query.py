@@ -34,10 +34,11 @@ _FIXED_TYPES: Final = frozenset({
 #: The longest text of a fixed-width type's value, about (a timestamptz with
 #: microseconds is 29 characters, a uuid 36).
 _FIXED_TEXT: Final = 40
-#: Column names inside the query (not a table's: a table column of that name would
-#: only be shadowed in the outer filter, which reads these two).
+#: Column names inside the query (a table column of one of these names is refused at
+#: the chunk's read: "column reference is ambiguous").
 _BYTES_UPTO: Final = "tidemark_chunk_bytes_upto"
 _ROW_NUMBER: Final = "tidemark_chunk_row_number"
+_WIDTH: Final = "tidemark_chunk_row_bytes"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -67,7 +68,8 @@ def chunk_queries(columns: Sequence[Column], table_sql: sql.Composable,
                                   sql.Literal(VALUE_OVERHEAD * (len(columns) + 1) + fixed)])
     fields = {"names": names, "widths": widths, "table": table_sql, "where": where,
               "order": order, "limit": sql.Literal(limit), "most": sql.Literal(most_bytes),
-              "upto": sql.Identifier(_BYTES_UPTO), "number": sql.Identifier(_ROW_NUMBER)}
+              "upto": sql.Identifier(_BYTES_UPTO), "number": sql.Identifier(_ROW_NUMBER),
+              "width": sql.Identifier(_WIDTH)}
     # The size walks the index as the chunk does, reading only the variable-width
     # values' headers: a fraction of the chunk's cost, where the running sum of the
     # cut query (a window over every row) costs more than the chunk itself.
@@ -75,13 +77,16 @@ def chunk_queries(columns: Sequence[Column], table_sql: sql.Composable,
                    "ORDER BY {order} LIMIT {limit}) chunk").format(**fields)
     plain = sql.SQL("SELECT {names} FROM {table} WHERE {where} ORDER BY {order} "
                     "LIMIT {limit}").format(**fields)
-    # Both window functions share one window and the ORDER BY of the LIMIT: the rows
-    # stream from the key's index through them, in one pass.
+    # The LIMIT comes before the window: PostgreSQL does not pass a LIMIT down through
+    # a window, so without a key-ordered index the window would sort the whole rest of
+    # the table (wide rows, the only time this query runs) for every chunk; this way it
+    # is a top-N sort, and with the index the rows stream through in one pass.
     within = sql.SQL(
         "SELECT {names} FROM (SELECT {names}, "
-        "sum({widths}) OVER w AS {upto}, row_number() OVER w AS {number} "
-        "FROM {table} WHERE {where} WINDOW w AS (ORDER BY {order} ROWS UNBOUNDED "
-        "PRECEDING) ORDER BY {order} LIMIT {limit}) chunk "
+        "sum({width}) OVER w AS {upto}, row_number() OVER w AS {number} "
+        "FROM (SELECT {names}, {widths} AS {width} FROM {table} WHERE {where} "
+        "ORDER BY {order} LIMIT {limit}) limited "
+        "WINDOW w AS (ORDER BY {order} ROWS UNBOUNDED PRECEDING)) chunk "
         "WHERE {upto} <= {most} OR {number} = 1 ORDER BY {order}").format(**fields)
     return ChunkQueries(size, plain, within)
 

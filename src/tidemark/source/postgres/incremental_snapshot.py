@@ -393,6 +393,11 @@ class IncrementalSnapshot(SignalledSnapshots):
     def _forget_before(self, xmin: int) -> None:
         """Forget changes of transactions that began before *xmin* (32-bit): no snapshot
         taken from now on lists them as running."""
+        # Nor is any at or above a later snapshot's xmax; a table's newest xid kept past
+        # 2^31 transactions would compare as older than every new one.
+        newest = self._newest
+        for oid in [o for o, xid in newest.items() if not _at_or_after(xid, xmin)]:
+            del newest[oid]
         recent = self._recent
         while recent:
             first = next(iter(recent))
