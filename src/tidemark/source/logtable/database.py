@@ -71,7 +71,10 @@ class ReaderPosition(NamedTuple):
 
 class ReadResult(NamedTuple):
     """Rows in ``cdc$time`` order, the position after them, and whether the group has
-    nothing more to read right now (the caller may move to another group or wait)."""
+    nothing more to read right now (the caller may move to another group or wait).
+
+    ``caught_up`` also promises that every change of the group committed before the
+    :class:`LogDatabase` connected has been read: a bounded capture ends on it."""
 
     rows: list[LogRow]
     position: Position

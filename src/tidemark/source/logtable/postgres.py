@@ -98,6 +98,8 @@ class PostgresLogDatabase:
             self._conn.close()
             raise
         self._queries: dict[tuple[str, int, bool], sql.Composed] = {}
+        #: Each group's step in progress begun here (its snapshot): not an older run's.
+        self._began: dict[int, str] = {}
 
     @property
     def connector(self) -> str:
@@ -374,6 +376,7 @@ class PostgresLogDatabase:
               limit: int) -> ReadResult:
         _xip(position.get("snapshot", ""))
         step = position.get("step")
+        began = step is None
         if step is None:
             step = self._begin_step(group, position, tables)
             if step is None:
@@ -392,8 +395,13 @@ class PostgresLogDatabase:
                 pages.append(list(_rows(index, entry, fetched)))
         rows = list(heapq.merge(*pages, key=lambda row: row.time))
         if not full:
-            # The whole step is read: the group is at the step's snapshot.
-            return ReadResult(rows, {"snapshot": step["snapshot"]}, True)
+            # The whole step is read: the group is at the step's snapshot. Caught up
+            # only if that was taken since we connected: a step an earlier run left
+            # (stopped or killed mid-step) misses what committed after it.
+            caught_up = began or self._began.pop(group, None) == step["snapshot"]
+            return ReadResult(rows, {"snapshot": step["snapshot"]}, caught_up)
+        if began:
+            self._began[group] = str(step["snapshot"])
         rows = rows[:limit]
         return ReadResult(rows, {"snapshot": position["snapshot"],
                                  "step": {**step, "after": rows[-1].time}}, False)
