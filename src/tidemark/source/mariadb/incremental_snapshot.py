@@ -17,6 +17,11 @@ its commit becomes visible to readers; a reader that is already past the read vi
 position when the chunk is read would hand the chunk on too late, so the chunk is read
 again (a few milliseconds later) until its read view is at or past the reader.
 
+A chunk's rows are read unbuffered and kept while their memory stays within
+:data:`~tidemark.source.chunk_size.CHUNK_MOST_BYTES` (the first row always): a chunk
+sized by narrower rows before it ends at the last row kept, the rest of the result is
+read and dropped inside the same read view, and the next chunk starts after that row.
+
 Chunks follow the primary key, or a signal's ``surrogate-key``. The keys travel in the
 offset (``incremental_snapshot``, as for PostgreSQL) in the form the next chunk's query
 compares them in: integers (BIT, ENUM and SET by their numbers, the order ``ORDER BY``
@@ -48,7 +53,7 @@ from tidemark.event import (
     TableSchema,
     WireValue,
 )
-from tidemark.source.chunk_size import ChunkSizer, row_memory
+from tidemark.source.chunk_size import ChunkSizer, row_memory, rows_memory
 from tidemark.source.mariadb import binlog as b
 from tidemark.source.mariadb import snapshot as snap
 from tidemark.source.mariadb.position import BinlogPosition
@@ -300,7 +305,12 @@ def _read_within(conn: pymysql.Connection[Any], query: str, params: Sequence[Any
     try:
         cur.execute(query, params)
         while batch := cur.fetchmany(_FETCH_ROWS):
-            for row in batch:
+            size = rows_memory(batch)  # a bound, a column at a time: cheap
+            if held + size <= most_bytes:
+                held += size
+                rows += batch
+                continue
+            for row in batch:  # the batch that reaches the bound, row by row
                 held += row_memory(row)
                 if held > most_bytes and rows:
                     return rows, True
