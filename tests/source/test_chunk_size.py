@@ -3,7 +3,16 @@ bounded in rows and memory, pinned when not adaptive."""
 
 from __future__ import annotations
 
-from tidemark.source.chunk_size import CHEAP_READ_S, DEAR_READ_S, ChunkSizer, row_memory
+import datetime
+import decimal
+
+from tidemark.source.chunk_size import (
+    CHEAP_READ_S,
+    DEAR_READ_S,
+    ChunkSizer,
+    row_memory,
+    rows_memory,
+)
 
 
 def _rows(n: int, width: int = 10) -> list[tuple[str]]:
@@ -51,3 +60,15 @@ def test_a_pinned_size_never_changes() -> None:
     sizer = ChunkSizer(100, adaptive=False)
     sizer.saw(_rows(100), 100, 0.0)
     assert sizer.rows() == 100
+
+
+def test_rows_memory_is_at_least_what_each_row_takes() -> None:
+    """The column-at-a-time count bounds the row-by-row one from above, whatever the
+    values: text, bytes, None, numbers, dates and types it does not know."""
+    rows = [(1, "a" * 300, None, b"\x00" * 7, 2.5, decimal.Decimal("1.25"),
+             datetime.date(2024, 1, 1), memoryview(b"xyz"), ""),
+            (2, None, "wide" * 1000, b"", None, None, None, None, "b"),
+            (3, "", "", None, 1.0, decimal.Decimal(0), None, b"zz", None)]
+    exact = sum(row_memory(r) for r in rows)
+    assert exact <= rows_memory(rows) <= exact + 8 * len(rows) * len(rows[0])
+    assert rows_memory([]) == 0

@@ -12,12 +12,16 @@ mark). A chunk whose read took longer than :data:`DEAR_READ_S` halves it again (
 below the size set). With ``adaptive`` off the size set is kept (pinned).
 
 The bound by the last chunk's rows does not hold where the rows get wider further on:
-the PostgreSQL source's chunk query also stops at :data:`CHUNK_MOST_BYTES` itself,
-counted by the server (:mod:`tidemark.source.postgres.chunk_query`).
+each source's chunk read also stops at :data:`CHUNK_MOST_BYTES` itself (PostgreSQL's
+counted by the server, :mod:`tidemark.source.postgres.chunk_query`; MariaDB's by
+:func:`row_memory` as the rows arrive unbuffered,
+:mod:`tidemark.source.mariadb.incremental_snapshot`).
 """
 
 from __future__ import annotations
 
+import datetime
+import decimal
 from collections.abc import Sequence
 from typing import Any, Final
 
@@ -39,6 +43,11 @@ DEAR_READ_S: Final = 0.5
 #: Memory of one value beside its bytes: a Python object's header and its pointer.
 VALUE_OVERHEAD: Final = 56
 _SAMPLE: Final = 64
+#: Value types :func:`row_memory` counts as 8 bytes: nothing to add to 8 per value.
+_FIXED: Final = frozenset({type(None), int, float, bool, decimal.Decimal, datetime.datetime,
+                           datetime.date, datetime.time, datetime.timedelta})
+#: Value types counted by their length (with None, which has no length).
+_SIZED: Final = frozenset({type(None), str, bytes})
 
 
 class ChunkSizer:
@@ -74,6 +83,24 @@ class ChunkSizer:
     def reset(self) -> None:
         """Start again from the size set (a new table)."""
         self._rows = self.start
+
+
+def rows_memory(rows: Sequence[Sequence[Any]]) -> int:
+    """At least the sum of :func:`row_memory` over *rows* (equal rows' width), counted a
+    column at a time: text and bytes columns by ``len`` without a Python step per value,
+    every value 8 bytes more. *rows* all have the same number of values."""
+    if not rows:
+        return 0
+    width = len(rows[0])
+    total = (VALUE_OVERHEAD * (width + 1) + 8 * width) * len(rows)
+    for column in zip(*rows, strict=True):
+        kinds = set(map(type, column))
+        if kinds <= _SIZED:
+            # None and empty values are the falsy ones here: they add nothing.
+            total += sum(map(len, filter(None, column)))
+        elif not kinds <= _FIXED:
+            total += value_bytes(column)
+    return total
 
 
 def row_memory(row: Sequence[Any]) -> int:

@@ -410,3 +410,41 @@ def test_a_chunk_whose_read_view_fails_to_end_is_read_again(
         connector.stop()
     assert commits[0] >= 3
     assert sorted(reads) == list(range(1, 26))
+
+
+def test_a_chunk_reaching_wider_rows_ends_within_the_memory_bound(
+        mdb: MariaDatabase, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A chunk's size is learnt from the rows before it: where the rows get wider (here
+    from a few bytes to 1 MB) a chunk of the narrow rows' size would hold 32 MB. It ends
+    at the chunk memory bound instead (8 MB), and the next one starts after its last
+    row."""
+    from tidemark.source.chunk_size import CHUNK_MOST_BYTES, row_memory  # noqa: PLC0415
+    from tidemark.source.mariadb.incremental_snapshot import (  # noqa: PLC0415
+        ChunkedSnapshots,
+    )
+
+    mdb.execute("CREATE TABLE g (id INT PRIMARY KEY, v LONGTEXT)", SIGNAL_DDL,
+                "INSERT INTO g VALUES " + ",".join(f"({i}, 'v{i}')" for i in range(1, 2001)))
+    for first in range(2001, 2041, 5):  # 5 MB a statement: within max_allowed_packet
+        mdb.execute("INSERT INTO g VALUES " + ",".join(
+            f"({i}, REPEAT('x', {1 << 20}))" for i in range(first, first + 5)))
+    config = _config(mdb, incremental_snapshot_chunk_size=16)
+    offset = _last_offset(_capture(config, None), None)
+    chunks: list[list[tuple[Any, ...]]] = []
+    real = ChunkedSnapshots._select
+
+    def select(self: ChunkedSnapshots, *args: Any) -> Any:
+        chunk = real(self, *args)
+        if chunk is not None:
+            chunks.append(list(chunk.rows))
+        return chunk
+
+    monkeypatch.setattr(ChunkedSnapshots, "_select", select)
+    send_signal(mdb.dsn, f"{mdb.name}.sig", "execute-snapshot",
+                {"data-collections": [f"{mdb.name}.g"]})
+    reads = [e.after["id"] for e in _events(_capture(config, offset))
+             if e.op is Op.READ and e.after]
+    assert reads == list(range(1, 2041))
+    assert max(len(rows) for rows in chunks) >= 512  # it grew on the narrow rows
+    for rows in chunks:
+        assert sum(row_memory(r) for r in rows) <= CHUNK_MOST_BYTES, len(rows)

@@ -17,6 +17,11 @@ its commit becomes visible to readers; a reader that is already past the read vi
 position when the chunk is read would hand the chunk on too late, so the chunk is read
 again (a few milliseconds later) until its read view is at or past the reader.
 
+A chunk's rows are read unbuffered and kept while their memory stays within
+:data:`~tidemark.source.chunk_size.CHUNK_MOST_BYTES` (the first row always): a chunk
+sized by narrower rows before it ends at the last row kept, the rest of the result is
+read and dropped inside the same read view, and the next chunk starts after that row.
+
 Chunks follow the primary key, or a signal's ``surrogate-key``. The keys travel in the
 offset (``incremental_snapshot``, as for PostgreSQL) in the form the next chunk's query
 compares them in: integers (BIT, ENUM and SET by their numbers, the order ``ORDER BY``
@@ -35,6 +40,7 @@ from collections.abc import Callable, Sequence
 from typing import Any, Final
 
 import pymysql
+import pymysql.cursors
 import pymysql.err
 
 from tidemark.errors import SourceError, SourceUnavailableError, first_line
@@ -47,7 +53,7 @@ from tidemark.event import (
     TableSchema,
     WireValue,
 )
-from tidemark.source.chunk_size import ChunkSizer
+from tidemark.source.chunk_size import ChunkSizer, row_memory, rows_memory
 from tidemark.source.mariadb import binlog as b
 from tidemark.source.mariadb import snapshot as snap
 from tidemark.source.mariadb.position import BinlogPosition
@@ -68,6 +74,8 @@ _BY_NUMBER: Final = frozenset({b.T_BIT, b.T_ENUM, b.T_SET})
 _INTEGERS: Final = frozenset({b.T_TINY, b.T_SHORT, b.T_INT24, b.T_LONG, b.T_LONGLONG,
                               b.T_YEAR})
 _PLACEHOLDER: Final = "\x00"  # where a parameter goes, until the query is built
+#: Rows taken from the unbuffered chunk read at a time.
+_FETCH_ROWS: Final = 256
 
 Key = list[Any]
 
@@ -261,14 +269,13 @@ class ChunkedSnapshots(SignalledSnapshots):
             where.append(f"NOT {clause}")
             params += values
             limit = self._sizer.rows()
-            started = time.monotonic()
-            cur.execute(_with_placeholders(
-                f"SELECT {', '.join(snap.select_expression(c) for c in columns)}, "
-                f"{', '.join(exprs)} FROM {table_sql} WHERE {' AND '.join(where)} "
-                f"ORDER BY {', '.join(snap.quote(k) for k in key_names)} "
-                f"LIMIT {limit}"), params)
-            rows = cur.fetchall()
-            self._sizer.saw(rows, limit, time.monotonic() - started)
+        started = time.monotonic()
+        rows, cut = _read_within(conn, _with_placeholders(
+            f"SELECT {', '.join(snap.select_expression(c) for c in columns)}, "
+            f"{', '.join(exprs)} FROM {table_sql} WHERE {' AND '.join(where)} "
+            f"ORDER BY {', '.join(snap.quote(k) for k in key_names)} "
+            f"LIMIT {limit}"), params, self._sizer.chunk_most_bytes)
+        self._sizer.saw(rows, limit, time.monotonic() - started)
         width = len(columns)
         normalize = [snap.normalizer(c) for c in columns]
         values_out = [tuple(None if v is None else f(v)
@@ -276,9 +283,43 @@ class ChunkedSnapshots(SignalledSnapshots):
                       for row in rows]
         last = [_stored(v, c) for v, c in zip(rows[-1][width:], key_columns, strict=True)] \
             if rows else progress.read_key
-        done = len(rows) < limit or last == progress.max_key
+        # A chunk cut at the memory bound is shorter than asked without being the last.
+        done = last == progress.max_key or (len(rows) < limit and not cut)
         return Chunk(progress, snap.schema_of(table, columns, primary), values_out,
                      position.key, last, done)
+
+
+def _read_within(conn: pymysql.Connection[Any], query: str, params: Sequence[Any],
+                 most_bytes: int) -> tuple[list[tuple[Any, ...]], bool]:
+    """The rows of *query*, in order, up to the last that keeps their
+    :func:`~tidemark.source.chunk_size.row_memory` within *most_bytes* (the first row
+    always: the snapshot could not go on without it), and whether rows were left out.
+
+    The chunk's size comes from the rows before it; where the rows get wider further
+    on, reading it whole would hold up to that many rows of the new width. Unbuffered,
+    the rows past the bound are read from the connection and dropped, never held: the
+    chunk ends at the last row kept, as a shorter chunk (same read view)."""
+    rows: list[tuple[Any, ...]] = []
+    held = 0
+    cur = conn.cursor(pymysql.cursors.SSCursor)
+    try:
+        cur.execute(query, params)
+        while batch := cur.fetchmany(_FETCH_ROWS):
+            size = rows_memory(batch)  # a bound, a column at a time: cheap
+            if held + size <= most_bytes:
+                held += size
+                rows += batch
+                continue
+            for row in batch:  # the batch that reaches the bound, row by row
+                held += row_memory(row)
+                if held > most_bytes and rows:
+                    return rows, True
+                rows.append(row)
+        return rows, False
+    finally:
+        # Reads what is left of the result without keeping it: the connection takes
+        # no other query before the result's end.
+        cur.close()
 
 
 def _key_expression(column: TableColumn) -> str:
