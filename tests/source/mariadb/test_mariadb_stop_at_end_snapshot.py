@@ -41,7 +41,8 @@ def test_stop_at_end_waits_for_a_snapshot_signalled_before_it(
         out = tmp_path / "second.jsonl"
         second = _capture_process(mdb.dsn, offsets, out, *options)
         kill_on_exit.append(second)
-        _, err = second.communicate(timeout=120)
+        # Generous: on a loaded 2-core machine this took 133 s once (4-14 s alone).
+        _, err = second.communicate(timeout=300)
     finally:
         stop.set()
         writer.join(timeout=30)
