@@ -19,6 +19,7 @@ from multiprocessing.synchronize import Event
 
 from tidemark.source.postgres.replication import ReplicationStream
 from tidemark.source.postgres.socket_fill import SocketFill
+from waiting import wait_for
 
 
 class _SocketConnection:
@@ -83,14 +84,17 @@ def test_a_batch_is_handed_on_within_its_gathering_time_under_a_trickle() -> Non
     try:
         peer.setblocking(False)
         stream = ReplicationStream("host=unused", "slot", "publication")
-        stream._conn = _SocketConnection(peer)  # type: ignore[assignment]
+        connection = _SocketConnection(peer)
+        stream._conn = connection  # type: ignore[assignment]
         stream._streaming = True
         stream._fill = SocketFill(peer.fileno())
         stream._last_status = stream._last_received = time.monotonic()
-        deadline = time.monotonic() + 30
-        while len(stream._conn._buffer) < 400 * 105 and time.monotonic() < deadline:
-            stream._conn.consume_input()  # the burst is at hand before the read
-            time.sleep(0.001)
+
+        def burst_at_hand() -> bool:
+            connection.consume_input()
+            return len(connection._buffer) >= 400 * 105
+
+        wait_for(burst_at_hand, 30, "the burst read before the batch", interval_s=0.001)
         started = time.monotonic()
         batch = stream.read_batch(1_000_000, 0.2)
         elapsed = time.monotonic() - started
