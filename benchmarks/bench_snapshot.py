@@ -39,7 +39,6 @@ import argparse
 import contextlib
 import json
 import os
-import random
 import re
 import statistics
 import subprocess
@@ -59,40 +58,6 @@ from tidemark.testing.postgres import PostgresCluster, sql_connection
 
 PUBLICATION = "bench_pub"
 SIGNALS = "public.dbz_signal"
-
-
-class Writer(threading.Thread):
-    """Single-row UPDATEs of random rows, each its own transaction, paced at *rate*/s
-    (a writer that falls behind does not sleep until it has caught up)."""
-
-    def __init__(self, dsn: str, rows: int, rate: float, seed: int) -> None:
-        super().__init__(daemon=True)
-        self.dsn, self.rows, self.rate = dsn, rows, rate
-        self.rng = random.Random(seed)
-        self.stop = threading.Event()
-        self.ready = threading.Event()
-        self.done = 0
-        self.seconds = 0.0
-
-    def run(self) -> None:
-        with contextlib.closing(sql_connection(self.dsn)) as conn:
-            conn.autocommit = True
-            with conn.cursor() as cur:
-                self.ready.set()
-                started = time.perf_counter()
-                while not self.stop.is_set():
-                    due = started + self.done / self.rate
-                    wait = due - time.perf_counter()
-                    if wait > 0:
-                        time.sleep(wait)
-                    cur.execute("UPDATE t10 SET c_int = c_int + 1, c_label = 'updated' "
-                                "WHERE id = %s", (self.rng.randint(1, self.rows),))
-                    self.done += 1
-                self.seconds = time.perf_counter() - started
-
-    @property
-    def achieved(self) -> float:
-        return self.done / self.seconds if self.seconds else 0.0
 
 
 @dataclass
@@ -228,7 +193,9 @@ class Bench:
                                                      "type": "incremental"})))
         writer = None
         if update_rate > 0:
-            writer = Writer(self.dsn, self.rows, update_rate, seed=self.slots)
+            writer = workload.PacedUpdates(
+                lambda: sql_connection(self.dsn, autocommit=True), self.rows, update_rate,
+                seed=self.slots)
             writer.start()
             writer.ready.wait()
         server = self.server.seconds()

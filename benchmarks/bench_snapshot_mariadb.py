@@ -34,7 +34,6 @@ import argparse
 import contextlib
 import json
 import os
-import random
 import re
 import shutil
 import signal
@@ -42,7 +41,6 @@ import statistics
 import subprocess
 import sys
 import tempfile
-import threading
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -50,6 +48,7 @@ from typing import IO
 
 sys.path.insert(0, str(Path(__file__).parent))
 
+import workload
 from bench_mariadb import T10_DDL
 from bench_snapshot import run_usage
 
@@ -65,37 +64,6 @@ FROM seq_1_to_{rows}
 """
 SIGNAL_DDL = ("CREATE TABLE dbz_signal (id VARCHAR(42) PRIMARY KEY, type VARCHAR(32) NOT NULL, "
               "data VARCHAR(2048) NULL)")
-
-
-class Writer(threading.Thread):
-    """Single-row UPDATEs of random rows, each its own transaction, paced at *rate*/s."""
-
-    def __init__(self, server: MariaDbServer, rows: int, rate: float, seed: int) -> None:
-        super().__init__(daemon=True)
-        self.server, self.rows, self.rate = server, rows, rate
-        self.rng = random.Random(seed)
-        self.stop = threading.Event()
-        self.ready = threading.Event()
-        self.done = 0
-        self.seconds = 0.0
-
-    def run(self) -> None:
-        conn = self.server.connect("bench")
-        with contextlib.closing(conn), conn.cursor() as cur:
-            self.ready.set()
-            started = time.perf_counter()
-            while not self.stop.is_set():
-                wait = started + self.done / self.rate - time.perf_counter()
-                if wait > 0:
-                    time.sleep(wait)
-                cur.execute("UPDATE t10 SET c_int = c_int + 1, c_label = 'updated' "
-                            "WHERE id = %s", (self.rng.randint(1, self.rows),))
-                self.done += 1
-            self.seconds = time.perf_counter() - started
-
-    @property
-    def achieved(self) -> float:
-        return self.done / self.seconds if self.seconds else 0.0
 
 
 @dataclass
@@ -159,7 +127,8 @@ class Bench:
                             {"data-collections": ["bench.t10"], "type": "incremental"})))
         writer = None
         if update_rate > 0:
-            writer = Writer(self.server, self.rows, update_rate, seed=self.runs)
+            writer = workload.PacedUpdates(lambda: self.server.connect("bench"), self.rows,
+                                           update_rate, seed=self.runs)
             writer.start()
             writer.ready.wait()
         before = self.server_cpu()

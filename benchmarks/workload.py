@@ -8,6 +8,11 @@ generated server-side so that building it takes seconds, not minutes.
 from __future__ import annotations
 
 import contextlib
+import random
+import threading
+import time
+from collections.abc import Callable
+from typing import Any
 
 from tidemark.testing.postgres import sql_connection
 
@@ -93,3 +98,35 @@ def run_workload(dsn: str, transactions: int = 3000) -> int:
         with conn.cursor() as cur:
             cur.execute(_WORKLOAD.format(transactions=int(transactions)))
     return transactions * 100
+
+
+class PacedUpdates(threading.Thread):
+    """Single-row UPDATEs of random ``t10`` rows, each its own transaction, paced at
+    *rate*/s (a writer that falls behind does not sleep until it has caught up), on the
+    autocommit DB-API connection *connect* opens (PostgreSQL or MariaDB)."""
+
+    def __init__(self, connect: Callable[[], Any], rows: int, rate: float, seed: int) -> None:
+        super().__init__(daemon=True)
+        self.connect, self.rows, self.rate = connect, rows, rate
+        self.rng = random.Random(seed)
+        self.stop = threading.Event()
+        self.ready = threading.Event()
+        self.done = 0
+        self.seconds = 0.0
+
+    def run(self) -> None:
+        with contextlib.closing(self.connect()) as conn, conn.cursor() as cur:
+            self.ready.set()
+            started = time.perf_counter()
+            while not self.stop.is_set():
+                wait = started + self.done / self.rate - time.perf_counter()
+                if wait > 0:
+                    time.sleep(wait)
+                cur.execute("UPDATE t10 SET c_int = c_int + 1, c_label = 'updated' "
+                            "WHERE id = %s", (self.rng.randint(1, self.rows),))
+                self.done += 1
+            self.seconds = time.perf_counter() - started
+
+    @property
+    def achieved(self) -> float:
+        return self.done / self.seconds if self.seconds else 0.0
