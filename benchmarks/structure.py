@@ -23,7 +23,7 @@ from pathlib import Path
 
 KINDS = frozenset({"postgres", "mariadb", "logtable", "sqlite"})
 #: Top down; a module may import its own layer or lower ones.
-LAYERS = {"cli": 0, "pipeline": 1, "spark": 2, "engine": 2, "status": 2, "source": 3,
+LAYERS = {"cli": 0, "pipeline": 1, "verify": 1, "spark": 2, "engine": 2, "status": 2, "source": 3,
           "serde": 4, "lake": 5, "offsets": 5}
 CORE = 6
 #: Not layered: the front door re-exports everything; testing helps tests.

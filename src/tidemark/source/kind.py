@@ -31,6 +31,7 @@ if TYPE_CHECKING:
     from tidemark.serde.debezium_json import DebeziumJsonOptions
     from tidemark.source.read_plan import ReadOptions, ReadPlan
     from tidemark.source.spi import SourceConnector
+    from tidemark.source.verify_snapshot import VerifySnapshot
 
 Row = tuple[Any, ...]
 
@@ -256,6 +257,14 @@ class SourceKind(abc.ABC):
 
         raise SignalError(f"{self.name} sources have no signal table (the kind has no "
                           "write_signal)")
+
+    # -- verify ----------------------------------------------------------------------
+    def verify_snapshot(self, dsn: str, tables: Sequence[TableId], *,
+                        publication: str) -> VerifySnapshot:
+        """A snapshot of *tables* at an exact log position, for ``tidemark verify``
+        (*publication*: the pipeline's, where the kind reads its log through one)."""
+        raise ConfigError("source", f"{self.name} sources cannot be verified yet (the "
+                          "kind has no verify_snapshot)")
 
     # -- tests and demos ----------------------------------------------------------------
     def table_rows(self, dsn: str, table: str, columns: Sequence[str],

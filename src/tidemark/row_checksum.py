@@ -1,0 +1,247 @@
+"""Row checksums that a source database and a Delta table compute alike, so that
+``tidemark verify`` compares a target with its source without reading matching rows.
+
+Both sides turn each row into the same text, hash it, and sum the hashes of the rows
+whose key falls into a bucket. Each side computes this where its data is: the source
+database in SQL (``source/<kind>/checksum.py``), the Delta table with DuckDB
+(``lake/delta_checksum.py``). This module is the specification they follow and a
+reference implementation in Python that tests hold every dialect to.
+
+**A column value's canonical text** depends on the type of the target's column (the
+Arrow type of the Delta column), because that is the form both sides can reach:
+
+=====================  ==============================================================
+target type            canonical text
+=====================  ==============================================================
+integers               decimal digits, ``-`` for negatives (``-12``, ``0``)
+boolean                ``t`` or ``f``
+decimal(p, s)          plain notation with exactly *s* fraction digits (``-1.50``,
+                       ``0.00``, ``12``); never an exponent; ``-0.00`` is ``0.00``
+float64                the shortest decimal digits that read back as the same double,
+                       as ``[-]0.<digits>e<exponent>`` (1.5 → ``0.15e1``, 100 →
+                       ``0.1e3``, 0.001 → ``0.1e-2``); zero (and -0.0) ``0``; ``nan``,
+                       ``inf``, ``-inf``
+float32                the value widened to float64 (exactly), then as float64
+string                 the text itself
+binary                 lower-case hex of the bytes
+date                   days since 1970-01-01 (``-1``, ``19723``)
+timestamp              microseconds since 1970-01-01 00:00:00 (UTC for an instant,
+                       the wall clock for a timestamp without zone)
+time                   microseconds since midnight
+list                   ``[`` + each element encoded as a field (below) + ``]``
+=====================  ==============================================================
+
+Other target types (structs, maps) have no canonical text: a verify of such a column
+is refused with an error naming it.
+
+**A row's text** is the concatenation of its compared columns' fields, in the order
+the caller gives: a field is ``~`` for NULL, else ``<n>:<text>`` with *n* the text's
+length in characters. The length prefix keeps ``("a", "bc")`` and ``("ab", "c")``
+apart without an escape.
+
+**Hashes**: the MD5 of the UTF-8 bytes of a text, its first 15 hex digits read as an
+unsigned integer (60 bits, so a sum of a billion of them fits in a signed 128-bit
+integer and every dialect's exact numeric type). A row's hash is that of its row
+text over all compared columns; its key hash that of the row text of its key columns
+alone (in the key's order).
+
+**Buckets**: a row belongs to bucket ``key_hash mod n`` of *n* buckets. A bucket's
+checksum is its row count and the exact sum of its rows' hashes. Splitting bucket *b*
+of *n* into *m* parts gives buckets ``b + i·n`` of ``n·m`` (``key_hash mod n·m``),
+so both sides refine the same bucket the same way. Hashing keys instead of ordering
+them keeps text keys clear of collation differences between the database and DuckDB.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import datetime as dt
+import decimal
+import hashlib
+import math
+from collections.abc import Iterable, Mapping, Sequence
+from typing import Any, Final, Protocol
+
+import pyarrow as pa
+
+#: Hex digits of the MD5 a hash keeps (60 bits).
+HASH_HEX_DIGITS: Final = 15
+#: The text of a NULL field.
+NULL_FIELD: Final = "~"
+
+_EPOCH_DATE: Final = dt.date(1970, 1, 1)
+_EPOCH: Final = dt.datetime(1970, 1, 1)
+_EPOCH_UTC: Final = dt.datetime(1970, 1, 1, tzinfo=dt.UTC)
+
+
+class UnsupportedColumnError(TypeError):
+    """A target column whose type has no canonical text (it cannot be checksummed)."""
+
+
+@dataclasses.dataclass(frozen=True)
+class BucketSum:
+    """One bucket's checksum: its row count and the exact sum of its row hashes."""
+
+    rows: int
+    total: int
+
+
+#: Bucket number -> its checksum; buckets without rows are absent.
+BucketSums = dict[int, BucketSum]
+
+
+@dataclasses.dataclass(frozen=True)
+class ComparedColumn:
+    """A column both sides compare: its name and the Arrow type of the target's column
+    (which decides its canonical text)."""
+
+    name: str
+    target_type: pa.DataType
+
+
+@dataclasses.dataclass(frozen=True)
+class TableShape:
+    """What is compared of one table: *columns* in the order their fields are joined
+    (key columns included), and *keys*, the key columns' names in the key's order."""
+
+    columns: tuple[ComparedColumn, ...]
+    keys: tuple[str, ...]
+
+
+#: A row's fields as canonical texts (None: NULL), in TableShape.columns' order.
+RowTexts = tuple[str | None, ...]
+
+
+class ChecksumSide(Protocol):
+    """One side of a comparison, fixed at one state of the table (a database snapshot,
+    a Delta table version) for as long as it is open."""
+
+    def bucket_sums(self, shape: TableShape, buckets: int, *,
+                    only: Sequence[int] | None = None,
+                    excluded_keys: frozenset[int] = frozenset()) -> BucketSums:
+        """The checksum of each bucket of *buckets* (only those listed in *only*, when
+        given), leaving out rows whose key hash is in *excluded_keys*."""
+        ...
+
+    def bucket_rows(self, shape: TableShape, buckets: int, only: Sequence[int], *,
+                    excluded_keys: frozenset[int] = frozenset()) -> dict[int, RowTexts]:
+        """The canonical fields of the rows in the listed buckets, by key hash."""
+        ...
+
+
+def supported(target_type: pa.DataType) -> bool:
+    """True if a column of *target_type* has a canonical text."""
+    if pa.types.is_list(target_type) or pa.types.is_large_list(target_type):
+        return supported(target_type.value_type)
+    return any(check(target_type) for check in (
+        pa.types.is_integer, pa.types.is_boolean, pa.types.is_decimal,
+        pa.types.is_floating, pa.types.is_string, pa.types.is_large_string,
+        pa.types.is_binary, pa.types.is_large_binary, pa.types.is_date,
+        pa.types.is_timestamp, pa.types.is_time)) or _is_string_view(target_type)
+
+
+def _is_string_view(target_type: pa.DataType) -> bool:
+    check = getattr(pa.types, "is_string_view", None)
+    return bool(check is not None and check(target_type))
+
+
+def float_text(value: float) -> str:
+    """The canonical text of a float64 (see the module docstring)."""
+    if math.isnan(value):
+        return "nan"
+    if math.isinf(value):
+        return "inf" if value > 0 else "-inf"
+    if value == 0:
+        return "0"
+    sign = "-" if value < 0 else ""
+    # repr() is the shortest text that reads back as the same double.
+    mantissa, _, exponent_text = repr(abs(value)).partition("e")
+    exponent = int(exponent_text or "0")
+    whole, _, fraction = mantissa.partition(".")
+    digits = (whole + fraction).lstrip("0")
+    # value = 0.<whole><fraction> x 10^(len(whole) + exponent), before stripping zeros
+    point = len(whole) + exponent - (len(whole + fraction) - len((whole + fraction).lstrip("0")))
+    digits = digits.rstrip("0")
+    return f"{sign}0.{digits}e{point}"
+
+
+def decimal_text(value: decimal.Decimal, scale: int) -> str:
+    """The canonical text of a decimal of *scale* fraction digits."""
+    quantized = value.quantize(decimal.Decimal(1).scaleb(-scale)) if scale > 0 \
+        else value.quantize(decimal.Decimal(1))
+    if quantized.is_zero():
+        quantized = abs(quantized)
+    return f"{quantized:f}"
+
+
+def value_text(value: Any, target_type: pa.DataType) -> str | None:
+    """The canonical text of a Python *value* of a target column of *target_type*
+    (None for NULL); raises UnsupportedColumnError for types without one."""
+    if value is None:
+        return None
+    if pa.types.is_list(target_type) or pa.types.is_large_list(target_type):
+        return "[" + "".join(field(value_text(v, target_type.value_type))
+                             for v in value) + "]"
+    if pa.types.is_boolean(target_type):
+        return "t" if value else "f"
+    if pa.types.is_integer(target_type):
+        return str(int(value))
+    if pa.types.is_decimal(target_type):
+        return decimal_text(decimal.Decimal(value), target_type.scale)
+    if pa.types.is_floating(target_type):
+        return float_text(float(value))
+    if pa.types.is_string(target_type) or pa.types.is_large_string(target_type) \
+            or _is_string_view(target_type):
+        return str(value)
+    if pa.types.is_binary(target_type) or pa.types.is_large_binary(target_type):
+        return bytes(value).hex()
+    if pa.types.is_date(target_type):
+        return str((value - _EPOCH_DATE).days)
+    if pa.types.is_timestamp(target_type):
+        epoch = _EPOCH_UTC if value.tzinfo is not None else _EPOCH
+        delta = value - epoch
+        return str((delta.days * 86_400 + delta.seconds) * 1_000_000 + delta.microseconds)
+    if pa.types.is_time(target_type):
+        return str(((value.hour * 60 + value.minute) * 60 + value.second) * 1_000_000
+                   + value.microsecond)
+    raise UnsupportedColumnError(f"no canonical text for target type {target_type}")
+
+
+def field(text: str | None) -> str:
+    """A canonical text as a field of a row text."""
+    return NULL_FIELD if text is None else f"{len(text)}:{text}"
+
+
+def row_text(texts: Iterable[str | None]) -> str:
+    """The row text of canonical field texts."""
+    return "".join(field(t) for t in texts)
+
+
+def text_hash(text: str) -> int:
+    """The 60-bit hash of a row or key text."""
+    return int(hashlib.md5(text.encode("utf-8")).hexdigest()[:HASH_HEX_DIGITS], 16)
+
+
+def row_texts(row: Mapping[str, Any], shape: TableShape) -> RowTexts:
+    """The canonical fields of a row given as Python values by column name."""
+    return tuple(value_text(row[c.name], c.target_type) for c in shape.columns)
+
+
+def key_hash_of(texts: RowTexts, shape: TableShape) -> int:
+    """The key hash of a row's canonical fields."""
+    position = {c.name: i for i, c in enumerate(shape.columns)}
+    return text_hash(row_text(texts[position[k]] for k in shape.keys))
+
+
+def reference_bucket_sums(rows: Iterable[Mapping[str, Any]], shape: TableShape,
+                          buckets: int) -> BucketSums:
+    """The bucket checksums of Python rows, computed here (the reference every dialect
+    is tested against)."""
+    counts: dict[int, list[int]] = {}
+    for row in rows:
+        texts = row_texts(row, shape)
+        bucket = key_hash_of(texts, shape) % buckets
+        entry = counts.setdefault(bucket, [0, 0])
+        entry[0] += 1
+        entry[1] += text_hash(row_text(texts))
+    return {b: BucketSum(n, total) for b, (n, total) in counts.items()}

@@ -1,0 +1,45 @@
+"""What ``tidemark verify`` asks of a source: a consistent snapshot of its tables taken
+at an exact log position, checksums computed in the database on that snapshot, and the
+keys changed after that position (the changes in flight towards the target).
+
+A source's implementation lives in its folder (``source/<kind>/verify_snapshot.py``,
+its SQL in ``source/<kind>/checksum.py``) and is opened through
+:meth:`tidemark.source.kind.SourceKind.verify_snapshot`. The checksum rules are in
+:mod:`tidemark.row_checksum`.
+"""
+
+from __future__ import annotations
+
+from typing import Protocol
+
+from tidemark.event import TableId
+from tidemark.row_checksum import ChecksumSide, TableShape
+
+
+class VerifySnapshot(Protocol):
+    """A snapshot of a source's tables at :attr:`position`, open until :meth:`close`.
+
+    Every change the source committed before :attr:`position` is in the snapshot and
+    none after it; :attr:`position` is in the units of
+    :meth:`~tidemark.source.kind.SourceKind.log_position`, so that it compares with how
+    far a pipeline has committed.
+    """
+
+    @property
+    def position(self) -> int:
+        """The log position the snapshot was taken at."""
+        ...
+
+    def side(self, table: TableId) -> ChecksumSide:
+        """Checksums of *table* computed in the database on this snapshot."""
+        ...
+
+    def changed_key_hashes(self, table: TableId, shape: TableShape) -> frozenset[int]:
+        """The key hashes (:func:`tidemark.row_checksum.key_hash_of`) of every row of
+        *table* that a change committed after :attr:`position` and before this call
+        touched (old and new keys of an update, deleted keys, inserted keys)."""
+        ...
+
+    def close(self) -> None:
+        """Release the snapshot and whatever holds the log position (a temporary slot)."""
+        ...
