@@ -9,7 +9,6 @@ import datetime as dt
 import decimal
 import subprocess
 import sys
-import threading
 from collections.abc import Iterator
 from typing import Any
 
@@ -23,6 +22,7 @@ from tidemark.row_checksum import ComparedColumn, TableShape, key_hash_of, row_t
 from tidemark.source.postgres import pgoutput
 from tidemark.source.postgres.verify_snapshot import open_verify_snapshot
 from tidemark.testing.postgres import sql_connection
+from verify_writer import Writer, replay
 from waiting import wait_for
 
 TABLE = TableId("public", "t")
@@ -35,68 +35,11 @@ def _hash(shape: TableShape, **key: Any) -> int:
     return key_hash_of(row_texts(row, shape), shape)
 
 
-class Writer(threading.Thread):
-    """Commits one transaction after another until stopped; each inserts the next id
-    and now and then updates, deletes, or moves (changes the key of) an earlier row.
-    ``log`` holds, per committed transaction, its xid, its statements (to replay) and
-    the keys it touched."""
-
-    def __init__(self, dsn: str) -> None:
-        super().__init__(daemon=True)
-        self.dsn = dsn
-        self.log: list[tuple[int, list[tuple[str, Any]], set[int]]] = []
-        self.stop = threading.Event()
-        self.error: BaseException | None = None
-
-    def run(self) -> None:
-        try:
-            with contextlib.closing(sql_connection(self.dsn)) as conn:
-                i = 0
-                while not self.stop.is_set():
-                    i += 1
-                    self.log.append(self._transaction(conn, i))
-        except BaseException as err:  # reported by the test
-            self.error = err
-
-    @staticmethod
-    def _transaction(conn: Any, i: int) -> tuple[int, list[tuple[str, Any]], set[int]]:
-        ops: list[tuple[str, Any]] = []
-        touched: set[int] = set()
-        with conn.transaction(), conn.cursor() as cur:
-            cur.execute("INSERT INTO t VALUES (%s, %s)", (i, f"v{i}"))
-            ops.append(("insert", (i, f"v{i}")))
-            touched.add(i)
-            if i % 3 == 0:
-                cur.execute("UPDATE t SET v = v || 'u' WHERE id = %s RETURNING id", (i - 1,))
-                if cur.fetchone():
-                    ops.append(("update", i - 1))
-                    touched.add(i - 1)
-            if i % 5 == 0:
-                cur.execute("DELETE FROM t WHERE id = %s RETURNING id", (i - 2,))
-                if cur.fetchone():
-                    ops.append(("delete", i - 2))
-                    touched.add(i - 2)
-            if i % 7 == 0:
-                cur.execute("UPDATE t SET id = id + 1000000 WHERE id = %s RETURNING id",
-                            (i - 3,))
-                if cur.fetchone():
-                    ops.append(("move", i - 3))
-                    touched.update((i - 3, i - 3 + 1_000_000))
-            cur.execute("SELECT txid_current() % 4294967296")
-            xid = int(cur.fetchone()[0])
-        return xid, ops, touched
-
-
-def _replay(ops: list[tuple[str, Any]], rows: dict[int, str]) -> None:
-    for op, arg in ops:
-        if op == "insert":
-            rows[arg[0]] = arg[1]
-        elif op == "update":
-            rows[arg] += "u"
-        elif op == "delete":
-            del rows[arg]
-        else:
-            rows[arg + 1_000_000] = rows.pop(arg)
+def _commit_xid(cur: Any) -> int:
+    cur.execute("SELECT txid_current() % 4294967296")
+    xid = int(cur.fetchone()[0])
+    cur.connection.commit()
+    return xid
 
 
 def _commit_lsns(db: Database, slot: str) -> dict[int, int]:
@@ -130,7 +73,7 @@ def _slots(db: Database, name: str) -> int:
 def test_snapshot_is_exact_at_its_position_and_lists_keys_changed_after(
         table: Database) -> None:
     db = table
-    writer = Writer(db.dsn)
+    writer = Writer(lambda: sql_connection(db.dsn), _commit_xid)
     writer.start()
     try:
         wait_for(lambda: len(writer.log) >= 40, 60, "the writer's first transactions")
@@ -140,9 +83,7 @@ def test_snapshot_is_exact_at_its_position_and_lists_keys_changed_after(
             wait_for(lambda: len(writer.log) >= opened + 40, 60,
                      "transactions after the snapshot")
             running = snapshot.changed_key_hashes(TABLE, SHAPE)  # while the writer writes
-            writer.stop.set()
-            writer.join(30)
-            assert writer.error is None, writer.error
+            writer.finish()
             after = snapshot.changed_key_hashes(TABLE, SHAPE)
             seen = dict(snapshot.connection.execute("SELECT id, v FROM t").fetchall())
             position = snapshot.position
@@ -158,7 +99,7 @@ def test_snapshot_is_exact_at_its_position_and_lists_keys_changed_after(
     for xid, ops, touched in writer.log:
         if lsns[xid] < position:
             before += 1
-            _replay(ops, expected)
+            replay(ops, expected)
         else:
             keys_after |= touched
     assert 0 < before < len(writer.log)

@@ -23,6 +23,7 @@ from tidemark.source.kind import (
 
 if TYPE_CHECKING:
     from tidemark.event import TableId
+    from tidemark.source.verify_snapshot import VerifySnapshot
 
 SCHEMES: Final = ("mariadb://", "mysql://")
 
@@ -188,6 +189,15 @@ class MariaDbKind(SourceKind):
         from tidemark.source.mariadb.table_rows import table_rows  # noqa: PLC0415
 
         return table_rows(dsn, table, columns, text_columns, utc_columns)
+
+    def verify_snapshot(self, dsn: str, tables: Sequence[TableId], *,
+                        publication: str) -> VerifySnapshot:
+        from tidemark.source.mariadb.verify_snapshot import (  # noqa: PLC0415
+            open_verify_snapshot,
+        )
+
+        # MariaDB has no publication: the binlog holds every table's changes.
+        return open_verify_snapshot(dsn, tables, publication=publication)
 
 
 KIND: Final = MariaDbKind()
