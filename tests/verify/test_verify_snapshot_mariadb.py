@@ -75,6 +75,9 @@ def test_snapshot_is_exact_at_its_position_and_lists_keys_changed_after(
                 cur.execute("SELECT id, v FROM t")
                 seen = dict(cur.fetchall())
             position = snapshot.position
+            # The units a pipeline's committed offset is read in.
+            at = snapshot.binlog_position  # type: ignore[attr-defined]
+            assert KIND.log_position(at.to_offset()) == position
         finally:
             snapshot.close()
     finally:

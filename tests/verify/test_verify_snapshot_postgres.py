@@ -20,6 +20,8 @@ from tidemark.errors import SourceError
 from tidemark.event import TableId
 from tidemark.row_checksum import ComparedColumn, TableShape, key_hash_of, row_texts
 from tidemark.source.postgres import pgoutput
+from tidemark.source.postgres.kind import KIND
+from tidemark.source.postgres.stream_offsets import to_offset
 from tidemark.source.postgres.verify_snapshot import open_verify_snapshot
 from tidemark.testing.postgres import sql_connection
 from verify_writer import Writer, replay
@@ -87,6 +89,8 @@ def test_snapshot_is_exact_at_its_position_and_lists_keys_changed_after(
             after = snapshot.changed_key_hashes(TABLE, SHAPE)
             seen = dict(snapshot.connection.execute("SELECT id, v FROM t").fetchall())
             position = snapshot.position
+            # The units a pipeline's committed offset is read in (its LSN).
+            assert KIND.log_position(to_offset(position)) == position
         finally:
             snapshot.close()
     finally:
@@ -145,7 +149,9 @@ def test_temporary_slot_goes_with_close_and_with_the_process(table: Database) ->
                              "LIKE 'tidemark_verify%'", 0) == 0
     script = ("import sys, time\n"
               "from tidemark.event import TableId\n"
-              "from tidemark.source.postgres.verify_snapshot import open_verify_snapshot\n"
+              "from tidemark.source.postgres.kind import KIND
+from tidemark.source.postgres.stream_offsets import to_offset
+from tidemark.source.postgres.verify_snapshot import open_verify_snapshot\n"
               "s = open_verify_snapshot(sys.argv[1], [TableId('public', 't')], "
               "publication='p')\n"
               "print(s.slot, flush=True)\n"
