@@ -149,9 +149,7 @@ def test_temporary_slot_goes_with_close_and_with_the_process(table: Database) ->
                              "LIKE 'tidemark_verify%'", 0) == 0
     script = ("import sys, time\n"
               "from tidemark.event import TableId\n"
-              "from tidemark.source.postgres.kind import KIND
-from tidemark.source.postgres.stream_offsets import to_offset
-from tidemark.source.postgres.verify_snapshot import open_verify_snapshot\n"
+              "from tidemark.source.postgres.verify_snapshot import open_verify_snapshot\n"
               "s = open_verify_snapshot(sys.argv[1], [TableId('public', 't')], "
               "publication='p')\n"
               "print(s.slot, flush=True)\n"
