@@ -123,6 +123,11 @@ class DeltaChecksumSide:
         history = self.table.history(1)
         return dict(history[0]) if history else {}
 
+    def row_estimate(self) -> int:
+        """The rows of the version's files (SCD2: every version of a row), from their
+        statistics where the files have them."""
+        return int(self._dataset.count_rows())
+
     def live_filter(self) -> str:
         """The condition on the target's rows that the source holds."""
         conditions = ["TRUE"]
