@@ -138,3 +138,26 @@ def test_a_struct_column_is_refused(tmp_path: Path) -> None:
     with DeltaChecksumSide(str(tmp_path / "t")) as side, \
             pytest.raises(UnsupportedColumnError, match="struct"):
         side.bucket_sums(shape, 1)
+
+
+def test_a_large_differing_bucket_is_split_and_its_rows_named(tmp_path: Path) -> None:
+    from tidemark.verify.compare import compare_tables  # noqa: PLC0415
+
+    rows = [{"id": i, "v": f"v{i}"} for i in range(10_000)]
+    write_deltalake(str(tmp_path / "s"), pa.Table.from_pylist(rows))
+    changed = [*rows[:4999], {"id": 4999, "v": "other"}, *rows[5001:],
+               {"id": 20_000, "v": "new"}]
+    write_deltalake(str(tmp_path / "t"), pa.Table.from_pylist(changed))
+    shape = TableShape((ComparedColumn("id", pa.int64()), ComparedColumn("v", pa.string())),
+                       ("id",))
+    with DeltaChecksumSide(str(tmp_path / "s")) as source, \
+            DeltaChecksumSide(str(tmp_path / "t")) as target:
+        found = compare_tables(source, target, shape, 1)
+        assert found.rows_compared == 10_000
+        assert [(d.kind, d.key, d.columns) for d in found.differences] == [
+            ("different", {"id": "4999"}, ("v",)), ("extra", {"id": "20000"}, ()),
+            ("missing", {"id": "5000"}, ())]
+        # The changed keys are left out of the comparison.
+        excluded = frozenset(key_hash_of((str(i), f"v{i}"), shape) for i in (4999, 5000))
+        assert compare_tables(source, target, shape, 1,
+                              excluded_keys=excluded).differences[0].kind == "extra"
