@@ -22,20 +22,29 @@ PUBLIC = {
     "SourceConnector", "SourceError", "SourceTask",
     "SourceUnavailableError", "SqliteOffsetStore", "TidemarkError", "UNAVAILABLE",
     "apply_changes", "changes_from_debezium_file", "changes_from_debezium_json",
-    "send_signal", "spark",
+    "send_signal", "spark", "verify",
 }
 
 
 def test_the_public_names_are_pinned() -> None:
-    assert set(tidemark.__all__) == PUBLIC == {*tidemark._WHERE, "spark"}
+    assert set(tidemark.__all__) == PUBLIC == {*tidemark._WHERE, "spark", "verify"}
     assert set(dir(tidemark)) >= PUBLIC
 
 
-@pytest.mark.parametrize("name", sorted(PUBLIC - {"spark"}))
+@pytest.mark.parametrize("name", sorted(PUBLIC - {"spark", "verify"}))
 def test_each_public_name_is_the_object_its_module_defines(name: str) -> None:
     value = getattr(tidemark, name)
     module = importlib.import_module(tidemark._WHERE[name])
     assert value is getattr(module, name)
+
+
+def test_verify_is_its_package_and_calling_it_runs_a_verify() -> None:
+    from tidemark.verify import run  # noqa: PLC0415 - the lazy import is under test
+
+    assert tidemark.verify is importlib.import_module("tidemark.verify")
+    assert callable(tidemark.verify)
+    result = tidemark.verify("/nonexistent/pipeline.toml", record=False)
+    assert isinstance(result, run.VerifyResult) and result.exit_code == 2
 
 
 def test_an_unknown_name_lists_the_public_ones() -> None:

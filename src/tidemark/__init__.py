@@ -112,10 +112,11 @@ __all__ = [
     "changes_from_debezium_json",
     "send_signal",
     "spark",
+    "verify",
 ]
 
 if TYPE_CHECKING:  # what type checkers and IDEs see; at run time, __getattr__ loads
-    from tidemark import spark
+    from tidemark import spark, verify
     from tidemark.engine.arrow_converter import ArrowConverter
     from tidemark.engine.avro_converter import AvroConverter
     from tidemark.engine.config import DeliveryMode, EngineConfig
@@ -155,6 +156,8 @@ if TYPE_CHECKING:  # what type checkers and IDEs see; at run time, __getattr__ l
 def __getattr__(name: str) -> Any:
     if name == "spark":  # the PySpark helpers: imports pyspark
         return importlib.import_module("tidemark.spark")
+    if name == "verify":  # the package, callable as tidemark.verify.verify
+        return importlib.import_module("tidemark.verify")
     module = _WHERE.get(name)
     if module is None:
         raise AttributeError(f"module 'tidemark' has no attribute {name!r}; its public "

@@ -15,7 +15,8 @@ from tidemark.errors import TidemarkError
 #: The subcommands: each is the function of its name in ``tidemark.cli.<name>``, imported
 #: when it runs (a MariaDB capture does not pay for the PostgreSQL driver, nor a status
 #: for Spark).
-_COMMANDS: Final = ("capture", "demo", "logtable", "pipelines", "run", "signal", "status")
+_COMMANDS: Final = ("capture", "demo", "logtable", "pipelines", "run", "signal", "status",
+                           "verify")
 
 
 class _Subcommands(click.Group):

@@ -16,6 +16,7 @@ from tidemark.status.pipeline import (
     target_sections,
 )
 from tidemark.status.report import Status, render, target_lines
+from tidemark.status.verify_record import verify_section
 
 
 def pipeline_status(pipeline: PipelineFacts) -> Status:
@@ -33,6 +34,7 @@ def pipeline_status(pipeline: PipelineFacts) -> Status:
     return {"kind": "pipeline", "source": "logtable", "healthy": not problems,
             "problems": problems, "warnings": warnings, "config": pipeline.config,
             "log": log, "checkpoint": checkpoint, "targets": targets, "last_run": last_run,
+            "last_verify": verify_section(pipeline.checkpoint),
             "lag": lag}
 
 

@@ -13,6 +13,7 @@ from tidemark.status.pipeline import (
     target_sections,
 )
 from tidemark.status.report import Status, render, target_lines
+from tidemark.status.verify_record import verify_section
 
 
 def pipeline_status(pipeline: PipelineFacts) -> Status:
@@ -32,7 +33,8 @@ def pipeline_status(pipeline: PipelineFacts) -> Status:
     return {"kind": "pipeline", "source": "mariadb", "healthy": not problems,
             "problems": problems, "warnings": warnings, "config": pipeline.config,
             "server": server, "checkpoint": checkpoint, "targets": targets,
-            "last_run": last_run, "lag": lag}
+            "last_run": last_run,
+            "last_verify": verify_section(pipeline.checkpoint), "lag": lag}
 
 
 def render_pipeline(status: Status) -> str:

@@ -28,6 +28,7 @@ from tidemark.lake.written_targets import TargetLostError, WrittenTargets, exist
 from tidemark.run_record import read_record
 from tidemark.spark_checkpoint import committed_source_offset
 from tidemark.status.report import human_bytes, iso_time
+from tidemark.status.verify_record import verify_rows
 
 
 @dataclasses.dataclass(frozen=True)
@@ -191,4 +192,4 @@ def checkpoint_rows(status: dict[str, Any], upto: str = "") -> list[tuple[str, s
     return [("checkpoint", f"{chk['path']}: " + (
                 "no query has started" if chk["query_id"] is None else
                 f"last committed batch {chk['last_committed_batch']}{upto}")),
-            ("last run", run_line(status["last_run"]))]
+            ("last run", run_line(status["last_run"])), *verify_rows(status)]

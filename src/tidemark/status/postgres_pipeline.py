@@ -36,6 +36,7 @@ from tidemark.status.postgres import (
     slot_section,
 )
 from tidemark.status.report import Status, render, table
+from tidemark.status.verify_record import verify_rows, verify_section
 
 
 def pipeline_status(pipeline: PipelineFacts) -> Status:
@@ -73,6 +74,7 @@ def pipeline_status(pipeline: PipelineFacts) -> Status:
         "checkpoint": checkpoint,
         "targets": targets,
         "last_run": last_run,
+            "last_verify": verify_section(pipeline.checkpoint),
         "snapshot": snapshot_section(pipeline, offset),
     }
 
@@ -202,6 +204,7 @@ def render_pipeline(status: Status) -> str:
                     f"{chk['last_offset_lsn']})" if chk["batch_in_progress"] else "")
         rows.append(("checkpoint", f"{chk['path']}: {committed}{progress}"))
     rows.append(("last run", run_line(status["last_run"])))
+    rows += verify_rows(status)
     for task, text in sorted(((status["last_run"] or {}).get("upkeep") or {}).items()):
         rows.append((f"upkeep {task}", text))
     rows.append(("snapshot", status["snapshot"]["note"]))

@@ -1,0 +1,192 @@
+"""Row checksums of a Delta table computed with DuckDB (``tidemark verify``'s target side).
+
+Implements :class:`tidemark.row_checksum.ChecksumSide` over one version of the table
+(``DeltaTable(path, version=...).to_pyarrow_dataset()``, scanned by DuckDB with the
+columns pushed down), so every call of one :class:`DeltaChecksumSide` sees the same
+rows. An SCD2 target is compared by its current rows (``__END_AT`` null), a
+soft-delete target by its live rows (the flag not true). The canonical texts are
+:mod:`tidemark.row_checksum`'s, in DuckDB SQL: its ``md5`` prints PostgreSQL's hex, its
+shortest float text is re-laid as ``[-]0.<digits>e<exp>``, sums are HUGEINT.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Sequence
+from typing import Any, Final
+
+import duckdb
+import pyarrow as pa
+from deltalake import DeltaTable
+
+from tidemark.lake import change_rows as cr
+from tidemark.row_checksum import (
+    BucketSum,
+    BucketSums,
+    RowTexts,
+    TableShape,
+    UnsupportedColumnError,
+    supported,
+)
+
+_TABLE: Final = "target_rows"
+_EXCLUDED: Final = "excluded_keys"
+_ONLY: Final = "only_buckets"
+
+
+def quote(name: str) -> str:
+    """A DuckDB identifier."""
+    return '"' + name.replace('"', '""') + '"'
+
+
+def hash_sql(text: str) -> str:
+    """The 60-bit hash of a text expression, as a BIGINT."""
+    return f"CAST('0x' || substr(md5({text}), 1, 15) AS BIGINT)"
+
+
+def field_sql(text: str) -> str:
+    """A canonical text expression (NULL for NULL) as a field of a row text."""
+    return f"CASE WHEN ({text}) IS NULL THEN '~' ELSE CAST(length({text}) AS VARCHAR) " \
+           f"|| ':' || ({text}) END"
+
+
+def _float_sql(value: str) -> str:
+    t = f"CAST(abs({value}) AS VARCHAR)"
+    mantissa = f"split_part({t}, 'e', 1)"
+    exponent = f"coalesce(CAST(nullif(split_part({t}, 'e', 2), '') AS INTEGER), 0)"
+    whole = f"split_part({mantissa}, '.', 1)"
+    raw = f"({whole} || split_part({mantissa}, '.', 2))"
+    lead = f"(length({raw}) - length(ltrim({raw}, '0')))"
+    return (f"CASE WHEN isnan({value}) THEN 'nan' WHEN {value} = 'inf'::DOUBLE THEN 'inf' "
+            f"WHEN {value} = '-inf'::DOUBLE THEN '-inf' WHEN {value} = 0 THEN '0' "
+            f"ELSE CASE WHEN {value} < 0 THEN '-' ELSE '' END || '0.' || "
+            f"rtrim(ltrim({raw}, '0'), '0') || 'e' || "
+            f"CAST(length({whole}) + {exponent} - {lead} AS VARCHAR) END")
+
+
+def text_sql(value: str, target: pa.DataType, depth: int = 0) -> str:
+    """The canonical text of a DuckDB expression *value* of Arrow type *target*."""
+    if pa.types.is_list(target) or pa.types.is_large_list(target):
+        item = f"x{depth}"
+        inner = field_sql(text_sql(item, target.value_type, depth + 1))
+        return (f"CASE WHEN {value} IS NULL THEN NULL ELSE '[' || array_to_string("
+                f"list_transform({value}, lambda {item}: {inner}), '') || ']' END")
+    if pa.types.is_boolean(target):
+        return f"CASE WHEN {value} THEN 't' WHEN NOT {value} THEN 'f' END"
+    if pa.types.is_integer(target) or pa.types.is_decimal(target):
+        return f"CAST({value} AS VARCHAR)"
+    if pa.types.is_floating(target):
+        return _float_sql(f"CAST({value} AS DOUBLE)")
+    if pa.types.is_binary(target) or pa.types.is_large_binary(target):
+        return f"lower(hex({value}))"
+    if pa.types.is_date(target):
+        return f"CAST(CAST({value} - DATE '1970-01-01' AS BIGINT) AS VARCHAR)"
+    if pa.types.is_timestamp(target):
+        return f"CAST(epoch_us({value}) AS VARCHAR)"
+    if pa.types.is_time(target):
+        return (f"CAST((hour({value}) * 60 + minute({value})) * 60000000 "
+                f"+ microsecond({value}) AS VARCHAR)")
+    if supported(target):  # strings
+        return f"CAST({value} AS VARCHAR)"
+    raise UnsupportedColumnError(f"no canonical text for target type {target}")
+
+
+class DeltaChecksumSide:
+    """The checksums of a Delta table at one version (the latest when *version* is
+    None; :attr:`version` says which)."""
+
+    def __init__(self, path: str, version: int | None = None,
+                 storage_options: dict[str, str] | None = None, *, scd2: bool = False,
+                 soft_delete_column: str | None = None) -> None:
+        self.path = path
+        self.table = DeltaTable(path, version=version, storage_options=storage_options)
+        self.version: int = self.table.version()
+        self.schema = pa.schema(self.table.schema().to_arrow())
+        self.scd2 = scd2
+        self.soft_delete_column = soft_delete_column
+        self._dataset = self.table.to_pyarrow_dataset()
+        self._db = duckdb.connect()
+        self._lock = threading.Lock()
+
+    def close(self) -> None:
+        """Release DuckDB."""
+        self._db.close()
+
+    def __enter__(self) -> DeltaChecksumSide:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def commit_info(self) -> dict[str, Any]:
+        """The commit of :attr:`version` (operation, timestamp, ...)."""
+        history = self.table.history(1)
+        return dict(history[0]) if history else {}
+
+    def row_estimate(self) -> int:
+        """The rows of the version's files (SCD2: every version of a row), from their
+        statistics where the files have them."""
+        return int(self._dataset.count_rows())
+
+    def live_filter(self) -> str:
+        """The condition on the target's rows that the source holds."""
+        conditions = ["TRUE"]
+        if self.scd2:
+            conditions.append(f"{quote(cr.END_AT)} IS NULL")
+        if self.soft_delete_column is not None:
+            conditions.append(f"NOT coalesce({quote(self.soft_delete_column)}, FALSE)")
+        return " AND ".join(conditions)
+
+    def _hashed(self, shape: TableShape) -> tuple[str, list[str]]:
+        texts = []
+        for column in shape.columns:
+            if column.name not in self.schema.names:
+                raise UnsupportedColumnError(f"the Delta table {self.path} has no column "
+                                             f"{column.name!r}")
+            texts.append(text_sql(quote(column.name), column.target_type))
+        by_name = dict(zip((c.name for c in shape.columns), texts, strict=True))
+        key_text = " || ".join(field_sql(by_name[k]) for k in shape.keys)
+        row_text = " || ".join(field_sql(t) for t in texts)
+        more = "".join(f", {t} AS c{i}" for i, t in enumerate(texts))
+        return (f"SELECT {hash_sql(key_text)} AS kh, {hash_sql(row_text)} AS rh{more} "
+                f"FROM {_TABLE} WHERE {self.live_filter()}"), texts
+
+    def _run(self, shape: TableShape, buckets: int, only: Sequence[int] | None,
+             excluded_keys: frozenset[int], select: str, tail: str) -> list[tuple[Any, ...]]:
+        inner, _ = self._hashed(shape)
+        where = []
+        with self._lock:
+            cursor = self._db.cursor()
+            try:
+                # Registered scans belong to one connection (a cursor is another).
+                cursor.register(_TABLE, self._dataset)
+                if only is not None:
+                    cursor.register(_ONLY, pa.table({"b": pa.array(only, pa.int64())}))
+                    where.append(f"s.kh % {int(buckets)} IN (SELECT b FROM {_ONLY})")
+                if excluded_keys:
+                    cursor.register(_EXCLUDED, pa.table(
+                        {"k": pa.array(sorted(excluded_keys), pa.int64())}))
+                    where.append(f"s.kh NOT IN (SELECT k FROM {_EXCLUDED})")
+                clause = f" WHERE {' AND '.join(where)}" if where else ""
+                return cursor.execute(
+                    f"SELECT {select} FROM ({inner}) AS s{clause}{tail}").fetchall()
+            finally:
+                cursor.close()
+
+    def bucket_sums(self, shape: TableShape, buckets: int, *,
+                    only: Sequence[int] | None = None,
+                    excluded_keys: frozenset[int] = frozenset()) -> BucketSums:
+        if only is not None and not only:
+            return {}
+        n = int(buckets)
+        rows = self._run(shape, buckets, only, excluded_keys,
+                         f"s.kh % {n}, count(*), sum(s.rh)", f" GROUP BY s.kh % {n}")
+        return {int(b): BucketSum(int(count), int(total)) for b, count, total in rows}
+
+    def bucket_rows(self, shape: TableShape, buckets: int, only: Sequence[int], *,
+                    excluded_keys: frozenset[int] = frozenset()) -> dict[int, RowTexts]:
+        if not only:
+            return {}
+        columns = ", ".join(f"s.c{i}" for i in range(len(shape.columns)))
+        rows = self._run(shape, buckets, only, excluded_keys, f"s.kh, {columns}", "")
+        return {int(row[0]): tuple(row[1:]) for row in rows}

@@ -1,0 +1,231 @@
+"""Row checksums of a PostgreSQL table computed in the database (``tidemark verify``).
+
+Implements :class:`tidemark.row_checksum.ChecksumSide` in SQL on a connection whose
+transaction the caller opened on the snapshot to compare (so every query here sees the
+same rows). Each compared column becomes its canonical text by the *target* column's
+Arrow type (:mod:`tidemark.row_checksum`), computed from the source column: values the
+pipeline stores as strings are the text PostgreSQL printed to it, with the session
+settings every tidemark connection uses (:data:`SESSION_SETTINGS`); the other types
+become the digits, days or microseconds the target holds, including the values the
+pipeline maps on the way (``infinity`` dates and timestamps to the largest and
+smallest, ``NaN`` decimals and BC dates to NULL).
+
+Only aggregates leave the database for :meth:`PostgresChecksumSide.bucket_sums`; the
+excluded keys are an anti-join against an array parameter. The scans are plain
+queries, so PostgreSQL runs them in parallel where it would.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any, Final
+
+import pyarrow as pa
+from psycopg import sql
+
+from tidemark.errors import ConfigError
+from tidemark.event import TableId
+from tidemark.postgres_connection import Connection
+from tidemark.row_checksum import (
+    BucketSum,
+    BucketSums,
+    RowTexts,
+    TableShape,
+    UnsupportedColumnError,
+    supported,
+)
+
+#: The settings that decide the text output functions print: those of every tidemark
+#: session (:data:`tidemark.postgres_connection.SESSION_SETTINGS`), which printed the
+#: values a target stores as strings.
+SESSION_SETTINGS: Final = (("DateStyle", "ISO, MDY"), ("TimeZone", "UTC"),
+                           ("IntervalStyle", "iso_8601"), ("extra_float_digits", "3"),
+                           ("bytea_output", "hex"), ("lc_monetary", "C"))
+
+# datetime.max / datetime.min and date.max / date.min, where the pipeline maps infinity.
+_TS_MAX_US: Final = 253402300799999999
+_TS_MIN_US: Final = -62135596800000000
+_DATE_MAX_DAYS: Final = 2932896
+_DATE_MIN_DAYS: Final = -719162
+
+
+def set_session(conn: Connection) -> None:
+    """Set :data:`SESSION_SETTINGS` on *conn* (inside its transaction: they hold for
+    the session unless the transaction rolls back)."""
+    with conn.cursor() as cur:
+        for name, value in SESSION_SETTINGS:
+            cur.execute(sql.SQL("SELECT set_config({}, {}, false)").format(
+                sql.Literal(name), sql.Literal(value)))
+
+
+def hash_sql(text: sql.Composable) -> sql.Composable:
+    """The 60-bit hash of a text expression, as a bigint."""
+    return sql.SQL("('x' || substr(md5({}), 1, 15))::bit(60)::bigint").format(text)
+
+
+def field_sql(text: sql.Composable) -> sql.Composable:
+    """A canonical text expression (NULL for NULL) as a field of a row text."""
+    return sql.SQL("CASE WHEN ({t}) IS NULL THEN '~' "
+                   "ELSE length({t})::text || ':' || ({t}) END").format(t=text)
+
+
+def _float_sql(value: sql.Composable) -> sql.Composable:
+    """The canonical float64 text of a double expression: its shortest text, re-laid
+    as ``[-]0.<digits>e<exp>`` with string functions (no subquery, so the scan stays
+    parallel)."""
+    t = sql.SQL("abs({})::text").format(value)
+    mantissa = sql.SQL("split_part({}, 'e', 1)").format(t)
+    exponent = sql.SQL("coalesce(nullif(split_part({}, 'e', 2), '')::int, 0)").format(t)
+    whole = sql.SQL("split_part({}, '.', 1)").format(mantissa)
+    raw = sql.SQL("({} || split_part({}, '.', 2))").format(whole, mantissa)
+    lead = sql.SQL("(length({r}) - length(ltrim({r}, '0')))").format(r=raw)
+    return sql.SQL(
+        "CASE WHEN {v} = 'NaN'::float8 THEN 'nan' WHEN {v} = 'Infinity'::float8 THEN 'inf' "
+        "WHEN {v} = '-Infinity'::float8 THEN '-inf' WHEN {v} = 0 THEN '0' "
+        "ELSE CASE WHEN {v} < 0 THEN '-' ELSE '' END || '0.' || "
+        "rtrim(ltrim({raw}, '0'), '0') || 'e' || (length({whole}) + {exp} - {lead})::text "
+        "END").format(v=value, raw=raw, whole=whole, exp=exponent, lead=lead)
+
+
+def text_sql(value: sql.Composable, source_type: str, target: pa.DataType) -> sql.Composable:
+    """The canonical text of a source column (or array element) *value* of PostgreSQL
+    type *source_type* (``typname``) whose target column has Arrow type *target*."""
+    if pa.types.is_list(target) or pa.types.is_large_list(target):
+        element = source_type.removeprefix("_")
+        item = sql.Identifier("e")
+        return sql.SQL(
+            "CASE WHEN {v} IS NULL THEN NULL ELSE '[' || coalesce((SELECT string_agg({f}, '' "
+            "ORDER BY {o}) FROM unnest({v}) WITH ORDINALITY AS u({e}, {o})), '') || ']' END"
+        ).format(v=value, f=field_sql(text_sql(item, element, target.value_type)), e=item,
+                 o=sql.Identifier("o"))
+    if pa.types.is_boolean(target):
+        return sql.SQL("CASE WHEN {v} THEN 't' WHEN NOT {v} THEN 'f' END").format(v=value)
+    if pa.types.is_integer(target):
+        return sql.SQL("{}::text").format(value)
+    if pa.types.is_decimal(target):
+        return sql.SQL("CASE WHEN {v} IN ('NaN', 'Infinity', '-Infinity') THEN NULL "
+                       "ELSE round({v}, {s})::text END").format(
+            v=value, s=sql.Literal(target.scale))
+    if pa.types.is_floating(target):
+        return _float_sql(sql.SQL("{}::float8").format(value))
+    if pa.types.is_binary(target) or pa.types.is_large_binary(target):
+        return sql.SQL("encode({}, 'hex')").format(value)
+    if pa.types.is_date(target):
+        return sql.SQL(
+            "CASE WHEN {v} = 'infinity' THEN {hi} WHEN {v} = '-infinity' THEN {lo} "
+            "WHEN {v} < '0001-01-01' THEN NULL ELSE ({v} - DATE '1970-01-01')::text END"
+        ).format(v=value, hi=sql.Literal(str(_DATE_MAX_DAYS)),
+                 lo=sql.Literal(str(_DATE_MIN_DAYS)))
+    if pa.types.is_timestamp(target):
+        return sql.SQL(
+            "CASE WHEN {v} = 'infinity' THEN {hi} WHEN {v} = '-infinity' THEN {lo} "
+            "WHEN {v} < '0001-01-01' THEN NULL "
+            "ELSE (extract(epoch FROM {v}) * 1000000)::bigint::text END"
+        ).format(v=value, hi=sql.Literal(str(_TS_MAX_US)), lo=sql.Literal(str(_TS_MIN_US)))
+    if pa.types.is_time(target):
+        return sql.SQL("(extract(epoch FROM {}::time) * 1000000)::bigint::text").format(value)
+    if supported(target):  # strings: the text the pipeline received
+        if source_type == "bpchar":
+            # bpchar's cast to text drops the padding its output function prints.
+            return sql.SQL("CASE WHEN {v} IS NULL THEN NULL ELSE concat({v}) END"
+                           ).format(v=value)
+        return sql.SQL("{}::text").format(value)
+    raise UnsupportedColumnError(f"no canonical text for target type {target}")
+
+
+def column_types(conn: Connection, table: TableId) -> dict[str, str]:
+    """*table*'s columns and their types' names (``pg_type.typname``; arrays ``_int4``;
+    domains their base type's)."""
+    with conn.cursor() as cur:
+        cur.execute(
+            "SELECT a.attname, coalesce(b.typname, t.typname) FROM pg_attribute a "
+            "JOIN pg_class c ON c.oid = a.attrelid "
+            "JOIN pg_namespace n ON n.oid = c.relnamespace "
+            "JOIN pg_type t ON t.oid = a.atttypid "
+            "LEFT JOIN pg_type b ON b.oid = t.typbasetype AND t.typtype = 'd' "
+            "WHERE n.nspname = %s AND c.relname = %s AND a.attnum > 0 "
+            "AND NOT a.attisdropped", (table.schema, table.table))
+        return {str(name): str(type_name) for name, type_name in cur.fetchall()}
+
+
+class PostgresChecksumSide:
+    """The checksums of one table on the snapshot *conn*'s transaction holds."""
+
+    def __init__(self, conn: Connection, table: TableId) -> None:
+        self.conn = conn
+        self.table = table
+        set_session(conn)
+        self.types = column_types(conn, table)
+        if not self.types:
+            raise ConfigError("verify", f"table {table} does not exist in the source")
+
+    def _texts(self, shape: TableShape) -> list[sql.Composable]:
+        texts = []
+        for column in shape.columns:
+            source_type = self.types.get(column.name)
+            if source_type is None:
+                raise ConfigError("verify", f"the target's column {column.name!r} is not a "
+                                  f"column of the source table {self.table}")
+            texts.append(text_sql(sql.Identifier(column.name), source_type,
+                                  column.target_type))
+        return texts
+
+    def _hashed(self, shape: TableShape, texts: list[sql.Composable]) -> sql.Composable:
+        """``SELECT kh, rh[, texts] FROM table`` over the shape."""
+        by_name = dict(zip((c.name for c in shape.columns), texts, strict=True))
+        key_text = sql.SQL(" || ").join(field_sql(by_name[k]) for k in shape.keys)
+        row_text = sql.SQL(" || ").join(field_sql(t) for t in texts)
+        return sql.SQL("SELECT {kh} AS kh, {rh} AS rh{more} FROM {table}").format(
+            kh=hash_sql(key_text), rh=hash_sql(row_text),
+            more=sql.SQL("").join(sql.SQL(", {} AS {}").format(t, sql.Identifier(f"c{i}"))
+                                  for i, t in enumerate(texts)),
+            table=sql.Identifier(self.table.schema, self.table.table))
+
+    def _query(self, shape: TableShape, buckets: int, only: Sequence[int] | None,
+               excluded_keys: frozenset[int], select: sql.Composable,
+               texts: list[sql.Composable], tail: sql.Composable) -> tuple[sql.Composed,
+                                                                        list[Any]]:
+        params: list[Any] = []
+        where: list[sql.Composable] = []
+        if only is not None:
+            where.append(sql.SQL("mod(s.kh, {n}) IN (SELECT unnest(%s::bigint[]))").format(
+                n=sql.Literal(buckets)))
+            params.append(list(only))
+        if excluded_keys:
+            where.append(sql.SQL("NOT EXISTS (SELECT FROM unnest(%s::bigint[]) AS x(k) "
+                                 "WHERE x.k = s.kh)"))
+            params.append(sorted(excluded_keys))
+        query = sql.SQL("SELECT {select} FROM ({inner}) AS s{where}{tail}").format(
+            select=select, inner=self._hashed(shape, texts),
+            where=sql.SQL(" WHERE ") + sql.SQL(" AND ").join(where) if where else sql.SQL(""),
+            tail=tail)
+        return query, params
+
+    def bucket_sums(self, shape: TableShape, buckets: int, *,
+                    only: Sequence[int] | None = None,
+                    excluded_keys: frozenset[int] = frozenset()) -> BucketSums:
+        if only is not None and not only:
+            return {}
+        n = sql.Literal(buckets)
+        query, params = self._query(
+            shape, buckets, only, excluded_keys,
+            sql.SQL("mod(s.kh, {n}), count(*), sum(s.rh)").format(n=n), self._texts(shape),
+            sql.SQL(" GROUP BY 1").format(n=n))
+        with self.conn.cursor() as cur:
+            cur.execute(query, params)
+            return {int(b): BucketSum(int(rows), int(total))
+                    for b, rows, total in cur.fetchall()}
+
+    def bucket_rows(self, shape: TableShape, buckets: int, only: Sequence[int], *,
+                    excluded_keys: frozenset[int] = frozenset()) -> dict[int, RowTexts]:
+        if not only:
+            return {}
+        texts = self._texts(shape)
+        select = sql.SQL(", ").join([sql.SQL("s.kh"), *(
+            sql.SQL("s.{}").format(sql.Identifier(f"c{i}")) for i in range(len(texts)))])
+        query, params = self._query(shape, buckets, only, excluded_keys, select, texts,
+                                    sql.SQL(""))
+        with self.conn.cursor() as cur:
+            cur.execute(query, params)
+            return {int(row[0]): tuple(row[1:]) for row in cur.fetchall()}
+

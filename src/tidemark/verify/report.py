@@ -1,0 +1,49 @@
+"""A verify's result as text lines (one per differing key) or JSON."""
+
+from __future__ import annotations
+
+import json
+
+from tidemark.verify.result import Difference, TableResult, VerifyResult
+
+
+def key_text(key: dict[str, str | None]) -> str:
+    """``id=7`` or ``a=1, b=x`` (NULL for a null key column)."""
+    return ", ".join(f"{name}={'NULL' if value is None else value}"
+                     for name, value in key.items())
+
+
+def difference_line(difference: Difference) -> str:
+    """``missing id=7``, ``extra id=9``, ``different id=3 (v, n)``."""
+    line = f"{difference.kind} {key_text(difference.key)}"
+    if difference.columns:
+        line += f" ({', '.join(difference.columns)})"
+    if difference.target_behind:
+        line += " [target behind]"
+    return line
+
+
+def table_lines(table: TableResult) -> list[str]:
+    """A table's summary line, then one line per difference."""
+    verdict = "equal" if table.equal else f"{len(table.differences)} rows differ"
+    head = (f"{table.table}: {verdict} ({table.rows_compared} rows compared, Delta "
+            f"version {table.target_version}, {table.seconds:.1f} s)")
+    if table.target_behind:
+        head += "; the pipeline had not caught up with the source (target behind)"
+    lines = [head, *(f"  {difference_line(d)}" for d in table.differences)]
+    lines += [f"  not compared (changed during every round) {key_text(k)}"
+              for k in table.not_compared]
+    return lines
+
+
+def text_report(result: VerifyResult) -> list[str]:
+    """The whole report as lines."""
+    if result.error is not None:
+        return [f"verify failed: {result.error}"]
+    lines = [line for table in result.tables for line in table_lines(table)]
+    return lines or ["no targets to verify"]
+
+
+def json_report(result: VerifyResult) -> str:
+    """The whole report as one JSON document."""
+    return json.dumps(result.as_json(), indent=2)
