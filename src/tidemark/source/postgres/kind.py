@@ -24,6 +24,7 @@ from tidemark.source.kind import (
 if TYPE_CHECKING:
     from tidemark.event import TableId
     from tidemark.source.kind import SourceProgress
+    from tidemark.source.verify_snapshot import VerifySnapshot
 
 
 def server_end(dsn: str) -> int:
@@ -161,6 +162,14 @@ class PostgresKind(SourceKind):
         from tidemark.source.postgres.signal_table import write_signal  # noqa: PLC0415
 
         write_signal(dsn, table, signal_id, signal_type, data)
+
+    def verify_snapshot(self, dsn: str, tables: Sequence[TableId], *,
+                        publication: str) -> VerifySnapshot:
+        from tidemark.source.postgres.verify_snapshot import (  # noqa: PLC0415
+            open_verify_snapshot,
+        )
+
+        return open_verify_snapshot(dsn, tables, publication=publication)
 
     def table_rows(self, dsn: str, table: str, columns: Sequence[str],
                    text_columns: Sequence[str], utc_columns: Sequence[str]) -> list[Row]:
