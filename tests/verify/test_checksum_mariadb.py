@@ -10,7 +10,6 @@ from pathlib import Path
 from typing import Any
 
 import pyarrow as pa
-import pytest
 
 from checksum_helpers import run_pipeline, target_rows
 from tidemark.event import TableId
