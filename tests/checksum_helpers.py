@@ -21,6 +21,7 @@ def run_pipeline(spark: Any, dsn: str, table: str, where: Path, source_lines: st
     from tidemark.pipeline.runner import Pipeline  # noqa: PLC0415
 
     lake = where / "lake"
+    where.mkdir(parents=True, exist_ok=True)
     file = where / "pipeline.toml"
     file.write_text(
         f'[source]\ndsn = "{dsn}"\n{source_lines}'
