@@ -27,9 +27,12 @@ from typing import TYPE_CHECKING, Any, Final
 from tidemark.errors import ConfigError
 
 if TYPE_CHECKING:
+    import pyarrow as pa
+
     from tidemark.event import TableId
     from tidemark.serde.debezium_json import DebeziumJsonOptions
     from tidemark.source.read_plan import ReadOptions, ReadPlan
+    from tidemark.source.repair_signal import KeyValue
     from tidemark.source.spi import SourceConnector
     from tidemark.source.verify_snapshot import VerifySnapshot
 
@@ -257,6 +260,23 @@ class SourceKind(abc.ABC):
 
         raise SignalError(f"{self.name} sources have no signal table (the kind has no "
                           "write_signal)")
+
+    def taken_signals(self, offset: Mapping[str, Any] | None) -> frozenset[str] | None:
+        """The ids of the signal rows a Spark stream had taken when it wrote *offset*
+        (its batch's end offset); None when it had not read its signal table yet (the
+        rows there when it first does are history, never taken). The read plans of
+        every kind keep them under ``signals`` (:mod:`tidemark.source.signal_requests`)."""
+        ids = None if offset is None else offset.get("signals")
+        return None if ids is None else frozenset(str(i) for i in ids)
+
+    def repair_key_value(self, text: str, target_type: pa.DataType) -> KeyValue:
+        """A ``tidemark-repair`` signal's value of a key column from its canonical text
+        (:mod:`tidemark.row_checksum`) and the target column's type
+        (:func:`tidemark.source.repair_keys.key_value`: PostgreSQL's forms); raises
+        :class:`~tidemark.source.repair_keys.RepairKeyError` for one it cannot name."""
+        from tidemark.source.repair_keys import key_value  # noqa: PLC0415
+
+        return key_value(text, target_type)
 
     # -- verify ----------------------------------------------------------------------
     def verify_snapshot(self, dsn: str, tables: Sequence[TableId], *,

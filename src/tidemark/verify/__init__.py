@@ -11,10 +11,14 @@ import os
 import sys
 import types
 from collections.abc import Sequence
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Final
 
 if TYPE_CHECKING:
     from tidemark.verify.result import VerifyResult
+
+#: Differing keys of one table above which ``--repair`` is refused (reloading the table
+#: is cheaper than that many signals).
+DEFAULT_REPAIR_LIMIT: Final = 10_000
 
 
 def verify(config_path: str | os.PathLike[str], tables: Sequence[str] | None = None,

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 
-from tidemark.verify.result import Difference, TableResult, VerifyResult
+from tidemark.verify.result import Difference, TableRepair, TableResult, VerifyResult
 
 
 def key_text(key: dict[str, str | None]) -> str:
@@ -23,6 +23,17 @@ def difference_line(difference: Difference) -> str:
     return line
 
 
+def repair_line(repair: TableRepair) -> str:
+    """What ``--repair`` did for a table, in a line."""
+    keys = f"{repair.keys} key{'s' if repair.keys != 1 else ''}"
+    if repair.state == "applied":
+        return (f"repaired {keys} (re-read from the source by the pipeline, "
+                f"{len(repair.signal_ids)} signal(s)); the result above is the verify after")
+    if repair.state == "queued":
+        return f"repair of {keys} queued: {repair.message}"
+    return f"repair refused: {repair.message}"
+
+
 def table_lines(table: TableResult) -> list[str]:
     """A table's summary line, then one line per difference."""
     verdict = "equal" if table.equal else f"{len(table.differences)} rows differ"
@@ -33,6 +44,8 @@ def table_lines(table: TableResult) -> list[str]:
     lines = [head, *(f"  {difference_line(d)}" for d in table.differences)]
     lines += [f"  not compared (changed during every round) {key_text(k)}"
               for k in table.not_compared]
+    if table.repair is not None:
+        lines.append(f"  {repair_line(table.repair)}")
     return lines
 
 

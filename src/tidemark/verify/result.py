@@ -5,7 +5,10 @@ from __future__ import annotations
 import dataclasses
 from typing import Any, Literal
 
+from tidemark.row_checksum import TableShape
+
 DifferenceKind = Literal["missing", "extra", "different"]
+RepairState = Literal["applied", "queued", "refused"]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -31,6 +34,27 @@ class Difference:
 
 
 @dataclasses.dataclass
+class TableRepair:
+    """What ``--repair`` did for one table: the differing keys it asked the pipeline
+    to re-read (*keys*, in the signals *signal_ids*), and whether the pipeline has
+    applied them (``applied``: the table's result is the verify after), will at its
+    next start (``queued``), or repair was refused (*message* says why and what to do
+    instead)."""
+
+    state: RepairState
+    keys: int = 0
+    signal_ids: tuple[str, ...] = ()
+    message: str | None = None
+
+    def as_json(self) -> dict[str, Any]:
+        out: dict[str, Any] = {"state": self.state, "keys": self.keys,
+                               "signals": list(self.signal_ids)}
+        if self.message is not None:
+            out["message"] = self.message
+        return out
+
+
+@dataclasses.dataclass
 class TableResult:
     """One target's comparison with its source table."""
 
@@ -44,6 +68,9 @@ class TableResult:
     target_version: int | None = None
     rounds: int = 0
     seconds: float = 0.0
+    repair: TableRepair | None = None
+    shape: TableShape | None = dataclasses.field(default=None, repr=False, compare=False)
+    """What was compared (the key columns' target types name a repair's keys)."""
 
     @property
     def equal(self) -> bool:
@@ -56,7 +83,8 @@ class TableResult:
                 "differences": [d.as_json() for d in self.differences],
                 "not_compared": self.not_compared, "target_behind": self.target_behind,
                 "target_version": self.target_version, "rounds": self.rounds,
-                "seconds": round(self.seconds, 3)}
+                "seconds": round(self.seconds, 3),
+                **({"repair": self.repair.as_json()} if self.repair is not None else {})}
 
 
 @dataclasses.dataclass

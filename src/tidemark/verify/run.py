@@ -12,10 +12,15 @@ table at one exact source position.
 7. Keys in K: later rounds (new snapshot, version and K') compare those not changed
    again, up to :data:`ROUNDS` rounds; keys changed in every round are reported as not
    compared, never as differences.
+
+With *repair*, the differing keys then go to the pipeline as ``tidemark-repair``
+signals (:mod:`tidemark.verify.repair`); once it has committed the batch that took
+them, the repaired tables are verified again and that verify is their result.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import os
 import time
@@ -31,7 +36,14 @@ from tidemark.source.registry import kind_of
 from tidemark.source.verify_snapshot import VerifySnapshot
 from tidemark.spark_checkpoint import committed_source_offset
 from tidemark.status.verify_record import write_record
+from tidemark.verify import DEFAULT_REPAIR_LIMIT
 from tidemark.verify.compare import bucket_count, compare_keys, compare_tables, keys_named
+from tidemark.verify.repair import (
+    check_repairable,
+    check_signals_read,
+    send_repairs,
+    wait_taken,
+)
 from tidemark.verify.result import TableResult, VerifyResult
 from tidemark.verify.shape import target_shape
 
@@ -46,7 +58,8 @@ OpenSnapshot = Callable[[Sequence[TableId]], VerifySnapshot]
 
 def verify(config_path: str | os.PathLike[str], tables: Sequence[str] | None = None,
            wait_s: float = 120.0, *, open_snapshot: OpenSnapshot | None = None,
-           record: bool = True) -> VerifyResult:
+           record: bool = True, repair: bool = False,
+           repair_limit: int = DEFAULT_REPAIR_LIMIT) -> VerifyResult:
     """Compare each target of the pipeline file *config_path* (or those of *tables*)
     with its source table; the result says, per table, the rows compared and each
     differing key. Errors (a bad file, an unreachable source, a column that cannot be
@@ -55,6 +68,13 @@ def verify(config_path: str | os.PathLike[str], tables: Sequence[str] | None = N
 
     *open_snapshot* opens the source snapshot (default: the source kind's
     ``verify_snapshot`` on the pipeline's publication).
+
+    With *repair*, each table with differences (at most *repair_limit* keys; more are
+    refused: reload such a table) has its differing keys re-read from the source by
+    the running pipeline (through ``[source] signal_table``, required); once it has
+    applied them (waiting at most *wait_s*) the table is verified again, its result
+    that verify's. A pipeline that does not take them in time applies them at its next
+    start (the table's repair is ``queued``, its differences those found).
     """
     started = time.time()
     result = VerifyResult(str(config_path), started_at=started)
@@ -62,7 +82,12 @@ def verify(config_path: str | os.PathLike[str], tables: Sequence[str] | None = N
     try:
         config = load_config(config_path)
         targets = _chosen(config, tables)
-        _Verify(config, targets, wait_s, open_snapshot or _kind_snapshot(config)).run(result)
+        if repair:
+            check_repairable(config)
+        snapshots = open_snapshot or _kind_snapshot(config)
+        _Verify(config, targets, wait_s, snapshots).run(result)
+        if repair and result.exit_code == 1:
+            _repair(config, targets, wait_s, snapshots, repair_limit, result)
     except (TidemarkError, OSError) as err:
         result.error = str(err)
     result.seconds = time.time() - started
@@ -72,6 +97,33 @@ def verify(config_path: str | os.PathLike[str], tables: Sequence[str] | None = N
         except OSError as err:
             log.warning("could not write the verify record in %s: %s", config.checkpoint, err)
     return result
+
+
+def _repair(config: PipelineConfig, targets: list[Target], wait_s: float,
+            open_snapshot: OpenSnapshot, limit: int, result: VerifyResult) -> None:
+    """Send the differing keys, wait for the pipeline to apply them, verify again."""
+    kind = kind_of(config.dsn, config.source.kind)
+    check_signals_read(config, kind)
+    sent = send_repairs(config, kind, result.tables, limit)
+    if not sent:
+        return
+    queued = [t for t in result.tables if t.repair is not None and t.repair.state == "queued"]
+    if not wait_taken(config, kind, sent, wait_s):
+        for table in queued:
+            assert table.repair is not None
+            table.repair = dataclasses.replace(table.repair, message=(
+                f"the pipeline has not taken the repair in {wait_s:.0f} s (is it "
+                "running?): it is queued and applied when the pipeline next runs; verify "
+                "again then"))
+        return
+    again = VerifyResult(result.config, started_at=time.time())
+    by_name = {t.table: t for t in targets}
+    _Verify(config, [by_name[t.table] for t in queued], wait_s, open_snapshot).run(again)
+    after = {t.table: t for t in again.tables}
+    for index, table in enumerate(result.tables):
+        if table.table in after and table.repair is not None:
+            after[table.table].repair = dataclasses.replace(table.repair, state="applied")
+            result.tables[index] = after[table.table]
 
 
 def _chosen(config: PipelineConfig, tables: Sequence[str] | None) -> list[Target]:
@@ -118,6 +170,7 @@ class _Table:
                 from None
         if self.shape is None:
             self.shape = target_shape(self.target.table, side.schema, spec)
+            self.result.shape = self.shape
             self.buckets = bucket_count(side.row_estimate())
         self.result.target_version = side.version
         return side
