@@ -269,7 +269,6 @@ _POSTGRES = 'dsn = "host=db dbname=app"'
     (_MARIADB, "snapshotChunkRows = 10", "applies to PostgreSQL replication only"),
     (_MARIADB, "serverTimeoutMs = 1000", "applies to PostgreSQL replication only"),
     (_SQLITE, 'publication = "p"', "does not apply to log tables"),
-    (_SQLITE, 'signal_table = "main.sig"', "does not apply to log tables"),
     (_LOGTABLE, "maxChangesPerTrigger = 5", "does not apply to log tables"),
     (_LOGTABLE, "snapshotChunksPerTrigger = 5", "does not apply to log tables"),
     (_SQLITE, "serverTimeoutMs = 1000", "does not apply to log tables"),
@@ -289,6 +288,7 @@ def test_a_source_setting_the_source_would_ignore_is_refused(
 @pytest.mark.parametrize(("source", "line"), [
     (_SQLITE, "retention_s = 60"), (_LOGTABLE, "retention_s = -1"),
     (_MARIADB, "maxChangesPerTrigger = 5"), (_MARIADB, 'signal_table = "shop.sig"'),
+    (_SQLITE, 'signal_table = "main.sig"'), (_LOGTABLE, 'signal_table = "public.sig"'),
     (_POSTGRES, 'slot = "other"'), (_POSTGRES, "snapshotChunkRows = 10"),
 ])
 def test_a_source_setting_the_source_reads_is_taken(

@@ -38,7 +38,7 @@ _CAPTURE_UNUSED: Final = ("slot", "publication", "on_slot_lost", "snapshot_mode"
                           "time_precision_mode", "signal_table", "exclude")
 #: Spark options a log-table stream has no use for (``tidemark run`` refuses the
 #: ``[source]`` settings that set them by the same list).
-_SPARK_UNUSED: Final = ("signalTable", "maxChangesPerTrigger", "slot", "publication",
+_SPARK_UNUSED: Final = ("maxChangesPerTrigger", "slot", "publication",
                         "slotFailover", "serverTimeoutMs", "snapshotChunkRows",
                         "snapshotChunksPerTrigger")
 
@@ -217,9 +217,15 @@ class LogTableKind(SourceKind):
 
     def write_signal(self, dsn: str, table: TableId, signal_id: str, signal_type: str,
                      data: str | None) -> None:
-        # A log-table capture reads no signal table, and only a sqlite: DSN is taken for
-        # log tables without --source: it goes where it always went, to PostgreSQL's
-        # writer, which refuses it as no libpq connection string.
+        # The Spark stream reads the signal table (tidemark run's signal_table): in the
+        # SQLite file, or PostgreSQL's own (PostgreSQL's writer).
+        if is_sqlite(dsn):
+            from tidemark.source.logtable.signal_table import (  # noqa: PLC0415
+                write_sqlite_signal,
+            )
+
+            write_sqlite_signal(dsn, table, signal_id, signal_type, data)
+            return
         from tidemark.source.postgres.signal_table import write_signal  # noqa: PLC0415
 
         write_signal(dsn, table, signal_id, signal_type, data)

@@ -20,6 +20,14 @@ consistent read taken when the executor runs (at the planned position or later);
 log is then read from the planned position, so changes the rows already hold are
 applied again over them, which an upsert by key absorbs (SCD type 1 is exact; an SCD2
 history may show such a change once more as a version).
+
+``signalTable`` (in the log tables' database, or their SQLite file as ``main.<name>``):
+the driver reads it before each batch and takes each ``tidemark-repair`` signal once,
+into the batch's end offset (``repairs``, with the ids seen in ``signals``); the batch
+then has one more partition that reads the keys' current rows as the snapshot reads
+rows and emits them at the batch end's position key, above every change of the batch
+(:mod:`tidemark.source.repair`). ``execute-snapshot`` is not taken here: a table's
+rows are loaded by ``snapshot = initial`` only (a new checkpoint reloads them).
 """
 
 from __future__ import annotations
@@ -36,6 +44,8 @@ from tidemark.source.change_feed import ChangeFeed
 from tidemark.source.logtable.database import LogDatabase, LogTable, Position
 from tidemark.source.logtable.layout import assign_groups
 from tidemark.source.logtable.reader import events_of, open_database
+from tidemark.source.logtable.repair_read import key_columns, read_repair
+from tidemark.source.logtable.signal_table import check_signal_table, signal_rows
 from tidemark.source.read_plan import (
     ROW_SEQ,
     SNAPSHOT_INITIAL,
@@ -43,6 +53,16 @@ from tidemark.source.read_plan import (
     ReadOptions,
     TableColumns,
 )
+from tidemark.source.repair import (
+    RepairRead,
+    RepairRequest,
+    reads_of,
+    repair_request,
+    requests_from,
+    requests_json,
+)
+from tidemark.source.repair_signal import RepairSignal
+from tidemark.source.signal_requests import requests_in
 
 log = logging.getLogger(__name__)
 
@@ -118,20 +138,52 @@ class LogTableReadPlan:
     def latest(self, start: dict[str, Any], max_changes: int | None = None) -> dict[str, Any]:
         """Every group up to the database's end now (a batch holding a snapshot holds
         only the rows; the log follows from the same positions)."""
+        signals = start.get("signals")
         if start.get("snapshot"):
             return {"groups": start["groups"], "snapshot": [],
-                    "loaded": list(start["snapshot"]), "clock": start.get("clock", 0)}
+                    "loaded": list(start["snapshot"]), "clock": start.get("clock", 0),
+                    **({} if signals is None else {"signals": signals})}
+        repairs: list[RepairRequest] = []
         with self._db() as db:
             if not self._checked:  # the checkpoint's positions, once per query start
                 db.check_positions(start["groups"].values())
                 self._checked = True
+            if self.options.signal_table is not None:
+                # Before the end is taken: on PostgreSQL the end then holds the signal
+                # row's commit, which moves it past the last batch's end.
+                signals, repairs = self._signals(db, signals)
             end = self._target if self._target is not None else db.end_position()
             # The clock after the end: it counts at least the changes the end holds.
             clock = db.clock()
             groups = {g: (p if db.position_key(end) <= db.position_key(p) else end)
                       for g, p in start["groups"].items()}
-        result = {"groups": groups, "snapshot": [], "loaded": [], "clock": clock}
-        return dict(start) if groups == start["groups"] else result
+        result: dict[str, Any] = {"groups": groups, "snapshot": [], "loaded": [],
+                                  "clock": clock}
+        if signals is not None:
+            result["signals"] = signals
+        if repairs:
+            result["repairs"] = requests_json(repairs)
+        same = groups == start["groups"] and signals == start.get("signals") and not repairs
+        return dict(start) if same else result
+
+    def _signals(self, db: LogDatabase, seen: list[str] | None
+                 ) -> tuple[list[str], list[RepairRequest]]:
+        """The ids of the signal table's rows now, and the repairs new ones ask for."""
+        table = self.options.signal_table
+        assert table is not None
+        tables = [str(t) for t in self.options.tables]
+        taken: list[RepairSignal] = []
+        requested, ids = requests_in(signal_rows(self.options.dsn, table),
+                                     None if seen is None else tuple(seen), tables, taken)
+        for name in requested:
+            log.warning("execute-snapshot of %s skipped: a log-table stream loads a table's "
+                        "rows only with snapshot = initial (a new checkpoint); to mend "
+                        "some rows, send tidemark-repair with their keys", name)
+        repairs = []
+        if taken:
+            keys = {str(e.table): key_columns(e) for e in _tables(db, self.options)}
+            repairs = [repair_request(s, tables, keys) for s in taken]
+        return list(ids), [r for r in repairs if r is not None]
 
     def report_latest(self) -> dict[str, Any] | None:
         return None
@@ -139,6 +191,7 @@ class LogTableReadPlan:
     def plan(self, start: dict[str, Any], end: dict[str, Any]) -> Sequence[Any]:
         if start.get("snapshot"):
             return [GroupRange((), None, {}, 0, [table]) for table in start["snapshot"]]
+        repairs = requests_from(end.get("repairs"))
         # Groups that share their start and end positions (all of them, but after a
         # query's first batch) are read together, numPartitions ways: one task per core
         # rather than per group keeps a small batch cheap.
@@ -149,7 +202,10 @@ class LogTableReadPlan:
                 for chunk in assign_groups(len(groups), self.options.num_partitions):
                     ranges.append(GroupRange([groups[i] for i in chunk], begin,
                                              position, key))
-        return ranges
+            # Every change of the batch is at or below the end's highest key.
+            top = max((db.position_key(p) for p in end["groups"].values()), default=0) \
+                if repairs else 0
+        return [*ranges, *reads_of(repairs, len(ranges), top)]
 
     def commit(self, end: dict[str, Any]) -> None:
         """*end* is committed: at most once a minute (the driver, between batches),
@@ -176,7 +232,13 @@ class LogTableReadPlan:
         """Nothing held between batches."""
 
     def read(self, partition: Any, sink: ChangeSink) -> Iterator[None]:
-        """The partition's groups' changes, or its tables' rows, into *sink*."""
+        """The partition's groups' changes, or its tables' rows, or the rows of the
+        batch's repairs, into *sink*."""
+        if isinstance(partition, RepairRead):
+            return read_repair(self.options, partition, sink)
+        return self._read_groups(partition, sink)
+
+    def _read_groups(self, partition: Any, sink: ChangeSink) -> Iterator[None]:
         assert isinstance(partition, GroupRange)
         feed = ChangeFeed(sink, unchanged_columns=True)
         with self._db() as db:
@@ -244,5 +306,8 @@ def table_columns(options: ReadOptions) -> dict[TableId, TableColumns]:
     """Check the log tables and describe each captured table."""
     with contextlib.closing(open_database(options.dsn)) as db:
         db.generations()
-        return {entry.table: TableColumns(entry.schema.columns)
-                for entry in _tables(db, options)}
+        described = {entry.table: TableColumns(entry.schema.columns)
+                     for entry in _tables(db, options)}
+    if options.signal_table is not None:
+        check_signal_table(options.dsn, options.signal_table)
+    return described

@@ -263,15 +263,11 @@ class SqliteLogDatabase:
 
             def rows() -> Iterator[Snapshotted]:
                 for index, entry in enumerate(tables):
-                    columns = entry.schema.columns
-                    names = ", ".join(install.quote(c.name) for c in columns)
+                    names = ", ".join(install.quote(c.name) for c in entry.schema.columns)
                     cursor = conn.execute(
                         f"SELECT {names} FROM {install.quote(entry.table.table)}")
                     for page in fetched(cursor, FetchBudget(fetch_rows)):
-                        yield index, [tuple(
-                            None if v is None else _text(wire_value(
-                                c.logical.kind, v, entry.table.table, c.name, 0))
-                            for c, v in zip(columns, row, strict=True)) for row in page]
+                        yield index, [snapshot_row(entry, row) for row in page]
 
             yield position, rows()
         finally:
@@ -388,6 +384,14 @@ def _streamed(index: int, entry: LogTable, cursor: sqlite3.Cursor,
 def _text(value: WireValue) -> str | None:
     """Snapshot values go to Spark as text (bytes as their hex text)."""
     return value if isinstance(value, str) else None
+
+
+def snapshot_row(entry: LogTable, row: Sequence[Any]) -> tuple[str | None, ...]:
+    """A row of *entry*'s table as stored (its columns in order) as a snapshot hands it
+    on: each value its column's wire text."""
+    return tuple(None if v is None else _text(wire_value(
+        c.logical.kind, v, entry.table.table, c.name, 0))
+        for c, v in zip(entry.schema.columns, row, strict=True))
 
 
 def _rows(index: int, entry: LogTable, fetched: list[tuple[Any, ...]]) -> list[LogRow]:
