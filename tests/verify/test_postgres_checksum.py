@@ -80,8 +80,8 @@ def test_every_type_agrees_with_the_delta_side_and_the_reference(
     try:
         source = snapshot.side(TableId("public", "t"))
         with DeltaChecksumSide(path) as target:
-            source_texts = source.bucket_rows(shape, 1, [0])
-            target_texts = target.bucket_rows(shape, 1, [0])
+            source_texts = dict(source.bucket_rows(shape, 1, [0]))
+            target_texts = dict(target.bucket_rows(shape, 1, [0]))
             differing = {c.name: (s[i], t[i]) for k, s in source_texts.items()
                          for t in [target_texts.get(k, ())] for i, c in enumerate(shape.columns)
                          if t and s[i] != t[i]}
@@ -132,7 +132,7 @@ def test_floats_are_laid_out_as_the_reference_does(db: Database) -> None:
             # The target holds a real as a float32 (psycopg reads it as the nearest double).
             rows = [{"id": i, "r": None if r is None else _single(r), "d": d}
                     for i, r, d in cur.fetchall()]
-        texts = side.bucket_rows(shape, 1, [0])
+        texts = dict(side.bucket_rows(shape, 1, [0]))
         for row in rows:
             expected = row_texts(row, shape)
             assert texts[key_hash_of(expected, shape)] == expected, row

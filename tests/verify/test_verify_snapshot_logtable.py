@@ -80,7 +80,7 @@ def _seen(logdb: LogDb, snapshot: Any) -> dict[int, str]:
     if logdb.kind == "sqlite":
         side = snapshot.side(TableId("main", "t"))
         texts = side.bucket_rows(_SHAPE, 1, [0])
-        return {int(t[0]): t[1] for t in texts.values()}
+        return {int(t[0]): t[1] for _, t in texts}
     # PostgreSQL's dialect is another module's: read the rows in the snapshot itself.
     with snapshot._conn.cursor() as cur:
         cur.execute("SELECT id, v FROM t")

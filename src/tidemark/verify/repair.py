@@ -25,7 +25,7 @@ from tidemark.source.repair_keys import RepairKeyError
 from tidemark.source.repair_signal import REPAIR_TYPE, KeyValue, repair_signals_data
 from tidemark.source.signals import send_signal, signal_table_ddl
 from tidemark.spark_checkpoint import committed_source_offset
-from tidemark.verify.result import TableRepair, TableResult
+from tidemark.verify.result import Difference, TableRepair, TableResult
 
 log = logging.getLogger(__name__)
 
@@ -80,6 +80,14 @@ def send_repairs(config: PipelineConfig, kind: SourceKind, tables: Sequence[Tabl
                 f"{table.table} --signal-table {config.source.signal_table} --dsn ...), "
                 "or raise --repair-limit"))
             continue
+        unkeyed = [d for d in table.differences if not d.keyed]
+        if unkeyed:
+            table.repair = TableRepair("refused", message=(
+                f"a repair re-reads single keys from the source and cannot mend a "
+                f"{unkeyed[0].kind} difference ({_named(unkeyed[0])}): reload the table "
+                f"instead (tidemark signal execute-snapshot {table.table} --signal-table "
+                f"{config.source.signal_table} --dsn ...)"))
+            continue
         try:
             keys = signal_keys(table, kind)
             payloads = repair_signals_data(table.table, keys)
@@ -95,6 +103,12 @@ def send_repairs(config: PipelineConfig, kind: SourceKind, tables: Sequence[Tabl
         table.repair = TableRepair("queued", len(keys), ids)
         sent += ids
     return sent
+
+
+def _named(difference: Difference) -> str:
+    if difference.detail is not None:
+        return difference.detail
+    return ", ".join(f"{k}={v}" for k, v in difference.key.items())
 
 
 def check_signals_read(config: PipelineConfig, kind: SourceKind) -> None:

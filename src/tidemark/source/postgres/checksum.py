@@ -29,7 +29,7 @@ from tidemark.postgres_connection import Connection
 from tidemark.row_checksum import (
     BucketSum,
     BucketSums,
-    RowTexts,
+    KeyedRow,
     TableShape,
     UnsupportedColumnError,
     supported,
@@ -217,9 +217,9 @@ class PostgresChecksumSide:
                     for b, rows, total in cur.fetchall()}
 
     def bucket_rows(self, shape: TableShape, buckets: int, only: Sequence[int], *,
-                    excluded_keys: frozenset[int] = frozenset()) -> dict[int, RowTexts]:
+                    excluded_keys: frozenset[int] = frozenset()) -> list[KeyedRow]:
         if not only:
-            return {}
+            return []
         texts = self._texts(shape)
         select = sql.SQL(", ").join([sql.SQL("s.kh"), *(
             sql.SQL("s.{}").format(sql.Identifier(f"c{i}")) for i in range(len(texts)))])
@@ -227,5 +227,5 @@ class PostgresChecksumSide:
                                     sql.SQL(""))
         with self.conn.cursor() as cur:
             cur.execute(query, params)
-            return {int(row[0]): tuple(row[1:]) for row in cur.fetchall()}
+            return [(int(row[0]), tuple(row[1:])) for row in cur.fetchall()]
 
