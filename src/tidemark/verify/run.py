@@ -46,7 +46,7 @@ from tidemark.verify.repair import (
     wait_taken,
 )
 from tidemark.verify.result import TableResult, VerifyResult
-from tidemark.verify.shape import target_shape
+from tidemark.verify.shape import add_column_differences, target_shape
 
 log = logging.getLogger(__name__)
 
@@ -191,6 +191,9 @@ class _Verify:
         for table in self.tables:
             with failing(f"reading the target of {table.target.table}"):
                 table.open_target().close()  # shapes first: refuse before any snapshot
+        with failing("reading the columns of the source tables"):
+            add_column_differences(self.kind, self.config,
+                                   [(t.target, t.shape, t.result) for t in self.tables])
         active = list(self.tables)
         for number in range(1, ROUNDS + 1):
             with failing("opening the source snapshot of "

@@ -3,12 +3,17 @@ keys (:class:`tidemark.row_checksum.TableShape`)."""
 
 from __future__ import annotations
 
+from collections.abc import Iterable, Sequence
+
 import pyarrow as pa
 
 from tidemark.errors import ConfigError
 from tidemark.lake import change_rows as cr
 from tidemark.lake.spec import ApplySpec
+from tidemark.pipeline.config import PipelineConfig, Target
 from tidemark.row_checksum import ComparedColumn, TableShape, supported
+from tidemark.source.kind import SourceKind
+from tidemark.verify.result import Difference, TableResult
 
 
 def target_shape(table: str, schema: pa.Schema, spec: ApplySpec) -> TableShape:
@@ -36,3 +41,33 @@ def target_shape(table: str, schema: pa.Schema, spec: ApplySpec) -> TableShape:
         raise ConfigError(f'targets."{table}".keys', f"key column(s) {', '.join(missing)} "
                           "are not columns of the target table")
     return TableShape(tuple(columns), tuple(spec.keys))
+
+
+def source_only_columns(spec: ApplySpec, target_columns: Iterable[str],
+                        source_columns: Sequence[str]) -> list[Difference]:
+    """A ``column`` difference for each column of the source table (as the stream
+    carries it) that the target does not hold although *spec* keeps it
+    (``column_list``/``except_column_list`` leave columns out on purpose): its values
+    are nowhere in the target, so the target cannot equal the source."""
+    kept = [c for c in source_columns
+            if (spec.column_list is None or c in spec.column_list or c in spec.keys)
+            and c not in (spec.except_column_list or ())]
+    have = set(target_columns)
+    return [Difference("column", {}, (name,), detail=f"column {name} is in the source but "
+                       "not in the target") for name in kept if name not in have]
+
+
+def add_column_differences(kind: SourceKind, config: PipelineConfig,
+                           tables: Sequence[tuple[Target, TableShape | None, TableResult]]
+                           ) -> None:
+    """Add to each table's result the source columns its target lacks
+    (:func:`source_only_columns`), asking the source's catalog once."""
+    columns = kind.carried_columns(config.dsn, [t.table for t, _, _ in tables],
+                                   publication=config.source.publication)
+    if columns is None:
+        return
+    for target, shape, result in tables:
+        source = columns.get(target.table)
+        if source is not None and shape is not None:
+            result.differences += source_only_columns(
+                target.spec, (c.name for c in shape.columns), source)
