@@ -19,7 +19,8 @@ from typing import Final
 
 from tidemark.errors import ConfigError
 from tidemark.event import TableId
-from tidemark.pipeline.config import PipelineConfig
+from tidemark.lake import change_rows as cr
+from tidemark.pipeline.config import PipelineConfig, Target
 from tidemark.source.kind import SourceKind
 from tidemark.source.repair_keys import RepairKeyError
 from tidemark.source.repair_signal import REPAIR_TYPE, KeyValue, repair_signals_data
@@ -32,8 +33,20 @@ log = logging.getLogger(__name__)
 _POLL_S: Final = 0.2
 
 
-def check_repairable(config: PipelineConfig) -> None:
-    """Refuse ``--repair`` of a pipeline without a signal table, naming the setting."""
+def check_repairable(config: PipelineConfig, targets: Sequence[Target] = ()) -> None:
+    """Refuse ``--repair`` of a pipeline without a signal table, naming the setting, and
+    of *targets* sequenced by their own columns (``sequence_by``): a repair row is
+    sequenced after the batch's changes by ``_commit_lsn``/``_seq`` only, so such a
+    target would take it for an old change and drop it."""
+    for target in targets:
+        if target.spec.sequence_by != cr.DEFAULT_SEQUENCE:
+            raise ConfigError(f'targets."{target.table}".sequence_by', "--repair cannot "
+                              f"mend this target: it orders changes by "
+                              f"{', '.join(target.spec.sequence_by)}, and the rows a repair "
+                              "re-reads carry a new position only in _commit_lsn/_seq, so "
+                              "they would be dropped as older than the target's; reload the "
+                              f"table instead (tidemark signal execute-snapshot "
+                              f"{target.table}), or leave it out of the repair (--table)")
     if config.source.signal_table is None:
         example = TableId("public", "tidemark_signal")
         raise ConfigError("source.signal_table", "--repair sends the differing keys "

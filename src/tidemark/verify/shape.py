@@ -21,7 +21,16 @@ def target_shape(table: str, schema: pa.Schema, spec: ApplySpec) -> TableShape:
     column (not SCD2's ``__START_AT``/``__END_AT``, not the soft-delete flag, not the
     change metadata a target keeps to sequence its changes, ``_commit_lsn``/``_seq``;
     ``column_list``/``except_column_list`` already shaped the table). Raises
-    ConfigError naming a column whose type has no canonical text."""
+    ConfigError naming a column whose type has no canonical text, and for a target
+    that differs from its source by design (``ignore_null_updates``)."""
+    if spec.ignore_null_updates:
+        raise ConfigError(f'targets."{table}".ignore_null_updates', "this target keeps a "
+                          "column's old value where the source set it to NULL "
+                          "(ignore_null_updates = true), so it differs from its source by "
+                          "design wherever that happened and verify cannot tell those rows "
+                          "from real differences (nor --repair mend them): verify the other "
+                          "targets (--table), or drop ignore_null_updates and reload this "
+                          "table to verify it")
     left_out = {cr.START_AT, cr.END_AT, *cr.METADATA_COLUMNS}
     if spec.soft_delete_column is not None:
         left_out.add(spec.soft_delete_column)
