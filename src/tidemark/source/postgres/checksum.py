@@ -87,16 +87,20 @@ def _float_sql(value: sql.Composable) -> sql.Composable:
         "END").format(v=value, raw=raw, whole=whole, exp=exponent, lead=lead)
 
 
-def text_sql(value: sql.Composable, source_type: str, target: pa.DataType) -> sql.Composable:
+def text_sql(value: sql.Composable, source_type: str, target: pa.DataType, *,
+             trim_bpchar: bool = False) -> sql.Composable:
     """The canonical text of a source column (or array element) *value* of PostgreSQL
-    type *source_type* (``typname``) whose target column has Arrow type *target*."""
+    type *source_type* (``typname``) whose target column has Arrow type *target*.
+    *trim_bpchar*: a ``char(n)`` value as its cast to text (padding dropped), as a log
+    table's reader reads it, instead of its output (padded, as pgoutput sends it)."""
     if pa.types.is_list(target) or pa.types.is_large_list(target):
         element = source_type.removeprefix("_")
         item = sql.Identifier("e")
         return sql.SQL(
             "CASE WHEN {v} IS NULL THEN NULL ELSE '[' || coalesce((SELECT string_agg({f}, '' "
             "ORDER BY {o}) FROM unnest({v}) WITH ORDINALITY AS u({e}, {o})), '') || ']' END"
-        ).format(v=value, f=field_sql(text_sql(item, element, target.value_type)), e=item,
+        ).format(v=value, f=field_sql(text_sql(item, element, target.value_type,
+                                               trim_bpchar=trim_bpchar)), e=item,
                  o=sql.Identifier("o"))
     if pa.types.is_boolean(target):
         return sql.SQL("CASE WHEN {v} THEN 't' WHEN NOT {v} THEN 'f' END").format(v=value)
@@ -125,7 +129,7 @@ def text_sql(value: sql.Composable, source_type: str, target: pa.DataType) -> sq
     if pa.types.is_time(target):
         return sql.SQL("(extract(epoch FROM {}::time) * 1000000)::bigint::text").format(value)
     if supported(target):  # strings: the text the pipeline received
-        if source_type == "bpchar":
+        if source_type == "bpchar" and not trim_bpchar:
             # bpchar's cast to text drops the padding its output function prints.
             return sql.SQL("CASE WHEN {v} IS NULL THEN NULL ELSE concat({v}) END"
                            ).format(v=value)
@@ -149,11 +153,16 @@ def column_types(conn: Connection, table: TableId) -> dict[str, str]:
 
 
 class PostgresChecksumSide:
-    """The checksums of one table on the snapshot *conn*'s transaction holds."""
+    """The checksums of one table on the snapshot *conn*'s transaction holds.
 
-    def __init__(self, conn: Connection, table: TableId) -> None:
+    *log_table*: the table is captured through a log table, whose reader reads each
+    value as its cast to text (``char(n)`` without its padding), not as pgoutput sends
+    it (padded)."""
+
+    def __init__(self, conn: Connection, table: TableId, *, log_table: bool = False) -> None:
         self.conn = conn
         self.table = table
+        self.log_table = log_table
         set_session(conn)
         self.types = column_types(conn, table)
         if not self.types:
@@ -167,7 +176,7 @@ class PostgresChecksumSide:
                 raise ConfigError("verify", f"the target's column {column.name!r} is not a "
                                   f"column of the source table {self.table}")
             texts.append(text_sql(sql.Identifier(column.name), source_type,
-                                  column.target_type))
+                                  column.target_type, trim_bpchar=self.log_table))
         return texts
 
     def _hashed(self, shape: TableShape, texts: list[sql.Composable]) -> sql.Composable:
