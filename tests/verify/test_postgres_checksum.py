@@ -137,3 +137,26 @@ def test_floats_are_laid_out_as_the_reference_does(db: Database) -> None:
             expected = row_texts(row, shape)
             assert texts[key_hash_of(expected, shape)] == expected, row
         assert side.bucket_sums(shape, 8) == reference_bucket_sums(rows, shape, 8)
+
+
+def test_a_database_not_in_utf8_hashes_the_utf8_text(db: Database) -> None:
+    """``md5(text)`` hashes the server encoding's bytes: a LATIN1 database's é must be
+    hashed as its UTF-8 bytes, as the target's are."""
+    name = f"{db.name}_latin1"
+    db.autocommit(f"CREATE DATABASE {name} ENCODING 'LATIN1' LC_COLLATE 'C' LC_CTYPE 'C' "
+                  "TEMPLATE template0")
+    try:
+        dsn = db.cluster.dsn(name)
+        with contextlib.closing(connect(dsn)) as conn:
+            conn.autocommit = True
+            conn.execute("CREATE TABLE t (id int PRIMARY KEY, v text)")
+            conn.execute("INSERT INTO t VALUES (1, 'caf\u00e9'), (2, '\u00e0 la')")
+            conn.autocommit = False
+            side = PostgresChecksumSide(conn, TableId("public", "t"))
+            shape = TableShape((ComparedColumn("id", pa.int32()),
+                                ComparedColumn("v", pa.string())), ("id",))
+            rows = [{"id": 1, "v": "caf\u00e9"}, {"id": 2, "v": "\u00e0 la"}]
+            assert side.bucket_sums(shape, 4) == reference_bucket_sums(rows, shape, 4)
+            conn.rollback()
+    finally:
+        db.autocommit(f"DROP DATABASE {name}")

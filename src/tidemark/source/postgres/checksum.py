@@ -58,8 +58,12 @@ def set_session(conn: Connection) -> None:
                 sql.Literal(name), sql.Literal(value)))
 
 
-def hash_sql(text: sql.Composable) -> sql.Composable:
-    """The 60-bit hash of a text expression, as a bigint."""
+def hash_sql(text: sql.Composable, *, utf8: bool = True) -> sql.Composable:
+    """The 60-bit hash of a text expression, as a bigint. ``md5(text)`` hashes the
+    server encoding's bytes: in a database that is not UTF8 (*utf8* false) the text is
+    converted to UTF-8 first (only there: the conversion costs on every row)."""
+    if not utf8:
+        text = sql.SQL("convert_to({}, 'UTF8')").format(text)
     return sql.SQL("('x' || substr(md5({}), 1, 15))::bit(60)::bigint").format(text)
 
 
@@ -164,6 +168,10 @@ class PostgresChecksumSide:
         self.table = table
         self.log_table = log_table
         set_session(conn)
+        with conn.cursor() as cur:
+            cur.execute("SELECT current_setting('server_encoding')")
+            row = cur.fetchone()
+        self.utf8 = row is not None and str(row[0]).upper() in ("UTF8", "SQL_ASCII")
         self.types = column_types(conn, table)
         if not self.types:
             raise ConfigError("verify", f"table {table} does not exist in the source")
@@ -185,7 +193,7 @@ class PostgresChecksumSide:
         key_text = sql.SQL(" || ").join(field_sql(by_name[k]) for k in shape.keys)
         row_text = sql.SQL(" || ").join(field_sql(t) for t in texts)
         return sql.SQL("SELECT {kh} AS kh, {rh} AS rh{more} FROM {table}").format(
-            kh=hash_sql(key_text), rh=hash_sql(row_text),
+            kh=hash_sql(key_text, utf8=self.utf8), rh=hash_sql(row_text, utf8=self.utf8),
             more=sql.SQL("").join(sql.SQL(", {} AS {}").format(t, sql.Identifier(f"c{i}"))
                                   for i, t in enumerate(texts)),
             table=sql.Identifier(self.table.schema, self.table.table))
