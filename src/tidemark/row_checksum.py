@@ -110,6 +110,8 @@ class TableShape:
 
 #: A row's fields as canonical texts (None: NULL), in TableShape.columns' order.
 RowTexts = tuple[str | None, ...]
+#: A fetched row: its key hash and its canonical fields.
+KeyedRow = tuple[int, RowTexts]
 
 
 class ChecksumSide(Protocol):
@@ -124,8 +126,9 @@ class ChecksumSide(Protocol):
         ...
 
     def bucket_rows(self, shape: TableShape, buckets: int, only: Sequence[int], *,
-                    excluded_keys: frozenset[int] = frozenset()) -> dict[int, RowTexts]:
-        """The canonical fields of the rows in the listed buckets, by key hash."""
+                    excluded_keys: frozenset[int] = frozenset()) -> list[KeyedRow]:
+        """Every row in the listed buckets (one entry per row: a key held twice is
+        there twice), as its key hash and canonical fields."""
         ...
 
 

@@ -158,3 +158,32 @@ def test_a_repair_signal_mends_tampered_targets_once_across_a_crash(
     current_7 = {r["__START_AT"] for r in DeltaTable(str(tmp_path / "lake/b"))
                  .to_pyarrow_table().to_pylist() if r["id"] == 7 and r["__END_AT"] is None}
     assert current_7 == start_of_7
+
+
+def test_a_repair_key_the_source_cannot_read_is_skipped_not_fatal(
+        db: Database, tmp_path: Path) -> None:
+    """``1.0`` and ``"abc"`` for an integer key: the signal is skipped with a warning
+    naming the key and the column's type when taken; the stream goes on, and a good
+    signal in the same batch is applied."""
+    db.execute(signal_table_ddl(TableId.parse("public.dbz_signal")),
+               *(f"CREATE TABLE {t} (id int PRIMARY KEY, v text)" for t in TABLES))
+    config = _config(tmp_path, db)
+    db.execute(*(f"INSERT INTO {t} SELECT g, '{t}' || g FROM generate_series(1, 20) g"
+                 for t in TABLES))
+    _run(config, tmp_path / "run-1.log")
+    _tamper(tmp_path)
+    send_signal(db.dsn, "public.dbz_signal", "tidemark-repair",
+                repair_signal_data("public.a", [{"id": 1.0}]))
+    send_signal(db.dsn, "public.dbz_signal", "tidemark-repair",
+                repair_signal_data("public.b", [{"id": "abc"}]))
+    send_signal(db.dsn, "public.dbz_signal", "tidemark-repair",
+                repair_signal_data("public.s", KEYS))
+    _run(config, tmp_path / "run-2.log")
+    text = (tmp_path / "run-2.log").read_text(errors="replace")
+    assert "skipped: key {'id': 1.0} is not a value of id (integer)" in text, text[-4000:]
+    assert "skipped: key {'id': 'abc'} is not a value of id (integer)" in text, text[-4000:]
+    assert _equal(db, tmp_path, "s")
+    assert not _equal(db, tmp_path, "a") and not _equal(db, tmp_path, "b")
+    db.execute("INSERT INTO a VALUES (100, 'after')")
+    _run(config, tmp_path / "run-3.log")  # the stream goes on
+    assert _rows(tmp_path, "a")[100] == ("after",)

@@ -53,7 +53,7 @@ def test_floats_of_every_magnitude_print_as_the_reference_does(mdb: Any) -> None
     shape = TableShape((ComparedColumn("id", pa.int32()), ComparedColumn("d", pa.float64()),
                         ComparedColumn("f", pa.float32())), ("id",))
     with _side(mdb, "fl") as side:
-        got = side.bucket_rows(shape, 1, [0])
+        got = dict(side.bucket_rows(shape, 1, [0]))
         want = {key_hash_of(t, shape): t for t in (row_texts(r, shape) for r in expected)}
         assert got == want
         assert side.bucket_sums(shape, 4) == reference_bucket_sums(expected, shape, 4)
@@ -79,7 +79,7 @@ def test_every_type_equals_the_reference_of_what_the_pipeline_stored(
             assert side.bucket_sums(shape, buckets) == \
                 reference_bucket_sums(found, shape, buckets)
         texts = {key_hash_of(t, shape): t for t in (row_texts(r, shape) for r in found)}
-        assert side.bucket_rows(shape, 4, [0, 1, 2, 3]) == texts
+        assert dict(side.bucket_rows(shape, 4, [0, 1, 2, 3])) == texts
         # Leaving keys out: they are neither summed nor listed.
         excluded = frozenset(list(texts)[:7])
         kept = [r for r in found if key_hash_of(row_texts(r, shape), shape) not in excluded]
@@ -87,7 +87,7 @@ def test_every_type_equals_the_reference_of_what_the_pipeline_stored(
             reference_bucket_sums(kept, shape, 8)
         assert side.bucket_sums(shape, 8, only=[1, 5], excluded_keys=excluded) == {
             b: s for b, s in reference_bucket_sums(kept, shape, 8).items() if b in (1, 5)}
-        assert set(side.bucket_rows(shape, 2, [0, 1], excluded_keys=excluded)) == \
+        assert set(dict(side.bucket_rows(shape, 2, [0, 1], excluded_keys=excluded))) == \
             set(texts) - excluded
 
 

@@ -80,8 +80,8 @@ def test_every_type_agrees_with_the_delta_side_and_the_reference(
     try:
         source = snapshot.side(TableId("public", "t"))
         with DeltaChecksumSide(path) as target:
-            source_texts = source.bucket_rows(shape, 1, [0])
-            target_texts = target.bucket_rows(shape, 1, [0])
+            source_texts = dict(source.bucket_rows(shape, 1, [0]))
+            target_texts = dict(target.bucket_rows(shape, 1, [0]))
             differing = {c.name: (s[i], t[i]) for k, s in source_texts.items()
                          for t in [target_texts.get(k, ())] for i, c in enumerate(shape.columns)
                          if t and s[i] != t[i]}
@@ -132,8 +132,31 @@ def test_floats_are_laid_out_as_the_reference_does(db: Database) -> None:
             # The target holds a real as a float32 (psycopg reads it as the nearest double).
             rows = [{"id": i, "r": None if r is None else _single(r), "d": d}
                     for i, r, d in cur.fetchall()]
-        texts = side.bucket_rows(shape, 1, [0])
+        texts = dict(side.bucket_rows(shape, 1, [0]))
         for row in rows:
             expected = row_texts(row, shape)
             assert texts[key_hash_of(expected, shape)] == expected, row
         assert side.bucket_sums(shape, 8) == reference_bucket_sums(rows, shape, 8)
+
+
+def test_a_database_not_in_utf8_hashes_the_utf8_text(db: Database) -> None:
+    """``md5(text)`` hashes the server encoding's bytes: a LATIN1 database's é must be
+    hashed as its UTF-8 bytes, as the target's are."""
+    name = f"{db.name}_latin1"
+    db.autocommit(f"CREATE DATABASE {name} ENCODING 'LATIN1' LC_COLLATE 'C' LC_CTYPE 'C' "
+                  "TEMPLATE template0")
+    try:
+        dsn = db.cluster.dsn(name)
+        with contextlib.closing(connect(dsn)) as conn:
+            conn.autocommit = True
+            conn.execute("CREATE TABLE t (id int PRIMARY KEY, v text)")
+            conn.execute("INSERT INTO t VALUES (1, 'caf\u00e9'), (2, '\u00e0 la')")
+            conn.autocommit = False
+            side = PostgresChecksumSide(conn, TableId("public", "t"))
+            shape = TableShape((ComparedColumn("id", pa.int32()),
+                                ComparedColumn("v", pa.string())), ("id",))
+            rows = [{"id": 1, "v": "caf\u00e9"}, {"id": 2, "v": "\u00e0 la"}]
+            assert side.bucket_sums(shape, 4) == reference_bucket_sums(rows, shape, 4)
+            conn.rollback()
+    finally:
+        db.autocommit(f"DROP DATABASE {name}")

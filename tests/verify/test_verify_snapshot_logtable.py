@@ -13,7 +13,7 @@ import pyarrow as pa
 
 from logtable_helpers import LogDb
 from tidemark.event import TableId
-from tidemark.row_checksum import ComparedColumn, TableShape, key_hash_of
+from tidemark.row_checksum import ComparedColumn, TableShape, key_hash_of, reference_bucket_sums
 from tidemark.source.logtable.kind import KIND
 from tidemark.source.logtable.reader import open_database
 from waiting import wait_for
@@ -80,7 +80,7 @@ def _seen(logdb: LogDb, snapshot: Any) -> dict[int, str]:
     if logdb.kind == "sqlite":
         side = snapshot.side(TableId("main", "t"))
         texts = side.bucket_rows(_SHAPE, 1, [0])
-        return {int(t[0]): t[1] for t in texts.values()}
+        return {int(t[0]): t[1] for _, t in texts}
     # PostgreSQL's dialect is another module's: read the rows in the snapshot itself.
     with snapshot._conn.cursor() as cur:
         cur.execute("SELECT id, v FROM t")
@@ -142,3 +142,27 @@ def test_the_snapshot_and_the_changes_after_it(logdb: LogDb) -> None:
             writer.stop.set()
             writer.join(30)
     assert writer.error is None
+
+
+def test_a_char_key_and_column_of_a_postgres_log_table(db: Any) -> None:
+    """The log table's reader reads ``char(n)`` as its cast to text (no padding): the
+    snapshot's checksums and changed keys take it so too."""
+    logdb = LogDb("postgres", db.dsn)
+    logdb.execute("CREATE TABLE t (k char(5) PRIMARY KEY, v char(4))",
+                  "INSERT INTO t VALUES ('ab', 'x'), ('cd', NULL)")
+    logdb.install(["t"])
+    table = TableId("public", "t")
+    shape = TableShape((ComparedColumn("k", pa.string()), ComparedColumn("v", pa.string())),
+                       ("k",))
+    rows = [{"k": "ab", "v": "x"}, {"k": "cd", "v": None}]
+    snapshot = KIND.verify_snapshot(db.dsn, [table], publication="")
+    try:
+        side = snapshot.side(table)
+        assert sorted(t for _, t in side.bucket_rows(shape, 1, [0])) == \
+            [("ab", "x"), ("cd", None)]
+        assert side.bucket_sums(shape, 4) == reference_bucket_sums(rows, shape, 4)
+        logdb.execute("UPDATE t SET v = 'y' WHERE k = 'ab'")
+        assert snapshot.changed_key_hashes(table, shape) == {
+            key_hash_of(("ab", "x"), shape)}
+    finally:
+        snapshot.close()

@@ -23,7 +23,7 @@ from tidemark.lake import change_rows as cr
 from tidemark.row_checksum import (
     BucketSum,
     BucketSums,
-    RowTexts,
+    KeyedRow,
     TableShape,
     UnsupportedColumnError,
     supported,
@@ -184,9 +184,9 @@ class DeltaChecksumSide:
         return {int(b): BucketSum(int(count), int(total)) for b, count, total in rows}
 
     def bucket_rows(self, shape: TableShape, buckets: int, only: Sequence[int], *,
-                    excluded_keys: frozenset[int] = frozenset()) -> dict[int, RowTexts]:
+                    excluded_keys: frozenset[int] = frozenset()) -> list[KeyedRow]:
         if not only:
-            return {}
+            return []
         columns = ", ".join(f"s.c{i}" for i in range(len(shape.columns)))
         rows = self._run(shape, buckets, only, excluded_keys, f"s.kh, {columns}", "")
-        return {int(row[0]): tuple(row[1:]) for row in rows}
+        return [(int(row[0]), tuple(row[1:])) for row in rows]

@@ -286,6 +286,13 @@ class SourceKind(abc.ABC):
         raise ConfigError("source", f"{self.name} sources cannot be verified yet (the "
                           "kind has no verify_snapshot)")
 
+    def carried_columns(self, dsn: str, tables: Sequence[str], *,
+                        publication: str) -> Mapping[str, Sequence[str]] | None:
+        """The columns of each of *tables* that the kind's stream carries to a target
+        (what ``tidemark verify`` expects a target to hold); by default every column
+        of :meth:`table_columns`. None: the kind cannot tell."""
+        return self.table_columns(dsn, tables)
+
     # -- tests and demos ----------------------------------------------------------------
     def table_rows(self, dsn: str, table: str, columns: Sequence[str],
                    text_columns: Sequence[str], utc_columns: Sequence[str]) -> list[Row]:

@@ -19,7 +19,7 @@ from __future__ import annotations
 import dataclasses
 import logging
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any, Final
 
 from tidemark.event import TableId, WireTuple
@@ -69,10 +69,14 @@ def requests_from(value: Any) -> tuple[RepairRequest, ...]:
 
 
 def repair_request(signal: RepairSignal, tables: Sequence[str],
-                   key_columns: Mapping[str, Sequence[str]] | Any) -> RepairRequest | None:
+                   key_columns: Mapping[str, Sequence[str]] | Any, *,
+                   check: Callable[[RepairRequest], str | None] | None = None
+                   ) -> RepairRequest | None:
     """The request *signal* makes of a stream of *tables*, or None (logged: a table
-    not in the stream, keys that are not its key columns). *key_columns* gives a
-    table's key columns (a mapping, or a function of the table's name)."""
+    not in the stream, keys that are not its key columns, a key *check* finds the
+    source cannot read). *key_columns* gives a table's key columns (a mapping, or a
+    function of the table's name); *check* says why the source cannot read a
+    request's keys, or None."""
     name = str(signal.table)
     if name not in tables:
         log.warning("signal %s (tidemark-repair) skipped: table %s is not in this stream "
@@ -87,10 +91,15 @@ def repair_request(signal: RepairSignal, tables: Sequence[str],
                     ", ".join(f'"{k}": ...' for k in keys))
         return None
     order = [signal.key_columns.index(k) for k in keys]
+    request = RepairRequest(signal.id, name, keys,
+                            tuple(tuple(key[i] for i in order) for key in signal.keys))
+    problem = check(request) if check is not None else None
+    if problem is not None:
+        log.warning("signal %s (tidemark-repair) skipped: %s", signal.id, problem)
+        return None
     log.info("signal %s: repair of %d key(s) of %s requested", signal.id, len(signal.keys),
              name)
-    return RepairRequest(signal.id, name, keys,
-                         tuple(tuple(key[i] for i in order) for key in signal.keys))
+    return request
 
 
 class RepairRead:

@@ -8,10 +8,11 @@ costs two scans and a few kilobytes.
 from __future__ import annotations
 
 import dataclasses
+from collections import Counter
 from collections.abc import Iterable, Sequence
 from typing import Final
 
-from tidemark.row_checksum import BucketSums, ChecksumSide, RowTexts, TableShape
+from tidemark.row_checksum import BucketSums, ChecksumSide, KeyedRow, RowTexts, TableShape
 from tidemark.verify.result import Difference
 
 #: Rows per bucket aimed for, and the most buckets of the first comparison.
@@ -89,13 +90,30 @@ def compare_tables(source: ChecksumSide, target: ChecksumSide, shape: TableShape
         if differing:
             fetch.append((modulus, differing))
     for fetch_modulus, fetch_buckets in fetch:
-        result.differences += compare_rows(
+        found = _row_differences(
             source.bucket_rows(shape, fetch_modulus, fetch_buckets,
                                excluded_keys=excluded_keys),
             target.bucket_rows(shape, fetch_modulus, fetch_buckets,
                                excluded_keys=excluded_keys),
-            shape, target_behind=target_behind)
+            shape, target_behind)
+        result.differences += [d for _, d in found]
+        explained = {key_hash % fetch_modulus for key_hash, _ in found}
+        unexplained = [b for b in fetch_buckets if b not in explained]
+        if unexplained:
+            result.differences.append(_unexplained(unexplained, fetch_modulus,
+                                                   target_behind))
+    result.differences.sort(key=_order)
     return result
+
+
+def _unexplained(buckets: Sequence[int], modulus: int, target_behind: bool) -> Difference:
+    """Buckets whose sums differ but whose rows compare equal: never "equal"."""
+    shown = ", ".join(str(b) for b in buckets[:10]) + (" ..." if len(buckets) > 10 else "")
+    return Difference("checksum", {}, (), target_behind, detail=(
+        f"{len(buckets)} bucket(s) of {modulus} ({shown}) have different checksums "
+        "on the two sides although their rows compare equal: a hash collision or a "
+        "fault in one side's checksum; compare the table another way before taking "
+        "it as equal"))
 
 
 def compare_keys(source: ChecksumSide, target: ChecksumSide, shape: TableShape,
@@ -107,35 +125,56 @@ def compare_keys(source: ChecksumSide, target: ChecksumSide, shape: TableShape,
         return Comparison()
     modulus = key_modulus(buckets)
     only = sorted({k % modulus for k in wanted})
-    source_rows = {k: v for k, v in source.bucket_rows(shape, modulus, only).items()
-                   if k in wanted}
-    target_rows = {k: v for k, v in target.bucket_rows(shape, modulus, only).items()
-                   if k in wanted}
+    source_rows = [r for r in source.bucket_rows(shape, modulus, only) if r[0] in wanted]
+    target_rows = [r for r in target.bucket_rows(shape, modulus, only) if r[0] in wanted]
     return Comparison(len(source_rows), compare_rows(source_rows, target_rows, shape,
                                                      target_behind=target_behind))
 
 
-def compare_rows(source: dict[int, RowTexts], target: dict[int, RowTexts],
+def compare_rows(source: Sequence[KeyedRow], target: Sequence[KeyedRow],
                  shape: TableShape, *, target_behind: bool = False) -> list[Difference]:
     """The differences between two sides' rows of the same buckets, by key."""
+    return sorted((d for _, d in _row_differences(source, target, shape, target_behind)),
+                  key=_order)
+
+
+def _order(difference: Difference) -> tuple[str, list[tuple[str, str | None]]]:
+    return difference.kind, sorted(difference.key.items(), key=str)
+
+
+def _by_key(rows: Sequence[KeyedRow]) -> dict[int, list[RowTexts]]:
+    grouped: dict[int, list[RowTexts]] = {}
+    for key_hash, texts in rows:
+        grouped.setdefault(key_hash, []).append(texts)
+    return grouped
+
+
+def _row_differences(source: Sequence[KeyedRow], target: Sequence[KeyedRow],
+                     shape: TableShape, target_behind: bool) -> list[tuple[int, Difference]]:
+    """Each differing key's hash and difference. A key held by more than one row on
+    either side (a duplicate in the target, an SCD2 key with two current versions) is
+    a ``duplicate`` unless both sides hold the very same rows."""
     names = [c.name for c in shape.columns]
-    differences = []
-    for key_hash in sorted(source.keys() | target.keys()):
-        mine, theirs = source.get(key_hash), target.get(key_hash)
-        if mine == theirs:
+    mine_by, theirs_by = _by_key(source), _by_key(target)
+    found: list[tuple[int, Difference]] = []
+    for key_hash in sorted(mine_by.keys() | theirs_by.keys()):
+        mine, theirs = mine_by.get(key_hash, []), theirs_by.get(key_hash, [])
+        if Counter(mine) == Counter(theirs):
             continue
-        if theirs is None:
-            assert mine is not None
-            differences.append(Difference("missing", key_of(mine, shape), (),
-                                          target_behind))
-        elif mine is None:
-            differences.append(Difference("extra", key_of(theirs, shape), (),
-                                          target_behind))
+        key = key_of((mine or theirs)[0], shape)
+        if len(mine) > 1 or len(theirs) > 1:
+            difference = Difference("duplicate", key, (), target_behind,
+                                    counts=(len(mine), len(theirs)))
+        elif not theirs:
+            difference = Difference("missing", key, (), target_behind)
+        elif not mine:
+            difference = Difference("extra", key, (), target_behind)
         else:
-            columns = tuple(n for n, a, b in zip(names, mine, theirs, strict=True) if a != b)
-            differences.append(Difference("different", key_of(mine, shape), columns,
-                                          target_behind))
-    return sorted(differences, key=lambda d: (d.kind, sorted(d.key.items(), key=str)))
+            columns = tuple(n for n, a, b in zip(names, mine[0], theirs[0], strict=True)
+                            if a != b)
+            difference = Difference("different", key, columns, target_behind)
+        found.append((key_hash, difference))
+    return found
 
 
 def key_of(texts: RowTexts, shape: TableShape) -> dict[str, str | None]:
@@ -154,7 +193,7 @@ def keys_named(sides: Sequence[ChecksumSide], shape: TableShape, buckets: int,
     only = sorted({k % modulus for k in keys})
     named: dict[int, dict[str, str | None]] = {}
     for side in sides:
-        for key_hash, texts in side.bucket_rows(shape, modulus, only).items():
+        for key_hash, texts in side.bucket_rows(shape, modulus, only):
             if key_hash in keys and key_hash not in named:
                 named[key_hash] = key_of(texts, shape)
     return [named[k] for k in sorted(named)]

@@ -19,21 +19,34 @@ from typing import Final
 
 from tidemark.errors import ConfigError
 from tidemark.event import TableId
-from tidemark.pipeline.config import PipelineConfig
+from tidemark.lake import change_rows as cr
+from tidemark.pipeline.config import PipelineConfig, Target
 from tidemark.source.kind import SourceKind
 from tidemark.source.repair_keys import RepairKeyError
 from tidemark.source.repair_signal import REPAIR_TYPE, KeyValue, repair_signals_data
 from tidemark.source.signals import send_signal, signal_table_ddl
 from tidemark.spark_checkpoint import committed_source_offset
-from tidemark.verify.result import TableRepair, TableResult
+from tidemark.verify.result import Difference, TableRepair, TableResult
 
 log = logging.getLogger(__name__)
 
 _POLL_S: Final = 0.2
 
 
-def check_repairable(config: PipelineConfig) -> None:
-    """Refuse ``--repair`` of a pipeline without a signal table, naming the setting."""
+def check_repairable(config: PipelineConfig, targets: Sequence[Target] = ()) -> None:
+    """Refuse ``--repair`` of a pipeline without a signal table, naming the setting, and
+    of *targets* sequenced by their own columns (``sequence_by``): a repair row is
+    sequenced after the batch's changes by ``_commit_lsn``/``_seq`` only, so such a
+    target would take it for an old change and drop it."""
+    for target in targets:
+        if target.spec.sequence_by != cr.DEFAULT_SEQUENCE:
+            raise ConfigError(f'targets."{target.table}".sequence_by', "--repair cannot "
+                              f"mend this target: it orders changes by "
+                              f"{', '.join(target.spec.sequence_by)}, and the rows a repair "
+                              "re-reads carry a new position only in _commit_lsn/_seq, so "
+                              "they would be dropped as older than the target's; reload the "
+                              f"table instead (tidemark signal execute-snapshot "
+                              f"{target.table}), or leave it out of the repair (--table)")
     if config.source.signal_table is None:
         example = TableId("public", "tidemark_signal")
         raise ConfigError("source.signal_table", "--repair sends the differing keys "
@@ -80,6 +93,14 @@ def send_repairs(config: PipelineConfig, kind: SourceKind, tables: Sequence[Tabl
                 f"{table.table} --signal-table {config.source.signal_table} --dsn ...), "
                 "or raise --repair-limit"))
             continue
+        unkeyed = [d for d in table.differences if not d.keyed]
+        if unkeyed:
+            table.repair = TableRepair("refused", message=(
+                f"a repair re-reads single keys from the source and cannot mend a "
+                f"{unkeyed[0].kind} difference ({_named(unkeyed[0])}): reload the table "
+                f"instead (tidemark signal execute-snapshot {table.table} --signal-table "
+                f"{config.source.signal_table} --dsn ...)"))
+            continue
         try:
             keys = signal_keys(table, kind)
             payloads = repair_signals_data(table.table, keys)
@@ -95,6 +116,12 @@ def send_repairs(config: PipelineConfig, kind: SourceKind, tables: Sequence[Tabl
         table.repair = TableRepair("queued", len(keys), ids)
         sent += ids
     return sent
+
+
+def _named(difference: Difference) -> str:
+    if difference.detail is not None:
+        return difference.detail
+    return ", ".join(f"{k}={v}" for k, v in difference.key.items())
 
 
 def check_signals_read(config: PipelineConfig, kind: SourceKind) -> None:

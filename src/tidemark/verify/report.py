@@ -14,10 +14,18 @@ def key_text(key: dict[str, str | None]) -> str:
 
 
 def difference_line(difference: Difference) -> str:
-    """``missing id=7``, ``extra id=9``, ``different id=3 (v, n)``."""
-    line = f"{difference.kind} {key_text(difference.key)}"
+    """``missing id=7``, ``extra id=9``, ``different id=3 (v, n)``,
+    ``duplicate id=2 (1 row in the source, 2 in the target)``, ``column v: ...``."""
+    if not difference.key:
+        line = f"{difference.kind}: {difference.detail}"
+    else:
+        line = f"{difference.kind} {key_text(difference.key)}"
     if difference.columns:
         line += f" ({', '.join(difference.columns)})"
+    if difference.counts is not None:
+        in_source, in_target = difference.counts
+        line += (f" ({in_source} row{'s' if in_source != 1 else ''} in the source, "
+                 f"{in_target} in the target)")
     if difference.target_behind:
         line += " [target behind]"
     return line

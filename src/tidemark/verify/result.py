@@ -7,15 +7,21 @@ from typing import Any, Literal
 
 from tidemark.row_checksum import TableShape
 
-DifferenceKind = Literal["missing", "extra", "different"]
+DifferenceKind = Literal["missing", "extra", "different", "duplicate", "column", "checksum"]
 RepairState = Literal["applied", "queued", "refused"]
 
 
 @dataclasses.dataclass(frozen=True)
 class Difference:
     """A key whose row differs: ``missing`` (in the source, not the target), ``extra``
-    (in the target, not the source) or ``different`` (in both, *columns* differ).
-    *key* is the key columns' canonical texts (None: NULL)."""
+    (in the target, not the source), ``different`` (in both, *columns* differ) or
+    ``duplicate`` (held by more than one row on a side, *counts* = rows in the source,
+    rows in the target). *key* is the key columns' canonical texts (None: NULL).
+
+    Two kinds concern the table, not a key (*key* empty, *detail* says what):
+    ``column``, a source column the target does not have, and ``checksum``, buckets
+    whose checksums differ although their rows compare equal (a hash collision or a
+    fault in one side's checksum: never taken as equal)."""
 
     kind: DifferenceKind
     key: dict[str, str | None]
@@ -23,11 +29,22 @@ class Difference:
     target_behind: bool = False
     """The pipeline had not committed the snapshot's position in time: the row may
     have changed in the source since the target last caught up."""
+    counts: tuple[int, int] | None = None
+    detail: str | None = None
+
+    @property
+    def keyed(self) -> bool:
+        """True for a difference of one key (a repair can re-read it)."""
+        return self.kind in ("missing", "extra", "different")
 
     def as_json(self) -> dict[str, Any]:
         out: dict[str, Any] = {"kind": self.kind, "key": self.key}
         if self.columns:
             out["columns"] = list(self.columns)
+        if self.counts is not None:
+            out["source_rows"], out["target_rows"] = self.counts
+        if self.detail is not None:
+            out["detail"] = self.detail
         if self.target_behind:
             out["target_behind"] = True
         return out

@@ -27,7 +27,7 @@ import time
 from collections.abc import Callable, Sequence
 from typing import Final
 
-from tidemark.errors import ConfigError, TidemarkError
+from tidemark.errors import ConfigError
 from tidemark.event import TableId
 from tidemark.lake.delta_checksum import DeltaChecksumSide
 from tidemark.pipeline.config import PipelineConfig, Target, load_config
@@ -38,6 +38,7 @@ from tidemark.spark_checkpoint import committed_source_offset
 from tidemark.status.verify_record import write_record
 from tidemark.verify import DEFAULT_REPAIR_LIMIT
 from tidemark.verify.compare import bucket_count, compare_keys, compare_tables, keys_named
+from tidemark.verify.failures import FAILURES, describe, failing
 from tidemark.verify.repair import (
     check_repairable,
     check_signals_read,
@@ -45,7 +46,7 @@ from tidemark.verify.repair import (
     wait_taken,
 )
 from tidemark.verify.result import TableResult, VerifyResult
-from tidemark.verify.shape import target_shape
+from tidemark.verify.shape import add_column_differences, target_shape
 
 log = logging.getLogger(__name__)
 
@@ -83,13 +84,13 @@ def verify(config_path: str | os.PathLike[str], tables: Sequence[str] | None = N
         config = load_config(config_path)
         targets = _chosen(config, tables)
         if repair:
-            check_repairable(config)
+            check_repairable(config, targets)
         snapshots = open_snapshot or _kind_snapshot(config)
         _Verify(config, targets, wait_s, snapshots).run(result)
         if repair and result.exit_code == 1:
             _repair(config, targets, wait_s, snapshots, repair_limit, result)
-    except (TidemarkError, OSError) as err:
-        result.error = str(err)
+    except FAILURES as err:
+        result.error = describe(err)
     result.seconds = time.time() - started
     if record and config is not None:
         try:
@@ -188,14 +189,21 @@ class _Verify:
     def run(self, result: VerifyResult) -> None:
         result.tables = [t.result for t in self.tables]
         for table in self.tables:
-            table.open_target().close()  # shapes first: refuse before any snapshot
+            with failing(f"reading the target of {table.target.table}"):
+                table.open_target().close()  # shapes first: refuse before any snapshot
+        with failing("reading the columns of the source tables"):
+            add_column_differences(self.kind, self.config,
+                                   [(t.target, t.shape, t.result) for t in self.tables])
         active = list(self.tables)
         for number in range(1, ROUNDS + 1):
-            snapshot = self.open_snapshot([t.table_id for t in active])
+            with failing("opening the source snapshot of "
+                         + ", ".join(str(t.table_id) for t in active)):
+                snapshot = self.open_snapshot([t.table_id for t in active])
             try:
                 behind = not self._wait_for(snapshot.position)
                 for table in active:
-                    self._round(table, snapshot, number, behind)
+                    with failing(f"comparing {table.target.table} with its source"):
+                        self._round(table, snapshot, number, behind)
             finally:
                 snapshot.close()
             active = [t for t in active if t.pending]

@@ -27,7 +27,7 @@ from tidemark.row_checksum import (
     BucketSum,
     BucketSums,
     ComparedColumn,
-    RowTexts,
+    KeyedRow,
     TableShape,
     UnsupportedColumnError,
     field,
@@ -173,10 +173,10 @@ class SqliteChecksumSide:
         return {int(b): BucketSum(int(n), int(total)) for b, n, total in rows}
 
     def bucket_rows(self, shape: TableShape, buckets: int, only: Sequence[int], *,
-                    excluded_keys: frozenset[int] = frozenset()) -> dict[int, RowTexts]:
+                    excluded_keys: frozenset[int] = frozenset()) -> list[KeyedRow]:
         """See :meth:`tidemark.row_checksum.ChecksumSide.bucket_rows`."""
         if not only:
-            return {}
+            return []
         names, kept = self._register(shape, buckets, only, excluded_keys)
         p = self._prefix
         columns = ", ".join(f"{p}_text({i}, {install.quote(c.name)})"
@@ -184,4 +184,4 @@ class SqliteChecksumSide:
         rows = self._conn.execute(
             f"SELECT * FROM (SELECT {p}_key({names}) AS k, {columns} "
             f"FROM {install.quote(self._table)}) WHERE {kept}").fetchall()
-        return {int(row[0]): tuple(row[1:]) for row in rows}
+        return [(int(row[0]), tuple(row[1:])) for row in rows]

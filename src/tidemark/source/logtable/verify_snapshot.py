@@ -152,7 +152,7 @@ class PostgresVerifySnapshot:
     def side(self, table: TableId) -> ChecksumSide:
         # The base table lives in PostgreSQL: PostgreSQL's dialect computes its sums.
         module = importlib.import_module("tidemark.source.postgres.checksum")
-        side: ChecksumSide = module.PostgresChecksumSide(self._conn, table)
+        side: ChecksumSide = module.PostgresChecksumSide(self._conn, table, log_table=True)
         return side
 
     def changed_key_hashes(self, table: TableId, shape: TableShape) -> frozenset[int]:

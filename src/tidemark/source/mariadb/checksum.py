@@ -46,7 +46,7 @@ from tidemark.row_checksum import (
     HASH_HEX_DIGITS,
     BucketSum,
     BucketSums,
-    RowTexts,
+    KeyedRow,
     TableShape,
     UnsupportedColumnError,
 )
@@ -249,18 +249,18 @@ class MariaDbChecksumSide:
             return {int(b): BucketSum(int(n), int(total)) for b, n, total in cur.fetchall()}
 
     def bucket_rows(self, shape: TableShape, buckets: int, only: Sequence[int], *,
-                    excluded_keys: frozenset[int] = frozenset()) -> dict[int, RowTexts]:
+                    excluded_keys: frozenset[int] = frozenset()) -> list[KeyedRow]:
         """See :meth:`tidemark.row_checksum.ChecksumSide.bucket_rows`."""
         if not only:
-            return {}
+            return []
         excluded = self._exclude(excluded_keys)
         values = [f"{e} AS c{i}" for i, e in enumerate(self._expressions(shape))]
         body = self._rows_query(shape, values, buckets, only, excluded)
         names = ", ".join(f"r.c{i}" for i in range(len(values)))
         with self._conn.cursor() as cur:
             cur.execute(f"SELECT r.k, {names} {body}")
-            return {int(row[0]): tuple(None if v is None else _str(v) for v in row[1:])
-                    for row in cur.fetchall()}
+            return [(int(row[0]), tuple(None if v is None else _str(v) for v in row[1:]))
+                    for row in cur.fetchall()]
 
 
 def _str(value: Any) -> str:

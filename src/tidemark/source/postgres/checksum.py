@@ -29,7 +29,7 @@ from tidemark.postgres_connection import Connection
 from tidemark.row_checksum import (
     BucketSum,
     BucketSums,
-    RowTexts,
+    KeyedRow,
     TableShape,
     UnsupportedColumnError,
     supported,
@@ -58,8 +58,12 @@ def set_session(conn: Connection) -> None:
                 sql.Literal(name), sql.Literal(value)))
 
 
-def hash_sql(text: sql.Composable) -> sql.Composable:
-    """The 60-bit hash of a text expression, as a bigint."""
+def hash_sql(text: sql.Composable, *, utf8: bool = True) -> sql.Composable:
+    """The 60-bit hash of a text expression, as a bigint. ``md5(text)`` hashes the
+    server encoding's bytes: in a database that is not UTF8 (*utf8* false) the text is
+    converted to UTF-8 first (only there: the conversion costs on every row)."""
+    if not utf8:
+        text = sql.SQL("convert_to({}, 'UTF8')").format(text)
     return sql.SQL("('x' || substr(md5({}), 1, 15))::bit(60)::bigint").format(text)
 
 
@@ -87,16 +91,20 @@ def _float_sql(value: sql.Composable) -> sql.Composable:
         "END").format(v=value, raw=raw, whole=whole, exp=exponent, lead=lead)
 
 
-def text_sql(value: sql.Composable, source_type: str, target: pa.DataType) -> sql.Composable:
+def text_sql(value: sql.Composable, source_type: str, target: pa.DataType, *,
+             trim_bpchar: bool = False) -> sql.Composable:
     """The canonical text of a source column (or array element) *value* of PostgreSQL
-    type *source_type* (``typname``) whose target column has Arrow type *target*."""
+    type *source_type* (``typname``) whose target column has Arrow type *target*.
+    *trim_bpchar*: a ``char(n)`` value as its cast to text (padding dropped), as a log
+    table's reader reads it, instead of its output (padded, as pgoutput sends it)."""
     if pa.types.is_list(target) or pa.types.is_large_list(target):
         element = source_type.removeprefix("_")
         item = sql.Identifier("e")
         return sql.SQL(
             "CASE WHEN {v} IS NULL THEN NULL ELSE '[' || coalesce((SELECT string_agg({f}, '' "
             "ORDER BY {o}) FROM unnest({v}) WITH ORDINALITY AS u({e}, {o})), '') || ']' END"
-        ).format(v=value, f=field_sql(text_sql(item, element, target.value_type)), e=item,
+        ).format(v=value, f=field_sql(text_sql(item, element, target.value_type,
+                                               trim_bpchar=trim_bpchar)), e=item,
                  o=sql.Identifier("o"))
     if pa.types.is_boolean(target):
         return sql.SQL("CASE WHEN {v} THEN 't' WHEN NOT {v} THEN 'f' END").format(v=value)
@@ -125,7 +133,7 @@ def text_sql(value: sql.Composable, source_type: str, target: pa.DataType) -> sq
     if pa.types.is_time(target):
         return sql.SQL("(extract(epoch FROM {}::time) * 1000000)::bigint::text").format(value)
     if supported(target):  # strings: the text the pipeline received
-        if source_type == "bpchar":
+        if source_type == "bpchar" and not trim_bpchar:
             # bpchar's cast to text drops the padding its output function prints.
             return sql.SQL("CASE WHEN {v} IS NULL THEN NULL ELSE concat({v}) END"
                            ).format(v=value)
@@ -149,12 +157,21 @@ def column_types(conn: Connection, table: TableId) -> dict[str, str]:
 
 
 class PostgresChecksumSide:
-    """The checksums of one table on the snapshot *conn*'s transaction holds."""
+    """The checksums of one table on the snapshot *conn*'s transaction holds.
 
-    def __init__(self, conn: Connection, table: TableId) -> None:
+    *log_table*: the table is captured through a log table, whose reader reads each
+    value as its cast to text (``char(n)`` without its padding), not as pgoutput sends
+    it (padded)."""
+
+    def __init__(self, conn: Connection, table: TableId, *, log_table: bool = False) -> None:
         self.conn = conn
         self.table = table
+        self.log_table = log_table
         set_session(conn)
+        with conn.cursor() as cur:
+            cur.execute("SELECT current_setting('server_encoding')")
+            row = cur.fetchone()
+        self.utf8 = row is not None and str(row[0]).upper() in ("UTF8", "SQL_ASCII")
         self.types = column_types(conn, table)
         if not self.types:
             raise ConfigError("verify", f"table {table} does not exist in the source")
@@ -167,7 +184,7 @@ class PostgresChecksumSide:
                 raise ConfigError("verify", f"the target's column {column.name!r} is not a "
                                   f"column of the source table {self.table}")
             texts.append(text_sql(sql.Identifier(column.name), source_type,
-                                  column.target_type))
+                                  column.target_type, trim_bpchar=self.log_table))
         return texts
 
     def _hashed(self, shape: TableShape, texts: list[sql.Composable]) -> sql.Composable:
@@ -176,7 +193,7 @@ class PostgresChecksumSide:
         key_text = sql.SQL(" || ").join(field_sql(by_name[k]) for k in shape.keys)
         row_text = sql.SQL(" || ").join(field_sql(t) for t in texts)
         return sql.SQL("SELECT {kh} AS kh, {rh} AS rh{more} FROM {table}").format(
-            kh=hash_sql(key_text), rh=hash_sql(row_text),
+            kh=hash_sql(key_text, utf8=self.utf8), rh=hash_sql(row_text, utf8=self.utf8),
             more=sql.SQL("").join(sql.SQL(", {} AS {}").format(t, sql.Identifier(f"c{i}"))
                                   for i, t in enumerate(texts)),
             table=sql.Identifier(self.table.schema, self.table.table))
@@ -217,9 +234,9 @@ class PostgresChecksumSide:
                     for b, rows, total in cur.fetchall()}
 
     def bucket_rows(self, shape: TableShape, buckets: int, only: Sequence[int], *,
-                    excluded_keys: frozenset[int] = frozenset()) -> dict[int, RowTexts]:
+                    excluded_keys: frozenset[int] = frozenset()) -> list[KeyedRow]:
         if not only:
-            return {}
+            return []
         texts = self._texts(shape)
         select = sql.SQL(", ").join([sql.SQL("s.kh"), *(
             sql.SQL("s.{}").format(sql.Identifier(f"c{i}")) for i in range(len(texts)))])
@@ -227,5 +244,5 @@ class PostgresChecksumSide:
                                     sql.SQL(""))
         with self.conn.cursor() as cur:
             cur.execute(query, params)
-            return {int(row[0]): tuple(row[1:]) for row in cur.fetchall()}
+            return [(int(row[0]), tuple(row[1:])) for row in cur.fetchall()]
 

@@ -138,6 +138,12 @@ class PostgresKind(SourceKind):
 
         return columns_of(dsn, tables)
 
+    def carried_columns(self, dsn: str, tables: Sequence[str], *,
+                        publication: str) -> Mapping[str, Sequence[str]] | None:
+        from tidemark.source.postgres.read_checks import columns_of  # noqa: PLC0415
+
+        return columns_of(dsn, tables, publication=publication)
+
     def identity_database(self, dsn: str) -> str:
         return database_of(dsn)
 

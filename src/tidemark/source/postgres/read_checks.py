@@ -81,19 +81,23 @@ def describe_table(conn: Any, table: TableId, key: tuple[str, ...], *,
                         TYPE_KEY)
 
 
-def columns_of(dsn: str, tables: Sequence[str]) -> dict[str, tuple[str, ...]]:
+def columns_of(dsn: str, tables: Sequence[str], *,
+               publication: str | None = None) -> dict[str, tuple[str, ...]]:
     """The columns of each of *tables* (``schema.table``) that exists, in their order;
-    reads the catalog only (creates nothing)."""
+    reads the catalog only (creates nothing). With *publication*, only the columns its
+    stream carries: stored generated columns only if it publishes them."""
     parsed = [TableId.parse(name) for name in tables]
     with contextlib.closing(wal.connect(dsn, purpose="catalog")) as conn:
+        generated = publication is None or catalog.publishes_generated(conn, publication)
         rows = conn.execute(
             "SELECT n.nspname, c.relname, a.attname FROM pg_attribute a "
             "JOIN pg_class c ON c.oid = a.attrelid "
             "JOIN pg_namespace n ON n.oid = c.relnamespace "
             "WHERE (n.nspname, c.relname) IN "
             "(SELECT * FROM unnest(%s::text[], %s::text[])) "
-            "AND a.attnum > 0 AND NOT a.attisdropped ORDER BY a.attrelid, a.attnum",
-            ([t.schema for t in parsed], [t.table for t in parsed])).fetchall()
+            "AND a.attnum > 0 AND NOT a.attisdropped AND (%s OR a.attgenerated = '') "
+            "ORDER BY a.attrelid, a.attnum",
+            ([t.schema for t in parsed], [t.table for t in parsed], generated)).fetchall()
     found: dict[str, list[str]] = {}
     for schema, table, column in rows:
         found.setdefault(str(TableId(schema, table)), []).append(column)

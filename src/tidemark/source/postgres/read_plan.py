@@ -44,7 +44,7 @@ from tidemark.source.postgres.chunked_snapshot import (
 from tidemark.source.postgres.pgoutput import lsn_to_str
 from tidemark.source.postgres.pgoutput_walk import TransactionWalker
 from tidemark.source.postgres.read_checks import table_columns
-from tidemark.source.postgres.repair_read import read_repair
+from tidemark.source.postgres.repair_read import key_problem, read_repair
 from tidemark.source.postgres.snapshot_plan import ChunkRange, SnapshotPlan
 from tidemark.source.postgres.stream_offsets import (
     SourceOffset,
@@ -212,8 +212,10 @@ class PostgresReadPlan:
                 requested, signals = snapshot_requests(
                     self._connection(), self.options.signal_table, signals, known, taken)
                 to_snapshot += [t for t in requested if t not in to_snapshot]
-                repairs = [r for r in (repair_request(s, tables, self._key) for s in taken)
-                           if r is not None]
+                repairs = [r for r in (repair_request(
+                    s, tables, self._key,
+                    check=lambda r: key_problem(self._connection(), r)) for s in taken)
+                    if r is not None]
             if to_snapshot:
                 plan = self._generation(to_snapshot, 1, chunks_done=0)
                 skip.update(dict.fromkeys(to_snapshot, plan.at))

@@ -48,3 +48,33 @@ def read_repair(options: ReadOptions, part: RepairRead, sink: ChangeSink) -> Ite
             rows = list(zip(*(texts.column(c).to_pylist() for c in columns), strict=True))
             emit_repair(sink, request, columns, rows, part.commit_lsn)
             yield
+
+
+def key_problem(conn: psycopg.Connection[Any], request: RepairRequest) -> str | None:
+    """Why PostgreSQL cannot read a key of *request* (a value its key column's type
+    does not take, such as ``1.0`` or ``"abc"`` for an integer key), or None. Asked on
+    the driver when the signal is taken: a key the executors' read would fail on would
+    otherwise fail every replay of the batch that holds it."""
+    table = TableId.parse(request.table)
+    types = dict(conn.execute(
+        "SELECT a.attname, format_type(a.atttypid, a.atttypmod) FROM pg_attribute a "
+        "JOIN pg_class c ON c.oid = a.attrelid JOIN pg_namespace n ON n.oid = c.relnamespace "
+        "WHERE n.nspname = %s AND c.relname = %s AND a.attnum > 0 AND NOT a.attisdropped",
+        (table.schema, table.table)).fetchall())
+    for index, column in enumerate(request.key_columns):
+        type_name = types.get(column)
+        if type_name is None:
+            return f"{request.table} has no column {column}"
+        # The type as the catalog prints it is SQL (format_type quotes what needs it).
+        cast = sql.SQL("SELECT CAST(x AS {}) FROM unnest(%s::text[]) AS u(x)").format(
+            sql.SQL(type_name))
+        for key in request.keys:
+            try:
+                with conn.transaction():
+                    conn.execute(cast, ([key_text(key[index])],))
+            except psycopg.DataError as err:
+                named = dict(zip(request.key_columns, key, strict=True))
+                first = str(err).splitlines()[0] if str(err) else type(err).__name__
+                return (f"key {named} is not a value of {column} ({type_name}): {first}; "
+                        f"give it as the text PostgreSQL reads as {type_name}")
+    return None
