@@ -27,12 +27,13 @@ from tidemark.event import TableId
 from tidemark.lake.delta_checksum import DeltaChecksumSide
 from tidemark.pipeline.config import PipelineConfig, Target, load_config
 from tidemark.row_checksum import TableShape
+from tidemark.run_record import may_be_running
 from tidemark.source.registry import kind_of
 from tidemark.source.verify_snapshot import VerifySnapshot
 from tidemark.spark_checkpoint import committed_source_offset
 from tidemark.status.verify_record import write_record
 from tidemark.verify.compare import bucket_count, compare_keys, compare_tables, keys_named
-from tidemark.verify.result import TableResult, VerifyResult
+from tidemark.verify.result import RoundResult, TableResult, VerifyResult
 from tidemark.verify.shape import target_shape
 
 log = logging.getLogger(__name__)
@@ -152,12 +153,18 @@ class _Verify:
             table.result.seconds = time.monotonic() - table.started
 
     def _wait_for(self, position: int) -> bool:
-        """Wait until the pipeline has committed *position*; False if it did not in time."""
+        """Wait until the pipeline has committed *position*; False if it did not in time,
+        at once when no run of the pipeline is alive (nothing would commit it)."""
         deadline = time.monotonic() + self.wait_s
         while True:
             _, _, offset = committed_source_offset(self.config.checkpoint)
             if offset is not None and self.kind.log_position(offset) >= position:
                 return True
+            if not may_be_running(self.config.checkpoint):
+                log.warning("the pipeline is not running and has not committed %s: "
+                            "comparing the target as it is",
+                            self.kind.position_text(position))
+                return False
             if time.monotonic() >= deadline:
                 log.warning("the pipeline has not committed %s in %.0f s (is it running?): "
                             "comparing the target as it is",
@@ -170,20 +177,28 @@ class _Verify:
         source = snapshot.side(table.table_id)
         with table.open_target() as target:
             assert table.shape is not None
+            # Read after the target version is opened: covers every change it holds
+            # beyond the snapshot's position.
             changed = snapshot.changed_key_hashes(table.table_id, table.shape)
             table.result.target_behind = table.result.target_behind or behind
             table.result.rounds = number
             if number == 1:
+                recompared: frozenset[int] = frozenset()
                 found = compare_tables(source, target, table.shape, table.buckets,
                                        excluded_keys=changed, target_behind=behind)
                 table.pending = changed
             else:
+                recompared = table.pending - changed
                 found = compare_keys(source, target, table.shape, table.buckets,
-                                     table.pending - changed, target_behind=behind)
+                                     recompared, target_behind=behind)
                 table.pending = table.pending & changed
             table.result.rows_compared += found.rows_compared
             table.result.differences += found.differences
+            table.result.round_results.append(RoundResult(
+                number, self.kind.position_text(snapshot.position), target.version, behind,
+                len(changed), len(recompared), found.rows_compared))
             if table.pending and number == ROUNDS:
+                table.result.keys_not_compared = len(table.pending)
                 table.result.not_compared = keys_named(
                     [source, target], table.shape, table.buckets, table.pending)
                 table.pending = frozenset()
