@@ -167,10 +167,11 @@ def float_text(value: float) -> str:
 
 def decimal_text(value: decimal.Decimal, scale: int) -> str:
     """The canonical text of a decimal of *scale* fraction digits."""
-    # The default context's 28 digits would refuse a decimal(38, s) value.
-    with decimal.localcontext(prec=max(100, len(value.as_tuple().digits) + scale + 1)):
-        quantized = value.quantize(decimal.Decimal(1).scaleb(-scale)) if scale > 0 \
-            else value.quantize(decimal.Decimal(1))
+    # Enough digits for the whole value at its scale (the default context keeps 28:
+    # a decimal(30, 0) would not quantize).
+    context = decimal.Context(prec=max(28, value.adjusted() + max(scale, 0) + 2))
+    quantized = value.quantize(decimal.Decimal(1).scaleb(-scale), context=context) \
+        if scale > 0 else value.quantize(decimal.Decimal(1), context=context)
     if quantized.is_zero():
         quantized = abs(quantized)
     return f"{quantized:f}"

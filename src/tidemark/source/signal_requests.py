@@ -13,16 +13,19 @@ import logging
 from collections.abc import Sequence
 from typing import Any
 
+from tidemark.source.repair_signal import RepairSignal
 from tidemark.source.signals import ExecuteSnapshot, LogSignal, SignalError, parse_signal
 
 log = logging.getLogger(__name__)
 
 
 def requests_in(rows: Sequence[Sequence[Any]], seen: tuple[str, ...] | None,
-                tables: Sequence[str]) -> tuple[list[str], tuple[str, ...]]:
+                tables: Sequence[str], repairs: list[RepairSignal] | None = None
+                ) -> tuple[list[str], tuple[str, ...]]:
     """:func:`~tidemark.source.postgres.stream_signals.snapshot_requests` on the signal
     table's rows, however they were read
-    (``(id, type, data)`` each): the part every source shares."""
+    (``(id, type, data)`` each): the part every source shares. New ``tidemark-repair``
+    signals are appended to *repairs* (without it, skipped with a warning)."""
     ids = tuple(sorted(str(row[0]) for row in rows))
     if seen is None:
         return [], ids
@@ -38,9 +41,11 @@ def requests_in(rows: Sequence[Sequence[Any]], seen: tuple[str, ...] | None,
             continue
         if isinstance(signal, LogSignal):
             log.info("signal %s: %s", signal.id, signal.message)
+        elif isinstance(signal, RepairSignal) and repairs is not None:
+            repairs.append(signal)
         elif not isinstance(signal, ExecuteSnapshot):
-            log.warning("signal %s (%s) skipped: the Spark source takes execute-snapshot "
-                        "and log signals", signal_id, signal_type)
+            log.warning("signal %s (%s) skipped: the Spark source takes execute-snapshot, "
+                        "tidemark-repair and log signals", signal_id, signal_type)
         elif signal.additional_conditions or signal.surrogate_key:
             log.warning("signal %s skipped: the Spark source reloads whole tables by their "
                         "primary key; leave out additional-conditions and surrogate-key",

@@ -12,7 +12,9 @@ written for Debezium works unchanged:
 * ``stop-snapshot``: ``{"data-collections": [...], "type": "incremental"}`` (no tables:
   stop all);
 * ``pause-snapshot``, ``resume-snapshot``: ``data`` is ignored;
-* ``log``: ``{"message": "…"}``.
+* ``log``: ``{"message": "…"}``;
+* ``tidemark-repair`` (tidemark's own): ``{"data-collection": "schema.table", "keys":
+  [{"id": 5}, ...]}`` (:mod:`tidemark.source.repair_signal`).
 
 Where tidemark is stricter than Debezium, it says so in the error instead of guessing:
 table names are ``schema.table`` (or ``table``, in ``public``) made of the characters
@@ -26,9 +28,7 @@ Debezium, and runs with the connector's privileges. Whoever may insert into the 
 table may therefore read what the connector's role can read; grant INSERT on it
 accordingly.
 
-This module knows no connector: :func:`send_signal` checks a signal and asks the DSN's
-source kind to write its row (:meth:`tidemark.source.kind.SourceKind.write_signal`), the
-rest is pure parsing.
+:func:`send_signal` asks the DSN's source kind to write a row; the rest is parsing.
 """
 
 from __future__ import annotations
@@ -43,10 +43,11 @@ from typing import Any, ClassVar, Final
 
 from tidemark.errors import TerminalError
 from tidemark.event import TableId
+from tidemark.source.repair_signal import REPAIR_TYPE, RepairDataError, RepairSignal, parse_repair
 
 #: The signal types tidemark acts on (the ``type`` column), as Debezium names them.
 SIGNAL_TYPES: Final = ("execute-snapshot", "stop-snapshot", "pause-snapshot",
-                       "resume-snapshot", "log")
+                       "resume-snapshot", "log", REPAIR_TYPE)
 
 #: Debezium signal types tidemark knows of but does not take, with the reason.
 _NOT_TAKEN: Final = {
@@ -141,7 +142,7 @@ class LogSignal:
     message: str
 
 
-Signal = ExecuteSnapshot | StopSnapshot | PauseSnapshot | ResumeSnapshot | LogSignal
+Signal = ExecuteSnapshot | StopSnapshot | PauseSnapshot | ResumeSnapshot | LogSignal | RepairSignal
 
 
 # -- names --------------------------------------------------------------------------------
@@ -245,7 +246,9 @@ def parse_signal(signal_id: str, signal_type: str, data: str | None) -> Signal:
             return _stop_snapshot(signal_id, payload)
         if signal_type == "log":
             return _log(signal_id, payload)
-    except _DataError as err:
+        if signal_type == REPAIR_TYPE:
+            return parse_repair(signal_id, payload)
+    except (_DataError, RepairDataError) as err:
         raise SignalError(f"{where}: {err}") from None
     # Debezium ignores the data of these two; it only has to be readable.
     if signal_type == "pause-snapshot":

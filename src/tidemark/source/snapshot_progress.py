@@ -133,4 +133,7 @@ class SignalledSnapshots:
             log.info("signal %s: incremental snapshot resumed", signal.id)
         elif isinstance(signal, LogSignal):
             log.info("signal %s: %s", signal.id, signal.message)
+        else:
+            log.warning("signal %s (%s) skipped: it is taken by tidemark run's Spark "
+                        "stream, not by this capture", signal.id, signal.TYPE)
         self.changed = True

@@ -34,6 +34,14 @@ def bucket_count(rows: int) -> int:
     return count
 
 
+def key_modulus(buckets: int) -> int:
+    """The buckets to fetch single keys by: four times as many as the table has rows
+    (about :data:`ROWS_PER_BUCKET` per bucket of *buckets*), so that fetching the
+    thousands of keys a writer changed during a round reads about as many rows, not the
+    whole buckets they fall in."""
+    return buckets * ROWS_PER_BUCKET * 4
+
+
 @dataclasses.dataclass
 class Comparison:
     """What one comparison of two sides found."""
@@ -97,10 +105,11 @@ def compare_keys(source: ChecksumSide, target: ChecksumSide, shape: TableShape,
     wanted = frozenset(keys)
     if not wanted:
         return Comparison()
-    only = sorted({k % buckets for k in wanted})
-    source_rows = {k: v for k, v in source.bucket_rows(shape, buckets, only).items()
+    modulus = key_modulus(buckets)
+    only = sorted({k % modulus for k in wanted})
+    source_rows = {k: v for k, v in source.bucket_rows(shape, modulus, only).items()
                    if k in wanted}
-    target_rows = {k: v for k, v in target.bucket_rows(shape, buckets, only).items()
+    target_rows = {k: v for k, v in target.bucket_rows(shape, modulus, only).items()
                    if k in wanted}
     return Comparison(len(source_rows), compare_rows(source_rows, target_rows, shape,
                                                      target_behind=target_behind))
@@ -141,10 +150,11 @@ def keys_named(sides: Sequence[ChecksumSide], shape: TableShape, buckets: int,
     holds any more are left out)."""
     if not keys:
         return []
-    only = sorted({k % buckets for k in keys})
+    modulus = key_modulus(buckets)
+    only = sorted({k % modulus for k in keys})
     named: dict[int, dict[str, str | None]] = {}
     for side in sides:
-        for key_hash, texts in side.bucket_rows(shape, buckets, only).items():
+        for key_hash, texts in side.bucket_rows(shape, modulus, only).items():
             if key_hash in keys and key_hash not in named:
                 named[key_hash] = key_of(texts, shape)
     return [named[k] for k in sorted(named)]

@@ -26,6 +26,7 @@ from tidemark.source.logtable.config import is_sqlite
 
 if TYPE_CHECKING:
     from tidemark.event import TableId
+    from tidemark.source.verify_snapshot import VerifySnapshot
 
 #: Bytes a log-table change is taken to span in the lag behind the log (an estimate,
 #: for progress only: batches are sized by the database, :func:`batch_bytes`).
@@ -145,7 +146,28 @@ class LogTableKind(SourceKind):
         return f"log position {position}"
 
     def log_position(self, offset: Mapping[str, Any]) -> int:
-        return int(offset.get("clock", 0))
+        """How far every group of a Spark offset has read: on SQLite the lowest group's
+        ``cdc$time``; on PostgreSQL the lowest ``xmin`` of the groups' snapshots (every
+        transaction below it is read, whatever its times). An offset whose tables'
+        rows are still to be loaded (``snapshot``) has read nothing."""
+        if offset.get("snapshot"):
+            return 0
+        groups = list((offset.get("groups") or {}).values())
+        if not groups:
+            return int(offset.get("clock", 0))
+        if all("after" in g for g in groups):
+            return min(int(g["after"]) for g in groups)
+        from tidemark.source.logtable.verify_snapshot import snapshot_xmin  # noqa: PLC0415
+
+        return min(snapshot_xmin(str(g["snapshot"])) for g in groups)
+
+    def verify_snapshot(self, dsn: str, tables: Sequence[TableId], *,
+                        publication: str) -> VerifySnapshot:
+        from tidemark.source.logtable.verify_snapshot import (  # noqa: PLC0415
+            open_verify_snapshot,
+        )
+
+        return open_verify_snapshot(dsn, tables, publication=publication)
 
     def progress(self, dsn: str, *, slot: str, tables: Sequence[str]) -> SourceProgress:
         return LogTableProgress(dsn, tables)

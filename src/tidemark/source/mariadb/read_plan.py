@@ -41,6 +41,7 @@ from tidemark.source.mariadb import snapshot as snap
 from tidemark.source.mariadb.change_builder import ChangeBuilder
 from tidemark.source.mariadb.grants import check_grants
 from tidemark.source.mariadb.position import BinlogPosition
+from tidemark.source.mariadb.repair_read import read_repair
 from tidemark.source.read_plan import (
     SNAPSHOT_INITIAL,
     ChangeSink,
@@ -48,6 +49,15 @@ from tidemark.source.read_plan import (
     ReadOptions,
     TableColumns,
 )
+from tidemark.source.repair import (
+    RepairRead,
+    RepairRequest,
+    reads_of,
+    repair_request,
+    requests_from,
+    requests_json,
+)
+from tidemark.source.repair_signal import RepairSignal
 from tidemark.source.signal_requests import requests_in
 
 log = logging.getLogger(__name__)
@@ -133,9 +143,11 @@ class MariaDbReadPlan:
             return {**_position(start).to_offset(), "snapshot": [],
                     "loaded": list(start["snapshot"]), "signals": signals}
         requested: list[str] = []
+        repairs: list[RepairRequest] = []
         if self.options.signal_table is not None:
-            # Taken in this batch's end offset: the next batch reads the tables' rows.
-            requested, ids = self._signals(signals)
+            # Taken in this batch's end offset: the next batch reads the tables' rows
+            # (a repair's are read in this one, after its changes).
+            requested, ids, repairs = self._signals(signals)
             signals = list(ids)
         end = self._target if self._target is not None else self._current().to_offset()
         if BinlogPosition.from_offset(end).key <= _position(start).key:
@@ -144,20 +156,28 @@ class MariaDbReadPlan:
             end = self._end_for_limit(_position(start), BinlogPosition.from_offset(end),
                                       max_changes).to_offset()
         result = {**end, "snapshot": requested, "loaded": [], "signals": signals}
+        if repairs:
+            result["repairs"] = requests_json(repairs)
         same = _position(start).to_offset() == end and not requested \
-            and signals == start.get("signals")
+            and signals == start.get("signals") and not repairs
         return dict(start) if same else result
 
-    def _signals(self, seen: list[str] | None) -> tuple[list[str], tuple[str, ...]]:
+    def _signals(self, seen: list[str] | None
+                 ) -> tuple[list[str], tuple[str, ...], list[RepairRequest]]:
         table = self.options.signal_table
         assert table is not None
-        with contextlib.closing(client.connect(self._settings)) as conn, \
-                conn.cursor() as cur:
-            cur.execute(f"SELECT id, type, data FROM {snap.quote(table.schema)}."
-                        f"{snap.quote(table.table)}")
-            rows = cur.fetchall()
-        return requests_in(rows, None if seen is None else tuple(seen),
-                           [str(t) for t in self.options.tables])
+        tables = [str(t) for t in self.options.tables]
+        taken: list[RepairSignal] = []
+        with contextlib.closing(client.connect(self._settings)) as conn:
+            with conn.cursor() as cur:
+                cur.execute(f"SELECT id, type, data FROM {snap.quote(table.schema)}."
+                            f"{snap.quote(table.table)}")
+                rows = cur.fetchall()
+            requested, ids = requests_in(rows, None if seen is None else tuple(seen),
+                                         tables, taken)
+            repairs = [repair_request(s, tables, lambda name: snap.primary_key(
+                conn, TableId.parse(name))) for s in taken]
+        return requested, ids, [r for r in repairs if r is not None]
 
     def _end_for_limit(self, start: BinlogPosition, end: BinlogPosition,
                        max_changes: int) -> BinlogPosition:
@@ -190,7 +210,9 @@ class MariaDbReadPlan:
         return None
 
     def plan(self, start: dict[str, Any], end: dict[str, Any]) -> Sequence[Any]:
-        return [BinlogRange(start, end, start.get("snapshot") or ())]
+        repairs = requests_from(end.get("repairs"))
+        return [BinlogRange(start, end, start.get("snapshot") or ()),
+                *reads_of(repairs, 1, _position(end).key)]
 
     def commit(self, end: dict[str, Any]) -> None:
         """Nothing to release: the server keeps its binlog by time and size."""
@@ -199,7 +221,13 @@ class MariaDbReadPlan:
         """Nothing held between batches."""
 
     def read(self, partition: Any, sink: ChangeSink) -> Iterator[None]:
-        """The partition's snapshot rows, then its transactions, into *sink*."""
+        """The partition's snapshot rows, then its transactions, into *sink*; or the
+        rows of a batch's repairs."""
+        if isinstance(partition, RepairRead):
+            return read_repair(self.options, partition, sink)
+        return self._read_range(partition, sink)
+
+    def _read_range(self, partition: Any, sink: ChangeSink) -> Iterator[None]:
         assert isinstance(partition, BinlogRange)
         feed = ChangeFeed(sink)
         start, end = _position(partition.start), _position(partition.end)

@@ -44,6 +44,7 @@ from tidemark.source.postgres.chunked_snapshot import (
 from tidemark.source.postgres.pgoutput import lsn_to_str
 from tidemark.source.postgres.pgoutput_walk import TransactionWalker
 from tidemark.source.postgres.read_checks import table_columns
+from tidemark.source.postgres.repair_read import read_repair
 from tidemark.source.postgres.snapshot_plan import ChunkRange, SnapshotPlan
 from tidemark.source.postgres.stream_offsets import (
     SourceOffset,
@@ -55,6 +56,8 @@ from tidemark.source.postgres.stream_offsets import (
 )
 from tidemark.source.postgres.stream_signals import snapshot_requests
 from tidemark.source.read_plan import SNAPSHOT_INITIAL, ChangeSink, ReadOptions, TableColumns
+from tidemark.source.repair import RepairRead, RepairRequest, reads_of, repair_request
+from tidemark.source.repair_signal import RepairSignal
 
 log = logging.getLogger(__name__)
 
@@ -167,7 +170,9 @@ class PostgresReadPlan:
             end_lsn = max(start_lsn, min(end_lsn, planned.snapshot.at))
         skip = {t: at for t, at in planned.skip.items() if at > start_lsn}
         end = dataclasses.replace(planned, lsn=end_lsn, skip=skip)
-        return dict(start) if end == state else end.to_json()
+        # The last batch's repairs are not this one's: without anything new, no batch.
+        same = dataclasses.replace(end, repairs=state.repairs) == state and not end.repairs
+        return dict(start) if same else end.to_json()
 
     # -- snapshots (see tidemark.source.postgres.chunked_snapshot) ----------------------
     def _snapshot_step(self, state: SourceOffset) -> SourceOffset:
@@ -195,6 +200,7 @@ class PostgresReadPlan:
             plan = restarted
             skip.update(dict.fromkeys(plan.tables, plan.at))
         signals = state.signals
+        repairs: list[RepairRequest] = []
         if plan is None:
             new = [t for t in tables if t not in known]
             wanted = {str(t) for t in self.options.snapshot_tables} \
@@ -202,15 +208,18 @@ class PostgresReadPlan:
             known = [t for t in known if t in tables] + [t for t in new if t not in wanted]
             to_snapshot = [t for t in new if t in wanted]
             if self.options.signal_table is not None:
+                taken: list[RepairSignal] = []
                 requested, signals = snapshot_requests(
-                    self._connection(), self.options.signal_table, signals, known)
+                    self._connection(), self.options.signal_table, signals, known, taken)
                 to_snapshot += [t for t in requested if t not in to_snapshot]
+                repairs = [r for r in (repair_request(s, tables, self._key) for s in taken)
+                           if r is not None]
             if to_snapshot:
                 plan = self._generation(to_snapshot, 1, chunks_done=0)
                 skip.update(dict.fromkeys(to_snapshot, plan.at))
         if plan is not None:
             plan = self._plan_chunks(plan)
-        return SourceOffset(state.lsn, tuple(known), skip, plan, signals)
+        return SourceOffset(state.lsn, tuple(known), skip, plan, signals, tuple(repairs))
 
     def _holds(self, plan: SnapshotPlan) -> bool:
         return self._export is not None and self._export.name == plan.export
@@ -298,7 +307,7 @@ class PostgresReadPlan:
         last = planned.lsn
         parts = min(self.options.num_partitions, max(1, (last - first) // MIN_SLICE_BYTES))
         skip = dict(planned.skip)
-        partitions: list[WalSlice | SnapshotChunk] = [
+        partitions: list[WalSlice | SnapshotChunk | RepairRead] = [
             WalSlice(i, lo, hi, skip) for i, (lo, hi) in enumerate(split_range(first, last,
                                                                             parts))]
         plan = planned.snapshot
@@ -314,6 +323,8 @@ class PostgresReadPlan:
                             "%s, which ended with the driver that made it: the next batch "
                             "reads them again from a new snapshot", len(plan.chunks),
                             plan.export)
+        # After every transaction of the batch (they commit before its end).
+        partitions += reads_of(planned.repairs, len(partitions), max(first, last - 1))
         return partitions
 
     def commit(self, end: dict[str, Any]) -> None:
@@ -336,6 +347,8 @@ class PostgresReadPlan:
         snapshot chunk, into *sink*."""
         if isinstance(partition, SnapshotChunk):
             return read_chunk(self.options, partition, sink)
+        if isinstance(partition, RepairRead):
+            return read_repair(self.options, partition, sink)
         assert isinstance(partition, WalSlice)
         return read_slice(self.options, partition.lo, partition.hi, sink, partition.skip)
 

@@ -25,6 +25,7 @@ from typing import Any
 from tidemark.errors import TerminalError
 from tidemark.source.postgres.pgoutput import lsn_to_str, str_to_lsn
 from tidemark.source.postgres.snapshot_plan import SnapshotPlan
+from tidemark.source.repair import RepairRequest, requests_from, requests_json
 
 
 class OffsetError(TerminalError):
@@ -64,6 +65,9 @@ class SourceOffset:
     snapshot: SnapshotPlan | None = None
     signals: tuple[str, ...] | None = None
     """Ids of the signal table's rows already taken (None: never read)."""
+    repairs: tuple[RepairRequest, ...] = ()
+    """The ``tidemark-repair`` requests the batch ending here takes
+    (:mod:`tidemark.source.repair`)."""
 
     def to_json(self) -> dict[str, Any]:
         out: dict[str, Any] = to_offset(self.lsn)
@@ -75,6 +79,8 @@ class SourceOffset:
             out["snapshot"] = self.snapshot.to_json()
         if self.signals is not None:
             out["signals"] = list(self.signals)
+        if self.repairs:
+            out["repairs"] = requests_json(self.repairs)
         return out
 
     @classmethod
@@ -89,7 +95,8 @@ class SourceOffset:
                        signals=None if signals is None else tuple(str(s) for s in signals),
                        known=None if known is None else tuple(str(t) for t in known),
                        skip={str(t): str_to_lsn(str(at)) for t, at in skip.items()},
-                       snapshot=None if plan is None else SnapshotPlan.from_json(plan))
+                       snapshot=None if plan is None else SnapshotPlan.from_json(plan),
+                       repairs=requests_from(offset.get("repairs")))
         except (KeyError, TypeError, ValueError, AttributeError) as err:
             raise OffsetError(f"offset {offset!r} has a malformed snapshot state ({err}): "
                               "was the checkpoint written by another source?") from None

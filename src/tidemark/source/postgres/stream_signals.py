@@ -30,6 +30,7 @@ from psycopg import sql
 
 from tidemark.errors import SourceError
 from tidemark.event import TableId
+from tidemark.source.repair_signal import RepairSignal
 from tidemark.source.signal_requests import requests_in
 from tidemark.source.signals import signal_table_ddl
 
@@ -53,10 +54,12 @@ def check_signal_table(conn: psycopg.Connection[Any], table: TableId) -> None:
 
 
 def snapshot_requests(conn: psycopg.Connection[Any], table: TableId,
-                      seen: tuple[str, ...] | None,
-                      tables: Sequence[str]) -> tuple[list[str], tuple[str, ...]]:
+                      seen: tuple[str, ...] | None, tables: Sequence[str],
+                      repairs: list[RepairSignal] | None = None,
+                      ) -> tuple[list[str], tuple[str, ...]]:
     """The tables new ``execute-snapshot`` signals ask for (in the order asked), and the
-    ids of every signal row now in *table* (the next call's *seen*)."""
+    ids of every signal row now in *table* (the next call's *seen*); new
+    ``tidemark-repair`` signals are appended to *repairs*."""
     rows = conn.execute(sql.SQL("SELECT id, type, data FROM {}").format(
         sql.Identifier(table.schema, table.table))).fetchall()
-    return requests_in(rows, seen, tables)
+    return requests_in(rows, seen, tables, repairs)

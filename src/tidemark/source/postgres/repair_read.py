@@ -1,0 +1,50 @@
+"""A ``tidemark-repair``'s rows from PostgreSQL (:mod:`tidemark.source.repair`): the
+listed keys' current rows, read as a snapshot chunk is (``COPY`` as CSV, the text the
+types' output functions print, which is what pgoutput sends) with a key filter in place
+of the chunk's key range."""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Iterator, Sequence
+from typing import Any
+
+import psycopg
+import pyarrow as pa
+from psycopg import sql
+
+from tidemark.event import TableId
+from tidemark.postgres_connection import server_timeout
+from tidemark.source.postgres import wal_reads as wal
+from tidemark.source.postgres.chunked_snapshot import _key_list, _row, copy_out, parse_csv
+from tidemark.source.read_plan import ChangeSink, ReadOptions
+from tidemark.source.repair import RepairRead, RepairRequest, emit_repair, key_text
+
+log = logging.getLogger(__name__)
+
+
+def read_keys_text(conn: psycopg.Connection[Any], request: RepairRequest,
+                   columns: Sequence[str]) -> pa.Table:
+    """The current rows of *request*'s keys, one string column per column of
+    *columns* (null for NULL)."""
+    table = TableId.parse(request.table)
+    keys = sql.SQL(", ").join(_row([key_text(v) for v in key]) for key in request.keys)
+    query = sql.SQL("COPY (SELECT {columns} FROM {table} WHERE ({key}) IN ({keys})) "
+                    "TO STDOUT (FORMAT csv)").format(
+        columns=sql.SQL(", ").join(sql.Identifier(c) for c in columns),
+        table=sql.Identifier(table.schema, table.table),
+        key=_key_list(request.key_columns), keys=keys)
+    return parse_csv(copy_out(conn, query.as_bytes(conn), server_timeout(conn)), columns)
+
+
+def read_repair(options: ReadOptions, part: RepairRead, sink: ChangeSink) -> Iterator[None]:
+    """The change rows of the partition's repairs, into *sink*."""
+    with wal.connect(options.dsn, purpose="repair",
+                     server_timeout_s=options.server_timeout_ms / 1000) as conn:
+        conn.autocommit = True
+        for request in part.requests:
+            columns = sink.columns(request.table)
+            texts = read_keys_text(conn, request, columns)
+            rows = list(zip(*(texts.column(c).to_pylist() for c in columns), strict=True))
+            emit_repair(sink, request, columns, rows, part.commit_lsn)
+            yield
