@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import logging
+from collections.abc import Sequence
 from pathlib import Path
 
 import pyarrow as pa
@@ -17,7 +18,10 @@ from verify_helpers import pipeline_file, run_pipeline
 from conftest import Database
 from tidemark.cli.main import cli
 from tidemark.errors import ConfigError
+from tidemark.event import TableId
 from tidemark.lake.spec import ApplySpec
+from tidemark.source.postgres.kind import KIND
+from tidemark.source.verify_snapshot import VerifySnapshot
 from tidemark.status.verify_record import read_record, render, summary
 from tidemark.verify.report import text_report
 from tidemark.verify.result import Difference
@@ -106,7 +110,7 @@ def test_drift_is_named_and_an_equal_target_passes(
     out = CliRunner().invoke(cli, ["verify", str(file), "--table", "public.b", "--json"],
                              standalone_mode=False)
     assert isinstance(out.exception, SystemExit) and out.exception.code == 1, out.output
-    report = json.loads(out.output)
+    report = json.loads(out.stdout)
     assert [t["table"] for t in report["tables"]] == ["public.b"]
     assert report["tables"][0]["differences"][0]["columns"] == ["n"]
     out = CliRunner().invoke(cli, ["verify", str(file), "--table", "public.x"],
@@ -139,3 +143,32 @@ def test_shape_leaves_out_history_soft_delete_and_sequence_columns() -> None:
     shape = target_shape("public.t", schema, ApplySpec(keys=("id",),
                                                        soft_delete_column="_deleted"))
     assert [c.name for c in shape.columns] == ["id", "v"]
+
+
+@pytest.mark.slow
+def test_a_truncate_after_the_snapshot_is_compared_at_a_later_one(
+        spark: SparkSession, db: Database, tmp_path: Path) -> None:
+    db.execute("CREATE TABLE t (id int PRIMARY KEY, v text)",
+               "INSERT INTO t SELECT g, 'v' || g FROM generate_series(1, 20) g")
+    file = pipeline_file(tmp_path, db.dsn, db.name,
+                         '[targets."public.t"]\npath = "lake/t"\nkeys = ["id"]\n')
+    run_pipeline(spark, file)
+    opened: list[VerifySnapshot] = []
+
+    def truncated_after(tables: Sequence[TableId]) -> VerifySnapshot:
+        snapshot = KIND.verify_snapshot(db.dsn, tables, publication=f"p_{db.name}")
+        if not opened:  # the first snapshot's changes after it: a truncate
+            db.execute("TRUNCATE t", "INSERT INTO t VALUES (100, 'after')")
+        opened.append(snapshot)
+        return snapshot
+
+    result = verify(file, open_snapshot=truncated_after)
+    assert result.error is None, result.error
+    (table,) = result.tables
+    # The first round could not list the changed keys; the second compared the table
+    # after the truncate (the stopped pipeline has not applied it: target behind).
+    assert [(r.number, r.keys_changed, r.rows_compared) for r in table.round_results] == \
+        [(1, -1, 0), (2, 0, 1)]
+    assert [(d.kind, d.key["id"], d.target_behind) for d in table.differences] == \
+        [*(("extra", str(i), True) for i in sorted(range(1, 21), key=str)),
+         ("missing", "100", True)]

@@ -40,7 +40,8 @@ class RoundResult:
     target_version: int
     target_behind: bool
     keys_changed: int
-    """Keys changed after the round's position (left out of this round)."""
+    """Keys changed after the round's position (left out of this round); -1: the table
+    was truncated after it, and the round compared nothing."""
     keys_recompared: int
     """Keys left out of an earlier round and compared in this one (0 in the first)."""
     rows_compared: int

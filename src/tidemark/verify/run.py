@@ -26,10 +26,10 @@ from tidemark.errors import ConfigError, TidemarkError
 from tidemark.event import TableId
 from tidemark.lake.delta_checksum import DeltaChecksumSide
 from tidemark.pipeline.config import PipelineConfig, Target, load_config
-from tidemark.row_checksum import TableShape
+from tidemark.row_checksum import ChecksumSide, TableShape
 from tidemark.run_record import may_be_running
 from tidemark.source.registry import kind_of
-from tidemark.source.verify_snapshot import VerifySnapshot
+from tidemark.source.verify_snapshot import TruncatedAfterSnapshotError, VerifySnapshot
 from tidemark.spark_checkpoint import committed_source_offset
 from tidemark.status.verify_record import write_record
 from tidemark.verify.compare import bucket_count, compare_keys, compare_tables, keys_named
@@ -105,6 +105,9 @@ class _Table:
         self.shape: TableShape | None = None
         self.buckets = 1
         self.pending: frozenset[int] = frozenset()
+        self.compared_all = False
+        """Whether a round compared the whole table (a truncate after the first
+        round's position leaves that to the next round)."""
         self.started = time.monotonic()
 
     def open_target(self) -> DeltaChecksumSide:
@@ -146,7 +149,7 @@ class _Verify:
                     self._round(table, snapshot, number, behind)
             finally:
                 snapshot.close()
-            active = [t for t in active if t.pending]
+            active = [t for t in active if t.pending or not t.compared_all]
             if not active:
                 break
         for table in self.tables:
@@ -179,14 +182,30 @@ class _Verify:
             assert table.shape is not None
             # Read after the target version is opened: covers every change it holds
             # beyond the snapshot's position.
-            changed = snapshot.changed_key_hashes(table.table_id, table.shape)
+            try:
+                changed = snapshot.changed_key_hashes(table.table_id, table.shape)
+            except TruncatedAfterSnapshotError:
+                if number == ROUNDS and not table.compared_all:
+                    raise
+                # Every row may have changed since the position: this round compares
+                # nothing, the next one (after the truncate) compares what this would.
+                log.info("%s was truncated after %s: comparing it at a new snapshot",
+                         table.target.table, self.kind.position_text(snapshot.position))
+                table.result.rounds = number
+                table.result.round_results.append(RoundResult(
+                    number, self.kind.position_text(snapshot.position), target.version,
+                    behind, -1, 0, 0))
+                if number == ROUNDS:
+                    self._not_compared(table, [source, target])
+                return
             table.result.target_behind = table.result.target_behind or behind
             table.result.rounds = number
-            if number == 1:
+            if not table.compared_all:
                 recompared: frozenset[int] = frozenset()
                 found = compare_tables(source, target, table.shape, table.buckets,
                                        excluded_keys=changed, target_behind=behind)
                 table.pending = changed
+                table.compared_all = True
             else:
                 recompared = table.pending - changed
                 found = compare_keys(source, target, table.shape, table.buckets,
@@ -197,8 +216,14 @@ class _Verify:
             table.result.round_results.append(RoundResult(
                 number, self.kind.position_text(snapshot.position), target.version, behind,
                 len(changed), len(recompared), found.rows_compared))
-            if table.pending and number == ROUNDS:
-                table.result.keys_not_compared = len(table.pending)
-                table.result.not_compared = keys_named(
-                    [source, target], table.shape, table.buckets, table.pending)
-                table.pending = frozenset()
+            if number == ROUNDS:
+                self._not_compared(table, [source, target])
+
+    @staticmethod
+    def _not_compared(table: _Table, sides: list[ChecksumSide]) -> None:
+        """The keys still pending after the last round: changed during every round."""
+        assert table.shape is not None
+        table.result.keys_not_compared = len(table.pending)
+        table.result.not_compared = keys_named(sides, table.shape, table.buckets,
+                                               table.pending)
+        table.pending = frozenset()
