@@ -33,6 +33,7 @@ from deltalake import DeltaTable, write_deltalake
 from conftest import Database
 from pipeline_helpers import _tidemark_run
 from tidemark.cli.main import cli
+from tidemark.run_record import read_record
 from tidemark.testing.postgres import PostgresCluster, sql_connection
 from tidemark.verify.result import VerifyResult
 from tidemark.verify.run import ROUNDS, verify
@@ -196,6 +197,25 @@ def _first_batch(live: _Live) -> None:
     wait_for(applied, 300, "the pipeline's first batch")
 
 
+def _restart(live: _Live) -> None:
+    """Start the pipeline again and wait until its run record names the new process.
+    Spark on a loaded machine sometimes fails its first job with "Python worker failed
+    to connect back" (a worker slower to start than Spark waits for): started again."""
+    checkpoint = str(live.config.parent / "chk")
+    for _ in range(3):
+        live.start()
+        wait_for(lambda: live.proc.poll() is not None or (
+            (record := read_record(checkpoint)) is not None and record.pid == live.proc.pid
+            and any(line.startswith("batch ") for line in
+                    live.log.read_text(errors="replace").splitlines()[-3:])), 300,
+                 "the restarted run's record and a batch")
+        if live.proc.poll() is None:
+            return
+        text = live.log.read_text(errors="replace")
+        assert "Python worker failed to connect back" in text[-5000:], text[-3000:]
+    pytest.fail("the pipeline did not restart: " + live.log.read_text()[-3000:])
+
+
 def _verify(live: _Live) -> VerifyResult:
     result = verify(live.config, wait_s=90)
     assert result.error is None, result.error
@@ -269,7 +289,8 @@ def test_a_killed_pipeline_and_a_target_changed_behind_its_back(live: _Live) -> 
     assert len(a_found) > len(drift), "the writer's changes since the kill"
 
     # Restarted, the pipeline catches up under the writer: exactly the drift is left.
-    live.start()
+    # (Verify knows the run is alive once the new process has recorded its start.)
+    _restart(live)
     result = _verify(live)
     live.running()
     found = {t.table: t for t in result.tables}
