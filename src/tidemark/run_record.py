@@ -4,8 +4,9 @@ Spark's checkpoint says which batches were committed, not when, nor why a query
 stopped. The runner records that in ``<checkpoint>/tidemark-status.json`` (Spark ignores
 files it does not know): when the run started and ended, how it ended (``running``
 while it runs — also what a killed run leaves behind —, ``finished``, ``interrupted``,
-``failed`` with the error's message) and its last applied batch. ``tidemark status``
-reads it; nothing else depends on it, so failing to write it never fails the pipeline.
+``failed`` with the error's message), the running process (host and pid: whether a
+``running`` record's process is still alive) and its last applied batch. ``tidemark
+status`` and ``tidemark verify`` read it; failing to write it never fails the pipeline.
 """
 
 from __future__ import annotations
@@ -13,6 +14,8 @@ from __future__ import annotations
 import datetime
 import functools
 import logging
+import os
+import socket
 import threading
 from collections.abc import Callable
 from pathlib import Path
@@ -39,6 +42,10 @@ class RunRecord(msgspec.Struct, kw_only=True):
     outcome: str | None = None
     """``running``, ``finished``, ``interrupted`` or ``failed``."""
     error: str | None = None
+    host: str | None = None
+    """The host name of the machine the run's process runs on."""
+    pid: int | None = None
+    """The run's process id on :attr:`host`."""
     last_batch_id: int | None = None
     last_batch_at: datetime.datetime | None = None
     last_batch_changes: dict[str, int] | None = None
@@ -61,6 +68,35 @@ def read_record(checkpoint: str) -> RunRecord | None:
         return msgspec.json.decode(data, type=RunRecord)
     except msgspec.DecodeError as err:
         raise ValueError(f"{file} is not tidemark's run record ({err})") from None
+
+
+def may_be_running(checkpoint: str) -> bool:
+    """Whether a ``tidemark run`` of *checkpoint* may be running now: its record says
+    ``running`` and its process, where it ran on this host, is alive. A run on another
+    host (or a record without a process) is taken as running: only its host can tell."""
+    try:
+        record = read_record(checkpoint)
+    except (ValueError, OSError):
+        return True
+    if record is None or record.outcome != "running":
+        return False
+    if record.pid is None or record.host != socket.gethostname():
+        return True
+    return _alive(record.pid)
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True  # another user's process
+    try:  # Linux: a zombie (dead, not yet reaped by its parent) runs no more
+        stat = Path(f"/proc/{pid}/stat").read_text(encoding="ascii", errors="replace")
+    except OSError:
+        return True
+    return stat.rpartition(")")[2].split()[:1] != ["Z"]
 
 
 class BatchReport(Protocol):
@@ -110,7 +146,8 @@ def records_runs(run: Callable[[R], None]) -> Callable[[R], None]:
     @functools.wraps(run)
     def recorded(self: R) -> None:
         checkpoint = self.config.checkpoint
-        _update(checkpoint, started_at=_now(), ended_at=None, outcome="running", error=None)
+        _update(checkpoint, started_at=_now(), ended_at=None, outcome="running", error=None,
+                host=socket.gethostname(), pid=os.getpid())
         try:
             run(self)
         except Exception as err:

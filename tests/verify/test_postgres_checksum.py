@@ -14,7 +14,7 @@ import pyarrow as pa
 import pytest
 from deltalake import DeltaTable
 from pyspark.sql import SparkSession
-from verify_helpers import QuietSnapshot, pipeline_file, run_pipeline
+from verify_helpers import pipeline_file, run_pipeline
 
 from conftest import Database
 from tidemark.event import TableId
@@ -29,6 +29,7 @@ from tidemark.row_checksum import (
     row_texts,
 )
 from tidemark.source.postgres.checksum import PostgresChecksumSide
+from tidemark.source.postgres.verify_snapshot import open_verify_snapshot
 from tidemark.verify.shape import target_shape
 from type_lists import POSTGRES_TYPES
 
@@ -76,7 +77,8 @@ def test_every_type_agrees_with_the_delta_side_and_the_reference(
     assert len(shape.columns) == POSTGRES_TYPES.width
     rows = _delta_rows(path)
     assert len(rows) == 10
-    snapshot = QuietSnapshot(db.dsn)
+    snapshot = open_verify_snapshot(db.dsn, [TableId("public", "t")],
+                                    publication=f"p_{db.name}")
     try:
         source = snapshot.side(TableId("public", "t"))
         with DeltaChecksumSide(path) as target:

@@ -4,6 +4,7 @@ behind its back, are found equal or named row by row."""
 from __future__ import annotations
 
 import json
+import logging
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -12,14 +13,14 @@ import pytest
 from click.testing import CliRunner
 from deltalake import DeltaTable, write_deltalake
 from pyspark.sql import SparkSession
-from verify_helpers import QuietSnapshot, pipeline_file, run_pipeline
+from verify_helpers import pipeline_file, run_pipeline
 
 from conftest import Database
 from tidemark.cli.main import cli
 from tidemark.errors import ConfigError
 from tidemark.event import TableId
 from tidemark.lake.spec import ApplySpec
-from tidemark.source.postgres.kind import PostgresKind
+from tidemark.source.postgres.kind import KIND
 from tidemark.source.verify_snapshot import VerifySnapshot
 from tidemark.status.verify_record import read_record, render, summary
 from tidemark.verify.report import text_report
@@ -31,12 +32,6 @@ _TARGETS = (
     '[targets."public.a"]\npath = "lake/a"\nkeys = ["id"]\nexcept_column_list = ["secret"]\n'
     '[targets."public.b"]\npath = "lake/b"\nkeys = ["id"]\nstored_as_scd_type = 2\n'
     '[targets."public.c"]\npath = "lake/c"\nkeys = ["id"]\nsoft_delete_column = "_deleted"\n')
-
-
-def _quiet(dsn: str) -> object:
-    def open_snapshot(tables: Sequence[TableId]) -> VerifySnapshot:
-        return QuietSnapshot(dsn, tables)
-    return open_snapshot
 
 
 def _setup(db: Database, tmp_path: Path, spark: SparkSession) -> Path:
@@ -57,17 +52,22 @@ def _setup(db: Database, tmp_path: Path, spark: SparkSession) -> Path:
 @pytest.mark.slow
 def test_drift_is_named_and_an_equal_target_passes(
         spark: SparkSession, db: Database, tmp_path: Path,
-        monkeypatch: pytest.MonkeyPatch) -> None:
+        caplog: pytest.LogCaptureFixture) -> None:
     file = _setup(db, tmp_path, spark)
     b_rows = DeltaTable(str(tmp_path / "lake/b")).to_pyarrow_table()
     assert b_rows.num_rows > 59, "b holds closed versions"
     assert "secret" not in DeltaTable(str(tmp_path / "lake/a")).schema().to_arrow().names
 
-    result = verify(file, wait_s=0.5, open_snapshot=_quiet(db.dsn))
+    # The pipeline is stopped (its run finished): verify does not wait for it to commit
+    # the snapshot's position (the default wait is 120 s) but compares at once.
+    with caplog.at_level(logging.WARNING, logger="tidemark.verify.run"):
+        result = verify(file, wait_s=600)
     assert result.error is None
     assert [(t.table, t.equal, t.rows_compared) for t in result.tables] == \
         [("public.a", True, 60), ("public.b", True, 59), ("public.c", True, 55)]
     assert result.exit_code == 0
+    assert "the pipeline is not running" in caplog.text
+    assert result.seconds < 600, "waited out --wait for a pipeline that is not running"
 
     # Behind the pipeline's back: a row deleted, one changed, one added; in b the
     # current version of one key changed; in c a soft-deleted row brought back.
@@ -82,7 +82,7 @@ def test_drift_is_named_and_an_equal_target_passes(
         {"n": "n + 1"}, predicate="id = 2 AND __END_AT IS NULL")
     DeltaTable(str(tmp_path / "lake/c")).update({"_deleted": "false"}, predicate="id = 4")
 
-    result = verify(file, wait_s=0.5, open_snapshot=_quiet(db.dsn))
+    result = verify(file)
     assert result.exit_code == 1
     found = {t.table: t.differences for t in result.tables}
     assert found["public.a"] == [
@@ -106,20 +106,27 @@ def test_drift_is_named_and_an_equal_target_passes(
                                                      "rows_different": 3}
     assert "public.a: 3 of 60 rows differ" in render(summary(record))[0]
 
-    # The command: --table, --json, exit 1 (the kind's snapshot is the quiet one here,
-    # until source/postgres/verify_snapshot.py lands).
-    monkeypatch.setattr(PostgresKind, "verify_snapshot",
-                        lambda self, dsn, tables, publication: QuietSnapshot(dsn, tables))
-    out = CliRunner().invoke(cli, ["verify", str(file), "--table", "public.b", "--json",
-                                   "--wait", "0"], standalone_mode=False)
+    # The command: --table, --json, exit 1
+    out = CliRunner().invoke(cli, ["verify", str(file), "--table", "public.b", "--json"],
+                             standalone_mode=False)
     assert isinstance(out.exception, SystemExit) and out.exception.code == 1, out.output
-    report = json.loads(out.output)
+    report = json.loads(out.stdout)
     assert [t["table"] for t in report["tables"]] == ["public.b"]
     assert report["tables"][0]["differences"][0]["columns"] == ["n"]
     out = CliRunner().invoke(cli, ["verify", str(file), "--table", "public.x"],
                              standalone_mode=False)
     assert isinstance(out.exception, SystemExit) and out.exception.code == 2
     assert "public.x is not a target" in out.output
+
+    # Changes the stopped pipeline has not applied: reported, marked target behind.
+    db.execute("UPDATE c SET v = 'late' WHERE id = 20",
+               "INSERT INTO c VALUES (700, 'new', 1, 's')")
+    out = CliRunner().invoke(cli, ["verify", str(file), "--table", "public.c"],
+                             standalone_mode=False)
+    assert isinstance(out.exception, SystemExit) and out.exception.code == 1, out.output
+    assert "different id=20 (v) [target behind]" in out.output
+    assert "missing id=700 [target behind]" in out.output
+    assert "the pipeline had not caught up with the source (target behind)" in out.output
 
 
 def test_a_struct_column_is_refused_naming_it() -> None:
@@ -136,3 +143,36 @@ def test_shape_leaves_out_history_soft_delete_and_sequence_columns() -> None:
     shape = target_shape("public.t", schema, ApplySpec(keys=("id",),
                                                        soft_delete_column="_deleted"))
     assert [c.name for c in shape.columns] == ["id", "v"]
+
+
+def test_a_truncate_after_the_snapshot_is_compared_at_a_later_one(
+        db: Database, tmp_path: Path) -> None:
+    db.execute("CREATE TABLE t (id int PRIMARY KEY, v text)",
+               "INSERT INTO t SELECT g, 'v' || g FROM generate_series(1, 20) g")
+    db.autocommit(f"CREATE PUBLICATION p_{db.name} FOR TABLE t")
+    file = pipeline_file(tmp_path, db.dsn, db.name,
+                         '[targets."public.t"]\npath = "lake/t"\nkeys = ["id"]\n')
+    # The target as a pipeline that has not run since would hold it.
+    write_deltalake(str(tmp_path / "lake/t"), pa.table(
+        {"id": pa.array(range(1, 21), pa.int32()), "v": [f"v{i}" for i in range(1, 21)],
+         "_commit_lsn": pa.array([0] * 20, pa.int64()),
+         "_seq": pa.array([0] * 20, pa.int64())}))
+    opened: list[VerifySnapshot] = []
+
+    def truncated_after(tables: Sequence[TableId]) -> VerifySnapshot:
+        snapshot = KIND.verify_snapshot(db.dsn, tables, publication=f"p_{db.name}")
+        if not opened:  # the first snapshot's changes after it: a truncate
+            db.execute("TRUNCATE t", "INSERT INTO t VALUES (100, 'after')")
+        opened.append(snapshot)
+        return snapshot
+
+    result = verify(file, open_snapshot=truncated_after)
+    assert result.error is None, result.error
+    (table,) = result.tables
+    # The first round could not list the changed keys; the second compared the table
+    # after the truncate (the pipeline has not applied it: target behind).
+    assert [(r.number, r.keys_changed, r.rows_compared) for r in table.round_results] == \
+        [(1, -1, 0), (2, 0, 1)]
+    assert [(d.kind, d.key["id"], d.target_behind) for d in table.differences] == \
+        [*(("extra", str(i), True) for i in sorted(range(1, 21), key=str)),
+         ("missing", "100", True)]

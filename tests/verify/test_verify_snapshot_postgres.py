@@ -23,6 +23,7 @@ from tidemark.source.postgres import pgoutput
 from tidemark.source.postgres.kind import KIND
 from tidemark.source.postgres.stream_offsets import to_offset
 from tidemark.source.postgres.verify_snapshot import open_verify_snapshot
+from tidemark.source.verify_snapshot import TruncatedAfterSnapshotError
 from tidemark.testing.postgres import sql_connection
 from verify_writer import Writer, replay
 from waiting import wait_for
@@ -186,3 +187,12 @@ def test_a_role_without_replication_is_told_what_to_grant(table: Database) -> No
             open_verify_snapshot(dsn, [TABLE], publication="p")
     finally:
         db.autocommit("DROP OWNED BY verifier", "DROP ROLE verifier")
+
+
+def test_a_truncate_after_the_position_is_reported_as_such(table: Database) -> None:
+    db = table
+    db.execute("INSERT INTO t VALUES (1, 'a')")
+    with contextlib.closing(open_verify_snapshot(db.dsn, [TABLE], publication="p")) as snap:
+        db.execute("TRUNCATE t")
+        with pytest.raises(TruncatedAfterSnapshotError, match=r"public\.t was truncated"):
+            snap.changed_key_hashes(TABLE, SHAPE)

@@ -12,8 +12,20 @@ from __future__ import annotations
 
 from typing import Protocol
 
+from tidemark.errors import SourceError
 from tidemark.event import TableId
 from tidemark.row_checksum import ChecksumSide, TableShape
+
+
+class TruncatedAfterSnapshotError(SourceError):
+    """A table was truncated after a snapshot's position: which of its rows changed
+    cannot be listed. A snapshot taken after the truncate compares it again."""
+
+    def __init__(self, table: TableId) -> None:
+        super().__init__(f"{table} was truncated after the verify snapshot: which of its "
+                         "rows changed cannot be listed; verify again once the pipeline "
+                         "has applied the truncate")
+        self.table = table
 
 
 class VerifySnapshot(Protocol):
@@ -37,7 +49,9 @@ class VerifySnapshot(Protocol):
     def changed_key_hashes(self, table: TableId, shape: TableShape) -> frozenset[int]:
         """The key hashes (:func:`tidemark.row_checksum.key_hash_of`) of every row of
         *table* that a change committed after :attr:`position` and before this call
-        touched (old and new keys of an update, deleted keys, inserted keys)."""
+        touched (old and new keys of an update, deleted keys, inserted keys). Raises
+        :class:`TruncatedAfterSnapshotError` if a change after :attr:`position`
+        truncated *table*."""
         ...
 
     def close(self) -> None:

@@ -45,13 +45,18 @@ def repair_line(repair: TableRepair) -> str:
 def table_lines(table: TableResult) -> list[str]:
     """A table's summary line, then one line per difference."""
     verdict = "equal" if table.equal else f"{len(table.differences)} rows differ"
-    head = (f"{table.table}: {verdict} ({table.rows_compared} rows compared, Delta "
-            f"version {table.target_version}, {table.seconds:.1f} s)")
+    rounds = f" in {table.rounds} rounds" if table.rounds > 1 else ""
+    head = (f"{table.table}: {verdict} ({table.rows_compared} rows compared{rounds}, "
+            f"Delta version {table.target_version}, {table.seconds:.1f} s)")
     if table.target_behind:
         head += "; the pipeline had not caught up with the source (target behind)"
     lines = [head, *(f"  {difference_line(d)}" for d in table.differences)]
     lines += [f"  not compared (changed during every round) {key_text(k)}"
               for k in table.not_compared]
+    gone = table.keys_not_compared - len(table.not_compared)
+    if gone > 0:
+        lines.append(f"  not compared (changed during every round): {gone} more keys "
+                     "that neither side holds now")
     if table.repair is not None:
         lines.append(f"  {repair_line(table.repair)}")
     return lines

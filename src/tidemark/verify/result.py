@@ -50,6 +50,26 @@ class Difference:
         return out
 
 
+@dataclasses.dataclass(frozen=True)
+class RoundResult:
+    """One round of a table's comparison, at its own source position and target version."""
+
+    number: int
+    position: str
+    """The source position of the round's snapshot (the kind's text of it)."""
+    target_version: int
+    target_behind: bool
+    keys_changed: int
+    """Keys changed after the round's position (left out of this round); -1: the table
+    was truncated after it, and the round compared nothing."""
+    keys_recompared: int
+    """Keys left out of an earlier round and compared in this one (0 in the first)."""
+    rows_compared: int
+
+    def as_json(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+
 @dataclasses.dataclass
 class TableRepair:
     """What ``--repair`` did for one table: the differing keys it asked the pipeline
@@ -84,6 +104,10 @@ class TableResult:
     target_behind: bool = False
     target_version: int | None = None
     rounds: int = 0
+    round_results: list[RoundResult] = dataclasses.field(default_factory=list)
+    keys_not_compared: int = 0
+    """How many keys changed during every round (:attr:`not_compared` names those a
+    side still holds)."""
     seconds: float = 0.0
     repair: TableRepair | None = None
     shape: TableShape | None = dataclasses.field(default=None, repr=False, compare=False)
@@ -100,6 +124,8 @@ class TableResult:
                 "differences": [d.as_json() for d in self.differences],
                 "not_compared": self.not_compared, "target_behind": self.target_behind,
                 "target_version": self.target_version, "rounds": self.rounds,
+                "round_results": [r.as_json() for r in self.round_results],
+                "keys_not_compared": self.keys_not_compared,
                 "seconds": round(self.seconds, 3),
                 **({"repair": self.repair.as_json()} if self.repair is not None else {})}
 

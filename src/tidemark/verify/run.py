@@ -31,9 +31,10 @@ from tidemark.errors import ConfigError
 from tidemark.event import TableId
 from tidemark.lake.delta_checksum import DeltaChecksumSide
 from tidemark.pipeline.config import PipelineConfig, Target, load_config
-from tidemark.row_checksum import TableShape
+from tidemark.row_checksum import ChecksumSide, TableShape
+from tidemark.run_record import may_be_running
 from tidemark.source.registry import kind_of
-from tidemark.source.verify_snapshot import VerifySnapshot
+from tidemark.source.verify_snapshot import TruncatedAfterSnapshotError, VerifySnapshot
 from tidemark.spark_checkpoint import committed_source_offset
 from tidemark.status.verify_record import write_record
 from tidemark.verify import DEFAULT_REPAIR_LIMIT
@@ -45,7 +46,7 @@ from tidemark.verify.repair import (
     send_repairs,
     wait_taken,
 )
-from tidemark.verify.result import TableResult, VerifyResult
+from tidemark.verify.result import RoundResult, TableResult, VerifyResult
 from tidemark.verify.shape import add_column_differences, target_shape
 
 log = logging.getLogger(__name__)
@@ -157,6 +158,9 @@ class _Table:
         self.shape: TableShape | None = None
         self.buckets = 1
         self.pending: frozenset[int] = frozenset()
+        self.compared_all = False
+        """Whether a round compared the whole table (a truncate after the first
+        round's position leaves that to the next round)."""
         self.started = time.monotonic()
 
     def open_target(self) -> DeltaChecksumSide:
@@ -206,19 +210,25 @@ class _Verify:
                         self._round(table, snapshot, number, behind)
             finally:
                 snapshot.close()
-            active = [t for t in active if t.pending]
+            active = [t for t in active if t.pending or not t.compared_all]
             if not active:
                 break
         for table in self.tables:
             table.result.seconds = time.monotonic() - table.started
 
     def _wait_for(self, position: int) -> bool:
-        """Wait until the pipeline has committed *position*; False if it did not in time."""
+        """Wait until the pipeline has committed *position*; False if it did not in time,
+        at once when no run of the pipeline is alive (nothing would commit it)."""
         deadline = time.monotonic() + self.wait_s
         while True:
             _, _, offset = committed_source_offset(self.config.checkpoint)
             if offset is not None and self.kind.log_position(offset) >= position:
                 return True
+            if not may_be_running(self.config.checkpoint):
+                log.warning("the pipeline is not running and has not committed %s: "
+                            "comparing the target as it is",
+                            self.kind.position_text(position))
+                return False
             if time.monotonic() >= deadline:
                 log.warning("the pipeline has not committed %s in %.0f s (is it running?): "
                             "comparing the target as it is",
@@ -231,20 +241,50 @@ class _Verify:
         source = snapshot.side(table.table_id)
         with table.open_target() as target:
             assert table.shape is not None
-            changed = snapshot.changed_key_hashes(table.table_id, table.shape)
+            # Read after the target version is opened: covers every change it holds
+            # beyond the snapshot's position.
+            try:
+                changed = snapshot.changed_key_hashes(table.table_id, table.shape)
+            except TruncatedAfterSnapshotError:
+                if number == ROUNDS and not table.compared_all:
+                    raise
+                # Every row may have changed since the position: this round compares
+                # nothing, the next one (after the truncate) compares what this would.
+                log.info("%s was truncated after %s: comparing it at a new snapshot",
+                         table.target.table, self.kind.position_text(snapshot.position))
+                table.result.rounds = number
+                table.result.round_results.append(RoundResult(
+                    number, self.kind.position_text(snapshot.position), target.version,
+                    behind, -1, 0, 0))
+                if number == ROUNDS:
+                    self._not_compared(table, [source, target])
+                return
             table.result.target_behind = table.result.target_behind or behind
             table.result.rounds = number
-            if number == 1:
+            if not table.compared_all:
+                recompared: frozenset[int] = frozenset()
                 found = compare_tables(source, target, table.shape, table.buckets,
                                        excluded_keys=changed, target_behind=behind)
                 table.pending = changed
+                table.compared_all = True
             else:
+                recompared = table.pending - changed
                 found = compare_keys(source, target, table.shape, table.buckets,
-                                     table.pending - changed, target_behind=behind)
+                                     recompared, target_behind=behind)
                 table.pending = table.pending & changed
             table.result.rows_compared += found.rows_compared
             table.result.differences += found.differences
-            if table.pending and number == ROUNDS:
-                table.result.not_compared = keys_named(
-                    [source, target], table.shape, table.buckets, table.pending)
-                table.pending = frozenset()
+            table.result.round_results.append(RoundResult(
+                number, self.kind.position_text(snapshot.position), target.version, behind,
+                len(changed), len(recompared), found.rows_compared))
+            if number == ROUNDS:
+                self._not_compared(table, [source, target])
+
+    @staticmethod
+    def _not_compared(table: _Table, sides: list[ChecksumSide]) -> None:
+        """The keys still pending after the last round: changed during every round."""
+        assert table.shape is not None
+        table.result.keys_not_compared = len(table.pending)
+        table.result.not_compared = keys_named(sides, table.shape, table.buckets,
+                                               table.pending)
+        table.pending = frozenset()

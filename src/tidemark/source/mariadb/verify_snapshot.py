@@ -43,6 +43,7 @@ from tidemark.source.mariadb.replica_id import ReplicaIdClaim, ReplicaIdInUseErr
 from tidemark.source.mariadb.row_decoder import RowDecoder
 from tidemark.source.mariadb.table_map import TableColumn, TableMap, parse_table_map
 from tidemark.source.mariadb.types import python_parser
+from tidemark.source.verify_snapshot import TruncatedAfterSnapshotError
 
 if TYPE_CHECKING:
     from tidemark.row_checksum import ChecksumSide
@@ -185,9 +186,7 @@ def _refuse_truncate(query: b.Query, table: TableId) -> None:
     text = query.sql.lstrip().lower()
     if text.startswith("truncate") and \
             re.search(rf"\b{re.escape(table.table.lower())}\b", text):
-        raise SourceError(f"{table} was truncated after the verify snapshot: which of "
-                          "its rows changed cannot be listed; verify again once the "
-                          "pipeline has applied the truncate")
+        raise TruncatedAfterSnapshotError(table)
 
 
 def _key_hasher(table_map: TableMap, shape: TableShape) -> Callable[[WireTuple], int]:

@@ -46,6 +46,7 @@ from tidemark.row_checksum import TableShape, row_text, text_hash, value_text
 from tidemark.source.postgres import pgoutput
 from tidemark.source.postgres.replication import ReplicationStream
 from tidemark.source.postgres.types import python_parser
+from tidemark.source.verify_snapshot import TruncatedAfterSnapshotError
 
 if TYPE_CHECKING:
     from tidemark.row_checksum import ChecksumSide
@@ -186,7 +187,7 @@ class PostgresVerifySnapshot:
             if keys is None or getattr(message, "relation_id", None) != relation:
                 if isinstance(message, pgoutput.Truncate) and keys is not None \
                         and relation in message.relation_ids:
-                    raise _truncated(table)
+                    raise TruncatedAfterSnapshotError(table)
                 continue
             if isinstance(message, pgoutput.Insert):
                 images: tuple[pgoutput.TupleData | None, ...] = (message.new,)
@@ -262,12 +263,6 @@ def _quote_literal(text: str) -> str:
 def _error(result: pq.abc.PGresult) -> str:
     text = (result.error_message or b"").decode(errors="replace").strip()
     return text.splitlines()[0] if text else str(result.status)
-
-
-def _truncated(table: TableId) -> SourceError:
-    return SourceError(f"{table} was truncated after the verify snapshot: which of its "
-                       "rows changed cannot be listed; verify again once the pipeline "
-                       "has applied the truncate")
 
 
 def _with_old_keys(new: pgoutput.TupleData,
