@@ -3,16 +3,52 @@ target of a given content quickly: a pipeline file naming them, a quiet snapshot
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
 import pyarrow as pa
 from deltalake import write_deltalake
-from verify_helpers import QuietSnapshot, pipeline_file
+from psycopg import Connection
+from verify_helpers import pipeline_file
 
 from tidemark.event import TableId
+from tidemark.postgres_connection import connect
+from tidemark.row_checksum import ChecksumSide, TableShape
+from tidemark.source.postgres.checksum import PostgresChecksumSide
 from tidemark.source.verify_snapshot import VerifySnapshot
+
+
+class QuietSnapshot:
+    """A REPEATABLE READ snapshot at ``pg_current_wal_lsn()``, reporting no changed keys:
+    right only while nothing writes to the source, for targets written straight into
+    Delta (no pipeline, so no publication or slot to read changes from)."""
+
+    def __init__(self, dsn: str, tables: Sequence[TableId] = ()) -> None:
+        self.conn: Connection[Any] = connect(dsn, application_name="tidemark verify test")
+        self.conn.autocommit = False
+        with self.conn.cursor() as cur:
+            cur.execute("BEGIN ISOLATION LEVEL REPEATABLE READ READ ONLY")
+            cur.execute("SELECT (pg_current_wal_lsn() - '0/0')::bigint")
+            row = cur.fetchone()
+            assert row is not None
+            self._position = int(row[0])
+
+    @property
+    def position(self) -> int:
+        return self._position
+
+    def side(self, table: TableId) -> ChecksumSide:
+        return PostgresChecksumSide(self.conn, table)
+
+    def changed_key_hashes(self, table: TableId, shape: TableShape) -> frozenset[int]:
+        return frozenset()
+
+    def close(self) -> None:
+        with contextlib.suppress(Exception):
+            self.conn.rollback()
+        self.conn.close()
 
 
 def quiet(dsn: str) -> Any:

@@ -53,13 +53,13 @@ def test_every_type_agrees_with_the_delta_side_and_the_reference(
         source = PostgresChecksumSide(conn, TableId("public", "mx"))
         with DeltaChecksumSide(str(lake)) as target:
             texts = {key_hash_of(t, shape): t for t in (row_texts(r, shape) for r in found)}
-            source_texts = source.bucket_rows(shape, 1, [0])
+            source_texts = dict(source.bucket_rows(shape, 1, [0]))
             differing = {c.name: (s[i], texts[k][i]) for k, s in source_texts.items()
                          if k in texts for i, c in enumerate(shape.columns)
                          if s[i] != texts[k][i]}
             assert differing == {}
             assert source_texts == texts
-            assert target.bucket_rows(shape, 1, [0]) == texts
+            assert dict(target.bucket_rows(shape, 1, [0])) == texts
             for buckets in (1, 8, 64):
                 expected = reference_bucket_sums(found, shape, buckets)
                 assert source.bucket_sums(shape, buckets) == expected
