@@ -279,6 +279,12 @@ class SourceKind(abc.ABC):
         return key_value(text, target_type)
 
     # -- verify ----------------------------------------------------------------------
+    def verified_position(self, offset: Mapping[str, Any], tables: Sequence[str]) -> int:
+        """How far a pipeline whose last committed Spark offset is *offset* has brought
+        the targets of *tables*: every change before this position is in them. 0 while
+        one of them is still being loaded by a snapshot (its target is partial)."""
+        return self.log_position(offset)
+
     def verify_snapshot(self, dsn: str, tables: Sequence[TableId], *,
                         publication: str) -> VerifySnapshot:
         """A snapshot of *tables* at an exact log position, for ``tidemark verify``

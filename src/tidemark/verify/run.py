@@ -222,7 +222,8 @@ class _Verify:
         deadline = time.monotonic() + self.wait_s
         while True:
             _, _, offset = committed_source_offset(self.config.checkpoint)
-            if offset is not None and self.kind.log_position(offset) >= position:
+            if offset is not None and self.kind.verified_position(
+                    offset, [t.target.table for t in self.tables]) >= position:
                 return True
             if not may_be_running(self.config.checkpoint):
                 log.warning("the pipeline is not running and has not committed %s: "
