@@ -7,8 +7,10 @@ costs two scans and a few kilobytes.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
-from collections.abc import Iterable, Sequence
+import time
+from collections.abc import Iterable, Iterator, Sequence
 from typing import Final
 
 from tidemark.row_checksum import BucketSums, ChecksumSide, RowTexts, TableShape
@@ -40,6 +42,20 @@ class Comparison:
 
     rows_compared: int = 0
     differences: list[Difference] = dataclasses.field(default_factory=list)
+    rows_fetched: int = 0
+    """Rows of differing buckets read from both sides to compare them field by field."""
+    phases: dict[str, float] = dataclasses.field(default_factory=dict)
+    """Seconds spent per phase: ``source_sums``, ``target_sums``, ``rows``."""
+
+    @contextlib.contextmanager
+    def timing(self, phase: str) -> Iterator[None]:
+        """Add the wall time of the block to *phase*."""
+        started = time.perf_counter()
+        try:
+            yield
+        finally:
+            self.phases[phase] = self.phases.get(phase, 0.0) + time.perf_counter() - started
+
 
 
 def _differing(source: BucketSums, target: BucketSums) -> list[int]:
@@ -54,9 +70,12 @@ def compare_tables(source: ChecksumSide, target: ChecksumSide, shape: TableShape
                    buckets: int, *, excluded_keys: frozenset[int] = frozenset(),
                    target_behind: bool = False) -> Comparison:
     """Compare every row of both sides but those whose key hash is in *excluded_keys*."""
-    source_sums = source.bucket_sums(shape, buckets, excluded_keys=excluded_keys)
-    target_sums = target.bucket_sums(shape, buckets, excluded_keys=excluded_keys)
-    result = Comparison(rows_compared=sum(s.rows for s in source_sums.values()))
+    result = Comparison()
+    with result.timing("source_sums"):
+        source_sums = source.bucket_sums(shape, buckets, excluded_keys=excluded_keys)
+    with result.timing("target_sums"):
+        target_sums = target.bucket_sums(shape, buckets, excluded_keys=excluded_keys)
+    result.rows_compared = sum(s.rows for s in source_sums.values())
     # (modulus, buckets of that modulus whose rows are fetched)
     fetch: list[tuple[int, list[int]]] = []
     modulus, differing = buckets, _differing(source_sums, target_sums)
@@ -72,21 +91,25 @@ def compare_tables(source: ChecksumSide, target: ChecksumSide, shape: TableShape
             break
         parts = [b + i * modulus for b in large for i in range(SPLIT_FACTOR)]
         modulus *= SPLIT_FACTOR
-        source_sums = source.bucket_sums(shape, modulus, only=parts,
-                                         excluded_keys=excluded_keys)
-        target_sums = target.bucket_sums(shape, modulus, only=parts,
-                                         excluded_keys=excluded_keys)
+        with result.timing("source_sums"):
+            source_sums = source.bucket_sums(shape, modulus, only=parts,
+                                             excluded_keys=excluded_keys)
+        with result.timing("target_sums"):
+            target_sums = target.bucket_sums(shape, modulus, only=parts,
+                                             excluded_keys=excluded_keys)
         differing = _differing(source_sums, target_sums)
     else:
         if differing:
             fetch.append((modulus, differing))
     for fetch_modulus, fetch_buckets in fetch:
-        result.differences += compare_rows(
-            source.bucket_rows(shape, fetch_modulus, fetch_buckets,
-                               excluded_keys=excluded_keys),
-            target.bucket_rows(shape, fetch_modulus, fetch_buckets,
-                               excluded_keys=excluded_keys),
-            shape, target_behind=target_behind)
+        with result.timing("rows"):
+            source_rows = source.bucket_rows(shape, fetch_modulus, fetch_buckets,
+                                             excluded_keys=excluded_keys)
+            target_rows = target.bucket_rows(shape, fetch_modulus, fetch_buckets,
+                                             excluded_keys=excluded_keys)
+        result.rows_fetched += len(source_rows) + len(target_rows)
+        result.differences += compare_rows(source_rows, target_rows, shape,
+                                           target_behind=target_behind)
     return result
 
 
@@ -98,12 +121,17 @@ def compare_keys(source: ChecksumSide, target: ChecksumSide, shape: TableShape,
     if not wanted:
         return Comparison()
     only = sorted({k % buckets for k in wanted})
-    source_rows = {k: v for k, v in source.bucket_rows(shape, buckets, only).items()
-                   if k in wanted}
-    target_rows = {k: v for k, v in target.bucket_rows(shape, buckets, only).items()
-                   if k in wanted}
-    return Comparison(len(source_rows), compare_rows(source_rows, target_rows, shape,
-                                                     target_behind=target_behind))
+    result = Comparison()
+    with result.timing("rows"):
+        fetched_source = source.bucket_rows(shape, buckets, only)
+        fetched_target = target.bucket_rows(shape, buckets, only)
+    result.rows_fetched = len(fetched_source) + len(fetched_target)
+    source_rows = {k: v for k, v in fetched_source.items() if k in wanted}
+    target_rows = {k: v for k, v in fetched_target.items() if k in wanted}
+    result.rows_compared = len(source_rows)
+    result.differences = compare_rows(source_rows, target_rows, shape,
+                                      target_behind=target_behind)
+    return result
 
 
 def compare_rows(source: dict[int, RowTexts], target: dict[int, RowTexts],

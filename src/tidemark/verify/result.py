@@ -44,10 +44,21 @@ class TableResult:
     target_version: int | None = None
     rounds: int = 0
     seconds: float = 0.0
+    rows_fetched: int = 0
+    """Rows of differing buckets (and of keys compared in later rounds) read from both
+    sides."""
+    phases: dict[str, float] = dataclasses.field(default_factory=dict)
+    """Seconds per phase over all rounds: ``target_open`` (the Delta version read),
+    ``changed_keys`` (the keys changed after the snapshot), ``source_sums``,
+    ``target_sums`` (bucket sums) and ``rows`` (the differing buckets' rows)."""
 
     @property
     def equal(self) -> bool:
         return not self.differences
+
+    def add_phase(self, phase: str, seconds: float) -> None:
+        """Add *seconds* to *phase*."""
+        self.phases[phase] = self.phases.get(phase, 0.0) + seconds
 
     def as_json(self) -> dict[str, Any]:
         return {"table": self.table, "path": self.path, "equal": self.equal,
@@ -56,7 +67,8 @@ class TableResult:
                 "differences": [d.as_json() for d in self.differences],
                 "not_compared": self.not_compared, "target_behind": self.target_behind,
                 "target_version": self.target_version, "rounds": self.rounds,
-                "seconds": round(self.seconds, 3)}
+                "seconds": round(self.seconds, 3), "rows_fetched": self.rows_fetched,
+                "phases": _rounded(self.phases)}
 
 
 @dataclasses.dataclass
@@ -68,10 +80,17 @@ class VerifyResult:
     error: str | None = None
     started_at: float = 0.0
     seconds: float = 0.0
+    phases: dict[str, float] = dataclasses.field(default_factory=dict)
+    """Seconds per phase shared by the tables, over all rounds: ``snapshot`` (opening
+    the source snapshots) and ``wait`` (for the pipeline to commit their positions)."""
 
     @property
     def equal(self) -> bool:
         return self.error is None and all(t.equal for t in self.tables)
+
+    def add_phase(self, phase: str, seconds: float) -> None:
+        """Add *seconds* to *phase*."""
+        self.phases[phase] = self.phases.get(phase, 0.0) + seconds
 
     @property
     def exit_code(self) -> int:
@@ -83,8 +102,12 @@ class VerifyResult:
     def as_json(self) -> dict[str, Any]:
         return {"config": self.config, "result": _result_word(self),
                 "error": self.error, "started_at": self.started_at,
-                "seconds": round(self.seconds, 3),
+                "seconds": round(self.seconds, 3), "phases": _rounded(self.phases),
                 "tables": [t.as_json() for t in self.tables]}
+
+
+def _rounded(phases: dict[str, float]) -> dict[str, float]:
+    return {name: round(seconds, 3) for name, seconds in phases.items()}
 
 
 def _result_word(result: VerifyResult) -> str:

@@ -138,9 +138,13 @@ class _Verify:
             table.open_target().close()  # shapes first: refuse before any snapshot
         active = list(self.tables)
         for number in range(1, ROUNDS + 1):
+            started = time.perf_counter()
             snapshot = self.open_snapshot([t.table_id for t in active])
+            result.add_phase("snapshot", time.perf_counter() - started)
             try:
+                started = time.perf_counter()
                 behind = not self._wait_for(snapshot.position)
+                result.add_phase("wait", time.perf_counter() - started)
                 for table in active:
                     self._round(table, snapshot, number, behind)
             finally:
@@ -168,9 +172,13 @@ class _Verify:
     def _round(self, table: _Table, snapshot: VerifySnapshot, number: int,
                behind: bool) -> None:
         source = snapshot.side(table.table_id)
+        started = time.perf_counter()
         with table.open_target() as target:
+            table.result.add_phase("target_open", time.perf_counter() - started)
             assert table.shape is not None
+            started = time.perf_counter()
             changed = snapshot.changed_key_hashes(table.table_id, table.shape)
+            table.result.add_phase("changed_keys", time.perf_counter() - started)
             table.result.target_behind = table.result.target_behind or behind
             table.result.rounds = number
             if number == 1:
@@ -182,6 +190,9 @@ class _Verify:
                                      table.pending - changed, target_behind=behind)
                 table.pending = table.pending & changed
             table.result.rows_compared += found.rows_compared
+            table.result.rows_fetched += found.rows_fetched
+            for phase, seconds in found.phases.items():
+                table.result.add_phase(phase, seconds)
             table.result.differences += found.differences
             if table.pending and number == ROUNDS:
                 table.result.not_compared = keys_named(
