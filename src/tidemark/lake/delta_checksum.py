@@ -32,6 +32,9 @@ from tidemark.row_checksum import (
 _TABLE: Final = "target_rows"
 _EXCLUDED: Final = "excluded_keys"
 _ONLY: Final = "only_buckets"
+#: The prefix of the columns holding doubles' shortest texts (a name no Delta column
+#: of a pipeline's target starts with).
+_SHORTEST: Final = "__tidemark_shortest_"
 
 
 def quote(name: str) -> str:
@@ -46,22 +49,30 @@ def hash_sql(text: str) -> str:
 
 def field_sql(text: str) -> str:
     """A canonical text expression (NULL for NULL) as a field of a row text."""
-    return f"CASE WHEN ({text}) IS NULL THEN '~' ELSE CAST(length({text}) AS VARCHAR) " \
-           f"|| ':' || ({text}) END"
+    return f"coalesce(CAST(length({text}) AS VARCHAR) || ':' || ({text}), '~')"
 
 
-def _float_sql(value: str) -> str:
-    t = f"CAST(abs({value}) AS VARCHAR)"
+def shortest_sql(value: str) -> str:
+    """The shortest text of a DOUBLE expression's absolute value (what
+    :func:`_float_sql` re-lays)."""
+    return f"CAST(abs({value}) AS VARCHAR)"
+
+
+def _float_sql(value: str, shortest: str | None = None) -> str:
+    """The canonical float64 text of a DOUBLE expression *value*, from its shortest
+    text *shortest* (a column computed a level below, so DuckDB prints each value
+    once; default: :func:`shortest_sql`, inline). The exponent is the mantissa's
+    digits without leading zeros, less those after the point, plus the printed
+    exponent."""
+    t = shortest or shortest_sql(value)
     mantissa = f"split_part({t}, 'e', 1)"
-    exponent = f"coalesce(CAST(nullif(split_part({t}, 'e', 2), '') AS INTEGER), 0)"
-    whole = f"split_part({mantissa}, '.', 1)"
-    raw = f"({whole} || split_part({mantissa}, '.', 2))"
-    lead = f"(length({raw}) - length(ltrim({raw}, '0')))"
+    raw = f"ltrim(replace({mantissa}, '.', ''), '0')"
+    exponent = (f"(length({raw}) - length(split_part({mantissa}, '.', 2)) + "
+                f"coalesce(CAST(nullif(split_part({t}, 'e', 2), '') AS INTEGER), 0))")
     return (f"CASE WHEN isnan({value}) THEN 'nan' WHEN {value} = 'inf'::DOUBLE THEN 'inf' "
             f"WHEN {value} = '-inf'::DOUBLE THEN '-inf' WHEN {value} = 0 THEN '0' "
             f"ELSE CASE WHEN {value} < 0 THEN '-' ELSE '' END || '0.' || "
-            f"rtrim(ltrim({raw}, '0'), '0') || 'e' || "
-            f"CAST(length({whole}) + {exponent} - {lead} AS VARCHAR) END")
+            f"rtrim({raw}, '0') || 'e' || CAST({exponent} AS VARCHAR) END")
 
 
 def text_sql(value: str, target: pa.DataType, depth: int = 0) -> str:
@@ -138,18 +149,34 @@ class DeltaChecksumSide:
         return " AND ".join(conditions)
 
     def _hashed(self, shape: TableShape) -> tuple[str, list[str]]:
+        """``SELECT kh, rh, c0, ... FROM`` the live rows, in three levels: the shortest
+        texts of doubles, then each column's canonical text, then the fields and hashes
+        over those. DuckDB keeps a column of a lower level rather than computing its
+        expression again at each use (a field uses its text twice, a double's canonical
+        text its shortest text four times), which makes a scan several times cheaper."""
+        shortest: list[str] = []
         texts = []
-        for column in shape.columns:
+        for i, column in enumerate(shape.columns):
             if column.name not in self.schema.names:
                 raise UnsupportedColumnError(f"the Delta table {self.path} has no column "
                                              f"{column.name!r}")
-            texts.append(text_sql(quote(column.name), column.target_type))
-        by_name = dict(zip((c.name for c in shape.columns), texts, strict=True))
-        key_text = " || ".join(field_sql(by_name[k]) for k in shape.keys)
-        row_text = " || ".join(field_sql(t) for t in texts)
-        more = "".join(f", {t} AS c{i}" for i, t in enumerate(texts))
+            name = quote(column.name)
+            if pa.types.is_floating(column.target_type):
+                value = f"CAST({name} AS DOUBLE)"
+                shortest.append(f", {shortest_sql(value)} AS {_SHORTEST}{i}")
+                texts.append(_float_sql(value, f"{_SHORTEST}{i}"))
+            else:
+                texts.append(text_sql(name, column.target_type))
+        columns = ", ".join(quote(c.name) for c in shape.columns)
+        rows = (f"SELECT {columns}{''.join(shortest)} FROM {_TABLE} "
+                f"WHERE {self.live_filter()}")
+        canonical = ", ".join(f"{t} AS c{i}" for i, t in enumerate(texts))
+        position = {c.name: i for i, c in enumerate(shape.columns)}
+        key_text = " || ".join(field_sql(f"c{position[k]}") for k in shape.keys)
+        row_text = " || ".join(field_sql(f"c{i}") for i in range(len(texts)))
+        more = "".join(f", c{i}" for i in range(len(texts)))
         return (f"SELECT {hash_sql(key_text)} AS kh, {hash_sql(row_text)} AS rh{more} "
-                f"FROM {_TABLE} WHERE {self.live_filter()}"), texts
+                f"FROM (SELECT {canonical} FROM ({rows}) AS r) AS t"), texts
 
     def _run(self, shape: TableShape, buckets: int, only: Sequence[int] | None,
              excluded_keys: frozenset[int], select: str, tail: str) -> list[tuple[Any, ...]]:

@@ -25,6 +25,11 @@ SPLIT_FACTOR: Final = 64
 #: At most this many splits of one bucket (64^3 parts): a bucket still larger then has
 #: that many rows differing and its rows are fetched anyway.
 MAX_SPLITS: Final = 3
+#: Key hashes have 60 bits, so of this many buckets each key hash is its own bucket:
+#: the rows of chosen keys are those of the buckets named by their hashes, without
+#: fetching every row sharing a bucket with one of them (a side still scans its table,
+#: but only those rows leave it).
+KEY_BUCKETS: Final = 2**60
 
 
 def bucket_count(rows: int) -> int:
@@ -114,20 +119,16 @@ def compare_tables(source: ChecksumSide, target: ChecksumSide, shape: TableShape
 
 
 def compare_keys(source: ChecksumSide, target: ChecksumSide, shape: TableShape,
-                 buckets: int, keys: Iterable[int], *,
-                 target_behind: bool = False) -> Comparison:
+                 keys: Iterable[int], *, target_behind: bool = False) -> Comparison:
     """Compare only the rows whose key hash is in *keys* (a later round's keys)."""
-    wanted = frozenset(keys)
+    wanted = sorted(frozenset(keys))
     if not wanted:
         return Comparison()
-    only = sorted({k % buckets for k in wanted})
     result = Comparison()
     with result.timing("rows"):
-        fetched_source = source.bucket_rows(shape, buckets, only)
-        fetched_target = target.bucket_rows(shape, buckets, only)
-    result.rows_fetched = len(fetched_source) + len(fetched_target)
-    source_rows = {k: v for k, v in fetched_source.items() if k in wanted}
-    target_rows = {k: v for k, v in fetched_target.items() if k in wanted}
+        source_rows = source.bucket_rows(shape, KEY_BUCKETS, wanted)
+        target_rows = target.bucket_rows(shape, KEY_BUCKETS, wanted)
+    result.rows_fetched = len(source_rows) + len(target_rows)
     result.rows_compared = len(source_rows)
     result.differences = compare_rows(source_rows, target_rows, shape,
                                       target_behind=target_behind)
@@ -163,16 +164,15 @@ def key_of(texts: RowTexts, shape: TableShape) -> dict[str, str | None]:
     return {k: texts[position[k]] for k in shape.keys}
 
 
-def keys_named(sides: Sequence[ChecksumSide], shape: TableShape, buckets: int,
+def keys_named(sides: Sequence[ChecksumSide], shape: TableShape,
                keys: frozenset[int]) -> list[dict[str, str | None]]:
     """The key texts of *keys*, read from the first side that holds each (keys no side
     holds any more are left out)."""
     if not keys:
         return []
-    only = sorted({k % buckets for k in keys})
+    wanted = sorted(keys)
     named: dict[int, dict[str, str | None]] = {}
     for side in sides:
-        for key_hash, texts in side.bucket_rows(shape, buckets, only).items():
-            if key_hash in keys and key_hash not in named:
-                named[key_hash] = key_of(texts, shape)
+        for key_hash, texts in side.bucket_rows(shape, KEY_BUCKETS, wanted).items():
+            named.setdefault(key_hash, key_of(texts, shape))
     return [named[k] for k in sorted(named)]

@@ -186,8 +186,8 @@ class _Verify:
                                        excluded_keys=changed, target_behind=behind)
                 table.pending = changed
             else:
-                found = compare_keys(source, target, table.shape, table.buckets,
-                                     table.pending - changed, target_behind=behind)
+                found = compare_keys(source, target, table.shape, table.pending - changed,
+                                     target_behind=behind)
                 table.pending = table.pending & changed
             table.result.rows_compared += found.rows_compared
             table.result.rows_fetched += found.rows_fetched
@@ -196,5 +196,5 @@ class _Verify:
             table.result.differences += found.differences
             if table.pending and number == ROUNDS:
                 table.result.not_compared = keys_named(
-                    [source, target], table.shape, table.buckets, table.pending)
+                    [source, target], table.shape, table.pending)
                 table.pending = frozenset()
