@@ -148,12 +148,14 @@ class DeltaChecksumSide:
             conditions.append(f"NOT coalesce({quote(self.soft_delete_column)}, FALSE)")
         return " AND ".join(conditions)
 
-    def _hashed(self, shape: TableShape) -> tuple[str, list[str]]:
-        """``SELECT kh, rh, c0, ... FROM`` the live rows, in three levels: the shortest
-        texts of doubles, then each column's canonical text, then the fields and hashes
-        over those. DuckDB keeps a column of a lower level rather than computing its
-        expression again at each use (a field uses its text twice, a double's canonical
-        text its shortest text four times), which makes a scan several times cheaper."""
+    def _hashed(self, shape: TableShape, where: Sequence[str] = ()) -> tuple[str, list[str]]:
+        """``SELECT kh, rh, c0, ... FROM`` the live rows whose key hash ``kh`` meets the
+        conditions *where*, in levels: the key hash (and the shortest texts of doubles),
+        filtered there so the other columns' texts are made only for the rows kept; then
+        each column's canonical text; then the fields and the row hash over those.
+        DuckDB keeps a column of a lower level rather than computing its expression again
+        at each use (a field uses its text twice, a double's canonical text its shortest
+        text four times), which makes a scan several times cheaper."""
         shortest: list[str] = []
         texts = []
         for i, column in enumerate(shape.columns):
@@ -167,20 +169,22 @@ class DeltaChecksumSide:
                 texts.append(_float_sql(value, f"{_SHORTEST}{i}"))
             else:
                 texts.append(text_sql(name, column.target_type))
+        by_name = {c.name: c for c in shape.columns}
+        key_text = " || ".join(field_sql(text_sql(quote(k), by_name[k].target_type))
+                               for k in shape.keys)
         columns = ", ".join(quote(c.name) for c in shape.columns)
-        rows = (f"SELECT {columns}{''.join(shortest)} FROM {_TABLE} "
-                f"WHERE {self.live_filter()}")
+        rows = (f"SELECT {hash_sql(key_text)} AS kh, {columns}{''.join(shortest)} "
+                f"FROM {_TABLE} WHERE {self.live_filter()}")
+        if where:
+            rows = f"SELECT * FROM ({rows}) AS k WHERE {' AND '.join(where)}"
         canonical = ", ".join(f"{t} AS c{i}" for i, t in enumerate(texts))
-        position = {c.name: i for i, c in enumerate(shape.columns)}
-        key_text = " || ".join(field_sql(f"c{position[k]}") for k in shape.keys)
         row_text = " || ".join(field_sql(f"c{i}") for i in range(len(texts)))
         more = "".join(f", c{i}" for i in range(len(texts)))
-        return (f"SELECT {hash_sql(key_text)} AS kh, {hash_sql(row_text)} AS rh{more} "
-                f"FROM (SELECT {canonical} FROM ({rows}) AS r) AS t"), texts
+        return (f"SELECT kh, {hash_sql(row_text)} AS rh{more} "
+                f"FROM (SELECT kh, {canonical} FROM ({rows}) AS r) AS t"), texts
 
     def _run(self, shape: TableShape, buckets: int, only: Sequence[int] | None,
              excluded_keys: frozenset[int], select: str, tail: str) -> list[tuple[Any, ...]]:
-        inner, _ = self._hashed(shape)
         where = []
         with self._lock:
             cursor = self._db.cursor()
@@ -189,14 +193,14 @@ class DeltaChecksumSide:
                 cursor.register(_TABLE, self._dataset)
                 if only is not None:
                     cursor.register(_ONLY, pa.table({"b": pa.array(only, pa.int64())}))
-                    where.append(f"s.kh % {int(buckets)} IN (SELECT b FROM {_ONLY})")
+                    where.append(f"kh % {int(buckets)} IN (SELECT b FROM {_ONLY})")
                 if excluded_keys:
                     cursor.register(_EXCLUDED, pa.table(
                         {"k": pa.array(sorted(excluded_keys), pa.int64())}))
-                    where.append(f"s.kh NOT IN (SELECT k FROM {_EXCLUDED})")
-                clause = f" WHERE {' AND '.join(where)}" if where else ""
+                    where.append(f"kh NOT IN (SELECT k FROM {_EXCLUDED})")
+                inner, _ = self._hashed(shape, where)
                 return cursor.execute(
-                    f"SELECT {select} FROM ({inner}) AS s{clause}{tail}").fetchall()
+                    f"SELECT {select} FROM ({inner}) AS s{tail}").fetchall()
             finally:
                 cursor.close()
 
