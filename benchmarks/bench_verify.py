@@ -251,8 +251,11 @@ def main() -> None:
                   f"{drifted.load:.1f}), exit {drifted.code}, {len(found)} keys named")
             print(f"      {phases_text(drifted)}")
             if drifted.code != 1 or found != drift.keys:
-                raise SystemExit(f"verify should have named exactly {sorted(drift.keys)}; "
-                                 f"it exited {drifted.code} naming {sorted(found)}")
+                behind = _table(drifted)["target_behind"]
+                raise SystemExit(
+                    f"verify should have named exactly {sorted(drift.keys)}; it exited "
+                    f"{drifted.code} naming {len(found)} keys, {sorted(found)[:20]}..."
+                    + (" (the pipeline had not caught up: target behind)" if behind else ""))
             drift.undo()
 
             writer.stop.set()
