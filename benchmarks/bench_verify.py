@@ -164,6 +164,19 @@ class Drift:
         return {(d["kind"], int(d["key"]["id"])) for d in _table(run)["differences"]}
 
 
+def caught_up(dsn: str, lake: Path, check_alive: Any) -> tuple[int, int]:
+    """With the writer stopped: the source's and the target's row counts once equal
+    (or after 600 s)."""
+    with sql_connection(dsn, autocommit=True) as conn:
+        source_rows = int(conn.execute("SELECT count(*) FROM t10").fetchone()[0])
+    deadline = time.monotonic() + 600
+    while (delta_rows := DeltaTable(str(lake)).to_pyarrow_dataset().count_rows()) \
+            != source_rows and time.monotonic() < deadline:
+        check_alive()
+        time.sleep(0.5)  # polling the pipeline's catching up
+    return source_rows, delta_rows
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--rows", type=int, default=10_000_000)
@@ -241,9 +254,16 @@ def main() -> None:
             for i, done in enumerate(verifies, 1):
                 print(f"      run {i}: {done.seconds:.1f} s: {phases_text(done)}")
 
+            # The writer pauses while the target is changed behind the pipeline's back:
+            # a Delta commit racing the pipeline's merge on the same files fails the
+            # pipeline (delta-rs's conflict check), which is not what is measured here.
+            writer.stop.set()
+            writer.join()
+            source_rows, delta_rows = caught_up(dsn, lake, check_alive)
             drift = Drift(lake)
             drift.apply()
-            check_alive()
+            writer = Writer(dsn, writer.next_id, args.rate, "tail")
+            writer.start()
             drifted = verify(file)
             found = drift.found(drifted)
             print(f"  (c) verify, 10 rows changed in Delta: {drifted.seconds:.1f} s "
@@ -256,18 +276,12 @@ def main() -> None:
                     f"verify should have named exactly {sorted(drift.keys)}; it exited "
                     f"{drifted.code} naming {len(found)} keys, {sorted(found)[:20]}..."
                     + (" (the pipeline had not caught up: target behind)" if behind else ""))
-            drift.undo()
-
             writer.stop.set()
             writer.join()
+            caught_up(dsn, lake, check_alive)
+            drift.undo()
             check_alive()
-            with sql_connection(dsn, autocommit=True) as conn:
-                source_rows = int(conn.execute("SELECT count(*) FROM t10").fetchone()[0])
-            deadline = time.monotonic() + 600
-            while (delta_rows := DeltaTable(str(lake)).to_pyarrow_dataset().count_rows()) \
-                    != source_rows and time.monotonic() < deadline:
-                check_alive()
-                time.sleep(0.5)  # polling the pipeline's catching up
+            source_rows, delta_rows = caught_up(dsn, lake, check_alive)
             final = verify(file)
             print(f"final check, writer stopped: source {source_rows:,} rows, Delta "
                   f"{delta_rows:,} rows; verify exit {final.code} in {final.seconds:.1f} s "
