@@ -32,6 +32,9 @@ from tidemark.row_checksum import (
 _TABLE: Final = "target_rows"
 _EXCLUDED: Final = "excluded_keys"
 _ONLY: Final = "only_buckets"
+#: The prefix of the columns holding doubles' shortest texts (a name no Delta column
+#: of a pipeline's target starts with).
+_SHORTEST: Final = "__tidemark_shortest_"
 
 
 def quote(name: str) -> str:
@@ -46,22 +49,30 @@ def hash_sql(text: str) -> str:
 
 def field_sql(text: str) -> str:
     """A canonical text expression (NULL for NULL) as a field of a row text."""
-    return f"CASE WHEN ({text}) IS NULL THEN '~' ELSE CAST(length({text}) AS VARCHAR) " \
-           f"|| ':' || ({text}) END"
+    return f"coalesce(CAST(length({text}) AS VARCHAR) || ':' || ({text}), '~')"
 
 
-def _float_sql(value: str) -> str:
-    t = f"CAST(abs({value}) AS VARCHAR)"
+def shortest_sql(value: str) -> str:
+    """The shortest text of a DOUBLE expression's absolute value (what
+    :func:`_float_sql` re-lays)."""
+    return f"CAST(abs({value}) AS VARCHAR)"
+
+
+def _float_sql(value: str, shortest: str | None = None) -> str:
+    """The canonical float64 text of a DOUBLE expression *value*, from its shortest
+    text *shortest* (a column computed a level below, so DuckDB prints each value
+    once; default: :func:`shortest_sql`, inline). The exponent is the mantissa's
+    digits without leading zeros, less those after the point, plus the printed
+    exponent."""
+    t = shortest or shortest_sql(value)
     mantissa = f"split_part({t}, 'e', 1)"
-    exponent = f"coalesce(CAST(nullif(split_part({t}, 'e', 2), '') AS INTEGER), 0)"
-    whole = f"split_part({mantissa}, '.', 1)"
-    raw = f"({whole} || split_part({mantissa}, '.', 2))"
-    lead = f"(length({raw}) - length(ltrim({raw}, '0')))"
+    raw = f"ltrim(replace({mantissa}, '.', ''), '0')"
+    exponent = (f"(length({raw}) - length(split_part({mantissa}, '.', 2)) + "
+                f"coalesce(CAST(nullif(split_part({t}, 'e', 2), '') AS INTEGER), 0))")
     return (f"CASE WHEN isnan({value}) THEN 'nan' WHEN {value} = 'inf'::DOUBLE THEN 'inf' "
             f"WHEN {value} = '-inf'::DOUBLE THEN '-inf' WHEN {value} = 0 THEN '0' "
             f"ELSE CASE WHEN {value} < 0 THEN '-' ELSE '' END || '0.' || "
-            f"rtrim(ltrim({raw}, '0'), '0') || 'e' || "
-            f"CAST(length({whole}) + {exponent} - {lead} AS VARCHAR) END")
+            f"rtrim({raw}, '0') || 'e' || CAST({exponent} AS VARCHAR) END")
 
 
 def text_sql(value: str, target: pa.DataType, depth: int = 0) -> str:
@@ -137,23 +148,43 @@ class DeltaChecksumSide:
             conditions.append(f"NOT coalesce({quote(self.soft_delete_column)}, FALSE)")
         return " AND ".join(conditions)
 
-    def _hashed(self, shape: TableShape) -> tuple[str, list[str]]:
+    def _hashed(self, shape: TableShape, where: Sequence[str] = ()) -> tuple[str, list[str]]:
+        """``SELECT kh, rh, c0, ... FROM`` the live rows whose key hash ``kh`` meets the
+        conditions *where*, in levels: the key hash (and the shortest texts of doubles),
+        filtered there so the other columns' texts are made only for the rows kept; then
+        each column's canonical text; then the fields and the row hash over those.
+        DuckDB keeps a column of a lower level rather than computing its expression again
+        at each use (a field uses its text twice, a double's canonical text its shortest
+        text four times), which makes a scan several times cheaper."""
+        shortest: list[str] = []
         texts = []
-        for column in shape.columns:
+        for i, column in enumerate(shape.columns):
             if column.name not in self.schema.names:
                 raise UnsupportedColumnError(f"the Delta table {self.path} has no column "
                                              f"{column.name!r}")
-            texts.append(text_sql(quote(column.name), column.target_type))
-        by_name = dict(zip((c.name for c in shape.columns), texts, strict=True))
-        key_text = " || ".join(field_sql(by_name[k]) for k in shape.keys)
-        row_text = " || ".join(field_sql(t) for t in texts)
-        more = "".join(f", {t} AS c{i}" for i, t in enumerate(texts))
-        return (f"SELECT {hash_sql(key_text)} AS kh, {hash_sql(row_text)} AS rh{more} "
-                f"FROM {_TABLE} WHERE {self.live_filter()}"), texts
+            name = quote(column.name)
+            if pa.types.is_floating(column.target_type):
+                value = f"CAST({name} AS DOUBLE)"
+                shortest.append(f", {shortest_sql(value)} AS {_SHORTEST}{i}")
+                texts.append(_float_sql(value, f"{_SHORTEST}{i}"))
+            else:
+                texts.append(text_sql(name, column.target_type))
+        by_name = {c.name: c for c in shape.columns}
+        key_text = " || ".join(field_sql(text_sql(quote(k), by_name[k].target_type))
+                               for k in shape.keys)
+        columns = ", ".join(quote(c.name) for c in shape.columns)
+        rows = (f"SELECT {hash_sql(key_text)} AS kh, {columns}{''.join(shortest)} "
+                f"FROM {_TABLE} WHERE {self.live_filter()}")
+        if where:
+            rows = f"SELECT * FROM ({rows}) AS k WHERE {' AND '.join(where)}"
+        canonical = ", ".join(f"{t} AS c{i}" for i, t in enumerate(texts))
+        row_text = " || ".join(field_sql(f"c{i}") for i in range(len(texts)))
+        more = "".join(f", c{i}" for i in range(len(texts)))
+        return (f"SELECT kh, {hash_sql(row_text)} AS rh{more} "
+                f"FROM (SELECT kh, {canonical} FROM ({rows}) AS r) AS t"), texts
 
     def _run(self, shape: TableShape, buckets: int, only: Sequence[int] | None,
              excluded_keys: frozenset[int], select: str, tail: str) -> list[tuple[Any, ...]]:
-        inner, _ = self._hashed(shape)
         where = []
         with self._lock:
             cursor = self._db.cursor()
@@ -162,14 +193,14 @@ class DeltaChecksumSide:
                 cursor.register(_TABLE, self._dataset)
                 if only is not None:
                     cursor.register(_ONLY, pa.table({"b": pa.array(only, pa.int64())}))
-                    where.append(f"s.kh % {int(buckets)} IN (SELECT b FROM {_ONLY})")
+                    where.append(f"kh % {int(buckets)} IN (SELECT b FROM {_ONLY})")
                 if excluded_keys:
                     cursor.register(_EXCLUDED, pa.table(
                         {"k": pa.array(sorted(excluded_keys), pa.int64())}))
-                    where.append(f"s.kh NOT IN (SELECT k FROM {_EXCLUDED})")
-                clause = f" WHERE {' AND '.join(where)}" if where else ""
+                    where.append(f"kh NOT IN (SELECT k FROM {_EXCLUDED})")
+                inner, _ = self._hashed(shape, where)
                 return cursor.execute(
-                    f"SELECT {select} FROM ({inner}) AS s{clause}{tail}").fetchall()
+                    f"SELECT {select} FROM ({inner}) AS s{tail}").fetchall()
             finally:
                 cursor.close()
 

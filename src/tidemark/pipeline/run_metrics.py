@@ -6,6 +6,7 @@ Debezium's streaming names where they mean the same (see :mod:`tidemark.metrics`
 
 from __future__ import annotations
 
+import os
 import threading
 import time
 from collections.abc import Iterator
@@ -13,6 +14,7 @@ from collections.abc import Iterator
 from prometheus_client.core import GaugeMetricFamily, Metric
 
 from tidemark.pipeline.progress import BatchReport
+from tidemark.pipeline.verify_metrics import verify_families
 
 _LABELS = ["context", "plugin", "name"]
 
@@ -20,10 +22,13 @@ _LABELS = ["context", "plugin", "name"]
 class RunMetrics:
     """Totals of the batches applied so far, turned into metrics at each scrape."""
 
-    def __init__(self, name: str, plugin: str = "postgres") -> None:
+    def __init__(self, name: str, plugin: str = "postgres",
+                 checkpoint: str | os.PathLike[str] | None = None) -> None:
         self.name = name
         self.plugin = plugin
         """The source kind's name (Debezium's ``plugin`` label)."""
+        self.checkpoint = checkpoint
+        """Where the last verify's record is read (None: no verify metrics)."""
         self._lock = threading.Lock()
         self._changes: dict[str, int] = {}
         self._transactions = 0
@@ -80,3 +85,5 @@ class RunMetrics:
             yield gauge("tidemark_pipeline_lag_bytes",
                         "WAL flushed by the server after the last batch's end.",
                         last.lag_bytes)
+        if self.checkpoint is not None:
+            yield from verify_families(self.checkpoint, _LABELS, labels)

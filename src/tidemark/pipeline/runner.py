@@ -95,7 +95,8 @@ class Pipeline(BatchApply):
         self._upkeep_state: dict[str, UpkeepState] = {}
         self._batches_applied = 0
         self._source = BatchSource(config)
-        self._metrics = RunMetrics(config.spark.app_name, self._source.kind.name)
+        self._metrics = RunMetrics(config.spark.app_name, self._source.kind.name,
+                                   config.checkpoint)
         self.metrics_port: int | None = None
         """The port of the metrics endpoint while :meth:`run` serves it."""
 

@@ -7,9 +7,11 @@ costs two scans and a few kilobytes.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
+import time
 from collections import Counter
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from typing import Final
 
 from tidemark.row_checksum import BucketSums, ChecksumSide, KeyedRow, RowTexts, TableShape
@@ -24,6 +26,11 @@ SPLIT_FACTOR: Final = 64
 #: At most this many splits of one bucket (64^3 parts): a bucket still larger then has
 #: that many rows differing and its rows are fetched anyway.
 MAX_SPLITS: Final = 3
+#: Key hashes have 60 bits, so of this many buckets each key hash is its own bucket:
+#: the rows of chosen keys are those of the buckets named by their hashes, without
+#: fetching every row sharing a bucket with one of them (a side still scans its table,
+#: but only those rows leave it).
+KEY_BUCKETS: Final = 2**60
 
 
 def bucket_count(rows: int) -> int:
@@ -35,20 +42,26 @@ def bucket_count(rows: int) -> int:
     return count
 
 
-def key_modulus(buckets: int) -> int:
-    """The buckets to fetch single keys by: four times as many as the table has rows
-    (about :data:`ROWS_PER_BUCKET` per bucket of *buckets*), so that fetching the
-    thousands of keys a writer changed during a round reads about as many rows, not the
-    whole buckets they fall in."""
-    return buckets * ROWS_PER_BUCKET * 4
-
-
 @dataclasses.dataclass
 class Comparison:
     """What one comparison of two sides found."""
 
     rows_compared: int = 0
     differences: list[Difference] = dataclasses.field(default_factory=list)
+    rows_fetched: int = 0
+    """Rows of differing buckets read from both sides to compare them field by field."""
+    phases: dict[str, float] = dataclasses.field(default_factory=dict)
+    """Seconds spent per phase: ``source_sums``, ``target_sums``, ``rows``."""
+
+    @contextlib.contextmanager
+    def timing(self, phase: str) -> Iterator[None]:
+        """Add the wall time of the block to *phase*."""
+        started = time.perf_counter()
+        try:
+            yield
+        finally:
+            self.phases[phase] = self.phases.get(phase, 0.0) + time.perf_counter() - started
+
 
 
 def _differing(source: BucketSums, target: BucketSums) -> list[int]:
@@ -63,9 +76,12 @@ def compare_tables(source: ChecksumSide, target: ChecksumSide, shape: TableShape
                    buckets: int, *, excluded_keys: frozenset[int] = frozenset(),
                    target_behind: bool = False) -> Comparison:
     """Compare every row of both sides but those whose key hash is in *excluded_keys*."""
-    source_sums = source.bucket_sums(shape, buckets, excluded_keys=excluded_keys)
-    target_sums = target.bucket_sums(shape, buckets, excluded_keys=excluded_keys)
-    result = Comparison(rows_compared=sum(s.rows for s in source_sums.values()))
+    result = Comparison()
+    with result.timing("source_sums"):
+        source_sums = source.bucket_sums(shape, buckets, excluded_keys=excluded_keys)
+    with result.timing("target_sums"):
+        target_sums = target.bucket_sums(shape, buckets, excluded_keys=excluded_keys)
+    result.rows_compared = sum(s.rows for s in source_sums.values())
     # (modulus, buckets of that modulus whose rows are fetched)
     fetch: list[tuple[int, list[int]]] = []
     modulus, differing = buckets, _differing(source_sums, target_sums)
@@ -81,21 +97,24 @@ def compare_tables(source: ChecksumSide, target: ChecksumSide, shape: TableShape
             break
         parts = [b + i * modulus for b in large for i in range(SPLIT_FACTOR)]
         modulus *= SPLIT_FACTOR
-        source_sums = source.bucket_sums(shape, modulus, only=parts,
-                                         excluded_keys=excluded_keys)
-        target_sums = target.bucket_sums(shape, modulus, only=parts,
-                                         excluded_keys=excluded_keys)
+        with result.timing("source_sums"):
+            source_sums = source.bucket_sums(shape, modulus, only=parts,
+                                             excluded_keys=excluded_keys)
+        with result.timing("target_sums"):
+            target_sums = target.bucket_sums(shape, modulus, only=parts,
+                                             excluded_keys=excluded_keys)
         differing = _differing(source_sums, target_sums)
     else:
         if differing:
             fetch.append((modulus, differing))
     for fetch_modulus, fetch_buckets in fetch:
-        found = _row_differences(
-            source.bucket_rows(shape, fetch_modulus, fetch_buckets,
-                               excluded_keys=excluded_keys),
-            target.bucket_rows(shape, fetch_modulus, fetch_buckets,
-                               excluded_keys=excluded_keys),
-            shape, target_behind)
+        with result.timing("rows"):
+            source_rows = source.bucket_rows(shape, fetch_modulus, fetch_buckets,
+                                             excluded_keys=excluded_keys)
+            target_rows = target.bucket_rows(shape, fetch_modulus, fetch_buckets,
+                                             excluded_keys=excluded_keys)
+        result.rows_fetched += len(source_rows) + len(target_rows)
+        found = _row_differences(source_rows, target_rows, shape, target_behind)
         result.differences += [d for _, d in found]
         explained = {key_hash % fetch_modulus for key_hash, _ in found}
         unexplained = [b for b in fetch_buckets if b not in explained]
@@ -117,18 +136,20 @@ def _unexplained(buckets: Sequence[int], modulus: int, target_behind: bool) -> D
 
 
 def compare_keys(source: ChecksumSide, target: ChecksumSide, shape: TableShape,
-                 buckets: int, keys: Iterable[int], *,
-                 target_behind: bool = False) -> Comparison:
+                 keys: Iterable[int], *, target_behind: bool = False) -> Comparison:
     """Compare only the rows whose key hash is in *keys* (a later round's keys)."""
-    wanted = frozenset(keys)
+    wanted = sorted(frozenset(keys))
     if not wanted:
         return Comparison()
-    modulus = key_modulus(buckets)
-    only = sorted({k % modulus for k in wanted})
-    source_rows = [r for r in source.bucket_rows(shape, modulus, only) if r[0] in wanted]
-    target_rows = [r for r in target.bucket_rows(shape, modulus, only) if r[0] in wanted]
-    return Comparison(len(source_rows), compare_rows(source_rows, target_rows, shape,
-                                                     target_behind=target_behind))
+    result = Comparison()
+    with result.timing("rows"):
+        source_rows = source.bucket_rows(shape, KEY_BUCKETS, wanted)
+        target_rows = target.bucket_rows(shape, KEY_BUCKETS, wanted)
+    result.rows_fetched = len(source_rows) + len(target_rows)
+    result.rows_compared = len(source_rows)
+    result.differences = compare_rows(source_rows, target_rows, shape,
+                                      target_behind=target_behind)
+    return result
 
 
 def compare_rows(source: Sequence[KeyedRow], target: Sequence[KeyedRow],
@@ -183,17 +204,15 @@ def key_of(texts: RowTexts, shape: TableShape) -> dict[str, str | None]:
     return {k: texts[position[k]] for k in shape.keys}
 
 
-def keys_named(sides: Sequence[ChecksumSide], shape: TableShape, buckets: int,
+def keys_named(sides: Sequence[ChecksumSide], shape: TableShape,
                keys: frozenset[int]) -> list[dict[str, str | None]]:
     """The key texts of *keys*, read from the first side that holds each (keys no side
     holds any more are left out)."""
     if not keys:
         return []
-    modulus = key_modulus(buckets)
-    only = sorted({k % modulus for k in keys})
+    wanted = sorted(keys)
     named: dict[int, dict[str, str | None]] = {}
     for side in sides:
-        for key_hash, texts in side.bucket_rows(shape, modulus, only):
-            if key_hash in keys and key_hash not in named:
-                named[key_hash] = key_of(texts, shape)
+        for key_hash, texts in side.bucket_rows(shape, KEY_BUCKETS, wanted):
+            named.setdefault(key_hash, key_of(texts, shape))
     return [named[k] for k in sorted(named)]

@@ -109,6 +109,13 @@ class TableResult:
     """How many keys changed during every round (:attr:`not_compared` names those a
     side still holds)."""
     seconds: float = 0.0
+    rows_fetched: int = 0
+    """Rows of differing buckets (and of keys compared in later rounds) read from both
+    sides."""
+    phases: dict[str, float] = dataclasses.field(default_factory=dict)
+    """Seconds per phase over all rounds: ``target_open`` (the Delta version read),
+    ``changed_keys`` (the keys changed after the snapshot), ``source_sums``,
+    ``target_sums`` (bucket sums) and ``rows`` (the differing buckets' rows)."""
     repair: TableRepair | None = None
     shape: TableShape | None = dataclasses.field(default=None, repr=False, compare=False)
     """What was compared (the key columns' target types name a repair's keys)."""
@@ -116,6 +123,10 @@ class TableResult:
     @property
     def equal(self) -> bool:
         return not self.differences
+
+    def add_phase(self, phase: str, seconds: float) -> None:
+        """Add *seconds* to *phase*."""
+        self.phases[phase] = self.phases.get(phase, 0.0) + seconds
 
     def as_json(self) -> dict[str, Any]:
         return {"table": self.table, "path": self.path, "equal": self.equal,
@@ -126,7 +137,8 @@ class TableResult:
                 "target_version": self.target_version, "rounds": self.rounds,
                 "round_results": [r.as_json() for r in self.round_results],
                 "keys_not_compared": self.keys_not_compared,
-                "seconds": round(self.seconds, 3),
+                "seconds": round(self.seconds, 3), "rows_fetched": self.rows_fetched,
+                "phases": _rounded(self.phases),
                 **({"repair": self.repair.as_json()} if self.repair is not None else {})}
 
 
@@ -139,10 +151,17 @@ class VerifyResult:
     error: str | None = None
     started_at: float = 0.0
     seconds: float = 0.0
+    phases: dict[str, float] = dataclasses.field(default_factory=dict)
+    """Seconds per phase shared by the tables, over all rounds: ``snapshot`` (opening
+    the source snapshots) and ``wait`` (for the pipeline to commit their positions)."""
 
     @property
     def equal(self) -> bool:
         return self.error is None and all(t.equal for t in self.tables)
+
+    def add_phase(self, phase: str, seconds: float) -> None:
+        """Add *seconds* to *phase*."""
+        self.phases[phase] = self.phases.get(phase, 0.0) + seconds
 
     @property
     def exit_code(self) -> int:
@@ -154,8 +173,12 @@ class VerifyResult:
     def as_json(self) -> dict[str, Any]:
         return {"config": self.config, "result": _result_word(self),
                 "error": self.error, "started_at": self.started_at,
-                "seconds": round(self.seconds, 3),
+                "seconds": round(self.seconds, 3), "phases": _rounded(self.phases),
                 "tables": [t.as_json() for t in self.tables]}
+
+
+def _rounded(phases: dict[str, float]) -> dict[str, float]:
+    return {name: round(seconds, 3) for name, seconds in phases.items()}
 
 
 def _result_word(result: VerifyResult) -> str:

@@ -200,11 +200,15 @@ class _Verify:
                                    [(t.target, t.shape, t.result) for t in self.tables])
         active = list(self.tables)
         for number in range(1, ROUNDS + 1):
+            started = time.perf_counter()
             with failing("opening the source snapshot of "
                          + ", ".join(str(t.table_id) for t in active)):
                 snapshot = self.open_snapshot([t.table_id for t in active])
+            result.add_phase("snapshot", time.perf_counter() - started)
             try:
+                started = time.perf_counter()
                 behind = not self._wait_for(snapshot.position)
+                result.add_phase("wait", time.perf_counter() - started)
                 for table in active:
                     with failing(f"comparing {table.target.table} with its source"):
                         self._round(table, snapshot, number, behind)
@@ -240,10 +244,13 @@ class _Verify:
     def _round(self, table: _Table, snapshot: VerifySnapshot, number: int,
                behind: bool) -> None:
         source = snapshot.side(table.table_id)
+        started = time.perf_counter()
         with table.open_target() as target:
+            table.result.add_phase("target_open", time.perf_counter() - started)
             assert table.shape is not None
             # Read after the target version is opened: covers every change it holds
             # beyond the snapshot's position.
+            started = time.perf_counter()
             try:
                 changed = snapshot.changed_key_hashes(table.table_id, table.shape)
             except TruncatedAfterSnapshotError:
@@ -260,6 +267,7 @@ class _Verify:
                 if number == ROUNDS:
                     self._not_compared(table, [source, target])
                 return
+            table.result.add_phase("changed_keys", time.perf_counter() - started)
             table.result.target_behind = table.result.target_behind or behind
             table.result.rounds = number
             if not table.compared_all:
@@ -270,10 +278,13 @@ class _Verify:
                 table.compared_all = True
             else:
                 recompared = table.pending - changed
-                found = compare_keys(source, target, table.shape, table.buckets,
-                                     recompared, target_behind=behind)
+                found = compare_keys(source, target, table.shape, recompared,
+                                     target_behind=behind)
                 table.pending = table.pending & changed
             table.result.rows_compared += found.rows_compared
+            table.result.rows_fetched += found.rows_fetched
+            for phase, seconds in found.phases.items():
+                table.result.add_phase(phase, seconds)
             table.result.differences += found.differences
             table.result.round_results.append(RoundResult(
                 number, self.kind.position_text(snapshot.position), target.version, behind,
@@ -286,6 +297,5 @@ class _Verify:
         """The keys still pending after the last round: changed during every round."""
         assert table.shape is not None
         table.result.keys_not_compared = len(table.pending)
-        table.result.not_compared = keys_named(sides, table.shape, table.buckets,
-                                               table.pending)
+        table.result.not_compared = keys_named(sides, table.shape, table.pending)
         table.pending = frozenset()

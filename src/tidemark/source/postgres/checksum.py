@@ -68,27 +68,33 @@ def hash_sql(text: sql.Composable, *, utf8: bool = True) -> sql.Composable:
 
 
 def field_sql(text: sql.Composable) -> sql.Composable:
-    """A canonical text expression (NULL for NULL) as a field of a row text."""
-    return sql.SQL("CASE WHEN ({t}) IS NULL THEN '~' "
-                   "ELSE length({t})::text || ':' || ({t}) END").format(t=text)
+    """A canonical text expression (NULL for NULL) as a field of a row text.
+
+    PostgreSQL computes a repeated subexpression again each time, so *text* appears
+    twice, not three times (``IS NULL``, length, text): a NULL text makes the
+    concatenation NULL, hence ``~``."""
+    return sql.SQL("coalesce(length({t})::text || ':' || ({t}), '~')").format(t=text)
 
 
 def _float_sql(value: sql.Composable) -> sql.Composable:
     """The canonical float64 text of a double expression: its shortest text, re-laid
     as ``[-]0.<digits>e<exp>`` with string functions (no subquery, so the scan stays
-    parallel)."""
+    parallel). The exponent is the digits before the point (the mantissa's digits
+    without leading zeros, less those after the point) plus the printed exponent; the
+    shortest text is printed four times a row, not ten (PostgreSQL does not reuse a
+    repeated subexpression, and printing a double is most of a row's cost)."""
     t = sql.SQL("abs({})::text").format(value)
     mantissa = sql.SQL("split_part({}, 'e', 1)").format(t)
-    exponent = sql.SQL("coalesce(nullif(split_part({}, 'e', 2), '')::int, 0)").format(t)
-    whole = sql.SQL("split_part({}, '.', 1)").format(mantissa)
-    raw = sql.SQL("({} || split_part({}, '.', 2))").format(whole, mantissa)
-    lead = sql.SQL("(length({r}) - length(ltrim({r}, '0')))").format(r=raw)
+    raw = sql.SQL("ltrim(replace({}, '.', ''), '0')").format(mantissa)
+    exponent = sql.SQL(
+        "(length({raw}) - length(split_part({m}, '.', 2)) "
+        "+ coalesce(nullif(split_part({t}, 'e', 2), '')::int, 0))").format(
+        raw=raw, m=mantissa, t=t)
     return sql.SQL(
         "CASE WHEN {v} = 'NaN'::float8 THEN 'nan' WHEN {v} = 'Infinity'::float8 THEN 'inf' "
         "WHEN {v} = '-Infinity'::float8 THEN '-inf' WHEN {v} = 0 THEN '0' "
-        "ELSE CASE WHEN {v} < 0 THEN '-' ELSE '' END || '0.' || "
-        "rtrim(ltrim({raw}, '0'), '0') || 'e' || (length({whole}) + {exp} - {lead})::text "
-        "END").format(v=value, raw=raw, whole=whole, exp=exponent, lead=lead)
+        "ELSE CASE WHEN {v} < 0 THEN '-' ELSE '' END || '0.' || rtrim({raw}, '0') "
+        "|| 'e' || {exp}::text END").format(v=value, raw=raw, exp=exponent)
 
 
 def text_sql(value: sql.Composable, source_type: str, target: pa.DataType, *,
