@@ -321,6 +321,20 @@ def _run_demo(dsn: str, config_file: Path,
     click.echo(f"\napplied {totals['changes']:,} changes in {totals['seconds']:.1f} s "
                f"({rate:,.0f} changes/s, Spark batches incl. Delta commits)")
     _prove(dsn, config, database)
+    _verify(config_file)
+
+
+def _verify(config_file: Path) -> None:
+    """``tidemark verify`` on the demo's pipeline: the same proof by checksums."""
+    from tidemark.verify import verify  # noqa: PLC0415
+    from tidemark.verify.report import text_report  # noqa: PLC0415
+
+    click.echo(f"\ntidemark verify {config_file.name}:")
+    result = verify(config_file, wait_s=60.0)
+    for line in text_report(result):
+        click.echo(f"  {line}")
+    if result.exit_code != 0:
+        raise DemoMismatchError(f"tidemark verify exited {result.exit_code}")
 
 
 def _prove(dsn: str, config: Any, database: str = "PostgreSQL") -> None:

@@ -48,7 +48,7 @@ def table_lines(table: TableResult) -> list[str]:
     rounds = f" in {table.rounds} rounds" if table.rounds > 1 else ""
     head = (f"{table.table}: {verdict} ({table.rows_compared} rows compared{rounds}, "
             f"Delta version {table.target_version}, {table.seconds:.1f} s)")
-    if table.target_behind:
+    if table.target_behind and not table.equal:
         head += "; the pipeline had not caught up with the source (target behind)"
     lines = [head, *(f"  {difference_line(d)}" for d in table.differences)]
     lines += [f"  not compared (changed during every round) {key_text(k)}"
