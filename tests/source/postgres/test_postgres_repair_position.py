@@ -5,13 +5,10 @@ the end of the batch that takes it: a change committed after that end is not in 
 from __future__ import annotations
 
 import time
-from collections.abc import Sequence
-from typing import Any
-
 import pytest
 
 from conftest import Database
-from tidemark.event import WireTuple
+from repair_sink import RowsSink
 from tidemark.source.postgres.read_plan import make_read_plan
 from tidemark.source.postgres.stream_offsets import from_offset
 from tidemark.source.repair import RepairRead
@@ -20,30 +17,6 @@ from tidemark.source.signals import send_signal
 from tidemark.spark.options import SourceOptions
 
 pytestmark = pytest.mark.integration
-
-
-class RowsSink:
-    """The rows a partition adds (op, values, position, sequence)."""
-
-    def __init__(self, columns: Sequence[str]) -> None:
-        self._columns = list(columns)
-        self.added: list[tuple[str, WireTuple | None, int, int]] = []
-
-    def relation(self, rel: Any, at: int = 0) -> None:
-        pass
-
-    def rows(self, relation_id: int, block: Any) -> None:
-        raise AssertionError("a repair adds rows one by one")
-
-    def add(self, relation_id: int, op: str, values: WireTuple | None, lsn: int, seq: int,
-            txn: Any, may_have_toast: bool, old: WireTuple | None) -> None:
-        self.added.append((op, values, lsn, seq))
-
-    def snapshot(self, *args: Any) -> None:
-        raise AssertionError("no snapshot here")
-
-    def columns(self, table: str) -> list[str]:
-        return self._columns
 
 
 def test_a_repair_reads_its_keys_at_the_end_of_its_batch(db: Database) -> None:
