@@ -5,6 +5,7 @@ the end of the batch that takes it: a change committed after that end is not in 
 from __future__ import annotations
 
 import time
+
 import pytest
 
 from conftest import Database
