@@ -161,6 +161,11 @@ class PostgresReadPlan:
         start_lsn = state.lsn
         end_lsn = start_lsn
         available = self._available()
+        held = planned.held
+        if held is not None and self._target is not None and self._target < held.at:
+            # AvailableNow: a repair taken during the run is read in it, past its target.
+            available = max(available, min(held.at, wal.readable_end(self._connection(),
+                                                                      self.options.slot)))
         if available > start_lsn:
             if max_changes is not None:
                 end_lsn = self._end_for_limit(start_lsn, available, max_changes)
@@ -172,7 +177,7 @@ class PostgresReadPlan:
             # A change past the snapshot's point must not reach the sink before the
             # snapshot's rows (see tidemark.source.postgres.chunked_snapshot).
             end_lsn = max(start_lsn, min(end_lsn, planned.snapshot.at))
-        held, taken = planned.held, None
+        taken = None
         if held is not None:
             # The repair is read at its snapshot's point: the batch that ends there takes it.
             end_lsn = max(start_lsn, min(end_lsn, held.at))
