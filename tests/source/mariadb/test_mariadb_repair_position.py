@@ -44,3 +44,32 @@ def test_a_repair_reads_its_keys_at_the_end_of_its_batch(mdb: MariaDatabase) -> 
     assert sorted((op, values) for op, values, _, _ in sink.added) == [
         ("d", ("3", None)), ("r", ("1", "a")), ("r", ("2", "b")), ("r", ("4", "d"))]
     assert {lsn for _, _, lsn, _ in sink.added} == {BinlogPosition.from_offset(end).key}
+
+
+def test_repair_keys_in_verify_s_texts_find_their_rows(mdb: MariaDatabase) -> None:
+    """Keys as ``tidemark verify`` names them (PostgreSQL's forms: a fraction without
+    trailing zeros and ``+00``, ``\\x<hex>`` bytes) find MariaDB's rows: an ``r`` for
+    each, no ``d`` (only for the key that is absent)."""
+    mdb.execute("CREATE TABLE k (ts TIMESTAMP(6) NOT NULL DEFAULT '2000-01-01 00:00:00', "
+                "b VARBINARY(8), v VARCHAR(20), PRIMARY KEY (ts, b))",
+                "CREATE TABLE dbz_signal (id VARCHAR(42) PRIMARY KEY, type VARCHAR(32) NOT "
+                "NULL, data VARCHAR(2048))",
+                "SET time_zone = '+00:00'",
+                "INSERT INTO k VALUES ('2024-03-04 05:06:01.5', x'0102', 'a')")
+    plan = make_read_plan(SourceOptions.parse(
+        {"dsn": mdb.dsn, "table": f"{mdb.name}.k",
+         "signalTable": f"{mdb.name}.dbz_signal"}))
+    plan.tables()
+    start = plan.latest(plan.initial_offset(), None)
+    send_signal(mdb.dsn, f"{mdb.name}.dbz_signal", "tidemark-repair",
+                repair_signal_data(f"{mdb.name}.k", [
+                    {"ts": "2024-03-04 05:06:01.5+00", "b": "\\x0102"},
+                    {"ts": "2024-03-04 05:06:02+00", "b": "\\x03"}]))
+    end = plan.latest(start, None)
+    parts = [p for p in plan.plan(start, end) if isinstance(p, RepairRead)]
+    sink = RowsSink(["ts", "b", "v"])
+    for _ in plan.read(parts[0], sink):
+        pass
+    rows = [(op, values) for op, values, _, _ in sink.added if values is not None]
+    assert ("r", ("2024-03-04 05:06:01.500000+00", b"\x01\x02", "a")) in rows, rows
+    assert ("d", ("2024-03-04 05:06:02+00", "\\x03", None)) in rows, rows

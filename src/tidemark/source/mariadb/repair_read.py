@@ -18,23 +18,61 @@ next batches, above the repair's rows, as any change does.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import logging
 import random
+import re
 from collections.abc import Iterator, Sequence
 from typing import Any
 
 from tidemark.event import ChangeEvent, Op, TableId, WireTuple
+from tidemark.logical_type import Kind
 from tidemark.source.mariadb import client
 from tidemark.source.mariadb import snapshot as snap
 from tidemark.source.mariadb.change_builder import ChangeBuilder
 from tidemark.source.mariadb.position import BinlogPosition
 from tidemark.source.mariadb.read_view import read_view_from
+from tidemark.source.mariadb.types import logical_type
 from tidemark.source.read_plan import ChangeSink, ReadOptions
 from tidemark.source.repair import RepairRead, RepairRequest, emit_repair, key_text
 
 log = logging.getLogger(__name__)
 
 Key = tuple[str | None, ...]
+
+_MOMENT = re.compile(r"(\d{4}-\d\d-\d\d \d\d:\d\d:\d\d)(?:\.(\d*?)0*)?(\+00)?")
+
+
+def _same_text(value: Any) -> str | None:
+    """A key value's text in one form for matching: a signal's key (PostgreSQL's forms:
+    fractions without trailing zeros, ``\\x<hex>`` for bytes) and the decoder's text of
+    the same value (``.500000``, raw bytes) match."""
+    if value is None:
+        return None
+    if isinstance(value, bytes | bytearray):
+        return "\\x" + bytes(value).hex()
+    text = str(value)
+    moment = _MOMENT.fullmatch(text)
+    if moment is None:
+        return text
+    whole, fraction, zone = moment.groups()
+    return whole + (f".{fraction}" if fraction else "") + (zone or "")
+
+
+def _param(value: Any, column: Any) -> Any:
+    """A signal's key value as a query parameter of *column*: bytes for a binary column
+    (the signal names them ``\\x<hex>``), a timestamp without its ``+00`` (which
+    MariaDB does not read as a zone), the text otherwise."""
+    text = key_text(value)
+    if logical_type(column).kind is Kind.BYTES:
+        if not text.startswith("\\x"):
+            raise ValueError(f"a key of the binary column {column.name} must be given as "
+                             f"\\x<hex digits>, got {text!r}")
+        return bytes.fromhex(text[2:])
+    moment = _MOMENT.fullmatch(text)
+    if moment is not None and moment.group(3):
+        return text[:-3]  # UTC wall-clock text: the session's time zone is +00:00
+    return text
 
 
 class BinlogRepairRead(RepairRead):
@@ -64,8 +102,22 @@ def read_repair(options: ReadOptions, part: BinlogRepairRead,
                   ", ".join(r.id for r in part.requests), view, end)
         read = _as_at(options, read, end, view)
     for request, names, rows in read:
-        emit_repair(sink, request, names, rows, part.commit_lsn)
+        emit_repair(sink, _as_read(request, names, rows), names, rows, part.commit_lsn)
         yield
+
+
+def _as_read(request: RepairRequest, names: Sequence[str],
+             rows: Sequence[WireTuple]) -> RepairRequest:
+    """*request* with each key found among *rows* named as the row names it, so
+    :func:`~tidemark.source.repair.emit_repair` finds it (no ``d`` for it)."""
+    index = [list(names).index(k) for k in request.key_columns]
+    found: dict[Key, tuple[Any, ...]] = {}
+    for row in rows:
+        key = tuple(row[i] for i in index)
+        found[tuple(_same_text(v) for v in key)] = tuple(
+            v if isinstance(v, str) else _same_text(v) for v in key)
+    keys = tuple(found.get(tuple(_same_text(key_text(v)) for v in k), k) for k in request.keys)
+    return dataclasses.replace(request, keys=keys)
 
 
 def _rows(conn: Any, request: RepairRequest, columns: Sequence[Any]) -> list[WireTuple]:
@@ -76,7 +128,9 @@ def _rows(conn: Any, request: RepairRequest, columns: Sequence[Any]) -> list[Wir
     query = (f"SELECT {', '.join(snap.select_expression(c) for c in columns)} "
              f"FROM {snap.quote(table.schema)}.{snap.quote(table.table)} "
              f"WHERE ({key}) IN ({', '.join([one] * len(request.keys))})")
-    params: list[Any] = [key_text(v) for k in request.keys for v in k]
+    by_name = {c.name: c for c in columns}
+    params: list[Any] = [_param(v, by_name[name]) for k in request.keys
+                         for name, v in zip(request.key_columns, k, strict=True)]
     with conn.cursor() as cur:
         cur.execute(query, params)
         return [tuple(None if v is None else f(v) for f, v in zip(normalize, row, strict=True))
@@ -103,9 +157,10 @@ def _as_at(options: ReadOptions, read: Read, end: BinlogPosition,
         at = list(event.schema.key_indexes)
         first = before[table]
         if event.raw_before is not None:
-            first.setdefault(tuple(_text(event.raw_before[i]) for i in at), event.raw_before)
+            first.setdefault(tuple(_same_text(event.raw_before[i]) for i in at),
+                            event.raw_before)
         if event.raw_after is not None:
-            first.setdefault(tuple(_text(event.raw_after[i]) for i in at), None)
+            first.setdefault(tuple(_same_text(event.raw_after[i]) for i in at), None)
     out: Read = []
     for request, names, rows in read:
         if request.table in truncated:
@@ -116,22 +171,20 @@ def _as_at(options: ReadOptions, read: Read, end: BinlogPosition,
             continue
         changed = before[request.table]
         index = [names.index(k) for k in request.key_columns]
-        kept = [row for row in rows if tuple(row[i] for i in index) not in changed]
+        kept = [row for row in rows
+                if tuple(_same_text(row[i]) for i in index) not in changed]
         restored = [row for key, row in changed.items() if row is not None
                     and len(row) == len(names) and _requested(request, key, rows, index)]
         out.append((request, names, kept + restored))
     return out
 
 
-def _text(value: Any) -> str | None:
-    return None if value is None else str(value)
-
-
 def _requested(request: RepairRequest, key: Key, rows: Sequence[WireTuple],
                index: Sequence[int]) -> bool:
     """Whether *key* is one of *request*'s: by the keys' texts, or one read at the view."""
-    return key in {tuple(key_text(v) for v in k) for k in request.keys} or \
-        key in {tuple(row[i] for i in index) for row in rows}
+    same = tuple(_same_text(v) for v in key)
+    return same in {tuple(_same_text(key_text(v)) for v in k) for k in request.keys} or \
+        same in {tuple(_same_text(row[i]) for i in index) for row in rows}
 
 
 def _changes(options: ReadOptions, tables: set[TableId], start: BinlogPosition,
