@@ -76,9 +76,7 @@ def _maria_source(mdb: MariaDatabase) -> _Source:
     return _Source(mdb.execute, mdb.dsn, mdb.name, f'dsn = "{mdb.dsn}"\n', "")
 
 
-@pytest.fixture(params=["postgres", pytest.param("mariadb", marks=pytest.mark.xfail(
-    reason="left for the lead: after verify --repair the MariaDB targets still differed "
-           "once (the repair batch applied +3 per table); not yet diagnosed"))])
+@pytest.fixture(params=["postgres", "mariadb"])
 def source(request: pytest.FixtureRequest) -> _Source:
     if request.param == "postgres":
         return _pg_source(request.getfixturevalue("db"))

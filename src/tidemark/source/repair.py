@@ -106,10 +106,14 @@ class RepairRead:
     """One partition: read the current rows of some tables' keys and emit them at
     *commit_lsn* (the batch's highest position)."""
 
-    def __init__(self, index: int, requests: Sequence[RepairRequest], commit_lsn: int) -> None:
+    def __init__(self, index: int, requests: Sequence[RepairRequest], commit_lsn: int,
+                 seq: int = REPAIR_SEQ) -> None:
         self.index = index
         self.requests = tuple(requests)
         self.commit_lsn = commit_lsn
+        #: ``_seq`` of the ``r`` rows (the ``d`` rows one below): a source whose later
+        #: repairs may share the position of earlier ones makes it rise with them.
+        self.seq = seq
 
     def __repr__(self) -> str:
         return (f"RepairRead({self.index}, {', '.join(r.id for r in self.requests)} at "
@@ -126,10 +130,11 @@ def key_text(value: KeyValue) -> str:
 
 def emit_repair(sink: ChangeSink, request: RepairRequest, names: Sequence[str],
                 rows: Sequence[WireTuple], commit_lsn: int,
-                relation_id: int = 1) -> None:
+                relation_id: int = 1, seq: int = REPAIR_SEQ) -> None:
     """The change rows of *request* into *sink*: an ``r`` for each of *rows* (the keys
     found, values in the order of *names*, as the source's snapshot reads them) and a
-    ``d`` for each key not among them."""
+    ``d`` for each key not among them; at ``(commit_lsn, seq)``, the ``d`` rows at
+    ``seq - 1``."""
     table = TableId.parse(request.table)
     wanted = set(request.key_columns)
     sink.relation(Layout(relation_id, table.schema, table.table,
@@ -139,7 +144,7 @@ def emit_repair(sink: ChangeSink, request: RepairRequest, names: Sequence[str],
     found = set()
     for row in rows:
         found.add(tuple(row[i] for i in at))
-        sink.add(relation_id, "r", row, commit_lsn, REPAIR_SEQ, commit, False, None)
+        sink.add(relation_id, "r", row, commit_lsn, seq, commit, False, None)
     absent = 0
     for key in request.keys:
         texts = tuple(key_text(v) for v in key)
@@ -148,15 +153,14 @@ def emit_repair(sink: ChangeSink, request: RepairRequest, names: Sequence[str],
         values: list[str | None] = [None] * len(names)
         for i, text in zip(at, texts, strict=True):
             values[i] = text
-        sink.add(relation_id, "d", tuple(values), commit_lsn, REPAIR_DELETE_SEQ, commit,
-                 False, None)
+        sink.add(relation_id, "d", tuple(values), commit_lsn, seq - 1, commit, False, None)
         absent += 1
     log.info("repair %s of %s: %d row(s) found, %d key(s) absent", request.id,
              request.table, len(rows), absent)
 
 
 def reads_of(requests: Sequence[RepairRequest], first_index: int,
-             commit_lsn: int) -> list[RepairRead]:
+             commit_lsn: int, seq: int = REPAIR_SEQ) -> list[RepairRead]:
     """The partition of a batch's repairs (none without any)."""
-    return [RepairRead(first_index, requests, commit_lsn)] if requests else []
+    return [RepairRead(first_index, requests, commit_lsn, seq)] if requests else []
 

@@ -37,7 +37,7 @@ import json
 import logging
 import time
 from collections.abc import Iterator, Sequence
-from typing import Any
+from typing import Any, Final
 
 from tidemark.event import ChangeEvent, Op, SnapshotMarker, SourceContext, TableId
 from tidemark.source.change_feed import ChangeFeed
@@ -65,6 +65,9 @@ from tidemark.source.repair_signal import RepairSignal
 from tidemark.source.signal_requests import requests_in
 
 log = logging.getLogger(__name__)
+
+#: Above every ``cdc$time`` (a counter), below ``REPAIR_SEQ``.
+_REPAIR_SEQ_BASE: Final = 1 << 61
 
 _PRUNE_INTERVAL_S = 60.0
 
@@ -161,6 +164,9 @@ class LogTableReadPlan:
                                   "clock": clock}
         if signals is not None:
             result["signals"] = signals
+        repaired = int(start.get("repaired", 0)) + (1 if repairs else 0)
+        if repaired:
+            result["repaired"] = repaired  # batches that took repairs, for their _seq
         if repairs:
             result["repairs"] = requests_json(repairs)
         same = groups == start["groups"] and signals == start.get("signals") and not repairs
@@ -205,7 +211,7 @@ class LogTableReadPlan:
             # Every change of the batch is at or below the end's highest key.
             top = max((db.position_key(p) for p in end["groups"].values()), default=0) \
                 if repairs else 0
-        return [*ranges, *reads_of(repairs, len(ranges), top)]
+        return [*ranges, *reads_of(repairs, len(ranges), top, repair_seq(end))]
 
     def commit(self, end: dict[str, Any]) -> None:
         """*end* is committed: at most once a minute (the driver, between batches),
@@ -300,6 +306,14 @@ def _snapshot(db: LogDatabase, feed: ChangeFeed, tables: list[LogTable],
                 feed.add(ChangeEvent(Op.READ, schema, None, row, context, 0, 0, 0,
                                      taken_us, SnapshotMarker.TRUE), 0, ROW_SEQ)
             yield
+
+
+def repair_seq(end: dict[str, Any]) -> int:
+    """``_seq`` of the repair rows of the batch ending at *end*: above every ``cdc$time``,
+    and rising from repair to repair. A batch's position key only grows when a change
+    was logged (a SQLite signal row logs none), so a repair of a key with none since
+    the last one is at the same ``_commit_lsn``, and must still be newer."""
+    return _REPAIR_SEQ_BASE + 2 * int(end.get("repaired", 0))
 
 
 def table_columns(options: ReadOptions) -> dict[TableId, TableColumns]:

@@ -81,5 +81,6 @@ def read_repair(options: ReadOptions, part: RepairRead, sink: ChangeSink) -> Ite
     for request in part.requests:
         entry = entries[request.table]
         rows = key_rows(options.dsn, entry, request)
-        emit_repair(sink, request, entry.schema.column_names, rows, part.commit_lsn)
+        emit_repair(sink, request, entry.schema.column_names, rows, part.commit_lsn,
+                    seq=part.seq)
         yield

@@ -29,11 +29,10 @@ from __future__ import annotations
 import contextlib
 import logging
 import random
-import time
 from collections.abc import Iterator, Sequence
 from typing import Any, Final
 
-from tidemark.errors import SourceError, SourceUnavailableError
+from tidemark.errors import SourceError
 from tidemark.event import ChangeEvent, TableId
 from tidemark.source.change_feed import ChangeFeed
 from tidemark.source.mariadb import client
@@ -41,7 +40,8 @@ from tidemark.source.mariadb import snapshot as snap
 from tidemark.source.mariadb.change_builder import ChangeBuilder
 from tidemark.source.mariadb.grants import check_grants
 from tidemark.source.mariadb.position import BinlogPosition
-from tidemark.source.mariadb.repair_read import read_repair
+from tidemark.source.mariadb.read_view import read_view_from
+from tidemark.source.mariadb.repair_read import BinlogRepairRead, read_repair
 from tidemark.source.read_plan import (
     SNAPSHOT_INITIAL,
     ChangeSink,
@@ -50,9 +50,7 @@ from tidemark.source.read_plan import (
     TableColumns,
 )
 from tidemark.source.repair import (
-    RepairRead,
     RepairRequest,
-    reads_of,
     repair_request,
     requests_from,
     requests_json,
@@ -68,9 +66,9 @@ log = logging.getLogger(__name__)
 #: (a reload's rows below a target's mark would be dropped as applied, and the target
 #: replaced by nothing).
 _SNAPSHOT_SEQ: Final = 1 << 62
-#: Read views opened while the server's is behind the snapshot's position (a few ms at
-#: most under load) before the task fails and Spark runs it again.
-_READ_VIEW_ATTEMPTS: Final = 50
+
+
+__all__ = ["MariaDbReadPlan", "make_read_plan", "read_view_from", "table_columns"]
 
 
 def _replica_id() -> int:
@@ -211,8 +209,9 @@ class MariaDbReadPlan:
 
     def plan(self, start: dict[str, Any], end: dict[str, Any]) -> Sequence[Any]:
         repairs = requests_from(end.get("repairs"))
+        # The repairs' rows as they were at the batch's end (see repair_read).
         return [BinlogRange(start, end, start.get("snapshot") or ()),
-                *reads_of(repairs, 1, _position(end).key)]
+                *([BinlogRepairRead(1, repairs, end)] if repairs else [])]
 
     def commit(self, end: dict[str, Any]) -> None:
         """Nothing to release: the server keeps its binlog by time and size."""
@@ -223,7 +222,7 @@ class MariaDbReadPlan:
     def read(self, partition: Any, sink: ChangeSink) -> Iterator[None]:
         """The partition's snapshot rows, then its transactions, into *sink*; or the
         rows of a batch's repairs."""
-        if isinstance(partition, RepairRead):
+        if isinstance(partition, BinlogRepairRead):
             return read_repair(self.options, partition, sink)
         return self._read_range(partition, sink)
 
@@ -273,25 +272,6 @@ class MariaDbReadPlan:
                         yield
                 if not builder.in_transaction and builder.position_key >= stop:
                     break
-
-
-def read_view_from(conn: Any, at: BinlogPosition) -> BinlogPosition:
-    """Open a read view on *conn* that holds everything up to *at*, the position the
-    snapshot was planned at, and return its own position.
-
-    InnoDB commits after the binlog write: for a moment a transaction already in the
-    binlog before *at* may not be visible. A view that misses it would leave it out of
-    the rows, while the stream, starting at *at*, leaves it out too.
-    """
-    for attempt in range(_READ_VIEW_ATTEMPTS):
-        position = snap.begin_snapshot(conn)
-        if position.key >= at.key:
-            return position
-        conn.rollback()
-        time.sleep(0.002 * (attempt + 1))
-    raise SourceUnavailableError(
-        f"the server's read views stayed behind the snapshot's position {at} for "
-        f"{_READ_VIEW_ATTEMPTS} attempts")
 
 
 def table_columns(options: ReadOptions) -> dict[TableId, TableColumns]:

@@ -44,6 +44,7 @@ from tidemark.source.postgres.chunked_snapshot import (
 from tidemark.source.postgres.pgoutput import lsn_to_str
 from tidemark.source.postgres.pgoutput_walk import TransactionWalker
 from tidemark.source.postgres.read_checks import table_columns
+from tidemark.source.postgres.repair_hold import ExportedRepairRead, RepairHold
 from tidemark.source.postgres.repair_read import key_problem, read_repair
 from tidemark.source.postgres.snapshot_plan import ChunkRange, SnapshotPlan
 from tidemark.source.postgres.stream_offsets import (
@@ -56,7 +57,7 @@ from tidemark.source.postgres.stream_offsets import (
 )
 from tidemark.source.postgres.stream_signals import snapshot_requests
 from tidemark.source.read_plan import SNAPSHOT_INITIAL, ChangeSink, ReadOptions, TableColumns
-from tidemark.source.repair import RepairRead, RepairRequest, reads_of, repair_request
+from tidemark.source.repair import RepairRequest, repair_request
 from tidemark.source.repair_signal import RepairSignal
 
 log = logging.getLogger(__name__)
@@ -102,6 +103,8 @@ class PostgresReadPlan:
         self._export: SnapshotExport | None = None  # the running snapshot's, if ours
         self._finished: set[str] = set()  # exports whose every chunk this driver read
         self._keys: dict[str, tuple[str, ...]] = {}
+        self._repair_export: SnapshotExport | None = None  # the held repairs' export
+        self._repairs_lost: set[str] = set()  # exports of batches planned without them
         #: The backends of this driver's earlier connections: after one broke (a
         #: ServerTimeoutError, a network cut) the server may keep it, and its claim on
         #: the slot, for a while; it is this driver's, so a new claim ends it.
@@ -112,6 +115,7 @@ class PostgresReadPlan:
         state = dict(self.__dict__)
         state["_conn"] = None
         state["_export"] = None
+        state["_repair_export"] = None
         return state
 
     # -- driver side -------------------------------------------------------------------
@@ -157,6 +161,11 @@ class PostgresReadPlan:
         start_lsn = state.lsn
         end_lsn = start_lsn
         available = self._available()
+        held = planned.held
+        if held is not None and self._target is not None and self._target < held.at:
+            # AvailableNow: a repair taken during the run is read in it, past its target.
+            available = max(available, min(held.at, wal.readable_end(self._connection(),
+                                                                      self.options.slot)))
         if available > start_lsn:
             if max_changes is not None:
                 end_lsn = self._end_for_limit(start_lsn, available, max_changes)
@@ -168,10 +177,16 @@ class PostgresReadPlan:
             # A change past the snapshot's point must not reach the sink before the
             # snapshot's rows (see tidemark.source.postgres.chunked_snapshot).
             end_lsn = max(start_lsn, min(end_lsn, planned.snapshot.at))
+        taken = None
+        if held is not None:
+            # The repair is read at its snapshot's point: the batch that ends there takes it.
+            end_lsn = max(start_lsn, min(end_lsn, held.at))
+            if end_lsn == held.at:
+                held, taken = None, held
         skip = {t: at for t, at in planned.skip.items() if at > start_lsn}
-        end = dataclasses.replace(planned, lsn=end_lsn, skip=skip)
+        end = dataclasses.replace(planned, lsn=end_lsn, skip=skip, held=held, repairs=taken)
         # The last batch's repairs are not this one's: without anything new, no batch.
-        same = dataclasses.replace(end, repairs=state.repairs) == state and not end.repairs
+        same = dataclasses.replace(end, repairs=state.repairs) == state and taken is None
         return dict(start) if same else end.to_json()
 
     # -- snapshots (see tidemark.source.postgres.chunked_snapshot) ----------------------
@@ -221,7 +236,43 @@ class PostgresReadPlan:
                 skip.update(dict.fromkeys(to_snapshot, plan.at))
         if plan is not None:
             plan = self._plan_chunks(plan)
-        return SourceOffset(state.lsn, tuple(known), skip, plan, signals, tuple(repairs))
+        return SourceOffset(state.lsn, tuple(known), skip, plan, signals,
+                            self._repair_step(state, repairs))
+
+    # -- repairs (see tidemark.source.postgres.repair_hold) -----------------------------
+    def _repair_step(self, state: SourceOffset,
+                     new: list[RepairRequest]) -> RepairHold | None:
+        """The repairs the next batches wait for: those held, those of a batch this
+        driver planned without their export (a replay after a restart), and *new*, under
+        an export this driver holds, whose point the stream has not passed."""
+        done = state.repairs
+        if done is not None and self._holds_repair(done.export):
+            self._close_repair()  # the batch that ended here read them
+        requests = list(state.held.requests) if state.held is not None else []
+        if done is not None and done.export in self._repairs_lost:
+            self._repairs_lost.discard(done.export)
+            requests = [*done.requests, *requests]
+        requests += new
+        if not requests:
+            return None
+        held = state.held
+        if held is not None and self._holds_repair(held.export) and held.at >= state.lsn:
+            return dataclasses.replace(held, requests=tuple(requests))
+        self._close_repair()
+        self._repair_export = SnapshotExport(self.options.dsn, f"{self.options.slot}_repair",
+                                             self.options.publication)
+        log.info("repair of %s held until the stream reaches %s",
+                 ", ".join(sorted({r.table for r in requests})),
+                 lsn_to_str(self._repair_export.at))
+        return RepairHold(self._repair_export.at, self._repair_export.name, tuple(requests))
+
+    def _holds_repair(self, export: str) -> bool:
+        return self._repair_export is not None and self._repair_export.name == export
+
+    def _close_repair(self) -> None:
+        if self._repair_export is not None:
+            self._repair_export.close()
+            self._repair_export = None
 
     def _holds(self, plan: SnapshotPlan) -> bool:
         return self._export is not None and self._export.name == plan.export
@@ -309,7 +360,7 @@ class PostgresReadPlan:
         last = planned.lsn
         parts = min(self.options.num_partitions, max(1, (last - first) // MIN_SLICE_BYTES))
         skip = dict(planned.skip)
-        partitions: list[WalSlice | SnapshotChunk | RepairRead] = [
+        partitions: list[WalSlice | SnapshotChunk | ExportedRepairRead] = [
             WalSlice(i, lo, hi, skip) for i, (lo, hi) in enumerate(split_range(first, last,
                                                                             parts))]
         plan = planned.snapshot
@@ -325,8 +376,18 @@ class PostgresReadPlan:
                             "%s, which ended with the driver that made it: the next batch "
                             "reads them again from a new snapshot", len(plan.chunks),
                             plan.export)
-        # After every transaction of the batch (they commit before its end).
-        partitions += reads_of(planned.repairs, len(partitions), max(first, last - 1))
+        taken = planned.repairs
+        if taken is not None and self._holds_repair(taken.export):
+            # Stamped below the batch's end: above every commit of the batch (before the
+            # end), below every later one (at or after it), whatever the batch holds.
+            partitions.append(ExportedRepairRead(len(partitions), taken.requests,
+                                                 last - 1, taken.export))
+        elif taken is not None:
+            log.warning("this batch's repair of %s was planned under snapshot %s, which "
+                        "ended with the driver that made it: the next batches read it "
+                        "again under a new snapshot",
+                        ", ".join(sorted({r.table for r in taken.requests})), taken.export)
+            self._repairs_lost.add(taken.export)
         return partitions
 
     def commit(self, end: dict[str, Any]) -> None:
@@ -339,6 +400,7 @@ class PostgresReadPlan:
 
     def stop(self) -> None:
         self._close_export()
+        self._close_repair()
         if self._conn is not None:
             self._conn.close()
             self._conn = None
@@ -349,7 +411,7 @@ class PostgresReadPlan:
         snapshot chunk, into *sink*."""
         if isinstance(partition, SnapshotChunk):
             return read_chunk(self.options, partition, sink)
-        if isinstance(partition, RepairRead):
+        if isinstance(partition, ExportedRepairRead):
             return read_repair(self.options, partition, sink)
         assert isinstance(partition, WalSlice)
         return read_slice(self.options, partition.lo, partition.hi, sink, partition.skip)

@@ -1,10 +1,12 @@
 """A ``tidemark-repair``'s rows from PostgreSQL (:mod:`tidemark.source.repair`): the
 listed keys' current rows, read as a snapshot chunk is (``COPY`` as CSV, the text the
 types' output functions print, which is what pgoutput sends) with a key filter in place
-of the chunk's key range."""
+of the chunk's key range, under the exported snapshot whose point the batch ends at
+(:mod:`tidemark.source.postgres.repair_hold`)."""
 
 from __future__ import annotations
 
+import contextlib
 import logging
 from collections.abc import Iterator, Sequence
 from typing import Any
@@ -16,9 +18,16 @@ from psycopg import sql
 from tidemark.event import TableId
 from tidemark.postgres_connection import server_timeout
 from tidemark.source.postgres import wal_reads as wal
-from tidemark.source.postgres.chunked_snapshot import _key_list, _row, copy_out, parse_csv
+from tidemark.source.postgres.chunked_snapshot import (
+    SnapshotLostError,
+    _key_list,
+    _row,
+    copy_out,
+    parse_csv,
+)
+from tidemark.source.postgres.repair_hold import ExportedRepairRead
 from tidemark.source.read_plan import ChangeSink, ReadOptions
-from tidemark.source.repair import RepairRead, RepairRequest, emit_repair, key_text
+from tidemark.source.repair import RepairRequest, emit_repair, key_text
 
 log = logging.getLogger(__name__)
 
@@ -37,17 +46,27 @@ def read_keys_text(conn: psycopg.Connection[Any], request: RepairRequest,
     return parse_csv(copy_out(conn, query.as_bytes(conn), server_timeout(conn)), columns)
 
 
-def read_repair(options: ReadOptions, part: RepairRead, sink: ChangeSink) -> Iterator[None]:
-    """The change rows of the partition's repairs, into *sink*."""
+def read_repair(options: ReadOptions, part: ExportedRepairRead,
+                sink: ChangeSink) -> Iterator[None]:
+    """The change rows of the partition's repairs, read under its exported snapshot,
+    into *sink*."""
     with wal.connect(options.dsn, purpose="repair",
                      server_timeout_s=options.server_timeout_ms / 1000) as conn:
-        conn.autocommit = True
-        for request in part.requests:
-            columns = sink.columns(request.table)
-            texts = read_keys_text(conn, request, columns)
-            rows = list(zip(*(texts.column(c).to_pylist() for c in columns), strict=True))
-            emit_repair(sink, request, columns, rows, part.commit_lsn)
-            yield
+        conn.execute("BEGIN ISOLATION LEVEL REPEATABLE READ READ ONLY")
+        try:
+            _import_snapshot(conn, part.export)
+            read = [(request, read_keys_text(conn, request, sink.columns(request.table)))
+                    for request in part.requests]
+        except BaseException:
+            with contextlib.suppress(psycopg.Error):
+                conn.execute("COMMIT")
+            raise
+        conn.execute("COMMIT")
+    for request, texts in read:
+        columns = texts.column_names
+        rows = list(zip(*(texts.column(c).to_pylist() for c in columns), strict=True))
+        emit_repair(sink, request, columns, rows, part.commit_lsn)
+        yield
 
 
 def key_problem(conn: psycopg.Connection[Any], request: RepairRequest) -> str | None:
@@ -78,3 +97,14 @@ def key_problem(conn: psycopg.Connection[Any], request: RepairRequest) -> str | 
                 return (f"key {named} is not a value of {column} ({type_name}): {first}; "
                         f"give it as the text PostgreSQL reads as {type_name}")
     return None
+
+
+def _import_snapshot(conn: psycopg.Connection[Any], export: str) -> None:
+    try:
+        conn.execute(sql.SQL("SET TRANSACTION SNAPSHOT {}").format(sql.Literal(export)))
+    except (psycopg.errors.InvalidParameterValue,
+            psycopg.errors.ObjectNotInPrerequisiteState) as err:
+        raise SnapshotLostError(
+            f"snapshot {export} of a repair is gone ({str(err).strip()}): the query's "
+            "driver ended; restart the query, the repair is read again under a new "
+            "snapshot") from None

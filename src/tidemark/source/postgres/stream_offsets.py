@@ -24,8 +24,8 @@ from typing import Any
 
 from tidemark.errors import TerminalError
 from tidemark.source.postgres.pgoutput import lsn_to_str, str_to_lsn
+from tidemark.source.postgres.repair_hold import RepairHold
 from tidemark.source.postgres.snapshot_plan import SnapshotPlan
-from tidemark.source.repair import RepairRequest, requests_from, requests_json
 
 
 class OffsetError(TerminalError):
@@ -65,9 +65,11 @@ class SourceOffset:
     snapshot: SnapshotPlan | None = None
     signals: tuple[str, ...] | None = None
     """Ids of the signal table's rows already taken (None: never read)."""
-    repairs: tuple[RepairRequest, ...] = ()
-    """The ``tidemark-repair`` requests the batch ending here takes
-    (:mod:`tidemark.source.repair`)."""
+    held: RepairHold | None = None
+    """``tidemark-repair`` requests waiting for the stream to reach their snapshot's
+    point (:mod:`tidemark.source.postgres.repair_hold`)."""
+    repairs: RepairHold | None = None
+    """The requests the batch ending here takes (it ends at their point)."""
 
     def to_json(self) -> dict[str, Any]:
         out: dict[str, Any] = to_offset(self.lsn)
@@ -79,8 +81,10 @@ class SourceOffset:
             out["snapshot"] = self.snapshot.to_json()
         if self.signals is not None:
             out["signals"] = list(self.signals)
-        if self.repairs:
-            out["repairs"] = requests_json(self.repairs)
+        if self.held is not None:
+            out["held"] = self.held.to_json()
+        if self.repairs is not None:
+            out["repairs"] = self.repairs.to_json()
         return out
 
     @classmethod
@@ -96,7 +100,8 @@ class SourceOffset:
                        known=None if known is None else tuple(str(t) for t in known),
                        skip={str(t): str_to_lsn(str(at)) for t, at in skip.items()},
                        snapshot=None if plan is None else SnapshotPlan.from_json(plan),
-                       repairs=requests_from(offset.get("repairs")))
+                       held=RepairHold.from_json(offset.get("held")),
+                       repairs=RepairHold.from_json(offset.get("repairs")))
         except (KeyError, TypeError, ValueError, AttributeError) as err:
             raise OffsetError(f"offset {offset!r} has a malformed snapshot state ({err}): "
                               "was the checkpoint written by another source?") from None
