@@ -191,4 +191,4 @@ def test_a_repair_key_the_source_cannot_read_is_skipped_not_fatal(
     assert not _equal(db, tmp_path, "a") and not _equal(db, tmp_path, "b")
     db.execute("INSERT INTO a VALUES (100, 'after')")
     _run(config, tmp_path / "run-3.log")  # the stream goes on
-    assert _rows(tmp_path, "a")[100] == ("after",)
+    assert _rows(tmp_path, "a")[100] == (100, "after")
