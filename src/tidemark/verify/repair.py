@@ -12,6 +12,7 @@ of signals, and the message says so.
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import time
 from collections.abc import Sequence
@@ -151,3 +152,15 @@ def wait_taken(config: PipelineConfig, kind: SourceKind, ids: Sequence[str],
         if time.monotonic() >= deadline:
             return False
         time.sleep(_POLL_S)
+
+
+def repair_after(repair: TableRepair, after: TableResult) -> TableRepair:
+    """*repair*'s state once the pipeline has taken its signals and the table has been
+    verified again (*after*): applied, unless the target is still behind its source
+    there (then the repair's rows may not be written yet, and it stays queued)."""
+    if not after.target_behind:
+        return dataclasses.replace(repair, state="applied", message=None)
+    return dataclasses.replace(repair, state="queued", message=(
+        "the pipeline has taken the repair, but the target is still behind its source: "
+        "the repair's rows may not be written yet; verify again once the pipeline has "
+        "caught up"))

@@ -43,6 +43,7 @@ from tidemark.verify.failures import FAILURES, describe, failing
 from tidemark.verify.repair import (
     check_repairable,
     check_signals_read,
+    repair_after,
     send_repairs,
     wait_taken,
 )
@@ -124,7 +125,7 @@ def _repair(config: PipelineConfig, targets: list[Target], wait_s: float,
     after = {t.table: t for t in again.tables}
     for index, table in enumerate(result.tables):
         if table.table in after and table.repair is not None:
-            after[table.table].repair = dataclasses.replace(table.repair, state="applied")
+            after[table.table].repair = repair_after(table.repair, after[table.table])
             result.tables[index] = after[table.table]
 
 

@@ -4,41 +4,66 @@ the end of the batch that takes it: a change committed after that end is not in 
 
 from __future__ import annotations
 
+import dataclasses
 import time
+from typing import Any
 
 import pytest
 
 from conftest import Database
 from repair_sink import RowsSink
-from tidemark.source.postgres.read_plan import make_read_plan
-from tidemark.source.postgres.stream_offsets import from_offset
-from tidemark.source.repair import RepairRead
+from tidemark.source.postgres.read_plan import PostgresReadPlan, make_read_plan
+from tidemark.source.postgres.repair_hold import RepairHold
+from tidemark.source.postgres.stream_offsets import SourceOffset, from_offset
+from tidemark.source.repair import RepairRead, RepairRequest
 from tidemark.source.repair_signal import repair_signal_data
-from tidemark.source.signals import send_signal
+from tidemark.source.signals import execute_snapshot_data, send_signal
 from tidemark.spark.options import SourceOptions
 
 pytestmark = pytest.mark.integration
 
 
-def test_a_repair_reads_its_keys_at_the_end_of_its_batch(db: Database) -> None:
+def _plan(db: Database) -> PostgresReadPlan:
+    return make_read_plan(SourceOptions.parse(
+        {"dsn": db.dsn, "table": "public.t", "slot": f"s_{db.name}",
+         "publication": f"p_{db.name}", "signalTable": "public.dbz_signal"}))
+
+
+def _setup(db: Database) -> None:
     db.execute("CREATE TABLE t (id int PRIMARY KEY, v text)",
                "CREATE TABLE dbz_signal (id varchar(42) PRIMARY KEY, type varchar(32) NOT "
                "NULL, data varchar(2048))",
                "INSERT INTO t VALUES (1, 'a'), (2, 'b')",
                f"CREATE PUBLICATION p_{db.name} FOR TABLE t")
-    plan = make_read_plan(SourceOptions.parse(
-        {"dsn": db.dsn, "table": "public.t", "slot": f"s_{db.name}",
-         "publication": f"p_{db.name}", "signalTable": "public.dbz_signal"}))
+
+
+def _taken(plan: PostgresReadPlan, start: dict[str, Any]
+           ) -> tuple[dict[str, Any], dict[str, Any]]:
+    """The batch (start, end) that takes the repair the signal table holds."""
+    deadline = time.monotonic() + 30
+    end = plan.latest(start, None)
+    while "repairs" not in end:
+        assert time.monotonic() < deadline, f"no batch took the repair: {end}"
+        start, end = end, plan.latest(end, None)
+    return start, end
+
+
+def _reading(offset: dict[str, Any]) -> list[str]:
+    """The ids of the repairs *offset* holds or takes (its export may be reached at once)."""
+    state = SourceOffset.parse(offset)
+    return [r.id for hold in (state.held, state.repairs) if hold is not None
+            for r in hold.requests]
+
+
+def test_a_repair_reads_its_keys_at_the_end_of_its_batch(db: Database) -> None:
+    _setup(db)
+    plan = _plan(db)
     try:
         plan.tables()
         start = plan.latest(plan.initial_offset(), None)
         send_signal(db.dsn, "public.dbz_signal", "tidemark-repair",
                     repair_signal_data("public.t", [{"id": 1}, {"id": 3}]))
-        deadline = time.monotonic() + 30
-        end = plan.latest(start, None)
-        while "repairs" not in end:
-            assert time.monotonic() < deadline, f"no batch took the repair: {end}"
-            start, end = end, plan.latest(end, None)
+        start, end = _taken(plan, start)
         # Committed after the batch's end: the repair must not hold them.
         db.execute("UPDATE t SET v = 'later' WHERE id = 1", "INSERT INTO t VALUES (3, 'x')")
         parts = [p for p in plan.plan(start, end) if isinstance(p, RepairRead)]
@@ -51,5 +76,52 @@ def test_a_repair_reads_its_keys_at_the_end_of_its_batch(db: Database) -> None:
             ("r", ("1", "a")), ("d", ("3", None))]
         # Below any commit at or after the end, above every one before it.
         assert {lsn for _, _, lsn, _ in sink.added} == {last - 1}
+    finally:
+        plan.stop()
+
+
+def test_a_repair_a_new_driver_finds_taken_is_read_again(db: Database) -> None:
+    """Whether the batch that took a repair ran with it (a replay after a restart runs
+    without it: its export is gone) is known only to the driver that read it: a new
+    driver starting from that batch's end reads the repair again."""
+    _setup(db)
+    plan = _plan(db)
+    try:
+        plan.tables()
+        start = plan.latest(plan.initial_offset(), None)
+        signal = send_signal(db.dsn, "public.dbz_signal", "tidemark-repair",
+                             repair_signal_data("public.t", [{"id": 1}]))
+        start, end = _taken(plan, start)
+        assert [p for p in plan.plan(start, end) if isinstance(p, RepairRead)]
+        # The driver that read it does not read it again (no batch, or one without it).
+        after = plan.latest(end, None)
+        assert after == end or _reading(after) == []
+    finally:
+        plan.stop()
+    again = _plan(db)
+    try:
+        again.tables()
+        after = again.latest(end, None)
+        assert after != end and _reading(after) == [signal]
+    finally:
+        again.stop()
+
+
+def test_a_snapshot_of_a_table_supersedes_its_held_repair(db: Database) -> None:
+    """A repair read below a snapshot generation's point would restore a row deleted
+    between the two (the generation drops the table's earlier stream changes): the
+    generation drops the table's held repairs."""
+    _setup(db)
+    plan = _plan(db)
+    try:
+        plan.tables()
+        start = SourceOffset.parse(plan.latest(plan.initial_offset(), None))
+        request = RepairRequest("r1", "public.t", ("id",), ((1,),))
+        holding = dataclasses.replace(start, held=RepairHold(start.lsn, "gone", (request,)))
+        send_signal(db.dsn, "public.dbz_signal", "execute-snapshot",
+                    execute_snapshot_data(["public.t"]))
+        end = SourceOffset.parse(plan.latest(holding.to_json(), None))
+        assert end.snapshot is not None and end.snapshot.tables == ("public.t",)
+        assert end.held is None and end.repairs is None
     finally:
         plan.stop()

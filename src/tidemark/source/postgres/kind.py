@@ -125,6 +125,18 @@ class PostgresKind(SourceKind):
             return 0
         return parsed.lsn
 
+    def taken_signals(self, offset: Mapping[str, Any] | None) -> frozenset[str] | None:
+        """The signal ids the stream had taken, less those of repairs it still holds:
+        a ``tidemark-repair`` is in ``signals`` from the batch that starts its hold, and
+        its rows are written only by the batch that ends at the hold's point
+        (:mod:`tidemark.source.postgres.repair_hold`)."""
+        taken = super().taken_signals(offset)
+        held = None if offset is None else offset.get("held")
+        if taken is None or not isinstance(held, Mapping):
+            return taken
+        return taken - {str(r["id"]) for r in held.get("requests") or ()
+                        if isinstance(r, Mapping) and "id" in r}
+
     def progress(self, dsn: str, *, slot: str, tables: Sequence[str]) -> SourceProgress:
         from tidemark.source.postgres.progress import PostgresProgress  # noqa: PLC0415
 

@@ -104,7 +104,7 @@ class PostgresReadPlan:
         self._finished: set[str] = set()  # exports whose every chunk this driver read
         self._keys: dict[str, tuple[str, ...]] = {}
         self._repair_export: SnapshotExport | None = None  # the held repairs' export
-        self._repairs_lost: set[str] = set()  # exports of batches planned without them
+        self._repairs_read: set[str] = set()  # repair exports this driver read and closed
         #: The backends of this driver's earlier connections: after one broke (a
         #: ServerTimeoutError, a network cut) the server may keep it, and its claim on
         #: the slot, for a while; it is this driver's, so a new claim ends it.
@@ -214,6 +214,9 @@ class PostgresReadPlan:
                       if t not in restarted.tables and t not in known]
             plan = restarted
             skip.update(dict.fromkeys(plan.tables, plan.at))
+        # Tables whose snapshot generation starts now (their skip moves to its point).
+        started = set(plan.tables) if plan is not None and plan is not state.snapshot \
+            else set()
         signals = state.signals
         repairs: list[RepairRequest] = []
         if plan is None:
@@ -234,25 +237,38 @@ class PostgresReadPlan:
             if to_snapshot:
                 plan = self._generation(to_snapshot, 1, chunks_done=0)
                 skip.update(dict.fromkeys(to_snapshot, plan.at))
+                started.update(to_snapshot)
         if plan is not None:
             plan = self._plan_chunks(plan)
         return SourceOffset(state.lsn, tuple(known), skip, plan, signals,
-                            self._repair_step(state, repairs))
+                            self._repair_step(state, repairs, started))
 
     # -- repairs (see tidemark.source.postgres.repair_hold) -----------------------------
-    def _repair_step(self, state: SourceOffset,
-                     new: list[RepairRequest]) -> RepairHold | None:
-        """The repairs the next batches wait for: those held, those of a batch this
-        driver planned without their export (a replay after a restart), and *new*, under
-        an export this driver holds, whose point the stream has not passed."""
+    def _repair_step(self, state: SourceOffset, new: list[RepairRequest],
+                     snapshotted: set[str] | frozenset[str] = frozenset()
+                     ) -> RepairHold | None:
+        """The repairs the next batches wait for: those held, those of the batch ending
+        here unless this driver read them itself (a replay, or a restart: whether an
+        earlier driver read them is not known, and reading them again is exact at the
+        new point), and *new*, under an export this driver holds, whose point the
+        stream has not passed. A table in *snapshotted* starts a snapshot generation:
+        its rows come from that snapshot, whose point drops the table's stream changes
+        before it, so a repair read below that point could restore a row deleted in
+        between; the snapshot supersedes its repairs."""
         done = state.repairs
         if done is not None and self._holds_repair(done.export):
+            self._repairs_read.add(done.export)
             self._close_repair()  # the batch that ended here read them
         requests = list(state.held.requests) if state.held is not None else []
-        if done is not None and done.export in self._repairs_lost:
-            self._repairs_lost.discard(done.export)
+        if done is not None and done.export not in self._repairs_read:
             requests = [*done.requests, *requests]
         requests += new
+        superseded = [r for r in requests if r.table in snapshotted]
+        if superseded:
+            log.info("the snapshot of %s supersedes its repair (signal(s) %s)",
+                     ", ".join(sorted({r.table for r in superseded})),
+                     ", ".join(r.id for r in superseded))
+            requests = [r for r in requests if r.table not in snapshotted]
         if not requests:
             return None
         held = state.held
@@ -387,7 +403,6 @@ class PostgresReadPlan:
                         "ended with the driver that made it: the next batches read it "
                         "again under a new snapshot",
                         ", ".join(sorted({r.table for r in taken.requests})), taken.export)
-            self._repairs_lost.add(taken.export)
         return partitions
 
     def commit(self, end: dict[str, Any]) -> None:

@@ -26,6 +26,7 @@ from tidemark.errors import TerminalError
 from tidemark.source.postgres.pgoutput import lsn_to_str, str_to_lsn
 from tidemark.source.postgres.repair_hold import RepairHold
 from tidemark.source.postgres.snapshot_plan import SnapshotPlan
+from tidemark.source.repair import requests_from
 
 
 class OffsetError(TerminalError):
@@ -95,16 +96,34 @@ class SourceOffset:
             skip = offset.get("skip") or {}
             plan = offset.get("snapshot")
             signals = offset.get("signals")
+            held, repairs = _repair_state(lsn, offset)
             return cls(lsn=lsn,
                        signals=None if signals is None else tuple(str(s) for s in signals),
                        known=None if known is None else tuple(str(t) for t in known),
                        skip={str(t): str_to_lsn(str(at)) for t, at in skip.items()},
                        snapshot=None if plan is None else SnapshotPlan.from_json(plan),
-                       held=RepairHold.from_json(offset.get("held")),
-                       repairs=RepairHold.from_json(offset.get("repairs")))
+                       held=held, repairs=repairs)
         except (KeyError, TypeError, ValueError, AttributeError) as err:
             raise OffsetError(f"offset {offset!r} has a malformed snapshot state ({err}): "
                               "was the checkpoint written by another source?") from None
+
+
+def _repair_state(lsn: int, offset: Mapping[str, Any]
+                  ) -> tuple[RepairHold | None, RepairHold | None]:
+    """The held and taken repairs of *offset*. A checkpoint written before repairs were
+    held keeps the batch's taken requests as a list, read on the executor at no
+    exported snapshot: they are held again (no export: the next step takes a new one
+    and reads them exactly at its point; reading a repair twice is idempotent)."""
+    held = RepairHold.from_json(offset.get("held"))
+    repairs = offset.get("repairs")
+    if not isinstance(repairs, list):
+        return held, RepairHold.from_json(repairs)
+    old = requests_from(repairs)
+    if not old:
+        return held, None
+    if held is None:
+        return RepairHold(lsn, "", old), None
+    return dataclasses.replace(held, requests=(*old, *held.requests)), None
 
 
 @dataclasses.dataclass(frozen=True)
