@@ -17,6 +17,7 @@ from typing import Any, Final
 
 import duckdb
 import pyarrow as pa
+import pyarrow.compute as pc
 from deltalake import DeltaTable
 
 from tidemark.lake import change_rows as cr
@@ -24,6 +25,7 @@ from tidemark.row_checksum import (
     BucketSum,
     BucketSums,
     KeyedRow,
+    RowTexts,
     TableShape,
     UnsupportedColumnError,
     supported,
@@ -184,13 +186,15 @@ class DeltaChecksumSide:
                 f"FROM (SELECT kh, {canonical} FROM ({rows}) AS r) AS t"), texts
 
     def _run(self, shape: TableShape, buckets: int, only: Sequence[int] | None,
-             excluded_keys: frozenset[int], select: str, tail: str) -> list[tuple[Any, ...]]:
+             excluded_keys: frozenset[int], select: str, tail: str,
+             rows: pa.Table | None = None) -> list[tuple[Any, ...]]:
+        """*select* over the hashed rows (of the version, or *rows* of it)."""
         where = []
         with self._lock:
             cursor = self._db.cursor()
             try:
                 # Registered scans belong to one connection (a cursor is another).
-                cursor.register(_TABLE, self._dataset)
+                cursor.register(_TABLE, self._dataset if rows is None else rows)
                 if only is not None:
                     cursor.register(_ONLY, pa.table({"b": pa.array(only, pa.int64())}))
                     where.append(f"kh % {int(buckets)} IN (SELECT b FROM {_ONLY})")
@@ -221,3 +225,34 @@ class DeltaChecksumSide:
         columns = ", ".join(f"s.c{i}" for i in range(len(shape.columns)))
         rows = self._run(shape, buckets, only, excluded_keys, f"s.kh, {columns}", "")
         return [(int(row[0]), tuple(row[1:])) for row in rows]
+
+    def key_rows(self, shape: TableShape,
+                 keys: Sequence[RowTexts]) -> list[KeyedRow] | None:
+        """The rows of *keys* (canonical key texts), read through a filter on the key
+        columns' values, which skips the files whose statistics exclude them and hashes
+        only the rows read: each key column must be an integer or a string (its
+        canonical text is its value's text); otherwise None."""
+        if any(text is None for key in keys for text in key):
+            return None
+        by_name = {c.name: c.target_type for c in shape.columns}
+        condition: pc.Expression | None = None
+        for i, name in enumerate(shape.keys):
+            stored = self.schema.field(name).type
+            if pa.types.is_integer(by_name[name]) and pa.types.is_integer(stored):
+                values = pa.array([int(str(key[i])) for key in keys], stored)
+            elif _is_string(by_name[name]) and _is_string(stored):
+                values = pa.array([key[i] for key in keys], stored)
+            else:
+                return None
+            matches = pc.field(name).isin(values)
+            condition = matches if condition is None else condition & matches
+        if not keys or condition is None:
+            return []
+        found = self._dataset.to_table(filter=condition)
+        columns = ", ".join(f"s.c{i}" for i in range(len(shape.columns)))
+        rows = self._run(shape, 1, None, frozenset(), f"s.kh, {columns}", "", found)
+        return [(int(row[0]), tuple(row[1:])) for row in rows]
+
+
+def _is_string(data_type: pa.DataType) -> bool:
+    return bool(pa.types.is_string(data_type) or pa.types.is_large_string(data_type))
