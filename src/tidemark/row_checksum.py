@@ -60,7 +60,7 @@ import decimal
 import hashlib
 import math
 from collections.abc import Iterable, Mapping, Sequence
-from typing import Any, Final, Protocol
+from typing import Any, Final, Protocol, runtime_checkable
 
 import pyarrow as pa
 
@@ -129,6 +129,23 @@ class ChecksumSide(Protocol):
                     excluded_keys: frozenset[int] = frozenset()) -> list[KeyedRow]:
         """Every row in the listed buckets (one entry per row: a key held twice is
         there twice), as its key hash and canonical fields."""
+        ...
+
+
+@runtime_checkable
+class KeyLookup(Protocol):
+    """A :class:`ChecksumSide` that can also find rows by their key values, which
+    spares a scan of the whole table when only a few keys are compared (a later
+    round's keys)."""
+
+    def key_rows(self, shape: TableShape,
+                 keys: Sequence[RowTexts]) -> list[KeyedRow] | None:
+        """The rows whose key columns' canonical texts (in ``shape.keys`` order) are
+        one of *keys*, found by value (an index, file statistics), as
+        :meth:`ChecksumSide.bucket_rows` gives them; it may return more rows than asked
+        for (the caller keeps those whose key hash it wants). None when this side
+        cannot look these keys up by value (a key type it cannot turn back into a
+        value, a NULL key): the caller then fetches them by key hash."""
         ...
 
 

@@ -5,18 +5,22 @@ from __future__ import annotations
 
 import datetime as dt
 import decimal
+import random
+import struct
 from pathlib import Path
 from typing import Any
 
+import duckdb
 import pyarrow as pa
 import pytest
 from deltalake import write_deltalake
 
-from tidemark.lake.delta_checksum import DeltaChecksumSide
+from tidemark.lake.delta_checksum import DeltaChecksumSide, text_sql
 from tidemark.row_checksum import (
     ComparedColumn,
     TableShape,
     UnsupportedColumnError,
+    float_text,
     key_hash_of,
     reference_bucket_sums,
     row_texts,
@@ -161,3 +165,17 @@ def test_a_large_differing_bucket_is_split_and_its_rows_named(tmp_path: Path) ->
         excluded = frozenset(key_hash_of((str(i), f"v{i}"), shape) for i in (4999, 5000))
         assert compare_tables(source, target, shape, 1,
                               excluded_keys=excluded).differences[0].kind == "extra"
+
+
+def test_doubles_of_every_bit_pattern_are_laid_out_as_the_reference_does() -> None:
+    rng = random.Random(38)
+    values = [struct.unpack("<d", struct.pack("<Q", rng.getrandbits(64)))[0]
+              for _ in range(20_000)]
+    values += [1e20, 1e-7, 123.0, 5e-324, 2.2250738585072014e-308, -0.0, 0.0, 1e15,
+               1e16, 1e23, 9.999999999999999e22, 0.1, 0.001, -1e-5, float("nan"),
+               float("inf"), float("-inf")]
+    con = duckdb.connect()
+    con.register("v", pa.table({"d": pa.array(values, pa.float64())}))
+    texts = con.execute(f"SELECT {text_sql('d', pa.float64())} FROM v").fetchall()
+    wrong = [(v, t) for v, (t,) in zip(values, texts, strict=True) if t != float_text(v)]
+    assert wrong == []

@@ -17,6 +17,7 @@ from typing import Any, Final
 
 import duckdb
 import pyarrow as pa
+import pyarrow.compute as pc
 from deltalake import DeltaTable
 
 from tidemark.lake import change_rows as cr
@@ -24,6 +25,7 @@ from tidemark.row_checksum import (
     BucketSum,
     BucketSums,
     KeyedRow,
+    RowTexts,
     TableShape,
     UnsupportedColumnError,
     supported,
@@ -32,9 +34,9 @@ from tidemark.row_checksum import (
 _TABLE: Final = "target_rows"
 _EXCLUDED: Final = "excluded_keys"
 _ONLY: Final = "only_buckets"
-#: The prefix of the columns holding doubles' shortest texts (a name no Delta column
-#: of a pipeline's target starts with).
-_SHORTEST: Final = "__tidemark_shortest_"
+#: The prefix of the columns holding the parts of doubles' shortest texts (a name no
+#: Delta column of a pipeline's target starts with).
+_PARTS: Final = "__tidemark_float_parts_"
 
 
 def quote(name: str) -> str:
@@ -52,27 +54,31 @@ def field_sql(text: str) -> str:
     return f"coalesce(CAST(length({text}) AS VARCHAR) || ':' || ({text}), '~')"
 
 
-def shortest_sql(value: str) -> str:
-    """The shortest text of a DOUBLE expression's absolute value (what
-    :func:`_float_sql` re-lays)."""
-    return f"CAST(abs({value}) AS VARCHAR)"
+def parts_sql(value: str) -> str:
+    """The parts of a DOUBLE expression's absolute value's shortest text (what
+    :func:`_float_sql` re-lays), one regular expression over it: a STRUCT of ``i``, the
+    digits before the point without leading zeros, ``f``, those after it, ``e``, the
+    printed exponent (``''`` if none)."""
+    return (f"regexp_extract(CAST(abs({value}) AS VARCHAR), "
+            r"'^0*([0-9]*)\.?([0-9]*)e?([-+0-9]*)$', ['i', 'f', 'e'])")
 
 
-def _float_sql(value: str, shortest: str | None = None) -> str:
-    """The canonical float64 text of a DOUBLE expression *value*, from its shortest
-    text *shortest* (a column computed a level below, so DuckDB prints each value
-    once; default: :func:`shortest_sql`, inline). The exponent is the mantissa's
-    digits without leading zeros, less those after the point, plus the printed
-    exponent."""
-    t = shortest or shortest_sql(value)
-    mantissa = f"split_part({t}, 'e', 1)"
-    raw = f"ltrim(replace({mantissa}, '.', ''), '0')"
-    exponent = (f"(length({raw}) - length(split_part({mantissa}, '.', 2)) + "
-                f"coalesce(CAST(nullif(split_part({t}, 'e', 2), '') AS INTEGER), 0))")
+def _float_sql(value: str, parts: str | None = None) -> str:
+    """The canonical float64 text of a DOUBLE expression *value*, from the parts of its
+    shortest text *parts* (a column computed a level below, so DuckDB prints and
+    splits each value once; default: :func:`parts_sql`, inline). The digits are those
+    of ``i || f`` without leading and trailing zeros; the exponent is the length of
+    ``i`` (when ``i`` is empty, minus the zeros leading ``f``) plus the printed one.
+    Re-laying the split parts costs a quarter less than splitting the text with
+    string functions (measured: 1.33 against 1.74 CPU-s per 2M doubles)."""
+    t = parts or parts_sql(value)
+    exponent = (f"(CASE WHEN {t}.i = '' THEN length(ltrim({t}.f, '0')) - length({t}.f) "
+                f"ELSE length({t}.i) END "
+                f"+ coalesce(CAST(nullif({t}.e, '') AS INTEGER), 0))")
     return (f"CASE WHEN isnan({value}) THEN 'nan' WHEN {value} = 'inf'::DOUBLE THEN 'inf' "
             f"WHEN {value} = '-inf'::DOUBLE THEN '-inf' WHEN {value} = 0 THEN '0' "
             f"ELSE CASE WHEN {value} < 0 THEN '-' ELSE '' END || '0.' || "
-            f"rtrim({raw}, '0') || 'e' || CAST({exponent} AS VARCHAR) END")
+            f"rtrim(ltrim({t}.i || {t}.f, '0'), '0') || 'e' || CAST({exponent} AS VARCHAR) END")
 
 
 def text_sql(value: str, target: pa.DataType, depth: int = 0) -> str:
@@ -150,12 +156,12 @@ class DeltaChecksumSide:
 
     def _hashed(self, shape: TableShape, where: Sequence[str] = ()) -> tuple[str, list[str]]:
         """``SELECT kh, rh, c0, ... FROM`` the live rows whose key hash ``kh`` meets the
-        conditions *where*, in levels: the key hash (and the shortest texts of doubles),
-        filtered there so the other columns' texts are made only for the rows kept; then
-        each column's canonical text; then the fields and the row hash over those.
+        conditions *where*, in levels: the key hash (and the parts of doubles' shortest
+        texts), filtered there so the other columns' texts are made only for the rows kept;
+        then each column's canonical text; then the fields and the row hash over those.
         DuckDB keeps a column of a lower level rather than computing its expression again
-        at each use (a field uses its text twice, a double's canonical text its shortest
-        text four times), which makes a scan several times cheaper."""
+        at each use (a field uses its text twice, a double's canonical text its parts
+        several times), which makes a scan several times cheaper."""
         shortest: list[str] = []
         texts = []
         for i, column in enumerate(shape.columns):
@@ -165,8 +171,8 @@ class DeltaChecksumSide:
             name = quote(column.name)
             if pa.types.is_floating(column.target_type):
                 value = f"CAST({name} AS DOUBLE)"
-                shortest.append(f", {shortest_sql(value)} AS {_SHORTEST}{i}")
-                texts.append(_float_sql(value, f"{_SHORTEST}{i}"))
+                shortest.append(f", {parts_sql(value)} AS {_PARTS}{i}")
+                texts.append(_float_sql(value, f"{_PARTS}{i}"))
             else:
                 texts.append(text_sql(name, column.target_type))
         by_name = {c.name: c for c in shape.columns}
@@ -184,13 +190,15 @@ class DeltaChecksumSide:
                 f"FROM (SELECT kh, {canonical} FROM ({rows}) AS r) AS t"), texts
 
     def _run(self, shape: TableShape, buckets: int, only: Sequence[int] | None,
-             excluded_keys: frozenset[int], select: str, tail: str) -> list[tuple[Any, ...]]:
+             excluded_keys: frozenset[int], select: str, tail: str,
+             rows: pa.Table | None = None) -> list[tuple[Any, ...]]:
+        """*select* over the hashed rows (of the version, or *rows* of it)."""
         where = []
         with self._lock:
             cursor = self._db.cursor()
             try:
                 # Registered scans belong to one connection (a cursor is another).
-                cursor.register(_TABLE, self._dataset)
+                cursor.register(_TABLE, self._dataset if rows is None else rows)
                 if only is not None:
                     cursor.register(_ONLY, pa.table({"b": pa.array(only, pa.int64())}))
                     where.append(f"kh % {int(buckets)} IN (SELECT b FROM {_ONLY})")
@@ -221,3 +229,34 @@ class DeltaChecksumSide:
         columns = ", ".join(f"s.c{i}" for i in range(len(shape.columns)))
         rows = self._run(shape, buckets, only, excluded_keys, f"s.kh, {columns}", "")
         return [(int(row[0]), tuple(row[1:])) for row in rows]
+
+    def key_rows(self, shape: TableShape,
+                 keys: Sequence[RowTexts]) -> list[KeyedRow] | None:
+        """The rows of *keys* (canonical key texts), read through a filter on the key
+        columns' values, which skips the files whose statistics exclude them and hashes
+        only the rows read: each key column must be an integer or a string (its
+        canonical text is its value's text); otherwise None."""
+        if any(text is None for key in keys for text in key):
+            return None
+        by_name = {c.name: c.target_type for c in shape.columns}
+        condition: pc.Expression | None = None
+        for i, name in enumerate(shape.keys):
+            stored = self.schema.field(name).type
+            if pa.types.is_integer(by_name[name]) and pa.types.is_integer(stored):
+                values = pa.array([int(str(key[i])) for key in keys], stored)
+            elif _is_string(by_name[name]) and _is_string(stored):
+                values = pa.array([key[i] for key in keys], stored)
+            else:
+                return None
+            matches = pc.field(name).isin(values)
+            condition = matches if condition is None else condition & matches
+        if not keys or condition is None:
+            return []
+        found = self._dataset.to_table(filter=condition)
+        columns = ", ".join(f"s.c{i}" for i in range(len(shape.columns)))
+        rows = self._run(shape, 1, None, frozenset(), f"s.kh, {columns}", "", found)
+        return [(int(row[0]), tuple(row[1:])) for row in rows]
+
+
+def _is_string(data_type: pa.DataType) -> bool:
+    return bool(pa.types.is_string(data_type) or pa.types.is_large_string(data_type))

@@ -10,11 +10,12 @@ its SQL in ``source/<kind>/checksum.py``) and is opened through
 
 from __future__ import annotations
 
-from typing import Protocol
+from collections.abc import Mapping
+from typing import Protocol, runtime_checkable
 
 from tidemark.errors import SourceError
 from tidemark.event import TableId
-from tidemark.row_checksum import ChecksumSide, TableShape
+from tidemark.row_checksum import ChecksumSide, RowTexts, TableShape
 
 
 class TruncatedAfterSnapshotError(SourceError):
@@ -56,4 +57,17 @@ class VerifySnapshot(Protocol):
 
     def close(self) -> None:
         """Release the snapshot and whatever holds the log position (a temporary slot)."""
+        ...
+
+
+@runtime_checkable
+class KeyedChanges(Protocol):
+    """A :class:`VerifySnapshot` whose changed keys come with their values (a source
+    whose change log decodes them anyway), so that a later round fetches those keys'
+    rows by value (:class:`tidemark.row_checksum.KeyLookup`) instead of scanning both
+    tables for their hashes."""
+
+    def changed_keys(self, table: TableId, shape: TableShape) -> Mapping[int, RowTexts]:
+        """:meth:`VerifySnapshot.changed_key_hashes` as a mapping of each key hash to
+        the key columns' canonical texts (in ``shape.keys`` order)."""
         ...

@@ -9,12 +9,21 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import functools
 import time
 from collections import Counter
-from collections.abc import Iterable, Iterator, Sequence
-from typing import Final
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from typing import Final, TypeVar
 
-from tidemark.row_checksum import BucketSums, ChecksumSide, KeyedRow, RowTexts, TableShape
+from tidemark.row_checksum import (
+    BucketSums,
+    ChecksumSide,
+    KeyedRow,
+    KeyLookup,
+    RowTexts,
+    TableShape,
+)
 from tidemark.verify.result import Difference
 
 #: Rows per bucket aimed for, and the most buckets of the first comparison.
@@ -31,6 +40,8 @@ MAX_SPLITS: Final = 3
 #: fetching every row sharing a bucket with one of them (a side still scans its table,
 #: but only those rows leave it).
 KEY_BUCKETS: Final = 2**60
+
+_T = TypeVar("_T")
 
 
 def bucket_count(rows: int) -> int:
@@ -51,7 +62,8 @@ class Comparison:
     rows_fetched: int = 0
     """Rows of differing buckets read from both sides to compare them field by field."""
     phases: dict[str, float] = dataclasses.field(default_factory=dict)
-    """Seconds spent per phase: ``source_sums``, ``target_sums``, ``rows``."""
+    """Seconds spent per phase: ``source_sums``, ``target_sums`` (the two sides run at
+    the same time, so each is that side's own time), ``rows``."""
 
     @contextlib.contextmanager
     def timing(self, phase: str) -> Iterator[None]:
@@ -62,6 +74,19 @@ class Comparison:
         finally:
             self.phases[phase] = self.phases.get(phase, 0.0) + time.perf_counter() - started
 
+    def both(self, source: Callable[[], _T], target: Callable[[], _T],
+             phases: tuple[str, str]) -> tuple[_T, _T]:
+        """*source()* and *target()* at the same time, each timed as its phase: the
+        source side mostly waits for its database and DuckDB releases the GIL while it
+        scans, so the two scans overlap instead of adding up."""
+        with ThreadPoolExecutor(1, thread_name_prefix="verify-source") as pool:
+            mine = pool.submit(self._timed, phases[0], source)
+            theirs = self._timed(phases[1], target)
+            return mine.result(), theirs
+
+    def _timed(self, phase: str, call: Callable[[], _T]) -> _T:
+        with self.timing(phase):
+            return call()
 
 
 def _differing(source: BucketSums, target: BucketSums) -> list[int]:
@@ -77,10 +102,10 @@ def compare_tables(source: ChecksumSide, target: ChecksumSide, shape: TableShape
                    target_behind: bool = False) -> Comparison:
     """Compare every row of both sides but those whose key hash is in *excluded_keys*."""
     result = Comparison()
-    with result.timing("source_sums"):
-        source_sums = source.bucket_sums(shape, buckets, excluded_keys=excluded_keys)
-    with result.timing("target_sums"):
-        target_sums = target.bucket_sums(shape, buckets, excluded_keys=excluded_keys)
+    source_sums, target_sums = result.both(
+        lambda: source.bucket_sums(shape, buckets, excluded_keys=excluded_keys),
+        lambda: target.bucket_sums(shape, buckets, excluded_keys=excluded_keys),
+        ("source_sums", "target_sums"))
     result.rows_compared = sum(s.rows for s in source_sums.values())
     # (modulus, buckets of that modulus whose rows are fetched)
     fetch: list[tuple[int, list[int]]] = []
@@ -97,22 +122,24 @@ def compare_tables(source: ChecksumSide, target: ChecksumSide, shape: TableShape
             break
         parts = [b + i * modulus for b in large for i in range(SPLIT_FACTOR)]
         modulus *= SPLIT_FACTOR
-        with result.timing("source_sums"):
-            source_sums = source.bucket_sums(shape, modulus, only=parts,
-                                             excluded_keys=excluded_keys)
-        with result.timing("target_sums"):
-            target_sums = target.bucket_sums(shape, modulus, only=parts,
-                                             excluded_keys=excluded_keys)
+        source_sums, target_sums = result.both(
+            functools.partial(source.bucket_sums, shape, modulus, only=parts,
+                              excluded_keys=excluded_keys),
+            functools.partial(target.bucket_sums, shape, modulus, only=parts,
+                              excluded_keys=excluded_keys),
+            ("source_sums", "target_sums"))
         differing = _differing(source_sums, target_sums)
     else:
         if differing:
             fetch.append((modulus, differing))
     for fetch_modulus, fetch_buckets in fetch:
         with result.timing("rows"):
-            source_rows = source.bucket_rows(shape, fetch_modulus, fetch_buckets,
-                                             excluded_keys=excluded_keys)
-            target_rows = target.bucket_rows(shape, fetch_modulus, fetch_buckets,
-                                             excluded_keys=excluded_keys)
+            source_rows, target_rows = result.both(
+                functools.partial(source.bucket_rows, shape, fetch_modulus, fetch_buckets,
+                                  excluded_keys=excluded_keys),
+                functools.partial(target.bucket_rows, shape, fetch_modulus, fetch_buckets,
+                                  excluded_keys=excluded_keys),
+                ("source_rows", "target_rows"))
         result.rows_fetched += len(source_rows) + len(target_rows)
         found = _row_differences(source_rows, target_rows, shape, target_behind)
         result.differences += [d for _, d in found]
@@ -136,20 +163,37 @@ def _unexplained(buckets: Sequence[int], modulus: int, target_behind: bool) -> D
 
 
 def compare_keys(source: ChecksumSide, target: ChecksumSide, shape: TableShape,
-                 keys: Iterable[int], *, target_behind: bool = False) -> Comparison:
-    """Compare only the rows whose key hash is in *keys* (a later round's keys)."""
+                 keys: Iterable[int], *, target_behind: bool = False,
+                 key_texts: Mapping[int, RowTexts] | None = None) -> Comparison:
+    """Compare only the rows whose key hash is in *keys* (a later round's keys), looked
+    up by their key values where *key_texts* has them all and both sides can
+    (:class:`KeyLookup`), else by their hashes (a scan of both sides)."""
     wanted = sorted(frozenset(keys))
     if not wanted:
         return Comparison()
     result = Comparison()
     with result.timing("rows"):
-        source_rows = source.bucket_rows(shape, KEY_BUCKETS, wanted)
-        target_rows = target.bucket_rows(shape, KEY_BUCKETS, wanted)
+        source_rows, target_rows = result.both(
+            functools.partial(_rows_of_keys, source, shape, wanted, key_texts),
+            functools.partial(_rows_of_keys, target, shape, wanted, key_texts),
+            ("source_rows", "target_rows"))
     result.rows_fetched = len(source_rows) + len(target_rows)
     result.rows_compared = len(source_rows)
     result.differences = compare_rows(source_rows, target_rows, shape,
                                       target_behind=target_behind)
     return result
+
+
+def _rows_of_keys(side: ChecksumSide, shape: TableShape, wanted: Sequence[int],
+                  key_texts: Mapping[int, RowTexts] | None) -> list[KeyedRow]:
+    """The rows of the key hashes *wanted* (sorted) on *side*."""
+    if key_texts is not None and isinstance(side, KeyLookup) \
+            and all(k in key_texts for k in wanted):
+        found = side.key_rows(shape, [key_texts[k] for k in wanted])
+        if found is not None:
+            keep = frozenset(wanted)
+            return [row for row in found if row[0] in keep]
+    return side.bucket_rows(shape, KEY_BUCKETS, wanted)
 
 
 def compare_rows(source: Sequence[KeyedRow], target: Sequence[KeyedRow],
@@ -204,8 +248,8 @@ def key_of(texts: RowTexts, shape: TableShape) -> dict[str, str | None]:
     return {k: texts[position[k]] for k in shape.keys}
 
 
-def keys_named(sides: Sequence[ChecksumSide], shape: TableShape,
-               keys: frozenset[int]) -> list[dict[str, str | None]]:
+def keys_named(sides: Sequence[ChecksumSide], shape: TableShape, keys: frozenset[int],
+               key_texts: Mapping[int, RowTexts] | None = None) -> list[dict[str, str | None]]:
     """The key texts of *keys*, read from the first side that holds each (keys no side
     holds any more are left out)."""
     if not keys:
@@ -213,6 +257,6 @@ def keys_named(sides: Sequence[ChecksumSide], shape: TableShape,
     wanted = sorted(keys)
     named: dict[int, dict[str, str | None]] = {}
     for side in sides:
-        for key_hash, texts in side.bucket_rows(shape, KEY_BUCKETS, wanted):
+        for key_hash, texts in _rows_of_keys(side, shape, wanted, key_texts):
             named.setdefault(key_hash, key_of(texts, shape))
     return [named[k] for k in sorted(named)]

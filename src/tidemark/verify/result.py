@@ -115,7 +115,9 @@ class TableResult:
     phases: dict[str, float] = dataclasses.field(default_factory=dict)
     """Seconds per phase over all rounds: ``target_open`` (the Delta version read),
     ``changed_keys`` (the keys changed after the snapshot), ``source_sums``,
-    ``target_sums`` (bucket sums) and ``rows`` (the differing buckets' rows)."""
+    ``target_sums`` (bucket sums, the two sides at the same time: each is its side's
+    own time) and ``rows`` (the differing buckets' rows; ``source_rows`` and
+    ``target_rows`` each side's own time of it)."""
     repair: TableRepair | None = None
     shape: TableShape | None = dataclasses.field(default=None, repr=False, compare=False)
     """What was compared (the key columns' target types name a repair's keys)."""

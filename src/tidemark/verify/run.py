@@ -31,10 +31,14 @@ from tidemark.errors import ConfigError
 from tidemark.event import TableId
 from tidemark.lake.delta_checksum import DeltaChecksumSide
 from tidemark.pipeline.config import PipelineConfig, Target, load_config
-from tidemark.row_checksum import ChecksumSide, TableShape
+from tidemark.row_checksum import ChecksumSide, RowTexts, TableShape
 from tidemark.run_record import may_be_running
 from tidemark.source.registry import kind_of
-from tidemark.source.verify_snapshot import TruncatedAfterSnapshotError, VerifySnapshot
+from tidemark.source.verify_snapshot import (
+    KeyedChanges,
+    TruncatedAfterSnapshotError,
+    VerifySnapshot,
+)
 from tidemark.spark_checkpoint import committed_source_offset
 from tidemark.status.verify_record import write_record
 from tidemark.verify import DEFAULT_REPAIR_LIMIT
@@ -159,6 +163,9 @@ class _Table:
         self.shape: TableShape | None = None
         self.buckets = 1
         self.pending: frozenset[int] = frozenset()
+        self.key_texts: dict[int, RowTexts] = {}
+        """The canonical key texts of changed keys, where the snapshot gives them
+        (:class:`KeyedChanges`): later rounds look those keys up by value."""
         self.compared_all = False
         """Whether a round compared the whole table (a truncate after the first
         round's position leaves that to the next round)."""
@@ -255,7 +262,12 @@ class _Verify:
             # beyond the snapshot's position.
             started = time.perf_counter()
             try:
-                changed = snapshot.changed_key_hashes(table.table_id, table.shape)
+                if isinstance(snapshot, KeyedChanges):
+                    keyed = snapshot.changed_keys(table.table_id, table.shape)
+                    table.key_texts.update(keyed)
+                    changed = frozenset(keyed)
+                else:
+                    changed = snapshot.changed_key_hashes(table.table_id, table.shape)
             except TruncatedAfterSnapshotError:
                 if number == ROUNDS and not table.compared_all:
                     raise
@@ -282,7 +294,7 @@ class _Verify:
             else:
                 recompared = table.pending - changed
                 found = compare_keys(source, target, table.shape, recompared,
-                                     target_behind=behind)
+                                     target_behind=behind, key_texts=table.key_texts)
                 table.pending = table.pending & changed
             table.result.rows_compared += found.rows_compared
             table.result.rows_fetched += found.rows_fetched
@@ -300,5 +312,6 @@ class _Verify:
         """The keys still pending after the last round: changed during every round."""
         assert table.shape is not None
         table.result.keys_not_compared = len(table.pending)
-        table.result.not_compared = keys_named(sides, table.shape, table.pending)
+        table.result.not_compared = keys_named(sides, table.shape, table.pending,
+                                               table.key_texts)
         table.pending = frozenset()

@@ -30,6 +30,7 @@ from tidemark.row_checksum import (
     BucketSum,
     BucketSums,
     KeyedRow,
+    RowTexts,
     TableShape,
     UnsupportedColumnError,
     supported,
@@ -42,6 +43,12 @@ SESSION_SETTINGS: Final = (("DateStyle", "ISO, MDY"), ("TimeZone", "UTC"),
                            ("IntervalStyle", "iso_8601"), ("extra_float_digits", "3"),
                            ("bytea_output", "hex"), ("lc_monetary", "C"))
 
+#: Planner settings of the snapshot transaction (local to it): the bucket sums group by
+#: an expression whose distinct values PostgreSQL cannot estimate (it guesses one per
+#: row), so it sorts every row (spilling to disk) for a GroupAggregate; the buckets are
+#: at most 65,536, which a HashAggregate keeps in memory without sorting anything.
+PLANNER_SETTINGS: Final = (("enable_sort", "off"), ("work_mem", "64MB"))
+
 # datetime.max / datetime.min and date.max / date.min, where the pipeline maps infinity.
 _TS_MAX_US: Final = 253402300799999999
 _TS_MIN_US: Final = -62135596800000000
@@ -51,11 +58,13 @@ _DATE_MIN_DAYS: Final = -719162
 
 def set_session(conn: Connection) -> None:
     """Set :data:`SESSION_SETTINGS` on *conn* (inside its transaction: they hold for
-    the session unless the transaction rolls back)."""
+    the session unless the transaction rolls back), and :data:`PLANNER_SETTINGS` for
+    its transaction."""
     with conn.cursor() as cur:
-        for name, value in SESSION_SETTINGS:
-            cur.execute(sql.SQL("SELECT set_config({}, {}, false)").format(
-                sql.Literal(name), sql.Literal(value)))
+        for settings, local in ((SESSION_SETTINGS, False), (PLANNER_SETTINGS, True)):
+            for name, value in settings:
+                cur.execute(sql.SQL("SELECT set_config({}, {}, {})").format(
+                    sql.Literal(name), sql.Literal(value), sql.Literal(local)))
 
 
 def hash_sql(text: sql.Composable, *, utf8: bool = True) -> sql.Composable:
@@ -193,16 +202,19 @@ class PostgresChecksumSide:
                                   column.target_type, trim_bpchar=self.log_table))
         return texts
 
-    def _hashed(self, shape: TableShape, texts: list[sql.Composable]) -> sql.Composable:
-        """``SELECT kh, rh[, texts] FROM table`` over the shape."""
+    def _hashed(self, shape: TableShape, texts: list[sql.Composable],
+                where: sql.Composable | None = None) -> sql.Composable:
+        """``SELECT kh, rh[, texts] FROM table`` over the shape (its rows meeting
+        *where*, `` WHERE ...``, if given)."""
         by_name = dict(zip((c.name for c in shape.columns), texts, strict=True))
         key_text = sql.SQL(" || ").join(field_sql(by_name[k]) for k in shape.keys)
         row_text = sql.SQL(" || ").join(field_sql(t) for t in texts)
-        return sql.SQL("SELECT {kh} AS kh, {rh} AS rh{more} FROM {table}").format(
+        return sql.SQL("SELECT {kh} AS kh, {rh} AS rh{more} FROM {table}{where}").format(
             kh=hash_sql(key_text, utf8=self.utf8), rh=hash_sql(row_text, utf8=self.utf8),
             more=sql.SQL("").join(sql.SQL(", {} AS {}").format(t, sql.Identifier(f"c{i}"))
                                   for i, t in enumerate(texts)),
-            table=sql.Identifier(self.table.schema, self.table.table))
+            table=sql.Identifier(self.table.schema, self.table.table),
+            where=sql.SQL("") if where is None else where)
 
     def _query(self, shape: TableShape, buckets: int, only: Sequence[int] | None,
                excluded_keys: frozenset[int], select: sql.Composable,
@@ -252,3 +264,56 @@ class PostgresChecksumSide:
             cur.execute(query, params)
             return [(int(row[0]), tuple(row[1:])) for row in cur.fetchall()]
 
+
+    def key_rows(self, shape: TableShape,
+                 keys: Sequence[RowTexts]) -> list[KeyedRow] | None:
+        """The rows of *keys* (canonical key texts) found through the key's index: each
+        key column must be an integer or a text column the target holds as such (its
+        canonical text is then its value's text); otherwise None."""
+        casts = []
+        by_name = {c.name: c for c in shape.columns}
+        for name in shape.keys:
+            cast = _KEY_CASTS.get((self.types.get(name, ""),
+                                   _key_kind(by_name[name].target_type)))
+            if cast is None:
+                return None
+            casts.append(cast)
+        if any(text is None for key in keys for text in key):
+            return None
+        if not keys:
+            return []
+        params = [[key[i] for key in keys] for i in range(len(casts))]
+        arrays = sql.SQL(", ").join(sql.SQL("%s::text[]") for _ in casts)
+        values = sql.SQL(", ").join(sql.SQL("v.{}::{}").format(sql.Identifier(f"v{i}"),
+                                                              sql.SQL(cast))
+                                    for i, cast in enumerate(casts))
+        columns = sql.SQL(", ").join(sql.Identifier(k) for k in shape.keys)
+        where = sql.SQL(" WHERE ({columns}) IN (SELECT {values} FROM unnest({arrays}) "
+                        "AS v({names}))").format(
+            columns=columns, values=values, arrays=arrays,
+            names=sql.SQL(", ").join(sql.Identifier(f"v{i}") for i in range(len(casts))))
+        texts = self._texts(shape)
+        select = sql.SQL(", ").join([sql.SQL("s.kh"), *(
+            sql.SQL("s.{}").format(sql.Identifier(f"c{i}")) for i in range(len(texts)))])
+        query = sql.SQL("SELECT {select} FROM ({inner}) AS s").format(
+            select=select, inner=self._hashed(shape, texts, where))
+        with self.conn.cursor() as cur:
+            cur.execute(query, params)
+            return [(int(row[0]), tuple(row[1:])) for row in cur.fetchall()]
+
+
+#: Key columns looked up by value in :meth:`PostgresChecksumSide.key_rows`: (source
+#: type, target kind) -> the type its canonical text is cast to (the text is then the
+#: value's own text: an integer's digits, a string itself).
+_KEY_CASTS: Final = {
+    ("int2", "integer"): "int8", ("int4", "integer"): "int8", ("int8", "integer"): "int8",
+    ("text", "string"): "text", ("varchar", "string"): "text",
+}
+
+
+def _key_kind(target: pa.DataType) -> str:
+    if pa.types.is_integer(target):
+        return "integer"
+    if pa.types.is_string(target) or pa.types.is_large_string(target):
+        return "string"
+    return "other"

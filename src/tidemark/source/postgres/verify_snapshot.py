@@ -42,7 +42,7 @@ from psycopg import pq, sql
 from tidemark import postgres_connection
 from tidemark.errors import SourceError, SourceUnavailableError
 from tidemark.event import TableId
-from tidemark.row_checksum import TableShape, row_text, text_hash, value_text
+from tidemark.row_checksum import RowTexts, TableShape, row_text, text_hash, value_text
 from tidemark.source.postgres import pgoutput
 from tidemark.source.postgres.replication import ReplicationStream
 from tidemark.source.postgres.types import python_parser
@@ -174,15 +174,20 @@ class PostgresVerifySnapshot:
         """Key hashes of the rows of *table* that transactions committed after
         :attr:`position` (and flushed before this call returns) inserted, updated (old
         and new key) or deleted."""
+        return frozenset(self.changed_keys(table, shape))
+
+    def changed_keys(self, table: TableId, shape: TableShape) -> dict[int, RowTexts]:
+        """:meth:`changed_key_hashes`, each with its key's canonical texts (decoded
+        from the changes anyway: a later round looks those keys up by value)."""
         self._wait_flushed()
-        hashes: set[int] = set()
-        keys: Callable[[pgoutput.TupleData], int | None] | None = None
+        found: dict[int, RowTexts] = {}
+        keys: Callable[[pgoutput.TupleData], RowTexts | None] | None = None
         relation = -1
         for message in self._peek():
             if isinstance(message, pgoutput.Relation):
                 if TableId(message.namespace, message.name) == table:
                     relation = message.relation_id
-                    keys = _key_hasher(message, shape)
+                    keys = _key_texts(message, shape)
                 continue
             if keys is None or getattr(message, "relation_id", None) != relation:
                 if isinstance(message, pgoutput.Truncate) and keys is not None \
@@ -198,9 +203,9 @@ class PostgresVerifySnapshot:
             else:
                 continue
             for image in images:
-                if image is not None and (found := keys(image)) is not None:
-                    hashes.add(found)
-        return frozenset(hashes)
+                if image is not None and (texts := keys(image)) is not None:
+                    found[text_hash(row_text(texts))] = texts
+        return found
 
     def _wait_flushed(self) -> None:
         """Wait until the WAL written before now is flushed: decoding reads no further."""
@@ -274,9 +279,9 @@ def _with_old_keys(new: pgoutput.TupleData,
                  for n, o in zip(new, old, strict=True))
 
 
-def _key_hasher(relation: pgoutput.Relation,
-                shape: TableShape) -> Callable[[pgoutput.TupleData], int | None]:
-    """The function giving a row image's key hash (None: the image lacks a key value:
+def _key_texts(relation: pgoutput.Relation,
+               shape: TableShape) -> Callable[[pgoutput.TupleData], RowTexts | None]:
+    """The function giving a row image's key texts (None: the image lacks a key value:
     an old key tuple of a table whose replica identity is not the verified key)."""
     index = {c.name: i for i, c in enumerate(relation.columns)}
     targets = {c.name: c.target_type for c in shape.columns}
@@ -287,16 +292,16 @@ def _key_hasher(relation: pgoutput.Relation,
     plan = [(index[k], _to_text(relation.columns[index[k]], targets[k]))
             for k in shape.keys]
 
-    def key_hash(image: pgoutput.TupleData) -> int | None:
+    def key_texts(image: pgoutput.TupleData) -> RowTexts | None:
         texts: list[str | None] = []
         for i, convert in plan:
             value = image[i]
             if value is pgoutput.UNCHANGED_TOAST:
                 return None
             texts.append(None if value is None else convert(value))
-        return text_hash(row_text(texts))
+        return tuple(texts)
 
-    return key_hash
+    return key_texts
 
 
 def _to_text(column: pgoutput.RelationColumn,
