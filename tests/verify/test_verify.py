@@ -60,7 +60,7 @@ def test_drift_is_named_and_an_equal_target_passes(
 
     # The pipeline is stopped (its run finished): verify does not wait for it to commit
     # the snapshot's position (the default wait is 120 s) but compares at once.
-    with caplog.at_level(logging.WARNING, logger="tidemark.verify.run"):
+    with caplog.at_level(logging.INFO, logger="tidemark.verify.run"):
         result = verify(file, wait_s=600)
     assert result.error is None
     assert [(t.table, t.equal, t.rows_compared) for t in result.tables] == \
