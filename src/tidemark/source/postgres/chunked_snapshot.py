@@ -172,6 +172,20 @@ def _range_sql(keys: Sequence[str], after: KeyText | None,
 
 
 # -- the executors ---------------------------------------------------------------------
+def import_snapshot(conn: psycopg.Connection[Any], export: str, what: str,
+                    afterwards: str) -> None:
+    """Take the exported snapshot *export* into *conn*'s open REPEATABLE READ
+    transaction; SnapshotLostError (naming *what* the snapshot is for and what happens
+    *afterwards*) once the driver that exported it has ended."""
+    try:
+        conn.execute(sql.SQL("SET TRANSACTION SNAPSHOT {}").format(sql.Literal(export)))
+    except (psycopg.errors.InvalidParameterValue,
+            psycopg.errors.ObjectNotInPrerequisiteState) as err:
+        raise SnapshotLostError(
+            f"snapshot {export} {what} is gone ({str(err).strip()}): the query's driver "
+            f"ended; restart the query, {afterwards}") from None
+
+
 def read_chunk_text(conn: psycopg.Connection[Any], export: str, chunk: ChunkRange,
                     columns: Sequence[str], keys: Sequence[str]) -> pa.Table:
     """The chunk's rows under the exported snapshot, as one string column per column
@@ -179,14 +193,8 @@ def read_chunk_text(conn: psycopg.Connection[Any], export: str, chunk: ChunkRang
     table = TableId.parse(chunk.table)
     conn.execute("BEGIN ISOLATION LEVEL REPEATABLE READ READ ONLY")
     try:
-        try:
-            conn.execute(sql.SQL("SET TRANSACTION SNAPSHOT {}").format(sql.Literal(export)))
-        except (psycopg.errors.InvalidParameterValue,
-                psycopg.errors.ObjectNotInPrerequisiteState) as err:
-            raise SnapshotLostError(
-                f"snapshot {export} of {chunk.table} is gone ({str(err).strip()}): the "
-                "query's driver ended; restart the query, its snapshot goes on in a new "
-                "generation") from None
+        import_snapshot(conn, export, f"of {chunk.table}",
+                        "its snapshot goes on in a new generation")
         query = sql.SQL("COPY (SELECT {columns} FROM {table}{where} ORDER BY {keys}) "
                         "TO STDOUT (FORMAT csv)").format(
             columns=sql.SQL(", ").join(sql.Identifier(c) for c in columns),

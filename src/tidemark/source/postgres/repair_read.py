@@ -19,10 +19,10 @@ from tidemark.event import TableId
 from tidemark.postgres_connection import server_timeout
 from tidemark.source.postgres import wal_reads as wal
 from tidemark.source.postgres.chunked_snapshot import (
-    SnapshotLostError,
     _key_list,
     _row,
     copy_out,
+    import_snapshot,
     parse_csv,
 )
 from tidemark.source.postgres.repair_hold import ExportedRepairRead
@@ -54,7 +54,8 @@ def read_repair(options: ReadOptions, part: ExportedRepairRead,
                      server_timeout_s=options.server_timeout_ms / 1000) as conn:
         conn.execute("BEGIN ISOLATION LEVEL REPEATABLE READ READ ONLY")
         try:
-            _import_snapshot(conn, part.export)
+            import_snapshot(conn, part.export, "of a repair",
+                            "the repair is read again under a new snapshot")
             read = [(request, read_keys_text(conn, request, sink.columns(request.table)))
                     for request in part.requests]
         except BaseException:
@@ -98,13 +99,3 @@ def key_problem(conn: psycopg.Connection[Any], request: RepairRequest) -> str | 
                         f"give it as the text PostgreSQL reads as {type_name}")
     return None
 
-
-def _import_snapshot(conn: psycopg.Connection[Any], export: str) -> None:
-    try:
-        conn.execute(sql.SQL("SET TRANSACTION SNAPSHOT {}").format(sql.Literal(export)))
-    except (psycopg.errors.InvalidParameterValue,
-            psycopg.errors.ObjectNotInPrerequisiteState) as err:
-        raise SnapshotLostError(
-            f"snapshot {export} of a repair is gone ({str(err).strip()}): the query's "
-            "driver ended; restart the query, the repair is read again under a new "
-            "snapshot") from None
