@@ -115,6 +115,8 @@ def create_target(uri: str, schema: pa.Schema, columns: ResolvedColumns, spec: A
     try:
         return DeltaTable.create(uri, pa.schema(target_fields(schema, columns, spec)),
                                  mode="ignore", partition_by=list(spec.partition_by) or None,
+                                 configuration={"delta.enableDeletionVectors": "true"}
+                                 if spec.merge == "merge_on_read" else None,
                                  storage_options=storage_options)
     except (DeltaError, OSError) as err:  # OSError: an object store's failures
         raise target_error(uri, "create", err) from None

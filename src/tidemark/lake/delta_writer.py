@@ -47,6 +47,8 @@ from tidemark.lake.high_water import (
     encode_high_water,
     read_high_water,
 )
+from tidemark.lake.merge_choice import merges_on_read
+from tidemark.lake.merge_on_read import merge_on_read
 from tidemark.lake.spec import ApplySpec, ResolvedColumns
 from tidemark.lake.utc_timestamps import utc_timestamps
 
@@ -74,6 +76,9 @@ class ApplyResult:
     superseded: int = 0
     delta_version: int | None = None
     already_applied: bool = False
+    merge: str = ""
+    """How the batch was written: ``"copy_on_write"``, ``"merge_on_read"``, or empty
+    when nothing was merged (a replay, a snapshot load)."""
 
     def __add__(self, other: ApplyResult) -> ApplyResult:
         return ApplyResult(
@@ -82,7 +87,8 @@ class ApplyResult:
             superseded=self.superseded + other.superseded,
             delta_version=other.delta_version if other.delta_version is not None
             else self.delta_version,
-            already_applied=self.already_applied and other.already_applied)
+            already_applied=self.already_applied and other.already_applied,
+            merge=other.merge or self.merge)
 
 
 def _check_arguments(changes: object, app_id: object, version: object) -> None:
@@ -151,6 +157,16 @@ def apply_changes(target: str | os.PathLike[str], changes: pa.Table, spec: Apply
         assert snapshot_load is not None
         return _load(table, batch, spec, columns, commit, snapshot_load, skipped)
     merge = merge_scd1 if spec.stored_as_scd_type == 1 else merge_scd2
+    if merges_on_read(table, batch, spec, uri):
+        done = merge_on_read(table, batch, spec, columns, app_id=app_id, version=version,
+                             metadata=high_water, merge=merge, uri=uri)
+        log.debug("applied %d changes to %s by deletion vectors: %d inserted, %d updated, "
+                  "%d deleted, %d vector(s), %d file(s)", len(changes), uri, done.inserted,
+                  done.updated, done.deleted, done.vectors, done.files_added)
+        return ApplyResult(inserted=done.inserted, updated=done.updated,
+                           deleted=done.deleted, skipped=skipped + done.skipped,
+                           superseded=done.superseded, delta_version=done.version,
+                           merge="merge_on_read")
     metrics, not_applied, superseded = merge(table, batch, spec, columns, commit, uri)
     table.update_incremental()
     inserted = int(metrics.get("num_target_rows_inserted", 0))
@@ -160,7 +176,7 @@ def apply_changes(target: str | os.PathLike[str], changes: pa.Table, spec: Apply
               uri, inserted, updated, deleted)
     return ApplyResult(inserted=inserted, updated=updated, deleted=deleted,
                        skipped=skipped + not_applied, superseded=superseded,
-                       delta_version=table.version())
+                       delta_version=table.version(), merge="copy_on_write")
 
 
 def apply_changes_in_steps(target: str | os.PathLike[str], pieces: Iterable[pa.Table],

@@ -20,6 +20,8 @@ from tidemark.lake.sql import check_identifier
 
 #: ``_op == 'd'``: Debezium deletes.
 DEFAULT_DELETES: Final = pc.field(cr.OP) == "d"
+#: The values of :attr:`ApplySpec.merge`.
+MERGE_MODES: Final = ("auto", "copy_on_write", "merge_on_read")
 #: ``_op == 't'``: truncates.
 DEFAULT_TRUNCATES: Final = pc.field(cr.OP) == "t"
 
@@ -94,6 +96,13 @@ class ApplySpec:
     sequence on, so an older change cannot bring it back); a later insert or update of
     the key sets it false; a truncate marks every row before it. None: deletes remove."""
 
+    merge: str = "copy_on_write"
+    """How a batch's updates and deletes reach the files: ``"copy_on_write"`` rewrites
+    each file holding a changed row; ``"merge_on_read"`` marks the changed rows in
+    deletion vectors and writes only the batch's rows (:mod:`tidemark.lake.merge_on_read`:
+    the cost follows the batch, not the table; readers must read deletion vectors);
+    ``"auto"`` chooses per batch by how much of the table copy-on-write would rewrite."""
+
     def __post_init__(self) -> None:
         fix = object.__setattr__  # frozen: normalise lists to tuples once, here
         fix(self, "keys", _names(self.keys, "keys", allow_empty=False))
@@ -119,6 +128,9 @@ class ApplySpec:
             setting = ("track_history_column_list" if tracked[0] is not None
                        else "track_history_except_column_list")
             raise ConfigError(setting, "only applies to stored_as_scd_type=2")
+        if self.merge not in MERGE_MODES:
+            raise ConfigError("merge", f"must be one of {', '.join(MERGE_MODES)}, got "
+                                       f"{self.merge!r}")
         for setting in ("ignore_null_updates", "ordered_batches"):
             if not isinstance(getattr(self, setting), bool):
                 raise ConfigError(setting, f"must be true or false, got "

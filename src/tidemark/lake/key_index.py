@@ -1,0 +1,300 @@
+"""Where each live row of a merge-on-read target is: :class:`KeyIndex`.
+
+A merge-on-read batch must find the file and row position of every key it updates or
+deletes without reading the table. The index holds, per live data file, the file's key
+and sequence columns (read once: Delta data files never change) and which of its rows
+are alive (its deletion vector), and one lookup structure from a 64-bit hash of the key
+to a global row number. It is built from the table itself at first use in a process and
+brought to each later version by the difference of the live file sets
+(:meth:`KeyIndex.sync`): files a version removes drop out, files it adds are read, files
+whose deletion vector changed lose the rows it marks. Nothing is persisted, so nothing
+but the table is trusted.
+
+Memory, per million live rows: the key and sequence columns (8 bytes per integer
+column), 17 bytes of lookup (hash, row number, alive flag), and the same again for rows
+deleted or replaced since the last rebuild (done when they are a fifth of the rows).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+from collections.abc import Iterable
+from pathlib import Path
+from typing import Any
+
+import duckdb
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+import pyarrow.parquet as pq
+
+from tidemark.lake.deletion_vector import DeletionVector, read_vector
+from tidemark.lake.delta_log import LogState
+
+log = logging.getLogger(__name__)
+
+#: Rebuild the lookup once this fraction of its entries point at dead rows.
+_DEAD_FRACTION = 0.2
+#: Merge the recent lookup level into the base once it holds this fraction of the base.
+_RECENT_FRACTION = 0.05
+
+_U64 = np.dtype(np.uint64)
+
+
+@dataclasses.dataclass
+class _File:
+    """One live data file: where its rows start in the global row numbers, its key and
+    sequence columns, and the unique id of the deletion vector applied to it."""
+
+    path: str
+    start: int
+    rows: pa.Table
+    dv_id: str | None
+
+
+@dataclasses.dataclass(frozen=True)
+class Matches:
+    """The live rows found for a table of keys: ``probe[i]`` is the row of the keys
+    table, ``row[i]`` the global row number of a target row holding that key."""
+
+    probe: np.ndarray[Any, np.dtype[np.int64]]
+    row: np.ndarray[Any, np.dtype[np.int64]]
+
+
+def key_hashes(keys: pa.Table) -> tuple[np.ndarray[Any, np.dtype[np.uint64]], bool]:
+    """A 64-bit hash of each row of *keys*, and whether it is exact (the key itself: one
+    integer column). Inexact hashes are checked against the key values on lookup."""
+    if keys.num_columns == 1 and pa.types.is_integer(keys.schema.field(0).type):
+        values = keys.column(0).cast(pa.int64()).to_numpy()
+        return np.ascontiguousarray(values).view(_U64), True
+    con = duckdb.connect()
+    try:
+        con.register("k", keys)
+        names = ", ".join('"' + n.replace('"', '""') + '"' for n in keys.column_names)
+        hashes = con.execute(f"SELECT hash({names}) FROM k").arrow().column(0)
+    finally:
+        con.close()
+    return np.asarray(hashes.to_numpy(), dtype=_U64), False
+
+
+class KeyIndex:
+    """The live rows of one Delta table by key (see the module's docstring)."""
+
+    def __init__(self, root: Path, keys: tuple[str, ...], sequence_by: tuple[str, ...]):
+        self.root = root
+        self.keys = keys
+        self.sequence_by = tuple(s for s in sequence_by if s not in keys)
+        self.columns = (*keys, *self.sequence_by)
+        self.version = -1
+        self._files: dict[str, _File] = {}
+        self._starts: list[int] = []  # ordered by start, with _order's paths
+        self._order: list[_File | None] = []
+        self._alive = np.zeros(0, dtype=bool)
+        self._exact = True
+        self._base = (np.zeros(0, _U64), np.zeros(0, np.int64))
+        self._recent = (np.zeros(0, _U64), np.zeros(0, np.int64))
+        self._dead = 0
+
+    # -- building ------------------------------------------------------------------------
+    def sync(self, state: LogState) -> None:
+        """Bring the index to *state* (the live files of a later version)."""
+        if state.version == self.version:
+            return
+        added: list[pa.Table] = []
+        added_starts: list[int] = []
+        added_rows: list[np.ndarray[Any, Any]] = []
+        for path in [p for p in self._files if p not in state.files]:
+            self._drop_file(path)
+        for path, action in state.files.items():
+            dv_json = action.get("deletionVector")
+            dv = DeletionVector.from_json(dv_json) if dv_json else None
+            dv_id = dv.unique_id if dv is not None else None
+            known = self._files.get(path)
+            if known is None:
+                entry, rows = self._load_file(path, dv)
+                added.append(entry.rows)
+                added_starts.append(entry.start)
+                added_rows.append(rows)
+            elif known.dv_id != dv_id:
+                self._apply_vector(known, dv)
+        if added:
+            self._add_lookup(added, added_starts, added_rows)
+        self.version = state.version
+        if self._dead > _DEAD_FRACTION * max(len(self._alive), 1) and self._dead > 1 << 16:
+            self._rebuild()
+
+    def _load_file(self, path: str, dv: DeletionVector | None
+                   ) -> tuple[_File, np.ndarray[Any, Any]]:
+        start = len(self._alive)
+        rows = pq.read_table(self.root / path, columns=list(self.columns))
+        alive = np.ones(len(rows), dtype=bool)
+        if dv is not None:
+            alive[np.asarray(list(read_vector(self.root, dv)), dtype=np.int64)] = False
+        entry = _File(path=path, start=start, rows=rows,
+                      dv_id=dv.unique_id if dv is not None else None)
+        self._files[path] = entry
+        self._starts.append(start)
+        self._order.append(entry)
+        self._alive = np.concatenate([self._alive, alive])
+        return entry, np.flatnonzero(alive).astype(np.int64) + start
+
+    def _drop_file(self, path: str) -> None:
+        entry = self._files.pop(path)
+        span = slice(entry.start, entry.start + len(entry.rows))
+        self._dead += int(self._alive[span].sum())
+        self._alive[span] = False
+        self._order[self._starts.index(entry.start)] = None
+
+    def _apply_vector(self, entry: _File, dv: DeletionVector | None) -> None:
+        deleted = np.asarray(list(read_vector(self.root, dv)) if dv is not None else [],
+                             dtype=np.int64)
+        alive = np.ones(len(entry.rows), dtype=bool)
+        alive[deleted] = False
+        span = slice(entry.start, entry.start + len(entry.rows))
+        # A vector only grows while the file lives (a rewrite makes a new file).
+        self._dead += int((self._alive[span] & ~alive).sum())
+        self._alive[span] &= alive
+        entry.dv_id = dv.unique_id if dv is not None else None
+
+    def _add_lookup(self, tables: list[pa.Table], starts: list[int],
+                    rows: list[np.ndarray[Any, Any]]) -> None:
+        """Add the alive *rows* (global numbers) of files whose key columns are *tables*
+        and whose rows start at *starts* to the recent lookup level."""
+        taken = [t.select(list(self.keys)).take(pa.array(r - s))
+                 for t, s, r in zip(tables, starts, rows, strict=True) if len(r)]
+        if not taken:
+            return
+        hashes, exact = key_hashes(pa.concat_tables(taken))
+        self._exact = self._exact and exact
+        recent_h = np.concatenate([self._recent[0], hashes])
+        recent_r = np.concatenate([self._recent[1], *(r for r in rows if len(r))])
+        order = np.argsort(recent_h, kind="stable")
+        self._recent = (recent_h[order], recent_r[order])
+        if len(self._recent[0]) > _RECENT_FRACTION * len(self._base[0]):
+            self._merge_levels()
+
+    def _merge_levels(self) -> None:
+        h = np.concatenate([self._base[0], self._recent[0]])
+        r = np.concatenate([self._base[1], self._recent[1]])
+        keep = self._alive[r]
+        h, r = h[keep], r[keep]
+        order = np.argsort(h, kind="stable")
+        self._base = (h[order], r[order])
+        self._recent = (np.zeros(0, _U64), np.zeros(0, np.int64))
+
+    def _rebuild(self) -> None:
+        """Renumber the live files' rows without the dropped files (their rows were
+        the dead weight) and rebuild the lookup."""
+        files = [f for f in self._order if f is not None]
+        tables, starts, rows = [], [], []
+        alive_parts = []
+        start = 0
+        for entry in files:
+            old = slice(entry.start, entry.start + len(entry.rows))
+            alive_parts.append(self._alive[old])
+            entry.start = start
+            start += len(entry.rows)
+        self._alive = np.concatenate(alive_parts) if alive_parts else np.zeros(0, bool)
+        self._order = list(files)
+        self._starts = [f.start for f in files]
+        self._base = (np.zeros(0, _U64), np.zeros(0, np.int64))
+        self._recent = (np.zeros(0, _U64), np.zeros(0, np.int64))
+        self._dead = 0
+        for entry in files:
+            tables.append(entry.rows)
+            starts.append(entry.start)
+            span = self._alive[entry.start:entry.start + len(entry.rows)]
+            rows.append(np.flatnonzero(span).astype(np.int64) + entry.start)
+        if tables:
+            self._add_lookup(tables, starts, rows)
+            self._merge_levels()
+        log.debug("%s: key index rebuilt (%d rows)", self.root, int(self._alive.sum()))
+
+    # -- reading ------------------------------------------------------------------------
+    def _file_at(self, row: int) -> _File:
+        entry = self._order[int(np.searchsorted(self._starts, row, side="right")) - 1]
+        assert entry is not None
+        return entry
+
+    def lookup(self, keys: pa.Table) -> Matches:
+        """The live rows holding each key of *keys* (columns: the index's keys)."""
+        hashes, _ = key_hashes(keys.select(list(self.keys)))
+        probes, rows = [], []
+        for level_h, level_r in (self._base, self._recent):
+            if not len(level_h):
+                continue
+            left = np.searchsorted(level_h, hashes, side="left")
+            right = np.searchsorted(level_h, hashes, side="right")
+            counts = right - left
+            if not counts.any():
+                continue
+            probe = np.repeat(np.arange(len(hashes), dtype=np.int64), counts)
+            first = np.repeat(left - np.cumsum(counts) + counts, counts)
+            at = first + np.arange(len(probe), dtype=np.int64)
+            found = level_r[at]
+            live = self._alive[found]
+            probes.append(probe[live])
+            rows.append(found[live])
+        if not probes:
+            empty = np.zeros(0, np.int64)
+            return Matches(empty, empty)
+        matches = Matches(np.concatenate(probes), np.concatenate(rows))
+        if not self._exact and len(matches.row):
+            matches = self._exact_matches(keys, matches)
+        return matches
+
+    def _exact_matches(self, keys: pa.Table, matches: Matches) -> Matches:
+        found = self.values(matches.row, self.keys)
+        wanted = keys.select(list(self.keys)).take(pa.array(matches.probe))
+        same = np.ones(len(matches.row), dtype=bool)
+        for name in self.keys:
+            equal = pc.equal(found.column(name), wanted.column(name).cast(
+                found.schema.field(name).type))
+            same &= np.asarray(pc.fill_null(equal, False).to_numpy(zero_copy_only=False),
+                               dtype=bool)
+        return Matches(matches.probe[same], matches.row[same])
+
+    def values(self, rows: np.ndarray[Any, Any], columns: Iterable[str]) -> pa.Table:
+        """The key/sequence *columns* of the given global *rows*, in their order."""
+        names = list(columns)
+        if not len(rows):
+            any_file = next(iter(self._files.values()), None)
+            if any_file is None:
+                raise ValueError("the index holds no file")
+            return any_file.rows.select(names).slice(0, 0)
+        where = np.searchsorted(self._starts, rows, side="right") - 1
+        order = np.argsort(where, kind="stable")
+        parts = []
+        for file_at in np.unique(where):
+            entry = self._order[int(file_at)]
+            assert entry is not None
+            picked = rows[order][where[order] == file_at] - entry.start
+            parts.append(entry.rows.select(names).take(pa.array(picked)))
+        table = pa.concat_tables(parts, promote_options="permissive")
+        back = np.empty(len(rows), dtype=np.int64)
+        back[order] = np.arange(len(rows))
+        return table.take(pa.array(back))
+
+    def locate(self, rows: np.ndarray[Any, Any]) -> dict[str, np.ndarray[Any, Any]]:
+        """The global *rows* grouped by data file: path -> row positions in the file."""
+        where = np.searchsorted(self._starts, rows, side="right") - 1
+        out: dict[str, np.ndarray[Any, Any]] = {}
+        for file_at in np.unique(where):
+            entry = self._order[int(file_at)]
+            assert entry is not None
+            out[entry.path] = np.sort(rows[where == file_at] - entry.start)
+        return out
+
+    def file_rows(self, path: str) -> int:
+        """The physical row count of a live file."""
+        return len(self._files[path].rows)
+
+    def live_rows(self) -> int:
+        """How many rows are alive."""
+        return int(self._alive.sum())
+
+    def memory_bytes(self) -> int:
+        """What the index holds in memory, in bytes."""
+        held = sum(f.rows.nbytes for f in self._files.values())
+        return held + self._alive.nbytes + sum(a.nbytes for a in (*self._base, *self._recent))
