@@ -72,7 +72,7 @@ def key_hashes(keys: pa.Table) -> tuple[np.ndarray[Any, np.dtype[np.uint64]], bo
     try:
         con.register("k", keys)
         names = ", ".join('"' + n.replace('"', '""') + '"' for n in keys.column_names)
-        hashes = con.execute(f"SELECT hash({names}) FROM k").arrow().column(0)
+        hashes = con.execute(f"SELECT hash({names}) FROM k").to_arrow_table().column(0)
     finally:
         con.close()
     return np.asarray(hashes.to_numpy(), dtype=_U64), False
@@ -296,5 +296,6 @@ class KeyIndex:
 
     def memory_bytes(self) -> int:
         """What the index holds in memory, in bytes."""
-        held = sum(f.rows.nbytes for f in self._files.values())
-        return held + self._alive.nbytes + sum(a.nbytes for a in (*self._base, *self._recent))
+        held = sum(int(f.rows.nbytes) for f in self._files.values())
+        lookup = sum(int(a.nbytes) for a in (*self._base, *self._recent))
+        return held + int(self._alive.nbytes) + lookup

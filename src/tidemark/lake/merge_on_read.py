@@ -37,7 +37,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 from deltalake import CommitProperties, DeltaTable, write_deltalake
-from pyroaring import BitMap
+from pyroaring import BitMap64
 
 from tidemark.lake import delta_log
 from tidemark.lake.collapse import IS_DELETE, PreparedBatch, collapse_to_latest, from_key_column
@@ -81,11 +81,13 @@ class _Targets:
 
     def current(self, root: Path, spec: ApplySpec) -> tuple[KeyIndex, delta_log.LogState]:
         """The index and log state of *root* at its latest version."""
-        key = (os.fspath(root), spec.keys, spec.sequence_by)
+        # SCD2 targets hold no sequence columns (and their batches read the rows).
+        sequence = spec.sequence_by if spec.stored_as_scd_type == 1 else ()
+        key = (os.fspath(root), spec.keys, sequence)
         held = self._held.get(key)
         if held is None:
             state = delta_log.read_log(root)
-            index = KeyIndex(root, spec.keys, spec.sequence_by)
+            index = KeyIndex(root, spec.keys, sequence)
         else:
             index, state = held
             state = delta_log.advance(root, state)
@@ -156,7 +158,7 @@ def _apply(root: Path, table: DeltaTable, index: KeyIndex, state: delta_log.LogS
            batch: PreparedBatch, spec: ApplySpec, columns: ResolvedColumns, app_id: str,
            version: int, metadata: Mapping[str, str] | None, merge: MergeFn,
            uri: str) -> MergeOnReadResult:
-    target_schema = pa.schema(table.schema().to_arrow())
+    target_schema = plain_schema(pa.schema(table.schema().to_arrow()))
     scratch = root / SCRATCH_DIR / uuid.uuid4().hex
     try:
         if _needs_rows(batch, spec):
@@ -186,6 +188,22 @@ def _apply(root: Path, table: DeltaTable, index: KeyIndex, state: delta_log.LogS
         superseded=superseded,
         version=state.version + 1, files_added=len(added), vectors=vectors,
         bytes_written=sum(int(a["size"]) for a in added))
+
+
+def plain_schema(schema: pa.Schema) -> pa.Schema:
+    """*schema* with delta-rs's string and binary views as plain strings and binaries
+    (what Parquet files read as, and what every Arrow kernel takes)."""
+    return pa.schema([field.with_type(_plain(field.type)) for field in schema])
+
+
+def _plain(kind: pa.DataType) -> pa.DataType:
+    if pa.types.is_string_view(kind):
+        return pa.string()
+    if pa.types.is_binary_view(kind):
+        return pa.binary()
+    if pa.types.is_list(kind) or pa.types.is_large_list(kind):
+        return pa.list_(kind.value_field.with_type(_plain(kind.value_type)))
+    return kind
 
 
 def _needs_rows(batch: PreparedBatch, spec: ApplySpec) -> bool:
@@ -223,7 +241,8 @@ def _plan_scd1(index: KeyIndex, batch: PreparedBatch, spec: ApplySpec,
     found = index.lookup(source.select(list(spec.keys)))
     seq = spec.sequence_by
     newer = sequence_greater(source.select(list(seq)).take(pa.array(found.probe)),
-                             index.values(found.row, seq), seq)
+                             index.values(found.row, seq), seq) \
+        if len(found.row) else np.zeros(0, dtype=bool)
     matched = np.zeros(len(source), dtype=bool)
     matched[found.probe] = True
     newer_key = np.zeros(len(source), dtype=bool)
@@ -366,8 +385,8 @@ def _vector_actions(root: Path, index: KeyIndex, state: delta_log.LogState,
     return actions, len(growing)
 
 
-def _bitmap(positions: np.ndarray[Any, Any], deleted: Any) -> BitMap:
-    bitmap = BitMap(positions.astype(np.uint32))
+def _bitmap(positions: np.ndarray[Any, Any], deleted: Any) -> BitMap64:
+    bitmap = BitMap64(positions.tolist())
     if deleted is not None:
-        bitmap |= BitMap(deleted)
+        bitmap |= deleted
     return bitmap
