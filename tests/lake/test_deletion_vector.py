@@ -251,12 +251,14 @@ def test_inline_and_file_dvs_are_read_by_delta_rs_polars_and_duckdb(tmp_path: Pa
     live = set(range(3000))
     _assert_readers_see(path, live)
 
-    # One inline vector and two in one new file (the second at an offset > 1).
-    gone = {files[0]: {ids[files[0]][5], ids[files[0]][17]},
+    # One inline vector (its size not a multiple of 4: Z85 padding) and two in one new
+    # file (the second at an offset > 1).
+    gone = {files[0]: {ids[files[0]][17]},
             files[1]: set(ids[files[1]][::3]),
             files[2]: set(ids[files[2]][1::2])}
     dvs = _delete(path, {f: _positions(ids[f], rows) for f, rows in gone.items()})
     assert [dv.storage_type for dv in dvs] == ["i", "u", "u"]
+    assert dvs[0].size_in_bytes % 4 != 0
     assert dvs[1].offset == 1 and dvs[2].offset is not None and dvs[2].offset > 1
     assert dvs[1].path_or_inline_dv == dvs[2].path_or_inline_dv
     live -= set().union(*gone.values())
