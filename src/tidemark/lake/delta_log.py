@@ -106,7 +106,8 @@ def _apply(state: LogState, actions: Iterable[Mapping[str, Any]]) -> None:
     adds: list[dict[str, Any]] = []
     for action in actions:
         if "add" in action:
-            adds.append(dict(action["add"]))
+            # A JSON null is an absent field (delta-rs writes "tags": null and the like).
+            adds.append({k: v for k, v in action["add"].items() if v is not None})
         elif "remove" in action:
             remove = action["remove"]
             live = state.files.get(remove["path"])
