@@ -62,6 +62,22 @@ class Matches:
     row: np.ndarray[Any, np.dtype[np.int64]]
 
 
+def plain_schema(schema: pa.Schema) -> pa.Schema:
+    """*schema* with delta-rs's string and binary views as plain strings and binaries
+    (what Parquet files read as, and what every Arrow kernel takes)."""
+    return pa.schema([field.with_type(_plain(field.type)) for field in schema])
+
+
+def _plain(kind: pa.DataType) -> pa.DataType:
+    if pa.types.is_string_view(kind):
+        return pa.string()
+    if pa.types.is_binary_view(kind):
+        return pa.binary()
+    if pa.types.is_list(kind) or pa.types.is_large_list(kind):
+        return pa.list_(kind.value_field.with_type(_plain(kind.value_type)))
+    return kind
+
+
 def key_hashes(keys: pa.Table) -> tuple[np.ndarray[Any, np.dtype[np.uint64]], bool]:
     """A 64-bit hash of each row of *keys*, and whether it is exact (the key itself: one
     integer column). Inexact hashes are checked against the key values on lookup."""
@@ -128,6 +144,7 @@ class KeyIndex:
                    ) -> tuple[_File, np.ndarray[Any, Any]]:
         start = len(self._alive)
         rows = pq.read_table(self.root / path, columns=list(self.columns))
+        rows = rows.cast(plain_schema(rows.schema))
         alive = np.ones(len(rows), dtype=bool)
         if dv is not None:
             alive[np.asarray(list(read_vector(self.root, dv)), dtype=np.int64)] = False

@@ -42,7 +42,7 @@ from pyroaring import BitMap64
 from tidemark.lake import delta_log
 from tidemark.lake.collapse import IS_DELETE, PreparedBatch, collapse_to_latest, from_key_column
 from tidemark.lake.deletion_vector import DeletionVector, read_vector, write_vectors
-from tidemark.lake.key_index import KeyIndex
+from tidemark.lake.key_index import KeyIndex, plain_schema
 from tidemark.lake.spec import ApplySpec, ResolvedColumns
 
 log = logging.getLogger(__name__)
@@ -190,22 +190,6 @@ def _apply(root: Path, table: DeltaTable, index: KeyIndex, state: delta_log.LogS
         bytes_written=sum(int(a["size"]) for a in added))
 
 
-def plain_schema(schema: pa.Schema) -> pa.Schema:
-    """*schema* with delta-rs's string and binary views as plain strings and binaries
-    (what Parquet files read as, and what every Arrow kernel takes)."""
-    return pa.schema([field.with_type(_plain(field.type)) for field in schema])
-
-
-def _plain(kind: pa.DataType) -> pa.DataType:
-    if pa.types.is_string_view(kind):
-        return pa.string()
-    if pa.types.is_binary_view(kind):
-        return pa.binary()
-    if pa.types.is_list(kind) or pa.types.is_large_list(kind):
-        return pa.list_(kind.value_field.with_type(_plain(kind.value_type)))
-    return kind
-
-
 def _needs_rows(batch: PreparedBatch, spec: ApplySpec) -> bool:
     """Whether the batch's result depends on the target rows' values, not only on
     their sequence."""
@@ -310,6 +294,7 @@ def _rows_of_file(path: Path, positions: np.ndarray[Any, Any]) -> pa.Table:
     bounds = np.cumsum([0, *sizes])
     groups = np.unique(np.searchsorted(bounds, positions, side="right") - 1)
     table = parquet.read_row_groups([int(g) for g in groups])
+    table = table.cast(plain_schema(table.schema))
     offsets = np.cumsum([0, *(sizes[int(g)] for g in groups)])
     group_of = np.searchsorted(bounds, positions, side="right") - 1
     local = positions - bounds[group_of] + offsets[np.searchsorted(groups, group_of)]
