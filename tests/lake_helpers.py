@@ -9,6 +9,7 @@ from typing import Any
 import pyarrow as pa
 from deltalake import DeltaTable
 
+from delta_rows import live_table
 from tidemark.lake.change_rows import change_rows_schema
 
 TABLE = pa.schema([pa.field("id", pa.int64()), pa.field("name", pa.string()),
@@ -30,7 +31,7 @@ def rows(*changes: dict[str, Any], table: pa.Schema = TABLE) -> pa.Table:
 
 def read(path: Path | str, *columns: str, sort: tuple[str, ...] = ("id",)) -> list[dict[str, Any]]:
     """The table's rows (only *columns* if given), sorted."""
-    table = DeltaTable(str(path)).to_pyarrow_table()
+    table = live_table(DeltaTable(str(path)))
     if columns:
         table = table.select(list(columns))
     return table.sort_by([(c, "ascending") for c in sort]).to_pylist()

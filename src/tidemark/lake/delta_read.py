@@ -102,22 +102,36 @@ class LiveRows:
         return pa.Table.from_batches(list(self.to_batches(columns, filter)), schema=schema)
 
     def to_batches(self, columns: list[str] | None = None,
-                   filter: pc.Expression | None = None,
-                   ) -> Iterator[pa.RecordBatch]:
-        """The live rows as record batches: the clean files' streamed, then each file
-        with a deletion vector's (one file in memory at a time)."""
-        yield from self.clean.to_batches(columns=columns, filter=filter)
+                   filter: pc.Expression | None = None, *,
+                   batch_size: int | None = None) -> Iterator[pa.RecordBatch]:
+        """The live rows as record batches (of at most *batch_size* rows): the clean
+        files' streamed, then each file with a deletion vector's (one file in memory at
+        a time)."""
+        if batch_size is None:
+            yield from self.clean.to_batches(columns=columns, filter=filter)
+        else:
+            yield from self.clean.to_batches(columns=columns, filter=filter,
+                                             batch_size=batch_size)
+        yield from self.masked_batches(columns, filter, batch_size=batch_size)
+
+    def masked_batches(self, columns: list[str] | None = None,
+                       filter: pc.Expression | None = None, *,
+                       batch_size: int | None = None) -> Iterator[pa.RecordBatch]:
+        """The live rows of the files with a deletion vector only (what :attr:`clean`
+        leaves out), one file in memory at a time."""
         for deleted in self._deleted:
             table = self._read_live(deleted, columns, filter)
             if table is not None:
-                yield from table.to_batches()
+                yield from table.to_batches(max_chunksize=batch_size)
 
     def to_reader(self, columns: list[str] | None = None,
-                  filter: pc.Expression | None = None,
-                  ) -> pa.RecordBatchReader:
-        """:meth:`to_batches` as a RecordBatchReader (DuckDB, ``write_deltalake``)."""
-        return pa.RecordBatchReader.from_batches(self._projected(columns),
-                                                 self.to_batches(columns, filter))
+                  filter: pc.Expression | None = None, *,
+                  masked_only: bool = False) -> pa.RecordBatchReader:
+        """:meth:`to_batches` (:meth:`masked_batches` when *masked_only*) as a
+        RecordBatchReader (DuckDB, ``write_deltalake``), read once."""
+        batches = self.masked_batches(columns, filter) if masked_only \
+            else self.to_batches(columns, filter)
+        return pa.RecordBatchReader.from_batches(self._projected(columns), batches)
 
     def count_rows(self) -> int:
         """The number of live rows (from the files' metadata, no data read)."""
