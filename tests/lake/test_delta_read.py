@@ -6,11 +6,6 @@ Polars and DuckDB's delta_scan read), independent of tidemark's own writer; delt
 
 from __future__ import annotations
 
-import json
-import struct
-import time
-import uuid
-import zlib
 from pathlib import Path
 from typing import Any
 
@@ -19,74 +14,11 @@ import pyarrow.compute as pc
 import pytest
 from deltalake import DeltaTable, write_deltalake
 from deltalake.exceptions import DeltaProtocolError
-from pyroaring import BitMap
 
+from dv_commit import DV, file_of, put_dv
 from tidemark.lake.delta_checksum import DeltaChecksumSide
 from tidemark.lake.delta_read import deleted_rows, live_rows
 from tidemark.row_checksum import ComparedColumn, TableShape
-
-_Z85 = "0123456789abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ.-:+=^!/*?&<>()[]{}@%$#"
-DV = {"delta.enableDeletionVectors": "true"}
-
-
-def _z85(data: bytes) -> str:
-    out = []
-    for i in range(0, len(data), 4):
-        value = int.from_bytes(data[i:i + 4], "big")
-        chunk = []
-        for _ in range(5):
-            chunk.append(_Z85[value % 85])
-            value //= 85
-        out.extend(reversed(chunk))
-    return "".join(out)
-
-
-def _live_adds(path: Path) -> dict[str, dict[str, Any]]:
-    """The add actions of the table's latest version, from its JSON commits."""
-    adds: dict[str, dict[str, Any]] = {}
-    for commit in sorted((path / "_delta_log").glob("*.json")):
-        for line in commit.read_text().splitlines():
-            action = json.loads(line)
-            if "add" in action:
-                adds[action["add"]["path"]] = action["add"]
-            elif "remove" in action:
-                adds.pop(action["remove"]["path"], None)
-    return adds
-
-
-def put_dv(path: Path, file: str, rows: list[int]) -> None:
-    """Commit a deletion vector deleting row positions *rows* of data *file* (the
-    add action's path; it has no deletion vector yet)."""
-    add = _live_adds(path)[file]
-    bitmap = struct.pack("<I", 1681511377) + struct.pack("<Q", 1) + struct.pack("<I", 0) \
-        + BitMap(rows).serialize()
-    name = uuid.uuid4()
-    with open(path / f"deletion_vector_{name}.bin", "wb") as out:
-        out.write(b"\x01" + struct.pack(">I", len(bitmap)) + bitmap
-                  + struct.pack(">I", zlib.crc32(bitmap)))
-    stats = json.loads(add["stats"])
-    stats["tightBounds"] = False
-    now = int(time.time() * 1000)
-    remove = {"path": add["path"], "deletionTimestamp": now, "dataChange": True,
-              "extendedFileMetadata": True, "partitionValues": add["partitionValues"],
-              "size": add["size"]}
-    new = dict(add, stats=json.dumps(stats), dataChange=True, deletionVector={
-        "storageType": "u", "pathOrInlineDv": _z85(name.bytes), "offset": 1,
-        "sizeInBytes": len(bitmap), "cardinality": len(rows)})
-    version = DeltaTable(str(path)).version() + 1
-    with open(path / "_delta_log" / f"{version:020d}.json", "x") as log:
-        log.write(json.dumps({"commitInfo": {"timestamp": now, "operation": "DELETE"}}) + "\n")
-        log.write(json.dumps({"remove": remove}) + "\n")
-        log.write(json.dumps({"add": new}) + "\n")
-
-
-def _file_of(path: Path, key: int) -> str:
-    """The data file holding key *key* (from the statistics)."""
-    for name, add in _live_adds(path).items():
-        stats = json.loads(add["stats"])
-        if stats["minValues"]["id"] <= key <= stats["maxValues"]["id"]:
-            return name
-    raise AssertionError(key)
 
 
 def _rows(table: pa.Table) -> list[dict[str, Any]]:
@@ -105,8 +37,8 @@ def dv_table(tmp_path: Path) -> Path:
     path = tmp_path / "t"
     for low in (0, 10, 20):
         write_deltalake(str(path), _batch(low, low + 10), mode="append", configuration=DV)
-    put_dv(path, _file_of(path, 0), [1, 3])
-    put_dv(path, _file_of(path, 10), [2])
+    put_dv(path, file_of(path, 0), [1, 3])
+    put_dv(path, file_of(path, 10), [2])
     return path
 
 
@@ -144,8 +76,8 @@ def test_filters_and_column_subsets(dv_table: Path) -> None:
 def test_a_column_added_later_reads_as_null_in_older_files(dv_table: Path) -> None:
     write_deltalake(str(dv_table), _batch(30, 33, extra=[1.5, None, 2.5]), mode="append",
                     schema_mode="merge")
-    put_dv(dv_table, _file_of(dv_table, 30), [0])
-    put_dv(dv_table, _file_of(dv_table, 20), [9])
+    put_dv(dv_table, file_of(dv_table, 30), [0])
+    put_dv(dv_table, file_of(dv_table, 20), [9])
     table = DeltaTable(str(dv_table))
     read = live_rows(table).to_table(columns=["id", "extra"])
     live = [i for i in [*LIVE, 31, 32] if i != 29]
@@ -165,7 +97,7 @@ def test_partitioned_table(tmp_path: Path) -> None:
     path = tmp_path / "p"
     write_deltalake(str(path), _batch(0, 10, part=["a b%"] * 5 + ["c"] * 5),
                     partition_by=["part"], configuration=DV)
-    put_dv(path, _file_of(path, 0), [0, 4])
+    put_dv(path, file_of(path, 0), [0, 4])
     table = DeltaTable(str(path))
     rows = live_rows(table)
     read = rows.to_table(filter=pc.field("part") == "a b%")
