@@ -45,6 +45,7 @@ from bench_engine import e2e_child
 from bench_pipeline_snapshot import run_pipeline
 from processes import run_measured
 
+from tidemark.lake.delta_read import live_rows
 from tidemark.source.mariadb import client
 from tidemark.testing.mariadb import MariaDbServer
 from tidemark.testing.postgres import PostgresCluster, sql_connection
@@ -134,7 +135,7 @@ def main() -> None:
                                                "--log-level", "INFO")
             lake = Path(tmp) / "lake"
             table = DeltaTable(str(lake))
-            delta_rows = table.to_pyarrow_dataset().count_rows()
+            delta_rows = live_rows(table).count_rows()
             if delta_rows != rows:
                 raise SystemExit(f"Delta holds {delta_rows} rows, the transaction {rows}")
             commits = [c.get("operation") for c in table.history()

@@ -59,6 +59,7 @@ from typing import Any
 import psutil
 from deltalake import DeltaTable
 
+from tidemark.lake.delta_read import live_rows
 from tidemark.pipeline import load_config
 from tidemark.source.logtable import postgres_install, sqlite_install
 from tidemark.spark.options import DEFAULT_ARROW_BATCH_BYTES
@@ -300,7 +301,7 @@ class Sqlite(Source):
 
 def _lake_digests(lake: Path) -> dict[int, str]:
     out: dict[int, str] = {}
-    for batch in DeltaTable(str(lake)).to_pyarrow_dataset().to_batches(
+    for batch in live_rows(DeltaTable(str(lake))).to_batches(
             columns=["id", "v"], batch_size=_READ):
         for i, v in zip(batch.column(0).to_pylist(), batch.column(1).to_pylist(),
                         strict=True):

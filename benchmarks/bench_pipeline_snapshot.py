@@ -41,6 +41,7 @@ sys.path.insert(0, str(Path(__file__).parent))
 
 import workload
 
+from tidemark.lake.delta_read import live_rows
 from tidemark.testing.postgres import PostgresCluster, sql_connection
 
 
@@ -149,7 +150,7 @@ class Bench:
     def pipeline(self, master: str) -> Sample:
         startup, _ = self._run("empty", master)
         sample, lake = self._run("t10", master)
-        delta_rows = DeltaTable(str(lake)).to_pyarrow_dataset().count_rows()
+        delta_rows = live_rows(DeltaTable(str(lake))).count_rows()
         if delta_rows != self.rows:
             raise SystemExit(f"Delta holds {delta_rows} rows, the table {self.rows}")
         sample.startup = startup.seconds

@@ -53,6 +53,7 @@ sys.path.insert(0, str(Path(__file__).parent))
 import workload
 from soak_pipeline import Writer
 
+from tidemark.lake.delta_read import live_rows
 from tidemark.testing.postgres import PostgresCluster, sql_connection
 
 _MISSING = (101, 202, 303)
@@ -138,7 +139,7 @@ class Drift:
     def __init__(self, lake: Path) -> None:
         self.lake = str(lake)
         ids = [*_MISSING, *_DIFFERENT, *_EXTRA_FROM]
-        self.saved = DeltaTable(self.lake).to_pyarrow_dataset().to_table(
+        self.saved = live_rows(DeltaTable(self.lake)).to_table(
             filter=pc.field("id").isin(ids))
         if self.saved.num_rows != len(ids):
             raise SystemExit(f"the target holds {self.saved.num_rows} of the rows {ids}")
@@ -170,7 +171,7 @@ def caught_up(dsn: str, lake: Path, check_alive: Any) -> tuple[int, int]:
     with sql_connection(dsn, autocommit=True) as conn:
         source_rows = int(conn.execute("SELECT count(*) FROM t10").fetchone()[0])
     deadline = time.monotonic() + 600
-    while (delta_rows := DeltaTable(str(lake)).to_pyarrow_dataset().count_rows()) \
+    while (delta_rows := live_rows(DeltaTable(str(lake))).count_rows()) \
             != source_rows and time.monotonic() < deadline:
         check_alive()
         time.sleep(0.5)  # polling the pipeline's catching up
@@ -209,7 +210,7 @@ def main() -> None:
             started = time.perf_counter()
             deadline = time.monotonic() + 3600
             while not DeltaTable.is_deltatable(str(lake)) or \
-                    DeltaTable(str(lake)).to_pyarrow_dataset().count_rows() < args.rows:
+                    live_rows(DeltaTable(str(lake))).count_rows() < args.rows:
                 if proc.poll() is not None or time.monotonic() > deadline:
                     raise SystemExit(f"the snapshot did not finish:\n{log.read_text()[-3000:]}")
                 time.sleep(1)  # polling the snapshot's progress

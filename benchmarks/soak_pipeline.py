@@ -44,6 +44,7 @@ sys.path.insert(0, str(Path(__file__).parent))
 
 import workload
 
+from tidemark.lake.delta_read import live_rows
 from tidemark.testing.postgres import PostgresCluster, sql_connection
 
 _TXN = 100
@@ -115,7 +116,7 @@ class Probe(threading.Thread):
                         table = DeltaTable(str(self.lake))
                     else:
                         table.update_incremental()
-                    ids = table.to_pyarrow_dataset().to_table(columns=["id"]).column("id")
+                    ids = live_rows(table).to_table(columns=["id"]).column("id")
                     at = time.time()
                     for probe_id in ids.to_pylist():
                         if probe_id not in seen and probe_id in self.committed:
@@ -168,7 +169,7 @@ def main() -> None:
             lake = work / "lake/t10"
             deadline = time.monotonic() + 600
             while DeltaTable.is_deltatable(str(lake)) is False or \
-                    DeltaTable(str(lake)).to_pyarrow_dataset().count_rows() < args.rows:
+                    live_rows(DeltaTable(str(lake))).count_rows() < args.rows:
                 if proc.poll() is not None or time.monotonic() > deadline:
                     raise SystemExit(f"the snapshot did not finish:\n{log.read_text()[-3000:]}")
                 time.sleep(1)  # polling the snapshot's progress

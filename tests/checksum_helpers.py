@@ -11,6 +11,7 @@ from typing import Any
 import pyarrow as pa
 from deltalake import DeltaTable
 
+from delta_rows import live_table
 from tidemark.row_checksum import ComparedColumn, TableShape
 
 
@@ -36,7 +37,7 @@ def run_pipeline(spark: Any, dsn: str, table: str, where: Path, source_lines: st
 def target_rows(lake: Path, names: Sequence[str]) -> tuple[list[dict[str, Any]], TableShape]:
     """The Delta table's rows (Python values of its Arrow columns) in *names*, and the
     shape that compares those columns by their Delta types, keyed by ``id``."""
-    table = DeltaTable(str(lake)).to_pyarrow_table()
+    table = live_table(DeltaTable(str(lake)))
     schema = pa.schema(DeltaTable(str(lake)).schema().to_arrow())
     shape = TableShape(tuple(ComparedColumn(n, schema.field(n).type) for n in names), ("id",))
     return table.select(list(names)).to_pylist(), shape

@@ -9,6 +9,7 @@ from typing import Any
 import pyarrow as pa
 from deltalake import DeltaTable
 
+from delta_rows import live_table
 from tidemark.lake.change_rows import change_rows_schema
 
 TABLE = pa.schema([pa.field("id", pa.int64()), pa.field("name", pa.string()),
@@ -28,22 +29,9 @@ def rows(*changes: dict[str, Any], table: pa.Schema = TABLE) -> pa.Table:
     return pa.Table.from_pylist(list(changes), schema=change_rows_schema(table))
 
 
-def plain_views(table: pa.Table) -> pa.Table:
-    """*table* with delta-rs's string and binary views as plain strings and binaries."""
-    def plain(kind: pa.DataType) -> pa.DataType:
-        if pa.types.is_string_view(kind):
-            return pa.string()
-        if pa.types.is_binary_view(kind):
-            return pa.binary()
-        if pa.types.is_list(kind) or pa.types.is_large_list(kind):
-            return pa.list_(plain(kind.value_type))
-        return kind
-    return table.cast(pa.schema([f.with_type(plain(f.type)) for f in table.schema]))
-
-
 def read(path: Path | str, *columns: str, sort: tuple[str, ...] = ("id",)) -> list[dict[str, Any]]:
     """The table's rows (only *columns* if given), sorted."""
-    table = plain_views(pa.table(DeltaTable(str(path)).scan().read_all()))
+    table = live_table(DeltaTable(str(path)))
     if columns:
         table = table.select(list(columns))
     return table.sort_by([(c, "ascending") for c in sort]).to_pylist()

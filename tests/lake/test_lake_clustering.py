@@ -11,6 +11,7 @@ import pyarrow.compute as pc
 import pytest
 from deltalake import DeltaTable, write_deltalake
 
+from delta_rows import live_table
 from tidemark.lake.clustering import FileRange, cluster, key_ranges, overlapping_groups
 from tidemark.lake.upkeep import UpkeepSettings, UpkeepState, upkeep
 
@@ -35,7 +36,7 @@ def _interleaved(path: Path, files: int, rows: int) -> None:
 
 
 def _content(path: Path) -> list[dict[str, object]]:
-    table = DeltaTable(str(path)).to_pyarrow_table()
+    table = live_table(DeltaTable(str(path)))
     return table.sort_by([("id", "ascending"), ("v", "ascending")]).to_pylist()
 
 
@@ -105,7 +106,7 @@ def test_rows_of_one_key_in_several_versions_keep_every_version(tmp_path: Path) 
                    target_file_size=_MB)
     assert done == "sorted 3 files by key (9000 rows)"
     assert _content(path) == before
-    ids = DeltaTable(str(path)).to_pyarrow_table().column("id")
+    ids = live_table(DeltaTable(str(path))).column("id")
     assert pc.count_distinct(ids).as_py() == 3_000
 
 

@@ -17,6 +17,7 @@ from deltalake import DeltaTable
 
 from capture_helpers import as_json, stream_changes
 from conftest import Database
+from delta_rows import live_table
 from lake_helpers import read
 from tidemark.errors import ConfigError
 from tidemark.lake import ApplySpec, apply_changes, changes_from_debezium_json
@@ -355,7 +356,7 @@ def test_scd2_applies_the_first_streamed_transaction_after_the_snapshot(
     for version, event in enumerate([read_event, change]):
         apply_changes(tmp_path / "scd2", changes_from_debezium_json([json.dumps(event)], schema),
                       spec, app_id="q", version=version)
-    rows = sorted(DeltaTable(str(tmp_path / "scd2")).to_pyarrow_table().to_pylist(),
+    rows = sorted(live_table(DeltaTable(str(tmp_path / "scd2"))).to_pylist(),
                   key=lambda r: r["__START_AT"])
     current = [(r["name"]) for r in rows if r["__END_AT"] is None]
     assert current == (["streamed"] if streamed == "u" else [])

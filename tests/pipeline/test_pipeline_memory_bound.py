@@ -26,6 +26,7 @@ from deltalake import DeltaTable
 from pyspark.sql import SparkSession
 
 from conftest import Database, MariaDatabase
+from delta_rows import live
 from logtable_helpers import LogDb
 from pipeline_helpers import _prepare, _tidemark_run
 from tidemark.pipeline import load_config
@@ -79,7 +80,7 @@ def _source_digests(query: Callable[[str], list[tuple[Any, ...]]], table: str
 
 
 def _lake_digests(tmp_path: Path) -> dict[int, bytes]:
-    dataset = DeltaTable(str(tmp_path / "lake")).to_pyarrow_dataset()
+    dataset = live(DeltaTable(str(tmp_path / "lake")))
     return _digests(row for batch in dataset.to_batches(columns=["id", "v"],
                                                         batch_size=_READ)
                     for row in zip(batch.column(0).to_pylist(), batch.column(1).to_pylist(),

@@ -16,6 +16,7 @@ import pytest
 from deltalake import DeltaTable, write_deltalake
 
 from conftest import Database
+from delta_rows import live_table
 from pipeline_helpers import _batch_lines, _prepare, _tidemark_run
 from tidemark.event import TableId
 from tidemark.pipeline.compare import compare
@@ -56,7 +57,7 @@ def _run(config: Path, log: Path, fault: str | None = None) -> list[str]:
 def _equal(db: Database, tmp_path: Path, table: str) -> bool:
     path = str(tmp_path / "lake" / table)
     if table == "s":  # soft-deleted rows are marked, not gone
-        rows = DeltaTable(path).to_pyarrow_table()
+        rows = live_table(DeltaTable(path))
         live = rows.filter(pc.invert(pc.fill_null(rows.column("deleted"), False)))
         found = sorted(zip(live.column("id").to_pylist(), live.column("v").to_pylist(),
                            strict=True))
@@ -72,7 +73,7 @@ def _tamper(tmp_path: Path) -> None:
         current = "__END_AT IS NULL AND " if table == "b" else ""
         target.delete(f"{current}id = 3")
         target.update({"v": "'tampered'"}, predicate=f"{current}id = 5")
-        rows = target.to_pyarrow_table()
+        rows = live_table(target)
         extra = rows.filter(pc.equal(rows.column("id"), 7))
         if table == "b":
             extra = extra.filter(pc.is_null(extra.column("__END_AT")))
@@ -83,13 +84,13 @@ def _tamper(tmp_path: Path) -> None:
 
 
 def _rows(tmp_path: Path, table: str) -> dict[int, tuple[object, ...]]:
-    rows = DeltaTable(str(tmp_path / "lake" / table)).to_pyarrow_table().to_pylist()
+    rows = live_table(DeltaTable(str(tmp_path / "lake" / table))).to_pylist()
     return {r["id"]: tuple(v for n, v in sorted(r.items()) if not n.startswith("_"))
             for r in rows}
 
 
 def _versions(tmp_path: Path) -> Counter[int]:
-    history = DeltaTable(str(tmp_path / "lake/b")).to_pyarrow_table()
+    history = live_table(DeltaTable(str(tmp_path / "lake/b")))
     return Counter(history.column("id").to_pylist())
 
 
@@ -125,8 +126,8 @@ def test_a_repair_signal_mends_tampered_targets_once_across_a_crash(
     assert not any(_equal(db, tmp_path, t) for t in TABLES)
     before = _versions(tmp_path)
     tampered = {t: _rows(tmp_path, t) for t in ("a", "s")}
-    start_of_7 = {r["__START_AT"] for r in DeltaTable(str(tmp_path / "lake/b"))
-                  .to_pyarrow_table().to_pylist() if r["id"] == 7 and r["__END_AT"] is None}
+    start_of_7 = {r["__START_AT"] for r in live_table(DeltaTable(str(tmp_path / "lake/b")))
+                  .to_pylist() if r["id"] == 7 and r["__END_AT"] is None}
     db.execute(*(f"UPDATE {t} SET v = 'streamed' WHERE id = 8" for t in TABLES))
     for table in TABLES:
         send_signal(db.dsn, "public.dbz_signal", "tidemark-repair",
@@ -160,8 +161,8 @@ def test_a_repair_signal_mends_tampered_targets_once_across_a_crash(
     after = _versions(tmp_path)
     assert {k: after[k] - before[k] for k in after if after[k] != before[k]} == {
         3: 1, 5: 1, 8: 1}
-    current_7 = {r["__START_AT"] for r in DeltaTable(str(tmp_path / "lake/b"))
-                 .to_pyarrow_table().to_pylist() if r["id"] == 7 and r["__END_AT"] is None}
+    current_7 = {r["__START_AT"] for r in live_table(DeltaTable(str(tmp_path / "lake/b")))
+                 .to_pylist() if r["id"] == 7 and r["__END_AT"] is None}
     assert current_7 == start_of_7
 
 

@@ -16,6 +16,7 @@ import pyarrow.compute as pc
 import pytest
 from deltalake import DeltaTable, write_deltalake
 
+from delta_rows import live_table
 from logtable_helpers import LogDb
 from pipeline_helpers import _batch_lines, _tidemark_run
 from tidemark.errors import SourceError
@@ -71,7 +72,7 @@ def _run(config: Path, log: Path, fault: str | None = None) -> list[str]:
 def _equal(db: LogDb, tmp_path: Path, table: str) -> bool:
     path = str(tmp_path / "lake" / table)
     if table == "s":  # soft-deleted rows are marked, not gone
-        rows = DeltaTable(path).to_pyarrow_table()
+        rows = live_table(DeltaTable(path))
         live = rows.filter(pc.invert(pc.fill_null(rows.column("deleted"), False)))
         found = sorted(zip(live.column("id").to_pylist(), live.column("v").to_pylist(),
                            strict=True))
@@ -88,7 +89,7 @@ def _tamper(tmp_path: Path) -> None:
         current = "__END_AT IS NULL AND " if table == "b" else ""
         target.delete(f"{current}id = 3")
         target.update({"v": "'tampered'"}, predicate=f"{current}id = 5")
-        rows = target.to_pyarrow_table()
+        rows = live_table(target)
         extra = rows.filter(pc.equal(rows.column("id"), 7))
         if table == "b":
             extra = extra.filter(pc.is_null(extra.column("__END_AT")))
@@ -99,19 +100,19 @@ def _tamper(tmp_path: Path) -> None:
 
 
 def _rows(tmp_path: Path, table: str) -> dict[int, tuple[object, ...]]:
-    rows = DeltaTable(str(tmp_path / "lake" / table)).to_pyarrow_table().to_pylist()
+    rows = live_table(DeltaTable(str(tmp_path / "lake" / table))).to_pylist()
     return {r["id"]: tuple(v for n, v in sorted(r.items()) if not n.startswith("_"))
             for r in rows}
 
 
 def _versions(tmp_path: Path) -> Counter[int]:
-    history = DeltaTable(str(tmp_path / "lake/b")).to_pyarrow_table()
+    history = live_table(DeltaTable(str(tmp_path / "lake/b")))
     return Counter(history.column("id").to_pylist())
 
 
 def _current_start(tmp_path: Path, key: int) -> set[object]:
-    return {r["__START_AT"] for r in DeltaTable(str(tmp_path / "lake/b"))
-            .to_pyarrow_table().to_pylist() if r["id"] == key and r["__END_AT"] is None}
+    return {r["__START_AT"] for r in live_table(DeltaTable(str(tmp_path / "lake/b")))
+            .to_pylist() if r["id"] == key and r["__END_AT"] is None}
 
 
 def test_a_repair_signal_mends_tampered_log_table_targets_once_across_a_crash(

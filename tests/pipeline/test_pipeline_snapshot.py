@@ -21,6 +21,7 @@ from pyspark.sql import DataFrame, SparkSession
 
 import tidemark.spark as ts
 from conftest import Database
+from delta_rows import live_table
 from pipeline_helpers import _batch_lines, _LivePipeline, _tidemark_run
 from pipeline_helpers import _Writer as _PipelineWriter
 from tidemark.errors import SourceError
@@ -111,7 +112,7 @@ def _assert_targets_equal_source(db: Database, tmp_path: Path, *tables: str) -> 
                                columns[table], scd2=table == "b")
         assert source == lake, f"Delta table {table} differs from the source"
     if "b" in tables:
-        history = DeltaTable(str(tmp_path / "lake/b")).to_pyarrow_table()
+        history = live_table(DeltaTable(str(tmp_path / "lake/b")))
         versions = Counter(zip(history.column("id").to_pylist(),
                                history.column("__START_AT").to_pylist(), strict=True))
         assert max(versions.values()) == 1, "an SCD2 version was applied twice"
@@ -158,7 +159,7 @@ def test_a_populated_database_reaches_delta_whole_with_writers_running_during_th
     _run(file.read_text().replace("trigger_interval_ms = 50", "available_now = true"),
          file, spark)  # what the writer did after the first run's end
     _assert_targets_equal_source(db, tmp_path, "a", "b", "c")
-    assert DeltaTable(str(tmp_path / "lake/a")).to_pyarrow_table().num_rows > ROWS / 2
+    assert live_table(DeltaTable(str(tmp_path / "lake/a"))).num_rows > ROWS / 2
 
 
 def test_a_target_added_later_is_snapshotted_and_a_never_target_gets_changes_only(
@@ -182,7 +183,7 @@ def test_a_target_added_later_is_snapshotted_and_a_never_target_gets_changes_onl
                "UPDATE c SET v = 'after c joined' WHERE k1 = 2 AND k2 = 'k,\"2'")
     _run(None, file, spark)
     _assert_targets_equal_source(db, tmp_path, "a", "b")
-    c_rows = DeltaTable(str(tmp_path / "lake/c")).to_pyarrow_table().to_pylist()
+    c_rows = live_table(DeltaTable(str(tmp_path / "lake/c"))).to_pylist()
     assert [(r["k1"], r["k2"], r["v"]) for r in c_rows] == [(2, 'k,"2', "after c joined")]
 
 
@@ -291,7 +292,7 @@ def test_sigkill_during_a_snapshot_then_restart_loses_and_doubles_nothing(
     text = log.read_text(errors="replace")
     assert "generation 2" in text or "start again from a new snapshot" in text, text[-3000:]
     _assert_targets_equal_source(db, tmp_path, "a", "b", "c")
-    keys = DeltaTable(str(tmp_path / "lake/a")).to_pyarrow_table().column("id").to_pylist()
+    keys = live_table(DeltaTable(str(tmp_path / "lake/a"))).column("id").to_pylist()
     assert len(keys) == len(set(keys)), "a key is twice in the SCD1 table"
 
 

@@ -9,11 +9,13 @@ import datetime as dt
 from collections.abc import Iterator
 from pathlib import Path
 
+import pyarrow.compute as pc
 import pytest
 from deltalake import DeltaTable
 from pyspark.sql import SparkSession
 
 from conftest import Database
+from delta_rows import live_table
 from pipeline_helpers import _prepare
 from tidemark.pipeline.compare import compare
 from tidemark.pipeline.config import load_config
@@ -51,6 +53,6 @@ def test_timestamps_reach_delta_as_the_source_s_instants(
     delta = DeltaTable(target)
     types = {f.name: f.type.type for f in delta.schema().fields}  # type: ignore[attr-defined]
     assert types["at"] == "timestamp" and types["local"] == "timestamp_ntz"
-    first = delta.to_pyarrow_table(filters=[("id", "=", 1)]).to_pylist()[0]
+    first = live_table(delta, filter=pc.field("id") == 1).to_pylist()[0]
     assert first["at"] == dt.datetime(2024, 1, 3, 1, 4, 5, 123456, tzinfo=dt.UTC)
     assert first["local"] == dt.datetime(2024, 1, 2, 3, 4, 5, 123456)

@@ -23,6 +23,7 @@ import pytest
 from deltalake import DeltaTable
 
 from conftest import Database
+from delta_rows import live_table
 from tidemark.pipeline.compare import compare
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
@@ -69,7 +70,7 @@ def _assert_delta_equals_source(project: Path, db: Database) -> None:
     delta = DeltaTable(str(project / "lake/orders"))
     types = {f.name: f.type.type for f in delta.schema().fields}  # type: ignore[attr-defined]
     assert types["at"] == "timestamp" and types["local"] == "timestamp_ntz"
-    first = delta.to_pyarrow_table(filters=[("id", "=", 1)]).to_pylist()[0]
+    first = live_table(delta, filter=pc.field("id") == 1).to_pylist()[0]
     assert first["at"] == dt.datetime(2024, 1, 1, 22, 0, tzinfo=dt.UTC) + dt.timedelta(hours=1)
     assert first["local"] == dt.datetime(2024, 1, 2, 1, 0)
 

@@ -16,6 +16,7 @@ from pyspark.sql import SparkSession
 
 import tidemark.spark as ts
 from conftest import Database
+from delta_rows import live_table
 
 pytestmark = pytest.mark.integration
 
@@ -48,7 +49,7 @@ def test_timestamps_reach_delta_as_the_same_instants(
     delta = DeltaTable(str(target))
     types = {f.name: f.type.type for f in delta.schema().fields}  # type: ignore[attr-defined]
     assert types["at"] == "timestamp" and types["local"] == "timestamp_ntz"
-    table = delta.to_pyarrow_table().sort_by("id")
+    table = live_table(delta).sort_by("id")
     assert str(table.schema.field("at").type.tz) in ("UTC", "+00:00")
     assert table.schema.field("local").type.tz is None
     rows = table.select(["id", "at", "local"]).to_pylist()

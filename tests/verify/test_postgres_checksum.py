@@ -17,6 +17,7 @@ from pyspark.sql import SparkSession
 from verify_helpers import pipeline_file, run_pipeline
 
 from conftest import Database
+from delta_rows import live_table
 from tidemark.event import TableId
 from tidemark.lake.delta_checksum import DeltaChecksumSide
 from tidemark.lake.spec import ApplySpec
@@ -60,7 +61,7 @@ def _load(db: Database) -> None:
 
 
 def _delta_rows(path: str) -> list[dict[str, Any]]:
-    rows: list[dict[str, Any]] = DeltaTable(path).to_pyarrow_table().to_pylist()
+    rows: list[dict[str, Any]] = live_table(DeltaTable(path)).to_pylist()
     return rows
 
 

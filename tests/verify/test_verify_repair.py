@@ -25,6 +25,7 @@ from click.testing import CliRunner
 from deltalake import DeltaTable, write_deltalake
 
 from conftest import Database, MariaDatabase
+from delta_rows import live_table
 from pipeline_helpers import _prepare, _tidemark_run
 from tidemark.cli.main import cli
 from tidemark.event import TableId
@@ -133,7 +134,7 @@ def _until_equal(config: Path, proc: subprocess.Popen[bytes], log: Path) -> None
 
 
 def _lake(tmp_path: Path, table: str) -> pa.Table:
-    return DeltaTable(str(tmp_path / "lake" / table)).to_pyarrow_table()
+    return live_table(DeltaTable(str(tmp_path / "lake" / table)))
 
 
 def _tamper(tmp_path: Path, table: str) -> None:

@@ -341,6 +341,7 @@ def _prove(dsn: str, config: Any, database: str = "PostgreSQL") -> None:
     import pyarrow as pa  # noqa: PLC0415
     from deltalake import DeltaTable  # noqa: PLC0415
 
+    from tidemark.lake.delta_read import live_rows  # noqa: PLC0415
     from tidemark.pipeline.compare import compare  # noqa: PLC0415
 
     click.echo(f"\nDelta tables vs {database}:")
@@ -354,7 +355,7 @@ def _prove(dsn: str, config: Any, database: str = "PostgreSQL") -> None:
         same = source == lake
         if not same:
             mismatched.append(target.table)
-        versions = delta.to_pyarrow_table().num_rows
+        versions = live_rows(delta).count_rows()
         history = f", {versions:,} SCD2 versions" if scd2 else ""
         click.echo(f"  {target.table:18} source {len(source):5,} rows | Delta "
                    f"{len(lake):5,} current rows{history} | "

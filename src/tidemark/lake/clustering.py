@@ -39,6 +39,7 @@ import pyarrow.compute as pc
 from deltalake import DeltaTable, write_deltalake
 
 from tidemark.lake import sql
+from tidemark.lake.delta_read import live_rows
 
 
 @dataclasses.dataclass(frozen=True)
@@ -100,7 +101,7 @@ def cluster(table: DeltaTable, keys: Sequence[str], *, min_files: int, min_bytes
     group = max(due, key=len)
     low, high = min(f.low for f in group), max(f.high for f in group)
     column = pc.field(keys[0])
-    rows = table.to_pyarrow_dataset().to_table(filter=(column >= low) & (column <= high))
+    rows = live_rows(table).to_table(filter=(column >= low) & (column <= high))
     rows = rows.take(pc.sort_indices(rows, [(k, "descending") for k in keys]))
     key = sql.quote(keys[0])
     write_deltalake(table, rows, mode="overwrite",

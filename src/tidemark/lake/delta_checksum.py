@@ -1,8 +1,10 @@
 """Row checksums of a Delta table computed with DuckDB (``tidemark verify``'s target side).
 
 Implements :class:`tidemark.row_checksum.ChecksumSide` over one version of the table
-(``DeltaTable(path, version=...).to_pyarrow_dataset()``, scanned by DuckDB with the
-columns pushed down), so every call of one :class:`DeltaChecksumSide` sees the same
+(the live rows of ``DeltaTable(path, version=...)`` through
+:mod:`tidemark.lake.delta_read`: the files without a deletion vector as a pyarrow dataset
+scanned by DuckDB with the columns pushed down, those with one streamed with their
+deleted rows dropped), so every call of one :class:`DeltaChecksumSide` sees the same
 rows. An SCD2 target is compared by its current rows (``__END_AT`` null), a
 soft-delete target by its live rows (the flag not true). The canonical texts are
 :mod:`tidemark.row_checksum`'s, in DuckDB SQL: its ``md5`` prints PostgreSQL's hex, its
@@ -21,6 +23,7 @@ import pyarrow.compute as pc
 from deltalake import DeltaTable
 
 from tidemark.lake import change_rows as cr
+from tidemark.lake.delta_read import live_rows
 from tidemark.row_checksum import (
     BucketSum,
     BucketSums,
@@ -32,6 +35,8 @@ from tidemark.row_checksum import (
 )
 
 _TABLE: Final = "target_rows"
+#: The live rows of the files with a deletion vector (the rest are :data:`_TABLE`).
+_MASKED: Final = "masked_rows"
 _EXCLUDED: Final = "excluded_keys"
 _ONLY: Final = "only_buckets"
 #: The prefix of the columns holding the parts of doubles' shortest texts (a name no
@@ -121,7 +126,7 @@ class DeltaChecksumSide:
         self.schema = pa.schema(self.table.schema().to_arrow())
         self.scd2 = scd2
         self.soft_delete_column = soft_delete_column
-        self._dataset = self.table.to_pyarrow_dataset()
+        self._rows = live_rows(self.table)
         self._db = duckdb.connect()
         self._lock = threading.Lock()
 
@@ -143,7 +148,7 @@ class DeltaChecksumSide:
     def row_estimate(self) -> int:
         """The rows of the version's files (SCD2: every version of a row), from their
         statistics where the files have them."""
-        return int(self._dataset.count_rows())
+        return self._rows.count_rows()
 
     def live_filter(self) -> str:
         """The condition on the target's rows that the source holds."""
@@ -154,7 +159,8 @@ class DeltaChecksumSide:
             conditions.append(f"NOT coalesce({quote(self.soft_delete_column)}, FALSE)")
         return " AND ".join(conditions)
 
-    def _hashed(self, shape: TableShape, where: Sequence[str] = ()) -> tuple[str, list[str]]:
+    def _hashed(self, shape: TableShape, where: Sequence[str] = (),
+                source: str = _TABLE) -> tuple[str, list[str]]:
         """``SELECT kh, rh, c0, ... FROM`` the live rows whose key hash ``kh`` meets the
         conditions *where*, in levels: the key hash (and the parts of doubles' shortest
         texts), filtered there so the other columns' texts are made only for the rows kept;
@@ -180,7 +186,7 @@ class DeltaChecksumSide:
                                for k in shape.keys)
         columns = ", ".join(quote(c.name) for c in shape.columns)
         rows = (f"SELECT {hash_sql(key_text)} AS kh, {columns}{''.join(shortest)} "
-                f"FROM {_TABLE} WHERE {self.live_filter()}")
+                f"FROM {source} WHERE {self.live_filter()}")
         if where:
             rows = f"SELECT * FROM ({rows}) AS k WHERE {' AND '.join(where)}"
         canonical = ", ".join(f"{t} AS c{i}" for i, t in enumerate(texts))
@@ -198,7 +204,10 @@ class DeltaChecksumSide:
             cursor = self._db.cursor()
             try:
                 # Registered scans belong to one connection (a cursor is another).
-                cursor.register(_TABLE, self._dataset if rows is None else rows)
+                cursor.register(_TABLE, self._rows.clean if rows is None else rows)
+                source = _TABLE
+                if rows is None and self._rows.has_deletions:
+                    source = self._with_masked(cursor, shape)
                 if only is not None:
                     cursor.register(_ONLY, pa.table({"b": pa.array(only, pa.int64())}))
                     where.append(f"kh % {int(buckets)} IN (SELECT b FROM {_ONLY})")
@@ -206,11 +215,25 @@ class DeltaChecksumSide:
                     cursor.register(_EXCLUDED, pa.table(
                         {"k": pa.array(sorted(excluded_keys), pa.int64())}))
                     where.append(f"kh NOT IN (SELECT k FROM {_EXCLUDED})")
-                inner, _ = self._hashed(shape, where)
+                inner, _ = self._hashed(shape, where, source)
                 return cursor.execute(
                     f"SELECT {select} FROM ({inner}) AS s{tail}").fetchall()
             finally:
                 cursor.close()
+
+    def _with_masked(self, cursor: duckdb.DuckDBPyConnection, shape: TableShape) -> str:
+        """Register the live rows of the files with a deletion vector (the columns the
+        checksums read, streamed once) and return the union of both parts as a source."""
+        wanted = [c.name for c in shape.columns]
+        if self.scd2:
+            wanted.append(cr.END_AT)
+        if self.soft_delete_column is not None:
+            wanted.append(self.soft_delete_column)
+        names = [n for n in dict.fromkeys(wanted) if n in self.schema.names]
+        cursor.register(_MASKED, self._rows.to_reader(names, masked_only=True))
+        columns = ", ".join(quote(n) for n in names)
+        return (f"(SELECT {columns} FROM {_TABLE} UNION ALL "
+                f"SELECT {columns} FROM {_MASKED}) AS live")
 
     def bucket_sums(self, shape: TableShape, buckets: int, *,
                     only: Sequence[int] | None = None,
@@ -252,7 +275,7 @@ class DeltaChecksumSide:
             condition = matches if condition is None else condition & matches
         if not keys or condition is None:
             return []
-        found = self._dataset.to_table(filter=condition)
+        found = self._rows.to_table(filter=condition)
         columns = ", ".join(f"s.c{i}" for i in range(len(shape.columns)))
         rows = self._run(shape, 1, None, frozenset(), f"s.kh, {columns}", "", found)
         return [(int(row[0]), tuple(row[1:])) for row in rows]

@@ -23,6 +23,7 @@ from tidemark.lake.collapse import (
     rows_with_keys,
     sequence_after,
 )
+from tidemark.lake.delta_read import live_rows
 from tidemark.lake.delta_target import target_fields
 from tidemark.lake.key_moves import carry_moved_values
 from tidemark.lake.scd2 import MERGE_START, latest_versions, plan_versions
@@ -147,7 +148,7 @@ def _rows_for_keys(table: DeltaTable, keys: pa.Table, key_names: tuple[str, ...]
     """The target rows whose keys are in *keys* (all their versions, for SCD2), with
     the columns of *schema*, cast to its types (delta-rs reads strings as views)."""
     keys = keys.select(list(key_names)).group_by(list(key_names)).aggregate([])
-    dataset = table.to_pyarrow_dataset()
+    dataset = live_rows(table)
     where = None
     for name in key_names:
         kind = dataset.schema.field(name).type

@@ -28,6 +28,7 @@ import pyarrow as pa
 from deltalake import DeltaTable, Field, write_deltalake
 
 from tidemark.errors import TerminalError
+from tidemark.lake.delta_read import live_rows
 
 log = logging.getLogger(__name__)
 
@@ -113,7 +114,7 @@ def _rewrite(table: DeltaTable, widened: dict[str, pa.DataType]) -> None:
                 ", ".join(str(t) for t in widened.values()), version, version + 1)
     # The files of this version, listed before the write (delta-rs cannot be called
     # from inside its own write); the overwrite leaves them in place for time travel.
-    dataset = table.to_pyarrow_dataset()
+    dataset = live_rows(table)
 
     def batches() -> Iterator[pa.RecordBatch]:
         for batch in dataset.to_batches():

@@ -15,6 +15,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 from deltalake import DeltaTable
 
+from tidemark.lake.delta_read import live_rows
 from tidemark.source.registry import kind_of
 
 Row = tuple[Any, ...]
@@ -22,7 +23,7 @@ Row = tuple[Any, ...]
 
 def delta_rows(path: str, columns: Sequence[str], *, scd2: bool = False) -> list[Row]:
     """The target's rows (SCD2: the current versions, ``__END_AT`` null), sorted."""
-    table = DeltaTable(path).to_pyarrow_table()
+    table = live_rows(DeltaTable(path)).to_table()
     if scd2:
         table = table.filter(pc.is_null(table.column("__END_AT")))
     return sorted(zip(*(table.column(c).to_pylist() for c in columns), strict=True),

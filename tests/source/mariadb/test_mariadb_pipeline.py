@@ -21,6 +21,7 @@ from deltalake import DeltaTable
 from pyspark.sql import SparkSession
 
 from conftest import MariaDatabase
+from delta_rows import live_table
 from mariadb_helpers import _run_cli
 from tidemark import send_signal
 from tidemark.errors import SourceUnavailableError
@@ -46,7 +47,7 @@ def _source(mdb: MariaDatabase, table: str, order: str) -> list[tuple[Any, ...]]
 
 
 def _lake(tmp_path: Path, name: str, columns: list[str]) -> list[tuple[Any, ...]]:
-    rows = DeltaTable(str(tmp_path / "lake" / name)).to_pyarrow_table().select(columns)
+    rows = live_table(DeltaTable(str(tmp_path / "lake" / name))).select(columns)
     return sorted(tuple(r[c] for c in columns) for r in rows.to_pylist())
 
 
@@ -228,7 +229,7 @@ def test_every_type_reaches_delta_with_its_spark_type(
     mdb.execute(ROW_1.replace("VALUES (1,", "VALUES (3,", 1),  # the same through the binlog
                 "INSERT INTO everything (id) VALUES (2)")
     Pipeline(config, spark=spark).run()
-    rows = {r["id"]: r for r in DeltaTable(str(tmp_path / "lake/e")).to_pyarrow_table()
+    rows = {r["id"]: r for r in live_table(DeltaTable(str(tmp_path / "lake/e")))
             .to_pylist()}
     assert sorted(rows) == [1, 2, 3]
     expected = {

@@ -13,6 +13,7 @@ from deltalake import DeltaTable, write_deltalake
 from pyspark.sql import SparkSession
 
 from conftest import MariaDatabase
+from delta_rows import live_table
 from tidemark import send_signal
 from tidemark.pipeline import load_config
 from tidemark.pipeline.progress import BatchReport
@@ -23,7 +24,7 @@ pytestmark = pytest.mark.integration
 
 
 def _lake(tmp_path: Path) -> list[tuple[Any, ...]]:
-    rows = DeltaTable(str(tmp_path / "lake/a")).to_pyarrow_table().to_pylist()
+    rows = live_table(DeltaTable(str(tmp_path / "lake/a"))).to_pylist()
     return sorted((r["id"], r["v"], r["n"]) for r in rows)
 
 
@@ -48,7 +49,7 @@ def test_a_repair_signal_mends_a_tampered_target(spark: SparkSession, mdb: Maria
     target = DeltaTable(str(tmp_path / "lake/a"))
     target.delete("id = 3")
     target.update({"v": "'tampered'"}, predicate="id = 5")
-    rows = target.to_pyarrow_table()
+    rows = live_table(target)
     extra = rows.filter(pa.compute.equal(rows.column("id"), 7))
     columns = {n: extra.column(n) for n in extra.column_names}
     columns["id"] = pa.array([999], extra.schema.field("id").type)
