@@ -27,6 +27,9 @@ from logtable_helpers import LogDb
 from tidemark.testing.mariadb import MariaDbServer
 from tidemark.testing.postgres import PostgresCluster, sql_connection
 
+#: Lake tests run in both merge modes (see merge_modes.py).
+pytest_plugins = ["merge_modes"]
+
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession
 

@@ -8,6 +8,7 @@ from __future__ import annotations
 import datetime
 import decimal
 import functools
+import math
 from pathlib import Path
 from typing import Any
 
@@ -52,7 +53,7 @@ def _canonical(value: Any) -> Any:
         return ("ts", value.isoformat())
     if isinstance(value, decimal.Decimal):
         return ("dec", str(value))
-    if isinstance(value, float) and value != value:
+    if isinstance(value, float) and math.isnan(value):
         return ("nan",)
     if isinstance(value, list):
         return tuple(_canonical(v) for v in value)

@@ -22,6 +22,7 @@ import logging
 from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
+from urllib.parse import unquote
 
 import duckdb
 import numpy as np
@@ -143,8 +144,8 @@ class KeyIndex:
     def _load_file(self, path: str, dv: DeletionVector | None
                    ) -> tuple[_File, np.ndarray[Any, Any]]:
         start = len(self._alive)
-        rows = pq.read_table(self.root / path, columns=list(self.columns))
-        rows = rows.cast(plain_schema(rows.schema))
+        rows = pq.read_table(self.root / unquote(path), columns=list(self.columns))
+        rows = rows.cast(pa.schema([f.with_nullable(True) for f in plain_schema(rows.schema)]))
         alive = np.ones(len(rows), dtype=bool)
         if dv is not None:
             alive[np.asarray(list(read_vector(self.root, dv)), dtype=np.int64)] = False

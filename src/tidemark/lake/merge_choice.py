@@ -20,7 +20,7 @@ from deltalake import DeltaTable
 
 from tidemark.errors import ConfigError
 from tidemark.lake.collapse import PreparedBatch
-from tidemark.lake.merge_on_read import enable_deletion_vectors, local_root
+from tidemark.lake.merge_on_read import local_root
 from tidemark.lake.spec import ApplySpec
 
 log = logging.getLogger(__name__)
@@ -34,8 +34,8 @@ AUTO_REWRITE_FACTOR: Final = 8
 
 def merges_on_read(table: DeltaTable, batch: PreparedBatch, spec: ApplySpec,
                    uri: str) -> bool:
-    """Whether *batch* is applied to *table* by deletion vectors (see the module); turns
-    the table's deletion vectors on when it is. A batch with a truncate never is."""
+    """Whether *batch* is applied to *table* by deletion vectors (see the module). A
+    batch with a truncate never is."""
     if spec.merge == "copy_on_write" or batch.truncates or not len(batch.rows):
         return False
     if local_root(uri) is None:
@@ -44,10 +44,7 @@ def merges_on_read(table: DeltaTable, batch: PreparedBatch, spec: ApplySpec,
                                        f"file system only, and {uri} is not local: use "
                                        f"\"copy_on_write\" or \"auto\" for this target")
         return False
-    if spec.merge == "auto" and not _rewrite_is_large(table, batch, spec):
-        return False
-    enable_deletion_vectors(table)
-    return True
+    return spec.merge == "merge_on_read" or _rewrite_is_large(table, batch, spec)
 
 
 def _rewrite_is_large(table: DeltaTable, batch: PreparedBatch, spec: ApplySpec) -> bool:

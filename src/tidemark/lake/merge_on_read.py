@@ -30,7 +30,8 @@ import shutil
 import uuid
 from collections.abc import Callable, Mapping
 from pathlib import Path
-from typing import Any
+from typing import Any, Final
+from urllib.parse import unquote
 
 import numpy as np
 import pyarrow as pa
@@ -40,6 +41,7 @@ from deltalake import CommitProperties, DeltaTable, write_deltalake
 from pyroaring import BitMap64
 
 from tidemark.lake import delta_log
+from tidemark.lake.branch import discard_branches
 from tidemark.lake.collapse import IS_DELETE, PreparedBatch, collapse_to_latest, from_key_column
 from tidemark.lake.deletion_vector import DeletionVector, read_vector, write_vectors
 from tidemark.lake.key_index import KeyIndex, plain_schema
@@ -104,17 +106,46 @@ class _Targets:
 TARGETS = _Targets()
 
 
-def enable_deletion_vectors(table: DeltaTable) -> None:
-    """Give *table* the ``deletionVectors`` feature (reader 3 / writer 7) and turn it on."""
-    protocol = table.protocol()
-    if "deletionVectors" not in (protocol.writer_features or []):
-        from deltalake import TableFeatures  # noqa: PLC0415 (enum only needed here)
-        log.info("%s: enabling deletion vectors (merge-on-read)", table.table_uri)
-        table.alter.add_feature(TableFeatures.DeletionVectors,
-                                allow_protocol_versions_increase=True)
-    if table.metadata().configuration.get(ENABLE_DVS) != "true":
-        table.alter.set_table_properties({ENABLE_DVS: "true"})
-    table.update_incremental()
+#: Writer features implied by a legacy writer version (Delta protocol, "Table Features"),
+#: listed when a table moves to writer version 7.
+_LEGACY_WRITER_FEATURES: Final = {
+    2: ("appendOnly", "invariants"),
+    3: ("appendOnly", "invariants", "checkConstraints"),
+    4: ("appendOnly", "invariants", "checkConstraints", "changeDataFeed", "generatedColumns"),
+    5: ("appendOnly", "invariants", "checkConstraints", "changeDataFeed", "generatedColumns",
+        "columnMapping"),
+    6: ("appendOnly", "invariants", "checkConstraints", "changeDataFeed", "generatedColumns",
+        "columnMapping", "identityColumns"),
+}
+
+
+def feature_actions(state: delta_log.LogState) -> list[dict[str, Any]]:
+    """The ``protocol`` and ``metaData`` actions that give the table the
+    ``deletionVectors`` feature and turn it on, as part of the batch's own commit (one
+    commit per batch still); none when it has both."""
+    actions: list[dict[str, Any]] = []
+    protocol = dict(state.protocol)
+    readers = list(protocol.get("readerFeatures") or [])
+    writers = list(protocol.get("writerFeatures") or [])
+    if "deletionVectors" not in writers or "deletionVectors" not in readers:
+        if int(protocol.get("minWriterVersion", 1)) < 7:
+            writers = list(_LEGACY_WRITER_FEATURES.get(int(protocol.get("minWriterVersion", 1)),
+                                                       ()))
+        if int(protocol.get("minReaderVersion", 1)) == 2:
+            readers = ["columnMapping"]
+        elif int(protocol.get("minReaderVersion", 1)) < 3:
+            readers = []
+        actions.append({"protocol": {
+            "minReaderVersion": 3, "minWriterVersion": 7,
+            "readerFeatures": sorted({*readers, "deletionVectors"}),
+            "writerFeatures": sorted({*writers, "deletionVectors"})}})
+    metadata = dict(state.metadata)
+    configuration = dict(metadata.get("configuration") or {})
+    if configuration.get(ENABLE_DVS) != "true":
+        configuration[ENABLE_DVS] = "true"
+        metadata["configuration"] = configuration
+        actions.append({"metaData": metadata})
+    return actions
 
 
 def local_root(uri: str) -> Path | None:
@@ -159,6 +190,9 @@ def _apply(root: Path, table: DeltaTable, index: KeyIndex, state: delta_log.LogS
            version: int, metadata: Mapping[str, str] | None, merge: MergeFn,
            uri: str) -> MergeOnReadResult:
     target_schema = plain_schema(pa.schema(table.schema().to_arrow()))
+    # A target has one writer: what a crash left in its work folders is not in use.
+    shutil.rmtree(root / SCRATCH_DIR, ignore_errors=True)
+    discard_branches(root)
     scratch = root / SCRATCH_DIR / uuid.uuid4().hex
     try:
         if _needs_rows(batch, spec):
@@ -169,6 +203,7 @@ def _apply(root: Path, table: DeltaTable, index: KeyIndex, state: delta_log.LogS
             new_files = _write_files(scratch, _conform(new_rows, target_schema, spec), spec,
                                      target_schema)
         actions, vectors = _vector_actions(root, index, state, replaced)
+        actions = [*feature_actions(state), *actions]
         added = _move_files(scratch, root, new_files)
         now = delta_log.now_ms()
         commit_info: dict[str, Any] = {
@@ -279,7 +314,8 @@ def _read_rows(root: Path, index: KeyIndex, state: delta_log.LogState,
     """The full target rows at the given global row numbers, in *schema*."""
     parts = []
     for path, positions in index.locate(rows).items():
-        parts.append(_conform_columns(_rows_of_file(root / path, positions), schema))
+        parts.append(_conform_columns(_rows_of_file(root / unquote(path), positions),
+                                      schema))
     if not parts:
         return schema.empty_table()
     return pa.concat_tables(parts)
@@ -335,7 +371,7 @@ def _move_files(scratch: Path, root: Path, adds: list[dict[str, Any]]) -> list[d
     """Move the scratch table's data files into the target, same relative paths."""
     moved = []
     for add in adds:
-        relative = add["path"]
+        relative = unquote(add["path"])  # the log holds paths URI-encoded
         destination = root / relative
         destination.parent.mkdir(parents=True, exist_ok=True)
         os.replace(scratch / relative, destination)

@@ -1,5 +1,6 @@
-"""Every lake test that applies changes in this process runs twice: copy-on-write (the
-default) and merge-on-read (a spec's ``copy_on_write`` taken as ``merge_on_read``), and in
+"""A pytest plugin (loaded by the root conftest): every lake test (tests/lake) that
+applies changes in this process runs twice, copy-on-write (the default) and
+merge-on-read (a spec's ``copy_on_write`` taken as ``merge_on_read``), and in
 merge-on-read each batch is followed by a check that delta-rs, Polars and DuckDB's delta
 extension read the same rows. Spark's tests apply on executors, which this cannot reach:
 they set ``merge`` themselves where they test it."""
@@ -8,6 +9,7 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -23,7 +25,8 @@ _ONE_MODE = {"test_lake_spark", "test_lake_split_apply", "test_lake_clustering",
 
 def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
     module = metafunc.module.__name__.rsplit(".", 1)[-1]
-    if "merge_mode" in metafunc.fixturenames and module not in _ONE_MODE:
+    in_lake = Path(str(metafunc.definition.fspath)).parent.name == "lake"
+    if "merge_mode" in metafunc.fixturenames and in_lake and module not in _ONE_MODE:
         metafunc.parametrize("merge_mode", ["copy_on_write", "merge_on_read"], indirect=True)
 
 
