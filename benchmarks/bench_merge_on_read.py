@@ -312,6 +312,11 @@ def bench_size(work: Path, rows: int, args: argparse.Namespace) -> dict[str, Run
               f"MB written {_spread(_mb(run.written[1:]), '{:.2f}')}; "
               f"merge {sorted(set(run.picked))}")
     for mode, run in runs.items():
+        if len(run.wall) > 21:  # merge-on-read's cost follows the files its batches add
+            print(f"{mode}: wall s of batches 2..11 {_spread(run.wall[1:11])}, of the last "
+                  f"10 {_spread(run.wall[-10:])}; CPU s {_spread(run.cpu[1:11])} and "
+                  f"{_spread(run.cpu[-10:])}")
+    for mode, run in runs.items():
         print(f"check {mode}: {check(run.path, stopped.get(mode, model), rng)}",
               flush=True)
     if "merge_on_read" in runs:
@@ -368,10 +373,14 @@ def main() -> None:
         small, large = min(sizes), max(sizes)
         for mode in args.modes:
             a, b = results[small][mode], results[large][mode]
-            print(f"{mode}: median batch into {large:,} / into {small:,}: wall "
-                  f"{statistics.median(b.wall[1:]) / statistics.median(a.wall[1:]):.2f}x, "
-                  f"CPU {statistics.median(b.cpu[1:]) / statistics.median(a.cpu[1:]):.2f}x")
-
+            common = min(len(a.wall), len(b.wall))
+            for window in sorted({21, common}):
+                if window > common or window < 3:
+                    continue
+                ratio = [statistics.median(getattr(b, k)[1:window])
+                         / statistics.median(getattr(a, k)[1:window]) for k in ("wall", "cpu")]
+                print(f"{mode}: median of batches 2..{window} into {large:,} / into "
+                      f"{small:,}: wall {ratio[0]:.2f}x, CPU {ratio[1]:.2f}x")
 
 if __name__ == "__main__":
     sys.exit(main())
