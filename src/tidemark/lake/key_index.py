@@ -29,6 +29,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
+from pyroaring import BitMap64
 
 from tidemark.lake.deletion_vector import DeletionVector, read_vector
 from tidemark.lake.delta_log import LogState
@@ -95,6 +96,12 @@ def key_hashes(keys: pa.Table) -> tuple[np.ndarray[Any, np.dtype[np.uint64]], bo
     return np.asarray(hashes.to_numpy(), dtype=_U64), False
 
 
+def _positions(vector: BitMap64) -> np.ndarray[Any, np.dtype[np.int64]]:
+    """The row positions of a deletion vector (``to_array``: ~50x faster than a list of a
+    large vector's ints, measured)."""
+    return np.frombuffer(vector.to_array(), dtype=np.uint64).astype(np.int64)
+
+
 class KeyIndex:
     """The live rows of one Delta table by key (see the module's docstring)."""
 
@@ -148,7 +155,7 @@ class KeyIndex:
         rows = rows.cast(pa.schema([f.with_nullable(True) for f in plain_schema(rows.schema)]))
         alive = np.ones(len(rows), dtype=bool)
         if dv is not None:
-            alive[np.asarray(list(read_vector(self.root, dv)), dtype=np.int64)] = False
+            alive[_positions(read_vector(self.root, dv))] = False
         entry = _File(path=path, start=start, rows=rows,
                       dv_id=dv.unique_id if dv is not None else None)
         self._files[path] = entry
@@ -165,8 +172,8 @@ class KeyIndex:
         self._order[self._starts.index(entry.start)] = None
 
     def _apply_vector(self, entry: _File, dv: DeletionVector | None) -> None:
-        deleted = np.asarray(list(read_vector(self.root, dv)) if dv is not None else [],
-                             dtype=np.int64)
+        deleted = _positions(read_vector(self.root, dv)) if dv is not None \
+            else np.zeros(0, np.int64)
         alive = np.ones(len(entry.rows), dtype=bool)
         alive[deleted] = False
         span = slice(entry.start, entry.start + len(entry.rows))
