@@ -175,14 +175,12 @@ class KeyIndex:
         self._order[self._starts.index(entry.start)] = None
 
     def _apply_vector(self, entry: _File, dv: DeletionVector | None) -> None:
-        deleted = _positions(read_vector(self.root, dv)) if dv is not None \
+        # A vector only grows while the file lives (a rewrite makes a new file), so only
+        # its rows change: the work follows the vector, not the file's rows.
+        deleted = _positions(read_vector(self.root, dv)) + entry.start if dv is not None \
             else np.zeros(0, np.int64)
-        alive = np.ones(len(entry.rows), dtype=bool)
-        alive[deleted] = False
-        span = slice(entry.start, entry.start + len(entry.rows))
-        # A vector only grows while the file lives (a rewrite makes a new file).
-        self._dead += int((self._alive[span] & ~alive).sum())
-        self._alive[span] &= alive
+        self._dead += int(self._alive[deleted].sum())
+        self._alive[deleted] = False
         entry.dv_id = dv.unique_id if dv is not None else None
 
     def _add_lookup(self, tables: list[pa.Table], starts: list[int],
