@@ -19,7 +19,7 @@ from tidemark.lake import delta_writer
 from tidemark.lake.spec import ApplySpec
 
 #: Modules whose tests run on executors or test copy-on-write's own file layout.
-_ONE_MODE = {"test_lake_spark", "test_lake_split_apply", "test_lake_clustering",
+_ONE_MODE = {"test_lake_spark", "test_key_index", "test_lake_split_apply", "test_lake_clustering",
              "test_lake_debezium_input"}
 
 

@@ -35,8 +35,10 @@ from tidemark.lake.delta_log import LogState
 
 log = logging.getLogger(__name__)
 
-#: Rebuild the lookup once this fraction of its entries point at dead rows.
+#: Rebuild the lookup once this fraction of its entries point at dead rows (and at least
+#: _DEAD_MIN of them: small tables are not worth it).
 _DEAD_FRACTION = 0.2
+_DEAD_MIN = 1 << 16
 #: Merge the recent lookup level into the base once it holds this fraction of the base.
 _RECENT_FRACTION = 0.05
 
@@ -138,7 +140,7 @@ class KeyIndex:
         if added:
             self._add_lookup(added, added_starts, added_rows)
         self.version = state.version
-        if self._dead > _DEAD_FRACTION * max(len(self._alive), 1) and self._dead > 1 << 16:
+        if self._dead > _DEAD_FRACTION * max(len(self._alive), 1) and self._dead > _DEAD_MIN:
             self._rebuild()
 
     def _load_file(self, path: str, dv: DeletionVector | None
@@ -193,12 +195,16 @@ class KeyIndex:
             self._merge_levels()
 
     def _merge_levels(self) -> None:
-        h = np.concatenate([self._base[0], self._recent[0]])
-        r = np.concatenate([self._base[1], self._recent[1]])
-        keep = self._alive[r]
-        h, r = h[keep], r[keep]
-        order = np.argsort(h, kind="stable")
-        self._base = (h[order], r[order])
+        """Merge the recent level into the base, without the dead entries of either: a
+        linear merge of two sorted arrays (a sort of the whole would stall a batch)."""
+        base_h, base_r = self._base
+        keep = self._alive[base_r]
+        base_h, base_r = base_h[keep], base_r[keep]
+        recent_h, recent_r = self._recent
+        keep = self._alive[recent_r]
+        recent_h, recent_r = recent_h[keep], recent_r[keep]
+        at = np.searchsorted(base_h, recent_h, side="right")
+        self._base = (np.insert(base_h, at, recent_h), np.insert(base_r, at, recent_r))
         self._recent = (np.zeros(0, _U64), np.zeros(0, np.int64))
 
     def _rebuild(self) -> None:
