@@ -314,3 +314,18 @@ def test_a_soft_delete_column_is_checked(tmp_path: Path) -> None:
     with pytest.raises(ConfigError, match=r"soft_delete_column.*the source does not have"):
         apply(tmp_path / "t", rows(change("c", 10, id=1, name="a")), 0,
               ApplySpec(keys=("id",), soft_delete_column="name"))
+
+
+def test_an_update_without_a_column_the_target_has_keeps_its_value(tmp_path: Path) -> None:
+    """A source column dropped later: the target keeps it, and an update that does not
+    carry it keeps the row's value, as a merge's update of the other columns does."""
+    path = tmp_path / "t"
+    apply(path, rows(change("c", 10, id=1, name="a", body="x"),
+                     change("c", 10, 2, id=2, name="b", body="y")), 0)
+    narrow = pa.schema([pa.field("id", pa.int64(), nullable=False), pa.field("name", pa.string())])
+    result = apply(path, rows(change("u", 11, id=1, name="A"), change("c", 11, 2, id=3, name="c"),
+                              table=narrow), 1)
+    assert (result.inserted, result.updated) == (1, 1)
+    assert read(path, "id", "name", "body") == [
+        {"id": 1, "name": "A", "body": "x"}, {"id": 2, "name": "b", "body": "y"},
+        {"id": 3, "name": "c", "body": None}]

@@ -83,9 +83,12 @@ def _plain(kind: pa.DataType) -> pa.DataType:
 
 def key_hashes(keys: pa.Table) -> tuple[np.ndarray[Any, np.dtype[np.uint64]], bool]:
     """A 64-bit hash of each row of *keys*, and whether it is exact (the key itself: one
-    integer column). Inexact hashes are checked against the key values on lookup."""
+    integer column). Inexact hashes are checked against the key values on lookup. Types
+    are widened first (every integer to int64, strings and binaries to their plain
+    types), so a key hashes the same in a batch and in a file written before a widening."""
+    keys = keys.cast(pa.schema([f.with_type(_hash_type(f.type)) for f in keys.schema]))
     if keys.num_columns == 1 and pa.types.is_integer(keys.schema.field(0).type):
-        values = keys.column(0).cast(pa.int64()).to_numpy()
+        values = keys.column(0).to_numpy()
         return np.ascontiguousarray(values).view(_U64), True
     con = duckdb.connect()
     try:
@@ -95,6 +98,18 @@ def key_hashes(keys: pa.Table) -> tuple[np.ndarray[Any, np.dtype[np.uint64]], bo
     finally:
         con.close()
     return np.asarray(hashes.to_numpy(), dtype=_U64), False
+
+
+def _hash_type(kind: pa.DataType) -> pa.DataType:
+    if pa.types.is_integer(kind):
+        return pa.int64()
+    if pa.types.is_string(kind) or pa.types.is_large_string(kind) \
+            or pa.types.is_string_view(kind):
+        return pa.string()
+    if pa.types.is_binary(kind) or pa.types.is_large_binary(kind) \
+            or pa.types.is_binary_view(kind):
+        return pa.binary()
+    return kind
 
 
 class KeyIndex:

@@ -195,7 +195,7 @@ def _apply(root: Path, table: DeltaTable, index: KeyIndex, state: delta_log.LogS
     discard_branches(root)
     scratch = root / SCRATCH_DIR / uuid.uuid4().hex
     try:
-        if _needs_rows(batch, spec):
+        if _needs_rows(batch, spec, columns, target_schema):
             replaced, new_files, counts = _merge_with_rows(
                 root, scratch, index, state, batch, spec, columns, target_schema, merge, uri)
         else:
@@ -225,11 +225,13 @@ def _apply(root: Path, table: DeltaTable, index: KeyIndex, state: delta_log.LogS
         bytes_written=sum(int(a["size"]) for a in added))
 
 
-def _needs_rows(batch: PreparedBatch, spec: ApplySpec) -> bool:
+def _needs_rows(batch: PreparedBatch, spec: ApplySpec, columns: ResolvedColumns,
+                target: pa.Schema) -> bool:
     """Whether the batch's result depends on the target rows' values, not only on
-    their sequence."""
+    their sequence: SCD2 versions, soft deletes, kept (unsent) values, and target
+    columns the batch does not carry (an update keeps their values)."""
     return bool(spec.stored_as_scd_type != 1 or spec.soft_delete_column is not None
-                or batch.keep_columns)
+                or batch.keep_columns or set(target.names) - set(columns.data))
 
 
 # -- SCD type 1 from the index ------------------------------------------------------------
