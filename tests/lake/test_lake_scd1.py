@@ -329,3 +329,22 @@ def test_an_update_without_a_column_the_target_has_keeps_its_value(tmp_path: Pat
     assert read(path, "id", "name", "body") == [
         {"id": 1, "name": "A", "body": "x"}, {"id": 2, "name": "b", "body": "y"},
         {"id": 3, "name": "c", "body": None}]
+
+
+@pytest.mark.parametrize("how", ["scd1", "soft", "scd2"])
+def test_a_partitioned_target_keeps_its_partition_values_when_rows_are_merged(
+        tmp_path: Path, how: str) -> None:
+    """Batches that need the target's rows (an unsent value, a soft delete, SCD2
+    versions) keep the partition column, which the data files do not hold."""
+    spec = {"scd1": ApplySpec(keys=("id",), partition_by=("name",)),
+            "soft": ApplySpec(keys=("id",), partition_by=("name",),
+                              soft_delete_column="_deleted"),
+            "scd2": ApplySpec(keys=("id",), partition_by=("name",), stored_as_scd_type=2)}[how]
+    path = tmp_path / "t"
+    apply(path, rows(change("c", 10, id=1, name="a", body="x"),
+                     change("c", 10, 2, id=2, name="b", body="y")), 0, spec)
+    apply(path, rows(change("u", 11, unavailable=("body",), id=1, name="a"),
+                     change("d", 12, id=2)), 1, spec)
+    got = [(r["id"], r["name"], r["body"]) for r in read(path, "id", "name", "body")]
+    assert got == {"scd1": [(1, "a", "x")], "soft": [(1, "a", "x"), (2, "b", "y")],
+                   "scd2": [(1, "a", "x"), (2, "b", "y")]}[how]

@@ -313,11 +313,21 @@ def _merge_with_rows(root: Path, scratch: Path, index: KeyIndex, state: delta_lo
 
 def _read_rows(root: Path, index: KeyIndex, state: delta_log.LogState,
                rows: np.ndarray[Any, Any], schema: pa.Schema) -> pa.Table:
-    """The full target rows at the given global row numbers, in *schema*."""
+    """The full target rows at the given global row numbers, in *schema* (partition
+    columns, which the files do not hold, from their add actions)."""
+    partitions = list(state.metadata.get("partitionColumns") or [])
     parts = []
     for path, positions in index.locate(rows).items():
-        parts.append(_conform_columns(_rows_of_file(root / unquote(path), positions),
-                                      schema))
+        found = _rows_of_file(root / unquote(path), positions)
+        values = state.files[path].get("partitionValues") or {}
+        for name in partitions:
+            if name in found.column_names:
+                continue
+            value = values.get(name)
+            kind = schema.field(name).type
+            found = found.append_column(name, pa.nulls(len(found), kind) if value is None
+                                        else pa.array([value] * len(found)).cast(kind))
+        parts.append(_conform_columns(found, schema))
     if not parts:
         return schema.empty_table()
     return pa.concat_tables(parts)
