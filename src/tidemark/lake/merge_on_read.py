@@ -31,7 +31,7 @@ import uuid
 from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any, Final
-from urllib.parse import unquote
+from urllib.parse import unquote, urlparse
 
 import numpy as np
 import pyarrow as pa
@@ -149,9 +149,11 @@ def feature_actions(state: delta_log.LogState) -> list[dict[str, Any]]:
 
 
 def local_root(uri: str) -> Path | None:
-    """The local directory of *uri*, or None for an object store."""
-    if uri.startswith("file://"):
-        return Path(uri[len("file://"):])
+    """The local directory of *uri* (a path or a ``file://`` URI, percent-decoded), or
+    None for an object store."""
+    parsed = urlparse(uri)
+    if parsed.scheme == "file":
+        return Path(unquote(parsed.path))
     if "://" in uri:
         return None
     return Path(uri)
