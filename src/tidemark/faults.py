@@ -19,6 +19,15 @@ moments that decide it, by SIGKILL at a named point of the pipeline:
 * ``after_slot_created:0`` — a slot was just made and where it starts is not saved yet:
   capture or the engine replaced a lost slot (or made one for a new snapshot while
   offsets of an earlier slot exist), or a new Spark query made its slot.
+* ``mor_after_vectors:n`` — a merge-on-read batch (:mod:`tidemark.lake.merge_on_read`)
+  whose app-transaction version is *n* (in ``tidemark run``: batch *n*) has written its
+  deletion-vector file into the target, its new data files are still in the scratch
+  table, nothing of it is committed;
+* ``mor_after_files:n`` — that batch's new data files are moved into the target, its
+  Delta commit is not written;
+* ``mor_after_commit:n`` — that batch's Delta commit is written (with its app
+  transaction), :func:`~tidemark.lake.merge_on_read.merge_on_read` has not returned:
+  Spark has not recorded the batch.
 
 Off unless the variable is set (a check is a cached lookup and a comparison). When it fires it
 kills the whole process group, not just the process it runs in: ``commit()`` runs in the
@@ -39,7 +48,8 @@ log = logging.getLogger(__name__)
 
 ENV: Final = "TIDEMARK_FAULT"
 POINTS: Final = ("after_read", "between_steps", "between_targets", "after_write",
-                  "before_advance", "after_slot_created")
+                  "before_advance", "after_slot_created", "mor_after_vectors",
+                  "mor_after_files", "mor_after_commit")
 
 
 @functools.cache
