@@ -32,8 +32,11 @@ moments that decide it, by SIGKILL at a named point of the pipeline:
 Off unless the variable is set (a check is a cached lookup and a comparison). When it fires it
 kills the whole process group, not just the process it runs in: ``commit()`` runs in the
 Python process Spark starts for the source, and a driver crash takes the Python driver,
-its JVM and that process down together. So a pipeline run with this set must lead its
-own process group (``start_new_session=True``), or it kills its caller too.
+its JVM and that process down together. It also kills the group that leads the process's
+session: Spark's Python workers (where ``apply_on = "executors"`` merges) run in a group
+of their own (PySpark's daemon makes one), and the crash meant is the driver's. So a
+pipeline run with this set must lead its own session (``start_new_session=True``), or
+it kills its caller too.
 """
 
 from __future__ import annotations
@@ -65,7 +68,11 @@ def _armed() -> tuple[str, int] | None:
 
 
 def crash_point(point: str, n: int) -> None:
-    """SIGKILL this process group if :data:`ENV` names *point* and *n*."""
+    """SIGKILL this process group and the session leader's if :data:`ENV` names *point*
+    and *n*."""
     if _armed() == (point, n):
         log.warning("%s=%s:%d: killing the process group", ENV, point, n)
+        # The session leader's group first: killing our own group ends this process.
+        if os.getsid(0) != os.getpgrp():
+            os.killpg(os.getsid(0), signal.SIGKILL)
         os.killpg(os.getpgrp(), signal.SIGKILL)
