@@ -40,6 +40,7 @@ import pyarrow.parquet as pq
 from deltalake import CommitProperties, DeltaTable, write_deltalake
 from pyroaring import BitMap64
 
+from tidemark import faults
 from tidemark.lake import delta_log
 from tidemark.lake.branch import discard_branches
 from tidemark.lake.collapse import IS_DELETE, PreparedBatch, collapse_to_latest, from_key_column
@@ -205,8 +206,10 @@ def _apply(root: Path, table: DeltaTable, index: KeyIndex, state: delta_log.LogS
             new_files = _write_files(scratch, _conform(new_rows, target_schema, spec), spec,
                                      target_schema)
         actions, vectors = _vector_actions(root, index, state, replaced)
+        faults.crash_point("mor_after_vectors", version)
         actions = [*feature_actions(state), *actions]
         added = _move_files(scratch, root, new_files)
+        faults.crash_point("mor_after_files", version)
         now = delta_log.now_ms()
         commit_info: dict[str, Any] = {
             "timestamp": now, "operation": "MERGE",
@@ -216,6 +219,7 @@ def _apply(root: Path, table: DeltaTable, index: KeyIndex, state: delta_log.LogS
                    {"txn": {"appId": app_id, "version": version, "lastUpdated": now}},
                    *actions, *({"add": a} for a in added)]
         delta_log.commit(root, state.version + 1, entries)
+        faults.crash_point("mor_after_commit", version)
     finally:
         shutil.rmtree(scratch, ignore_errors=True)
     table.update_incremental()
