@@ -299,11 +299,19 @@ def test_soft_deletes_keep_the_row_flagged_with_its_last_values(tmp_path: Path) 
     apply(path, rows(change("c", 12, 1, id=1, name="again", body="x2")), 3, spec)
     assert read(path, "id", "name", "_deleted")[0] == {"id": 1, "name": "again",
                                                         "_deleted": False}
+    # A delete right after an update in one batch keeps the update's values, and a row
+    # made and deleted in one batch is kept marked: as if the batch had ended between.
+    apply(path, rows(change("u", 12, 2, id=3, name="C", body="z2"), change("d", 12, 3, id=3),
+                     change("c", 12, 4, id=5, name="e", body="v"), change("d", 12, 5, id=5)),
+          4, spec)
+    assert read(path, "id", "name", "body", "_deleted")[2:] == [
+        {"id": 3, "name": "C", "body": "z2", "_deleted": True},
+        {"id": 5, "name": "e", "body": "v", "_deleted": True}]
     # A truncate marks every row before it; a row written after it stays live.
-    apply(path, rows(change("t", 13, 1), change("c", 14, 1, id=4, name="d", body="w")), 4,
+    apply(path, rows(change("t", 13, 1), change("c", 14, 1, id=4, name="d", body="w")), 5,
           spec)
     assert [(r["id"], r["_deleted"]) for r in read(path, "id", "_deleted")] == [
-        (1, True), (2, True), (3, True), (4, False)]
+        (1, True), (2, True), (3, True), (4, False), (5, True)]
 
 
 def test_a_soft_delete_column_is_checked(tmp_path: Path) -> None:

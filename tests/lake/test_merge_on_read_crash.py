@@ -66,15 +66,9 @@ class _Model:
 
     def __init__(self) -> None:
         self.live: dict[int, tuple[str, str]] = {}
-        #: The values a soft delete keeps: the target's at the start of the batch (a
-        #: batch's changes to a key collapse to its last, and a delete brings only the
-        #: key). Every key is in the target from the first batches on.
+        #: The values a soft delete keeps: the row's last ones.
         self.deleted: dict[int, tuple[str, str]] = {}
         self.versions: dict[int, list[list[Any]]] = {}
-        self._at_start: dict[int, tuple[str, str]] = {}
-
-    def start_batch(self) -> None:
-        self._at_start = {**self.deleted, **self.live}
 
     def upsert(self, key: int, name: str, body: str, lsn: int) -> None:
         history = self.versions.setdefault(key, [])
@@ -86,8 +80,7 @@ class _Model:
 
     def delete(self, key: int, lsn: int) -> None:
         self.versions[key][-1][4] = lsn
-        del self.live[key]
-        self.deleted[key] = self._at_start[key]
+        self.deleted[key] = self.live.pop(key)
 
 
 def _batches(seed: int) -> tuple[list[pa.Table], _Model]:
@@ -104,7 +97,6 @@ def _batches(seed: int) -> tuple[list[pa.Table], _Model]:
             model.upsert(key, f"n{lsn}", f"b{key}", lsn)
         batches.append(rows(*changes))
     for _ in range(_INSERT_BATCHES, _BATCHES):
-        model.start_batch()
         changes = []
         for _ in range(_CHANGES):
             lsn += 1
