@@ -20,7 +20,9 @@ table every 0.1 s; a probe row's lag is the moment it is first seen minus its co
 check: the last window's p99 within 1.3x of the first's.
 
 Usage: ``uv run python benchmarks/soak_pipeline.py [--minutes 30] [--window 5]
-[--rows 1000000] [--rate 10000] [--keys tail|uniform] [--log FILE]``
+[--rows 1000000] [--rate 10000] [--keys tail|uniform]
+[--merge copy_on_write|merge_on_read|auto] [--log FILE]``; at the end ``tidemark verify``
+compares both targets with the source.
 """
 
 from __future__ import annotations
@@ -141,6 +143,8 @@ def main() -> None:
     parser.add_argument("--rows", type=int, default=1_000_000)
     parser.add_argument("--rate", type=int, default=10_000)
     parser.add_argument("--keys", choices=("tail", "uniform"), default="tail")
+    parser.add_argument("--merge", choices=("copy_on_write", "merge_on_read", "auto"),
+                        default="copy_on_write", help="the t10 target's merge setting")
     parser.add_argument("--log", type=Path, help="keep tidemark run's output (its batch "
                         "lines) in this file instead of the temporary directory")
     args = parser.parse_args()
@@ -155,7 +159,8 @@ def main() -> None:
             f'[source]\ndsn = "{dsn}"\nslot = "soak"\npublication = "soak"\n'
             '[spark]\ncheckpoint = "chk"\ntrigger_interval_ms = 500\n'
             'conf = { "spark.ui.enabled" = "false" }\n'
-            '[targets."public.t10"]\npath = "lake/t10"\nkeys = ["id"]\n'
+            f'[targets."public.t10"]\npath = "lake/t10"\nkeys = ["id"]\n'
+            f'merge = "{args.merge}"\n'
             '[targets."public.probe"]\npath = "lake/probe"\nkeys = ["id"]\n')
         log = args.log or work / "run.log"
         env = {**os.environ, "PYSPARK_PYTHON": sys.executable}
@@ -174,7 +179,8 @@ def main() -> None:
                     raise SystemExit(f"the snapshot did not finish:\n{log.read_text()[-3000:]}")
                 time.sleep(1)  # polling the snapshot's progress
             print(f"{args.rows:,} rows loaded by the snapshot; soaking {args.minutes:g} min at "
-                  f"{args.rate:,} changes/s (transactions of {_TXN}, {args.keys} keys), "
+                  f"{args.rate:,} changes/s (transactions of {_TXN}, {args.keys} keys, "
+                  f"merge = {args.merge}), "
                   f"windows of {args.window:g} min")
             writer = Writer(dsn, args.rows + 1, args.rate, args.keys)
             probe = Probe(dsn, work / "lake/probe")
@@ -214,6 +220,15 @@ def main() -> None:
             if len(windows) >= 2:
                 ratio = windows[-1] / windows[0]
                 print(f"last window's p99 / first window's: {ratio:.2f}x (target <= 1.3x)")
+            writer.join()
+            # The final tables against the source, by checksums while the pipeline runs.
+            check = subprocess.run([sys.executable, "-m", "tidemark", "verify", str(file),
+                                    "--wait", "600"], cwd=work, env=env, capture_output=True,
+                                   text=True, check=False)
+            print(f"tidemark verify after the soak: exit {check.returncode} "
+                  f"({'equal' if check.returncode == 0 else 'NOT equal or failed'})")
+            if check.returncode:
+                print(check.stdout[-3000:], check.stderr[-3000:])
         finally:
             proc.terminate()
             try:

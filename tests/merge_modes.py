@@ -18,9 +18,10 @@ from delta_readers import check_readers_agree
 from tidemark.lake import delta_writer
 from tidemark.lake.spec import ApplySpec
 
-#: Modules whose tests run on executors or test copy-on-write's own file layout.
+#: Modules whose tests run on executors or in child processes, or test copy-on-write's
+#: own file layout, or test merge-on-read only.
 _ONE_MODE = {"test_lake_spark", "test_lake_split_apply", "test_lake_clustering",
-             "test_lake_debezium_input"}
+             "test_lake_debezium_input", "test_merge_on_read_crash", "test_key_index"}
 
 
 def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:

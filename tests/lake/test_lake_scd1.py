@@ -299,11 +299,19 @@ def test_soft_deletes_keep_the_row_flagged_with_its_last_values(tmp_path: Path) 
     apply(path, rows(change("c", 12, 1, id=1, name="again", body="x2")), 3, spec)
     assert read(path, "id", "name", "_deleted")[0] == {"id": 1, "name": "again",
                                                         "_deleted": False}
+    # A delete right after an update in one batch keeps the update's values, and a row
+    # made and deleted in one batch is kept marked: as if the batch had ended between.
+    apply(path, rows(change("u", 12, 2, id=3, name="C", body="z2"), change("d", 12, 3, id=3),
+                     change("c", 12, 4, id=5, name="e", body="v"), change("d", 12, 5, id=5)),
+          4, spec)
+    assert read(path, "id", "name", "body", "_deleted")[2:] == [
+        {"id": 3, "name": "C", "body": "z2", "_deleted": True},
+        {"id": 5, "name": "e", "body": "v", "_deleted": True}]
     # A truncate marks every row before it; a row written after it stays live.
-    apply(path, rows(change("t", 13, 1), change("c", 14, 1, id=4, name="d", body="w")), 4,
+    apply(path, rows(change("t", 13, 1), change("c", 14, 1, id=4, name="d", body="w")), 5,
           spec)
     assert [(r["id"], r["_deleted"]) for r in read(path, "id", "_deleted")] == [
-        (1, True), (2, True), (3, True), (4, False)]
+        (1, True), (2, True), (3, True), (4, False), (5, True)]
 
 
 def test_a_soft_delete_column_is_checked(tmp_path: Path) -> None:
@@ -314,3 +322,37 @@ def test_a_soft_delete_column_is_checked(tmp_path: Path) -> None:
     with pytest.raises(ConfigError, match=r"soft_delete_column.*the source does not have"):
         apply(tmp_path / "t", rows(change("c", 10, id=1, name="a")), 0,
               ApplySpec(keys=("id",), soft_delete_column="name"))
+
+
+def test_an_update_without_a_column_the_target_has_keeps_its_value(tmp_path: Path) -> None:
+    """A source column dropped later: the target keeps it, and an update that does not
+    carry it keeps the row's value, as a merge's update of the other columns does."""
+    path = tmp_path / "t"
+    apply(path, rows(change("c", 10, id=1, name="a", body="x"),
+                     change("c", 10, 2, id=2, name="b", body="y")), 0)
+    narrow = pa.schema([pa.field("id", pa.int64(), nullable=False), pa.field("name", pa.string())])
+    result = apply(path, rows(change("u", 11, id=1, name="A"), change("c", 11, 2, id=3, name="c"),
+                              table=narrow), 1)
+    assert (result.inserted, result.updated) == (1, 1)
+    assert read(path, "id", "name", "body") == [
+        {"id": 1, "name": "A", "body": "x"}, {"id": 2, "name": "b", "body": "y"},
+        {"id": 3, "name": "c", "body": None}]
+
+
+@pytest.mark.parametrize("how", ["scd1", "soft", "scd2"])
+def test_a_partitioned_target_keeps_its_partition_values_when_rows_are_merged(
+        tmp_path: Path, how: str) -> None:
+    """Batches that need the target's rows (an unsent value, a soft delete, SCD2
+    versions) keep the partition column, which the data files do not hold."""
+    spec = {"scd1": ApplySpec(keys=("id",), partition_by=("name",)),
+            "soft": ApplySpec(keys=("id",), partition_by=("name",),
+                              soft_delete_column="_deleted"),
+            "scd2": ApplySpec(keys=("id",), partition_by=("name",), stored_as_scd_type=2)}[how]
+    path = tmp_path / "t"
+    apply(path, rows(change("c", 10, id=1, name="a", body="x"),
+                     change("c", 10, 2, id=2, name="b", body="y")), 0, spec)
+    apply(path, rows(change("u", 11, unavailable=("body",), id=1, name="a"),
+                     change("d", 12, id=2)), 1, spec)
+    got = [(r["id"], r["name"], r["body"]) for r in read(path, "id", "name", "body")]
+    assert got == {"scd1": [(1, "a", "x")], "soft": [(1, "a", "x"), (2, "b", "y")],
+                   "scd2": [(1, "a", "x"), (2, "b", "y")]}[how]

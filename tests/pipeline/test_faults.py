@@ -59,6 +59,25 @@ def test_only_the_named_point_kills_the_process_group(fault: str | None,
             os.kill(sibling, signal.SIGKILL)
 
 
+_WORKER_CHILD = """
+import subprocess, sys
+# A process in a group of its own, as PySpark's daemon puts the executors' workers.
+worker = subprocess.Popen([sys.executable, "-c",
+                           "from tidemark import faults; faults.crash_point('mor_after_files', 3)"],
+                          process_group=0)
+worker.wait()
+print("the driver outlived its worker's crash", flush=True)
+"""
+
+
+def test_a_crash_in_a_worker_of_its_own_group_kills_the_session_leader() -> None:
+    env = {**os.environ, faults.ENV: "mor_after_files:3"}
+    child = subprocess.run([sys.executable, "-c", _WORKER_CHILD], env=env,
+                           capture_output=True, text=True, timeout=60,
+                           start_new_session=True, check=False)
+    assert child.returncode == -signal.SIGKILL, (child.stdout, child.stderr)
+
+
 def test_a_bad_value_names_the_points(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv(faults.ENV, "after_wirte:1")
     faults._armed.cache_clear()

@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from tidemark.errors import ConfigError
-from tidemark.pipeline.config import load_config, parse_config
+from tidemark.pipeline.config import PipelineConfig, load_config, parse_config
 
 _GOOD = """
 [source]
@@ -137,6 +137,10 @@ def _write(tmp_path: Path, text: str) -> Path:
     (_GOOD + "\n[upkeep]\nvacum = 1\n", "upkeep.vacum", "vacuum_every_minutes"),
     (_GOOD.replace('keys = ["id"]', 'keys = ["id"]\nupkeep = { target_file_mb = 0 }'),
      'targets."public.orders".upkeep.target_file_mb', ">= 1"),
+    (_GOOD.replace('keys = ["id"]', 'keys = ["id"]\nmerge = "on_read"'),
+     'targets."public.orders".merge', "auto, copy_on_write, merge_on_read"),
+    (_GOOD + "\n[upkeep]\ncompact_deleted_fraction = 1.5\n",
+     "upkeep.compact_deleted_fraction", "<= 1"),
 ])
 def test_each_bad_value_is_named(tmp_path: Path, text: str, key: str, says: str) -> None:
     err = _error(tmp_path, text)
@@ -294,3 +298,11 @@ def test_a_source_setting_the_source_would_ignore_is_refused(
 def test_a_source_setting_the_source_reads_is_taken(
         tmp_path: Path, source: str, line: str) -> None:
     _load(tmp_path, f"[source]\n{source}\n{line}\n{_TARGET}")
+
+
+@pytest.mark.parametrize("merge", ["merge_on_read", "auto", "copy_on_write"])
+def test_a_target_chooses_its_merge(tmp_path: Path, merge: str) -> None:
+    config = _load(tmp_path, _GOOD.replace('keys = ["id"]', f'keys = ["id"]\nmerge = "{merge}"'))
+    assert isinstance(config, PipelineConfig)
+    (target,) = config.targets
+    assert target.spec.merge == merge

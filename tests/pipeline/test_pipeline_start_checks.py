@@ -126,6 +126,17 @@ def test_target_uri_delta_rs_cannot_reach_is_refused_at_start(
     assert not (tmp_path / "chk" / "offsets").exists()  # Spark never started
 
 
+def test_merge_on_read_of_an_object_store_target_is_refused_at_start(
+        source: Source, tmp_path: Path, request: pytest.FixtureRequest) -> None:
+    result = _run(tmp_path, source,
+                  'path = "s3://bucket/orders"\nkeys = ["id"]\nmerge = "merge_on_read"')
+    line = _one_error(result)
+    assert f'targets."{source.table}".merge' in line
+    assert "s3://bucket/orders is not local" in line and '"copy_on_write"' in line
+    _nothing_created(source, request)
+    assert not (tmp_path / "chk" / "offsets").exists()  # Spark never started
+
+
 def _run_file(tmp_path: Path, source: str, table: str) -> subprocess.CompletedProcess[str]:
     file = tmp_path / "pipeline.toml"
     file.write_text(f'[source]\n{source}\n[spark]\ncheckpoint = "chk"\n'

@@ -4,6 +4,7 @@ and the target still equals the source."""
 
 from __future__ import annotations
 
+import dataclasses
 from pathlib import Path
 
 import pytest
@@ -43,7 +44,7 @@ def test_many_small_batches_leave_few_files_a_checkpoint_and_the_source_s_rows(
     tasks = {task for r in reports for _, task, _ in r.upkeep}
     assert {"compact", "checkpoint"} <= tasks
     line = next(format_report(r) for r in reports if any(t == "compact" for _, t, _ in r.upkeep))
-    assert "| upkeep public.a: compacted " in line
+    assert "| merge public.a copy_on_write | upkeep public.a: compacted " in line
     table = DeltaTable(str(tmp_path / "lake/a"))
     assert len(table.file_uris()) <= 4
     assert (tmp_path / "lake/a/_delta_log/_last_checkpoint").exists()
@@ -57,3 +58,14 @@ def test_many_small_batches_leave_few_files_a_checkpoint_and_the_source_s_rows(
     assert target["checkpoint_version"] is not None
     upkeep = status["last_run"]["upkeep"]
     assert "public.a compact" in upkeep and "compacted" in upkeep["public.a compact"]
+
+
+def test_the_batch_line_says_how_each_target_was_merged() -> None:
+    report = BatchReport(batch_id=3, changes={"public.a": 120, "public.b": 4}, seconds=1.0,
+                         lag_bytes=0, lag_seconds=0.4,
+                         merges=(("public.a", "merge_on_read"), ("public.b", "copy_on_write")))
+    line = format_report(report)
+    # What the pipeline tests parse stays where it was.
+    assert line.startswith("batch 3: public.a +120, public.b +4 | 124 changes/s | lag 0 B")
+    assert line.endswith("| merge public.a merge_on_read, public.b copy_on_write")
+    assert "| merge" not in format_report(dataclasses.replace(report, merges=()))

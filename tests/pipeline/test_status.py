@@ -429,3 +429,36 @@ def test_pipeline_status_shows_the_snapshot_running_and_what_is_left(
     done = snapshot_section(config, SourceOffset(0x900, known=("public.a", "public.b")))
     assert done["completed"] is True and done["note"].startswith("every target is loaded")
     assert snapshot_section(config, None)["note"].startswith("not started")
+
+
+def test_pipeline_status_shows_the_merge_and_the_deleted_rows_of_a_merge_on_read_target(
+        db: Database, tmp_path: Path) -> None:
+    db.autocommit("SELECT pg_create_logical_replication_slot('pipe_mor', 'pgoutput')")
+    file = tmp_path / "pipeline.toml"
+    file.write_text(f'[source]\ndsn = "{db.dsn}"\nslot = "pipe_mor"\n'
+                    'publication = "p_pipe_mor"\n[spark]\ncheckpoint = "chk"\n'
+                    '[targets."public.a"]\npath = "lake/a"\nkeys = ["id"]\n'
+                    'merge = "merge_on_read"\n'
+                    '[targets."public.b"]\npath = "lake/b"\nkeys = ["id"]\n')
+    config = load_config(file)
+    Path(config.checkpoint).mkdir()
+    target = config.targets[0]
+    app_id = f"tidemark-{QUERY_ID}-public.a"
+    apply_changes(target.path, rows(*(change("c", 10, i + 1, id=i, name="a", body="x")
+                                      for i in range(10))),
+                  target.spec, app_id=app_id, version=0)
+    result = apply_changes(target.path, rows(change("u", 11, 1, id=1, name="b", body="x"),
+                                             change("d", 11, 2, id=2)),
+                           target.spec, app_id=app_id, version=1)
+    assert result.merge == "merge_on_read"
+    WrittenTargets(config.checkpoint).record(target)
+    _, status = _status(str(file))
+    a, b = status["targets"]
+    assert a["merge"] == "merge_on_read" and b["merge"] == "copy_on_write"
+    # 10 rows written, 2 marked deleted in the first file, 1 new version in a new file.
+    assert a["deletion_vector_files"] == 1 and a["deleted_rows"] == 2
+    assert a["deleted_fraction"] == round(2 / 11, 4) and a["rows"] == 9
+    assert b["deletion_vector_files"] is None
+    text = _tidemark("status", str(file))
+    assert "merge:\n  public.a: merge_on_read, 1 of 2 files with deletion vectors, 2 rows " \
+           "deleted (18.2% of the rows)" in text.stdout, text.stdout

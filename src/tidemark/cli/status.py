@@ -26,7 +26,8 @@ def pipeline_facts(config: PipelineConfig, config_file: str) -> PipelineFacts:
         checkpoint=config.checkpoint,
         targets=tuple(PipelineTarget(table=t.table, path=t.path,
                                      storage_options=t.storage_options, local=t.local,
-                                     initial_snapshot=t.snapshot is SnapshotMode.INITIAL)
+                                     initial_snapshot=t.snapshot is SnapshotMode.INITIAL,
+                                     merge=t.spec.merge)
                       for t in config.targets),
         snapshot_chunk_rows=config.source.chunk_rows)
 
@@ -92,7 +93,8 @@ def status(ctx: click.Context, config_file: str | None, dsn: str | None, slot: s
                 last_offset_lsn, last_committed_batch, last_committed_lsn,
                 batch_in_progress}, targets [{table, path, exists, lost,
                 delta_version, rows, files, checkpoint_version, app_id,
-                last_batch_id, last_commit_at, problem}], last_run {started_at,
+                last_batch_id, last_commit_at, merge, deletion_vector_files,
+                deleted_rows, deleted_fraction, problem}], last_run {started_at,
                 ended_at, outcome, error, last_batch_id, last_batch_at,
                 last_batch_changes, last_batch_lag_bytes, last_batch_lag_seconds,
                 upkeep} (null if none)

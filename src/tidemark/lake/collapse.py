@@ -30,6 +30,9 @@ log = logging.getLogger(__name__)
 IS_DELETE = f"{cr.WORK_PREFIX}is_delete"
 #: Working column: a row number.
 ROW = f"{cr.WORK_PREFIX}row"
+#: Working column: a delete that carries the values of the key's upsert before it in the
+#: same batch (a soft delete keeps the row's last values: those, not the target's).
+CARRIES = f"{cr.WORK_PREFIX}carries"
 
 
 def from_key_column(index: int) -> str:
@@ -288,15 +291,42 @@ def fill_kept_values(rows: pa.Table, starts: np.ndarray[Any, Any],
 
 
 def collapse_to_latest(batch: PreparedBatch, keys: tuple[str, ...],
-                       sequence_by: tuple[str, ...]) -> PreparedBatch:
+                       sequence_by: tuple[str, ...], *,
+                       carry_into_deletes: bool = False) -> PreparedBatch:
     """One change per key: the latest by sequence, with kept values filled in-batch.
 
     A delete followed by an insert of the same key collapses to the insert (the final
-    state); a primary-key change is a delete of one key and an insert of another.
+    state); a primary-key change is a delete of one key and an insert of another. With
+    *carry_into_deletes* (soft deletes), a delete right after an upsert of its key takes
+    that upsert's values and is marked in :data:`CARRIES`.
     """
     if len(batch.rows) == 0:
+        if carry_into_deletes and CARRIES not in batch.rows.column_names:
+            return batch.with_rows(batch.rows.append_column(CARRIES, pa.array([], pa.bool_())))
         return batch
     rows, starts = order_by_key(batch.rows, keys, sequence_by)
     rows = fill_kept_values(rows, starts, batch.keep_columns)
     last = np.append(starts[1:], True)
+    if carry_into_deletes:
+        rows = _carry_into_deletes(rows, starts, keys, sequence_by)
     return batch.with_rows(rows.filter(pa.array(last)))
+
+
+def _carry_into_deletes(rows: pa.Table, starts: np.ndarray[Any, Any], keys: tuple[str, ...],
+                        sequence_by: tuple[str, ...]) -> pa.Table:
+    """*rows* (ordered by key then sequence) where each delete that follows an upsert of
+    its key takes that upsert's values (keep masks included), with :data:`CARRIES`."""
+    deletes = np.asarray(rows.column(IS_DELETE).to_numpy(zero_copy_only=False), dtype=bool)
+    carries = np.zeros(len(rows), dtype=bool)
+    carries[1:] = deletes[1:] & ~starts[1:] & ~deletes[:-1]
+    if carries.any():
+        take_from = np.arange(len(rows))
+        take_from[carries] -= 1
+        index = pa.array(take_from)
+        fixed = {*keys, *sequence_by, IS_DELETE}
+        for name in rows.column_names:
+            if name in fixed or name.startswith(f"{cr.WORK_PREFIX}from_"):
+                continue
+            at = rows.schema.get_field_index(name)
+            rows = rows.set_column(at, name, rows.column(name).take(index))
+    return rows.append_column(CARRIES, pa.array(carries))

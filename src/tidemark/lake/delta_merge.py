@@ -16,6 +16,7 @@ from deltalake import CommitProperties, DeltaTable
 from tidemark.lake import change_rows as cr
 from tidemark.lake import sql
 from tidemark.lake.collapse import (
+    CARRIES,
     IS_DELETE,
     PreparedBatch,
     collapse_to_latest,
@@ -59,7 +60,8 @@ def merge_scd1(table: DeltaTable, batch: PreparedBatch, spec: ApplySpec,
     changes = len(rows)
     if batch.truncates:  # what came before the last truncate is gone anyway
         rows = rows.filter(sequence_after(rows, seq, batch.truncates[-1]))
-    collapsed = collapse_to_latest(batch.with_rows(rows), spec.keys, seq)
+    collapsed = collapse_to_latest(batch.with_rows(rows), spec.keys, seq,
+                                   carry_into_deletes=spec.soft_delete_column is not None)
     source = collapsed.rows
     keep = {name: keep_column(i) for i, name in enumerate(collapsed.keep_columns)}
     if keep:
@@ -79,12 +81,21 @@ def merge_scd1(table: DeltaTable, batch: PreparedBatch, spec: ApplySpec,
         if soft is None:
             merger = merger.when_matched_delete(predicate=f"{is_delete} AND {newer}")
         else:
-            # A delete keeps the row's last values (a DEFAULT identity's delete brings
-            # only its key) and takes the delete's sequence, so an older change that
+            # A delete keeps the row's last values: the batch's upsert of the key right
+            # before it, if any, else the target's (a DEFAULT identity's delete brings
+            # only its key); and it takes the delete's sequence, so an older change that
             # comes later cannot bring the row back.
+            carries = sql.column("s", CARRIES)
+            merger = merger.when_matched_update(
+                {**updates, **{sql.quote(n): sql.column("s", n) for n in seq}, soft: "true"},
+                predicate=f"{is_delete} AND {carries} AND {newer}")
             merger = merger.when_matched_update(
                 {soft: "true", **{sql.quote(n): sql.column("s", n) for n in seq}},
                 predicate=f"{is_delete} AND {newer}")
+            # A row made and deleted within the batch is kept, marked, as it would be
+            # had the batch ended between its changes.
+            merger = merger.when_not_matched_insert({**inserts, soft: "true"},
+                                                    predicate=f"{is_delete} AND {carries}")
         merger = merger.when_not_matched_insert(inserts, predicate=f"NOT {is_delete}")
     if batch.truncates:
         before = sql.sequence_before_literal("t", seq, batch.truncates[-1])

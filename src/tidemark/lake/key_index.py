@@ -36,8 +36,10 @@ from tidemark.lake.delta_log import LogState
 
 log = logging.getLogger(__name__)
 
-#: Rebuild the lookup once this fraction of its entries point at dead rows.
+#: Rebuild the lookup once this fraction of its entries point at dead rows (and at least
+#: _DEAD_MIN of them: small tables are not worth it).
 _DEAD_FRACTION = 0.2
+_DEAD_MIN = 1 << 16
 #: Merge the recent lookup level into the base once it holds this fraction of the base.
 _RECENT_FRACTION = 0.05
 
@@ -82,9 +84,12 @@ def _plain(kind: pa.DataType) -> pa.DataType:
 
 def key_hashes(keys: pa.Table) -> tuple[np.ndarray[Any, np.dtype[np.uint64]], bool]:
     """A 64-bit hash of each row of *keys*, and whether it is exact (the key itself: one
-    integer column). Inexact hashes are checked against the key values on lookup."""
+    integer column). Inexact hashes are checked against the key values on lookup. Types
+    are widened first (every integer to int64, strings and binaries to their plain
+    types), so a key hashes the same in a batch and in a file written before a widening."""
+    keys = keys.cast(pa.schema([f.with_type(_hash_type(f.type)) for f in keys.schema]))
     if keys.num_columns == 1 and pa.types.is_integer(keys.schema.field(0).type):
-        values = keys.column(0).cast(pa.int64()).to_numpy()
+        values = keys.column(0).to_numpy()
         return np.ascontiguousarray(values).view(_U64), True
     con = duckdb.connect()
     try:
@@ -94,6 +99,18 @@ def key_hashes(keys: pa.Table) -> tuple[np.ndarray[Any, np.dtype[np.uint64]], bo
     finally:
         con.close()
     return np.asarray(hashes.to_numpy(), dtype=_U64), False
+
+
+def _hash_type(kind: pa.DataType) -> pa.DataType:
+    if pa.types.is_integer(kind):
+        return pa.int64()
+    if pa.types.is_string(kind) or pa.types.is_large_string(kind) \
+            or pa.types.is_string_view(kind):
+        return pa.string()
+    if pa.types.is_binary(kind) or pa.types.is_large_binary(kind) \
+            or pa.types.is_binary_view(kind):
+        return pa.binary()
+    return kind
 
 
 def _positions(vector: BitMap64) -> np.ndarray[Any, np.dtype[np.int64]]:
@@ -145,7 +162,7 @@ class KeyIndex:
         if added:
             self._add_lookup(added, added_starts, added_rows)
         self.version = state.version
-        if self._dead > _DEAD_FRACTION * max(len(self._alive), 1) and self._dead > 1 << 16:
+        if self._dead > _DEAD_FRACTION * max(len(self._alive), 1) and self._dead > _DEAD_MIN:
             self._rebuild()
 
     def _load_file(self, path: str, dv: DeletionVector | None
@@ -201,12 +218,16 @@ class KeyIndex:
             self._merge_levels()
 
     def _merge_levels(self) -> None:
-        h = np.concatenate([self._base[0], self._recent[0]])
-        r = np.concatenate([self._base[1], self._recent[1]])
-        keep = self._alive[r]
-        h, r = h[keep], r[keep]
-        order = np.argsort(h, kind="stable")
-        self._base = (h[order], r[order])
+        """Merge the recent level into the base, without the dead entries of either: a
+        linear merge of two sorted arrays (a sort of the whole would stall a batch)."""
+        base_h, base_r = self._base
+        keep = self._alive[base_r]
+        base_h, base_r = base_h[keep], base_r[keep]
+        recent_h, recent_r = self._recent
+        keep = self._alive[recent_r]
+        recent_h, recent_r = recent_h[keep], recent_r[keep]
+        at = np.searchsorted(base_h, recent_h, side="right")
+        self._base = (np.insert(base_h, at, recent_h), np.insert(base_r, at, recent_r))
         self._recent = (np.zeros(0, _U64), np.zeros(0, np.int64))
 
     def _rebuild(self) -> None:

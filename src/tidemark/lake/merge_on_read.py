@@ -31,7 +31,7 @@ import uuid
 from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any, Final
-from urllib.parse import unquote
+from urllib.parse import unquote, urlparse
 
 import numpy as np
 import pyarrow as pa
@@ -40,6 +40,7 @@ import pyarrow.parquet as pq
 from deltalake import CommitProperties, DeltaTable, write_deltalake
 from pyroaring import BitMap64
 
+from tidemark import faults
 from tidemark.lake import delta_log
 from tidemark.lake.branch import discard_branches
 from tidemark.lake.collapse import IS_DELETE, PreparedBatch, collapse_to_latest, from_key_column
@@ -149,9 +150,11 @@ def feature_actions(state: delta_log.LogState) -> list[dict[str, Any]]:
 
 
 def local_root(uri: str) -> Path | None:
-    """The local directory of *uri*, or None for an object store."""
-    if uri.startswith("file://"):
-        return Path(uri[len("file://"):])
+    """The local directory of *uri* (a path or a ``file://`` URI, percent-decoded), or
+    None for an object store."""
+    parsed = urlparse(uri)
+    if parsed.scheme == "file":
+        return Path(unquote(parsed.path))
     if "://" in uri:
         return None
     return Path(uri)
@@ -195,7 +198,7 @@ def _apply(root: Path, table: DeltaTable, index: KeyIndex, state: delta_log.LogS
     discard_branches(root)
     scratch = root / SCRATCH_DIR / uuid.uuid4().hex
     try:
-        if _needs_rows(batch, spec):
+        if _needs_rows(batch, spec, columns, target_schema):
             replaced, new_files, counts = _merge_with_rows(
                 root, scratch, index, state, batch, spec, columns, target_schema, merge, uri)
         else:
@@ -203,8 +206,10 @@ def _apply(root: Path, table: DeltaTable, index: KeyIndex, state: delta_log.LogS
             new_files = _write_files(scratch, _conform(new_rows, target_schema, spec), spec,
                                      target_schema)
         actions, vectors = _vector_actions(root, index, state, replaced)
+        faults.crash_point("mor_after_vectors", version)
         actions = [*feature_actions(state), *actions]
         added = _move_files(scratch, root, new_files)
+        faults.crash_point("mor_after_files", version)
         now = delta_log.now_ms()
         commit_info: dict[str, Any] = {
             "timestamp": now, "operation": "MERGE",
@@ -214,6 +219,7 @@ def _apply(root: Path, table: DeltaTable, index: KeyIndex, state: delta_log.LogS
                    {"txn": {"appId": app_id, "version": version, "lastUpdated": now}},
                    *actions, *({"add": a} for a in added)]
         delta_log.commit(root, state.version + 1, entries)
+        faults.crash_point("mor_after_commit", version)
     finally:
         shutil.rmtree(scratch, ignore_errors=True)
     table.update_incremental()
@@ -225,11 +231,13 @@ def _apply(root: Path, table: DeltaTable, index: KeyIndex, state: delta_log.LogS
         bytes_written=sum(int(a["size"]) for a in added))
 
 
-def _needs_rows(batch: PreparedBatch, spec: ApplySpec) -> bool:
+def _needs_rows(batch: PreparedBatch, spec: ApplySpec, columns: ResolvedColumns,
+                target: pa.Schema) -> bool:
     """Whether the batch's result depends on the target rows' values, not only on
-    their sequence."""
+    their sequence: SCD2 versions, soft deletes, kept (unsent) values, and target
+    columns the batch does not carry (an update keeps their values)."""
     return bool(spec.stored_as_scd_type != 1 or spec.soft_delete_column is not None
-                or batch.keep_columns)
+                or batch.keep_columns or set(target.names) - set(columns.data))
 
 
 # -- SCD type 1 from the index ------------------------------------------------------------
@@ -311,11 +319,21 @@ def _merge_with_rows(root: Path, scratch: Path, index: KeyIndex, state: delta_lo
 
 def _read_rows(root: Path, index: KeyIndex, state: delta_log.LogState,
                rows: np.ndarray[Any, Any], schema: pa.Schema) -> pa.Table:
-    """The full target rows at the given global row numbers, in *schema*."""
+    """The full target rows at the given global row numbers, in *schema* (partition
+    columns, which the files do not hold, from their add actions)."""
+    partitions = list(state.metadata.get("partitionColumns") or [])
     parts = []
     for path, positions in index.locate(rows).items():
-        parts.append(_conform_columns(_rows_of_file(root / unquote(path), positions),
-                                      schema))
+        found = _rows_of_file(root / unquote(path), positions)
+        values = state.files[path].get("partitionValues") or {}
+        for name in partitions:
+            if name in found.column_names:
+                continue
+            value = values.get(name)
+            kind = schema.field(name).type
+            found = found.append_column(name, pa.nulls(len(found), kind) if value is None
+                                        else pa.array([value] * len(found)).cast(kind))
+        parts.append(_conform_columns(found, schema))
     if not parts:
         return schema.empty_table()
     return pa.concat_tables(parts)

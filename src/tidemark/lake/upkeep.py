@@ -11,6 +11,10 @@ conflicts with a merge; each task runs only when due:
   ``target_file_mb``. A compaction commit changes no data: readers and the app
   transactions that make batches exactly-once are unaffected. Its cost is bounded by the
   small files it rewrites, not the table.
+* **deleted rows** (merge-on-read targets, :mod:`tidemark.lake.vector_compaction`): a
+  file whose deletion vector marks at least ``compact_deleted_fraction`` of its rows is
+  rewritten without them, in its order (up to ``_DELETED_MAX_FILES`` target files' worth a
+  call, the most deleted first);
 * **clustering** (:mod:`tidemark.lake.clustering`): when ``cluster_min_files`` files
   overlap in their range of the first key column and hold more than one and a half
   target files, their rows are rewritten sorted by key, so that later merges, pruned by
@@ -21,7 +25,10 @@ conflicts with a merge; each task runs only when due:
   also bounds time travel) are deleted;
 * **vacuum** every ``vacuum_every_minutes``: data files that no version newer than
   ``vacuum_retention_hours`` references are deleted (the default, 7 days, is Delta's:
-  longer than any reader or time travel should need).
+  longer than any reader or time travel should need), and deletion vector files no
+  version in that time references (delta-rs's full vacuum deletes the live ones too once
+  they are older than the retention, so on a table with deletion vectors it only lists:
+  :func:`tidemark.lake.vector_compaction.vacuum_keeping_vectors`).
 """
 
 from __future__ import annotations
@@ -39,7 +46,11 @@ import pyarrow as pa
 import pyarrow.compute as pc
 from deltalake import DeltaTable
 
+from tidemark.lake import delta_log
 from tidemark.lake.clustering import cluster
+from tidemark.lake.delta_read import has_deletion_vectors_feature
+from tidemark.lake.merge_on_read import local_root
+from tidemark.lake.vector_compaction import compact_deleted, vacuum_keeping_vectors
 
 log = logging.getLogger(__name__)
 
@@ -52,11 +63,16 @@ _CLUSTER_MAX_FILES: Final = 4
 #: overlap again and sorting them would not make the next merge cheaper: this bounds
 #: that waste to a twentieth of the merges' work.
 _CLUSTER_EVERY: Final = 20
+#: The most a rewrite of files with deleted rows takes at a time, in target file sizes:
+#: where updates spread evenly, every file passes the threshold at about the same batch,
+#: and the rewrite is spread over the following batches instead of stalling one.
+_DELETED_MAX_FILES: Final = 4
 #: The tasks that read or list the table's files: at most one of them runs per batch.
-HEAVY_TASKS: Final = frozenset({"compact", "cluster", "vacuum"})
+HEAVY_TASKS: Final = frozenset({"compact_deleted", "compact", "cluster", "vacuum"})
 
 
 Count = Annotated[int, msgspec.Meta(ge=0)]
+Fraction = Annotated[float, msgspec.Meta(ge=0, le=1)]
 
 
 class UpkeepSettings(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
@@ -68,6 +84,9 @@ class UpkeepSettings(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     compact_min_files: Count = 16
     """Compact once this many files are smaller than half of ``target_file_mb``
     (0: never compact)."""
+    compact_deleted_fraction: Fraction = 0.3
+    """Rewrite a file without its deleted rows once its deletion vector marks this
+    fraction of them (merge-on-read targets; 0: never)."""
     cluster_min_files: Count = 2
     """Sort a group of files by key once this many overlap in their key range and hold
     more than one and a half ``target_file_mb`` (0: never); see
@@ -88,7 +107,8 @@ class UpkeepTask:
     """One upkeep task that ran: what it did and how long it took."""
 
     name: str
-    """``compact``, ``cluster``, ``checkpoint``, ``cleanup`` or ``vacuum``."""
+    """``compact_deleted``, ``compact``, ``cluster``, ``checkpoint``, ``cleanup`` or
+    ``vacuum``."""
     detail: str
     seconds: float
 
@@ -104,6 +124,9 @@ class UpkeepState:
     """When vacuum last ran (``time.time()``); the first call of :func:`upkeep` sets it."""
     batches_since_cluster: int = _CLUSTER_EVERY
     """Calls of :func:`upkeep` since clustering last ran (the first may cluster)."""
+    log: delta_log.LogState | None = None
+    """The live files with their deletion vectors, brought up to date from the newer
+    commits at each call (merge-on-read targets only)."""
 
 
 def small_files(table: DeltaTable, settings: UpkeepSettings) -> int:
@@ -146,7 +169,12 @@ def upkeep(table: DeltaTable, settings: UpkeepSettings, state: UpkeepState,
         state.last_vacuum = now
     root = Path(table.table_uri.removeprefix("file://"))
     tasks: list[UpkeepTask] = []
-    if heavy and settings.compact_min_files and small_files(table, settings) >= \
+    if heavy and settings.compact_deleted_fraction and \
+            local_root(table.table_uri) is not None and has_deletion_vectors_feature(table):
+        task = _compact_deleted(table, root, settings, state)
+        if task is not None:
+            tasks.append(task)
+    if heavy and not tasks and settings.compact_min_files and small_files(table, settings) >= \
             settings.compact_min_files:
         started = time.monotonic()
         metrics = table.optimize.compact(target_size=settings.target_file_mb << 20,
@@ -186,15 +214,40 @@ def upkeep(table: DeltaTable, settings: UpkeepSettings, state: UpkeepState,
     if heavy and settings.vacuum_every_minutes and \
             now - state.last_vacuum >= settings.vacuum_every_minutes * 60:
         started = time.monotonic()
-        deleted = table.vacuum(retention_hours=settings.vacuum_retention_hours,
-                               dry_run=False, enforce_retention_duration=False,
-                               full=True)
+        vectors = 0
+        if local_root(table.table_uri) is not None and has_deletion_vectors_feature(table):
+            deleted, vectors = vacuum_keeping_vectors(table, root,
+                                                      settings.vacuum_retention_hours)
+        else:
+            deleted = len(table.vacuum(retention_hours=settings.vacuum_retention_hours,
+                                       dry_run=False, enforce_retention_duration=False,
+                                       full=True))
         state.last_vacuum = now
-        tasks.append(UpkeepTask("vacuum", f"vacuum deleted {len(deleted)} files",
+        tasks.append(UpkeepTask("vacuum", f"vacuum deleted {deleted} files"
+                                + (f" and {vectors} deletion vector files" if vectors else ""),
                                 time.monotonic() - started))
     for task in tasks:
         log.debug("%s: %s", table.table_uri, task)
     return tasks
+
+
+def _compact_deleted(table: DeltaTable, root: Path, settings: UpkeepSettings,
+                     state: UpkeepState) -> UpkeepTask | None:
+    """Rewrite the files with the most deleted rows, if any passes the threshold. A
+    commit by another writer meanwhile skips this round."""
+    started = time.monotonic()
+    state.log = delta_log.read_log(root) if state.log is None else \
+        delta_log.advance(root, state.log)
+    try:
+        done = compact_deleted(root, state.log, settings.compact_deleted_fraction,
+                               _DELETED_MAX_FILES * (settings.target_file_mb << 20))
+    except delta_log.CommitConflictError as err:
+        log.info("%s: rewrite of files with deleted rows skipped: %s", table.table_uri, err)
+        return None
+    if done is None:
+        return None
+    table.update_incremental()
+    return UpkeepTask("compact_deleted", str(done), time.monotonic() - started)
 
 
 def _log_files(root: Path) -> int:

@@ -103,6 +103,7 @@ class BatchApply:
         seen = BatchSeen()
         changes: dict[str, int] = {}
         replayed: list[str] = []
+        merges: list[tuple[str, str]] = []
         try:
             for target in self.config.targets:
                 rows = inputs.pop(target.table)
@@ -116,13 +117,16 @@ class BatchApply:
                 faults.crash_point("between_targets", batch_id)
                 changes[target.table] = 0 if result.already_applied else \
                     seen.rows.get(target.table, 0)
+                if result.merge:
+                    merges.append((target.table, result.merge))
                 if result.already_applied:
                     replayed.append(target.table)
         finally:
             if self._spill_path is not None:
                 spill.remove(self._spill_path)
                 self._spill_path = None
-        self._finish(batch_id, changes, replayed, seen, timings, offset, raw_offset, started)
+        self._finish(batch_id, changes, replayed, seen, timings, offset, raw_offset, started,
+                     merges)
 
     def _process_on_executors(self, batch: DataFrame, batch_id: int,
                               raw_offset: dict[str, Any], offset: SourceOffset | None,
@@ -169,6 +173,7 @@ class BatchApply:
         planned = time.monotonic()
         outcomes = apply_on_executors(batch, work)
         seen = BatchSeen()
+        merges: list[tuple[str, str]] = []
         targets = {t.table: t for t in self.config.targets}
         for item in work:
             outcome = outcomes.get(item.table)
@@ -188,13 +193,16 @@ class BatchApply:
                 replayed.append(item.table)
             else:
                 changes[item.table] = outcome.seen.rows.get(item.table, 0)
+            if outcome.result.merge:
+                merges.append((item.table, outcome.result.merge))
             written.record(targets[item.table])
         split = {t: o.parts for t, o in outcomes.items() if o.parts > 1}
         timings = [f"plan {planned - started:.2f} s",
                    f"executors {time.monotonic() - planned:.2f} s"
                    + (f" ({', '.join(f'{t} in {n} parts' for t, n in split.items())})"
                       if split else "")]
-        self._finish(batch_id, changes, replayed, seen, timings, offset, raw_offset, started)
+        self._finish(batch_id, changes, replayed, seen, timings, offset, raw_offset, started,
+                     merges)
 
     def _apply_parts(self, size: int | None) -> int:
         """How many parts a target's batch may be split into: ``spark.apply_parts``
@@ -211,14 +219,15 @@ class BatchApply:
 
     def _finish(self, batch_id: int, changes: dict[str, int], replayed: list[str],
                 seen: BatchSeen, timings: list[str], offset: SourceOffset | None,
-                raw_offset: dict[str, Any], started: float) -> None:
+                raw_offset: dict[str, Any], started: float,
+                merges: Sequence[tuple[str, str]] = ()) -> None:
         """What follows a batch's writes: the crash point, upkeep, the report."""
         faults.crash_point("after_write", batch_id)
         applied = time.monotonic() - started
         upkeep = self._upkeep([t for t in self.config.targets if changes.get(t.table)])
         report = self._source.report(batch_id, changes, applied, replayed, seen.newest_commit_us,
                               offset, raw_offset)
-        report = dataclasses.replace(report, upkeep=upkeep)
+        report = dataclasses.replace(report, upkeep=upkeep, merges=tuple(merges))
         log.info("batch %d applied: %s", batch_id, changes)
         log.debug("batch %d took %.2f s: %s", batch_id, applied, ", ".join(timings))
         self._metrics.observe(report, 0 if replayed else len(seen.commits))

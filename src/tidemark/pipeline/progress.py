@@ -25,6 +25,9 @@ class BatchReport:
     """Tables whose Delta target already held this batch (a replay after a crash)."""
     snapshot: str = ""
     """Progress of a running snapshot (table, chunks), empty when none runs."""
+    merges: tuple[tuple[str, str], ...] = ()
+    """How each target the batch merged into was merged, as (table, ``copy_on_write`` or
+    ``merge_on_read``); replays and snapshot loads are left out."""
     upkeep: tuple[tuple[str, str, str], ...] = ()
     """Upkeep tasks that ran after the batch, as (table, task, what it did): ``("public.a",
     "checkpoint", "checkpoint at version 40 (0.1 s)")``; see :mod:`tidemark.lake.upkeep`."""
@@ -40,15 +43,18 @@ class BatchReport:
 
 
 def format_report(report: BatchReport) -> str:
-    """``batch 3: public.orders +120, public.customers +4 | 1,830 changes/s | lag 0 B, 0.4 s``"""
+    """``batch 3: public.orders +120, public.customers +4 | 1,830 changes/s | lag 0 B, 0.4 s
+    | merge public.orders merge_on_read, public.customers copy_on_write``"""
     per_table = ", ".join(f"{table} +{count}" for table, count in report.changes.items()
                           if count) or "no changes"
     replay = f" (replayed, skipped: {', '.join(report.replayed)})" if report.replayed else ""
     snapshot = f" | {report.snapshot}" if report.snapshot else ""
+    merges = (" | merge " + ", ".join(f"{table} {how}" for table, how in report.merges)
+              if report.merges else "")
     upkeep = (" | upkeep " + "; ".join(f"{table}: {text}" for table, _, text in report.upkeep)
               if report.upkeep else "")
     return (f"batch {report.batch_id}: {per_table}{replay} | {report.rate:,.0f} changes/s | "
-            f"lag {_bytes(report.lag_bytes)}, {report.lag_seconds:.1f} s{snapshot}{upkeep}")
+            f"lag {_bytes(report.lag_bytes)}, {report.lag_seconds:.1f} s{merges}{snapshot}{upkeep}")
 
 
 def _bytes(count: int) -> str:

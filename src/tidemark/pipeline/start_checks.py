@@ -39,8 +39,21 @@ def check_before_start(config: PipelineConfig, kind: SourceKind) -> None:
         if target.local:
             check_target_directory(target)
         else:
+            check_remote_merge(target)
             reach_target(target)
     check_columns(config.targets, kind.table_columns(config.dsn, list(config.tables)))
+
+
+def check_remote_merge(target: Target) -> None:
+    """Raise ConfigError if the object-store *target* is set to merge on read (its
+    deletion vectors and exclusive commits are written on the local file system only):
+    refused here, not at its first batch."""
+    if target.spec.merge == "merge_on_read":
+        raise ConfigError(f'targets."{target.table}".merge',
+                          f"merge_on_read writes deletion vectors on the local file "
+                          f"system only, and {target.path} is not local: use "
+                          f"\"copy_on_write\" or \"auto\" (which merges it "
+                          f"copy-on-write) for this target")
 
 
 def check_target_directory(target: Target) -> None:

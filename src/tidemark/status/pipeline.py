@@ -16,6 +16,7 @@ pipeline and knows nothing of its configuration's types.
 from __future__ import annotations
 
 import dataclasses
+import json
 from pathlib import Path
 from typing import Any
 
@@ -23,6 +24,8 @@ import pyarrow as pa
 from deltalake import DeltaTable
 from deltalake.exceptions import DeltaError
 
+from tidemark.lake.delta_log import read_log
+from tidemark.lake.delta_read import has_deletion_vectors_feature
 from tidemark.lake.upkeep import last_checkpoint
 from tidemark.lake.written_targets import TargetLostError, WrittenTargets, exists
 from tidemark.run_record import read_record
@@ -44,6 +47,9 @@ class PipelineTarget:
     initial_snapshot: bool
     """The table's existing rows are loaded before its changes (``snapshot =
     "initial"``)."""
+    merge: str = "copy_on_write"
+    """How batches are merged into it (``merge``: ``copy_on_write``, ``merge_on_read``
+    or ``auto``)."""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -96,7 +102,9 @@ def target_section(target: PipelineTarget, checkpoint: str, query_id: str | None
         "table": target.table, "path": target.path,
         "exists": exists(target), "lost": False,
         "delta_version": None, "rows": None, "files": None, "checkpoint_version": None,
-        "app_id": app_id, "last_batch_id": None, "last_commit_at": None, "problem": None}
+        "app_id": app_id, "last_batch_id": None, "last_commit_at": None,
+        "merge": target.merge, "deletion_vector_files": None, "deleted_rows": None,
+        "deleted_fraction": None, "problem": None}
     try:
         WrittenTargets(checkpoint).check((target,))
     except TargetLostError as err:
@@ -113,15 +121,41 @@ def target_section(target: PipelineTarget, checkpoint: str, query_id: str | None
         section["files"] = len(delta.file_uris())
         if target.local:
             section["checkpoint_version"] = last_checkpoint(Path(target.path))
+            if has_deletion_vectors_feature(delta):
+                section.update(_deletions(Path(target.path)))
+                section["rows"] = section.pop("live_rows")
         if app_id is not None:
             section["last_batch_id"] = delta.transaction_version(app_id)
         history = delta.history(1)
         if history:
             section["last_commit_at"] = iso_time(int(history[0]["timestamp"]) / 1000)
-    except (DeltaError, OSError) as err:
+    except (DeltaError, OSError, ValueError) as err:
         section["problem"] = f"cannot read the Delta table {target.path}: {err}"
         problems.append(section["problem"])
     return section
+
+
+def _deletions(root: Path) -> dict[str, Any]:
+    """A local table with deletion vectors: how many of its files have one, how many
+    rows they mark deleted and what fraction of all rows that is, and its live rows,
+    from its log (no data file is read)."""
+    state = read_log(root)
+    vectors = deleted = 0
+    records: int | None = 0
+    for add in state.files.values():
+        dv = add.get("deletionVector")
+        if dv:
+            vectors += 1
+            deleted += int(dv["cardinality"])
+        stats = json.loads(add["stats"]) if add.get("stats") else {}
+        if records is not None and stats.get("numRecords") is not None:
+            records += int(stats["numRecords"])
+        else:
+            records = None
+    return {"deletion_vector_files": vectors, "deleted_rows": deleted,
+            "deleted_fraction": round(deleted / records, 4) if records else
+            (None if records is None else 0.0),
+            "live_rows": None if records is None else records - deleted}
 
 
 def _row_count(delta: DeltaTable) -> int | None:

@@ -35,7 +35,7 @@ from tidemark.status.postgres import (
     slot_lines,
     slot_section,
 )
-from tidemark.status.report import Status, render, table
+from tidemark.status.report import Status, merge_lines, render, table
 from tidemark.status.verify_record import verify_rows, verify_section
 
 
@@ -221,5 +221,5 @@ def render_pipeline(status: Status) -> str:
         body.append(tuple("-" if v is None else str(v) for v in (
             t["table"], t["delta_version"], t["rows"], t["files"], t["checkpoint_version"],
             t["last_batch_id"], t["last_commit_at"], t["path"])))
-    lines = ["targets:", *table(header, body)]
+    lines = ["targets:", *table(header, body), *merge_lines(status["targets"])]
     return render(f"pipeline {status['config']}", rows, status, lines)

@@ -82,4 +82,22 @@ def target_lines(targets: Sequence[dict[str, Any]]) -> list[str]:
         t["table"], "LOST" if t["lost"] else t["delta_version"], t["rows"],
         t["last_batch_id"], t["last_commit_at"], t["path"])) for t in targets]
     return ["targets:", *table(("table", "delta version", "rows", "last batch",
-                                "last commit", "path"), body)]
+                                "last commit", "path"), body), *merge_lines(targets)]
+
+
+def merge_lines(targets: Sequence[dict[str, Any]]) -> list[str]:
+    """How each target is merged, and the rows its deletion vectors hide (merge-on-read
+    targets; a ``merge:`` block, empty when every target is plain copy-on-write)."""
+    lines = []
+    for t in targets:
+        if t.get("merge", "copy_on_write") == "copy_on_write" and \
+                not t.get("deletion_vector_files"):
+            continue
+        text = f"  {t['table']}: {t['merge']}"
+        if t.get("deletion_vector_files") is not None:
+            fraction = t["deleted_fraction"]
+            text += (f", {t['deletion_vector_files']} of {t['files']} files with deletion "
+                     f"vectors, {t['deleted_rows']} rows deleted"
+                     + (f" ({fraction:.1%} of the rows)" if fraction is not None else ""))
+        lines.append(text)
+    return ["merge:", *lines] if lines else []

@@ -1,0 +1,258 @@
+"""Upkeep of a merge-on-read target's deletion vectors: :func:`compact_deleted` and
+:func:`delete_unreferenced_vectors`.
+
+Every merge-on-read batch marks the rows it replaces in deletion vectors, so the files of
+a target updated everywhere hold more and more dead rows that every reader still reads
+and drops. A file whose deleted fraction (its vector's cardinality over its
+``numRecords``) reaches ``compact_deleted_fraction`` is rewritten without its deleted
+rows, in its own row order (a file's key range only shrinks, so a table clustered by key
+stays so), through a scratch table as merge-on-read writes its files
+(:mod:`tidemark.lake.merge_on_read`). One commit removes each (file, vector) and adds its
+rewrite, ``dataChange: false``: readers and the app transactions are unaffected. The
+key index of the writer picks the change up at its next batch (it diffs the live files).
+
+delta-rs's vacuum keeps the vector files live files reference but never deletes the
+others; :func:`delete_unreferenced_vectors` does, once no version newer than the vacuum
+retention can need them.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import shutil
+import time
+import uuid
+from pathlib import Path
+from typing import Any, Final
+from urllib.parse import unquote
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+from deltalake import DeltaTable, Schema, write_deltalake
+
+from tidemark.lake import delta_log
+from tidemark.lake.deletion_vector import DeletionVector, read_vector
+from tidemark.lake.key_index import plain_schema
+from tidemark.lake.merge_on_read import SCRATCH_DIR, _conform_columns, _move_files
+
+#: How a file holding deletion vectors is named (Delta protocol).
+_VECTOR_FILE_GLOB: Final = "deletion_vector_*.bin"
+
+
+@dataclasses.dataclass(frozen=True)
+class VectorCompaction:
+    """What one :func:`compact_deleted` did."""
+
+    files_removed: int
+    files_added: int
+    rows_dropped: int
+    version: int
+
+    def __str__(self) -> str:
+        return (f"rewrote {self.files_removed} files with deleted rows into "
+                f"{self.files_added}, {self.rows_dropped} deleted rows dropped")
+
+
+def deleted_fraction(add: dict[str, Any]) -> float:
+    """The fraction of the rows of the live file *add* (an add action) its deletion
+    vector marks deleted (0 without a vector or record count)."""
+    dv = add.get("deletionVector")
+    if not dv:
+        return 0.0
+    records = _num_records(add)
+    return int(dv["cardinality"]) / records if records else 0.0
+
+
+def _num_records(add: dict[str, Any]) -> int:
+    stats = add.get("stats")
+    if not stats:
+        return 0
+    return int(json.loads(stats).get("numRecords") or 0)
+
+
+def due_files(state: delta_log.LogState, threshold: float,
+              max_bytes: int) -> list[dict[str, Any]]:
+    """The live files whose deleted fraction is at least *threshold*, most deleted
+    first, as many as fit in *max_bytes* (one at least)."""
+    due = sorted((add for add in state.files.values()
+                  if add.get("deletionVector") and deleted_fraction(add) >= threshold),
+                 key=deleted_fraction, reverse=True)
+    chosen: list[dict[str, Any]] = []
+    total = 0
+    for add in due:
+        if chosen and total + int(add["size"]) > max_bytes:
+            break
+        chosen.append(add)
+        total += int(add["size"])
+    return chosen
+
+
+def compact_deleted(root: Path, state: delta_log.LogState, threshold: float,
+                    max_bytes: int) -> VectorCompaction | None:
+    """Rewrite the files of the local table *root* (at *state*, its latest version)
+    whose deleted fraction is at least *threshold* (up to *max_bytes* of them) without
+    their deleted rows, as one commit. None when no file is due. Raises
+    :class:`tidemark.lake.delta_log.CommitConflictError` when another writer committed
+    first (nothing is changed then)."""
+    chosen = due_files(state, threshold, max_bytes)
+    if not chosen:
+        return None
+    schema = _table_schema(state)
+    partitions = list(state.metadata.get("partitionColumns") or [])
+    scratch = root / SCRATCH_DIR / uuid.uuid4().hex
+    added: list[dict[str, Any]] = []
+    dropped = 0
+    try:
+        for add in chosen:
+            rows, deleted = _live_rows(root, add, schema, partitions)
+            dropped += deleted
+            if len(rows):
+                write_deltalake(os.fspath(scratch), rows,
+                                mode="append" if (scratch / "_delta_log").exists() else "error",
+                                partition_by=partitions or None)
+        new_files = list(delta_log.read_log(scratch).files.values()) \
+            if (scratch / "_delta_log").exists() else []
+        added = [{**a, "dataChange": False} for a in _move_files(scratch, root, new_files)]
+        now = delta_log.now_ms()
+        actions: list[dict[str, Any]] = [{"commitInfo": {
+            "timestamp": now, "operation": "OPTIMIZE",
+            "operationParameters": {"reason": "deleted rows",
+                                    "deletedFraction": str(threshold)},
+            "clientVersion": "tidemark"}}]
+        for add in chosen:
+            removal, _ = delta_log.replace_file_actions(add, None, now)
+            removal["remove"]["dataChange"] = False
+            actions.append(removal)
+        actions += [{"add": a} for a in added]
+        try:
+            delta_log.commit(root, state.version + 1, actions)
+        except delta_log.CommitConflictError:
+            for a in added:  # unreferenced: not worth waiting for vacuum
+                (root / unquote(a["path"])).unlink(missing_ok=True)
+            raise
+    finally:
+        shutil.rmtree(scratch, ignore_errors=True)
+    return VectorCompaction(files_removed=len(chosen), files_added=len(added),
+                            rows_dropped=dropped, version=state.version + 1)
+
+
+def _table_schema(state: delta_log.LogState) -> pa.Schema:
+    return plain_schema(pa.schema(Schema.from_json(state.metadata["schemaString"]).to_arrow()))
+
+
+def _live_rows(root: Path, add: dict[str, Any], schema: pa.Schema,
+               partitions: list[str]) -> tuple[pa.Table, int]:
+    """The live rows of the data file *add*, in its order and in *schema* (its
+    partition values as columns); and how many deleted rows were dropped."""
+    rows = pq.read_table(root / unquote(add["path"]))
+    rows = rows.cast(plain_schema(rows.schema))
+    deleted = read_vector(root, DeletionVector.from_json(add["deletionVector"]))
+    keep = np.ones(len(rows), dtype=bool)
+    positions = np.fromiter(deleted, dtype=np.int64, count=len(deleted))
+    keep[positions[positions < len(rows)]] = False
+    rows = rows.filter(pa.array(keep))
+    values = add.get("partitionValues") or {}
+    for name in partitions:
+        field = schema.field(name)
+        value = values.get(name)
+        column = pa.nulls(len(rows), field.type) if value is None else \
+            pa.array([value] * len(rows), pa.string()).cast(field.type)
+        rows = rows.append_column(name, column) if name not in rows.column_names else rows
+    nullable = pa.schema([f.with_nullable(True) for f in schema])
+    return _conform_columns(rows, nullable), len(keep) - int(keep.sum())
+
+
+# -- vacuum ------------------------------------------------------------------------------
+def vacuum_keeping_vectors(table: DeltaTable, root: Path,
+                           retention_hours: int) -> tuple[int, int]:
+    """Vacuum of a local table with deletion vectors: the data files delta-rs's full
+    vacuum would delete, then the vector files :func:`delete_unreferenced_vectors`
+    finds. Returns how many of each were deleted.
+
+    delta-rs's full vacuum (deltalake 1.6.6) deletes every vector file older than the
+    retention, the live ones too (measured: the table is then unreadable), so it only
+    lists here, and its vector files are left out."""
+    listed = table.vacuum(retention_hours=retention_hours, dry_run=True,
+                          enforce_retention_duration=False, full=True)
+    data = {name for name in listed if not _is_vector_file(Path(name).name)}
+    for name in data:
+        path = root / name
+        (path if path.exists() else root / unquote(name)).unlink(missing_ok=True)
+    return len(data), delete_unreferenced_vectors(root, retention_hours)
+
+
+def _is_vector_file(name: str) -> bool:
+    return name.startswith("deletion_vector_") and name.endswith(".bin")
+
+
+def delete_unreferenced_vectors(root: Path, retention_hours: float,
+                                now: float | None = None) -> int:
+    """Delete the deletion vector files in the local table *root* that no version newer
+    than *retention_hours* can reference: referenced by no live file, named by no commit
+    or checkpoint written since, and older than that themselves. Returns how many."""
+    now = time.time() if now is None else now
+    cutoff = now - retention_hours * 3600
+    candidates = [p for p in root.glob(_VECTOR_FILE_GLOB) if _mtime(p) < cutoff]
+    if not candidates:
+        return 0
+    state = delta_log.read_log(root)
+    needed = {path for add in state.files.values()
+              if (path := _vector_file(root, add.get("deletionVector"))) is not None}
+    for entry in (root / "_delta_log").iterdir():
+        if _mtime(entry) < cutoff:
+            continue
+        if entry.name.endswith(".json"):
+            for action in _read_actions(entry):
+                for kind in ("add", "remove"):
+                    if kind in action and (path := _vector_file(
+                            root, action[kind].get("deletionVector"))) is not None:
+                        needed.add(path)
+        elif entry.name.endswith(".parquet"):
+            needed |= _checkpoint_vectors(root, entry)
+    deleted = 0
+    for path in candidates:
+        if path not in needed:
+            path.unlink(missing_ok=True)
+            deleted += 1
+    return deleted
+
+
+def _mtime(path: Path) -> float:
+    try:
+        return path.stat().st_mtime
+    except FileNotFoundError:
+        return float("inf")  # gone meanwhile: neither a candidate nor a reference
+
+
+def _read_actions(path: Path) -> list[dict[str, Any]]:
+    try:
+        with open(path, encoding="utf-8") as source:
+            return [json.loads(line) for line in source if line.strip()]
+    except FileNotFoundError:
+        return []
+
+
+def _vector_file(root: Path, dv: dict[str, Any] | None) -> Path | None:
+    if not dv or dv.get("storageType") == "i":
+        return None
+    try:
+        return DeletionVector.from_json(dv).absolute_path(root)
+    except ValueError:
+        return None
+
+
+def _checkpoint_vectors(root: Path, path: Path) -> set[Path]:
+    """The vector files a checkpoint's adds and removes reference."""
+    found: set[Path] = set()
+    names = pq.read_schema(path).names
+    for kind in ("add", "remove"):
+        if kind not in names:
+            continue
+        for value in pq.read_table(path, columns=[kind]).column(kind).to_pylist():
+            if value is not None and (file := _vector_file(
+                    root, value.get("deletionVector"))) is not None:
+                found.add(file)
+    return found
