@@ -28,7 +28,7 @@ merge-on-read: at most 1.5x from 1M to 10M; a full scan at most 1.3x the compact
 
 Usage: ``uv run --frozen python benchmarks/bench_merge_on_read.py [--rows 1000000
 --rows 10000000] [--batches 20] [--cow-batches N] [--modes merge_on_read,copy_on_write]
-[--scans 5] [--dir /tmp]``
+[--scans 5] [--upkeep] [--dir /tmp]``
 """
 
 from __future__ import annotations
@@ -59,6 +59,7 @@ from tidemark.lake.change_rows import change_rows_schema
 from tidemark.lake.delta_read import live_rows
 from tidemark.lake.delta_writer import load_in_steps
 from tidemark.lake.merge_on_read import TARGETS
+from tidemark.lake.upkeep import UpkeepSettings, UpkeepState, upkeep
 
 TABLE = pa.schema([pa.field("id", pa.int64()), pa.field("name", pa.string()),
                    pa.field("amount", pa.int64())])
@@ -163,6 +164,10 @@ class Run:
     cpu: list[float] = field(default_factory=list)
     written: list[int] = field(default_factory=list)
     picked: list[str] = field(default_factory=list)
+    upkeep: UpkeepState | None = None
+    """With ``--upkeep``: tidemark run's upkeep after each batch, as the pipeline runs it."""
+    upkeep_wall: list[float] = field(default_factory=list)
+    tasks: list[str] = field(default_factory=list)
 
     def apply(self, changes: pa.Table, version: int) -> None:
         before = _files(self.path)
@@ -173,6 +178,12 @@ class Run:
         after = _files(self.path)
         self.written.append(sum(size for p, size in after.items() if p not in before))
         self.picked.append(result.merge)
+        if self.upkeep is not None:
+            started = time.perf_counter()
+            done = upkeep(DeltaTable(str(self.path)), UpkeepSettings(), self.upkeep,
+                          keys=self.spec.keys)
+            self.upkeep_wall.append(time.perf_counter() - started)
+            self.tasks += [task.name for task in done]
 
 
 def _spread(values: list[float], fmt: str = "{:.3f}") -> str:
@@ -275,7 +286,8 @@ def bench_size(work: Path, rows: int, args: argparse.Namespace) -> dict[str, Run
     for mode in modes:
         path = work / f"{mode}-{rows}"
         shutil.copytree(base, path)
-        runs[mode] = Run(path, ApplySpec(keys=("id",), merge=mode))
+        runs[mode] = Run(path, ApplySpec(keys=("id",), merge=mode),
+                         upkeep=UpkeepState() if args.upkeep else None)
     shutil.rmtree(base)
     if "merge_on_read" in runs:
         mor = runs["merge_on_read"]
@@ -311,6 +323,11 @@ def bench_size(work: Path, rows: int, args: argparse.Namespace) -> dict[str, Run
               f"wall s {_spread(run.wall[1:])}, CPU s {_spread(run.cpu[1:])}, "
               f"MB written {_spread(_mb(run.written[1:]), '{:.2f}')}; "
               f"merge {sorted(set(run.picked))}")
+    for mode, run in runs.items():
+        if run.upkeep is not None:
+            counts_by_task = {t: run.tasks.count(t) for t in sorted(set(run.tasks))}
+            print(f"{mode}: upkeep after each batch, wall s {_spread(run.upkeep_wall)}; "
+                  f"tasks run {counts_by_task}")
     for mode, run in runs.items():
         if len(run.wall) > 21:  # merge-on-read's cost follows the files its batches add
             print(f"{mode}: wall s of batches 2..11 {_spread(run.wall[1:11])}, of the last "
@@ -354,6 +371,9 @@ def main() -> None:
     parser.add_argument("--modes", default=",".join(MODES))
     parser.add_argument("--piece", type=int, default=1_000_000)
     parser.add_argument("--scans", type=int, default=5)
+    parser.add_argument("--upkeep", action="store_true",
+                        help="run tidemark run's upkeep (default settings) after each batch, "
+                             "as the pipeline does: compaction, checkpoints, vacuum")
     parser.add_argument("--dir", default=None)
     args = parser.parse_args()
     args.modes = tuple(m for m in args.modes.split(",") if m)
