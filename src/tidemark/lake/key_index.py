@@ -119,6 +119,16 @@ def _positions(vector: BitMap64) -> np.ndarray[Any, np.dtype[np.int64]]:
     return np.frombuffer(vector.to_array(), dtype=np.uint64).astype(np.int64)
 
 
+def _merged(first: tuple[np.ndarray[Any, Any], np.ndarray[Any, Any]],
+            second: tuple[np.ndarray[Any, Any], np.ndarray[Any, Any]]
+            ) -> tuple[np.ndarray[Any, Any], np.ndarray[Any, Any]]:
+    """Two lookup levels (hashes sorted, with their row numbers) as one, sorted."""
+    if not len(first[0]):
+        return second
+    at = np.searchsorted(first[0], second[0], side="right")
+    return np.insert(first[0], at, second[0]), np.insert(first[1], at, second[1])
+
+
 class KeyIndex:
     """The live rows of one Delta table by key (see the module's docstring)."""
 
@@ -210,52 +220,48 @@ class KeyIndex:
             return
         hashes, exact = key_hashes(pa.concat_tables(taken))
         self._exact = self._exact and exact
-        recent_h = np.concatenate([self._recent[0], hashes])
-        recent_r = np.concatenate([self._recent[1], *(r for r in rows if len(r))])
-        order = np.argsort(recent_h, kind="stable")
-        self._recent = (recent_h[order], recent_r[order])
+        numbers = np.concatenate([r for r in rows if len(r)])
+        order = np.argsort(hashes, kind="stable")
+        self._recent = _merged(self._recent, (hashes[order], numbers[order]))
         if len(self._recent[0]) > _RECENT_FRACTION * len(self._base[0]):
             self._merge_levels()
 
     def _merge_levels(self) -> None:
-        """Merge the recent level into the base, without the dead entries of either: a
-        linear merge of two sorted arrays (a sort of the whole would stall a batch)."""
-        base_h, base_r = self._base
-        keep = self._alive[base_r]
-        base_h, base_r = base_h[keep], base_r[keep]
+        """Merge the recent level (without its dead entries) into the base: a linear
+        merge of two sorted arrays. The base's dead entries stay until a rebuild: the
+        lookups skip them, and filtering 10M entries here would stall a batch."""
         recent_h, recent_r = self._recent
         keep = self._alive[recent_r]
-        recent_h, recent_r = recent_h[keep], recent_r[keep]
-        at = np.searchsorted(base_h, recent_h, side="right")
-        self._base = (np.insert(base_h, at, recent_h), np.insert(base_r, at, recent_r))
+        self._base = _merged(self._base, (recent_h[keep], recent_r[keep]))
         self._recent = (np.zeros(0, _U64), np.zeros(0, np.int64))
 
     def _rebuild(self) -> None:
-        """Renumber the live files' rows without the dropped files (their rows were
-        the dead weight) and rebuild the lookup."""
+        """Renumber the live files' rows without the dropped files' (their rows were
+        the dead weight) and drop the dead entries of the lookup: linear in the entries,
+        no hashing or sorting (filtering keeps the order)."""
         files = [f for f in self._order if f is not None]
-        tables, starts, rows = [], [], []
-        alive_parts = []
-        start = 0
-        for entry in files:
-            old = slice(entry.start, entry.start + len(entry.rows))
-            alive_parts.append(self._alive[old])
+        old = np.asarray([f.start for f in files], dtype=np.int64)
+        sizes = np.asarray([len(f.rows) for f in files], dtype=np.int64)
+        new = np.concatenate([[0], np.cumsum(sizes)[:-1]]).astype(np.int64) if files \
+            else np.zeros(0, np.int64)
+        alive = [self._alive[f.start:f.start + len(f.rows)] for f in files]
+
+        def renumbered(level: tuple[np.ndarray[Any, Any], np.ndarray[Any, Any]]
+                       ) -> tuple[np.ndarray[Any, Any], np.ndarray[Any, Any]]:
+            hashes, numbers = level
+            keep = self._alive[numbers]
+            hashes, numbers = hashes[keep], numbers[keep]
+            at = np.searchsorted(old, numbers, side="right") - 1
+            return hashes, numbers - old[at] + new[at]
+
+        self._base = renumbered(self._base)
+        self._recent = renumbered(self._recent)
+        self._alive = np.concatenate(alive) if alive else np.zeros(0, bool)
+        for entry, start in zip(files, new.tolist(), strict=True):
             entry.start = start
-            start += len(entry.rows)
-        self._alive = np.concatenate(alive_parts) if alive_parts else np.zeros(0, bool)
         self._order = list(files)
         self._starts = [f.start for f in files]
-        self._base = (np.zeros(0, _U64), np.zeros(0, np.int64))
-        self._recent = (np.zeros(0, _U64), np.zeros(0, np.int64))
         self._dead = 0
-        for entry in files:
-            tables.append(entry.rows)
-            starts.append(entry.start)
-            span = self._alive[entry.start:entry.start + len(entry.rows)]
-            rows.append(np.flatnonzero(span).astype(np.int64) + entry.start)
-        if tables:
-            self._add_lookup(tables, starts, rows)
-            self._merge_levels()
         log.debug("%s: key index rebuilt (%d rows)", self.root, int(self._alive.sum()))
 
     # -- reading ------------------------------------------------------------------------
