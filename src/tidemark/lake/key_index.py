@@ -40,8 +40,10 @@ log = logging.getLogger(__name__)
 #: _DEAD_MIN of them: small tables are not worth it).
 _DEAD_FRACTION = 0.2
 _DEAD_MIN = 1 << 16
-#: Merge the recent lookup level into the base once it holds this fraction of the base.
-_RECENT_FRACTION = 0.05
+#: Merge the recent lookup level into the base once it holds this fraction of the base
+#: (each batch merges its entries into the recent level, so a bigger one costs a little
+#: every batch; a base merge is a pass over every entry).
+_RECENT_FRACTION = 0.15
 
 _U64 = np.dtype(np.uint64)
 
