@@ -12,7 +12,7 @@ but the table is trusted.
 
 Memory, per million live rows: the key and sequence columns (8 bytes per integer
 column), 17 bytes of lookup (hash, row number, alive flag), and the same again for rows
-deleted or replaced since the last rebuild (done when they are a fifth of the rows).
+deleted or replaced since the last rebuild (done when they are a third of the rows).
 """
 
 from __future__ import annotations
@@ -38,12 +38,12 @@ log = logging.getLogger(__name__)
 
 #: Rebuild the lookup once this fraction of its entries point at dead rows (and at least
 #: _DEAD_MIN of them: small tables are not worth it).
-_DEAD_FRACTION = 0.2
+_DEAD_FRACTION = 0.35
 _DEAD_MIN = 1 << 16
 #: Merge the recent lookup level into the base once it holds this fraction of the base
 #: (each batch merges its entries into the recent level, so a bigger one costs a little
-#: every batch; a base merge is a pass over every entry).
-_RECENT_FRACTION = 0.15
+#: every batch; a base merge is a pass over every entry, which a rebuild also makes).
+_RECENT_FRACTION = 0.5
 
 _U64 = np.dtype(np.uint64)
 
@@ -256,8 +256,9 @@ class KeyIndex:
             at = np.searchsorted(old, numbers, side="right") - 1
             return hashes, numbers - old[at] + new[at]
 
-        self._base = renumbered(self._base)
-        self._recent = renumbered(self._recent)
+        # The pass over every entry merges the levels too.
+        self._base = _merged(renumbered(self._base), renumbered(self._recent))
+        self._recent = (np.zeros(0, _U64), np.zeros(0, np.int64))
         self._alive = np.concatenate(alive) if alive else np.zeros(0, bool)
         for entry, start in zip(files, new.tolist(), strict=True):
             entry.start = start

@@ -177,8 +177,12 @@ def upkeep(table: DeltaTable, settings: UpkeepSettings, state: UpkeepState,
     if heavy and not tasks and settings.compact_min_files and small_files(table, settings) >= \
             settings.compact_min_files:
         started = time.monotonic()
-        metrics = table.optimize.compact(target_size=settings.target_file_mb << 20,
-                                         max_concurrent_tasks=1)
+        # delta-rs rewrites every file under the target size. A merge-on-read table's
+        # batches add small files beside full ones, which the rewrite would copy again
+        # and again (a 1M-row file every 16 batches): only the small files there.
+        target = settings.target_file_mb << (19 if has_deletion_vectors_feature(table)
+                                             else 20)
+        metrics = table.optimize.compact(target_size=target, max_concurrent_tasks=1)
         table.update_incremental()
         tasks.append(UpkeepTask(
             "compact", f"compacted {metrics.get('numFilesRemoved', 0)} files into "
