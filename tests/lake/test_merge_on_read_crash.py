@@ -30,7 +30,7 @@ from lake_helpers import change, rows
 from tidemark import faults
 from tidemark.lake import delta_log
 from tidemark.lake.deletion_vector import DeletionVector
-from tidemark.lake.merge_on_read import SCRATCH_DIR
+from tidemark.lake.mor_rows import SCRATCH_DIR
 
 _CHILD = """
 import json, sys

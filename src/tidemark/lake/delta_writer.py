@@ -48,7 +48,7 @@ from tidemark.lake.high_water import (
     read_high_water,
 )
 from tidemark.lake.merge_choice import merges_on_read
-from tidemark.lake.merge_on_read import merge_on_read
+from tidemark.lake.merge_on_read import merge_on_read, merge_on_read_steps
 from tidemark.lake.spec import ApplySpec, ResolvedColumns
 from tidemark.lake.utc_timestamps import utc_timestamps
 
@@ -217,6 +217,16 @@ def apply_changes_in_steps(target: str | os.PathLike[str], pieces: Iterable[pa.T
     if isinstance(prepared, ApplyResult):
         return prepared
     table, columns, previous_high_water = prepared
+    # SCD2 and soft-delete targets merge a piece's truncate with the rows it closes or
+    # marks, which staging cannot (it would rewrite every row): they take the pieces in
+    # one merge below once they have deletion vectors (a branch cannot carry those).
+    if spec.stored_as_scd_type == 1 and spec.soft_delete_column is None and \
+            merges_on_read(table, prepare_batch(first, spec, columns), spec, uri):
+        # The pieces are let go once staged, the first two too.
+        pending = [first, second]
+        del first, second
+        return _steps_on_read(table, itertools.chain(_taken(pending), chunks), spec, columns,
+                              previous_high_water, app_id, version, uri)
     try:
         branch = Branch(table, f"{app_id}-{version}")
     except BranchUnsupportedError as err:
@@ -251,6 +261,45 @@ def apply_changes_in_steps(target: str | os.PathLike[str], pieces: Iterable[pa.T
     log.info("applied batch %s to %s in %d steps as one commit (version %d)", version, uri,
              steps, delta_version)
     return dataclasses.replace(result, delta_version=delta_version)
+
+
+def _steps_on_read(table: DeltaTable, pieces: Iterator[pa.Table], spec: ApplySpec,
+                   columns: ResolvedColumns, previous_high_water: tuple[Any, ...] | None,
+                   app_id: str, version: int, uri: str) -> ApplyResult:
+    """:func:`apply_changes_in_steps` on a merge-on-read target: each piece staged as
+    deletion vectors and new files, one commit for all (one piece held at a time)."""
+    skipped = 0
+    high_water: tuple[Any, ...] | None = None
+    steps = 0
+
+    def prepared() -> Iterator[PreparedBatch]:
+        nonlocal skipped, high_water, steps
+        for piece in pieces:
+            batch = prepare_batch(piece, spec, columns)
+            if previous_high_water is not None:
+                batch, dropped = drop_applied(batch, spec.sequence_by, previous_high_water)
+                skipped += dropped
+            if len(batch.rows) == 0 and not batch.truncates:
+                continue
+            top = batch_high_water(batch, spec)
+            if high_water is None or top > high_water:
+                high_water = top
+            steps += 1
+            yield batch
+
+    def metadata() -> dict[str, str] | None:
+        return None if high_water is None else \
+            {HIGH_WATER_KEY: encode_high_water(spec, high_water)}
+
+    done = merge_on_read_steps(table, prepared(), spec, columns, app_id=app_id,
+                               version=version, metadata=metadata,
+                               merge=merge_scd1 if spec.stored_as_scd_type == 1 else merge_scd2,
+                               uri=uri)
+    log.info("applied batch %s to %s in %d steps as one commit by deletion vectors "
+             "(version %d)", version, uri, steps, done.version)
+    return ApplyResult(inserted=done.inserted, updated=done.updated, deleted=done.deleted,
+                       skipped=skipped + done.skipped, superseded=done.superseded,
+                       delta_version=done.version, merge="merge_on_read")
 
 
 def _prepare(uri: str, first: pa.Table, spec: ApplySpec, app_id: str, version: int,

@@ -346,6 +346,10 @@ class KeyIndex:
             out[entry.path] = np.sort(rows[where == file_at] - entry.start)
         return out
 
+    def alive_rows(self) -> np.ndarray[Any, np.dtype[np.int64]]:
+        """The global numbers of every live row."""
+        return np.flatnonzero(self._alive).astype(np.int64)
+
     def file_rows(self, path: str) -> int:
         """The physical row count of a live file."""
         return len(self._files[path].rows)

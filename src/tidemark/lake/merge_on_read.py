@@ -4,21 +4,19 @@ Copy-on-write rewrites every file that holds a changed row, which for uniformly 
 updates is every file of the table. Here the rows a batch replaces or deletes are marked
 in deletion vectors on the files that hold them (found through
 :class:`tidemark.lake.key_index.KeyIndex`, without reading the table), and the batch's new
-rows go to new files: the cost follows the batch, not the table. One Delta commit per
-batch carries the vectors, the new files and the app transaction, as a copy-on-write
-merge does (a replayed batch is recognised the same way).
+rows go to new files (:mod:`tidemark.lake.mor_rows`): the cost follows the batch, not the
+table. One Delta commit per batch carries the vectors, the new files and the app
+transaction, as a copy-on-write merge does (a replayed batch is recognised the same way).
 
-SCD type 1 without kept values (the common case) decides everything from the index: a
-change applies when its sequence is after the row's. Everything else (SCD type 2,
-soft deletes, unchanged TOASTed values, primary-key changes that must carry values)
-needs the target's current rows of the batch's keys: they are read by position, merged
-with the batch by the copy-on-write merge in a scratch table, and replace the originals.
-A batch with a truncate is merged copy-on-write (it removes most of the table anyway).
+A batch too big to hold is applied in pieces (:func:`merge_on_read_steps`; SCD type 1
+targets without soft deletes): each piece is staged (vectors and files written, the
+index brought to the staged files) and the last commit carries them all, so readers see
+the whole batch or none of it. A batch with a truncate is merged copy-on-write when whole
+(it removes most of the table anyway); in pieces, a truncate marks every row before it
+through the index.
 
-New files are written by delta-rs into a scratch table inside the target
-(``_tidemark_scratch/``, hidden from readers and vacuum), which gives them delta-rs's
-Parquet settings and statistics, then moved into the target. A crash before the commit
-leaves only unreferenced files, which vacuum deletes; after it, a replay is skipped.
+A crash before the commit leaves only unreferenced files, which vacuum deletes; after it,
+a replay is skipped.
 """
 
 from __future__ import annotations
@@ -28,7 +26,7 @@ import logging
 import os
 import shutil
 import uuid
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
 from typing import Any, Final
 from urllib.parse import unquote, urlparse
@@ -36,26 +34,33 @@ from urllib.parse import unquote, urlparse
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
-import pyarrow.parquet as pq
-from deltalake import CommitProperties, DeltaTable, write_deltalake
+from deltalake import DeltaTable
 from pyroaring import BitMap64
 
 from tidemark import faults
+from tidemark.errors import TidemarkError
 from tidemark.lake import delta_log
 from tidemark.lake.branch import discard_branches
-from tidemark.lake.collapse import IS_DELETE, PreparedBatch, collapse_to_latest, from_key_column
+from tidemark.lake.collapse import PreparedBatch, sequence_after, sequence_before
 from tidemark.lake.deletion_vector import DeletionVector, read_vector, write_vectors
 from tidemark.lake.key_index import KeyIndex, plain_schema
+from tidemark.lake.mor_rows import (
+    SCRATCH_DIR,
+    Counts,
+    MergeFn,
+    conform,
+    merge_with_rows,
+    move_files,
+    needs_rows,
+    plan_scd1,
+    write_files,
+)
 from tidemark.lake.spec import ApplySpec, ResolvedColumns
 
 log = logging.getLogger(__name__)
 
-SCRATCH_DIR = "_tidemark_scratch"
 #: Table property that lets writers add deletion vectors (Delta protocol).
 ENABLE_DVS = "delta.enableDeletionVectors"
-
-MergeFn = Callable[[DeltaTable, PreparedBatch, ApplySpec, ResolvedColumns, CommitProperties,
-                    str], tuple[dict[str, Any], int, int]]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -160,6 +165,32 @@ def local_root(uri: str) -> Path | None:
     return Path(uri)
 
 
+class TruncateInStepsError(TidemarkError):
+    """A truncate inside a batch applied in pieces, on a merge-on-read target whose rows
+    it would have to rewrite (SCD type 2, soft deletes): such batches are merged whole
+    (:func:`tidemark.lake.delta_writer.apply_changes_in_steps`), never staged."""
+
+
+@dataclasses.dataclass
+class _Staged:
+    """A batch's files as they will be once committed: the table's live files at the
+    start (``original``), with the vectors and new files of the pieces staged so far."""
+
+    original: delta_log.LogState
+    files: dict[str, dict[str, Any]]
+    step: int = 0
+    vectors: set[str] = dataclasses.field(default_factory=set)
+    added: set[str] = dataclasses.field(default_factory=set)
+
+    def state(self) -> delta_log.LogState:
+        """The staged files as a log state the key index can be brought to. Its
+        version is not the table's: the index is brought to the table's after the
+        commit."""
+        return delta_log.LogState(version=-2 - self.step, files=self.files,
+                                  protocol=self.original.protocol,
+                                  metadata=self.original.metadata)
+
+
 def merge_on_read(table: DeltaTable, batch: PreparedBatch, spec: ApplySpec,
                   columns: ResolvedColumns, *, app_id: str, version: int,
                   metadata: Mapping[str, str] | None, merge: MergeFn,
@@ -168,264 +199,148 @@ def merge_on_read(table: DeltaTable, batch: PreparedBatch, spec: ApplySpec,
     with deletion vectors, carrying the app transaction ``(app_id, version)`` and the
     commit *metadata*. *merge* is the copy-on-write merge used on the scratch table for
     batches that need the target's rows."""
+    return merge_on_read_steps(table, iter([batch]), spec, columns, app_id=app_id,
+                               version=version, metadata=lambda: metadata, merge=merge,
+                               uri=uri)
+
+
+def merge_on_read_steps(table: DeltaTable, batches: Iterator[PreparedBatch], spec: ApplySpec,
+                        columns: ResolvedColumns, *, app_id: str, version: int,
+                        metadata: Callable[[], Mapping[str, str] | None], merge: MergeFn,
+                        uri: str) -> MergeOnReadResult:
+    """Apply *batches* (the prepared pieces of one batch, in order; one piece at a time
+    in memory) as one commit: see :func:`merge_on_read`. *metadata* gives the commit's
+    metadata once every piece is staged (the high-water mark of all of them). A commit
+    conflict with another writer is an error here (the pieces cannot be read again)."""
     root = local_root(uri)
     assert root is not None, "merge-on-read needs a local target"
-    for attempt in range(3):
-        index, state = TARGETS.current(root, spec)
-        try:
-            result = _apply(root, table, index, state, batch, spec, columns, app_id, version,
-                            metadata, merge, uri)
-        except delta_log.CommitConflictError:
-            # Another writer committed first: start again from the table.
-            TARGETS.forget(root)
-            if attempt == 2:
-                raise
-            log.warning("%s: another writer committed version %d first; retrying the "
-                        "batch", uri, state.version + 1)
-            continue
-        TARGETS.current(root, spec)
-        return result
-    raise AssertionError("unreachable")
-
-
-def _apply(root: Path, table: DeltaTable, index: KeyIndex, state: delta_log.LogState,
-           batch: PreparedBatch, spec: ApplySpec, columns: ResolvedColumns, app_id: str,
-           version: int, metadata: Mapping[str, str] | None, merge: MergeFn,
-           uri: str) -> MergeOnReadResult:
+    index, state = TARGETS.current(root, spec)
     target_schema = plain_schema(pa.schema(table.schema().to_arrow()))
     # A target has one writer: what a crash left in its work folders is not in use.
     shutil.rmtree(root / SCRATCH_DIR, ignore_errors=True)
     discard_branches(root)
-    scratch = root / SCRATCH_DIR / uuid.uuid4().hex
+    work = root / SCRATCH_DIR / uuid.uuid4().hex
+    staged = _Staged(state, dict(state.files))
+    counts = [0, 0, 0, 0, 0]
     try:
-        if _needs_rows(batch, spec, columns, target_schema):
-            replaced, new_files, counts = _merge_with_rows(
-                root, scratch, index, state, batch, spec, columns, target_schema, merge, uri)
-        else:
-            replaced, new_rows, counts = _plan_scd1(index, batch, spec, columns)
-            new_files = _write_files(scratch, _conform(new_rows, target_schema, spec), spec,
-                                     target_schema)
-        actions, vectors = _vector_actions(root, index, state, replaced)
-        faults.crash_point("mor_after_vectors", version)
-        actions = [*feature_actions(state), *actions]
-        added = _move_files(scratch, root, new_files)
-        faults.crash_point("mor_after_files", version)
-        now = delta_log.now_ms()
-        commit_info: dict[str, Any] = {
-            "timestamp": now, "operation": "MERGE",
-            "operationParameters": {"mode": "merge_on_read"},
-            "clientVersion": "tidemark", **(metadata or {})}
-        entries = [{"commitInfo": commit_info},
-                   {"txn": {"appId": app_id, "version": version, "lastUpdated": now}},
-                   *actions, *({"add": a} for a in added)]
-        delta_log.commit(root, state.version + 1, entries)
+        for batch in batches:
+            done = _stage(root, work / str(staged.step), index, staged, batch, spec, columns,
+                          target_schema, merge, uri, version)
+            counts = [a + b for a, b in zip(counts, done, strict=True)]
+        _commit(root, staged, app_id, version, metadata())
         faults.crash_point("mor_after_commit", version)
+    except BaseException:
+        # The index holds the staged files: only the table is to be trusted now.
+        TARGETS.forget(root)
+        raise
     finally:
-        shutil.rmtree(scratch, ignore_errors=True)
+        shutil.rmtree(work, ignore_errors=True)
     table.update_incremental()
+    TARGETS.current(root, spec)
     inserted, updated, deleted, skipped, superseded = counts
     return MergeOnReadResult(
         inserted=inserted, updated=updated, deleted=deleted, skipped=skipped,
-        superseded=superseded,
-        version=state.version + 1, files_added=len(added), vectors=vectors,
-        bytes_written=sum(int(a["size"]) for a in added))
+        superseded=superseded, version=state.version + 1, files_added=len(staged.added),
+        vectors=len(staged.vectors),
+        bytes_written=sum(int(staged.files[p]["size"]) for p in staged.added
+                          if p in staged.files))
 
 
-def _needs_rows(batch: PreparedBatch, spec: ApplySpec, columns: ResolvedColumns,
-                target: pa.Schema) -> bool:
-    """Whether the batch's result depends on the target rows' values, not only on
-    their sequence: SCD2 versions, soft deletes, kept (unsent) values, and target
-    columns the batch does not carry (an update keeps their values)."""
-    return bool(spec.stored_as_scd_type != 1 or spec.soft_delete_column is not None
-                or batch.keep_columns or set(target.names) - set(columns.data))
+def _stage(root: Path, scratch: Path, index: KeyIndex, staged: _Staged, batch: PreparedBatch,
+           spec: ApplySpec, columns: ResolvedColumns, target_schema: pa.Schema,
+           merge: MergeFn, uri: str, version: int) -> Counts:
+    """Stage one piece: its vectors and new files written, the index brought to them."""
+    state = staged.state()
+    truncated = _truncated_rows(index, batch, spec) if batch.truncates else \
+        np.zeros(0, np.int64)
+    if needs_rows(batch, spec, columns, target_schema):
+        replaced, new_files, counts = merge_with_rows(
+            root, scratch, index, state, batch, spec, columns, target_schema, merge, uri)
+    else:
+        if batch.truncates:  # what came before the piece's last truncate is gone anyway
+            batch = batch.with_rows(batch.rows.filter(
+                sequence_after(batch.rows, spec.sequence_by, batch.truncates[-1])))
+        replaced, new_rows, counts = plan_scd1(index, batch, spec, columns)
+        new_files = write_files(scratch, conform(new_rows, target_schema, spec), spec,
+                                target_schema)
+    if len(truncated):
+        counts = (counts[0], counts[1], counts[2] + len(truncated), counts[3], counts[4])
+        replaced = np.concatenate([replaced, truncated])
+    _stage_vectors(root, index, staged, replaced)
+    faults.crash_point("mor_after_vectors", version)
+    for add in move_files(scratch, root, new_files):
+        staged.files[add["path"]] = add
+        staged.added.add(add["path"])
+    faults.crash_point("mor_after_files", version)
+    staged.step += 1
+    index.sync(staged.state())
+    return counts
 
 
-# -- SCD type 1 from the index ------------------------------------------------------------
-def sequence_greater(left: pa.Table, right: pa.Table,
-                     names: tuple[str, ...]) -> np.ndarray[Any, np.dtype[np.bool_]]:
-    """Row by row: whether *left*'s sequence is strictly after *right*'s
-    (lexicographic over *names*)."""
-    result = np.zeros(len(left), dtype=bool)
-    equal = np.ones(len(left), dtype=bool)
-    for name in names:
-        a = left.column(name)
-        b = right.column(name).cast(a.type)
-        greater = np.asarray(pc.fill_null(pc.greater(a, b), False)
-                             .to_numpy(zero_copy_only=False), dtype=bool)
-        same = np.asarray(pc.fill_null(pc.equal(a, b), False)
-                          .to_numpy(zero_copy_only=False), dtype=bool)
-        result |= equal & greater
-        equal &= same
-    return result
+def _truncated_rows(index: KeyIndex, batch: PreparedBatch,
+                    spec: ApplySpec) -> np.ndarray[Any, Any]:
+    """The live rows a piece's last truncate removes (those before it): SCD type 1
+    without soft deletes; the others would rewrite their rows."""
+    if spec.stored_as_scd_type != 1 or spec.soft_delete_column is not None:
+        raise TruncateInStepsError(
+            "a TRUNCATE inside a transaction applied in pieces, on a merge-on-read "
+            f"{'SCD type 2' if spec.stored_as_scd_type != 1 else 'soft-delete'} target, "
+            "would rewrite every row; set merge = \"copy_on_write\" for this target")
+    rows = index.alive_rows()
+    before = sequence_before(index.values(rows, spec.sequence_by), spec.sequence_by,
+                             batch.truncates[-1])
+    mask = np.asarray(pc.fill_null(before, False).to_numpy(zero_copy_only=False), dtype=bool)
+    picked: np.ndarray[Any, Any] = rows[mask]
+    return picked
 
 
-def _plan_scd1(index: KeyIndex, batch: PreparedBatch, spec: ApplySpec,
-               columns: ResolvedColumns
-               ) -> tuple[np.ndarray[Any, Any], pa.Table, tuple[int, int, int, int, int]]:
-    """The rows to mark deleted, the rows to write and the counts (inserted, updated,
-    deleted, skipped, superseded) of an SCD1 batch that needs no target values."""
-    source = collapse_to_latest(batch, spec.keys, spec.sequence_by).rows
-    found = index.lookup(source.select(list(spec.keys)))
-    seq = spec.sequence_by
-    newer = sequence_greater(source.select(list(seq)).take(pa.array(found.probe)),
-                             index.values(found.row, seq), seq) \
-        if len(found.row) else np.zeros(0, dtype=bool)
-    matched = np.zeros(len(source), dtype=bool)
-    matched[found.probe] = True
-    newer_key = np.zeros(len(source), dtype=bool)
-    newer_key[found.probe[newer]] = True
-    is_delete = np.asarray(source.column(IS_DELETE).to_numpy(zero_copy_only=False),
-                           dtype=bool)
-    write = ~is_delete & (~matched | newer_key)
-    replaced = found.row[newer]
-    inserted = int((write & ~matched).sum())
-    updated = int((write & matched).sum())
-    deleted = int(is_delete[found.probe[newer]].sum())
-    skipped = int((~is_delete & matched & ~newer_key).sum())
-    rows = source.filter(pa.array(write)).select(list(columns.data))
-    return replaced, rows, (inserted, updated, deleted, skipped, len(batch.rows) - len(source))
-
-
-# -- batches that need the target's rows --------------------------------------------------
-def _merge_with_rows(root: Path, scratch: Path, index: KeyIndex, state: delta_log.LogState,
-                     batch: PreparedBatch, spec: ApplySpec, columns: ResolvedColumns,
-                     target_schema: pa.Schema, merge: MergeFn, uri: str
-                     ) -> tuple[np.ndarray[Any, Any], list[dict[str, Any]],
-                                tuple[int, int, int, int, int]]:
-    """Merge the batch with the target rows of its keys (and of the keys its primary-key
-    changes left) in a scratch table; the originals are replaced by its result."""
-    keys = batch.rows.select(list(spec.keys))
-    moved = [from_key_column(i) for i in range(len(spec.keys))]
-    if all(name in batch.rows.column_names for name in moved):
-        old = batch.rows.select(moved).rename_columns(list(spec.keys))
-        old = old.filter(pc.is_valid(old.column(0)))
-        keys = pa.concat_tables([keys, old.cast(keys.schema)])
-    found = index.lookup(keys)
-    rows = np.unique(found.row)
-    current = _read_rows(root, index, state, rows, target_schema)
-    DeltaTable.create(os.fspath(scratch), target_schema, mode="error",
-                      partition_by=list(spec.partition_by) or None)
-    if len(current):
-        write_deltalake(os.fspath(scratch), current, mode="append")
-    work = DeltaTable(os.fspath(scratch))
-    metrics, not_applied, superseded = merge(work, batch, spec, columns, CommitProperties(),
-                                             uri)
-    counts = (int(metrics.get("num_target_rows_inserted", 0)),
-              int(metrics.get("num_target_rows_updated", 0)),
-              int(metrics.get("num_target_rows_deleted", 0)), not_applied, superseded)
-    files = list(delta_log.read_log(scratch).files.values())
-    return rows, files, counts
-
-
-def _read_rows(root: Path, index: KeyIndex, state: delta_log.LogState,
-               rows: np.ndarray[Any, Any], schema: pa.Schema) -> pa.Table:
-    """The full target rows at the given global row numbers, in *schema* (partition
-    columns, which the files do not hold, from their add actions)."""
-    partitions = list(state.metadata.get("partitionColumns") or [])
-    parts = []
-    for path, positions in index.locate(rows).items():
-        found = _rows_of_file(root / unquote(path), positions)
-        values = state.files[path].get("partitionValues") or {}
-        for name in partitions:
-            if name in found.column_names:
-                continue
-            value = values.get(name)
-            kind = schema.field(name).type
-            found = found.append_column(name, pa.nulls(len(found), kind) if value is None
-                                        else pa.array([value] * len(found)).cast(kind))
-        parts.append(_conform_columns(found, schema))
-    if not parts:
-        return schema.empty_table()
-    return pa.concat_tables(parts)
-
-
-def _rows_of_file(path: Path, positions: np.ndarray[Any, Any]) -> pa.Table:
-    """The rows at *positions* (sorted) of a Parquet file, reading only the row groups
-    that hold them."""
-    parquet = pq.ParquetFile(path)
-    sizes = [parquet.metadata.row_group(i).num_rows
-             for i in range(parquet.metadata.num_row_groups)]
-    bounds = np.cumsum([0, *sizes])
-    groups = np.unique(np.searchsorted(bounds, positions, side="right") - 1)
-    table = parquet.read_row_groups([int(g) for g in groups])
-    table = table.cast(plain_schema(table.schema))
-    offsets = np.cumsum([0, *(sizes[int(g)] for g in groups)])
-    group_of = np.searchsorted(bounds, positions, side="right") - 1
-    local = positions - bounds[group_of] + offsets[np.searchsorted(groups, group_of)]
-    return table.take(pa.array(local))
-
-
-def _conform_columns(rows: pa.Table, schema: pa.Schema) -> pa.Table:
-    """*rows* with *schema*'s columns in its order and types; absent ones null (a file
-    written before a column was added)."""
-    arrays = []
-    for field in schema:
-        if field.name in rows.column_names:
-            arrays.append(rows.column(field.name).cast(field.type))
-        else:
-            arrays.append(pa.nulls(len(rows), field.type))
-    return pa.Table.from_arrays(arrays, schema=schema)
-
-
-def _conform(rows: pa.Table, schema: pa.Schema, spec: ApplySpec) -> pa.Table:
-    """New rows of an SCD1 batch in the target's schema, sorted by key (so that files
-    stay clustered where the keys allow it)."""
-    rows = rows.sort_by([(k, "ascending") for k in spec.keys])
-    return _conform_columns(rows, pa.schema([f.with_nullable(True) for f in schema]))\
-        .cast(schema)
-
-
-def _write_files(scratch: Path, rows: pa.Table, spec: ApplySpec,
-                 schema: pa.Schema) -> list[dict[str, Any]]:
-    """Write *rows* as new data files (through a scratch table); their add actions."""
-    if not len(rows):
-        return []
-    write_deltalake(os.fspath(scratch), rows, mode="error",
-                    partition_by=list(spec.partition_by) or None)
-    return list(delta_log.read_log(scratch).files.values())
-
-
-def _move_files(scratch: Path, root: Path, adds: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    """Move the scratch table's data files into the target, same relative paths."""
-    moved = []
-    for add in adds:
-        relative = unquote(add["path"])  # the log holds paths URI-encoded
-        destination = root / relative
-        destination.parent.mkdir(parents=True, exist_ok=True)
-        os.replace(scratch / relative, destination)
-        moved.append({**add, "dataChange": True})
-    return moved
-
-
-def _vector_actions(root: Path, index: KeyIndex, state: delta_log.LogState,
-                    replaced: np.ndarray[Any, Any]) -> tuple[list[dict[str, Any]], int]:
-    """The remove/add actions that mark *replaced* rows deleted: each file's vector
-    grown by its rows, or the file removed when none of its rows is left."""
+def _stage_vectors(root: Path, index: KeyIndex, staged: _Staged,
+                   replaced: np.ndarray[Any, Any]) -> None:
+    """Mark *replaced* rows deleted in the staged files: each file's vector grown by its
+    rows, or the file dropped when none of its rows is left."""
     if not len(replaced):
-        return [], 0
-    by_file = index.locate(np.unique(replaced))
+        return
     now = delta_log.now_ms()
-    actions: list[dict[str, Any]] = []
-    growing: list[tuple[dict[str, Any], Any]] = []
-    for path, positions in by_file.items():
-        add = state.files[path]
+    growing: list[tuple[str, BitMap64]] = []
+    for path, positions in index.locate(np.unique(replaced)).items():
+        add = staged.files[path]
         old = add.get("deletionVector")
-        deleted = read_vector(root, DeletionVector.from_json(old)) if old else None
-        bitmap = _bitmap(positions, deleted)
+        bitmap = BitMap64(positions.tolist())
+        if old:
+            bitmap |= read_vector(root, DeletionVector.from_json(old))
         if len(bitmap) >= index.file_rows(path):
-            removal, _ = delta_log.replace_file_actions(add, None, now)
-            actions.append(removal)
+            del staged.files[path]
         else:
-            growing.append((add, bitmap))
-    vectors = write_vectors(root, [bitmap for _, bitmap in growing])
-    for (add, _), vector in zip(growing, vectors, strict=True):
-        removal, addition = delta_log.replace_file_actions(add, vector, now)
-        actions += [removal, addition]
-    return actions, len(growing)
+            growing.append((path, bitmap))
+    for (path, _), vector in zip(growing, write_vectors(root, [b for _, b in growing]),
+                                 strict=True):
+        _, addition = delta_log.replace_file_actions(staged.files[path], vector, now)
+        staged.files[path] = addition["add"]
+        staged.vectors.add(path)
 
 
-def _bitmap(positions: np.ndarray[Any, Any], deleted: Any) -> BitMap64:
-    bitmap = BitMap64(positions.tolist())
-    if deleted is not None:
-        bitmap |= deleted
-    return bitmap
+def _commit(root: Path, staged: _Staged, app_id: str, version: int,
+            metadata: Mapping[str, str] | None) -> None:
+    """Commit the staged files as the table's next version: the original files that
+    changed removed (with the vector they had), their new state and the new files added,
+    the feature upgrade if needed, the app transaction and *metadata*."""
+    original = staged.original
+    now = delta_log.now_ms()
+    actions: list[dict[str, Any]] = [*feature_actions(original)]
+    for path, add in original.files.items():
+        new = staged.files.get(path)
+        if new is add:
+            continue
+        removal, _ = delta_log.replace_file_actions(add, None, now)
+        actions.append(removal)
+        if new is not None:
+            actions.append({"add": new})
+    actions += [{"add": add} for path, add in staged.files.items()
+                if path not in original.files]
+    commit_info: dict[str, Any] = {
+        "timestamp": now, "operation": "MERGE",
+        "operationParameters": {"mode": "merge_on_read"},
+        "clientVersion": "tidemark", **(metadata or {})}
+    delta_log.commit(root, original.version + 1, [
+        {"commitInfo": commit_info},
+        {"txn": {"appId": app_id, "version": version, "lastUpdated": now}}, *actions])

@@ -36,7 +36,7 @@ from deltalake import DeltaTable, Schema, write_deltalake
 from tidemark.lake import delta_log
 from tidemark.lake.deletion_vector import DeletionVector, read_vector
 from tidemark.lake.key_index import plain_schema
-from tidemark.lake.merge_on_read import SCRATCH_DIR, _conform_columns, _move_files
+from tidemark.lake.mor_rows import SCRATCH_DIR, conform_columns, move_files
 
 #: How a file holding deletion vectors is named (Delta protocol).
 _VECTOR_FILE_GLOB: Final = "deletion_vector_*.bin"
@@ -115,7 +115,7 @@ def compact_deleted(root: Path, state: delta_log.LogState, threshold: float,
                                 partition_by=partitions or None)
         new_files = list(delta_log.read_log(scratch).files.values()) \
             if (scratch / "_delta_log").exists() else []
-        added = [{**a, "dataChange": False} for a in _move_files(scratch, root, new_files)]
+        added = [{**a, "dataChange": False} for a in move_files(scratch, root, new_files)]
         now = delta_log.now_ms()
         actions: list[dict[str, Any]] = [{"commitInfo": {
             "timestamp": now, "operation": "OPTIMIZE",
@@ -162,7 +162,7 @@ def _live_rows(root: Path, add: dict[str, Any], schema: pa.Schema,
             pa.array([value] * len(rows), pa.string()).cast(field.type)
         rows = rows.append_column(name, column) if name not in rows.column_names else rows
     nullable = pa.schema([f.with_nullable(True) for f in schema])
-    return _conform_columns(rows, nullable), len(keep) - int(keep.sum())
+    return conform_columns(rows, nullable), len(keep) - int(keep.sum())
 
 
 # -- vacuum ------------------------------------------------------------------------------
