@@ -291,6 +291,9 @@ def replace_file_actions(add: Mapping[str, Any], dv: DeletionVector | None,
                          now: int) -> tuple[dict[str, Any], dict[str, Any]]:
     """The remove of the live file *add* and the add of the same file with *dv*.
 
+    The remove carries no statistics (optional there, and a merge-on-read batch removes
+    and re-adds every file it marks: they were half of each commit's bytes).
+
     The new add keeps path, size, partition values, modification time and the other
     fields of *add*; its stats keep ``numRecords`` (the protocol requires the physical
     count) and say ``"tightBounds": false``, as min/max may now cover deleted rows.
@@ -306,8 +309,6 @@ def replace_file_actions(add: Mapping[str, Any], dv: DeletionVector | None,
     }
     if add.get("deletionVector") is not None:
         remove["deletionVector"] = dict(add["deletionVector"])
-    if add.get("stats") is not None:
-        remove["stats"] = add["stats"]
     new_add = {k: v for k, v in add.items() if k != "deletionVector"}
     new_add["dataChange"] = True
     if dv is not None:

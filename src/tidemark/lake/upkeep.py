@@ -129,10 +129,19 @@ class UpkeepState:
     commits at each call (merge-on-read targets only)."""
 
 
+def compaction_target(table: DeltaTable, settings: UpkeepSettings) -> int:
+    """The file size compaction writes, in bytes: ``target_file_mb``, or half of it on a
+    table with deletion vectors. delta-rs rewrites every file under this size: a
+    merge-on-read table's batches add small files beside full ones, and the full ones
+    would be copied again at every compaction (a 1M-row file every 16 batches)."""
+    return settings.target_file_mb << (19 if has_deletion_vectors_feature(table) else 20)
+
+
 def small_files(table: DeltaTable, settings: UpkeepSettings) -> int:
-    """How many of the table's files are under half of ``target_file_mb``."""
+    """How many of the table's files are under half of the compaction target (see
+    :func:`compaction_target`): what compaction is for."""
     sizes = pa.table(table.get_add_actions(flatten=True)).column("size_bytes")
-    limit = settings.target_file_mb << 19  # half of target_file_mb, in bytes
+    limit = compaction_target(table, settings) // 2
     return int(pc.sum(pc.less(sizes, limit)).as_py() or 0)
 
 
@@ -177,12 +186,8 @@ def upkeep(table: DeltaTable, settings: UpkeepSettings, state: UpkeepState,
     if heavy and not tasks and settings.compact_min_files and small_files(table, settings) >= \
             settings.compact_min_files:
         started = time.monotonic()
-        # delta-rs rewrites every file under the target size. A merge-on-read table's
-        # batches add small files beside full ones, which the rewrite would copy again
-        # and again (a 1M-row file every 16 batches): only the small files there.
-        target = settings.target_file_mb << (19 if has_deletion_vectors_feature(table)
-                                             else 20)
-        metrics = table.optimize.compact(target_size=target, max_concurrent_tasks=1)
+        metrics = table.optimize.compact(target_size=compaction_target(table, settings),
+                                         max_concurrent_tasks=1)
         table.update_incremental()
         tasks.append(UpkeepTask(
             "compact", f"compacted {metrics.get('numFilesRemoved', 0)} files into "
