@@ -115,7 +115,7 @@ def _hash_type(kind: pa.DataType) -> pa.DataType:
     return kind
 
 
-def _positions(vector: BitMap64) -> np.ndarray[Any, np.dtype[np.int64]]:
+def vector_positions(vector: BitMap64) -> np.ndarray[Any, np.dtype[np.int64]]:
     """The row positions of a deletion vector (``to_array``: ~50x faster than a list of a
     large vector's ints, measured)."""
     return np.frombuffer(vector.to_array(), dtype=np.uint64).astype(np.int64)
@@ -187,7 +187,7 @@ class KeyIndex:
             .combine_chunks()
         alive = np.ones(len(rows), dtype=bool)
         if dv is not None:
-            alive[_positions(read_vector(self.root, dv))] = False
+            alive[vector_positions(read_vector(self.root, dv))] = False
         entry = _File(path=path, start=start, rows=rows,
                       dv_id=dv.unique_id if dv is not None else None)
         self._files[path] = entry
@@ -206,7 +206,7 @@ class KeyIndex:
     def _apply_vector(self, entry: _File, dv: DeletionVector | None) -> None:
         # A vector only grows while the file lives (a rewrite makes a new file), so only
         # its rows change: the work follows the vector, not the file's rows.
-        deleted = _positions(read_vector(self.root, dv)) + entry.start if dv is not None \
+        deleted = vector_positions(read_vector(self.root, dv)) + entry.start if dv is not None \
             else np.zeros(0, np.int64)
         self._dead += int(self._alive[deleted].sum())
         self._alive[deleted] = False
@@ -345,6 +345,23 @@ class KeyIndex:
             assert entry is not None
             out[entry.path] = np.sort(rows[where == file_at] - entry.start)
         return out
+
+    def deleted_positions(self, path: str) -> np.ndarray[Any, np.dtype[np.int64]]:
+        """The row positions a live file's deletion vector marks: its dead rows (nothing
+        else kills a row of a file that lives), without reading the vector's file."""
+        entry = self._files[path]
+        span = self._alive[entry.start:entry.start + len(entry.rows)]
+        return np.flatnonzero(~span).astype(np.int64)
+
+    def note_vector(self, path: str, dv: DeletionVector,
+                    positions: np.ndarray[Any, Any]) -> None:
+        """Take the vector *dv* this process just wrote for *path*, which marks
+        *positions*: the next :meth:`sync` finds it applied and does not read it back."""
+        entry = self._files[path]
+        deleted = positions.astype(np.int64) + entry.start
+        self._dead += int(self._alive[deleted].sum())
+        self._alive[deleted] = False
+        entry.dv_id = dv.unique_id
 
     def alive_rows(self) -> np.ndarray[Any, np.dtype[np.int64]]:
         """The global numbers of every live row."""
