@@ -19,10 +19,12 @@ from tidemark.lake.key_index import KeyIndex
 _TEXT = pa.schema([pa.field("name", pa.string())])
 
 
-#: (recent fraction, dead fraction, dead minimum): every batch merges the levels; every
-#: batch rebuilds; nothing is ever merged or rebuilt (dead entries stay in the lookup).
-_TUNINGS = {"merges": (0.01, 0.2, 1 << 40), "rebuilds": (0.01, 0.05, 0),
-            "neither": (1e9, 0.2, 1 << 40)}
+#: (fresh maximum, recent fraction, dead fraction, dead minimum): every batch merges the
+#: levels; every batch rebuilds; every batch merges the fresh level into the recent one,
+#: never into the base; nothing is ever merged or rebuilt (dead entries stay in the
+#: lookup).
+_TUNINGS = {"merges": (0, 0.01, 0.2, 1 << 40), "rebuilds": (0, 0.01, 0.05, 0),
+            "recent": (0, 1e9, 0.2, 1 << 40), "neither": (1 << 40, 1e9, 0.2, 1 << 40)}
 
 
 @pytest.mark.parametrize("tuning", sorted(_TUNINGS))
@@ -30,7 +32,8 @@ _TUNINGS = {"merges": (0.01, 0.2, 1 << 40), "rebuilds": (0.01, 0.05, 0),
 def test_the_index_finds_exactly_the_live_rows_of_each_key(
         tmp_path: Path, keys: tuple[str, ...], tuning: str,
         monkeypatch: pytest.MonkeyPatch) -> None:
-    recent, dead, dead_min = _TUNINGS[tuning]
+    fresh, recent, dead, dead_min = _TUNINGS[tuning]
+    monkeypatch.setattr(key_index, "_FRESH_MAX", fresh)
     monkeypatch.setattr(key_index, "_RECENT_FRACTION", recent)
     monkeypatch.setattr(key_index, "_DEAD_FRACTION", dead)
     monkeypatch.setattr(key_index, "_DEAD_MIN", dead_min)

@@ -44,6 +44,9 @@ _DEAD_MIN = 1 << 16
 #: (each batch merges its entries into the recent level, so a bigger one costs a little
 #: every batch; a base merge is a pass over every entry, which a rebuild also makes).
 _RECENT_FRACTION = 0.5
+#: The newest level takes a batch's entries; it is merged into the recent level past this
+#: many entries, so that a batch copies little (at most 4 MB).
+_FRESH_MAX = 1 << 18
 
 _U64 = np.dtype(np.uint64)
 
@@ -147,6 +150,7 @@ class KeyIndex:
         self._exact = True
         self._base = (np.zeros(0, _U64), np.zeros(0, np.int64))
         self._recent = (np.zeros(0, _U64), np.zeros(0, np.int64))
+        self._fresh = (np.zeros(0, _U64), np.zeros(0, np.int64))
         self._dead = 0
 
     # -- building ------------------------------------------------------------------------
@@ -224,18 +228,28 @@ class KeyIndex:
         self._exact = self._exact and exact
         numbers = np.concatenate([r for r in rows if len(r)])
         order = np.argsort(hashes, kind="stable")
-        self._recent = _merged(self._recent, (hashes[order], numbers[order]))
+        # Three levels, each merged into the next when it outgrows its share, so that a
+        # batch's few entries are merged into a small level (a merge copies the level).
+        self._fresh = _merged(self._fresh, (hashes[order], numbers[order]))
+        if len(self._fresh[0]) > _FRESH_MAX:
+            self._recent = _merged(self._recent, self._without_dead(self._fresh))
+            self._fresh = (np.zeros(0, _U64), np.zeros(0, np.int64))
         if len(self._recent[0]) > _RECENT_FRACTION * len(self._base[0]):
             self._merge_levels()
 
+    def _without_dead(self, level: tuple[np.ndarray[Any, Any], np.ndarray[Any, Any]]
+                      ) -> tuple[np.ndarray[Any, Any], np.ndarray[Any, Any]]:
+        keep = self._alive[level[1]]
+        return level[0][keep], level[1][keep]
+
     def _merge_levels(self) -> None:
-        """Merge the recent level (without its dead entries) into the base: a linear
-        merge of two sorted arrays. The base's dead entries stay until a rebuild: the
+        """Merge the recent levels (without their dead entries) into the base: a linear
+        merge of sorted arrays. The base's dead entries stay until a rebuild: the
         lookups skip them, and filtering 10M entries here would stall a batch."""
-        recent_h, recent_r = self._recent
-        keep = self._alive[recent_r]
-        self._base = _merged(self._base, (recent_h[keep], recent_r[keep]))
+        recent = _merged(self._without_dead(self._recent), self._without_dead(self._fresh))
+        self._base = _merged(self._base, recent)
         self._recent = (np.zeros(0, _U64), np.zeros(0, np.int64))
+        self._fresh = (np.zeros(0, _U64), np.zeros(0, np.int64))
 
     def _rebuild(self) -> None:
         """Renumber the live files' rows without the dropped files' (their rows were
@@ -257,8 +271,10 @@ class KeyIndex:
             return hashes, numbers - old[at] + new[at]
 
         # The pass over every entry merges the levels too.
-        self._base = _merged(renumbered(self._base), renumbered(self._recent))
+        self._base = _merged(renumbered(self._base),
+                             _merged(renumbered(self._recent), renumbered(self._fresh)))
         self._recent = (np.zeros(0, _U64), np.zeros(0, np.int64))
+        self._fresh = (np.zeros(0, _U64), np.zeros(0, np.int64))
         self._alive = np.concatenate(alive) if alive else np.zeros(0, bool)
         for entry, start in zip(files, new.tolist(), strict=True):
             entry.start = start
@@ -281,7 +297,7 @@ class KeyIndex:
         order = np.argsort(hashes, kind="stable").astype(np.int64)
         hashes = hashes[order]
         probes, rows = [], []
-        for level_h, level_r in (self._base, self._recent):
+        for level_h, level_r in (self._base, self._recent, self._fresh):
             if not len(level_h):
                 continue
             left = np.searchsorted(level_h, hashes, side="left")
@@ -378,5 +394,5 @@ class KeyIndex:
     def memory_bytes(self) -> int:
         """What the index holds in memory, in bytes."""
         held = sum(int(f.rows.nbytes) for f in self._files.values())
-        lookup = sum(int(a.nbytes) for a in (*self._base, *self._recent))
+        lookup = sum(int(a.nbytes) for a in (*self._base, *self._recent, *self._fresh))
         return held + int(self._alive.nbytes) + lookup
