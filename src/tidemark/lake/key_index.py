@@ -151,6 +151,7 @@ class KeyIndex:
         self._base = (np.zeros(0, _U64), np.zeros(0, np.int64))
         self._recent = (np.zeros(0, _U64), np.zeros(0, np.int64))
         self._fresh = (np.zeros(0, _U64), np.zeros(0, np.int64))
+        self._vectors: dict[str, BitMap64] = {}
         self._dead = 0
 
     # -- building ------------------------------------------------------------------------
@@ -191,7 +192,9 @@ class KeyIndex:
             .combine_chunks()
         alive = np.ones(len(rows), dtype=bool)
         if dv is not None:
-            alive[vector_positions(read_vector(self.root, dv))] = False
+            vector = read_vector(self.root, dv)
+            self._vectors[path] = vector
+            alive[vector_positions(vector)] = False
         entry = _File(path=path, start=start, rows=rows,
                       dv_id=dv.unique_id if dv is not None else None)
         self._files[path] = entry
@@ -202,6 +205,7 @@ class KeyIndex:
 
     def _drop_file(self, path: str) -> None:
         entry = self._files.pop(path)
+        self._vectors.pop(path, None)
         span = slice(entry.start, entry.start + len(entry.rows))
         self._dead += int(self._alive[span].sum())
         self._alive[span] = False
@@ -210,8 +214,9 @@ class KeyIndex:
     def _apply_vector(self, entry: _File, dv: DeletionVector | None) -> None:
         # A vector only grows while the file lives (a rewrite makes a new file), so only
         # its rows change: the work follows the vector, not the file's rows.
-        deleted = vector_positions(read_vector(self.root, dv)) + entry.start if dv is not None \
-            else np.zeros(0, np.int64)
+        vector = read_vector(self.root, dv) if dv is not None else BitMap64()
+        self._vectors[entry.path] = vector
+        deleted = vector_positions(vector) + entry.start
         self._dead += int(self._alive[deleted].sum())
         self._alive[deleted] = False
         entry.dv_id = dv.unique_id if dv is not None else None
@@ -362,21 +367,22 @@ class KeyIndex:
             out[entry.path] = np.sort(rows[where == file_at] - entry.start)
         return out
 
-    def deleted_positions(self, path: str) -> np.ndarray[Any, np.dtype[np.int64]]:
-        """The row positions a live file's deletion vector marks: its dead rows (nothing
-        else kills a row of a file that lives), without reading the vector's file."""
-        entry = self._files[path]
-        span = self._alive[entry.start:entry.start + len(entry.rows)]
-        return np.flatnonzero(~span).astype(np.int64)
+    def vector(self, path: str) -> BitMap64:
+        """The rows a live file's deletion vector marks (the index keeps each file's
+        vector: with spread changes a batch grows every file's, and reading them from
+        their files grew with the table's files). Not to be changed: copy it."""
+        return self._vectors.get(path) or BitMap64()
 
-    def note_vector(self, path: str, dv: DeletionVector,
-                    positions: np.ndarray[Any, Any]) -> None:
-        """Take the vector *dv* this process just wrote for *path*, which marks
-        *positions*: the next :meth:`sync` finds it applied and does not read it back."""
+    def note_vector(self, path: str, dv: DeletionVector, vector: BitMap64,
+                    added: np.ndarray[Any, Any]) -> None:
+        """Take the vector *dv* (marking *vector*'s rows) this process just wrote for
+        *path*, grown by the positions *added*: the next :meth:`sync` finds it applied
+        and does not read it back."""
         entry = self._files[path]
-        deleted = positions.astype(np.int64) + entry.start
+        deleted = added.astype(np.int64) + entry.start
         self._dead += int(self._alive[deleted].sum())
         self._alive[deleted] = False
+        self._vectors[path] = vector
         entry.dv_id = dv.unique_id
 
     def alive_rows(self) -> np.ndarray[Any, np.dtype[np.int64]]:

@@ -43,7 +43,7 @@ from tidemark.lake import delta_log
 from tidemark.lake.branch import discard_branches
 from tidemark.lake.collapse import PreparedBatch, sequence_after, sequence_before
 from tidemark.lake.deletion_vector import write_vectors
-from tidemark.lake.key_index import KeyIndex, plain_schema, vector_positions
+from tidemark.lake.key_index import KeyIndex, plain_schema
 from tidemark.lake.mor_rows import (
     SCRATCH_DIR,
     Counts,
@@ -298,26 +298,27 @@ def _stage_vectors(root: Path, index: KeyIndex, staged: _Staged,
                    replaced: np.ndarray[Any, Any]) -> None:
     """Mark *replaced* rows deleted in the staged files: each file's vector grown by its
     rows, or the file dropped when none of its rows is left. A file's current vector is
-    the index's dead rows of it (no read of its vector file), and the index takes the
-    new one as written (no read back): with spread changes every batch touches every
-    file, and those reads grew with the table's files."""
+    the index's (no read of its vector file), and the index takes the new one as
+    written (no read back): with spread changes every batch touches every file, and
+    those reads grew with the table's files."""
     if not len(replaced):
         return
     now = delta_log.now_ms()
     growing: list[tuple[str, BitMap64]] = []
+    added: dict[str, np.ndarray[Any, Any]] = {}
     for path, positions in index.locate(np.unique(replaced)).items():
-        bitmap = BitMap64(positions.astype(np.uint64))
-        bitmap |= BitMap64(index.deleted_positions(path).astype(np.uint64))
+        bitmap = index.vector(path) | BitMap64(positions.astype(np.uint64))
         if len(bitmap) >= index.file_rows(path):
             del staged.files[path]
         else:
             growing.append((path, bitmap))
+            added[path] = positions
     for (path, bitmap), vector in zip(growing, write_vectors(root, [b for _, b in growing]),
                                       strict=True):
         _, addition = delta_log.replace_file_actions(staged.files[path], vector, now)
         staged.files[path] = addition["add"]
         staged.vectors.add(path)
-        index.note_vector(path, vector, vector_positions(bitmap))
+        index.note_vector(path, vector, bitmap, added[path])
 
 
 def _commit(root: Path, staged: _Staged, app_id: str, version: int,
