@@ -289,11 +289,6 @@ class KeyIndex:
         log.debug("%s: key index rebuilt (%d rows)", self.root, int(self._alive.sum()))
 
     # -- reading ------------------------------------------------------------------------
-    def _file_at(self, row: int) -> _File:
-        entry = self._order[int(np.searchsorted(self._starts, row, side="right")) - 1]
-        assert entry is not None
-        return entry
-
     def lookup(self, keys: pa.Table) -> Matches:
         """The live rows holding each key of *keys* (columns: the index's keys)."""
         hashes, _ = key_hashes(keys.select(list(self.keys)))
