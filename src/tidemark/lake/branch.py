@@ -63,13 +63,21 @@ def discard_branches(root: Path) -> None:
     shutil.rmtree(root / BRANCHES_DIR, ignore_errors=True)
 
 
-def local_root(table: DeltaTable) -> Path:
-    """The local directory of *table*; raises BranchUnsupportedError for other URIs."""
-    uri = table.table_uri
+def local_directory(uri: str) -> Path | None:
+    """The local directory of the table at *uri* (a path, or a ``file://`` URI
+    percent-decoded), or None for an object store."""
     parsed = urlparse(uri)
     if parsed.scheme in ("", "file"):
         return Path(unquote(parsed.path) if parsed.scheme else uri)
-    raise BranchUnsupportedError(f"{uri} is not on the local file system")
+    return None
+
+
+def local_root(table: DeltaTable) -> Path:
+    """The local directory of *table*; raises BranchUnsupportedError for other URIs."""
+    root = local_directory(table.table_uri)
+    if root is None:
+        raise BranchUnsupportedError(f"{table.table_uri} is not on the local file system")
+    return root
 
 
 class Branch:

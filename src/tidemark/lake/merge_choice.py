@@ -19,8 +19,8 @@ import pyarrow.compute as pc
 from deltalake import DeltaTable
 
 from tidemark.errors import ConfigError
+from tidemark.lake.branch import local_directory
 from tidemark.lake.collapse import PreparedBatch
-from tidemark.lake.merge_on_read import local_root
 from tidemark.lake.spec import ApplySpec
 
 log = logging.getLogger(__name__)
@@ -38,7 +38,7 @@ def merges_on_read(table: DeltaTable, batch: PreparedBatch, spec: ApplySpec,
     batch with a truncate never is."""
     if spec.merge == "copy_on_write" or batch.truncates or not len(batch.rows):
         return False
-    if local_root(uri) is None:
+    if local_directory(uri) is None:
         if spec.merge == "merge_on_read":
             raise ConfigError("merge", f"merge_on_read writes deletion vectors on the local "
                                        f"file system only, and {uri} is not local: use "

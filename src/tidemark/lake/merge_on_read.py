@@ -29,7 +29,6 @@ import uuid
 from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
 from typing import Any, Final
-from urllib.parse import unquote, urlparse
 
 import numpy as np
 import pyarrow as pa
@@ -40,7 +39,7 @@ from pyroaring import BitMap64
 from tidemark import faults
 from tidemark.errors import TidemarkError
 from tidemark.lake import delta_log
-from tidemark.lake.branch import discard_branches
+from tidemark.lake.branch import discard_branches, local_directory
 from tidemark.lake.collapse import PreparedBatch, sequence_after, sequence_before
 from tidemark.lake.deletion_vector import write_vectors
 from tidemark.lake.key_index import KeyIndex, plain_schema
@@ -154,17 +153,6 @@ def feature_actions(state: delta_log.LogState) -> list[dict[str, Any]]:
     return actions
 
 
-def local_root(uri: str) -> Path | None:
-    """The local directory of *uri* (a path or a ``file://`` URI, percent-decoded), or
-    None for an object store."""
-    parsed = urlparse(uri)
-    if parsed.scheme == "file":
-        return Path(unquote(parsed.path))
-    if "://" in uri:
-        return None
-    return Path(uri)
-
-
 class TruncateInStepsError(TidemarkError):
     """A truncate inside a batch applied in pieces, on a merge-on-read target whose rows
     it would have to rewrite (SCD type 2, soft deletes): such batches are merged whole
@@ -212,7 +200,7 @@ def merge_on_read_steps(table: DeltaTable, batches: Iterator[PreparedBatch], spe
     in memory) as one commit: see :func:`merge_on_read`. *metadata* gives the commit's
     metadata once every piece is staged (the high-water mark of all of them). A commit
     conflict with another writer is an error here (the pieces cannot be read again)."""
-    root = local_root(uri)
+    root = local_directory(uri)
     assert root is not None, "merge-on-read needs a local target"
     index, state = TARGETS.current(root, spec)
     target_schema = plain_schema(pa.schema(table.schema().to_arrow()))

@@ -47,9 +47,9 @@ import pyarrow.compute as pc
 from deltalake import DeltaTable
 
 from tidemark.lake import delta_log
+from tidemark.lake.branch import local_directory
 from tidemark.lake.clustering import cluster
 from tidemark.lake.delta_read import has_deletion_vectors_feature
-from tidemark.lake.merge_on_read import local_root
 from tidemark.lake.vector_compaction import compact_deleted, vacuum_keeping_vectors
 
 log = logging.getLogger(__name__)
@@ -180,7 +180,7 @@ def upkeep(table: DeltaTable, settings: UpkeepSettings, state: UpkeepState,
     root = Path(table.table_uri.removeprefix("file://"))
     tasks: list[UpkeepTask] = []
     if heavy and settings.compact_deleted_fraction and \
-            local_root(table.table_uri) is not None and has_deletion_vectors_feature(table):
+            local_directory(table.table_uri) is not None and has_deletion_vectors_feature(table):
         task = _compact_deleted(table, root, settings, state)
         if task is not None:
             tasks.append(task)
@@ -225,7 +225,7 @@ def upkeep(table: DeltaTable, settings: UpkeepSettings, state: UpkeepState,
             now - state.last_vacuum >= settings.vacuum_every_minutes * 60:
         started = time.monotonic()
         vectors = 0
-        if local_root(table.table_uri) is not None and has_deletion_vectors_feature(table):
+        if local_directory(table.table_uri) is not None and has_deletion_vectors_feature(table):
             deleted, vectors = vacuum_keeping_vectors(table, root,
                                                       settings.vacuum_retention_hours)
         else:
