@@ -17,10 +17,13 @@ integers               decimal digits, ``-`` for negatives (``-12``, ``0``)
 boolean                ``t`` or ``f``
 decimal(p, s)          plain notation with exactly *s* fraction digits (``-1.50``,
                        ``0.00``, ``12``); never an exponent; ``-0.00`` is ``0.00``
-float64                the shortest decimal digits that read back as the same double,
-                       as ``[-]0.<digits>e<exponent>`` (1.5 → ``0.15e1``, 100 →
-                       ``0.1e3``, 0.001 → ``0.1e-2``); zero (and -0.0) ``0``; ``nan``,
-                       ``inf``, ``-inf``
+float64                the 16 lower-case hex digits of its IEEE 754 binary64 bits
+                       (1.5 → ``3ff8000000000000``, -0.0 → ``8000000000000000``);
+                       ``NaN`` for every NaN. Exact on every side, unlike a
+                       shortest decimal text: PostgreSQL's (Ryu without its
+                       bounds) and Python's or DuckDB's differ for some doubles
+                       above 2^51 (``6.9830165215099616e+16`` against
+                       ``6.983016521509962e+16``)
 float32                the value widened to float64 (exactly), then as float64
 string                 the text itself
 binary                 lower-case hex of the bytes
@@ -35,15 +38,22 @@ Other target types (structs, maps) have no canonical text: a verify of such a co
 is refused with an error naming it.
 
 **A row's text** is the concatenation of its compared columns' fields, in the order
-the caller gives: a field is ``~`` for NULL, else ``<n>:<text>`` with *n* the text's
-length in characters. The length prefix keeps ``("a", "bc")`` and ``("ab", "c")``
-apart without an escape.
+the caller gives. A field is ``~`` for NULL; otherwise a string is ``<n>:<text>`` with
+*n* the text's length in characters, a list is its text (``[`` … ``]``, which its
+brackets delimit), and any other value is its text followed by ``,``. Knowing the
+columns' types, a row text reads back into its fields without an escape: the length
+prefix keeps ``("a", "bc")`` and ``("ab", "c")`` apart, and no other type's text
+holds a ``,`` or starts with ``~`` or ``]``. (Only strings carry a length: computing
+one costs a database a second evaluation of the value's text, which for most types
+is most of a row's cost.)
 
 **Hashes**: the MD5 of the UTF-8 bytes of a text, its first 15 hex digits read as an
 unsigned integer (60 bits, so a sum of a billion of them fits in a signed 128-bit
 integer and every dialect's exact numeric type). A row's hash is that of its row
-text over all compared columns; its key hash that of the row text of its key columns
-alone (in the key's order).
+text over all compared columns. Its key hash is that of the row text of its key
+columns alone (in the key's order), except for a key of one integer column whose
+value *v* is in [0, 2^60): its key hash is *v* itself, which spares every side an
+MD5 a row and names the key exactly.
 
 **Buckets**: a row belongs to bucket ``key_hash mod n`` of *n* buckets. A bucket's
 checksum is its row count and the exact sum of its rows' hashes. Splitting bucket *b*
@@ -59,6 +69,7 @@ import datetime as dt
 import decimal
 import hashlib
 import math
+import struct
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any, Final, Protocol, runtime_checkable
 
@@ -68,6 +79,10 @@ import pyarrow as pa
 HASH_HEX_DIGITS: Final = 15
 #: The text of a NULL field.
 NULL_FIELD: Final = "~"
+#: What follows the text of a field that is neither a string nor a list.
+FIELD_END: Final = ","
+#: Integer keys below this are their own key hash (see the module docstring).
+INTEGER_KEY_LIMIT: Final = 2**60
 
 _EPOCH_DATE: Final = dt.date(1970, 1, 1)
 _EPOCH: Final = dt.datetime(1970, 1, 1)
@@ -168,21 +183,8 @@ def _is_string_view(target_type: pa.DataType) -> bool:
 def float_text(value: float) -> str:
     """The canonical text of a float64 (see the module docstring)."""
     if math.isnan(value):
-        return "nan"
-    if math.isinf(value):
-        return "inf" if value > 0 else "-inf"
-    if value == 0:
-        return "0"
-    sign = "-" if value < 0 else ""
-    # repr() is the shortest text that reads back as the same double.
-    mantissa, _, exponent_text = repr(abs(value)).partition("e")
-    exponent = int(exponent_text or "0")
-    whole, _, fraction = mantissa.partition(".")
-    digits = (whole + fraction).lstrip("0")
-    # value = 0.<whole><fraction> x 10^(len(whole) + exponent), before stripping zeros
-    point = len(whole) + exponent - (len(whole + fraction) - len((whole + fraction).lstrip("0")))
-    digits = digits.rstrip("0")
-    return f"{sign}0.{digits}e{point}"
+        return "NaN"
+    return struct.pack(">d", value).hex()
 
 
 def decimal_text(value: decimal.Decimal, scale: int) -> str:
@@ -203,8 +205,8 @@ def value_text(value: Any, target_type: pa.DataType) -> str | None:
     if value is None:
         return None
     if pa.types.is_list(target_type) or pa.types.is_large_list(target_type):
-        return "[" + "".join(field(value_text(v, target_type.value_type))
-                             for v in value) + "]"
+        return "[" + "".join(field(value_text(v, target_type.value_type),
+                                   target_type.value_type) for v in value) + "]"
     if pa.types.is_boolean(target_type):
         return "t" if value else "f"
     if pa.types.is_integer(target_type):
@@ -230,19 +232,66 @@ def value_text(value: Any, target_type: pa.DataType) -> str | None:
     raise UnsupportedColumnError(f"no canonical text for target type {target_type}")
 
 
-def field(text: str | None) -> str:
-    """A canonical text as a field of a row text."""
-    return NULL_FIELD if text is None else f"{len(text)}:{text}"
+def is_list(target_type: pa.DataType) -> bool:
+    """True for a list column (its text is ``[`` … ``]``)."""
+    return bool(pa.types.is_list(target_type) or pa.types.is_large_list(target_type))
 
 
-def row_text(texts: Iterable[str | None]) -> str:
-    """The row text of canonical field texts."""
-    return "".join(field(t) for t in texts)
+def is_string(target_type: pa.DataType) -> bool:
+    """True for a string column (its field carries its length)."""
+    return bool(pa.types.is_string(target_type) or pa.types.is_large_string(target_type)
+                or _is_string_view(target_type))
+
+
+def field(text: str | None, target_type: pa.DataType) -> str:
+    """A canonical text of a column of *target_type* as a field of a row text."""
+    if text is None:
+        return NULL_FIELD
+    if is_string(target_type):
+        return f"{len(text)}:{text}"
+    if is_list(target_type):
+        return text
+    return text + FIELD_END
+
+
+def row_text(texts: Iterable[str | None], types: Iterable[pa.DataType]) -> str:
+    """The row text of canonical field texts of columns of *types*."""
+    return "".join(field(t, kind) for t, kind in zip(texts, types, strict=True))
 
 
 def text_hash(text: str) -> int:
     """The 60-bit hash of a row or key text."""
     return int(hashlib.md5(text.encode("utf-8")).hexdigest()[:HASH_HEX_DIGITS], 16)
+
+
+def row_hash(texts: RowTexts, shape: TableShape) -> int:
+    """The hash of a row's canonical fields (all of *shape*'s columns)."""
+    return text_hash(row_text(texts, (c.target_type for c in shape.columns)))
+
+
+def integer_key(shape: TableShape) -> bool:
+    """True if *shape*'s key is one integer column (its values below
+    :data:`INTEGER_KEY_LIMIT` are their own key hash)."""
+    if len(shape.keys) != 1:
+        return False
+    return any(c.name == shape.keys[0] and pa.types.is_integer(c.target_type)
+               for c in shape.columns)
+
+
+def key_types(shape: TableShape) -> tuple[pa.DataType, ...]:
+    """The target types of *shape*'s key columns, in the key's order."""
+    by_name = {c.name: c.target_type for c in shape.columns}
+    return tuple(by_name[k] for k in shape.keys)
+
+
+def key_hash(key_texts: Sequence[str | None], shape: TableShape) -> int:
+    """The key hash of a row whose key columns' canonical texts (in ``shape.keys``'
+    order) are *key_texts*."""
+    if integer_key(shape) and key_texts[0] is not None:
+        value = int(key_texts[0])
+        if 0 <= value < INTEGER_KEY_LIMIT:
+            return value
+    return text_hash(row_text(key_texts, key_types(shape)))
 
 
 def row_texts(row: Mapping[str, Any], shape: TableShape) -> RowTexts:
@@ -251,9 +300,9 @@ def row_texts(row: Mapping[str, Any], shape: TableShape) -> RowTexts:
 
 
 def key_hash_of(texts: RowTexts, shape: TableShape) -> int:
-    """The key hash of a row's canonical fields."""
+    """The key hash of a row's canonical fields (all of *shape*'s columns)."""
     position = {c.name: i for i, c in enumerate(shape.columns)}
-    return text_hash(row_text(texts[position[k]] for k in shape.keys))
+    return key_hash([texts[position[k]] for k in shape.keys], shape)
 
 
 def reference_bucket_sums(rows: Iterable[Mapping[str, Any]], shape: TableShape,
@@ -266,5 +315,5 @@ def reference_bucket_sums(rows: Iterable[Mapping[str, Any]], shape: TableShape,
         bucket = key_hash_of(texts, shape) % buckets
         entry = counts.setdefault(bucket, [0, 0])
         entry[0] += 1
-        entry[1] += text_hash(row_text(texts))
+        entry[1] += row_hash(texts, shape)
     return {b: BucketSum(n, total) for b, (n, total) in counts.items()}

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import contextlib
 import math
+import random
 import struct
 from pathlib import Path
 from typing import Any
@@ -120,12 +121,19 @@ def test_floats_are_laid_out_as_the_reference_does(db: Database) -> None:
     values = ["0", "-0", "1.5", "100", "0.001", "1e20", "1e-7", "123.0", "4.9e-324",
               "2.2250738585072014e-308", "1.7976931348623157e308", "-2.25e100", "NaN",
               "Infinity", "-Infinity", "0.1", "1234567890123456.8", "1e16", "1e15", "1e-5",
-              "123456.789", "-1e-300", "9007199254740993"]
+              "123456.789", "-1e-300", "9007199254740993",
+              # PostgreSQL's shortest digits differ from Python's and DuckDB's here.
+              "6.9830165215099616e+16", "-5.5965926116848736e+16", "5.7818834298070976e+16"]
+    rng = random.Random(38)
+    values += [repr(struct.unpack("<d", struct.pack("<Q", rng.getrandbits(64)))[0])
+               for _ in range(500)]
+    values += [repr(float(rng.randint(-10 ** 17, 10 ** 17))) for _ in range(500)]
+    values = [{"nan": "NaN", "inf": "Infinity", "-inf": "-Infinity"}.get(v, v) for v in values]
     db.execute("CREATE TABLE fl (id bigint PRIMARY KEY, r real, d double precision)")
     db.execute(*(f"INSERT INTO fl VALUES ({i}, "
                  f"'{v if _fits_real(v) else '1'}', '{v}')"
                  for i, v in enumerate(values)),
-               "INSERT INTO fl VALUES (1000, NULL, NULL), (1001, '1e-45', '5e-324')")
+               "INSERT INTO fl VALUES (100000, NULL, NULL), (100001, '1e-45', '5e-324')")
     shape = _floats_shape()
     with contextlib.closing(connect(db.dsn)) as conn:
         conn.autocommit = False

@@ -30,9 +30,8 @@ from tidemark.row_checksum import (
     KeyedRow,
     TableShape,
     UnsupportedColumnError,
-    field,
-    row_text,
-    text_hash,
+    key_hash,
+    row_hash,
     value_text,
 )
 from tidemark.source.logtable import sqlite_install as install
@@ -138,11 +137,11 @@ class SqliteChecksumSide:
         keys = [position[k] for k in shape.keys]
         wanted = None if only is None else frozenset(only)
 
-        def key_hash(*values: Any) -> int:
-            return text_hash(row_text(texts[i](values[i]) for i in keys))
+        def key_hash_of_values(*values: Any) -> int:
+            return key_hash([texts[i](values[i]) for i in keys], shape)
 
-        def row_hash(*values: Any) -> int:
-            return text_hash("".join(field(f(v)) for f, v in zip(texts, values, strict=True)))
+        def row_hash_of_values(*values: Any) -> int:
+            return row_hash(tuple(f(v) for f, v in zip(texts, values, strict=True)), shape)
 
         def kept(key: int) -> bool:
             return key not in excluded and (wanted is None or key % buckets in wanted)
@@ -151,8 +150,9 @@ class SqliteChecksumSide:
             return texts[index](value)
 
         p, conn = self._prefix, self._conn
-        conn.create_function(f"{p}_key", len(texts), key_hash, deterministic=True)
-        conn.create_function(f"{p}_row", len(texts), row_hash, deterministic=True)
+        conn.create_function(f"{p}_key", len(texts), key_hash_of_values, deterministic=True)
+        conn.create_function(f"{p}_row", len(texts), row_hash_of_values,
+                             deterministic=True)
         conn.create_function(f"{p}_kept", 1, kept, deterministic=True)
         conn.create_function(f"{p}_text", 2, column_text, deterministic=True)
         names = ", ".join(install.quote(c.name) for c in shape.columns)

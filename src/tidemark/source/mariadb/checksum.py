@@ -13,9 +13,8 @@ source → target             SQL
 integers, year → integer    ``CAST(c AS SIGNED)`` (bigint unsigned wraps, as stored)
 bit(1) → boolean            ``t`` / ``f``
 decimal → decimal(p, s)     ``CAST(c AS DECIMAL(65, s))``: exactly *s* fraction digits
-double → float64            ``CAST(c AS CHAR)`` is the shortest round-trip text
+double → float64            the hex of its bits, by exact arithmetic (:func:`float_bits`)
 float → float32             the float widened (``CAST(c AS DOUBLE)``), then as a double
-                            (the layout normalised to ``[-]0.<digits>e<exp>`` in SQL)
 date → date                 days since 1970-01-01
 datetime → timestamp        microseconds since 1970-01-01 (wall clock)
 timestamp → timestamp(UTC)  the same, with the session's ``time_zone`` at ``+00:00``
@@ -44,11 +43,15 @@ import pymysql
 from tidemark.event import TableId
 from tidemark.row_checksum import (
     HASH_HEX_DIGITS,
+    INTEGER_KEY_LIMIT,
     BucketSum,
     BucketSums,
     KeyedRow,
     TableShape,
     UnsupportedColumnError,
+    integer_key,
+    is_string,
+    key_types,
 )
 
 _INTEGER_TYPES: Final = frozenset({"tinyint", "smallint", "mediumint", "int", "bigint",
@@ -75,23 +78,25 @@ def _text(expression: str) -> str:
     return f"CAST({expression} AS CHAR CHARACTER SET utf8mb4)"
 
 
-def float_layout(text: str) -> str:
-    """SQL turning MariaDB's shortest text of a double (*text*: ``1e20``, ``0.0000001``,
-    ``-1.5e300``, ``123``) into the canonical ``[-]0.<digits>e<exp>`` (zero: ``0``)."""
-    abs_text = f"TRIM(LEADING '-' FROM {text})"
-    mantissa = f"SUBSTRING_INDEX({abs_text}, 'e', 1)"
-    exponent = (f"IF(LOCATE('e', {abs_text}) > 0, "
-                f"CAST(SUBSTRING_INDEX({abs_text}, 'e', -1) AS SIGNED), 0)")
-    whole = f"SUBSTRING_INDEX({mantissa}, '.', 1)"
-    fraction = f"IF(LOCATE('.', {mantissa}) > 0, SUBSTRING_INDEX({mantissa}, '.', -1), '')"
-    all_digits = f"CONCAT({whole}, {fraction})"
-    significant = f"TRIM(LEADING '0' FROM {all_digits})"
-    # 0.<digits> x 10^point, point counted past the leading zeros dropped
-    point = (f"CAST({exponent} + CHAR_LENGTH({whole}) - (CHAR_LENGTH({all_digits}) - "
-             f"CHAR_LENGTH({significant})) AS SIGNED)")
-    return (f"IF({text} IS NULL, NULL, IF({significant} = '', '0', CONCAT("
-            f"IF(LEFT({text}, 1) = '-', '-', ''), '0.', TRIM(TRAILING '0' FROM "
-            f"{significant}), 'e', {point})))")
+def float_bits(value: str) -> str:
+    """SQL of the canonical text of a DOUBLE expression *value*: the hex of its IEEE 754
+    bits, by exact arithmetic (MariaDB cannot reinterpret a double; its columns hold no
+    NaN or infinity): a normal double |v| = (1 + m / 2^52) * 2^e, a subnormal one
+    m * 2^-1074 (scaled in two steps: 2^1074 is no double). MariaDB stores -0 as 0, so
+    the sign is that of a comparison."""
+    # LOG2 rounds near powers of two (and to 1024 at the largest doubles); MariaDB
+    # refuses a POW beyond the largest double, so the estimate is clamped and
+    # corrected by the quotient, which is exact.
+    e0 = f"LEAST(1023, GREATEST(-1074, FLOOR(LOG2(ABS({value})))))"
+    ratio = f"(ABS({value}) / POW(2, {e0}))"
+    e = f"({e0} - IF({ratio} < 1, 1, 0) + IF({ratio} >= 2, 1, 0))"
+    magnitude = (f"IF({value} = 0, 0, IF({e} < -1022, "
+                 f"CAST(ABS({value}) * POW(2, 537) * POW(2, 537) AS UNSIGNED), "
+                 f"(CAST({e} + 1023 AS UNSIGNED) << 52) "
+                 f"+ CAST((ABS({value}) / POW(2, {e}) - 1) * 4503599627370496 AS UNSIGNED)))")
+    sign = f"IF({value} < 0, 9223372036854775808, 0)"
+    return (f"IF({value} IS NULL, NULL, "
+            f"LOWER(LPAD(HEX({sign} | {magnitude}), 16, '0')))")
 
 
 def _zero_date(q: str, column: SourceColumn, value: str) -> str:
@@ -119,7 +124,7 @@ def value_expression(name: str, column: SourceColumn, target: pa.DataType) -> st
     if pa.types.is_decimal(target):
         return _text(f"CAST({q} AS DECIMAL(65, {target.scale}))")
     if pa.types.is_floating(target):
-        return float_layout(_text(f"CAST({q} AS DOUBLE)"))
+        return float_bits(f"CAST({q} AS DOUBLE)")
     if pa.types.is_date(target) and source == "date":
         return _zero_date(q, column, _text(f"DATEDIFF({q}, '1970-01-01')"))
     if pa.types.is_timestamp(target) and source in ("datetime", "timestamp"):
@@ -133,9 +138,12 @@ def value_expression(name: str, column: SourceColumn, target: pa.DataType) -> st
                                  f"text for a target column of type {target}")
 
 
-def field_expression(expression: str) -> str:
-    """SQL of a canonical text as a row text's field (``~`` or ``<len>:<text>``)."""
-    return f"COALESCE(CONCAT(CHAR_LENGTH({expression}), ':', {expression}), '~')"
+def field_expression(expression: str, target: pa.DataType) -> str:
+    """SQL of a canonical text of a column of Arrow type *target* as a row text's field
+    (``~``, ``<len>:<text>`` for a string, else ``<text>,``)."""
+    if is_string(target):
+        return f"COALESCE(CONCAT(CHAR_LENGTH({expression}), ':', {expression}), '~')"
+    return f"COALESCE(CONCAT({expression}, ','), '~')"
 
 
 def hash_expression(text: str) -> str:
@@ -197,9 +205,15 @@ class MariaDbChecksumSide:
         """SELECT of each row's key hash (``k``) and *values*, filtered."""
         by_name = dict(zip((c.name for c in shape.columns),
                            self._expressions(shape), strict=True))
-        key_text = "CONCAT(" + ", ".join(field_expression(by_name[k])
-                                         for k in shape.keys) + ")"
-        inner = (f"SELECT {hash_expression(key_text)} AS k"
+        key_text = "CONCAT(" + ", ".join(
+            field_expression(by_name[k], kind)
+            for k, kind in zip(shape.keys, key_types(shape), strict=True)) + ")"
+        key_hash = hash_expression(key_text)
+        if integer_key(shape):
+            value = f"CAST({quote(shape.keys[0])} AS SIGNED)"
+            key_hash = (f"IF({value} >= 0 AND {value} < {INTEGER_KEY_LIMIT}, "
+                        f"CAST({value} AS UNSIGNED), {key_hash})")
+        inner = (f"SELECT {key_hash} AS k"
                  + "".join(f", {v}" for v in values) + f" FROM {self._qualified}")
         where = []
         join = ""
@@ -212,7 +226,9 @@ class MariaDbChecksumSide:
         return f"FROM ({inner}) AS r{join}{condition}"
 
     def _row_hash(self, shape: TableShape) -> str:
-        row = "CONCAT(" + ", ".join(field_expression(e) for e in self._expressions(shape)) + ")"
+        row = "CONCAT(" + ", ".join(
+            field_expression(e, c.target_type)
+            for e, c in zip(self._expressions(shape), shape.columns, strict=True)) + ")"
         return f"CAST({hash_expression(row)} AS DECIMAL(65, 0)) AS h"
 
     def _exclude(self, keys: frozenset[int]) -> bool:

@@ -34,7 +34,8 @@ import pymysql
 
 from tidemark.errors import SourceError
 from tidemark.event import UNAVAILABLE, TableId, WireTuple, WireValue
-from tidemark.row_checksum import TableShape, row_text, text_hash, value_text
+from tidemark.row_checksum import TableShape, value_text
+from tidemark.row_checksum import key_hash as texts_key_hash
 from tidemark.source.mariadb import binlog as b
 from tidemark.source.mariadb import client
 from tidemark.source.mariadb.grants import check_grants
@@ -202,7 +203,7 @@ def _key_hasher(table_map: TableMap, shape: TableShape) -> Callable[[WireTuple],
             for k in shape.keys]
 
     def key_hash(image: WireTuple) -> int:
-        return text_hash(row_text(convert(image[i]) for i, convert in plan))
+        return texts_key_hash([convert(image[i]) for i, convert in plan], shape)
 
     return key_hash
 

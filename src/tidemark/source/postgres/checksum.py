@@ -27,12 +27,17 @@ from tidemark.errors import ConfigError
 from tidemark.event import TableId
 from tidemark.postgres_connection import Connection
 from tidemark.row_checksum import (
+    INTEGER_KEY_LIMIT,
     BucketSum,
     BucketSums,
     KeyedRow,
     RowTexts,
     TableShape,
     UnsupportedColumnError,
+    integer_key,
+    is_list,
+    is_string,
+    key_types,
     supported,
 )
 
@@ -76,34 +81,37 @@ def hash_sql(text: sql.Composable, *, utf8: bool = True) -> sql.Composable:
     return sql.SQL("('x' || substr(md5({}), 1, 15))::bit(60)::bigint").format(text)
 
 
-def field_sql(text: sql.Composable) -> sql.Composable:
-    """A canonical text expression (NULL for NULL) as a field of a row text.
-
-    PostgreSQL computes a repeated subexpression again each time, so *text* appears
-    twice, not three times (``IS NULL``, length, text): a NULL text makes the
-    concatenation NULL, hence ``~``."""
-    return sql.SQL("coalesce(length({t})::text || ':' || ({t}), '~')").format(t=text)
+def field_sql(text: sql.Composable, target: pa.DataType) -> sql.Composable:
+    """A canonical text expression (NULL for NULL) of a column of Arrow type *target* as
+    a field of a row text. Only a string's field repeats its text (for its length):
+    PostgreSQL computes a repeated subexpression again each time, and for a string
+    that is the column itself."""
+    if is_string(target):
+        return sql.SQL("coalesce(length({t})::text || ':' || ({t}), '~')").format(t=text)
+    if is_list(target):
+        return sql.SQL("coalesce({}, '~')").format(text)
+    return sql.SQL("coalesce(({}) || ',', '~')").format(text)
 
 
 def _float_sql(value: sql.Composable) -> sql.Composable:
-    """The canonical float64 text of a double expression: its shortest text, re-laid
-    as ``[-]0.<digits>e<exp>`` with string functions (no subquery, so the scan stays
-    parallel). The exponent is the digits before the point (the mantissa's digits
-    without leading zeros, less those after the point) plus the printed exponent; the
-    shortest text is printed four times a row, not ten (PostgreSQL does not reuse a
-    repeated subexpression, and printing a double is most of a row's cost)."""
-    t = sql.SQL("abs({})::text").format(value)
-    mantissa = sql.SQL("split_part({}, 'e', 1)").format(t)
-    raw = sql.SQL("ltrim(replace({}, '.', ''), '0')").format(mantissa)
-    exponent = sql.SQL(
-        "(length({raw}) - length(split_part({m}, '.', 2)) "
-        "+ coalesce(nullif(split_part({t}, 'e', 2), '')::int, 0))").format(
-        raw=raw, m=mantissa, t=t)
-    return sql.SQL(
-        "CASE WHEN {v} = 'NaN'::float8 THEN 'nan' WHEN {v} = 'Infinity'::float8 THEN 'inf' "
-        "WHEN {v} = '-Infinity'::float8 THEN '-inf' WHEN {v} = 0 THEN '0' "
-        "ELSE CASE WHEN {v} < 0 THEN '-' ELSE '' END || '0.' || rtrim({raw}, '0') "
-        "|| 'e' || {exp}::text END").format(v=value, raw=raw, exp=exponent)
+    """The canonical float64 text of a double expression: the hex of its bits."""
+    return sql.SQL("CASE WHEN {v} = 'NaN'::float8 THEN 'NaN' "
+                   "ELSE encode(float8send({v}), 'hex') END").format(v=value)
+
+
+def key_hash_sql(key_texts: Sequence[sql.Composable], shape: TableShape,
+                 key_value: sql.Composable | None, *, utf8: bool) -> sql.Composable:
+    """The key hash of a row as a bigint, from its key columns' canonical texts;
+    *key_value*: the key's value as an int8 expression when the key is one integer
+    column (:func:`tidemark.row_checksum.integer_key`), which is its own hash below
+    2^60."""
+    hashed = hash_sql(sql.SQL(" || ").join(
+        field_sql(t, kind) for t, kind in zip(key_texts, key_types(shape), strict=True)),
+        utf8=utf8)
+    if key_value is None:
+        return hashed
+    return sql.SQL("CASE WHEN {v} >= 0 AND {v} < {limit} THEN {v} ELSE {h} END").format(
+        v=key_value, limit=sql.Literal(INTEGER_KEY_LIMIT), h=hashed)
 
 
 def text_sql(value: sql.Composable, source_type: str, target: pa.DataType, *,
@@ -119,7 +127,7 @@ def text_sql(value: sql.Composable, source_type: str, target: pa.DataType, *,
             "CASE WHEN {v} IS NULL THEN NULL ELSE '[' || coalesce((SELECT string_agg({f}, '' "
             "ORDER BY {o}) FROM unnest({v}) WITH ORDINALITY AS u({e}, {o})), '') || ']' END"
         ).format(v=value, f=field_sql(text_sql(item, element, target.value_type,
-                                               trim_bpchar=trim_bpchar)), e=item,
+                                               trim_bpchar=trim_bpchar), target.value_type), e=item,
                  o=sql.Identifier("o"))
     if pa.types.is_boolean(target):
         return sql.SQL("CASE WHEN {v} THEN 't' WHEN NOT {v} THEN 'f' END").format(v=value)
@@ -207,10 +215,14 @@ class PostgresChecksumSide:
         """``SELECT kh, rh[, texts] FROM table`` over the shape (its rows meeting
         *where*, `` WHERE ...``, if given)."""
         by_name = dict(zip((c.name for c in shape.columns), texts, strict=True))
-        key_text = sql.SQL(" || ").join(field_sql(by_name[k]) for k in shape.keys)
-        row_text = sql.SQL(" || ").join(field_sql(t) for t in texts)
+        key_value = sql.SQL("{}::int8").format(sql.Identifier(shape.keys[0])) \
+            if integer_key(shape) else None
+        row_text = sql.SQL(" || ").join(field_sql(t, c.target_type)
+                                        for t, c in zip(texts, shape.columns, strict=True))
         return sql.SQL("SELECT {kh} AS kh, {rh} AS rh{more} FROM {table}{where}").format(
-            kh=hash_sql(key_text, utf8=self.utf8), rh=hash_sql(row_text, utf8=self.utf8),
+            kh=key_hash_sql([by_name[k] for k in shape.keys], shape, key_value,
+                            utf8=self.utf8),
+            rh=hash_sql(row_text, utf8=self.utf8),
             more=sql.SQL("").join(sql.SQL(", {} AS {}").format(t, sql.Identifier(f"c{i}"))
                                   for i, t in enumerate(texts)),
             table=sql.Identifier(self.table.schema, self.table.table),

@@ -42,7 +42,7 @@ from psycopg import pq, sql
 from tidemark import postgres_connection
 from tidemark.errors import SourceError, SourceUnavailableError
 from tidemark.event import TableId
-from tidemark.row_checksum import RowTexts, TableShape, row_text, text_hash, value_text
+from tidemark.row_checksum import RowTexts, TableShape, key_hash, value_text
 from tidemark.source.postgres import pgoutput
 from tidemark.source.postgres.replication import ReplicationStream
 from tidemark.source.postgres.types import python_parser
@@ -204,7 +204,7 @@ class PostgresVerifySnapshot:
                 continue
             for image in images:
                 if image is not None and (texts := keys(image)) is not None:
-                    found[text_hash(row_text(texts))] = texts
+                    found[key_hash(texts, shape)] = texts
         return found
 
     def _wait_flushed(self) -> None:
