@@ -15,7 +15,7 @@ import pyarrow as pa
 import pytest
 from deltalake import write_deltalake
 
-from tidemark.lake.delta_checksum import DeltaChecksumSide, text_sql
+from tidemark.lake.delta_checksum import DeltaChecksumSide, bits_column, text_sql, with_bits
 from tidemark.row_checksum import (
     ComparedColumn,
     TableShape,
@@ -182,3 +182,31 @@ def test_doubles_of_every_bit_pattern_have_the_references_bits() -> None:
     texts = con.execute(f"SELECT {text_sql('d', pa.float64())} FROM v").fetchall()
     wrong = [(v, t) for v, (t,) in zip(values, texts, strict=True) if t != float_text(v)]
     assert wrong == []
+
+
+def test_double_columns_are_read_as_their_bits(tmp_path: Path) -> None:
+    """A double column reaches DuckDB as its bits (an int64 view of the buffer): every
+    bit pattern, NULLs, a float32 column and a sliced batch keep their texts."""
+    rng = random.Random(39)
+    doubles = [struct.unpack("<d", struct.pack("<Q", rng.getrandbits(64)))[0]
+               for _ in range(5000)]
+    doubles += [float(rng.randint(-10 ** 17, 10 ** 17)) for _ in range(1000)]
+    doubles += [None, float("nan"), float("-inf"), -0.0, 5e-324, 6.9830165215099616e16]
+    singles = [None if d is None else struct.unpack("<f", struct.pack("<f", rng.random()))[0]
+               for d in doubles]
+    table = pa.table({"id": pa.array(range(len(doubles)), pa.int64()),
+                      "d": pa.array(doubles, pa.float64()),
+                      "f": pa.array(singles, pa.float32())})
+    write_deltalake(str(tmp_path), table.slice(3))
+    shape = TableShape((ComparedColumn("id", pa.int64()), ComparedColumn("d", pa.float64()),
+                        ComparedColumn("f", pa.float32())), ("id",))
+    rows = table.slice(3).to_pylist()
+    with DeltaChecksumSide(str(tmp_path)) as side:
+        got = dict(side.bucket_rows(shape, 1, [0]))
+        assert got == {key_hash_of(t, shape): t for t in (row_texts(r, shape) for r in rows)}
+        assert side.bucket_sums(shape, 16) == reference_bucket_sums(rows, shape, 16)
+    sliced = table.to_batches()[0].slice(3)
+    read = with_bits([sliced], shape, table.schema, ["id", "d", "f"]).read_all()
+    assert read.column(bits_column("d")).to_pylist() == [
+        None if d is None else struct.unpack("<q", struct.pack("<d", d))[0]
+        for d in doubles[3:]]
