@@ -27,8 +27,13 @@ row count equals the source's and a last verify exits 0.
 
 The load average is printed with the figures (the machine is shared).
 
+``--merge`` sets the target's merge mode (default ``copy_on_write``): the pipeline's own
+merges share the machine's two cores with verify, and a copy-on-write merge of the
+newest keys rewrites the newest file every batch. The cores the writer, the server and
+the pipeline keep busy before the runs are printed.
+
 Usage: ``uv run python benchmarks/bench_verify.py [--rows 10000000] [--rate 10000]
-[--runs 3]``
+[--runs 3] [--merge copy_on_write|merge_on_read|auto]``
 """
 
 from __future__ import annotations
@@ -83,6 +88,22 @@ def copy(cluster: PostgresCluster, dbname: str) -> tuple[float, float]:
     started = time.perf_counter()
     subprocess.run(psql, env=env, stdout=subprocess.DEVNULL, check=True)
     return time.perf_counter() - started, load
+
+
+def _cpu_times() -> tuple[int, int]:
+    """(busy, total) jiffies of the whole machine since boot (/proc/stat)."""
+    with open("/proc/stat") as stat:
+        fields = [int(v) for v in stat.readline().split()[1:]]
+    idle = fields[3] + fields[4]  # idle, iowait
+    return sum(fields) - idle, sum(fields)
+
+
+def busy_cores(seconds: float) -> float:
+    """How many cores the machine kept busy over the next *seconds* (measured)."""
+    busy0, total0 = _cpu_times()
+    time.sleep(seconds)  # the interval measured
+    busy1, total1 = _cpu_times()
+    return (busy1 - busy0) / max(1, total1 - total0) * (os.cpu_count() or 1)
 
 
 def verify(file: Path) -> VerifyRun:
@@ -183,6 +204,9 @@ def main() -> None:
     parser.add_argument("--rows", type=int, default=10_000_000)
     parser.add_argument("--rate", type=int, default=10_000)
     parser.add_argument("--runs", type=int, default=3)
+    parser.add_argument("--merge", default="copy_on_write",
+                        choices=("copy_on_write", "merge_on_read", "auto"),
+                        help="the target's merge mode (the pipeline's own cost)")
     args = parser.parse_args()
     with PostgresCluster(durable=True) as cluster, tempfile.TemporaryDirectory() as tmp:
         print(f"server: PostgreSQL, {cluster.durability}")
@@ -198,7 +222,8 @@ def main() -> None:
             f'[source]\ndsn = "{dsn}"\nslot = "verify"\npublication = "verify"\n'
             f'[spark]\nmaster = "local[2]"\ncheckpoint = "{work / "chk"}"\n'
             'trigger_interval_ms = 500\nconf = { "spark.ui.enabled" = "false" }\n'
-            f'[targets."public.t10"]\npath = "{lake}"\nkeys = ["id"]\n')
+            f'[targets."public.t10"]\npath = "{lake}"\nkeys = ["id"]\n'
+            f'merge = "{args.merge}"\n')
         log = work / "run.log"
         env = {**os.environ, "PYSPARK_PYTHON": sys.executable}
         with log.open("wb") as out:
@@ -218,7 +243,11 @@ def main() -> None:
             writer = Writer(dsn, args.rows + 1, args.rate, "tail")
             writer.start()
             writing_since = time.perf_counter()
-            print(f"writer: {args.rate:,} changes/s asked, transactions of 100, tail keys")
+            print(f"writer: {args.rate:,} changes/s asked, transactions of 100, tail keys; "
+                  f"target merge = {args.merge}")
+            time.sleep(5)  # the writer and the pipeline settle before the CPU is measured
+            print(f"  before the runs, the writer, the server and the pipeline keep "
+                  f"{busy_cores(10.0):.2f} of the machine's {os.cpu_count()} cores busy")
 
             def check_alive() -> None:
                 if proc.poll() is not None:
