@@ -13,7 +13,6 @@ double's bits come from exact arithmetic, sums are HUGEINT.
 
 from __future__ import annotations
 
-import os
 import threading
 from collections.abc import Iterable, Iterator, Sequence
 from typing import Any, Final
@@ -172,10 +171,7 @@ class DeltaChecksumSide:
         self.scd2 = scd2
         self.soft_delete_column = soft_delete_column
         self._rows = live_rows(self.table)
-        # One thread more than the cores: the source database scans at the same time,
-        # and on a shared machine PostgreSQL's parallel scan (a leader and two workers)
-        # left DuckDB's two threads half its CPU, finishing 10 s after it at 10M rows.
-        self._db = duckdb.connect(config={"threads": (os.cpu_count() or 1) + 1})
+        self._db = duckdb.connect()
         self._lock = threading.Lock()
 
     def close(self) -> None:

@@ -153,6 +153,28 @@ def test_a_geometry_column_keeps_the_charsets_of_later_columns(mdb: MariaDatabas
     assert after["name"] == "caf\u00e9" and after["data"] == "/wD+AQ=="
 
 
+def test_latin1_bytes_stream_as_a_select_reads_them(mdb: MariaDatabase) -> None:
+    """MariaDB's latin1 is cp1252 (0x80 is the euro sign, 0x81 a control character):
+    every byte of a latin1 value decodes from the binlog to the text a SELECT returns
+    (issue 38 found 0x80-0x9F read as ISO-8859-1)."""
+    mdb.execute("CREATE TABLE l1 (id INT PRIMARY KEY, v VARCHAR(4) CHARACTER SET latin1, "
+                "t TEXT CHARACTER SET latin1)")
+    _, offset = capture(_config(mdb, snapshot_mode="no_data"))
+    mdb.execute(*(f"INSERT INTO l1 VALUES ({b}, x'{b:02x}41', x'41{b:02x}')"
+                  for b in range(1, 256)))
+    streamed = {row["after"]["id"]: row["after"]
+                for row in values(capture(_config(mdb), offset)[0])}
+    conn = mdb.server.connect(mdb.name)
+    try:
+        with conn.cursor() as cur:
+            cur.execute("SELECT id, v, t FROM l1")
+            selected = {int(i): {"id": int(i), "v": v, "t": t} for i, v, t in cur.fetchall()}
+    finally:
+        conn.close()
+    assert selected[0x80]["v"] == "\u20acA" and selected[0x81]["v"] == "\x81A"
+    assert streamed == selected
+
+
 def test_initial_only_does_nothing_more_once_taken(mdb: MariaDatabase) -> None:
     mdb.execute("CREATE TABLE t (id INT PRIMARY KEY)", "INSERT INTO t VALUES (1)")
     records, offset = capture(_config(mdb, snapshot_mode="initial_only"))

@@ -26,6 +26,7 @@ from pymysql.charset import charset_by_id
 from tidemark.errors import DecodeError
 from tidemark.event import WireValue
 from tidemark.source.mariadb import binlog as b
+from tidemark.source.mariadb import latin1
 from tidemark.source.mariadb.table_map import TableColumn
 
 log = logging.getLogger(__name__)
@@ -287,7 +288,7 @@ def column_codec(column: TableColumn) -> str | None:
     if encoding in ("utf8", "utf8mb4", "utf8mb3"):
         return "utf-8"
     if encoding == "cp1252":
-        return "latin-1"  # MariaDB's latin1 holds every byte; cp1252 leaves five out
+        return latin1.NAME  # cp1252 where it defines a byte, the byte's code point else
     try:
         codecs.lookup(encoding)
     except LookupError:
