@@ -178,7 +178,11 @@ def _finish_fill(table: DeltaTable, spec: ApplySpec) -> None:
     """Give the existing rows the value of columns added by the latest commit, if that
     commit says so and the fill is not done yet (it is the latest commit then: a merge
     always follows the fill)."""
-    (latest,) = table.history(1) or ({},)
+    # history(1) of a table object behind the log (another writer committed since it
+    # was read) lists the newer commits too: the one wanted is the object's own.
+    version = table.version()
+    latest = next((entry for entry in table.history(1) if entry.get("version") == version),
+                  {})
     pending = latest.get(FILL_KEY)
     if pending is None:
         return

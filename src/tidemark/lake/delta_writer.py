@@ -22,6 +22,7 @@ from typing import Any, Literal
 import pyarrow as pa
 import pyarrow.compute as pc
 from deltalake import CommitProperties, DeltaTable, Transaction, write_deltalake
+from deltalake.exceptions import CommitFailedError
 
 from tidemark.errors import ConfigError
 from tidemark.lake import change_rows as cr
@@ -33,6 +34,7 @@ from tidemark.lake.collapse import (
     prepare_batch,
     sequence_after,
 )
+from tidemark.lake.delta_log import CommitConflictError
 from tidemark.lake.delta_merge import merge_scd1, merge_scd2
 from tidemark.lake.delta_target import (
     NewColumnValues,
@@ -53,6 +55,10 @@ from tidemark.lake.spec import ApplySpec, ResolvedColumns
 from tidemark.lake.utc_timestamps import utc_timestamps
 
 log = logging.getLogger(__name__)
+
+#: How many times a batch is applied again when another writer (an OPTIMIZE, a manual
+#: fix, another tool) committed to the target between its read and its commit.
+COMMIT_CONFLICT_RETRIES = 5
 
 
 @dataclasses.dataclass(frozen=True)
@@ -123,10 +129,35 @@ def apply_changes(target: str | os.PathLike[str], changes: pa.Table, spec: Apply
     table: ``"replace"`` makes them the table's whole content (a table's first chunk),
     ``"append"`` adds them (its later chunks, whose keys no earlier chunk holds). The
     batch is then written, not merged. SCD type 1 only; an SCD2 target merges anyway.
+
+    When another writer commits to the table between this batch's read and its commit
+    (delta-rs's ``CommitFailedError``), the batch is applied again on the new version,
+    up to :data:`COMMIT_CONFLICT_RETRIES` times.
     """
     _check_arguments(changes, app_id, version)
     changes = utc_timestamps(changes)
     uri = os.fspath(target)
+    for attempt in range(1, COMMIT_CONFLICT_RETRIES + 2):
+        try:
+            return _apply_once(uri, changes, spec, app_id, version, storage_options,
+                               new_column_values, snapshot_load)
+        except (CommitFailedError, CommitConflictError) as err:
+            if attempt > COMMIT_CONFLICT_RETRIES:
+                raise
+            # Nothing of the batch was committed (and were it, the app transaction
+            # would make the next attempt skip it): read the table again, apply again.
+            log.warning("another writer committed to %s while batch %s of %s was being "
+                        "applied (%s): applying it again on the new version (%d/%d)",
+                        uri, version, app_id, str(err).splitlines()[0], attempt,
+                        COMMIT_CONFLICT_RETRIES)
+    raise AssertionError("unreachable")  # the loop returns or raises
+
+
+def _apply_once(uri: str, changes: pa.Table, spec: ApplySpec, app_id: str, version: int,
+                storage_options: dict[str, str] | None,
+                new_column_values: NewColumnValues | None,
+                snapshot_load: SnapshotLoad | None) -> ApplyResult:
+    """One attempt of :func:`apply_changes`, on the table's latest version."""
     columns = spec.resolve(changes.schema)
     table = open_target(uri, storage_options)
     if table is not None and holds(table, app_id, version, uri):
