@@ -14,7 +14,7 @@ import pytest
 from deltalake import DeltaTable
 
 from lake_helpers import change, read, rows
-from tidemark.lake import ApplySpec, apply_changes, delta_log, delta_writer
+from tidemark.lake import ApplySpec, apply_changes, commit_conflicts, delta_log, delta_writer
 
 SPEC = ApplySpec(keys=("id",))
 
@@ -71,7 +71,7 @@ def test_a_batch_raced_by_a_delete_is_applied_again_once(
     batch = rows(change("u", 30, 1, id=5, name="v1", body="x"),
                  change("c", 30, 2, id=500, name="v1", body="x"),
                  change("d", 30, 3, id=7))
-    with caplog.at_level(logging.WARNING, "tidemark.lake.delta_writer"):
+    with caplog.at_level(logging.WARNING, "tidemark.lake.commit_conflicts"):
         result = apply_changes(tmp_path, batch, SPEC, app_id="q", version=2)
     assert len(attempts) == 2, "the first attempt must have met the other commit"
     assert "another writer committed" in caplog.text
@@ -95,5 +95,5 @@ def test_a_writer_that_always_wins_fails_the_batch_naming_it(
     with pytest.raises(Exception, match=r"(?i)concurrent|conflict|another writer"):
         apply_changes(tmp_path, rows(change("u", 30, 1, id=5, name="v1", body="x")), SPEC,
                       app_id="q", version=2)
-    assert len(attempts) == delta_writer.COMMIT_CONFLICT_RETRIES + 1
+    assert len(attempts) == commit_conflicts.COMMIT_CONFLICT_RETRIES + 1
     assert _app_transactions(tmp_path, 2) == 0

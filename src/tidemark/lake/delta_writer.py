@@ -22,10 +22,9 @@ from typing import Any, Literal
 import pyarrow as pa
 import pyarrow.compute as pc
 from deltalake import CommitProperties, DeltaTable, Transaction, write_deltalake
-from deltalake.exceptions import CommitFailedError
 
 from tidemark.errors import ConfigError
-from tidemark.lake import change_rows as cr
+from tidemark.lake.batch_pieces import taken, whole_key_changes, whole_versions
 from tidemark.lake.branch import Branch, BranchUnsupportedError
 from tidemark.lake.collapse import (
     IS_DELETE,
@@ -34,7 +33,7 @@ from tidemark.lake.collapse import (
     prepare_batch,
     sequence_after,
 )
-from tidemark.lake.delta_log import CommitConflictError
+from tidemark.lake.commit_conflicts import despite_other_writers
 from tidemark.lake.delta_merge import merge_scd1, merge_scd2
 from tidemark.lake.delta_target import (
     NewColumnValues,
@@ -55,10 +54,6 @@ from tidemark.lake.spec import ApplySpec, ResolvedColumns
 from tidemark.lake.utc_timestamps import utc_timestamps
 
 log = logging.getLogger(__name__)
-
-#: How many times a batch is applied again when another writer (an OPTIMIZE, a manual
-#: fix, another tool) committed to the target between its read and its commit.
-COMMIT_CONFLICT_RETRIES = 5
 
 
 @dataclasses.dataclass(frozen=True)
@@ -132,25 +127,14 @@ def apply_changes(target: str | os.PathLike[str], changes: pa.Table, spec: Apply
 
     When another writer commits to the table between this batch's read and its commit
     (delta-rs's ``CommitFailedError``), the batch is applied again on the new version,
-    up to :data:`COMMIT_CONFLICT_RETRIES` times.
+    up to ``COMMIT_CONFLICT_RETRIES`` times (:mod:`tidemark.lake.commit_conflicts`).
     """
     _check_arguments(changes, app_id, version)
     changes = utc_timestamps(changes)
     uri = os.fspath(target)
-    for attempt in range(1, COMMIT_CONFLICT_RETRIES + 2):
-        try:
-            return _apply_once(uri, changes, spec, app_id, version, storage_options,
-                               new_column_values, snapshot_load)
-        except (CommitFailedError, CommitConflictError) as err:
-            if attempt > COMMIT_CONFLICT_RETRIES:
-                raise
-            # Nothing of the batch was committed (and were it, the app transaction
-            # would make the next attempt skip it): read the table again, apply again.
-            log.warning("another writer committed to %s while batch %s of %s was being "
-                        "applied (%s): applying it again on the new version (%d/%d)",
-                        uri, version, app_id, str(err).splitlines()[0], attempt,
-                        COMMIT_CONFLICT_RETRIES)
-    raise AssertionError("unreachable")  # the loop returns or raises
+    return despite_other_writers(
+        lambda: _apply_once(uri, changes, spec, app_id, version, storage_options,
+                            new_column_values, snapshot_load), uri, app_id, version)
 
 
 def _apply_once(uri: str, changes: pa.Table, spec: ApplySpec, app_id: str, version: int,
@@ -233,7 +217,7 @@ def apply_changes_in_steps(target: str | os.PathLike[str], pieces: Iterable[pa.T
     if spec.stored_as_scd_type == 2:
         chunks = iter(whole_versions(chunks, spec.version_column))
     else:
-        chunks = iter(_whole_key_changes(chunks))
+        chunks = iter(whole_key_changes(chunks))
     first = next(chunks, None)
     if first is None:
         return ApplyResult()
@@ -256,7 +240,7 @@ def apply_changes_in_steps(target: str | os.PathLike[str], pieces: Iterable[pa.T
         # The pieces are let go once staged, the first two too.
         pending = [first, second]
         del first, second
-        return _steps_on_read(table, itertools.chain(_taken(pending), chunks), spec, columns,
+        return _steps_on_read(table, itertools.chain(taken(pending), chunks), spec, columns,
                               previous_high_water, app_id, version, uri)
     try:
         branch = Branch(table, f"{app_id}-{version}")
@@ -272,7 +256,7 @@ def apply_changes_in_steps(target: str | os.PathLike[str], pieces: Iterable[pa.T
     held = [first, second]
     del first, second
     try:
-        for piece in itertools.chain(_taken(held), chunks):
+        for piece in itertools.chain(taken(held), chunks):
             applied, top = apply_step(branch.table, piece, spec, columns,
                                        previous_high_water, uri)
             result += applied
@@ -378,7 +362,7 @@ def load_in_steps(target: str | os.PathLike[str], pieces: Iterable[pa.Table],
                              storage_options=storage_options,
                              new_column_values=new_column_values, snapshot_load=how)
     if spec.stored_as_scd_type != 1:
-        return apply_changes_in_steps(target, itertools.chain(_taken([first, second]), chunks),
+        return apply_changes_in_steps(target, itertools.chain(taken([first, second]), chunks),
                                       spec, app_id=app_id, version=version,
                                       storage_options=storage_options,
                                       new_column_values=new_column_values)
@@ -401,7 +385,7 @@ def load_in_steps(target: str | os.PathLike[str], pieces: Iterable[pa.Table],
     held = [first, second]
     del first, second
     try:
-        for piece in itertools.chain(_taken(held), chunks):
+        for piece in itertools.chain(taken(held), chunks):
             batch = prepare_batch(piece, spec, columns)
             skipped = 0
             if previous_high_water is not None:
@@ -428,12 +412,6 @@ def load_in_steps(target: str | os.PathLike[str], pieces: Iterable[pa.Table],
     return dataclasses.replace(result, delta_version=delta_version)
 
 
-def _taken(pieces: list[pa.Table]) -> Iterator[pa.Table]:
-    """The items of *pieces*, each removed from the list as it is handed out."""
-    while pieces:
-        yield pieces.pop(0)
-
-
 def holds(table: DeltaTable, app_id: str, version: int, uri: str) -> bool:
     """Whether *table* already holds batch *version* of *app_id* (a replay)."""
     done = table.transaction_version(app_id)
@@ -442,39 +420,6 @@ def holds(table: DeltaTable, app_id: str, version: int, uri: str) -> bool:
                  version, app_id, uri, done)
         return True
     return False
-
-
-def whole_versions(pieces: Iterable[pa.Table], column: str) -> Iterable[pa.Table]:
-    """*pieces* cut again so that no value of *column* (in commit order, so its rows are
-    contiguous) spans two pieces: each piece's last value moves on to the next."""
-    carry: pa.Table | None = None
-    for piece in pieces:
-        rows = piece if carry is None else pa.concat_tables([carry, piece])
-        if not len(rows):
-            continue
-        values = rows.column(column)
-        tail = pc.index(values, values[-1]).as_py()
-        if tail > 0:
-            yield rows.slice(0, tail)
-        carry = rows.slice(tail)
-    if carry is not None and len(carry):
-        yield carry
-
-
-def _whole_key_changes(pieces: Iterable[pa.Table]) -> Iterable[pa.Table]:
-    """*pieces* cut again so that a primary-key change (a delete, then an insert at the
-    same position) is never split: a piece's last row, when a delete, moves on to the
-    next piece, whose insert may need the values of the key it deleted."""
-    carry: pa.Table | None = None
-    for piece in pieces:
-        rows = piece if carry is None else pa.concat_tables([carry, piece])
-        carry = None
-        if len(rows) and cr.OP in rows.column_names and rows.column(cr.OP)[-1].as_py() == "d":
-            rows, carry = rows.slice(0, len(rows) - 1), rows.slice(len(rows) - 1)
-        if len(rows):
-            yield rows
-    if carry is not None:
-        yield carry
 
 
 def apply_step(table: DeltaTable, changes: pa.Table, spec: ApplySpec,

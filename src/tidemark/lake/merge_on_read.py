@@ -275,6 +275,8 @@ def _truncated_rows(index: KeyIndex, batch: PreparedBatch,
             f"{'SCD type 2' if spec.stored_as_scd_type != 1 else 'soft-delete'} target, "
             "would rewrite every row; set merge = \"copy_on_write\" for this target")
     rows = index.alive_rows()
+    if not len(rows):  # an empty table (maybe no file at all): nothing to remove
+        return rows
     before = sequence_before(index.values(rows, spec.sequence_by), spec.sequence_by,
                              batch.truncates[-1])
     mask = np.asarray(pc.fill_null(before, False).to_numpy(zero_copy_only=False), dtype=bool)

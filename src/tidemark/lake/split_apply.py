@@ -35,6 +35,7 @@ import pyarrow.compute as pc
 from deltalake import CommitProperties, DeltaTable, Transaction
 
 from tidemark.lake import change_rows as cr
+from tidemark.lake.batch_pieces import whole_versions
 from tidemark.lake.branch import (
     Branch,
     BranchUnsupportedError,
@@ -52,7 +53,6 @@ from tidemark.lake.delta_writer import (
     apply_changes_in_steps,
     apply_step,
     holds,
-    whole_versions,
 )
 from tidemark.lake.high_water import HIGH_WATER_KEY, encode_high_water, read_high_water
 from tidemark.lake.spec import ApplySpec
