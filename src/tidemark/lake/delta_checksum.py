@@ -77,13 +77,13 @@ def exponent_sql(value: str) -> str:
             f"+ CASE WHEN pow(2, {e0} + 1) <= abs({value}) THEN 1 ELSE 0 END END")
 
 
-def _float_sql(value: str, exponent: str | None = None) -> str:
-    """The canonical float64 text of a DOUBLE expression *value*: the hex of its IEEE
-    754 bits, built by exact arithmetic (DuckDB cannot reinterpret a double's bits):
-    a normal double |v| = (1 + m / 2^52) * 2^e, a subnormal one m * 2^-1074 (scaled in
-    two steps: 2^1074 is no double). *exponent*: :func:`exponent_sql` of *value*,
-    computed a level below (default: inline)."""
-    e = exponent or f"({exponent_sql(value)})"
+def _float_sql(value: str) -> str:
+    """The canonical float64 text of a DOUBLE expression *value* (a list's element; a
+    column is read as its bits, :func:`with_bits`): the hex of its IEEE 754 bits, built
+    by exact arithmetic (DuckDB cannot reinterpret a double's bits): a normal double
+    |v| = (1 + m / 2^52) * 2^e, a subnormal one m * 2^-1074 (scaled in two steps:
+    2^1074 is no double)."""
+    e = f"({exponent_sql(value)})"
     magnitude = (
         f"CASE WHEN isinf({value}) THEN 9218868437227405312 WHEN {value} = 0 THEN 0 "
         f"WHEN {e} < -1022 THEN CAST(abs({value}) * pow(2, 537) * pow(2, 537) AS BIGINT) "
