@@ -51,8 +51,12 @@ SESSION_SETTINGS: Final = (("DateStyle", "ISO, MDY"), ("TimeZone", "UTC"),
 #: Planner settings of the snapshot transaction (local to it): the bucket sums group by
 #: an expression whose distinct values PostgreSQL cannot estimate (it guesses one per
 #: row), so it sorts every row (spilling to disk) for a GroupAggregate; the buckets are
-#: at most 65,536, which a HashAggregate keeps in memory without sorting anything.
-PLANNER_SETTINGS: Final = (("enable_sort", "off"), ("work_mem", "64MB"))
+#: at most 65,536, which a HashAggregate keeps in memory without sorting anything. With
+#: one group a row guessed, a parallel plan looks no cheaper either: free parallel
+#: start-up and tuples make the planner split the scan among its workers (measured at
+#: 2M rows: 1.35 s instead of 2.7 s on 2 cores).
+PLANNER_SETTINGS: Final = (("enable_sort", "off"), ("work_mem", "64MB"),
+                           ("parallel_setup_cost", "0"), ("parallel_tuple_cost", "0"))
 
 # datetime.max / datetime.min and date.max / date.min, where the pipeline maps infinity.
 _TS_MAX_US: Final = 253402300799999999
