@@ -67,6 +67,7 @@ from __future__ import annotations
 import dataclasses
 import datetime as dt
 import decimal
+import functools
 import hashlib
 import math
 import struct
@@ -269,6 +270,7 @@ def row_hash(texts: RowTexts, shape: TableShape) -> int:
     return text_hash(row_text(texts, (c.target_type for c in shape.columns)))
 
 
+@functools.lru_cache(maxsize=64)  # asked for every row a source hashes in Python
 def integer_key(shape: TableShape) -> bool:
     """True if *shape*'s key is one integer column (its values below
     :data:`INTEGER_KEY_LIMIT` are their own key hash)."""
@@ -278,6 +280,7 @@ def integer_key(shape: TableShape) -> bool:
                for c in shape.columns)
 
 
+@functools.lru_cache(maxsize=64)
 def key_types(shape: TableShape) -> tuple[pa.DataType, ...]:
     """The target types of *shape*'s key columns, in the key's order."""
     by_name = {c.name: c.target_type for c in shape.columns}

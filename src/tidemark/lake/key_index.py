@@ -118,7 +118,7 @@ def _hash_type(kind: pa.DataType) -> pa.DataType:
     return kind
 
 
-def vector_positions(vector: BitMap64) -> np.ndarray[Any, np.dtype[np.int64]]:
+def _positions(vector: BitMap64) -> np.ndarray[Any, np.dtype[np.int64]]:
     """The row positions of a deletion vector (``to_array``: ~50x faster than a list of a
     large vector's ints, measured)."""
     return np.frombuffer(vector.to_array(), dtype=np.uint64).astype(np.int64)
@@ -194,7 +194,7 @@ class KeyIndex:
         if dv is not None:
             vector = read_vector(self.root, dv)
             self._vectors[path] = vector
-            alive[vector_positions(vector)] = False
+            alive[_positions(vector)] = False
         entry = _File(path=path, start=start, rows=rows,
                       dv_id=dv.unique_id if dv is not None else None)
         self._files[path] = entry
@@ -216,7 +216,7 @@ class KeyIndex:
         # its rows change: the work follows the vector, not the file's rows.
         vector = read_vector(self.root, dv) if dv is not None else BitMap64()
         self._vectors[entry.path] = vector
-        deleted = vector_positions(vector) + entry.start
+        deleted = _positions(vector) + entry.start
         self._dead += int(self._alive[deleted].sum())
         self._alive[deleted] = False
         entry.dv_id = dv.unique_id if dv is not None else None

@@ -177,10 +177,11 @@ def upkeep(table: DeltaTable, settings: UpkeepSettings, state: UpkeepState,
     now = time.time() if now is None else now
     if state.last_vacuum is None:  # the first vacuum comes one interval after the start
         state.last_vacuum = now
-    root = Path(table.table_uri.removeprefix("file://"))
+    local = local_directory(table.table_uri)
+    root = local if local is not None else Path(table.table_uri)
     tasks: list[UpkeepTask] = []
-    if heavy and settings.compact_deleted_fraction and \
-            local_directory(table.table_uri) is not None and has_deletion_vectors_feature(table):
+    if heavy and settings.compact_deleted_fraction and local is not None and \
+            has_deletion_vectors_feature(table):
         task = _compact_deleted(table, root, settings, state)
         if task is not None:
             tasks.append(task)
@@ -225,7 +226,7 @@ def upkeep(table: DeltaTable, settings: UpkeepSettings, state: UpkeepState,
             now - state.last_vacuum >= settings.vacuum_every_minutes * 60:
         started = time.monotonic()
         vectors = 0
-        if local_directory(table.table_uri) is not None and has_deletion_vectors_feature(table):
+        if local is not None and has_deletion_vectors_feature(table):
             deleted, vectors = vacuum_keeping_vectors(table, root,
                                                       settings.vacuum_retention_hours)
         else:
