@@ -170,6 +170,13 @@ class LogDatabase(Protocol):
         the database, without fetching the values."""
         ...
 
+    def read_view(self) -> AbstractContextManager[tuple[Position, Any]]:
+        """A read-only transaction on a connection of its own, in a ``with``, and the
+        position it sees: every change logged at or before the position is in what it
+        reads, none after (PostgreSQL: a REPEATABLE READ transaction whose snapshot is
+        the position; SQLite: a read transaction and the clock it sees)."""
+        ...
+
     def snapshot(self, tables: list[LogTable], fetch_rows: int
                  ) -> AbstractContextManager[tuple[Position, Iterator[Snapshotted]]]:
         """The tables' rows as one consistent read, in a ``with``: the position it was

@@ -306,8 +306,7 @@ class PostgresLogDatabase:
                 group=sql.Identifier(layout.GROUP), txid=sql.Identifier(layout.TXID))
 
     @contextlib.contextmanager
-    def snapshot(self, tables: list[LogTable], fetch_rows: int
-                 ) -> Iterator[tuple[Position, Iterator[Snapshotted]]]:
+    def read_view(self) -> Iterator[tuple[Position, psycopg.Connection[Any]]]:
         conn = connect(self._dsn, application_name="tidemark-logtable-snapshot")
         try:
             conn.autocommit = False
@@ -318,6 +317,14 @@ class PostgresLogDatabase:
                 # tables' state there, and the log from there on is what came after.
                 cur.execute("SELECT pg_current_snapshot()::text")
                 position = {"snapshot": str(cur.fetchone()[0])}
+            yield position, conn
+        finally:
+            conn.close()
+
+    @contextlib.contextmanager
+    def snapshot(self, tables: list[LogTable], fetch_rows: int
+                 ) -> Iterator[tuple[Position, Iterator[Snapshotted]]]:
+        with self.read_view() as (position, conn):
 
             def rows() -> Iterator[Snapshotted]:
                 for index, entry in enumerate(tables):
@@ -329,8 +336,6 @@ class PostgresLogDatabase:
                             yield index, page
 
             yield position, rows()
-        finally:
-            conn.close()
 
     def _begin_step(self, group: int, position: Position, tables: list[LogTable],
                     now: str | None = None) -> dict[str, Any] | None:

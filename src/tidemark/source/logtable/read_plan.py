@@ -23,11 +23,13 @@ history may show such a change once more as a version).
 
 ``signalTable`` (in the log tables' database, or their SQLite file as ``main.<name>``):
 the driver reads it before each batch and takes each ``tidemark-repair`` signal once,
-into the batch's end offset (``repairs``, with the ids seen in ``signals``); the batch
-then has one more partition that reads the keys' current rows as the snapshot reads
-rows and emits them at the batch end's position key, above every change of the batch
-(:mod:`tidemark.source.repair`). ``execute-snapshot`` is not taken here: a table's
-rows are loaded by ``snapshot = initial`` only (a new checkpoint reloads them).
+into the batch's end offset (``repairs``, with the ids seen in ``signals``). It reads
+the keys' rows then, as the snapshot reads rows, in the read view whose position is
+that batch's end (:mod:`tidemark.source.logtable.repair_read`); the batch has one more
+partition that emits them at the end's position key, above every change of the batch
+(:mod:`tidemark.source.repair`). A batch replayed by another driver has no such rows:
+the next batch takes its repairs again. ``execute-snapshot`` is not taken here: a
+table's rows are loaded by ``snapshot = initial`` only (a new checkpoint reloads them).
 """
 
 from __future__ import annotations
@@ -41,10 +43,17 @@ from typing import Any, Final
 
 from tidemark.event import ChangeEvent, Op, SnapshotMarker, SourceContext, TableId
 from tidemark.source.change_feed import ChangeFeed
+from tidemark.source.logtable.config import is_sqlite
 from tidemark.source.logtable.database import LogDatabase, LogTable, Position
 from tidemark.source.logtable.layout import assign_groups
 from tidemark.source.logtable.reader import events_of, open_database
-from tidemark.source.logtable.repair_read import key_columns, read_repair
+from tidemark.source.logtable.repair_read import (
+    HeldRepairRead,
+    Row,
+    key_columns,
+    read_repair,
+    rows_at_end,
+)
 from tidemark.source.logtable.signal_table import check_signal_table, signal_rows
 from tidemark.source.read_plan import (
     ROW_SEQ,
@@ -54,9 +63,7 @@ from tidemark.source.read_plan import (
     TableColumns,
 )
 from tidemark.source.repair import (
-    RepairRead,
     RepairRequest,
-    reads_of,
     repair_request,
     requests_from,
     requests_json,
@@ -106,6 +113,10 @@ class LogTableReadPlan:
         self._target: Position | None = None
         self._last_prune = 0.0
         self._checked = False
+        # The rows of the repairs of the batch this driver last planned with some: its
+        # end offset's groups and repairs, the tables' column names, the rows.
+        self._held: tuple[str, list[list[str]], list[list[Row]]] | None = None
+        self._emitted: set[str] = set()  # ids of the repairs this driver's batches read
 
     @contextlib.contextmanager
     def _db(self) -> Iterator[LogDatabase]:
@@ -155,7 +166,14 @@ class LogTableReadPlan:
                 # Before the end is taken: on PostgreSQL the end then holds the signal
                 # row's commit, which moves it past the last batch's end.
                 signals, repairs = self._signals(db, signals)
-            end = self._target if self._target is not None else db.end_position()
+            repairs = self._carried(start) + repairs
+            held = None
+            if repairs:
+                # AvailableNow: a repair taken during the run is read in it, past its
+                # target (which the next batches then leave alone).
+                end, held = self._read_repairs(db, repairs)
+            else:
+                end = self._target if self._target is not None else db.end_position()
             # The clock after the end: it counts at least the changes the end holds.
             clock = db.clock()
             groups = {g: (p if db.position_key(end) <= db.position_key(p) else end)
@@ -167,10 +185,30 @@ class LogTableReadPlan:
         repaired = int(start.get("repaired", 0)) + (1 if repairs else 0)
         if repaired:
             result["repaired"] = repaired  # batches that took repairs, for their _seq
-        if repairs:
+        if held is not None:
             result["repairs"] = requests_json(repairs)
+            self._held = (_held_key(result), *held)
         same = groups == start["groups"] and signals == start.get("signals") and not repairs
         return dict(start) if same else result
+
+    def _carried(self, start: dict[str, Any]) -> list[RepairRequest]:
+        """The repairs of the batch ending at *start* that no batch of this driver read:
+        it was replayed without their rows, or ran under an earlier driver (taken again,
+        they are applied once more, at this batch's end)."""
+        carried = [r for r in requests_from(start.get("repairs"))
+                   if r.id not in self._emitted]
+        if carried:
+            log.info("repair(s) %s of the last batch were not read by this run: taken "
+                     "again at the end of this batch", ", ".join(r.id for r in carried))
+        return carried
+
+    def _read_repairs(self, db: LogDatabase, repairs: Sequence[RepairRequest]
+                      ) -> tuple[Position, tuple[list[list[str]], list[list[Row]]]]:
+        """The position that ends the batch taking *repairs*, and their rows there."""
+        entries = {str(e.table): e for e in db.tables(sorted({r.table for r in repairs}))}
+        wanted = [entries[r.table] for r in repairs]
+        end, rows = rows_at_end(db, is_sqlite(self.options.dsn), wanted, repairs)
+        return end, ([list(e.schema.column_names) for e in wanted], rows)
 
     def _signals(self, db: LogDatabase, seen: list[str] | None
                  ) -> tuple[list[str], list[RepairRequest]]:
@@ -211,7 +249,17 @@ class LogTableReadPlan:
             # Every change of the batch is at or below the end's highest key.
             top = max((db.position_key(p) for p in end["groups"].values()), default=0) \
                 if repairs else 0
-        return [*ranges, *reads_of(repairs, len(ranges), top, repair_seq(end))]
+        if not repairs:
+            return ranges
+        if self._held is None or self._held[0] != _held_key(end):
+            log.warning("this batch's repair(s) %s were read by the run that planned it, "
+                        "which ended: the next batch takes them again at its end",
+                        ", ".join(r.id for r in repairs))
+            return ranges
+        _, names, rows = self._held
+        self._emitted.update(r.id for r in repairs)
+        return [*ranges, HeldRepairRead(len(ranges), repairs, top, repair_seq(end), names,
+                                        rows)]
 
     def commit(self, end: dict[str, Any]) -> None:
         """*end* is committed: at most once a minute (the driver, between batches),
@@ -240,8 +288,8 @@ class LogTableReadPlan:
     def read(self, partition: Any, sink: ChangeSink) -> Iterator[None]:
         """The partition's groups' changes, or its tables' rows, or the rows of the
         batch's repairs, into *sink*."""
-        if isinstance(partition, RepairRead):
-            return read_repair(self.options, partition, sink)
+        if isinstance(partition, HeldRepairRead):
+            return read_repair(partition, sink)
         return self._read_groups(partition, sink)
 
     def _read_groups(self, partition: Any, sink: ChangeSink) -> Iterator[None]:
@@ -306,6 +354,12 @@ def _snapshot(db: LogDatabase, feed: ChangeFeed, tables: list[LogTable],
                 feed.add(ChangeEvent(Op.READ, schema, None, row, context, 0, 0, 0,
                                      taken_us, SnapshotMarker.TRUE), 0, ROW_SEQ)
             yield
+
+
+def _held_key(end: dict[str, Any]) -> str:
+    """What identifies the batch whose repairs a driver read: its end's groups and
+    repairs."""
+    return json.dumps([end["groups"], end.get("repairs")], sort_keys=True)
 
 
 def repair_seq(end: dict[str, Any]) -> int:

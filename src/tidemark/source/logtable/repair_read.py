@@ -1,20 +1,29 @@
 """A ``tidemark-repair``'s rows from log tables' databases (:mod:`tidemark.source.repair`):
-the listed keys' current rows, read and converted as
+the listed keys' rows, read and converted as
 :meth:`~tidemark.source.logtable.database.LogDatabase.snapshot` reads a table's rows
 (PostgreSQL: each column's output text; SQLite: each stored value's wire text), with a
-key filter in place of the whole table."""
+key filter in place of the whole table.
+
+**At the batch's end, exactly.** The rows must be the state every change of the batch
+leaves and none after: a row read later, on the executor, may hold a change committed
+after the batch's end (an SCD2 version that starts too early, repeated when the change
+itself arrives). So the driver reads them when it takes the repair, in one read view
+(:meth:`~tidemark.source.logtable.database.LogDatabase.read_view`) whose position becomes
+the end of every group in that batch (:func:`rows_at_end`), and the batch's repair
+partition carries them (:class:`HeldRepairRead`). The rows live only in the driver that
+read them: a batch replayed by a new driver has none, and the next batch takes the
+repair again at its own end (:class:`~tidemark.source.logtable.read_plan.LogTableReadPlan`;
+a repair applied twice is idempotent, one applied at a later end is exact there).
+"""
 
 from __future__ import annotations
 
-import contextlib
 import logging
 from collections.abc import Iterator, Sequence
 from typing import Any
 
-from tidemark.source.logtable.config import is_sqlite
-from tidemark.source.logtable.database import LogTable
-from tidemark.source.logtable.reader import open_database
-from tidemark.source.read_plan import ChangeSink, ReadOptions
+from tidemark.source.logtable.database import LogDatabase, LogTable, Position
+from tidemark.source.read_plan import ChangeSink
 from tidemark.source.repair import RepairRead, RepairRequest, emit_repair, key_text
 from tidemark.source.repair_signal import KeyValue
 
@@ -28,19 +37,33 @@ def key_columns(entry: LogTable) -> list[str]:
     return [entry.schema.columns[i].name for i in entry.schema.key_indexes]
 
 
-def key_rows(dsn: str, entry: LogTable, request: RepairRequest) -> list[Row]:
-    """The current rows of *request*'s keys in *entry*'s table (its columns in order),
-    as the log tables' snapshot hands rows on."""
-    if is_sqlite(dsn):
-        return _sqlite_rows(dsn, entry, request.key_columns, request.keys)
-    return _postgres_rows(dsn, entry, request.key_columns, request.keys)
+class HeldRepairRead(RepairRead):
+    """A repair partition whose rows the driver read at the batch's end: per request,
+    its table's column names and the rows found (values in that order)."""
+
+    def __init__(self, index: int, requests: Sequence[RepairRequest], commit_lsn: int,
+                 seq: int, names: Sequence[Sequence[str]],
+                 rows: Sequence[Sequence[Row]]) -> None:
+        super().__init__(index, requests, commit_lsn, seq)
+        self.names = tuple(tuple(n) for n in names)
+        self.rows = tuple(tuple(r) for r in rows)
 
 
-def _postgres_rows(dsn: str, entry: LogTable, columns: Sequence[str],
+def rows_at_end(db: LogDatabase, sqlite: bool, entries: Sequence[LogTable],
+                requests: Sequence[RepairRequest]) -> tuple[Position, list[list[Row]]]:
+    """A position for the end of the batch that takes *requests* and, read in the same
+    view, each request's rows (*entries*: the requests' tables, in the same order)."""
+    with db.read_view() as (position, conn):
+        rows = [(_sqlite_rows if sqlite else _postgres_rows)(
+            conn, entry, request.key_columns, request.keys)
+            for entry, request in zip(entries, requests, strict=True)]
+    return position, rows
+
+
+def _postgres_rows(conn: Any, entry: LogTable, columns: Sequence[str],
                    keys: Sequence[Sequence[KeyValue]]) -> list[Row]:
     from psycopg import sql  # noqa: PLC0415
 
-    from tidemark.postgres_connection import connect  # noqa: PLC0415
     from tidemark.source.logtable.postgres import _as_text  # noqa: PLC0415
 
     names = sql.SQL(", ").join(_as_text(c) for c in entry.schema.columns)
@@ -51,16 +74,13 @@ def _postgres_rows(dsn: str, entry: LogTable, columns: Sequence[str],
         for k in keys)
     query = sql.SQL("SELECT {} FROM {} WHERE ({}) IN ({})").format(
         names, sql.Identifier(entry.table.schema, entry.table.table), key, wanted)
-    with contextlib.closing(connect(dsn, application_name="tidemark-logtable-repair")) \
-            as conn:
-        conn.autocommit = True
-        return [tuple(row) for row in conn.execute(query).fetchall()]
+    return [tuple(row) for row in conn.execute(query).fetchall()]
 
 
-def _sqlite_rows(dsn: str, entry: LogTable, columns: Sequence[str],
+def _sqlite_rows(conn: Any, entry: LogTable, columns: Sequence[str],
                  keys: Sequence[Sequence[KeyValue]]) -> list[Row]:
     from tidemark.source.logtable import sqlite_install as install  # noqa: PLC0415
-    from tidemark.source.logtable.sqlite import connect, snapshot_row  # noqa: PLC0415
+    from tidemark.source.logtable.sqlite import snapshot_row  # noqa: PLC0415
 
     q = install.quote
     # Each key compared column by column: a comparison with a column applies its
@@ -68,19 +88,13 @@ def _sqlite_rows(dsn: str, entry: LogTable, columns: Sequence[str],
     one = "(" + " AND ".join(f"{q(c)} = ?" for c in columns) + ")"
     names = ", ".join(q(c.name) for c in entry.schema.columns)
     params: list[Any] = [int(v) if isinstance(v, bool) else v for k in keys for v in k]
-    with contextlib.closing(connect(dsn)) as conn:
-        rows = conn.execute(f"SELECT {names} FROM {q(entry.table.table)} WHERE "
-                            f"{' OR '.join([one] * len(keys))}", params).fetchall()
+    rows = conn.execute(f"SELECT {names} FROM {q(entry.table.table)} WHERE "
+                        f"{' OR '.join([one] * len(keys))}", params).fetchall()
     return [snapshot_row(entry, row) for row in rows]
 
 
-def read_repair(options: ReadOptions, part: RepairRead, sink: ChangeSink) -> Iterator[None]:
+def read_repair(part: HeldRepairRead, sink: ChangeSink) -> Iterator[None]:
     """The change rows of the partition's repairs, into *sink*."""
-    with contextlib.closing(open_database(options.dsn)) as db:
-        entries = {str(e.table): e for e in db.tables([r.table for r in part.requests])}
-    for request in part.requests:
-        entry = entries[request.table]
-        rows = key_rows(options.dsn, entry, request)
-        emit_repair(sink, request, entry.schema.column_names, rows, part.commit_lsn,
-                    seq=part.seq)
+    for request, names, rows in zip(part.requests, part.names, part.rows, strict=True):
+        emit_repair(sink, request, names, rows, part.commit_lsn, seq=part.seq)
         yield

@@ -252,14 +252,20 @@ class SqliteLogDatabase:
         return total
 
     @contextlib.contextmanager
-    def snapshot(self, tables: list[LogTable], fetch_rows: int
-                 ) -> Iterator[tuple[Position, Iterator[Snapshotted]]]:
+    def read_view(self) -> Iterator[tuple[Position, sqlite3.Connection]]:
         conn = connect(self._dsn)
         try:
             # One read transaction: the clock and the rows are one state of the database.
             conn.execute("BEGIN")
             clock = conn.execute(f"SELECT time FROM {install.CLOCK_TABLE}").fetchone()
-            position = self._position(int(clock[0]) if clock else 0)
+            yield self._position(int(clock[0]) if clock else 0), conn
+        finally:
+            conn.close()
+
+    @contextlib.contextmanager
+    def snapshot(self, tables: list[LogTable], fetch_rows: int
+                 ) -> Iterator[tuple[Position, Iterator[Snapshotted]]]:
+        with self.read_view() as (position, conn):
 
             def rows() -> Iterator[Snapshotted]:
                 for index, entry in enumerate(tables):
@@ -270,8 +276,6 @@ class SqliteLogDatabase:
                         yield index, [snapshot_row(entry, row) for row in page]
 
             yield position, rows()
-        finally:
-            conn.close()
 
     def read(self, group: int, position: Position, tables: list[LogTable],
              limit: int) -> ReadResult:
