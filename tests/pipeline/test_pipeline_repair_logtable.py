@@ -84,7 +84,7 @@ def _equal(db: LogDb, tmp_path: Path, table: str) -> bool:
 
 def _counts(line: str) -> dict[str, int]:
     """A batch line's changes per table (``batch 3: public.a +4, public.b +1 | …``)."""
-    tables = line.split(":", 1)[1].split("|")[0]
+    tables = line.split(":", 1)[1].split("|", maxsplit=1)[0]
     return {name: int(count) for name, count in
             (part.strip().rsplit(" +", 1) for part in tables.split(","))}
 

@@ -16,6 +16,8 @@ from tidemark.event import TableId
 from tidemark.row_checksum import ComparedColumn, TableShape, key_hash_of, reference_bucket_sums
 from tidemark.source.logtable.kind import KIND
 from tidemark.source.logtable.reader import open_database
+from tidemark.source.logtable.verify_snapshot import sees_all_of
+from tidemark.source.verify_snapshot import ReachedByOffset
 from waiting import wait_for
 
 _COUNTER = 1000  # the row every transaction sets to its number
@@ -166,3 +168,52 @@ def test_a_char_key_and_column_of_a_postgres_log_table(db: Any) -> None:
             key_hash_of(("ab", "x"), shape)}
     finally:
         snapshot.close()
+
+
+def test_which_snapshot_sees_all_another_sees() -> None:
+    # The same; a later one (11 ended, 12..14 began and ended); 10 still running in both.
+    assert sees_all_of("10:12:10,11", "10:12:10,11")
+    assert sees_all_of("10:15:10", "10:12:10,11")
+    # 9 in progress in the first, finished (seen) in the second: the first is older.
+    assert not sees_all_of("9:15:9,10", "10:12:10,11")
+    # Below the second's xmax: 11 may have committed in between.
+    assert not sees_all_of("10:11:10", "10:12:10")
+
+
+def test_a_long_transaction_does_not_hold_the_position_back(db: Any) -> None:
+    """An offset taken after the snapshot has reached it, although a transaction that
+    began before both is still running (its xmin stays below the snapshot's xmax);
+    one taken before it has not."""
+    logdb = LogDb("postgres", db.dsn)
+    logdb.execute("CREATE TABLE t (id int PRIMARY KEY, v text)",
+                  "CREATE TABLE other (id int PRIMARY KEY)")
+    logdb.install(["t"], streams=8, groups=2)
+    table = TableId("public", "t")
+    with contextlib.closing(open_database(db.dsn)) as reader, \
+            logdb.connection() as long:
+        groups = reader.generations()[0].groups
+
+        def offset() -> dict[str, Any]:
+            return {"groups": {str(g): reader.end_position() for g in range(groups)}}
+
+        cur = long.cursor()
+        cur.execute("BEGIN")
+        cur.execute("INSERT INTO other VALUES (1)")  # holds a transaction id
+        logdb.execute("INSERT INTO t VALUES (1, 'a')")
+        before = offset()
+        logdb.execute("INSERT INTO t VALUES (2, 'b')")
+        snapshot = KIND.verify_snapshot(db.dsn, [table], publication="")
+        try:
+            assert isinstance(snapshot, ReachedByOffset)
+            after = offset()
+            assert not snapshot.reached_by(before)
+            assert snapshot.reached_by(after)
+            assert KIND.log_position(after) < snapshot.position  # what held it back
+            assert not snapshot.reached_by({**after, "snapshot": ["public.t"]})
+            cur.execute("INSERT INTO t VALUES (3, 'c')")
+            cur.execute("COMMIT")
+            # Committed after the snapshot: a changed key, not a snapshot row.
+            assert snapshot.changed_key_hashes(table, _SHAPE) == {_hash(3)}
+            assert snapshot.reached_by(offset())
+        finally:
+            snapshot.close()

@@ -11,7 +11,7 @@ its SQL in ``source/<kind>/checksum.py``) and is opened through
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import Protocol, runtime_checkable
+from typing import Any, Protocol, runtime_checkable
 
 from tidemark.errors import SourceError
 from tidemark.event import TableId
@@ -57,6 +57,19 @@ class VerifySnapshot(Protocol):
 
     def close(self) -> None:
         """Release the snapshot and whatever holds the log position (a temporary slot)."""
+        ...
+
+
+@runtime_checkable
+class ReachedByOffset(Protocol):
+    """A :class:`VerifySnapshot` whose position is not one number in a total order
+    (PostgreSQL log tables: a transaction snapshot), so :attr:`VerifySnapshot.position`
+    compares with an offset only conservatively; it says itself whether a pipeline's
+    offset holds all it holds."""
+
+    def reached_by(self, offset: Mapping[str, Any]) -> bool:
+        """Whether a pipeline whose last committed Spark offset is *offset* has every
+        change this snapshot holds in its targets."""
         ...
 
 

@@ -24,8 +24,8 @@ import dataclasses
 import logging
 import os
 import time
-from collections.abc import Callable, Sequence
-from typing import Final
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any, Final
 
 from tidemark.errors import ConfigError
 from tidemark.event import TableId
@@ -36,6 +36,7 @@ from tidemark.run_record import may_be_running
 from tidemark.source.registry import kind_of
 from tidemark.source.verify_snapshot import (
     KeyedChanges,
+    ReachedByOffset,
     TruncatedAfterSnapshotError,
     VerifySnapshot,
 )
@@ -215,7 +216,7 @@ class _Verify:
             result.add_phase("snapshot", time.perf_counter() - started)
             try:
                 started = time.perf_counter()
-                behind = not self._wait_for(snapshot.position)
+                behind = not self._wait_for(snapshot)
                 result.add_phase("wait", time.perf_counter() - started)
                 for table in active:
                     with failing(f"comparing {table.target.table} with its source"):
@@ -228,14 +229,15 @@ class _Verify:
         for table in self.tables:
             table.result.seconds = time.monotonic() - table.started
 
-    def _wait_for(self, position: int) -> bool:
-        """Wait until the pipeline has committed *position*; False if it did not in time,
-        at once when no run of the pipeline is alive (nothing would commit it)."""
+    def _wait_for(self, snapshot: VerifySnapshot) -> bool:
+        """Wait until the pipeline has committed the *snapshot*'s position; False if it
+        did not in time, at once when no run of the pipeline is alive (nothing would
+        commit it)."""
+        position = snapshot.position
         deadline = time.monotonic() + self.wait_s
         while True:
             _, _, offset = committed_source_offset(self.config.checkpoint)
-            if offset is not None and self.kind.verified_position(
-                    offset, [t.target.table for t in self.tables]) >= position:
+            if offset is not None and self._reached(snapshot, offset):
                 return True
             if not may_be_running(self.config.checkpoint):
                 # Not a warning: a stopped pipeline that has applied everything compares
@@ -250,6 +252,12 @@ class _Verify:
                             self.kind.position_text(position), self.wait_s)
                 return False
             time.sleep(_POLL_S)
+
+    def _reached(self, snapshot: VerifySnapshot, offset: Mapping[str, Any]) -> bool:
+        if isinstance(snapshot, ReachedByOffset):
+            return snapshot.reached_by(offset)
+        return self.kind.verified_position(
+            offset, [t.target.table for t in self.tables]) >= snapshot.position
 
     def _round(self, table: _Table, snapshot: VerifySnapshot, number: int,
                behind: bool) -> None:

@@ -7,12 +7,14 @@ A Spark offset's groups at or past it have read every change in the snapshot
 (:meth:`~tidemark.source.logtable.kind.LogTableKind.log_position` is the lowest group's
 ``after``). The changed keys are those of log rows above the position.
 
-**PostgreSQL**: a REPEATABLE READ transaction whose snapshot *S* is the position's
-source. Times are not commit order there (late commits), so the position is in
-transaction ids: *S*'s ``xmax``. A Spark offset whose groups' snapshots all have an
-``xmin`` at or above it (``log_position``) sees every transaction below it finished,
-hence every one visible in *S*. The changed keys are those of log rows whose writing
-transaction *S* does not see, read on a second connection (they committed after it).
+**PostgreSQL**: a REPEATABLE READ transaction whose snapshot *S* is the position.
+Times are not commit order there (late commits), and snapshots are not totally
+ordered: a Spark offset has brought *S* into the targets when each group's snapshot
+sees every transaction *S* sees (:func:`sees_all_of`), which any snapshot taken after
+*S* does, whatever long transaction is still running in both. (Its ``xmin`` at or
+above *S*'s ``xmax``, the order :attr:`position` keeps, would wait for every such
+transaction to end.) The changed keys are those of log rows whose writing transaction
+*S* does not see, read on a second connection (they committed after it).
 """
 
 from __future__ import annotations
@@ -20,7 +22,7 @@ from __future__ import annotations
 import contextlib
 import importlib
 import sqlite3
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 from tidemark.errors import ConfigError
@@ -115,6 +117,20 @@ def snapshot_xmin(snapshot: str) -> int:
     return int(snapshot.split(":", maxsplit=1)[0])
 
 
+def sees_all_of(later: str, earlier: str) -> bool:
+    """Whether PostgreSQL snapshot *later* sees every transaction *earlier* sees (both
+    ``xmin:xmax:xip``): it reaches *earlier*'s ``xmax``, and each transaction it has in
+    progress below that is in progress in *earlier* too."""
+    _, high, running = _parts(later)
+    _, until, was_running = _parts(earlier)
+    return high >= until and all(x in was_running for x in running if x < until)
+
+
+def _parts(snapshot: str) -> tuple[int, int, frozenset[int]]:
+    xmin, xmax, xip = snapshot.split(":")
+    return int(xmin), int(xmax), frozenset(int(x) for x in xip.split(",") if x)
+
+
 class PostgresVerifySnapshot:
     """A REPEATABLE READ transaction on a PostgreSQL database with log tables."""
 
@@ -148,6 +164,14 @@ class PostgresVerifySnapshot:
     def position(self) -> int:
         """The snapshot's ``xmax``: every transaction it sees is below it."""
         return int(self._snapshot.split(":")[1])
+
+    def reached_by(self, offset: Mapping[str, Any]) -> bool:
+        """Whether every group of a Spark *offset* has read a snapshot that sees all this
+        one sees (none while the offset's tables' rows are still to be loaded)."""
+        groups = list((offset.get("groups") or {}).values())
+        if offset.get("snapshot") or not groups:
+            return False
+        return all(sees_all_of(str(g["snapshot"]), self._snapshot) for g in groups)
 
     def side(self, table: TableId) -> ChecksumSide:
         # The base table lives in PostgreSQL: PostgreSQL's dialect computes its sums.
