@@ -43,9 +43,10 @@ import contextlib
 import io
 import logging
 import select
+import threading
 import time
 from collections.abc import Mapping, Sequence
-from typing import Any
+from typing import Any, Final
 
 import psycopg
 import pyarrow as pa
@@ -54,13 +55,16 @@ from psycopg import pq, sql
 
 from tidemark.errors import SourceError, TerminalError
 from tidemark.event import TableId, WireTuple
-from tidemark.postgres_connection import ServerTimeoutError, server_timeout
+from tidemark.postgres_connection import ServerTimeoutError, connect, server_timeout
 from tidemark.source.postgres.pgoutput import lsn_to_str
 from tidemark.source.postgres.replication import ReplicationStream
 from tidemark.source.postgres.snapshot_plan import ChunkRange, KeyText
 from tidemark.source.read_plan import ChangeSink, ChangeTable, Commit, EncodedRows
 
 log = logging.getLogger(__name__)
+
+#: After how long a slot still waiting for transactions to end is worth a warning.
+_PENDING_NOTE_S: Final = 10.0
 
 
 
@@ -109,6 +113,73 @@ class SnapshotExport:
     def close(self) -> None:
         """Release the export (and its temporary slot)."""
         self._stream.close()
+
+
+class PendingExport:
+    """A :class:`SnapshotExport` made on a thread of its own. Creating its slot waits
+    until every transaction that holds an id when it starts has ended, and a long one
+    (a batch job, a session idle in a transaction) must not stop the stream meanwhile:
+    the driver asks :meth:`result` at each batch and goes on without it."""
+
+    def __init__(self, dsn: str, slot: str, publication: str) -> None:
+        self._dsn = dsn
+        self._slot = slot
+        self._done = threading.Event()
+        self._lock = threading.Lock()
+        self._export: SnapshotExport | None = None
+        self._error: BaseException | None = None
+        self._abandoned = False
+        self._started = time.monotonic()
+        self._noted = False
+        # A daemon: a process that ends must not wait for a transaction to end.
+        threading.Thread(target=self._create, args=(publication,), daemon=True,
+                         name=f"tidemark-export-{slot}").start()
+
+    def _create(self, publication: str) -> None:
+        try:
+            export = SnapshotExport(self._dsn, self._slot, publication)
+        except BaseException as err:  # handed to result()
+            self._error = err
+            self._done.set()
+            return
+        with self._lock:
+            abandoned = self._abandoned
+            self._export = export
+        if abandoned:
+            export.close()
+        self._done.set()
+
+    def result(self, wait_s: float | None = 0.0) -> SnapshotExport | None:
+        """The export, or None while its slot waits (up to *wait_s* seconds; None: until
+        it is made); raises what making it raised."""
+        if not self._done.wait(wait_s):
+            if not self._noted and time.monotonic() - self._started > _PENDING_NOTE_S:
+                self._noted = True
+                log.warning("slot %s has waited %.0f s for transactions running when it "
+                            "was created to end (pg_stat_activity: backend_xid, "
+                            "xact_start); the stream goes on meanwhile", self._slot,
+                            time.monotonic() - self._started)
+            return None
+        if self._error is not None:
+            raise self._error
+        return self._export
+
+    def abandon(self) -> None:
+        """Drop the export, made or still waiting (its walsender is ended)."""
+        with self._lock:
+            self._abandoned = True
+            export = self._export
+        if export is not None:
+            export.close()
+            return
+        if self._done.is_set():
+            return
+        with contextlib.suppress(psycopg.Error), contextlib.closing(
+                connect(self._dsn, application_name="tidemark-export")) as conn:
+            conn.autocommit = True
+            conn.execute("SELECT pg_terminate_backend(active_pid) FROM "
+                         "pg_replication_slots WHERE slot_name = %s AND active_pid IS NOT "
+                         "NULL", (self._slot,))
 
 
 def next_boundary(conn: psycopg.Connection[Any], table: TableId, keys: Sequence[str],

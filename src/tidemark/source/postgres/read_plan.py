@@ -33,6 +33,7 @@ from tidemark.event import TableId
 from tidemark.source.postgres import slot_holder
 from tidemark.source.postgres import wal_reads as wal
 from tidemark.source.postgres.chunked_snapshot import (
+    PendingExport,
     SkippingSink,
     SnapshotChunk,
     SnapshotExport,
@@ -104,6 +105,7 @@ class PostgresReadPlan:
         self._finished: set[str] = set()  # exports whose every chunk this driver read
         self._keys: dict[str, tuple[str, ...]] = {}
         self._repair_export: SnapshotExport | None = None  # the held repairs' export
+        self._repair_pending: PendingExport | None = None  # one whose slot still waits
         self._repairs_read: set[str] = set()  # repair exports this driver read and closed
         #: The backends of this driver's earlier connections: after one broke (a
         #: ServerTimeoutError, a network cut) the server may keep it, and its claim on
@@ -116,6 +118,7 @@ class PostgresReadPlan:
         state["_conn"] = None
         state["_export"] = None
         state["_repair_export"] = None
+        state["_repair_pending"] = None
         return state
 
     # -- driver side -------------------------------------------------------------------
@@ -178,7 +181,7 @@ class PostgresReadPlan:
             # snapshot's rows (see tidemark.source.postgres.chunked_snapshot).
             end_lsn = max(start_lsn, min(end_lsn, planned.snapshot.at))
         taken = None
-        if held is not None:
+        if held is not None and held.export:
             # The repair is read at its snapshot's point: the batch that ends there takes it.
             end_lsn = max(start_lsn, min(end_lsn, held.at))
             if end_lsn == held.at:
@@ -274,13 +277,28 @@ class PostgresReadPlan:
         held = state.held
         if held is not None and self._holds_repair(held.export) and held.at >= state.lsn:
             return dataclasses.replace(held, requests=tuple(requests))
-        self._close_repair()
-        self._repair_export = SnapshotExport(self.options.dsn, f"{self.options.slot}_repair",
-                                             self.options.publication)
+        export = self._new_repair_export()
+        if export is None or export.at < state.lsn:
+            if export is not None:  # the stream passed its point while it was made
+                self._close_repair()
+            # Held without an export: the stream goes on; a later batch takes one.
+            return RepairHold(0, "", tuple(requests))
         log.info("repair of %s held until the stream reaches %s",
-                 ", ".join(sorted({r.table for r in requests})),
-                 lsn_to_str(self._repair_export.at))
-        return RepairHold(self._repair_export.at, self._repair_export.name, tuple(requests))
+                 ", ".join(sorted({r.table for r in requests})), lsn_to_str(export.at))
+        return RepairHold(export.at, export.name, tuple(requests))
+
+    def _new_repair_export(self) -> SnapshotExport | None:
+        """A new export for held repairs, or None while its slot waits for transactions
+        to end (AvailableNow waits: its run must read the repair before it stops)."""
+        if self._repair_pending is None:
+            self._close_repair()
+            self._repair_pending = PendingExport(
+                self.options.dsn, f"{self.options.slot}_repair", self.options.publication)
+        export = self._repair_pending.result(None if self._target is not None else 0.0)
+        if export is not None:
+            self._repair_pending = None
+            self._repair_export = export
+        return export
 
     def _holds_repair(self, export: str) -> bool:
         return self._repair_export is not None and self._repair_export.name == export
@@ -416,6 +434,9 @@ class PostgresReadPlan:
     def stop(self) -> None:
         self._close_export()
         self._close_repair()
+        if self._repair_pending is not None:
+            self._repair_pending.abandon()
+            self._repair_pending = None
         if self._conn is not None:
             self._conn.close()
             self._conn = None
