@@ -9,6 +9,7 @@ import datetime as dt
 import decimal
 import subprocess
 import sys
+import threading
 from collections.abc import Iterator
 from typing import Any
 
@@ -196,3 +197,28 @@ def test_a_truncate_after_the_position_is_reported_as_such(table: Database) -> N
         db.execute("TRUNCATE t")
         with pytest.raises(TruncatedAfterSnapshotError, match=r"public\.t was truncated"):
             snap.changed_key_hashes(TABLE, SHAPE)
+
+
+def test_a_long_transaction_is_named_when_the_slot_gives_up(table: Database) -> None:
+    """Verify's slot waits for the transactions running when it is made: one still open
+    after ``wait_s`` is named in the error (its pid), and no slot is left; one that ends
+    while the slot waits lets the snapshot open, holding its change."""
+    db = table
+    with contextlib.closing(sql_connection(db.dsn)) as long:
+        long.execute("INSERT INTO t VALUES (1, 'a')")  # open, holding a transaction id
+        pid = long.info.backend_pid
+        with pytest.raises(SourceError, match=rf"in 3 s: .* pid {pid} .* still runs"):
+            open_verify_snapshot(db.dsn, [TABLE], publication="p", wait_s=3)
+        assert db.settled_scalar("SELECT count(*) FROM pg_replication_slots WHERE slot_name "
+                                 "LIKE 'tidemark_verify%'", 0) == 0
+        timer = threading.Timer(1.0, long.commit)
+        timer.start()
+        snapshot = open_verify_snapshot(db.dsn, [TABLE], publication="p", wait_s=60)
+        timer.join()
+    try:
+        assert snapshot.changed_key_hashes(TABLE, SHAPE) == frozenset()  # in it, not after
+        with snapshot._conn.cursor() as cur:
+            cur.execute("SELECT id, v FROM t")
+            assert cur.fetchall() == [(1, "a")]
+    finally:
+        snapshot.close()

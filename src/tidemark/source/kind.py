@@ -286,9 +286,11 @@ class SourceKind(abc.ABC):
         return self.log_position(offset)
 
     def verify_snapshot(self, dsn: str, tables: Sequence[TableId], *,
-                        publication: str) -> VerifySnapshot:
+                        publication: str, wait_s: float = 120.0) -> VerifySnapshot:
         """A snapshot of *tables* at an exact log position, for ``tidemark verify``
-        (*publication*: the pipeline's, where the kind reads its log through one)."""
+        (*publication*: the pipeline's, where the kind reads its log through one;
+        *wait_s*: how long taking it may wait for the source, as PostgreSQL's slot
+        waits for running transactions)."""
         raise ConfigError("source", f"{self.name} sources cannot be verified yet (the "
                           "kind has no verify_snapshot)")
 

@@ -92,7 +92,7 @@ def verify(config_path: str | os.PathLike[str], tables: Sequence[str] | None = N
         targets = _chosen(config, tables)
         if repair:
             check_repairable(config, targets)
-        snapshots = open_snapshot or _kind_snapshot(config)
+        snapshots = open_snapshot or _kind_snapshot(config, wait_s)
         _Verify(config, targets, wait_s, snapshots).run(result)
         if repair and result.exit_code == 1:
             _repair(config, targets, wait_s, snapshots, repair_limit, result)
@@ -145,12 +145,12 @@ def _chosen(config: PipelineConfig, tables: Sequence[str] | None) -> list[Target
     return [by_name[t] for t in dict.fromkeys(tables)]
 
 
-def _kind_snapshot(config: PipelineConfig) -> OpenSnapshot:
+def _kind_snapshot(config: PipelineConfig, wait_s: float) -> OpenSnapshot:
     kind = kind_of(config.dsn, config.source.kind)
 
     def open_snapshot(tables: Sequence[TableId]) -> VerifySnapshot:
         return kind.verify_snapshot(config.dsn, tables,
-                                           publication=config.source.publication)
+                                    publication=config.source.publication, wait_s=wait_s)
     return open_snapshot
 
 

@@ -162,11 +162,12 @@ class LogTableKind(SourceKind):
         return min(snapshot_xmin(str(g["snapshot"])) for g in groups)
 
     def verify_snapshot(self, dsn: str, tables: Sequence[TableId], *,
-                        publication: str) -> VerifySnapshot:
+                        publication: str, wait_s: float = 120.0) -> VerifySnapshot:
         from tidemark.source.logtable.verify_snapshot import (  # noqa: PLC0415
             open_verify_snapshot,
         )
 
+        del wait_s  # nothing to wait for: its snapshot is taken at once
         return open_verify_snapshot(dsn, tables, publication=publication)
 
     def progress(self, dsn: str, *, slot: str, tables: Sequence[str]) -> SourceProgress:

@@ -191,12 +191,13 @@ class MariaDbKind(SourceKind):
         return table_rows(dsn, table, columns, text_columns, utc_columns)
 
     def verify_snapshot(self, dsn: str, tables: Sequence[TableId], *,
-                        publication: str) -> VerifySnapshot:
+                        publication: str, wait_s: float = 120.0) -> VerifySnapshot:
         from tidemark.source.mariadb.verify_snapshot import (  # noqa: PLC0415
             open_verify_snapshot,
         )
 
         # MariaDB has no publication: the binlog holds every table's changes.
+        del wait_s  # nothing to wait for: its snapshot is taken at once
         return open_verify_snapshot(dsn, tables, publication=publication)
 
 

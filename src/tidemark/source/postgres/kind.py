@@ -195,12 +195,12 @@ class PostgresKind(SourceKind):
         write_signal(dsn, table, signal_id, signal_type, data)
 
     def verify_snapshot(self, dsn: str, tables: Sequence[TableId], *,
-                        publication: str) -> VerifySnapshot:
+                        publication: str, wait_s: float = 120.0) -> VerifySnapshot:
         from tidemark.source.postgres.verify_snapshot import (  # noqa: PLC0415
             open_verify_snapshot,
         )
 
-        return open_verify_snapshot(dsn, tables, publication=publication)
+        return open_verify_snapshot(dsn, tables, publication=publication, wait_s=wait_s)
 
     def table_rows(self, dsn: str, table: str, columns: Sequence[str],
                    text_columns: Sequence[str], utc_columns: Sequence[str]) -> list[Row]:

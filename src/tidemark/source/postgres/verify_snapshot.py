@@ -31,6 +31,7 @@ import importlib
 import logging
 import os
 import secrets
+import threading
 import time
 from collections.abc import Callable, Iterator, Sequence
 from typing import TYPE_CHECKING, Any, Final, cast
@@ -57,14 +58,18 @@ log = logging.getLogger(__name__)
 _FLUSH_WAIT_S: Final = 30.0
 _FLUSH_POLL_S: Final = 0.02
 
+#: After how long a verify slot still waiting for transactions names them.
+_SLOT_NOTE_S: Final = 5.0
 _FLUSH_SQL: Final = b"SELECT (pg_current_wal_flush_lsn() - '0/0')::bigint"
 _INSERT_SQL: Final = b"SELECT (pg_current_wal_insert_lsn() - '0/0')::bigint"
 
 
-def open_verify_snapshot(dsn: str, tables: Sequence[TableId], *,
-                         publication: str) -> PostgresVerifySnapshot:
+def open_verify_snapshot(dsn: str, tables: Sequence[TableId], *, publication: str,
+                         wait_s: float = 120.0) -> PostgresVerifySnapshot:
     """A snapshot of *tables* at an exact WAL position (see the module docstring); the
-    changes after it are read through *publication* (the pipeline's)."""
+    changes after it are read through *publication* (the pipeline's). Making its slot
+    waits for every transaction holding an id then to end: one still running after
+    *wait_s* seconds is named in the SourceError raised."""
     conn = postgres_connection.connect(dsn, application_name="tidemark-verify")
     try:
         _check_publication(conn, publication, tables)
@@ -74,7 +79,7 @@ def open_verify_snapshot(dsn: str, tables: Sequence[TableId], *,
         conn.close()
         raise
     try:
-        position, exported = stream.create_slot(temporary=True)
+        position, exported = _create_slot(dsn, stream, slot, wait_s)
         # The export stays importable until the replication session's next command.
         conn.execute("BEGIN ISOLATION LEVEL REPEATABLE READ")
         conn.execute(sql.SQL("SET TRANSACTION SNAPSHOT {}").format(sql.Literal(exported)))
@@ -85,6 +90,69 @@ def open_verify_snapshot(dsn: str, tables: Sequence[TableId], *,
     log.info("verify snapshot at %s (temporary slot %s)", pgoutput.lsn_to_str(position),
              slot)
     return PostgresVerifySnapshot(conn, stream, slot, position, publication, tables)
+
+
+def _create_slot(dsn: str, stream: ReplicationStream, slot: str,
+                 wait_s: float) -> tuple[int, str]:
+    """:meth:`ReplicationStream.create_slot` (temporary), given up after *wait_s*: a
+    watcher names the transactions it waits for after :data:`_SLOT_NOTE_S`, and ends
+    the slot's walsender at the deadline."""
+    done = threading.Event()
+    given_up: list[str] = []
+
+    def watch() -> None:
+        if done.wait(min(_SLOT_NOTE_S, wait_s)):
+            return
+        with contextlib.suppress(psycopg.Error):
+            log.warning("verify's temporary slot waits for %s to end (a slot's snapshot "
+                        "needs every transaction running when it is made to finish)",
+                        _running_transactions(dsn))
+        if done.wait(max(0.0, wait_s - _SLOT_NOTE_S)):
+            return
+        with contextlib.suppress(psycopg.Error):
+            given_up.append(_running_transactions(dsn))
+            _end_walsender(dsn, slot)
+
+    watcher = threading.Thread(target=watch, daemon=True, name=f"tidemark-watch-{slot}")
+    watcher.start()
+    try:
+        return stream.create_slot(temporary=True)
+    except (SourceError, SourceUnavailableError):
+        if given_up:
+            raise SourceError(
+                f"verify could not take its snapshot in {wait_s:.0f} s: its temporary "
+                "slot waits until every transaction running when it was made has ended, "
+                f"and {given_up[0]} still runs; end it, or verify again once it has "
+                "ended (--wait gives it longer)") from None
+        raise
+    finally:
+        done.set()
+
+
+def _running_transactions(dsn: str) -> str:
+    """The oldest transactions holding an id (the ones a new slot waits for), as people
+    read them."""
+    with contextlib.closing(postgres_connection.connect(
+            dsn, application_name="tidemark-verify")) as conn:
+        conn.autocommit = True
+        rows = conn.execute(
+            "SELECT pid, application_name, state, "
+            "extract(epoch FROM now() - xact_start)::int FROM pg_stat_activity "
+            "WHERE backend_xid IS NOT NULL AND pid <> pg_backend_pid() "
+            "ORDER BY xact_start LIMIT 3").fetchall()
+    if not rows:
+        return "transactions that have ended since"
+    return ", ".join(f"the transaction of pid {pid} (application {app or '?'!r}, "
+                     f"{state or 'state unknown'}, open for {age} s)"
+                     for pid, app, state, age in rows)
+
+
+def _end_walsender(dsn: str, slot: str) -> None:
+    with contextlib.closing(postgres_connection.connect(
+            dsn, application_name="tidemark-verify")) as conn:
+        conn.autocommit = True
+        conn.execute("SELECT pg_terminate_backend(active_pid) FROM pg_replication_slots "
+                     "WHERE slot_name = %s AND active_pid IS NOT NULL", (slot,))
 
 
 def stream_slot_name() -> str:
