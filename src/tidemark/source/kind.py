@@ -269,6 +269,12 @@ class SourceKind(abc.ABC):
         ids = None if offset is None else offset.get("signals")
         return None if ids is None else frozenset(str(i) for i in ids)
 
+    def reload_hint(self, table: str, signal_table: str | None) -> str:
+        """How a user reloads *table*'s target whole: what ``tidemark verify --repair``
+        suggests where single keys cannot mend it."""
+        where = f" --signal-table {signal_table}" if signal_table else ""
+        return f"tidemark signal execute-snapshot {table}{where} --dsn ..."
+
     def repair_key_value(self, text: str, target_type: pa.DataType) -> KeyValue:
         """A ``tidemark-repair`` signal's value of a key column from its canonical text
         (:mod:`tidemark.row_checksum`) and the target column's type

@@ -34,7 +34,8 @@ log = logging.getLogger(__name__)
 _POLL_S: Final = 0.2
 
 
-def check_repairable(config: PipelineConfig, targets: Sequence[Target] = ()) -> None:
+def check_repairable(config: PipelineConfig, kind: SourceKind,
+                     targets: Sequence[Target] = ()) -> None:
     """Refuse ``--repair`` of a pipeline without a signal table, naming the setting, and
     of *targets* sequenced by their own columns (``sequence_by``): a repair row is
     sequenced after the batch's changes by ``_commit_lsn``/``_seq`` only, so such a
@@ -46,8 +47,8 @@ def check_repairable(config: PipelineConfig, targets: Sequence[Target] = ()) -> 
                               f"{', '.join(target.spec.sequence_by)}, and the rows a repair "
                               "re-reads carry a new position only in _commit_lsn/_seq, so "
                               "they would be dropped as older than the target's; reload the "
-                              f"table instead (tidemark signal execute-snapshot "
-                              f"{target.table}), or leave it out of the repair (--table)")
+                              f"table instead ({_reload(config, kind, target.table)}), or "
+                              "leave it out of the repair (--table)")
     if config.source.signal_table is None:
         example = TableId("public", "tidemark_signal")
         raise ConfigError("source.signal_table", "--repair sends the differing keys "
@@ -56,6 +57,11 @@ def check_repairable(config: PipelineConfig, targets: Sequence[Target] = ()) -> 
                           f"({signal_table_ddl(example)}), set signal_table = "
                           f'"{example}" in [source] and restart the pipeline once '
                           "so that it reads the table")
+
+
+def _reload(config: PipelineConfig, kind: SourceKind, table: str) -> str:
+    signal_table = config.source.signal_table
+    return kind.reload_hint(table, None if signal_table is None else str(signal_table))
 
 
 def signal_keys(table: TableResult, kind: SourceKind) -> list[dict[str, KeyValue]]:
@@ -90,8 +96,7 @@ def send_repairs(config: PipelineConfig, kind: SourceKind, tables: Sequence[Tabl
         if len(table.differences) > limit:
             table.repair = TableRepair("refused", message=(
                 f"{len(table.differences)} keys differ, more than the repair limit of "
-                f"{limit}: reload the table instead (tidemark signal execute-snapshot "
-                f"{table.table} --signal-table {config.source.signal_table} --dsn ...), "
+                f"{limit}: reload the table instead ({_reload(config, kind, table.table)}), "
                 "or raise --repair-limit"))
             continue
         unkeyed = [d for d in table.differences if not d.keyed]
@@ -99,8 +104,7 @@ def send_repairs(config: PipelineConfig, kind: SourceKind, tables: Sequence[Tabl
             table.repair = TableRepair("refused", message=(
                 f"a repair re-reads single keys from the source and cannot mend a "
                 f"{unkeyed[0].kind} difference ({_named(unkeyed[0])}): reload the table "
-                f"instead (tidemark signal execute-snapshot {table.table} --signal-table "
-                f"{config.source.signal_table} --dsn ...)"))
+                f"instead ({_reload(config, kind, table.table)})"))
             continue
         try:
             keys = signal_keys(table, kind)
@@ -108,7 +112,7 @@ def send_repairs(config: PipelineConfig, kind: SourceKind, tables: Sequence[Tabl
         except (RepairKeyError, ValueError) as err:
             table.repair = TableRepair("refused", message=(
                 f"its keys cannot be sent in a repair signal ({err}): reload the table "
-                f"instead (tidemark signal execute-snapshot {table.table})"))
+                f"instead ({_reload(config, kind, table.table)})"))
             continue
         ids = tuple(send_signal(config.dsn, config.source.signal_table, REPAIR_TYPE, data)
                     for data in payloads)

@@ -91,7 +91,7 @@ def verify(config_path: str | os.PathLike[str], tables: Sequence[str] | None = N
         config = load_config(config_path)
         targets = _chosen(config, tables)
         if repair:
-            check_repairable(config, targets)
+            check_repairable(config, kind_of(config.dsn, config.source.kind), targets)
         snapshots = open_snapshot or _kind_snapshot(config, wait_s)
         _Verify(config, targets, wait_s, snapshots).run(result)
         if repair and result.exit_code == 1:

@@ -1,6 +1,6 @@
 """Two ``tidemark-repair`` signals of the same key of a SQLite log table, with no change
-logged between them, are at the same batch position: the later one's rows must still
-sort above the earlier one's, or ``apply_changes`` skips them as not newer."""
+logged between them: the later one's rows must still sort above the earlier one's, by
+position (SCD2) and sequence, or ``apply_changes`` skips them as not newer."""
 
 from __future__ import annotations
 
@@ -46,3 +46,6 @@ def test_a_later_repair_of_a_key_is_newer_at_the_same_position(tmp_path: Path) -
     end, first = _repair(plan, start, db.dsn)
     _, second = _repair(plan, end, db.dsn)
     assert second > first
+    # At a higher position, not only a higher _seq: SCD2 orders versions by the
+    # position alone and takes one at its current version's own for a replay.
+    assert second[0] > first[0]

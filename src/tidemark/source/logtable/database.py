@@ -170,6 +170,12 @@ class LogDatabase(Protocol):
         the database, without fetching the values."""
         ...
 
+    def tick(self) -> None:
+        """Move the end position past every position taken so far, logging no change
+        (PostgreSQL: a transaction id used up; SQLite: the clock moved on), so that a
+        batch ending after it sorts above every earlier one."""
+        ...
+
     def read_view(self) -> AbstractContextManager[tuple[Position, Any]]:
         """A read-only transaction on a connection of its own, in a ``with``, and the
         position it sees: every change logged at or before the position is in what it

@@ -161,6 +161,11 @@ class LogTableKind(SourceKind):
 
         return min(snapshot_xmin(str(g["snapshot"])) for g in groups)
 
+    def reload_hint(self, table: str, signal_table: str | None) -> str:
+        # The log tables' Spark stream takes no execute-snapshot (read_plan's docstring).
+        return ("start the pipeline on a new checkpoint with snapshot = \"initial\": a "
+                "log-table stream reloads its tables only so")
+
     def verify_snapshot(self, dsn: str, tables: Sequence[TableId], *,
                         publication: str, wait_s: float = 120.0) -> VerifySnapshot:
         from tidemark.source.logtable.verify_snapshot import (  # noqa: PLC0415

@@ -305,6 +305,12 @@ class PostgresLogDatabase:
                 sizes=sizes, log=sql.Identifier(entry.table.schema, entry.log),
                 group=sql.Identifier(layout.GROUP), txid=sql.Identifier(layout.TXID))
 
+    def tick(self) -> None:
+        with cursor(self._conn) as cur:
+            # Autocommit: the id is taken and its transaction ends, so the next
+            # snapshot's xmax is above it.
+            cur.execute("SELECT pg_current_xact_id()")
+
     @contextlib.contextmanager
     def read_view(self) -> Iterator[tuple[Position, psycopg.Connection[Any]]]:
         conn = connect(self._dsn, application_name="tidemark-logtable-snapshot")

@@ -364,9 +364,9 @@ def _held_key(end: dict[str, Any]) -> str:
 
 def repair_seq(end: dict[str, Any]) -> int:
     """``_seq`` of the repair rows of the batch ending at *end*: above every ``cdc$time``,
-    and rising from repair to repair. A batch's position key only grows when a change
-    was logged (a SQLite signal row logs none), so a repair of a key with none since
-    the last one is at the same ``_commit_lsn``, and must still be newer."""
+    and rising from repair to repair. (A repair's batch also ends past every earlier
+    position, :func:`~tidemark.source.logtable.repair_read.rows_at_end`: SCD2 versions
+    are ordered by ``_commit_lsn`` alone.)"""
     return _REPAIR_SEQ_BASE + 2 * int(end.get("repaired", 0))
 
 

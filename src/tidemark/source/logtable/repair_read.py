@@ -52,7 +52,11 @@ class HeldRepairRead(RepairRead):
 def rows_at_end(db: LogDatabase, sqlite: bool, entries: Sequence[LogTable],
                 requests: Sequence[RepairRequest]) -> tuple[Position, list[list[Row]]]:
     """A position for the end of the batch that takes *requests* and, read in the same
-    view, each request's rows (*entries*: the requests' tables, in the same order)."""
+    view, each request's rows (*entries*: the requests' tables, in the same order). The
+    position is above every earlier one (:meth:`LogDatabase.tick`), even when nothing
+    was logged since the last batch: an SCD2 target takes a change at its current
+    version's own position for one it has applied, and would skip the repair."""
+    db.tick()
     with db.read_view() as (position, conn):
         rows = [(_sqlite_rows if sqlite else _postgres_rows)(
             conn, entry, request.key_columns, request.keys)

@@ -251,6 +251,15 @@ class SqliteLogDatabase:
             raise SourceError(f"sizing the log of {self._path}: {err}") from None
         return total
 
+    def tick(self) -> None:
+        self._conn.execute("BEGIN IMMEDIATE")
+        try:
+            self._conn.execute(f"UPDATE {install.CLOCK_TABLE} SET time = time + 1")
+            self._conn.execute("COMMIT")
+        except BaseException:
+            self._conn.execute("ROLLBACK")
+            raise
+
     @contextlib.contextmanager
     def read_view(self) -> Iterator[tuple[Position, sqlite3.Connection]]:
         conn = connect(self._dsn)
