@@ -26,7 +26,7 @@ from collections.abc import Iterator, Sequence
 from typing import Any
 
 from tidemark.event import ChangeEvent, Op, TableId, WireTuple
-from tidemark.logical_type import Kind
+from tidemark.logical_type import Kind, LogicalType
 from tidemark.source.mariadb import client
 from tidemark.source.mariadb import snapshot as snap
 from tidemark.source.mariadb.change_builder import ChangeBuilder
@@ -92,15 +92,17 @@ def read_repair(options: ReadOptions, part: BinlogRepairRead,
     with contextlib.closing(conn):
         view = read_view_from(conn, end)
         read = []
+        layouts: dict[str, Layout] = {}
         for request in part.requests:
             table = TableId.parse(request.table)
             columns = snap.describe(conn, table)
+            layouts[request.table] = tuple((c.name, logical_type(c)) for c in columns)
             read.append((request, [c.name for c in columns], _rows(conn, request, columns)))
         conn.commit()
     if view.key > end.key:
         log.debug("repair %s read at %s: taking back the changes after %s",
                   ", ".join(r.id for r in part.requests), view, end)
-        read = _as_at(options, read, end, view)
+        read = _as_at(options, read, end, view, layouts)
     for request, names, rows in read:
         emit_repair(sink, _as_read(request, names, rows), names, rows, part.commit_lsn)
         yield
@@ -138,15 +140,19 @@ def _rows(conn: Any, request: RepairRequest, columns: Sequence[Any]) -> list[Wir
 
 
 Read = list[tuple[RepairRequest, list[str], list[WireTuple]]]
+#: A table's columns as (name, logical type), in order.
+Layout = tuple[tuple[str, LogicalType], ...]
 
 
 def _as_at(options: ReadOptions, read: Read, end: BinlogPosition,
-           view: BinlogPosition) -> Read:
-    """*read* (rows at *view*) as the rows were at *end*: each key's first change in
-    ``(end, view]`` replaced by what it found."""
+           view: BinlogPosition, layouts: dict[str, Layout]) -> Read:
+    """*read* (rows at *view*, whose tables' columns *layouts* gives) as the rows were
+    at *end*: each key's first change in ``(end, view]`` replaced by what it found."""
     wanted = {TableId.parse(r.table) for r, _, _ in read}
     # Per table: key -> the row at *end* (None: absent), for keys changed after it.
     before: dict[str, dict[Key, WireTuple | None]] = {str(t): {} for t in wanted}
+    # Keys whose row at *end* is in another layout than the view's (DDL in between).
+    other_layout: dict[str, set[Key]] = {str(t): set() for t in wanted}
     truncated: set[str] = set()
     for event in _changes(options, wanted, end, view):
         table = str(event.table)
@@ -157,8 +163,11 @@ def _as_at(options: ReadOptions, read: Read, end: BinlogPosition,
         at = list(event.schema.key_indexes)
         first = before[table]
         if event.raw_before is not None:
-            first.setdefault(tuple(_same_text(event.raw_before[i]) for i in at),
-                            event.raw_before)
+            key = tuple(_same_text(event.raw_before[i]) for i in at)
+            if key not in first and tuple((c.name, c.logical) for c in
+                                          event.schema.columns) != layouts[table]:
+                other_layout[table].add(key)
+            first.setdefault(key, event.raw_before)
         if event.raw_after is not None:
             first.setdefault(tuple(_same_text(event.raw_after[i]) for i in at), None)
     out: Read = []
@@ -173,12 +182,14 @@ def _as_at(options: ReadOptions, read: Read, end: BinlogPosition,
         index = [names.index(k) for k in request.key_columns]
         kept = [row for row in rows
                 if tuple(_same_text(row[i]) for i in index) not in changed]
+        # A row at *end* in another layout (DDL in between: columns added, dropped,
+        # renamed or retyped) cannot be restored in this one; missing from the rows it
+        # would become a delete: the key is left out.
+        different = other_layout[request.table]
         restored = [row for key, row in changed.items() if row is not None
-                    and len(row) == len(names) and _requested(request, key, rows, index)]
-        # A row at *end* in another layout (DDL in between) cannot be restored in this
-        # one; missing from the rows it would become a delete: the key is left out.
+                    and key not in different and _requested(request, key, rows, index)]
         other = {key for key, row in changed.items() if row is not None
-                 and len(row) != len(names) and _requested(request, key, rows, index)}
+                 and key in different and _requested(request, key, rows, index)}
         if other:
             log.warning("repair %s of %s: %d key(s) changed after the batch's end in "
                         "another column layout (a schema change between %s and %s) are "
