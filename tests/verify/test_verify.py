@@ -5,9 +5,12 @@ from __future__ import annotations
 
 import json
 import logging
+import os
+import socket
 from collections.abc import Sequence
 from pathlib import Path
 
+import msgspec
 import pyarrow as pa
 import pytest
 from click.testing import CliRunner
@@ -17,6 +20,7 @@ from verify_helpers import pipeline_file, run_pipeline
 
 from conftest import Database
 from delta_rows import live_table
+from tidemark import run_record
 from tidemark.cli.main import cli
 from tidemark.errors import ConfigError
 from tidemark.event import TableId
@@ -128,6 +132,22 @@ def test_drift_is_named_and_an_equal_target_passes(
     assert "different id=20 (v) [target behind]" in out.output
     assert "missing id=700 [target behind]" in out.output
     assert "the pipeline had not caught up with the source (target behind)" in out.output
+
+    # A pipeline that runs (its record says so, its process is alive) but has not
+    # committed the position in --wait: the rows may be in flight, so this is no
+    # difference to report or repair, but an error naming the lag.
+    record_file = tmp_path / "chk" / run_record.FILE_NAME
+    saved = record_file.read_bytes()
+    record_file.write_bytes(msgspec.json.encode(run_record.RunRecord(
+        outcome="running", host=socket.gethostname(), pid=os.getpid())))
+    try:
+        out = CliRunner().invoke(cli, ["verify", str(file), "--table", "public.c",
+                                       "--wait", "2"], standalone_mode=False)
+    finally:
+        record_file.write_bytes(saved)
+    assert isinstance(out.exception, SystemExit) and out.exception.code == 2, out.output
+    assert "did not commit the source's position in 2 s" in out.output, out.output
+    assert "different id=20 (v) [target behind]" in out.output
 
 
 def test_a_struct_column_is_refused_naming_it() -> None:

@@ -64,9 +64,11 @@ def table_lines(table: TableResult) -> list[str]:
 
 def text_report(result: VerifyResult) -> list[str]:
     """The whole report as lines."""
+    lines = [line for table in result.tables if table.rounds or table.differences
+             for line in table_lines(table)]
     if result.error is not None:
-        return [f"verify failed: {result.error}"]
-    lines = [line for table in result.tables for line in table_lines(table)]
+        # What was compared before the error still helps (a lagging pipeline's rows).
+        return [*lines, f"verify failed: {result.error}"]
     return lines or ["no targets to verify"]
 
 

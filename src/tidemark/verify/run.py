@@ -198,6 +198,7 @@ class _Verify:
         self.wait_s = wait_s
         self.open_snapshot = open_snapshot
         self.kind = kind_of(config.dsn, config.source.kind)
+        self.lagging = False  # a running pipeline did not reach a round's position
 
     def run(self, result: VerifyResult) -> None:
         result.tables = [t.result for t in self.tables]
@@ -228,6 +229,17 @@ class _Verify:
                 break
         for table in self.tables:
             table.result.seconds = time.monotonic() - table.started
+        unsure = [t.result.table for t in self.tables
+                  if any(d.target_behind for d in t.result.differences)]
+        if self.lagging and unsure:
+            # Not a difference to report (or repair): the rows may be changes the
+            # running pipeline has read and not applied yet.
+            result.error = (
+                f"the pipeline is running but did not commit the source's position in "
+                f"{self.wait_s:.0f} s, and {', '.join(unsure)} differ(s) from the source: "
+                "the rows listed (target behind) may be changes still in flight; verify "
+                "again once it has caught up (tidemark status shows its lag), or give "
+                "it longer with --wait")
 
     def _wait_for(self, snapshot: VerifySnapshot) -> bool:
         """Wait until the pipeline has committed the *snapshot*'s position; False if it
@@ -247,6 +259,7 @@ class _Verify:
                          self.kind.position_text(position))
                 return False
             if time.monotonic() >= deadline:
+                self.lagging = True
                 log.warning("the pipeline has not committed %s in %.0f s (is it running?): "
                             "comparing the target as it is",
                             self.kind.position_text(position), self.wait_s)
