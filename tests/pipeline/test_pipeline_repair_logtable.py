@@ -196,3 +196,34 @@ def test_a_log_table_signal_table_is_written_and_checked(logdb: LogDb) -> None:
     if logdb.kind == "sqlite":
         with pytest.raises(SignalError, match=r"name it main\.dbz_signal"):
             send_signal(logdb.dsn, "public.dbz_signal", "log", {"message": "hello"})
+
+
+def test_a_repair_key_the_source_cannot_read_is_skipped_not_fatal(
+        logdb: LogDb, tmp_path: Path) -> None:
+    """``1.5`` and ``"abc"`` for an integer key: the signal is skipped with a warning
+    naming the key and the column's type when taken; the stream goes on, and a good
+    signal in the same batch is applied."""
+    db, schema = logdb, _schema(logdb)
+    db.execute(signal_table_ddl(TableId(schema, "dbz_signal")),
+               *(f"CREATE TABLE {t} (id int PRIMARY KEY, v text)" for t in TABLES))
+    db.install(list(TABLES))
+    config = _config(tmp_path, db)
+    db.execute(*(f"INSERT INTO {t} (id, v) VALUES "
+                 + ", ".join(f"({i}, '{t}{i}')" for i in range(1, 21)) for t in TABLES))
+    _run(config, tmp_path / "run-1.log")
+    _tamper(tmp_path)
+    send_signal(db.dsn, f"{schema}.dbz_signal", "tidemark-repair",
+                repair_signal_data(f"{schema}.a", [{"id": 1.5}]))
+    send_signal(db.dsn, f"{schema}.dbz_signal", "tidemark-repair",
+                repair_signal_data(f"{schema}.b", [{"id": "abc"}]))
+    send_signal(db.dsn, f"{schema}.dbz_signal", "tidemark-repair",
+                repair_signal_data(f"{schema}.s", KEYS))
+    _run(config, tmp_path / "run-2.log")
+    text = (tmp_path / "run-2.log").read_text(errors="replace")
+    assert "skipped: key {'id': 1.5} is not a value of id" in text, text[-4000:]
+    assert "skipped: key {'id': 'abc'} is not a value of id" in text, text[-4000:]
+    assert _equal(db, tmp_path, "s")
+    assert not _equal(db, tmp_path, "a") and not _equal(db, tmp_path, "b")
+    db.execute("INSERT INTO a (id, v) VALUES (100, 'after')")
+    _run(config, tmp_path / "run-3.log")  # the stream goes on
+    assert _rows(tmp_path, "a")[100] == (100, "after")

@@ -15,10 +15,14 @@ from __future__ import annotations
 
 import datetime as dt
 import decimal
+from collections.abc import Callable, Mapping
 from typing import Final
 
 import pyarrow as pa
 
+from tidemark import wire_text
+from tidemark.logical_type import FLOAT_KINDS, INTEGER_KINDS, Kind, LogicalType
+from tidemark.source.repair import RepairRequest, key_text
 from tidemark.source.repair_signal import KeyValue
 
 _EPOCH_DATE: Final = dt.date(1970, 1, 1)
@@ -110,3 +114,47 @@ def key_value(text: str, target_type: pa.DataType) -> KeyValue:
         raise RepairKeyError(f"a key column of type {target_type} (a list) cannot be named "
                              "in a repair signal")
     return text  # strings: the text the pipeline received, which the source printed
+
+
+def _timestamp(text: str) -> object:
+    try:
+        return wire_text.parse_timestamp(text)
+    except ValueError:
+        return wire_text.parse_timestamptz(text)
+
+
+#: What reads a key's text as its column's kind, as the pipeline reads a ``d`` row's
+#: key back (kinds not listed take any text).
+_READERS: Final[dict[Kind, Callable[[str], object]]] = {
+    **dict.fromkeys(INTEGER_KINDS, wire_text.parse_int),
+    **dict.fromkeys(FLOAT_KINDS, wire_text.parse_float),
+    Kind.DECIMAL: wire_text.parse_numeric, Kind.BOOL: wire_text.parse_bool,
+    Kind.UUID: wire_text.parse_uuid, Kind.DATE: wire_text.parse_date,
+    Kind.TIMESTAMP: _timestamp, Kind.TIMESTAMPTZ: _timestamp,
+}
+
+
+def key_type_problem(request: RepairRequest, types: Mapping[str, LogicalType]) -> str | None:
+    """Why a key of *request* is not a value of its column's logical type (*types*: the
+    table's columns), or None: a ``1.5`` or ``"abc"`` for an integer key. Asked on the
+    driver when a signal is taken, for sources whose SQL would not refuse such a key
+    itself: the key's ``d`` row would fail every replay of the batch that holds it."""
+    for index, column in enumerate(request.key_columns):
+        logical = types.get(column)
+        if logical is None:
+            return f"{request.table} has no column {column}"
+        read = _READERS.get(logical.kind)
+        if read is None:
+            continue
+        for key in request.keys:
+            value = key[index]
+            try:
+                if isinstance(value, bool) != (logical.kind is Kind.BOOL) or (
+                        isinstance(value, float) and logical.kind in INTEGER_KINDS):
+                    raise ValueError(value)
+                read(key_text(value))
+            except (ValueError, ArithmeticError):
+                named = dict(zip(request.key_columns, key, strict=True))
+                return (f"key {named} is not a value of {column} ({logical.kind}): give it "
+                        f"as the text the source prints for a {logical.kind}")
+    return None

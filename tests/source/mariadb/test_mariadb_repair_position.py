@@ -102,3 +102,32 @@ def test_a_key_changed_before_a_schema_change_is_left_out(mdb: MariaDatabase,
         pass
     assert [(op, values[:2]) for op, values, _, _ in sink.added if values is not None] \
         == [("r", ("2", "b"))]
+
+
+def test_a_repair_key_that_is_no_value_of_its_column_is_skipped(
+        mdb: MariaDatabase, caplog: pytest.LogCaptureFixture) -> None:
+    """MariaDB reads ``'abc'`` for an integer key as 0 and finds nothing, so the repair
+    would send a ``d`` of key ``abc``, which the pipeline cannot read back into the
+    integer column (every replay of the batch would fail): such a signal is skipped
+    with a warning naming the key, when taken; a good one in the same batch is not."""
+    mdb.execute("CREATE TABLE t (id INT PRIMARY KEY, d DATE, v VARCHAR(20))",
+                "CREATE TABLE u (d DATE PRIMARY KEY, v VARCHAR(20))",
+                "CREATE TABLE dbz_signal (id VARCHAR(42) PRIMARY KEY, type VARCHAR(32) NOT "
+                "NULL, data VARCHAR(2048))",
+                "INSERT INTO t VALUES (1, '2024-01-01', 'a')")
+    plan = make_read_plan(SourceOptions.parse(
+        {"dsn": mdb.dsn, "tables": f"{mdb.name}.t,{mdb.name}.u",
+         "signalTable": f"{mdb.name}.dbz_signal"}))
+    plan.tables()
+    start = plan.latest(plan.initial_offset(), None)
+    bad = [send_signal(mdb.dsn, f"{mdb.name}.dbz_signal", "tidemark-repair",
+                       repair_signal_data(table, [key]))
+           for table, key in ((f"{mdb.name}.t", {"id": "abc"}), (f"{mdb.name}.t", {"id": 1.5}),
+                              (f"{mdb.name}.u", {"d": "not a date"}))]
+    good = send_signal(mdb.dsn, f"{mdb.name}.dbz_signal", "tidemark-repair",
+                       repair_signal_data(f"{mdb.name}.t", [{"id": 1}, {"id": "2"}]))
+    end = plan.latest(start, None)
+    assert [r["id"] for r in end["repairs"]] == [good]
+    for signal in bad:
+        assert f"signal {signal} (tidemark-repair) skipped: key" in caplog.text
+    assert "key {'id': 'abc'} is not a value of id" in caplog.text

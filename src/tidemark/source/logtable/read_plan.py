@@ -50,6 +50,7 @@ from tidemark.source.logtable.reader import events_of, open_database
 from tidemark.source.logtable.repair_read import (
     HeldRepairRead,
     Row,
+    key_check,
     key_columns,
     read_repair,
     rows_at_end,
@@ -225,8 +226,10 @@ class LogTableReadPlan:
                         "some rows, send tidemark-repair with their keys", name)
         repairs = []
         if taken:
-            keys = {str(e.table): key_columns(e) for e in _tables(db, self.options)}
-            repairs = [repair_request(s, tables, keys) for s in taken]
+            entries = _tables(db, self.options)
+            keys = {str(e.table): key_columns(e) for e in entries}
+            check = key_check(self.options.dsn, entries)
+            repairs = [repair_request(s, tables, keys, check=check) for s in taken]
         return list(ids), [r for r in repairs if r is not None]
 
     def report_latest(self) -> dict[str, Any] | None:

@@ -18,13 +18,16 @@ a repair applied twice is idempotent, one applied at a later end is exact there)
 
 from __future__ import annotations
 
+import contextlib
 import logging
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
+from tidemark.source.logtable.config import is_sqlite
 from tidemark.source.logtable.database import LogDatabase, LogTable, Position
 from tidemark.source.read_plan import ChangeSink
 from tidemark.source.repair import RepairRead, RepairRequest, emit_repair, key_text
+from tidemark.source.repair_keys import key_type_problem
 from tidemark.source.repair_signal import KeyValue
 
 log = logging.getLogger(__name__)
@@ -47,6 +50,28 @@ class HeldRepairRead(RepairRead):
         super().__init__(index, requests, commit_lsn, seq)
         self.names = tuple(tuple(n) for n in names)
         self.rows = tuple(tuple(r) for r in rows)
+
+
+def key_check(dsn: str, entries: Sequence[LogTable]
+              ) -> Callable[[RepairRequest], str | None]:
+    """Why the source cannot read a request's keys (a ``1.5`` or ``"abc"`` for an
+    integer key), or None: checked when the driver takes a signal, as the rows are read
+    then and a key the read (or the pipeline, for its ``d``) fails on would fail every
+    retry. PostgreSQL also casts each key to its column's type."""
+    types = {str(e.table): {c.name: c.logical for c in e.schema.columns} for e in entries}
+
+    def check(request: RepairRequest) -> str | None:
+        problem = key_type_problem(request, types.get(request.table, {}))
+        if problem is not None or is_sqlite(dsn):
+            return problem
+        from tidemark.postgres_connection import connect  # noqa: PLC0415
+        from tidemark.source.postgres.repair_read import key_problem  # noqa: PLC0415
+
+        with contextlib.closing(connect(dsn, application_name="tidemark-logtable-repair")) \
+                as conn:
+            conn.autocommit = True
+            return key_problem(conn, request)
+    return check
 
 
 def rows_at_end(db: LogDatabase, sqlite: bool, entries: Sequence[LogTable],

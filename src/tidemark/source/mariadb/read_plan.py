@@ -42,6 +42,7 @@ from tidemark.source.mariadb.grants import check_grants
 from tidemark.source.mariadb.position import BinlogPosition
 from tidemark.source.mariadb.read_view import read_view_from
 from tidemark.source.mariadb.repair_read import BinlogRepairRead, read_repair
+from tidemark.source.mariadb.types import logical_type
 from tidemark.source.read_plan import (
     SNAPSHOT_INITIAL,
     ChangeSink,
@@ -55,6 +56,7 @@ from tidemark.source.repair import (
     requests_from,
     requests_json,
 )
+from tidemark.source.repair_keys import key_type_problem
 from tidemark.source.repair_signal import RepairSignal
 from tidemark.source.signal_requests import requests_in
 
@@ -174,7 +176,10 @@ class MariaDbReadPlan:
             requested, ids = requests_in(rows, None if seen is None else tuple(seen),
                                          tables, taken)
             repairs = [repair_request(s, tables, lambda name: snap.primary_key(
-                conn, TableId.parse(name))) for s in taken]
+                conn, TableId.parse(name)), check=lambda r: key_type_problem(r, {
+                    c.name: logical_type(c)
+                    for c in snap.describe(conn, TableId.parse(r.table))}))
+                for s in taken]
         return requested, ids, [r for r in repairs if r is not None]
 
     def _end_for_limit(self, start: BinlogPosition, end: BinlogPosition,
