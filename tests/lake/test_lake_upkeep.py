@@ -6,6 +6,7 @@ from __future__ import annotations
 import time
 from pathlib import Path
 
+import pyarrow as pa
 import pytest
 from deltalake import DeltaTable
 
@@ -126,3 +127,19 @@ def test_negative_settings_are_refused(field: str) -> None:
 
     with pytest.raises(msgspec.ValidationError, match=f"`\\$.{field}`"):
         msgspec.convert({field: -1}, UpkeepSettings)
+
+
+def test_a_target_created_with_a_file_size_is_loaded_in_files_of_that_size(
+        tmp_path: Path) -> None:
+    """``table_properties`` reach the new table: its very first batch (a snapshot's
+    load) is written in files of ``delta.targetFileSize``, not one big file that
+    upkeep would later have to rewrite whole."""
+    spec = ApplySpec(keys=("id",), table_properties={"delta.targetFileSize": str(1 << 20)})
+    batch = [change("r", 1, i, id=i, name=f"name {i}" * 8, body=str(i) * 20)
+             for i in range(60_000)]
+    apply_changes(str(tmp_path / "t"), rows(*batch), spec, app_id="a", version=0)
+    table = DeltaTable(str(tmp_path / "t"))
+    assert table.metadata().configuration["delta.targetFileSize"] == str(1 << 20)
+    sizes = pa.table(table.get_add_actions(flatten=True)).column("size_bytes").to_pylist()
+    assert len(sizes) > 3 and max(sizes) < 2 << 20, sizes
+    assert len(read(tmp_path / "t")) == 60_000

@@ -52,6 +52,7 @@ from tidemark.lake.mor_rows import (
     move_files,
     needs_rows,
     plan_scd1,
+    target_file_size,
     write_files,
 )
 from tidemark.lake.spec import ApplySpec, ResolvedColumns
@@ -250,7 +251,7 @@ def _stage(root: Path, scratch: Path, index: KeyIndex, staged: _Staged, batch: P
                 sequence_after(batch.rows, spec.sequence_by, batch.truncates[-1])))
         replaced, new_rows, counts = plan_scd1(index, batch, spec, columns)
         new_files = write_files(scratch, conform(new_rows, target_schema, spec), spec,
-                                target_schema)
+                                target_schema, target_file_size(state))
     if len(truncated):
         counts = (counts[0], counts[1], counts[2] + len(truncated), counts[3], counts[4])
         replaced = np.concatenate([replaced, truncated])

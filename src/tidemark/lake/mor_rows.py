@@ -30,6 +30,7 @@ from tidemark.lake.key_index import KeyIndex, plain_schema
 from tidemark.lake.spec import ApplySpec, ResolvedColumns
 
 SCRATCH_DIR = "_tidemark_scratch"
+_FILE_SIZE = "delta.targetFileSize"
 
 MergeFn = Callable[[DeltaTable, PreparedBatch, ApplySpec, ResolvedColumns, CommitProperties,
                     str], tuple[dict[str, Any], int, int]]
@@ -109,8 +110,10 @@ def merge_with_rows(root: Path, scratch: Path, index: KeyIndex, state: delta_log
     found = index.lookup(keys)
     rows = np.unique(found.row)
     current = read_rows(root, index, state, rows, target_schema)
+    size = target_file_size(state)
     DeltaTable.create(os.fspath(scratch), target_schema, mode="error",
-                      partition_by=list(spec.partition_by) or None)
+                      partition_by=list(spec.partition_by) or None,
+                      configuration=None if size is None else {_FILE_SIZE: str(size)})
     if len(current):
         write_deltalake(os.fspath(scratch), current, mode="append")
     work = DeltaTable(os.fspath(scratch))
@@ -181,13 +184,24 @@ def conform(rows: pa.Table, schema: pa.Schema, spec: ApplySpec) -> pa.Table:
         .cast(schema)
 
 
-def write_files(scratch: Path, rows: pa.Table, spec: ApplySpec,
-                 schema: pa.Schema) -> list[dict[str, Any]]:
-    """Write *rows* as new data files (through a scratch table); their add actions."""
+def target_file_size(state: delta_log.LogState) -> int | None:
+    """The target's ``delta.targetFileSize``: the scratch table's writes must cut their
+    files as the target's own would (None: delta-rs's default)."""
+    value = (state.metadata.get("configuration") or {}).get(_FILE_SIZE)
+    try:
+        return int(value) if value is not None else None
+    except ValueError:
+        return None
+
+
+def write_files(scratch: Path, rows: pa.Table, spec: ApplySpec, schema: pa.Schema,
+                file_size: int | None = None) -> list[dict[str, Any]]:
+    """Write *rows* as new data files of about *file_size* bytes (through a scratch
+    table); their add actions."""
     if not len(rows):
         return []
     write_deltalake(os.fspath(scratch), rows, mode="error",
-                    partition_by=list(spec.partition_by) or None)
+                    partition_by=list(spec.partition_by) or None, target_file_size=file_size)
     return list(delta_log.read_log(scratch).files.values())
 
 

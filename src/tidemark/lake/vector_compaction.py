@@ -36,7 +36,7 @@ from deltalake import DeltaTable, Schema, write_deltalake
 from tidemark.lake import delta_log
 from tidemark.lake.deletion_vector import DeletionVector, read_vector
 from tidemark.lake.key_index import plain_schema
-from tidemark.lake.mor_rows import SCRATCH_DIR, conform_columns, move_files
+from tidemark.lake.mor_rows import SCRATCH_DIR, conform_columns, move_files, target_file_size
 
 #: How a file holding deletion vectors is named (Delta protocol).
 _VECTOR_FILE_GLOB: Final = "deletion_vector_*.bin"
@@ -112,7 +112,8 @@ def compact_deleted(root: Path, state: delta_log.LogState, threshold: float,
             if len(rows):
                 write_deltalake(os.fspath(scratch), rows,
                                 mode="append" if (scratch / "_delta_log").exists() else "error",
-                                partition_by=partitions or None)
+                                partition_by=partitions or None,
+                                target_file_size=target_file_size(state))
         new_files = list(delta_log.read_log(scratch).files.values()) \
             if (scratch / "_delta_log").exists() else []
         added = [{**a, "dataChange": False} for a in move_files(scratch, root, new_files)]
