@@ -163,3 +163,58 @@ def test_vacuum_keeps_a_live_vector_file_older_than_the_retention(tmp_path: Path
     assert len(_dv_files(path)) == 1 and _dv_files(path) < live
     check_readers_agree(path)
     assert read(path, "id", "name") == _expected(model)
+
+
+#: Only the compaction of small files: files under 256 KB, merged up to 512 KB.
+ONLY_SMALL = UpkeepSettings(target_file_mb=1, compact_min_files=4, cluster_min_files=0,
+                            checkpoint_every=0, vacuum_every_minutes=0,
+                            compact_deleted_fraction=0)
+_SMALL = 1 << 18
+
+
+def _sizes(path: Path) -> dict[str, int]:
+    return {p: int(a["size"]) for p, a in delta_log.read_log(path).files.items()}
+
+
+def test_small_files_are_merged_and_a_full_one_is_left_alone(tmp_path: Path) -> None:
+    """Each batch adds a small file (and updates and deletes rows of earlier ones): the
+    oldest small files are merged into one, without their deleted rows; a file past
+    half the size (one a compaction made) is never rewritten again (delta-rs's
+    compaction rewrites every file under its target, so that one each time); the
+    readers agree and the writer's key index finds the rows where they went."""
+    path = tmp_path / "t"
+    model = _load(path, 10)
+    state = UpkeepState()
+    ran = 0
+    next_id = 10
+    for version in range(1, 25):
+        ids = list(range(next_id, next_id + 1500))
+        next_id += 1500
+        lsn = 10 * (version + 1)
+        changes = [change("c", lsn, s + 1, id=i, name=f"v{version}",
+                          body=f"{i * 7919:x}" * 6) for s, i in enumerate(ids)]
+        # An update and a delete of rows of the batch before: vectors on small files.
+        changes += [change("u", lsn, 2000, id=next_id - 2000, name="u", body="u"),
+                    change("d", lsn, 2001, id=next_id - 2100)]
+        assert apply_changes(path, rows(*changes), SPEC, app_id="q",
+                             version=version).merge == "merge_on_read"
+        model.update({i: f"v{version}" for i in ids})
+        model[next_id - 2000] = "u"
+        model.pop(next_id - 2100, None)
+        before = _sizes(path)
+        tasks = upkeep(DeltaTable(str(path)), ONLY_SMALL, state)
+        if not tasks:
+            continue
+        ran += 1
+        assert [t.name for t in tasks] == ["compact"], tasks
+        assert "small files into 1," in tasks[0].detail, tasks[0].detail
+        removed = set(before) - set(_sizes(path))
+        assert len(removed) >= 2 and all(before[p] < _SMALL for p in removed), \
+            {p: before[p] for p in removed}
+        assert len(check_readers_agree(path)) == len(model)
+    full = [p for p, size in _sizes(path).items() if size >= _SMALL]
+    assert ran >= 3 and full, (ran, _sizes(path))
+    assert read(path, "id", "name") == _expected(model)
+    # Later batches still find the keys the compactions moved.
+    _update(path, model, [11, 500, next_id - 1], 40, deletes=(12, 600))
+    assert read(path, "id", "name") == _expected(model)

@@ -179,8 +179,12 @@ class KeyIndex:
         if added:
             self._add_lookup(added, added_starts, added_rows)
         self.version = state.version
-        if self._dead > _DEAD_FRACTION * max(len(self._alive), 1) and self._dead > _DEAD_MIN:
+        if self._rebuild_due():
             self._rebuild()
+
+    def _rebuild_due(self) -> bool:
+        return self._dead > _DEAD_FRACTION * max(len(self._alive), 1) and \
+            self._dead > _DEAD_MIN
 
     def _load_file(self, path: str, dv: DeletionVector | None
                    ) -> tuple[_File, np.ndarray[Any, Any]]:
@@ -239,7 +243,8 @@ class KeyIndex:
         if len(self._fresh[0]) > _FRESH_MAX:
             self._recent = _merged(self._recent, self._without_dead(self._fresh))
             self._fresh = (np.zeros(0, _U64), np.zeros(0, np.int64))
-        if len(self._recent[0]) > _RECENT_FRACTION * len(self._base[0]):
+        if len(self._recent[0]) > _RECENT_FRACTION * len(self._base[0]) and \
+                not self._rebuild_due():  # a rebuild merges the levels anyway
             self._merge_levels()
 
     def _without_dead(self, level: tuple[np.ndarray[Any, Any], np.ndarray[Any, Any]]

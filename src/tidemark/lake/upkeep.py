@@ -10,7 +10,11 @@ conflicts with a merge; each task runs only when due:
   clustered by key stays so): when ``compact_min_files`` files are smaller than half of
   ``target_file_mb``. A compaction commit changes no data: readers and the app
   transactions that make batches exactly-once are unaffected. Its cost is bounded by the
-  small files it rewrites, not the table.
+  small files it rewrites, not the table. On a merge-on-read target tidemark rewrites
+  the oldest small files into one file's worth itself
+  (:func:`tidemark.lake.vector_compaction.compact_small`): delta-rs's would rewrite
+  every file under the target size each time, the nearly full one it made last time
+  included, and the key index would reload all its keys.
 * **deleted rows** (merge-on-read targets, :mod:`tidemark.lake.vector_compaction`): a
   file whose deletion vector marks at least ``compact_deleted_fraction`` of its rows is
   rewritten without them, in its order (up to ``_DELETED_MAX_FILES`` target file's worth a
@@ -50,7 +54,11 @@ from tidemark.lake import delta_log
 from tidemark.lake.branch import local_directory
 from tidemark.lake.clustering import cluster
 from tidemark.lake.delta_read import has_deletion_vectors_feature
-from tidemark.lake.vector_compaction import compact_deleted, vacuum_keeping_vectors
+from tidemark.lake.vector_compaction import (
+    compact_deleted,
+    compact_small,
+    vacuum_keeping_vectors,
+)
 
 log = logging.getLogger(__name__)
 
@@ -187,13 +195,18 @@ def upkeep(table: DeltaTable, settings: UpkeepSettings, state: UpkeepState,
             tasks.append(task)
     if heavy and not tasks and settings.compact_min_files and small_files(table, settings) >= \
             settings.compact_min_files:
-        started = time.monotonic()
-        metrics = table.optimize.compact(target_size=compaction_target(table, settings),
-                                         max_concurrent_tasks=1)
-        table.update_incremental()
-        tasks.append(UpkeepTask(
-            "compact", f"compacted {metrics.get('numFilesRemoved', 0)} files into "
-                       f"{metrics.get('numFilesAdded', 0)}", time.monotonic() - started))
+        if local is not None and has_deletion_vectors_feature(table):
+            task = _compact_small(table, root, settings, state)
+            if task is not None:
+                tasks.append(task)
+        else:
+            started = time.monotonic()
+            metrics = table.optimize.compact(target_size=compaction_target(table, settings),
+                                             max_concurrent_tasks=1)
+            table.update_incremental()
+            tasks.append(UpkeepTask(
+                "compact", f"compacted {metrics.get('numFilesRemoved', 0)} files into "
+                           f"{metrics.get('numFilesAdded', 0)}", time.monotonic() - started))
     state.batches_since_cluster += 1
     if heavy and not tasks and settings.cluster_min_files and \
             state.batches_since_cluster >= _CLUSTER_EVERY:
@@ -259,6 +272,26 @@ def _compact_deleted(table: DeltaTable, root: Path, settings: UpkeepSettings,
         return None
     table.update_incremental()
     return UpkeepTask("compact_deleted", str(done), time.monotonic() - started)
+
+
+def _compact_small(table: DeltaTable, root: Path, settings: UpkeepSettings,
+                   state: UpkeepState) -> UpkeepTask | None:
+    """Merge the oldest small files of a merge-on-read table into one file's worth
+    (:func:`tidemark.lake.vector_compaction.compact_small`); a commit by another writer
+    meanwhile skips this round."""
+    started = time.monotonic()
+    state.log = delta_log.read_log(root) if state.log is None else \
+        delta_log.advance(root, state.log)
+    target = compaction_target(table, settings)
+    try:
+        done = compact_small(root, state.log, target // 2, target)
+    except delta_log.CommitConflictError as err:
+        log.info("%s: compaction of small files skipped: %s", table.table_uri, err)
+        return None
+    if done is None:
+        return None
+    table.update_incremental()
+    return UpkeepTask("compact", str(done), time.monotonic() - started)
 
 
 def _log_files(root: Path) -> int:

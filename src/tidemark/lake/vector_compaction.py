@@ -44,14 +44,18 @@ _VECTOR_FILE_GLOB: Final = "deletion_vector_*.bin"
 
 @dataclasses.dataclass(frozen=True)
 class VectorCompaction:
-    """What one :func:`compact_deleted` did."""
+    """What one :func:`compact_deleted` or :func:`compact_small` did."""
 
     files_removed: int
     files_added: int
     rows_dropped: int
     version: int
+    small: bool = False
 
     def __str__(self) -> str:
+        if self.small:
+            return (f"compacted {self.files_removed} small files into {self.files_added}, "
+                    f"{self.rows_dropped} deleted rows dropped")
         return (f"rewrote {self.files_removed} files with deleted rows into "
                 f"{self.files_added}, {self.rows_dropped} deleted rows dropped")
 
@@ -90,6 +94,36 @@ def due_files(state: delta_log.LogState, threshold: float,
     return chosen
 
 
+def small_files_due(state: delta_log.LogState, small_bytes: int,
+                    max_bytes: int) -> list[dict[str, Any]]:
+    """The live files under *small_bytes*, oldest first, as many as fit in *max_bytes*
+    (two at least, or none)."""
+    small = sorted((add for add in state.files.values() if int(add["size"]) < small_bytes),
+                   key=lambda add: int(add.get("modificationTime") or 0))
+    chosen: list[dict[str, Any]] = []
+    total = 0
+    for add in small:
+        if len(chosen) >= 2 and total + int(add["size"]) > max_bytes:
+            break
+        chosen.append(add)
+        total += int(add["size"])
+    return chosen if len(chosen) >= 2 else []
+
+
+def compact_small(root: Path, state: delta_log.LogState, small_bytes: int,
+                  max_bytes: int) -> VectorCompaction | None:
+    """Rewrite the oldest files of the local table *root* under *small_bytes* (up to
+    *max_bytes* of them) into one file's worth, without their deleted rows, as one
+    commit; None when fewer than two are that small. delta-rs's compaction would also
+    rewrite every file under its target size, so the file it made last time (nearly
+    full) again and again, and the writer's key index would load all its keys again at
+    each; here a file past half the size is left to :func:`compact_deleted`. Raises
+    :class:`tidemark.lake.delta_log.CommitConflictError` as :func:`compact_deleted`."""
+    chosen = small_files_due(state, small_bytes, max_bytes)
+    return _rewrite(root, state, chosen, {"reason": "small files"}, small=True) \
+        if chosen else None
+
+
 def compact_deleted(root: Path, state: delta_log.LogState, threshold: float,
                     max_bytes: int) -> VectorCompaction | None:
     """Rewrite the files of the local table *root* (at *state*, its latest version)
@@ -100,28 +134,36 @@ def compact_deleted(root: Path, state: delta_log.LogState, threshold: float,
     chosen = due_files(state, threshold, max_bytes)
     if not chosen:
         return None
+    return _rewrite(root, state, chosen, {"reason": "deleted rows",
+                                          "deletedFraction": str(threshold)})
+
+
+def _rewrite(root: Path, state: delta_log.LogState, chosen: list[dict[str, Any]],
+             parameters: dict[str, str], *, small: bool = False) -> VectorCompaction:
+    """Rewrite the *chosen* live files (their live rows, in order) as one commit of
+    removes and adds, ``dataChange: false``."""
     schema = _table_schema(state)
     partitions = list(state.metadata.get("partitionColumns") or [])
     scratch = root / SCRATCH_DIR / uuid.uuid4().hex
     added: list[dict[str, Any]] = []
     dropped = 0
     try:
+        live = []
         for add in chosen:
             rows, deleted = _live_rows(root, add, schema, partitions)
             dropped += deleted
-            if len(rows):
-                write_deltalake(os.fspath(scratch), rows,
-                                mode="append" if (scratch / "_delta_log").exists() else "error",
-                                partition_by=partitions or None,
-                                target_file_size=target_file_size(state))
+            live.append(rows)
+        rows = pa.concat_tables(live)
+        if len(rows):  # one write: small files merged, not copied one for one
+            write_deltalake(os.fspath(scratch), rows, mode="error",
+                            partition_by=partitions or None,
+                            target_file_size=target_file_size(state))
         new_files = list(delta_log.read_log(scratch).files.values()) \
             if (scratch / "_delta_log").exists() else []
         added = [{**a, "dataChange": False} for a in move_files(scratch, root, new_files)]
         now = delta_log.now_ms()
         actions: list[dict[str, Any]] = [{"commitInfo": {
-            "timestamp": now, "operation": "OPTIMIZE",
-            "operationParameters": {"reason": "deleted rows",
-                                    "deletedFraction": str(threshold)},
+            "timestamp": now, "operation": "OPTIMIZE", "operationParameters": parameters,
             "clientVersion": "tidemark"}}]
         for add in chosen:
             removal, _ = delta_log.replace_file_actions(add, None, now)
@@ -137,7 +179,7 @@ def compact_deleted(root: Path, state: delta_log.LogState, threshold: float,
     finally:
         shutil.rmtree(scratch, ignore_errors=True)
     return VectorCompaction(files_removed=len(chosen), files_added=len(added),
-                            rows_dropped=dropped, version=state.version + 1)
+                            rows_dropped=dropped, version=state.version + 1, small=small)
 
 
 def _table_schema(state: delta_log.LogState) -> pa.Schema:
@@ -150,11 +192,12 @@ def _live_rows(root: Path, add: dict[str, Any], schema: pa.Schema,
     partition values as columns); and how many deleted rows were dropped."""
     rows = pq.read_table(root / unquote(add["path"]))
     rows = rows.cast(plain_schema(rows.schema))
-    deleted = read_vector(root, DeletionVector.from_json(add["deletionVector"]))
     keep = np.ones(len(rows), dtype=bool)
-    positions = np.fromiter(deleted, dtype=np.int64, count=len(deleted))
-    keep[positions[positions < len(rows)]] = False
-    rows = rows.filter(pa.array(keep))
+    if add.get("deletionVector"):  # a small file may have none
+        deleted = read_vector(root, DeletionVector.from_json(add["deletionVector"]))
+        positions = np.frombuffer(deleted.to_array(), dtype=np.uint64).astype(np.int64)
+        keep[positions[positions < len(rows)]] = False
+        rows = rows.filter(pa.array(keep))
     values = add.get("partitionValues") or {}
     for name in partitions:
         field = schema.field(name)
