@@ -28,7 +28,7 @@ merge-on-read: at most 1.5x from 1M to 10M; a full scan at most 1.3x the compact
 
 Usage: ``uv run --frozen python benchmarks/bench_merge_on_read.py [--rows 1000000
 --rows 10000000] [--batches 20] [--cow-batches N] [--modes merge_on_read,copy_on_write]
-[--scans 5] [--upkeep] [--file-mb 16] [--dir /tmp]``
+[--scans 5] [--upkeep] [--dir /tmp]``
 """
 
 from __future__ import annotations
@@ -168,7 +168,6 @@ class Run:
     """With ``--upkeep``: tidemark run's upkeep after each batch, as the pipeline runs it."""
     upkeep_wall: list[float] = field(default_factory=list)
     tasks: list[str] = field(default_factory=list)
-    settings: UpkeepSettings = field(default_factory=UpkeepSettings)
     task_seconds: dict[str, list[float]] = field(default_factory=dict)
 
     def apply(self, changes: pa.Table, version: int) -> None:
@@ -182,7 +181,7 @@ class Run:
         self.picked.append(result.merge)
         if self.upkeep is not None:
             started = time.perf_counter()
-            done = upkeep(DeltaTable(str(self.path)), self.settings, self.upkeep,
+            done = upkeep(DeltaTable(str(self.path)), UpkeepSettings(), self.upkeep,
                           keys=self.spec.keys)
             self.upkeep_wall.append(time.perf_counter() - started)
             self.tasks += [task.name for task in done]
@@ -201,17 +200,10 @@ def _mb(values: list[int]) -> list[float]:
     return [v / 1e6 for v in values]
 
 
-def _properties(args: argparse.Namespace) -> dict[str, str]:
-    """The target's table properties: with ``--file-mb``, the file size a pipeline's
-    upkeep gives its targets when it creates them."""
-    return {} if args.file_mb is None else {"delta.targetFileSize": str(args.file_mb << 20)}
-
-
-def build(path: Path, rows: int, piece: int, properties: dict[str, str]) -> float:
+def build(path: Path, rows: int, piece: int) -> float:
     """Load the snapshot into *path*; the seconds it took."""
     started = time.perf_counter()
-    load_in_steps(path, snapshot_pieces(rows, piece),
-                  ApplySpec(keys=("id",), table_properties=properties), app_id=APP,
+    load_in_steps(path, snapshot_pieces(rows, piece), ApplySpec(keys=("id",)), app_id=APP,
                   version=0, how="replace")
     return time.perf_counter() - started
 
@@ -287,7 +279,7 @@ def bench_size(work: Path, rows: int, args: argparse.Namespace) -> dict[str, Run
                   else args.batches) for m in modes}
     total = max(counts.values())
     base = work / f"base-{rows}"
-    seconds = build(base, rows, args.piece, _properties(args))
+    seconds = build(base, rows, args.piece)
     files = len(DeltaTable(str(base)).file_uris())
     size = sum(_files(base).values())
     print(f"\n== {rows:,} rows: loaded by load_in_steps(how='replace') in pieces of "
@@ -297,10 +289,8 @@ def bench_size(work: Path, rows: int, args: argparse.Namespace) -> dict[str, Run
     for mode in modes:
         path = work / f"{mode}-{rows}"
         shutil.copytree(base, path)
-        runs[mode] = Run(path, ApplySpec(keys=("id",), merge=mode,
-                                         table_properties=_properties(args)),
-                         upkeep=UpkeepState() if args.upkeep else None,
-                         settings=UpkeepSettings(target_file_mb=args.file_mb or 16))
+        runs[mode] = Run(path, ApplySpec(keys=("id",), merge=mode),
+                         upkeep=UpkeepState() if args.upkeep else None)
     shutil.rmtree(base)
     if "merge_on_read" in runs:
         mor = runs["merge_on_read"]
@@ -397,10 +387,6 @@ def main() -> None:
                         help="run tidemark run's upkeep (default settings) after each batch, "
                              "as the pipeline does: compaction, checkpoints, vacuum")
     parser.add_argument("--dir", default=None)
-    parser.add_argument("--file-mb", type=int, default=None,
-                        help="create the target with delta.targetFileSize of this many MB "
-                             "and upkeep with target_file_mb of as many (tidemark run's "
-                             "default is 16: about 120k rows of t10, 1.2M rows here)")
     args = parser.parse_args()
     args.modes = tuple(m for m in args.modes.split(",") if m)
     if not set(args.modes) <= set(MODES):

@@ -129,17 +129,18 @@ def test_negative_settings_are_refused(field: str) -> None:
         msgspec.convert({field: -1}, UpkeepSettings)
 
 
-def test_a_target_created_with_a_file_size_is_loaded_in_files_of_that_size(
-        tmp_path: Path) -> None:
-    """``table_properties`` reach the new table: its very first batch (a snapshot's
-    load) is written in files of ``delta.targetFileSize``, not one big file that
-    upkeep would later have to rewrite whole."""
-    spec = ApplySpec(keys=("id",), table_properties={"delta.targetFileSize": str(1 << 20)})
-    batch = [change("r", 1, i, id=i, name=f"name {i}" * 8, body=str(i) * 20)
+def test_a_batch_writes_files_of_the_target_s_file_size(tmp_path: Path) -> None:
+    """Once the target has ``delta.targetFileSize`` (upkeep sets it at the first
+    checkpoint), a batch's new rows are written in files of that size, in both merge
+    modes (merge-on-read writes them through a scratch table of its own)."""
+    apply_changes(str(tmp_path / "t"), rows(change("c", 1, 1, id=-1, name="x", body="x")),
+                  SPEC, app_id="a", version=0)
+    DeltaTable(str(tmp_path / "t")).alter.set_table_properties(
+        {"delta.targetFileSize": str(1 << 20)})
+    batch = [change("c", 2, i + 1, id=i, name=f"name {i}" * 8, body=f"{i * 7919:x}" * 6)
              for i in range(60_000)]
-    apply_changes(str(tmp_path / "t"), rows(*batch), spec, app_id="a", version=0)
+    apply_changes(str(tmp_path / "t"), rows(*batch), SPEC, app_id="a", version=1)
     table = DeltaTable(str(tmp_path / "t"))
-    assert table.metadata().configuration["delta.targetFileSize"] == str(1 << 20)
     sizes = pa.table(table.get_add_actions(flatten=True)).column("size_bytes").to_pylist()
     assert len(sizes) > 3 and max(sizes) < 2 << 20, sizes
-    assert len(read(tmp_path / "t")) == 60_000
+    assert len(read(tmp_path / "t")) == 60_001

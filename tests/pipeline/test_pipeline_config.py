@@ -87,22 +87,6 @@ def test_upkeep_comes_from_its_section_and_each_target_may_change_it(
     assert config.spark.collect_max_mb == 64 and config.spark.apply_step_rows == 500_000
 
 
-
-def test_targets_are_created_with_their_upkeep_s_file_size(tmp_path: Path) -> None:
-    """The file size upkeep keeps is the target's from its creation on (its first load
-    writes such files), and without upkeep no property is set; a user cannot set the
-    spec's table properties in the file."""
-    text = (_GOOD + '\n[targets."public.customers"]\npath = "lake/customers"\n'
-            'keys = ["id"]\nupkeep = { enabled = false }\n'
-            "\n[upkeep]\ntarget_file_mb = 8\n")
-    orders, customers = load_config(_write(tmp_path, text), environ=_ENV).targets
-    assert dict(orders.spec.table_properties)["delta.targetFileSize"] == str(8 << 20)
-    assert customers.spec.table_properties == ()
-    with pytest.raises(ConfigError, match="table_properties"):
-        load_config(_write(tmp_path, _GOOD.replace(
-            'keys = ["id"]', 'keys = ["id"]\ntable_properties = [["a", "b"]]')), environ=_ENV)
-
-
 def _write(tmp_path: Path, text: str) -> Path:
     file = tmp_path / "pipeline.toml"
     file.write_text(text)

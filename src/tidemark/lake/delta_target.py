@@ -112,13 +112,11 @@ def create_target(uri: str, schema: pa.Schema, columns: ResolvedColumns, spec: A
     """Create the target table (a no-op where another writer just did)."""
     log.info("creating Delta table %s (keys %s, SCD type %d)", uri, ", ".join(spec.keys),
              spec.stored_as_scd_type)
-    configuration = dict(spec.table_properties)
-    if spec.merge == "merge_on_read":
-        configuration["delta.enableDeletionVectors"] = "true"
     try:
         return DeltaTable.create(uri, pa.schema(target_fields(schema, columns, spec)),
                                  mode="ignore", partition_by=list(spec.partition_by) or None,
-                                 configuration=configuration or None,
+                                 configuration={"delta.enableDeletionVectors": "true"}
+                                 if spec.merge == "merge_on_read" else None,
                                  storage_options=storage_options)
     except (DeltaError, OSError) as err:  # OSError: an object store's failures
         raise target_error(uri, "create", err) from None

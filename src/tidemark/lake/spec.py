@@ -8,7 +8,7 @@ columns.
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from typing import Any, Final
 
 import pyarrow as pa
@@ -103,11 +103,6 @@ class ApplySpec:
     the cost follows the batch, not the table; readers must read deletion vectors);
     ``"auto"`` chooses per batch by how much of the table copy-on-write would rewrite."""
 
-    table_properties: tuple[tuple[str, str], ...] = ()
-    """Delta table properties the target is created with (name, value); a pipeline
-    passes its upkeep's (:func:`tidemark.lake.upkeep.table_properties`), so that even the
-    first load writes files of the size compaction keeps (``delta.targetFileSize``)."""
-
     def __post_init__(self) -> None:
         fix = object.__setattr__  # frozen: normalise lists to tuples once, here
         fix(self, "keys", _names(self.keys, "keys", allow_empty=False))
@@ -116,10 +111,6 @@ class ApplySpec:
                         "track_history_except_column_list"):
             fix(self, setting, _optional_names(getattr(self, setting), setting))
         fix(self, "partition_by", _names(self.partition_by, "partition_by"))
-        properties = self.table_properties
-        fix(self, "table_properties", tuple(sorted(
-            (str(k), str(v)) for k, v in (properties.items() if isinstance(properties, Mapping)
-                                          else properties))))
         for setting in ("apply_as_deletes", "apply_as_truncates"):
             if not isinstance(getattr(self, setting), pc.Expression):
                 raise ConfigError(setting, "must be a pyarrow.compute expression, e.g. "

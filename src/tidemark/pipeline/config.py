@@ -32,7 +32,7 @@ from tidemark.errors import ConfigError, unknown_key_error
 from tidemark.event import TableId
 from tidemark.lake.delta_target import check_target
 from tidemark.lake.spec import ApplySpec, spec_from_mapping
-from tidemark.lake.upkeep import UpkeepSettings, table_properties
+from tidemark.lake.upkeep import UpkeepSettings
 from tidemark.pipeline.directories import cannot_create
 from tidemark.skipped_operations import names_skipped_operations, not_offered
 from tidemark.source.kind import SourceKind
@@ -344,8 +344,7 @@ def _target(name: str, values: object, base: Path, upkeep: UpkeepSettings) -> Ta
     settings = dict(values)
     allowed = {"path", "snapshot", "upkeep", "storage_options"} | {
         f.name for f in dataclasses.fields(ApplySpec)} - {"apply_as_deletes",
-                                                          "apply_as_truncates",
-                                                          "table_properties"}
+                                                          "apply_as_truncates"}
     for key in settings:
         if key not in allowed:
             raise unknown_key_error(section, key, allowed)
@@ -374,9 +373,6 @@ def _target(name: str, values: object, base: Path, upkeep: UpkeepSettings) -> Ta
         raise ConfigError(f"{section}.{err.key}", message) from None
     except TypeError as err:  # a required ApplySpec field (keys) left out
         raise ConfigError(f"{section}.keys", f"required: the key columns ({err})") from None
-    if upkeep.enabled:
-        spec = dataclasses.replace(spec, table_properties=tuple(
-            table_properties(upkeep).items()))
     storage_options = _storage_options(options, f"{section}.storage_options")
     if path.startswith("file://"):
         path = unquote(urlparse(path).path)
