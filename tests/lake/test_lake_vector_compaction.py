@@ -14,7 +14,7 @@ from delta_readers import check_readers_agree
 from lake_helpers import change, read, rows
 from tidemark.lake import ApplySpec, apply_changes, delta_log
 from tidemark.lake.upkeep import UpkeepSettings, UpkeepState, upkeep
-from tidemark.lake.vector_compaction import delete_unreferenced_vectors
+from tidemark.lake.vector_compaction import delete_unreferenced_vectors, small_files_due
 
 SPEC = ApplySpec(keys=("id",), merge="merge_on_read")
 #: Only the rewrite of files with deleted rows (and vacuum where a test asks for it).
@@ -218,3 +218,22 @@ def test_small_files_are_merged_and_a_full_one_is_left_alone(tmp_path: Path) -> 
     # Later batches still find the keys the compactions moved.
     _update(path, model, [11, 500, next_id - 1], 40, deletes=(12, 600))
     assert read(path, "id", "name") == _expected(model)
+
+
+def test_small_files_of_one_partition_are_chosen() -> None:
+    """Files of different partitions cannot become one file: the oldest partition with
+    two small files at least gives them, oldest first, within the byte budget."""
+    def add(name: str, size: int, at: int, region: str) -> dict[str, object]:
+        return {"path": name, "size": size, "modificationTime": at,
+                "partitionValues": {"region": region}}
+    files = [add("a1", 10, 1, "eu"), add("b1", 10, 2, "us"), add("b2", 10, 3, "us"),
+             add("a2", 10, 4, "eu"), add("a3", 10, 5, "eu"), add("big", 900, 0, "eu"),
+             add("c1", 10, 0, "asia")]
+    state = delta_log.LogState(version=1, files={str(f["path"]): f for f in files},
+                               protocol={}, metadata={})
+    assert [f["path"] for f in small_files_due(state, 100, 1000)] == ["a1", "a2", "a3"]
+    assert [f["path"] for f in small_files_due(state, 100, 15)] == ["a1", "a2"]
+    only_one_each = delta_log.LogState(version=1, files={"x": add("x", 10, 1, "eu"),
+                                                         "y": add("y", 10, 2, "us")},
+                                       protocol={}, metadata={})
+    assert small_files_due(only_one_each, 100, 1000) == []

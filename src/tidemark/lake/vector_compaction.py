@@ -96,10 +96,18 @@ def due_files(state: delta_log.LogState, threshold: float,
 
 def small_files_due(state: delta_log.LogState, small_bytes: int,
                     max_bytes: int) -> list[dict[str, Any]]:
-    """The live files under *small_bytes*, oldest first, as many as fit in *max_bytes*
-    (two at least, or none)."""
-    small = sorted((add for add in state.files.values() if int(add["size"]) < small_bytes),
-                   key=lambda add: int(add.get("modificationTime") or 0))
+    """The live files under *small_bytes* of one partition (the one with the oldest of
+    them among those with two at least: files of different partitions cannot become one),
+    oldest first, as many as fit in *max_bytes* (two at least, or none)."""
+    groups: dict[str, list[dict[str, Any]]] = {}
+    for add in state.files.values():
+        if int(add["size"]) < small_bytes:
+            partition = json.dumps(add.get("partitionValues") or {}, sort_keys=True)
+            groups.setdefault(partition, []).append(add)
+    candidates = [sorted(g, key=_age) for g in groups.values() if len(g) >= 2]
+    if not candidates:
+        return []
+    small = min(candidates, key=lambda g: _age(g[0]))
     chosen: list[dict[str, Any]] = []
     total = 0
     for add in small:
@@ -108,6 +116,10 @@ def small_files_due(state: delta_log.LogState, small_bytes: int,
         chosen.append(add)
         total += int(add["size"])
     return chosen if len(chosen) >= 2 else []
+
+
+def _age(add: dict[str, Any]) -> int:
+    return int(add.get("modificationTime") or 0)
 
 
 def compact_small(root: Path, state: delta_log.LogState, small_bytes: int,

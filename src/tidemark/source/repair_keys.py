@@ -123,10 +123,19 @@ def _timestamp(text: str) -> object:
         return wire_text.parse_timestamptz(text)
 
 
+def _integer(bits: int) -> Callable[[str], object]:
+    def read(text: str) -> object:
+        value = wire_text.parse_int(text)
+        if not -(1 << (bits - 1)) <= value < 1 << (bits - 1):
+            raise ValueError(f"{value} is out of range for a {bits}-bit integer")
+        return value
+    return read
+
+
 #: What reads a key's text as its column's kind, as the pipeline reads a ``d`` row's
 #: key back (kinds not listed take any text).
 _READERS: Final[dict[Kind, Callable[[str], object]]] = {
-    **dict.fromkeys(INTEGER_KINDS, wire_text.parse_int),
+    Kind.INT16: _integer(16), Kind.INT32: _integer(32), Kind.INT64: _integer(64),
     **dict.fromkeys(FLOAT_KINDS, wire_text.parse_float),
     Kind.DECIMAL: wire_text.parse_numeric, Kind.BOOL: wire_text.parse_bool,
     Kind.UUID: wire_text.parse_uuid, Kind.DATE: wire_text.parse_date,
@@ -136,9 +145,11 @@ _READERS: Final[dict[Kind, Callable[[str], object]]] = {
 
 def key_type_problem(request: RepairRequest, types: Mapping[str, LogicalType]) -> str | None:
     """Why a key of *request* is not a value of its column's logical type (*types*: the
-    table's columns), or None: a ``1.5`` or ``"abc"`` for an integer key. Asked on the
-    driver when a signal is taken, for sources whose SQL would not refuse such a key
-    itself: the key's ``d`` row would fail every replay of the batch that holds it."""
+    table's columns), or None: a ``1.5`` or ``"abc"`` for an integer key, a number out of
+    the column's range. Asked on the driver when a signal is taken, for sources whose
+    SQL would not refuse such a key itself: the key's ``d`` row would fail every replay
+    of the batch that holds it. A boolean column takes JSON booleans and the texts
+    ``t``/``f`` (what :func:`key_value` sends), ``true``/``false``."""
     for index, column in enumerate(request.key_columns):
         logical = types.get(column)
         if logical is None:
@@ -149,10 +160,12 @@ def key_type_problem(request: RepairRequest, types: Mapping[str, LogicalType]) -
         for key in request.keys:
             value = key[index]
             try:
-                if isinstance(value, bool) != (logical.kind is Kind.BOOL) or (
-                        isinstance(value, float) and logical.kind in INTEGER_KINDS):
+                if isinstance(value, bool) and logical.kind is not Kind.BOOL:
                     raise ValueError(value)
-                read(key_text(value))
+                if isinstance(value, float) and logical.kind in INTEGER_KINDS:
+                    raise ValueError(value)
+                if not isinstance(value, bool):
+                    read(key_text(value))
             except (ValueError, ArithmeticError):
                 named = dict(zip(request.key_columns, key, strict=True))
                 return (f"key {named} is not a value of {column} ({logical.kind}): give it "

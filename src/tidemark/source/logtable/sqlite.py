@@ -252,13 +252,8 @@ class SqliteLogDatabase:
         return total
 
     def tick(self) -> None:
-        self._conn.execute("BEGIN IMMEDIATE")
-        try:
-            self._conn.execute(f"UPDATE {install.CLOCK_TABLE} SET time = time + 1")
-            self._conn.execute("COMMIT")
-        except BaseException:
-            self._conn.execute("ROLLBACK")
-            raise
+        self._write("move the log's clock on", lambda: self._conn.execute(
+            f"UPDATE {install.CLOCK_TABLE} SET time = time + 1"))
 
     @contextlib.contextmanager
     def read_view(self) -> Iterator[tuple[Position, sqlite3.Connection]]:

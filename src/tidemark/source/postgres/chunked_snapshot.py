@@ -53,7 +53,7 @@ import pyarrow as pa
 import pyarrow.csv as pa_csv
 from psycopg import pq, sql
 
-from tidemark.errors import SourceError, TerminalError
+from tidemark.errors import SourceError, TerminalError, TidemarkError
 from tidemark.event import TableId, WireTuple
 from tidemark.postgres_connection import ServerTimeoutError, connect, server_timeout
 from tidemark.source.postgres.pgoutput import lsn_to_str
@@ -152,14 +152,17 @@ class PendingExport:
     def result(self, wait_s: float | None = 0.0) -> SnapshotExport | None:
         """The export, or None while its slot waits (up to *wait_s* seconds; None: until
         it is made); raises what making it raised."""
-        if not self._done.wait(wait_s):
+        end = None if wait_s is None else time.monotonic() + wait_s
+        while not self._done.is_set():
             if not self._noted and time.monotonic() - self._started > _PENDING_NOTE_S:
                 self._noted = True
                 log.warning("slot %s has waited %.0f s for transactions running when it "
                             "was created to end (pg_stat_activity: backend_xid, "
-                            "xact_start); the stream goes on meanwhile", self._slot,
-                            time.monotonic() - self._started)
-            return None
+                            "xact_start)", self._slot, time.monotonic() - self._started)
+            left = _PENDING_NOTE_S if end is None else end - time.monotonic()
+            if left <= 0:
+                return None
+            self._done.wait(min(left, _PENDING_NOTE_S))
         if self._error is not None:
             raise self._error
         return self._export
@@ -174,7 +177,8 @@ class PendingExport:
             return
         if self._done.is_set():
             return
-        with contextlib.suppress(psycopg.Error), contextlib.closing(
+        # Best effort: a server out of reach ends the walsender with the connection.
+        with contextlib.suppress(psycopg.Error, TidemarkError), contextlib.closing(
                 connect(self._dsn, application_name="tidemark-export")) as conn:
             conn.autocommit = True
             conn.execute("SELECT pg_terminate_backend(active_pid) FROM "

@@ -273,6 +273,10 @@ class PostgresReadPlan:
                      ", ".join(r.id for r in superseded))
             requests = [r for r in requests if r.table not in snapshotted]
         if not requests:
+            # Nothing to hold: an export made or being made for superseded repairs would
+            # keep its slot (WAL) and snapshot (vacuum) for nothing.
+            self._close_repair()
+            self._abandon_pending()
             return None
         held = state.held
         if held is not None and self._holds_repair(held.export) and held.at >= state.lsn:
@@ -294,11 +298,20 @@ class PostgresReadPlan:
             self._close_repair()
             self._repair_pending = PendingExport(
                 self.options.dsn, f"{self.options.slot}_repair", self.options.publication)
-        export = self._repair_pending.result(None if self._target is not None else 0.0)
+        try:
+            export = self._repair_pending.result(None if self._target is not None else 0.0)
+        except BaseException:
+            self._repair_pending = None  # the next batch tries a new one
+            raise
         if export is not None:
             self._repair_pending = None
             self._repair_export = export
         return export
+
+    def _abandon_pending(self) -> None:
+        if self._repair_pending is not None:
+            pending, self._repair_pending = self._repair_pending, None
+            pending.abandon()
 
     def _holds_repair(self, export: str) -> bool:
         return self._repair_export is not None and self._repair_export.name == export
@@ -432,11 +445,11 @@ class PostgresReadPlan:
         log.info("slot %s advanced to %s", self.options.slot, lsn_to_str(lsn))
 
     def stop(self) -> None:
-        self._close_export()
-        self._close_repair()
-        if self._repair_pending is not None:
-            self._repair_pending.abandon()
-            self._repair_pending = None
+        try:
+            self._close_export()
+            self._close_repair()
+        finally:
+            self._abandon_pending()
         if self._conn is not None:
             self._conn.close()
             self._conn = None

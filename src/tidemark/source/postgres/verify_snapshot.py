@@ -41,7 +41,7 @@ import pyarrow as pa
 from psycopg import pq, sql
 
 from tidemark import postgres_connection
-from tidemark.errors import SourceError, SourceUnavailableError
+from tidemark.errors import SourceError, SourceUnavailableError, TidemarkError
 from tidemark.event import TableId
 from tidemark.row_checksum import RowTexts, TableShape, key_hash, value_text
 from tidemark.source.postgres import pgoutput
@@ -98,26 +98,36 @@ def _create_slot(dsn: str, stream: ReplicationStream, slot: str,
     watcher names the transactions it waits for after :data:`_SLOT_NOTE_S`, and ends
     the slot's walsender at the deadline."""
     done = threading.Event()
+    lock = threading.Lock()  # the slot is ended only while it still waits
     given_up: list[str] = []
 
     def watch() -> None:
         if done.wait(min(_SLOT_NOTE_S, wait_s)):
             return
-        with contextlib.suppress(psycopg.Error):
+        with contextlib.suppress(psycopg.Error, TidemarkError):
             log.warning("verify's temporary slot waits for %s to end (a slot's snapshot "
                         "needs every transaction running when it is made to finish)",
                         _running_transactions(dsn))
         if done.wait(max(0.0, wait_s - _SLOT_NOTE_S)):
             return
-        with contextlib.suppress(psycopg.Error):
-            given_up.append(_running_transactions(dsn))
-            _end_walsender(dsn, slot)
+        try:
+            running = _running_transactions(dsn)
+        except (psycopg.Error, TidemarkError):
+            running = "a transaction"
+        with lock:
+            if done.is_set():
+                return
+            given_up.append(running)
+            with contextlib.suppress(psycopg.Error, TidemarkError):
+                _end_walsender(dsn, slot)
 
     watcher = threading.Thread(target=watch, daemon=True, name=f"tidemark-watch-{slot}")
     watcher.start()
     try:
-        return stream.create_slot(temporary=True)
+        made = stream.create_slot(temporary=True)
     except (SourceError, SourceUnavailableError):
+        with lock:
+            done.set()
         if given_up:
             raise SourceError(
                 f"verify could not take its snapshot in {wait_s:.0f} s: its temporary "
@@ -125,8 +135,13 @@ def _create_slot(dsn: str, stream: ReplicationStream, slot: str,
                 f"and {given_up[0]} still runs; end it, or verify again once it has "
                 "ended (--wait gives it longer)") from None
         raise
-    finally:
+    with lock:
         done.set()
+        ended = bool(given_up)
+    if ended:  # made just as its walsender was being ended: that session is gone
+        raise SourceError(f"verify gave up on its temporary slot after {wait_s:.0f} s, as "
+                          "it was made: verify again")
+    return made
 
 
 def _running_transactions(dsn: str) -> str:
