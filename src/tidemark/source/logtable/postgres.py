@@ -34,7 +34,7 @@ import psycopg
 from psycopg import sql
 
 from tidemark.errors import ConfigError, SourceUnavailableError
-from tidemark.event import UNAVAILABLE, Column, TableId, WireValue
+from tidemark.event import UNAVAILABLE, TableId, WireValue
 from tidemark.fetch_budget import FetchBudget
 from tidemark.logical_type import Kind
 from tidemark.postgres_connection import connect, cursor, redact_dsn
@@ -52,6 +52,7 @@ from tidemark.source.logtable.database import (
     merged_pages,
 )
 from tidemark.source.logtable.postgres_guard import check_table
+from tidemark.source.logtable.postgres_text import output_text
 from tidemark.source.postgres.catalog import current_database
 
 log = logging.getLogger(__name__)
@@ -59,15 +60,6 @@ log = logging.getLogger(__name__)
 _XIP_BITS: Final = 24
 #: The snapshot in which no transaction is visible: a log's beginning.
 EMPTY_SNAPSHOT: Final = "1:1:"
-
-
-def _as_text(column: Column) -> sql.Composable:
-    """*column* in its type's output text, as logical replication sends it: a boolean's
-    cast to text is ``true``/``false`` where its output is ``t``/``f``."""
-    name = sql.Identifier(column.name)
-    if column.logical.kind is Kind.BOOL:
-        return sql.SQL("left({}::text, 1)").format(name)
-    return sql.SQL("{}::text").format(name)
 
 
 def _xip(snapshot: str) -> list[str]:
@@ -189,7 +181,7 @@ class PostgresLogDatabase:
         if query is None:
             values: list[sql.Composable] = []
             for column in entry.schema.columns:
-                values.append(_as_text(column))
+                values.append(output_text(column))
                 if not column.is_key:
                     values.append(sql.Identifier(layout.deleted_column(column.name)))
             where = ("{group} = %(group)s AND {time} > %(after)s" if paged else
@@ -306,10 +298,8 @@ class PostgresLogDatabase:
                 group=sql.Identifier(layout.GROUP), txid=sql.Identifier(layout.TXID))
 
     def tick(self) -> None:
-        with cursor(self._conn) as cur:
-            # Autocommit: the id is taken and its transaction ends, so the next
-            # snapshot's xmax is above it.
-            cur.execute("SELECT pg_current_xact_id()")
+        # Autocommit: the id taken, its transaction ends and the next xmax is above it.
+        self._conn.execute("SELECT pg_current_xact_id()")
 
     @contextlib.contextmanager
     def read_view(self) -> Iterator[tuple[Position, psycopg.Connection[Any]]]:
@@ -334,7 +324,7 @@ class PostgresLogDatabase:
 
             def rows() -> Iterator[Snapshotted]:
                 for index, entry in enumerate(tables):
-                    names = sql.SQL(", ").join(_as_text(c) for c in entry.schema.columns)
+                    names = sql.SQL(", ").join(output_text(c) for c in entry.schema.columns)
                     with conn.cursor(name=f"tidemark_snapshot_{index}") as cur:
                         cur.execute(sql.SQL("SELECT {} FROM {}").format(
                             names, sql.Identifier(entry.table.schema, entry.table.table)))

@@ -93,9 +93,9 @@ def _postgres_rows(conn: Any, entry: LogTable, columns: Sequence[str],
                    keys: Sequence[Sequence[KeyValue]]) -> list[Row]:
     from psycopg import sql  # noqa: PLC0415
 
-    from tidemark.source.logtable.postgres import _as_text  # noqa: PLC0415
+    from tidemark.source.logtable.postgres_text import output_text  # noqa: PLC0415
 
-    names = sql.SQL(", ").join(_as_text(c) for c in entry.schema.columns)
+    names = sql.SQL(", ").join(output_text(c) for c in entry.schema.columns)
     key = sql.SQL(", ").join(sql.Identifier(c) for c in columns)
     # Literals of unknown type: the server reads them with the key columns' own types.
     wanted = sql.SQL(", ").join(
