@@ -41,7 +41,7 @@ import dataclasses
 import json
 import logging
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Annotated, Final
 
@@ -55,6 +55,7 @@ from tidemark.lake.branch import local_directory
 from tidemark.lake.clustering import cluster
 from tidemark.lake.delta_read import has_deletion_vectors_feature
 from tidemark.lake.vector_compaction import (
+    VectorCompaction,
     compact_deleted,
     compact_small,
     vacuum_keeping_vectors,
@@ -257,41 +258,39 @@ def upkeep(table: DeltaTable, settings: UpkeepSettings, state: UpkeepState,
 
 def _compact_deleted(table: DeltaTable, root: Path, settings: UpkeepSettings,
                      state: UpkeepState) -> UpkeepTask | None:
-    """Rewrite the files with the most deleted rows, if any passes the threshold. A
-    commit by another writer meanwhile skips this round."""
-    started = time.monotonic()
-    state.log = delta_log.read_log(root) if state.log is None else \
-        delta_log.advance(root, state.log)
-    try:
-        done = compact_deleted(root, state.log, settings.compact_deleted_fraction,
-                               _DELETED_MAX_FILES * (settings.target_file_mb << 20))
-    except delta_log.CommitConflictError as err:
-        log.info("%s: rewrite of files with deleted rows skipped: %s", table.table_uri, err)
-        return None
-    if done is None:
-        return None
-    table.update_incremental()
-    return UpkeepTask("compact_deleted", str(done), time.monotonic() - started)
+    """Rewrite the files with the most deleted rows, if any passes the threshold."""
+    return _rewrite(table, root, state, "compact_deleted", "rewrite of files with deleted rows",
+                    lambda log_state: compact_deleted(
+                        root, log_state, settings.compact_deleted_fraction,
+                        _DELETED_MAX_FILES * (settings.target_file_mb << 20)))
 
 
 def _compact_small(table: DeltaTable, root: Path, settings: UpkeepSettings,
                    state: UpkeepState) -> UpkeepTask | None:
     """Merge the oldest small files of a merge-on-read table into one file's worth
-    (:func:`tidemark.lake.vector_compaction.compact_small`); a commit by another writer
-    meanwhile skips this round."""
+    (:func:`tidemark.lake.vector_compaction.compact_small`)."""
+    target = compaction_target(table, settings)
+    return _rewrite(table, root, state, "compact", "compaction of small files",
+                    lambda log_state: compact_small(root, log_state, target // 2, target))
+
+
+def _rewrite(table: DeltaTable, root: Path, state: UpkeepState, name: str, what: str,
+             rewrite: Callable[[delta_log.LogState], VectorCompaction | None]
+             ) -> UpkeepTask | None:
+    """Run one of :mod:`tidemark.lake.vector_compaction`'s rewrites on the table's log
+    brought up to date; a commit by another writer meanwhile skips this round."""
     started = time.monotonic()
     state.log = delta_log.read_log(root) if state.log is None else \
         delta_log.advance(root, state.log)
-    target = compaction_target(table, settings)
     try:
-        done = compact_small(root, state.log, target // 2, target)
+        done = rewrite(state.log)
     except delta_log.CommitConflictError as err:
-        log.info("%s: compaction of small files skipped: %s", table.table_uri, err)
+        log.info("%s: %s skipped: %s", table.table_uri, what, err)
         return None
     if done is None:
         return None
     table.update_incremental()
-    return UpkeepTask("compact", str(done), time.monotonic() - started)
+    return UpkeepTask(name, str(done), time.monotonic() - started)
 
 
 def _log_files(root: Path) -> int:
