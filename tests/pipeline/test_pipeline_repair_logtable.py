@@ -61,6 +61,19 @@ def _config(tmp_path: Path, db: LogDb) -> Path:
     return file
 
 
+def _loaded(db: LogDb, tmp_path: Path) -> Path:
+    """The signal table and TABLES (rows 1..20) with their log tables, applied once by
+    a first run; the pipeline file."""
+    db.execute(signal_table_ddl(TableId(_schema(db), "dbz_signal")),
+               *(f"CREATE TABLE {t} (id int PRIMARY KEY, v text)" for t in TABLES))
+    db.install(list(TABLES))
+    config = _config(tmp_path, db)
+    db.execute(*(f"INSERT INTO {t} (id, v) VALUES "
+                 + ", ".join(f"({i}, '{t}{i}')" for i in range(1, 21)) for t in TABLES))
+    _run(config, tmp_path / "run-1.log")
+    return config
+
+
 def _run(config: Path, log: Path, fault: str | None = None) -> list[str]:
     proc = _tidemark_run(config, log, extra_env={"TIDEMARK_FAULT": fault} if fault else None)
     code = proc.wait(300)
@@ -125,13 +138,7 @@ def _current_start(tmp_path: Path, key: int) -> set[object]:
 def test_a_repair_signal_mends_tampered_log_table_targets_once_across_a_crash(
         logdb: LogDb, tmp_path: Path) -> None:
     db, schema = logdb, _schema(logdb)
-    db.execute(signal_table_ddl(TableId(schema, "dbz_signal")),
-               *(f"CREATE TABLE {t} (id int PRIMARY KEY, v text)" for t in TABLES))
-    db.install(list(TABLES))
-    config = _config(tmp_path, db)
-    db.execute(*(f"INSERT INTO {t} (id, v) VALUES "
-                 + ", ".join(f"({i}, '{t}{i}')" for i in range(1, 21)) for t in TABLES))
-    _run(config, tmp_path / "run-1.log")
+    config = _loaded(db, tmp_path)
     assert all(_equal(db, tmp_path, t) for t in TABLES)
 
     _tamper(tmp_path)
@@ -204,13 +211,7 @@ def test_a_repair_key_the_source_cannot_read_is_skipped_not_fatal(
     naming the key and the column's type when taken; the stream goes on, and a good
     signal in the same batch is applied."""
     db, schema = logdb, _schema(logdb)
-    db.execute(signal_table_ddl(TableId(schema, "dbz_signal")),
-               *(f"CREATE TABLE {t} (id int PRIMARY KEY, v text)" for t in TABLES))
-    db.install(list(TABLES))
-    config = _config(tmp_path, db)
-    db.execute(*(f"INSERT INTO {t} (id, v) VALUES "
-                 + ", ".join(f"({i}, '{t}{i}')" for i in range(1, 21)) for t in TABLES))
-    _run(config, tmp_path / "run-1.log")
+    config = _loaded(db, tmp_path)
     _tamper(tmp_path)
     send_signal(db.dsn, f"{schema}.dbz_signal", "tidemark-repair",
                 repair_signal_data(f"{schema}.a", [{"id": 1.5}]))
