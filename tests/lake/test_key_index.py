@@ -4,17 +4,20 @@ level, its merges and its rebuilds."""
 
 from __future__ import annotations
 
+import dataclasses
 import random
 from pathlib import Path
 
 import pyarrow as pa
 import pytest
+from deltalake import DeltaTable
 
 from delta_readers import check_readers_agree
 from lake_helpers import change, read, rows
-from tidemark.lake import ApplySpec, apply_changes, key_index, merge_on_read
+from tidemark.lake import ApplySpec, apply_changes, key_index, merge_on_read, relocations
 from tidemark.lake.delta_log import read_log
 from tidemark.lake.key_index import KeyIndex
+from tidemark.lake.upkeep import UpkeepSettings, UpkeepState, upkeep
 
 _TEXT = pa.schema([pa.field("name", pa.string())])
 
@@ -103,3 +106,111 @@ def index_field(path: Path, name: str) -> pa.Field:
     from deltalake import DeltaTable  # noqa: PLC0415
     field = pa.schema(DeltaTable(str(path)).schema().to_arrow()).field(name)
     return field.with_type(pa.string()) if pa.types.is_string_view(field.type) else field
+
+
+#: (target file size in bytes, or None: the default; which upkeep rewrites run).
+_REWRITES = {"deleted rows": (None, "deleted"), "small files": (None, "small"),
+             "deleted rows, in pieces": (1500, "deleted")}
+
+
+@pytest.mark.parametrize("rewrite", sorted(_REWRITES))
+@pytest.mark.parametrize("tuning", ["rebuilds", "neither"])
+@pytest.mark.parametrize("keys", [("id",), ("name",), ("id", "name")])
+def test_rows_an_upkeep_rewrite_moved_are_found_in_their_new_files(
+        tmp_path: Path, keys: tuple[str, ...], tuning: str, rewrite: str,
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """Upkeep rewrites files between batches; the writer's index takes the rows where
+    the rewrite says they went (reading none of the new files) and still finds exactly
+    the live row of each key, through rebuilds too, as an index built afresh does."""
+    fresh, recent, dead, dead_min = _TUNINGS[tuning]
+    monkeypatch.setattr(key_index, "_FRESH_MAX", fresh)
+    monkeypatch.setattr(key_index, "_RECENT_FRACTION", recent)
+    monkeypatch.setattr(key_index, "_DEAD_FRACTION", dead)
+    monkeypatch.setattr(key_index, "_DEAD_MIN", dead_min)
+    file_size, kind = _REWRITES[rewrite]
+    spec = ApplySpec(keys=keys, merge="merge_on_read")
+    path = tmp_path / "t"
+    merge_on_read.TARGETS._held.clear()
+    settings = UpkeepSettings(
+        compact_deleted_fraction=0.1 if kind == "deleted" else 0,
+        compact_min_files=3 if kind == "small" else 0, cluster_min_files=0,
+        checkpoint_every=0, vacuum_every_minutes=0, target_file_mb=1)
+    state = UpkeepState()
+    rng = random.Random(11)
+    model: dict[tuple[object, ...], str] = {}
+    lsn, rewrites = 10, 0
+    for batch in range(14):
+        changes = []
+        for _ in range(50):
+            lsn += 1
+            ident = rng.randrange(60)
+            key = _all_keys(keys)[ident] if keys != ("id",) else (ident,)
+            fields = dict(zip(keys, key, strict=True))
+            fields.setdefault("id", ident)
+            fields.setdefault("name", f"n{ident}")
+            if key in model and rng.random() < 0.25:
+                changes.append(change("d", lsn, **fields))
+                del model[key]
+            else:
+                body = f"b{batch}-{lsn}"
+                changes.append(change("u" if key in model else "c", lsn, **fields, body=body))
+                model[key] = body
+        apply_changes(path, rows(*changes), spec, app_id="q", version=batch)
+        if batch == 0 and file_size is not None:
+            DeltaTable(str(path)).alter.set_table_properties(
+                {"delta.targetFileSize": str(file_size)})
+        ((index, _),) = merge_on_read.TARGETS._held.values()
+        read_before = index.files_read
+        done = upkeep(DeltaTable(str(path)), settings, state, keys=keys)
+        rewrites += sum(task.name in {"compact_deleted", "compact"} for task in done)
+        if batch:  # the next batch takes the rewrite (the last one: a check of its own)
+            table = read(path, *dict.fromkeys((*keys, "id", "body")), sort=keys)
+            assert {tuple(r[k] for k in keys): r["body"] for r in table} == model
+            assert len(table) == len(model), "a key is held by two rows"
+    # The last rewrite taken by a sync as the next batch's would: no file read.
+    ((index, _),) = merge_on_read.TARGETS._held.values()
+    read_before = index.files_read
+    index.sync(read_log(path))
+    assert rewrites >= 3, "the settings made too few rewrites to test anything"
+    if file_size is not None:
+        assert max(len(r.outputs) for r in relocations.RELOCATIONS._tables[str(path)]) > 1
+    assert index.files_relocated >= rewrites
+    assert index.files_read == read_before, "the index read a file a rewrite made"
+    check_readers_agree(path)
+    _check_lookup(index, path, keys, model,
+                  gone=[k for k in _all_keys(keys) if k not in model])
+    assert index.live_rows() == len(model)
+    positions = index.locate(index.lookup(pa.Table.from_pylist(
+        [dict(zip(keys, k, strict=True)) for k in model],
+        pa.schema([index_field(path, k) for k in keys]))).row)
+    assert set(positions) <= set(read_log(path).files), "a row located in a dead file"
+    fresh_index = KeyIndex(path, keys, ())
+    fresh_index.sync(read_log(path))
+    _check_lookup(fresh_index, path, keys, model, gone=[])
+
+
+def test_a_relocation_that_does_not_match_the_index_is_not_taken(tmp_path: Path) -> None:
+    """A rewrite's note naming a deletion vector the index does not hold (another writer
+    changed the file first) is ignored: the index reads the new file instead."""
+    spec = ApplySpec(keys=("id",), merge="merge_on_read")
+    path = tmp_path / "t"
+    merge_on_read.TARGETS._held.clear()
+    apply_changes(path, rows(*[change("c", 10 + i, id=i, name=f"n{i}", body="a")
+                               for i in range(20)]), spec, app_id="q", version=0)
+    apply_changes(path, rows(*[change("d", 40 + i, id=i, name=f"n{i}") for i in range(8)]),
+                  spec, app_id="q", version=1)
+    ((index, _),) = merge_on_read.TARGETS._held.values()
+    settings = UpkeepSettings(compact_deleted_fraction=0.1, compact_min_files=0,
+                              cluster_min_files=0, checkpoint_every=0,
+                              vacuum_every_minutes=0)
+    assert upkeep(DeltaTable(str(path)), settings, UpkeepState(), keys=("id",))
+    noted = relocations.RELOCATIONS._tables[str(path)][-1]
+    source = noted.sources[0]
+    relocations.RELOCATIONS._tables[str(path)][-1] = dataclasses.replace(
+        noted, sources=(dataclasses.replace(source, dv_id="u-not-this-one"),
+                        *noted.sources[1:]))
+    read_before = index.files_read
+    index.sync(read_log(path))
+    assert index.files_relocated == 0 and index.files_read == read_before + 1
+    found = index.lookup(pa.table({"id": pa.array(list(range(20)), pa.int64())}))
+    assert sorted(found.probe.tolist()) == list(range(8, 20))

@@ -36,6 +36,7 @@ __all__ = [
     "advance",
     "commit",
     "now_ms",
+    "num_records",
     "read_log",
     "replace_file_actions",
 ]
@@ -285,6 +286,15 @@ def commit(root: Path, version: int, actions: Sequence[Mapping[str, Any]]) -> No
         os.fsync(fd)
     finally:
         os.close(fd)
+
+
+def num_records(add: Mapping[str, Any]) -> int | None:
+    """The row count the statistics of the add action *add* give (None: none)."""
+    stats = add.get("stats")
+    if not stats:
+        return None
+    records = json.loads(stats).get("numRecords")
+    return int(records) if records is not None else None
 
 
 def replace_file_actions(add: Mapping[str, Any], dv: DeletionVector | None,

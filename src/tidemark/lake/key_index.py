@@ -7,16 +7,20 @@ are alive (its deletion vector), and one lookup structure from a 64-bit hash of 
 to a global row number. It is built from the table itself at first use in a process and
 brought to each later version by the difference of the live file sets
 (:meth:`KeyIndex.sync`): files a version removes drop out, files it adds are read, files
-whose deletion vector changed lose the rows it marks. Nothing is persisted, so nothing
-but the table is trusted.
+whose deletion vector changed lose the rows it marks. A file an upkeep rewrite made of
+other files' live rows (:mod:`tidemark.lake.relocations`) has its key columns read but
+not hashed: the lookup entries of those rows are pointed at it. Nothing is persisted, so
+nothing but the table is trusted.
 
 Memory, per million live rows: the key and sequence columns (8 bytes per integer
 column), 17 bytes of lookup (hash, row number, alive flag), and the same again for rows
-deleted or replaced since the last rebuild (done when they are a third of the rows).
+deleted or replaced since the last rebuild (done when they are a third of the rows); one
+byte for each number a moved row left (rebuilt when they are half the numbers).
 """
 
 from __future__ import annotations
 
+import bisect
 import dataclasses
 import logging
 from collections.abc import Iterable
@@ -24,15 +28,17 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import unquote
 
-import duckdb
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 from pyroaring import BitMap64
 
+from tidemark.lake import delta_log
 from tidemark.lake.deletion_vector import DeletionVector, read_vector
 from tidemark.lake.delta_log import LogState
+from tidemark.lake.key_hashes import key_hashes, merged_levels, plain_schema
+from tidemark.lake.relocations import RELOCATIONS, Relocation
 
 log = logging.getLogger(__name__)
 
@@ -47,6 +53,9 @@ _RECENT_FRACTION = 0.5
 #: The newest level takes a batch's entries; it is merged into the recent level past this
 #: many entries, so that a batch copies little (at most 4 MB).
 _FRESH_MAX = 1 << 18
+#: Rebuild once this fraction of the row numbers were left by rows a rewrite moved (no
+#: lookup entry points at them; they cost one byte each).
+_STALE_FRACTION = 0.5
 
 _U64 = np.dtype(np.uint64)
 
@@ -71,67 +80,10 @@ class Matches:
     row: np.ndarray[Any, np.dtype[np.int64]]
 
 
-def plain_schema(schema: pa.Schema) -> pa.Schema:
-    """*schema* with delta-rs's string and binary views as plain strings and binaries
-    (what Parquet files read as, and what every Arrow kernel takes)."""
-    return pa.schema([field.with_type(_plain(field.type)) for field in schema])
-
-
-def _plain(kind: pa.DataType) -> pa.DataType:
-    if pa.types.is_string_view(kind):
-        return pa.string()
-    if pa.types.is_binary_view(kind):
-        return pa.binary()
-    if pa.types.is_list(kind) or pa.types.is_large_list(kind):
-        return pa.list_(kind.value_field.with_type(_plain(kind.value_type)))
-    return kind
-
-
-def key_hashes(keys: pa.Table) -> tuple[np.ndarray[Any, np.dtype[np.uint64]], bool]:
-    """A 64-bit hash of each row of *keys*, and whether it is exact (the key itself: one
-    integer column). Inexact hashes are checked against the key values on lookup. Types
-    are widened first (every integer to int64, strings and binaries to their plain
-    types), so a key hashes the same in a batch and in a file written before a widening."""
-    keys = keys.cast(pa.schema([f.with_type(_hash_type(f.type)) for f in keys.schema]))
-    if keys.num_columns == 1 and pa.types.is_integer(keys.schema.field(0).type):
-        values = keys.column(0).to_numpy()
-        return np.ascontiguousarray(values).view(_U64), True
-    con = duckdb.connect()
-    try:
-        con.register("k", keys)
-        names = ", ".join('"' + n.replace('"', '""') + '"' for n in keys.column_names)
-        hashes = con.execute(f"SELECT hash({names}) FROM k").to_arrow_table().column(0)
-    finally:
-        con.close()
-    return np.asarray(hashes.to_numpy(), dtype=_U64), False
-
-
-def _hash_type(kind: pa.DataType) -> pa.DataType:
-    if pa.types.is_integer(kind):
-        return pa.int64()
-    if pa.types.is_string(kind) or pa.types.is_large_string(kind) \
-            or pa.types.is_string_view(kind):
-        return pa.string()
-    if pa.types.is_binary(kind) or pa.types.is_large_binary(kind) \
-            or pa.types.is_binary_view(kind):
-        return pa.binary()
-    return kind
-
-
 def _positions(vector: BitMap64) -> np.ndarray[Any, np.dtype[np.int64]]:
     """The row positions of a deletion vector (``to_array``: ~50x faster than a list of a
     large vector's ints, measured)."""
     return np.frombuffer(vector.to_array(), dtype=np.uint64).astype(np.int64)
-
-
-def _merged(first: tuple[np.ndarray[Any, Any], np.ndarray[Any, Any]],
-            second: tuple[np.ndarray[Any, Any], np.ndarray[Any, Any]]
-            ) -> tuple[np.ndarray[Any, Any], np.ndarray[Any, Any]]:
-    """Two lookup levels (hashes sorted, with their row numbers) as one, sorted."""
-    if not len(first[0]):
-        return second
-    at = np.searchsorted(first[0], second[0], side="right")
-    return np.insert(first[0], at, second[0]), np.insert(first[1], at, second[1])
 
 
 class KeyIndex:
@@ -143,6 +95,10 @@ class KeyIndex:
         self.sequence_by = tuple(s for s in sequence_by if s not in keys)
         self.columns = (*keys, *self.sequence_by)
         self.version = -1
+        self.files_read = 0
+        """Data files whose keys were read and added to the lookup."""
+        self.files_relocated = 0
+        """Data files an upkeep rewrite made whose rows took their lookup entries over."""
         self._files: dict[str, _File] = {}
         self._starts: list[int] = []  # ordered by start, with _order's paths
         self._order: list[_File | None] = []
@@ -153,6 +109,7 @@ class KeyIndex:
         self._fresh = (np.zeros(0, _U64), np.zeros(0, np.int64))
         self._vectors: dict[str, BitMap64] = {}
         self._dead = 0
+        self._stale = 0  # numbers rows had before a rewrite moved them
 
     # -- building ------------------------------------------------------------------------
     def sync(self, state: LogState) -> None:
@@ -162,6 +119,7 @@ class KeyIndex:
         added: list[pa.Table] = []
         added_starts: list[int] = []
         added_rows: list[np.ndarray[Any, Any]] = []
+        self._take_relocations(state)
         for path in [p for p in self._files if p not in state.files]:
             self._drop_file(path)
         for path, action in state.files.items():
@@ -183,29 +141,39 @@ class KeyIndex:
             self._rebuild()
 
     def _rebuild_due(self) -> bool:
-        return self._dead > _DEAD_FRACTION * max(len(self._alive), 1) and \
-            self._dead > _DEAD_MIN
+        return (self._dead > _DEAD_FRACTION * max(len(self._alive), 1)
+                or self._stale > _STALE_FRACTION * len(self._alive)) and \
+            self._dead + self._stale > _DEAD_MIN
 
     def _load_file(self, path: str, dv: DeletionVector | None
                    ) -> tuple[_File, np.ndarray[Any, Any]]:
-        start = len(self._alive)
-        rows = pq.read_table(self.root / unquote(path), columns=list(self.columns))
-        # One chunk per column: a take from a file's row groups as chunks costs the whole
-        # file (8 ms instead of 0.6 ms for 4,000 rows of a 10M-row table, measured).
-        rows = rows.cast(pa.schema([f.with_nullable(True) for f in plain_schema(rows.schema)]))\
-            .combine_chunks()
+        rows = self._read_columns(path)
         alive = np.ones(len(rows), dtype=bool)
         if dv is not None:
             vector = read_vector(self.root, dv)
             self._vectors[path] = vector
             alive[_positions(vector)] = False
-        entry = _File(path=path, start=start, rows=rows,
-                      dv_id=dv.unique_id if dv is not None else None)
+        entry = self._add_file(path, rows, alive, dv.unique_id if dv is not None else None)
+        self.files_read += 1
+        return entry, np.flatnonzero(alive).astype(np.int64) + entry.start
+
+    def _read_columns(self, path: str) -> pa.Table:
+        """The key and sequence columns of the data file *path*, as the index holds them."""
+        rows = pq.read_table(self.root / unquote(path), columns=list(self.columns))
+        # One chunk per column: a take from a file's row groups as chunks costs the whole
+        # file (8 ms instead of 0.6 ms for 4,000 rows of a 10M-row table, measured).
+        return rows.cast(pa.schema([f.with_nullable(True) for f in plain_schema(rows.schema)]))\
+            .combine_chunks()
+
+    def _add_file(self, path: str, rows: pa.Table, alive: np.ndarray[Any, Any],
+                  dv_id: str | None) -> _File:
+        """Number the rows of a new live file after the others'."""
+        entry = _File(path=path, start=len(self._alive), rows=rows, dv_id=dv_id)
         self._files[path] = entry
-        self._starts.append(start)
+        self._starts.append(entry.start)
         self._order.append(entry)
         self._alive = np.concatenate([self._alive, alive])
-        return entry, np.flatnonzero(alive).astype(np.int64) + start
+        return entry
 
     def _drop_file(self, path: str) -> None:
         entry = self._files.pop(path)
@@ -213,7 +181,98 @@ class KeyIndex:
         span = slice(entry.start, entry.start + len(entry.rows))
         self._dead += int(self._alive[span].sum())
         self._alive[span] = False
-        self._order[self._starts.index(entry.start)] = None
+        self._order[bisect.bisect_left(self._starts, entry.start)] = None
+
+    # -- rows a rewrite moved -----------------------------------------------------------
+    def _take_relocations(self, state: LogState) -> None:
+        """Give the files that upkeep rewrites made (see :mod:`tidemark.lake.relocations`)
+        the lookup entries of the rows they took over: no hashing, no new entries, no
+        dead ones. Each new file's key and sequence columns are read and checked
+        against the rows said to be there (a writer that reordered rows would otherwise
+        misplace them)."""
+        taken: set[str] = set()
+        for path in state.files:
+            if path in self._files or path in taken:
+                continue
+            relocation = RELOCATIONS.made(self.root, path)
+            if relocation is None or not self._holds(relocation, state):
+                continue
+            slots = np.concatenate([self._files[s.path].start + s.positions
+                                    for s in relocation.sources])
+            found = self._found_rows(relocation, slots)
+            if found is None:
+                log.warning("%s: the rows of %s are not where its rewrite said: its keys "
+                            "are read instead", self.root, path)
+                continue
+            self._take(relocation, slots, found)
+            taken.update(output for output, _ in relocation.outputs)
+
+    def _holds(self, relocation: Relocation, state: LogState) -> bool:
+        """Whether the index holds exactly the rows *relocation* moved, as live rows of
+        files *state* removed, and *state* has its new files with their row counts."""
+        if not relocation.consistent() or not relocation.sources:
+            return False
+        for output, rows in relocation.outputs:
+            action = state.files.get(output)
+            if output in self._files or action is None or \
+                    delta_log.num_records(action) != rows:
+                return False
+        for source in relocation.sources:
+            entry = self._files.get(source.path)
+            if entry is None or source.path in state.files or entry.dv_id != source.dv_id:
+                return False
+            if len(source.positions) and int(source.positions[-1]) >= len(entry.rows):
+                return False
+            alive = self._alive[entry.start:entry.start + len(entry.rows)]
+            if int(alive.sum()) != len(source.positions) or \
+                    not alive[source.positions].all():
+                return False
+        return True
+
+    def _found_rows(self, relocation: Relocation, slots: np.ndarray[Any, Any]
+                    ) -> list[pa.Table] | None:
+        """Each new file's key and sequence columns, if they hold, row by row, the
+        values of the *slots* said to be there (rows equal in them are one to the
+        index); None if any does not."""
+        found, at = [], 0
+        for output, rows in relocation.outputs:
+            columns = self._read_columns(output)
+            held = self.values(slots[at:at + rows], self.columns)
+            if not columns.equals(held.cast(columns.schema)):
+                return None
+            found.append(columns)
+            at += rows
+        return found
+
+    def _take(self, relocation: Relocation, slots: np.ndarray[Any, Any],
+              found: list[pa.Table]) -> None:
+        """Number the new files' rows and point the lookup entries of *slots* (the
+        moved rows' numbers, in the new files' order) at them."""
+        for source in relocation.sources:  # every live row moves: none turns dead
+            entry = self._files.pop(source.path)
+            self._vectors.pop(source.path, None)
+            self._order[bisect.bisect_left(self._starts, entry.start)] = None
+        self._alive[slots] = False
+        self._stale += len(slots)
+        moved_to = []
+        for (output, _), columns in zip(relocation.outputs, found, strict=True):
+            entry = self._add_file(output, columns, np.ones(len(columns), dtype=bool), None)
+            moved_to.append(np.arange(entry.start, entry.start + len(columns)))
+        self._repoint(slots, np.concatenate(moved_to))
+        self.files_relocated += len(relocation.outputs)
+
+    def _repoint(self, old: np.ndarray[Any, Any], new: np.ndarray[Any, Any]) -> None:
+        """Change the row number of the lookup entries pointing at *old* to *new* (in
+        place: the hashes, and so each level's order, do not change)."""
+        if not len(old):
+            return
+        order = np.argsort(old, kind="stable")
+        old, new = old[order], new[order]
+        for _, numbers in (self._base, self._recent, self._fresh):
+            near = np.flatnonzero((numbers >= old[0]) & (numbers <= old[-1]))
+            at = np.minimum(np.searchsorted(old, numbers[near]), len(old) - 1)
+            hit = old[at] == numbers[near]
+            numbers[near[hit]] = new[at[hit]]
 
     def _apply_vector(self, entry: _File, dv: DeletionVector | None) -> None:
         # A vector only grows while the file lives (a rewrite makes a new file), so only
@@ -239,9 +298,9 @@ class KeyIndex:
         order = np.argsort(hashes, kind="stable")
         # Three levels, each merged into the next when it outgrows its share, so that a
         # batch's few entries are merged into a small level (a merge copies the level).
-        self._fresh = _merged(self._fresh, (hashes[order], numbers[order]))
+        self._fresh = merged_levels(self._fresh, (hashes[order], numbers[order]))
         if len(self._fresh[0]) > _FRESH_MAX:
-            self._recent = _merged(self._recent, self._without_dead(self._fresh))
+            self._recent = merged_levels(self._recent, self._without_dead(self._fresh))
             self._fresh = (np.zeros(0, _U64), np.zeros(0, np.int64))
         if len(self._recent[0]) > _RECENT_FRACTION * len(self._base[0]) and \
                 not self._rebuild_due():  # a rebuild merges the levels anyway
@@ -256,8 +315,8 @@ class KeyIndex:
         """Merge the recent levels (without their dead entries) into the base: a linear
         merge of sorted arrays. The base's dead entries stay until a rebuild: the
         lookups skip them, and filtering 10M entries here would stall a batch."""
-        recent = _merged(self._without_dead(self._recent), self._without_dead(self._fresh))
-        self._base = _merged(self._base, recent)
+        recent = merged_levels(self._without_dead(self._recent), self._without_dead(self._fresh))
+        self._base = merged_levels(self._base, recent)
         self._recent = (np.zeros(0, _U64), np.zeros(0, np.int64))
         self._fresh = (np.zeros(0, _U64), np.zeros(0, np.int64))
 
@@ -281,8 +340,8 @@ class KeyIndex:
             return hashes, numbers - old[at] + new[at]
 
         # The pass over every entry merges the levels too.
-        self._base = _merged(renumbered(self._base),
-                             _merged(renumbered(self._recent), renumbered(self._fresh)))
+        self._base = merged_levels(renumbered(self._base),
+                             merged_levels(renumbered(self._recent), renumbered(self._fresh)))
         self._recent = (np.zeros(0, _U64), np.zeros(0, np.int64))
         self._fresh = (np.zeros(0, _U64), np.zeros(0, np.int64))
         self._alive = np.concatenate(alive) if alive else np.zeros(0, bool)
@@ -291,6 +350,7 @@ class KeyIndex:
         self._order = list(files)
         self._starts = [f.start for f in files]
         self._dead = 0
+        self._stale = 0
         log.debug("%s: key index rebuilt (%d rows)", self.root, int(self._alive.sum()))
 
     # -- reading ------------------------------------------------------------------------

@@ -42,7 +42,8 @@ from tidemark.lake import delta_log
 from tidemark.lake.branch import discard_branches, local_directory
 from tidemark.lake.collapse import PreparedBatch, sequence_after, sequence_before
 from tidemark.lake.deletion_vector import write_vectors
-from tidemark.lake.key_index import KeyIndex, plain_schema
+from tidemark.lake.key_hashes import plain_schema
+from tidemark.lake.key_index import KeyIndex
 from tidemark.lake.mor_rows import (
     SCRATCH_DIR,
     Counts,

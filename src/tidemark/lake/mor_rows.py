@@ -26,7 +26,8 @@ from deltalake import CommitProperties, DeltaTable, write_deltalake
 
 from tidemark.lake import delta_log
 from tidemark.lake.collapse import IS_DELETE, PreparedBatch, collapse_to_latest, from_key_column
-from tidemark.lake.key_index import KeyIndex, plain_schema
+from tidemark.lake.key_hashes import plain_schema
+from tidemark.lake.key_index import KeyIndex
 from tidemark.lake.spec import ApplySpec, ResolvedColumns
 
 SCRATCH_DIR = "_tidemark_scratch"

@@ -9,7 +9,8 @@ rows, in its own row order (a file's key range only shrinks, so a table clustere
 stays so), through a scratch table as merge-on-read writes its files
 (:mod:`tidemark.lake.merge_on_read`). One commit removes each (file, vector) and adds its
 rewrite, ``dataChange: false``: readers and the app transactions are unaffected. The
-key index of the writer picks the change up at its next batch (it diffs the live files).
+writer's key index picks the change up at its next batch, told which rows went where
+(:mod:`tidemark.lake.relocations`): it reads none of the new files.
 
 delta-rs's vacuum keeps the vector files live files reference but never deletes the
 others; :func:`delete_unreferenced_vectors` does, once no version newer than the vacuum
@@ -19,7 +20,9 @@ retention can need them.
 from __future__ import annotations
 
 import dataclasses
+import itertools
 import json
+import math
 import os
 import shutil
 import time
@@ -35,9 +38,12 @@ from deltalake import DeltaTable, Schema, write_deltalake
 
 from tidemark.lake import delta_log
 from tidemark.lake.deletion_vector import DeletionVector, read_vector
-from tidemark.lake.key_index import plain_schema
+from tidemark.lake.key_hashes import plain_schema
 from tidemark.lake.mor_rows import SCRATCH_DIR, conform_columns, move_files, target_file_size
+from tidemark.lake.relocations import RELOCATIONS, MovedFile, Relocation
 
+#: delta-rs's file size where the table sets none (``delta.targetFileSize``).
+_DEFAULT_FILE_SIZE: Final = 100 << 20
 #: How a file holding deletion vectors is named (Delta protocol).
 _VECTOR_FILE_GLOB: Final = "deletion_vector_*.bin"
 
@@ -66,15 +72,8 @@ def deleted_fraction(add: dict[str, Any]) -> float:
     dv = add.get("deletionVector")
     if not dv:
         return 0.0
-    records = _num_records(add)
+    records = delta_log.num_records(add)
     return int(dv["cardinality"]) / records if records else 0.0
-
-
-def _num_records(add: dict[str, Any]) -> int:
-    stats = add.get("stats")
-    if not stats:
-        return 0
-    return int(json.loads(stats).get("numRecords") or 0)
 
 
 def due_files(state: delta_log.LogState, threshold: float,
@@ -153,26 +152,32 @@ def compact_deleted(root: Path, state: delta_log.LogState, threshold: float,
 def _rewrite(root: Path, state: delta_log.LogState, chosen: list[dict[str, Any]],
              parameters: dict[str, str], *, small: bool = False) -> VectorCompaction:
     """Rewrite the *chosen* live files (their live rows, in order) as one commit of
-    removes and adds, ``dataChange: false``."""
+    removes and adds, ``dataChange: false``; note where the rows went
+    (:data:`tidemark.lake.relocations.RELOCATIONS`) for the writer's key index."""
     schema = _table_schema(state)
     partitions = list(state.metadata.get("partitionColumns") or [])
     scratch = root / SCRATCH_DIR / uuid.uuid4().hex
     added: list[dict[str, Any]] = []
     dropped = 0
     try:
-        live = []
+        live, moved = [], []
         for add in chosen:
-            rows, deleted = _live_rows(root, add, schema, partitions)
+            rows, positions, deleted = _live_rows(root, add, schema, partitions)
             dropped += deleted
             live.append(rows)
-        rows = pa.concat_tables(live)
-        if len(rows):  # one write: small files merged, not copied one for one
-            write_deltalake(os.fspath(scratch), rows, mode="error",
-                            partition_by=partitions or None,
-                            target_file_size=target_file_size(state))
-        new_files = list(delta_log.read_log(scratch).files.values()) \
-            if (scratch / "_delta_log").exists() else []
-        added = [{**a, "dataChange": False} for a in move_files(scratch, root, new_files)]
+            dv = add.get("deletionVector")
+            moved.append(MovedFile(add["path"], DeletionVector.from_json(dv).unique_id
+                                   if dv else None, positions))
+        # One chunk: delta-rs writes a table of several chunks in no fixed order.
+        written = _write_pieces(scratch, pa.concat_tables(live).combine_chunks(), partitions,
+                                chosen, state)
+        outputs: list[tuple[str, int]] = []
+        for piece, adds in written:
+            added += [{**a, "dataChange": False} for a in move_files(piece, root, adds)]
+            if len(adds) == 1:
+                outputs.append((adds[0]["path"], delta_log.num_records(adds[0]) or -1))
+        relocation = Relocation(tuple(moved), tuple(outputs)) \
+            if len(outputs) == len(written) else None
         now = delta_log.now_ms()
         actions: list[dict[str, Any]] = [{"commitInfo": {
             "timestamp": now, "operation": "OPTIMIZE", "operationParameters": parameters,
@@ -188,20 +193,51 @@ def _rewrite(root: Path, state: delta_log.LogState, chosen: list[dict[str, Any]]
             for a in added:  # unreferenced: not worth waiting for vacuum
                 (root / unquote(a["path"])).unlink(missing_ok=True)
             raise
+        if relocation is not None and relocation.consistent():
+            RELOCATIONS.note(root, relocation)
     finally:
         shutil.rmtree(scratch, ignore_errors=True)
     return VectorCompaction(files_removed=len(chosen), files_added=len(added),
                             rows_dropped=dropped, version=state.version + 1, small=small)
 
 
+def _write_pieces(scratch: Path, rows: pa.Table, partitions: list[str],
+                  chosen: list[dict[str, Any]], state: delta_log.LogState
+                  ) -> list[tuple[Path, list[dict[str, Any]]]]:
+    """Write *rows* as files of about the target's file size: each piece of them into a
+    scratch table of its own, so that which rows each new file holds is known (a
+    partitioned table's rows go in one write: its files split by partition). Returns
+    each scratch table with its add actions."""
+    if not len(rows):
+        return []
+    size = target_file_size(state)
+    if partitions:
+        pieces = [rows]
+    else:
+        records = sum(delta_log.num_records(add) or 0 for add in chosen)
+        estimate = sum(int(add["size"]) for add in chosen) * len(rows) / max(records, 1)
+        count = max(1, math.ceil(estimate / (size or _DEFAULT_FILE_SIZE)))
+        bounds = [len(rows) * i // count for i in range(count + 1)]
+        pieces = [rows.slice(a, b - a) for a, b in itertools.pairwise(bounds)]
+        size = 2 * (size or _DEFAULT_FILE_SIZE)  # one file a piece
+    written = []
+    for number, piece in enumerate(pieces):
+        target = scratch / str(number)
+        write_deltalake(os.fspath(target), piece, mode="error",
+                        partition_by=partitions or None, target_file_size=size)
+        written.append((target, list(delta_log.read_log(target).files.values())))
+    return written
+
+
 def _table_schema(state: delta_log.LogState) -> pa.Schema:
     return plain_schema(pa.schema(Schema.from_json(state.metadata["schemaString"]).to_arrow()))
 
 
-def _live_rows(root: Path, add: dict[str, Any], schema: pa.Schema,
-               partitions: list[str]) -> tuple[pa.Table, int]:
+def _live_rows(root: Path, add: dict[str, Any], schema: pa.Schema, partitions: list[str]
+               ) -> tuple[pa.Table, np.ndarray[Any, np.dtype[np.int64]], int]:
     """The live rows of the data file *add*, in its order and in *schema* (its
-    partition values as columns); and how many deleted rows were dropped."""
+    partition values as columns); their positions in the file; and how many deleted
+    rows were dropped."""
     rows = pq.read_table(root / unquote(add["path"]))
     rows = rows.cast(plain_schema(rows.schema))
     keep = np.ones(len(rows), dtype=bool)
@@ -218,7 +254,8 @@ def _live_rows(root: Path, add: dict[str, Any], schema: pa.Schema,
             pa.array([value] * len(rows), pa.string()).cast(field.type)
         rows = rows.append_column(name, column) if name not in rows.column_names else rows
     nullable = pa.schema([f.with_nullable(True) for f in schema])
-    return conform_columns(rows, nullable), len(keep) - int(keep.sum())
+    kept = np.flatnonzero(keep).astype(np.int64)
+    return conform_columns(rows, nullable), kept, len(keep) - len(kept)
 
 
 # -- vacuum ------------------------------------------------------------------------------
