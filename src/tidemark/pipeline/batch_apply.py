@@ -67,6 +67,7 @@ class BatchApply:
     _spill_path: Path | None
     _upkeep_state: dict[str, UpkeepState]
     _batches_applied: int
+    _last_batch_end: float | None
     _metrics: RunMetrics
     _on_batch: Callable[[BatchReport], None] | None
     _query_id: str | None
@@ -84,6 +85,11 @@ class BatchApply:
 
     def _process_batch(self, batch: DataFrame, batch_id: int) -> None:
         started = time.monotonic()
+        if self._last_batch_end is not None:
+            # Spark's own work between two batches (offsets, planning, its logs): with
+            # a trigger interval, the wait for the next trigger too.
+            log.debug("batch %d started %.2f s after the last one ended", batch_id,
+                      started - self._last_batch_end)
         raw_offset = batch_offset(self.config.checkpoint, batch_id)
         offset = self._source.offset(raw_offset)
         loads = self._source.loads(raw_offset, offset)
@@ -225,16 +231,19 @@ class BatchApply:
         faults.crash_point("after_write", batch_id)
         applied = time.monotonic() - started
         upkeep = self._upkeep([t for t in self.config.targets if changes.get(t.table)])
+        upkept = time.monotonic() - started - applied
         report = self._source.report(batch_id, changes, applied, replayed, seen.newest_commit_us,
                               offset, raw_offset)
         report = dataclasses.replace(report, upkeep=upkeep, merges=tuple(merges))
         log.info("batch %d applied: %s", batch_id, changes)
-        log.debug("batch %d took %.2f s: %s", batch_id, applied, ", ".join(timings))
+        log.debug("batch %d took %.2f s: %s; upkeep %.2f s", batch_id, applied,
+                  ", ".join(timings), upkept)
         self._metrics.observe(report, 0 if replayed else len(seen.commits))
         self._batches_applied += 1
         record_batch(self.config.checkpoint, report)  # for tidemark status
         if self._on_batch is not None:
             self._on_batch(report)
+        self._last_batch_end = time.monotonic()
 
     def _upkeep(self, targets: Sequence[Target]) -> tuple[tuple[str, str, str], ...]:
         """Upkeep of the targets the batch wrote to, between this batch and the next

@@ -94,6 +94,7 @@ class Pipeline(BatchApply):
         self._spill_path: Path | None = None
         self._upkeep_state: dict[str, UpkeepState] = {}
         self._batches_applied = 0
+        self._last_batch_end: float | None = None
         self._source = BatchSource(config)
         self._metrics = RunMetrics(config.spark.app_name, self._source.kind.name,
                                    config.checkpoint)
