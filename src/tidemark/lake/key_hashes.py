@@ -1,6 +1,5 @@
-"""Hashing the keys of merge-on-read targets (:func:`key_hashes`) and merging the key
-index's sorted lookup levels (:func:`merged_levels`); :func:`plain_schema`, the Arrow
-types the key index and the rewrites hold."""
+"""Hashing the keys of merge-on-read targets (:func:`key_hashes`), and
+:func:`plain_schema`, the Arrow types the key index and the rewrites hold."""
 
 from __future__ import annotations
 
@@ -58,13 +57,3 @@ def _hash_type(kind: pa.DataType) -> pa.DataType:
             or pa.types.is_binary_view(kind):
         return pa.binary()
     return kind
-
-
-def merged_levels(first: tuple[np.ndarray[Any, Any], np.ndarray[Any, Any]],
-            second: tuple[np.ndarray[Any, Any], np.ndarray[Any, Any]]
-            ) -> tuple[np.ndarray[Any, Any], np.ndarray[Any, Any]]:
-    """Two lookup levels (hashes sorted, with their row numbers) as one, sorted."""
-    if not len(first[0]):
-        return second
-    at = np.searchsorted(first[0], second[0], side="right")
-    return np.insert(first[0], at, second[0]), np.insert(first[1], at, second[1])
