@@ -12,6 +12,8 @@ from deltalake import DeltaTable
 
 from lake_helpers import change, read, rows
 from tidemark.lake import ApplySpec, apply_changes
+from tidemark.lake import upkeep as upkeep_module
+from tidemark.lake.delta_read import has_deletion_vectors_feature
 from tidemark.lake.upkeep import UpkeepSettings, UpkeepState, upkeep
 
 SPEC = ApplySpec(keys=("id",))
@@ -118,6 +120,46 @@ def test_heavy_tasks_wait_when_the_batch_had_one(tmp_path: Path) -> None:
     assert [t.name for t in tasks] == ["vacuum"]
     # The first call only starts vacuum's clock.
     assert upkeep(DeltaTable(str(path)), settings, UpkeepState(), now=0) == []
+
+
+@pytest.mark.parametrize("mode", ["copy_on_write", "merge_on_read"])
+def test_clustering_backs_off_on_merge_on_read_tables_while_groups_keep_forming(
+        tmp_path: Path, mode: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A merge-on-read table's merges rewrite no file: where every batch's file overlaps
+    the table again (updates spread over all keys), clustering every 20 batches sorted
+    the whole table each time. There the interval doubles while it keeps finding a
+    group; copy-on-write tables keep theirs; a round that finds nothing resets it."""
+    path = tmp_path / "t"
+    spec = ApplySpec(keys=("id",), merge=mode)  # type: ignore[arg-type]
+    apply_changes(path, rows(*_batch(0)), spec, app_id="q", version=0)
+    apply_changes(path, rows(*_batch(1)), spec, app_id="q", version=1)
+    found = {"group": True}
+    ran: list[int] = []
+    call = [0]
+
+    def cluster(*_: object, **__: object) -> str | None:
+        if not found["group"]:
+            return None
+        ran.append(call[0])
+        return "sorted 2 files by key"
+    monkeypatch.setattr(upkeep_module, "cluster", cluster)
+    settings = UpkeepSettings(compact_min_files=0, checkpoint_every=0,
+                              vacuum_every_minutes=0, compact_deleted_fraction=0)
+    state = UpkeepState()
+    table = DeltaTable(str(path))
+    for call[0] in range(400):
+        upkeep(table, settings, state, keys=("id",))
+    # The lake tests also run with every spec taken as merge-on-read: the table says.
+    on_read = has_deletion_vectors_feature(table)
+    assert on_read or mode == "copy_on_write"
+    if on_read:
+        assert ran == [0, 40, 120, 280]  # after 40, 80, 160 batches
+    else:
+        assert ran == list(range(0, 400, 20))
+    found["group"] = False
+    for _ in range(state.cluster_every):
+        upkeep(table, settings, state, keys=("id",))
+    assert state.cluster_every == 20
 
 
 @pytest.mark.parametrize("field", ["compact_min_files", "checkpoint_every",

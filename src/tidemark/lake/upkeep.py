@@ -22,7 +22,8 @@ conflicts with a merge; each task runs only when due:
 * **clustering** (:mod:`tidemark.lake.clustering`): when ``cluster_min_files`` files
   overlap in their range of the first key column and hold more than one and a half
   target files, their rows are rewritten sorted by key, so that later merges, pruned by
-  those ranges, rewrite few files;
+  those ranges, rewrite few files (on a merge-on-read table, whose merges rewrite no
+  file, less and less often while it keeps finding groups to sort);
 * **checkpoint** every ``checkpoint_every`` commits, so a reader loads one Parquet
   checkpoint and the JSON commits after it instead of the whole log;
 * **log cleanup** after a checkpoint: commits older than ``log_retention_hours`` (which
@@ -72,6 +73,12 @@ _CLUSTER_MAX_FILES: Final = 4
 #: overlap again and sorting them would not make the next merge cheaper: this bounds
 #: that waste to a twentieth of the merges' work.
 _CLUSTER_EVERY: Final = 20
+#: On a merge-on-read table the interval doubles each time clustering sorts a group, up
+#: to this many batches, and is back to _CLUSTER_EVERY once it finds nothing to sort.
+#: Its batches do not rewrite files, so clustering buys them nothing, and where updates
+#: spread over every key each batch's file overlaps the whole table again: at 1M rows
+#: and 10,000 changes/s it sorted the whole table (1.5-3 s) every 20 batches.
+_CLUSTER_EVERY_MAX: Final = 1280
 #: The most a rewrite of files with deleted rows takes at a time, in target file sizes:
 #: where updates spread evenly, every file passes the threshold at about the same batch,
 #: and the rewrite is spread over the following batches instead of stalling one (at 4,
@@ -134,6 +141,9 @@ class UpkeepState:
     """When vacuum last ran (``time.time()``); the first call of :func:`upkeep` sets it."""
     batches_since_cluster: int = _CLUSTER_EVERY
     """Calls of :func:`upkeep` since clustering last ran (the first may cluster)."""
+    cluster_every: int = _CLUSTER_EVERY
+    """Calls between two clusterings (grows on merge-on-read tables, see
+    ``_CLUSTER_EVERY_MAX``)."""
     log: delta_log.LogState | None = None
     """The live files with their deletion vectors, brought up to date from the newer
     commits at each call (merge-on-read targets only)."""
@@ -210,7 +220,7 @@ def upkeep(table: DeltaTable, settings: UpkeepSettings, state: UpkeepState,
                            f"{metrics.get('numFilesAdded', 0)}", time.monotonic() - started))
     state.batches_since_cluster += 1
     if heavy and not tasks and settings.cluster_min_files and \
-            state.batches_since_cluster >= _CLUSTER_EVERY:
+            state.batches_since_cluster >= state.cluster_every:
         started = time.monotonic()
         target = settings.target_file_mb << 20
         done = cluster(table, keys, min_files=settings.cluster_min_files,
@@ -218,7 +228,11 @@ def upkeep(table: DeltaTable, settings: UpkeepSettings, state: UpkeepState,
                        target_file_size=target)
         if done is not None:
             state.batches_since_cluster = 0
+            if has_deletion_vectors_feature(table):
+                state.cluster_every = min(2 * state.cluster_every, _CLUSTER_EVERY_MAX)
             tasks.append(UpkeepTask("cluster", done, time.monotonic() - started))
+        else:
+            state.cluster_every = _CLUSTER_EVERY
     version = table.version()
     last = last_checkpoint(root)
     if settings.checkpoint_every and version - (last if last is not None else -1) >= \
@@ -267,11 +281,15 @@ def _compact_deleted(table: DeltaTable, root: Path, settings: UpkeepSettings,
 
 def _compact_small(table: DeltaTable, root: Path, settings: UpkeepSettings,
                    state: UpkeepState) -> UpkeepTask | None:
-    """Merge the oldest small files of a merge-on-read table into one file's worth
-    (:func:`tidemark.lake.vector_compaction.compact_small`)."""
-    target = compaction_target(table, settings)
+    """Merge the oldest small files of a merge-on-read table (under half the compaction
+    target) into one file of up to ``target_file_mb``
+    (:func:`tidemark.lake.vector_compaction.compact_small`): every uniform batch touches
+    every file, so the fewer the better (half as many as with outputs of half the
+    size)."""
+    small = compaction_target(table, settings) // 2
     return _rewrite(table, root, state, "compact", "compaction of small files",
-                    lambda log_state: compact_small(root, log_state, target // 2, target))
+                    lambda log_state: compact_small(root, log_state, small,
+                                                    settings.target_file_mb << 20))
 
 
 def _rewrite(table: DeltaTable, root: Path, state: UpkeepState, name: str, what: str,

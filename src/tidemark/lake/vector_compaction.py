@@ -22,7 +22,6 @@ from __future__ import annotations
 import dataclasses
 import itertools
 import json
-import math
 import os
 import shutil
 import time
@@ -128,7 +127,7 @@ def compact_small(root: Path, state: delta_log.LogState, small_bytes: int,
     commit; None when fewer than two are that small. delta-rs's compaction would also
     rewrite every file under its target size, so the file it made last time (nearly
     full) again and again, and the writer's key index would load all its keys again at
-    each; here a file past half the size is left to :func:`compact_deleted`. Raises
+    each; here a file past *small_bytes* is left to :func:`compact_deleted`. Raises
     :class:`tidemark.lake.delta_log.CommitConflictError` as :func:`compact_deleted`."""
     chosen = small_files_due(state, small_bytes, max_bytes)
     return _rewrite(root, state, chosen, {"reason": "small files"}, small=True) \
@@ -216,7 +215,9 @@ def _write_pieces(scratch: Path, rows: pa.Table, partitions: list[str],
     else:
         records = sum(delta_log.num_records(add) or 0 for add in chosen)
         estimate = sum(int(add["size"]) for add in chosen) * len(rows) / max(records, 1)
-        count = max(1, math.ceil(estimate / (size or _DEFAULT_FILE_SIZE)))
+        # Rounded: a rewrite of a file a little over the size stays one file (two
+        # halves would double the files every uniform batch touches).
+        count = max(1, round(estimate / (size or _DEFAULT_FILE_SIZE)))
         bounds = [len(rows) * i // count for i in range(count + 1)]
         pieces = [rows.slice(a, b - a) for a, b in itertools.pairwise(bounds)]
         size = 2 * (size or _DEFAULT_FILE_SIZE)  # one file a piece
