@@ -121,7 +121,7 @@ def index_field(path: Path, name: str) -> pa.Field:
 
 #: (target file size in bytes, or None: the default; which upkeep rewrites run).
 _REWRITES = {"deleted rows": (None, "deleted"), "small files": (None, "small"),
-             "deleted rows, in pieces": (1500, "deleted")}
+             "deleted rows, in pieces": (600, "deleted")}
 
 
 @pytest.mark.parametrize("rewrite", sorted(_REWRITES))
