@@ -166,8 +166,6 @@ def test_rows_an_upkeep_rewrite_moved_are_found_in_their_new_files(
         if batch == 0 and file_size is not None:
             DeltaTable(str(path)).alter.set_table_properties(
                 {"delta.targetFileSize": str(file_size)})
-        ((index, _),) = merge_on_read.TARGETS._held.values()
-        read_before = index.files_read
         done = upkeep(DeltaTable(str(path)), settings, state, keys=keys)
         rewrites += sum(task.name in {"compact_deleted", "compact"} for task in done)
         if batch:  # the next batch takes the rewrite (the last one: a check of its own)

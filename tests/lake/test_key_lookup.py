@@ -4,9 +4,11 @@ renumbering, it finds exactly the live entries of each hash, as a plain dict doe
 from __future__ import annotations
 
 import numpy as np
+import pyarrow as pa
 import pytest
 
 from tidemark.lake import key_lookup
+from tidemark.lake.key_hashes import key_hashes
 from tidemark.lake.key_lookup import HashLookup
 
 
@@ -71,3 +73,19 @@ def test_the_lookup_finds_what_a_dict_holds(seed: int, bucket_max: int,
     for _ in range(lookup.buckets):
         lookup.maintain(alive)
     assert len(lookup) == len(model)
+
+
+def test_integer_keys_spread_over_the_buckets() -> None:
+    """Keys 1..n (the usual identity column) fill every bucket about evenly: their hashes
+    place them by the top bits, which the keys themselves leave at zero (every entry in
+    one bucket: a pass over the whole lookup at each of its maintenances)."""
+    keys = pa.table({"id": pa.array(range(1, 200_001), pa.int64())})
+    hashes, exact = key_hashes(keys)
+    assert exact and len(np.unique(hashes)) == len(hashes)
+    per_bucket = np.bincount((hashes >> np.uint64(57)).astype(np.int64), minlength=128)
+    assert per_bucket.min() > 0.8 * len(hashes) / 128
+    lookup = HashLookup()
+    lookup.add(hashes, np.arange(len(hashes), dtype=np.int64))
+    assert lookup.buckets > 1
+    probe, rows = lookup.find(hashes[:1000])
+    assert sorted(probe.tolist()) == list(range(1000)) and (rows == probe).all()

@@ -10,6 +10,8 @@ import numpy as np
 import pyarrow as pa
 
 _U64 = np.dtype(np.uint64)
+#: An odd 64-bit constant (2**64 over the golden ratio, Knuth's multiplicative hashing).
+_SPREAD = np.uint64(0x9E3779B97F4A7C15)
 
 
 def plain_schema(schema: pa.Schema) -> pa.Schema:
@@ -29,14 +31,17 @@ def _plain(kind: pa.DataType) -> pa.DataType:
 
 
 def key_hashes(keys: pa.Table) -> tuple[np.ndarray[Any, np.dtype[np.uint64]], bool]:
-    """A 64-bit hash of each row of *keys*, and whether it is exact (the key itself: one
-    integer column). Inexact hashes are checked against the key values on lookup. Types
+    """A 64-bit hash of each row of *keys*, and whether it is exact (one to one with the
+    key: one integer column). Inexact hashes are checked against the key values on lookup. Types
     are widened first (every integer to int64, strings and binaries to their plain
     types), so a key hashes the same in a batch and in a file written before a widening."""
     keys = keys.cast(pa.schema([f.with_type(_hash_type(f.type)) for f in keys.schema]))
     if keys.num_columns == 1 and pa.types.is_integer(keys.schema.field(0).type):
-        values = keys.column(0).to_numpy()
-        return np.ascontiguousarray(values).view(_U64), True
+        values = np.ascontiguousarray(keys.column(0).to_numpy()).view(_U64)
+        # Multiplying by an odd number is one to one modulo 2**64 (exact still) and
+        # spreads keys 1..n over the top bits, which place an entry in the lookup's
+        # buckets: the keys themselves would all go to the first.
+        return values * _SPREAD, True
     con = duckdb.connect()
     try:
         con.register("k", keys)

@@ -22,7 +22,6 @@ those are twice the live rows).
 
 from __future__ import annotations
 
-import bisect
 import dataclasses
 import logging
 from collections.abc import Iterable
@@ -52,7 +51,6 @@ _SLACK = 2.0
 _DEAD_MIN = 1 << 16
 
 
-
 @dataclasses.dataclass
 class _File:
     """One live data file: where its rows start in the global row numbers, its key and
@@ -62,6 +60,8 @@ class _File:
     start: int
     rows: pa.Table
     dv_id: str | None
+    at: int
+    """Its place in ``KeyIndex._order`` (a file of no rows shares its start)."""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -158,7 +158,8 @@ class KeyIndex:
     def _add_file(self, path: str, rows: pa.Table, alive: np.ndarray[Any, Any],
                   dv_id: str | None) -> _File:
         """Number the rows of a new live file after the others'."""
-        entry = _File(path=path, start=len(self._alive), rows=rows, dv_id=dv_id)
+        entry = _File(path=path, start=len(self._alive), rows=rows, dv_id=dv_id,
+                      at=len(self._order))
         self._files[path] = entry
         self._starts.append(entry.start)
         self._order.append(entry)
@@ -171,7 +172,7 @@ class KeyIndex:
         span = slice(entry.start, entry.start + len(entry.rows))
         self._dead += int(self._alive[span].sum())
         self._alive[span] = False
-        self._order[bisect.bisect_left(self._starts, entry.start)] = None
+        self._order[entry.at] = None
 
     # -- rows a rewrite moved -----------------------------------------------------------
     def _take_relocations(self, state: LogState) -> None:
@@ -181,13 +182,17 @@ class KeyIndex:
         against the rows said to be there (a writer that reordered rows would otherwise
         misplace them)."""
         taken: set[str] = set()
+        tried: list[Relocation] = []
         for path in state.files:
             if path in self._files or path in taken:
                 continue
             relocation = RELOCATIONS.made(self.root, path)
-            if relocation is None or not self._holds(relocation, state):
+            if relocation is None or any(r is relocation for r in tried):
                 continue
-            slots = np.concatenate([self._files[s.path].start + s.positions
+            tried.append(relocation)
+            if not self._holds(relocation, state):
+                continue
+            slots = np.concatenate([self._alive_slots(self._files[s.path])
                                     for s in relocation.sources])
             found = self._found_rows(relocation, slots)
             if found is None:
@@ -196,6 +201,10 @@ class KeyIndex:
                 continue
             self._take(relocation, slots, found)
             taken.update(output for output, _ in relocation.outputs)
+
+    def _alive_slots(self, entry: _File) -> np.ndarray[Any, np.dtype[np.int64]]:
+        return np.flatnonzero(self._alive[entry.start:entry.start + len(entry.rows)]) \
+            .astype(np.int64) + entry.start
 
     def _holds(self, relocation: Relocation, state: LogState) -> bool:
         """Whether the index holds exactly the rows *relocation* moved, as live rows of
@@ -211,11 +220,8 @@ class KeyIndex:
             entry = self._files.get(source.path)
             if entry is None or source.path in state.files or entry.dv_id != source.dv_id:
                 return False
-            if len(source.positions) and int(source.positions[-1]) >= len(entry.rows):
-                return False
             alive = self._alive[entry.start:entry.start + len(entry.rows)]
-            if int(alive.sum()) != len(source.positions) or \
-                    not alive[source.positions].all():
+            if int(alive.sum()) != source.rows:
                 return False
         return True
 
@@ -228,8 +234,11 @@ class KeyIndex:
         for output, rows in relocation.outputs:
             columns = self._read_columns(output)
             held = self.values(slots[at:at + rows], self.columns)
-            if not columns.equals(held.cast(columns.schema)):
-                return None
+            try:
+                if not columns.equals(held.cast(columns.schema)):
+                    return None
+            except (pa.ArrowInvalid, pa.ArrowNotImplementedError):
+                return None  # a column's type changed meanwhile
             found.append(columns)
             at += rows
         return found
@@ -241,7 +250,7 @@ class KeyIndex:
         for source in relocation.sources:  # every live row moves: none turns dead
             entry = self._files.pop(source.path)
             self._vectors.pop(source.path, None)
-            self._order[bisect.bisect_left(self._starts, entry.start)] = None
+            self._order[entry.at] = None
         self._alive[slots] = False
         self._dead += len(slots)
         moved_to = []
@@ -291,8 +300,8 @@ class KeyIndex:
         self._lookup.renumber(self._alive, renumbered)
         alive = [self._alive[f.start:f.start + len(f.rows)] for f in files]
         self._alive = np.concatenate(alive) if alive else np.zeros(0, bool)
-        for entry, start in zip(files, new.tolist(), strict=True):
-            entry.start = start
+        for at, (entry, start) in enumerate(zip(files, new.tolist(), strict=True)):
+            entry.start, entry.at = start, at
         self._order = list(files)
         self._starts = [f.start for f in files]
         # Deleted rows of live files keep their numbers: counting them again would

@@ -20,7 +20,8 @@ import numpy as np
 
 #: Entries a bucket holds on average before every bucket splits in two.
 _BUCKET_MAX = 1 << 17
-#: Calls of :meth:`HashLookup.maintain` in which every bucket is maintained once.
+#: Calls of :meth:`HashLookup.maintain` in which every bucket is maintained once (with
+#: fewer buckets than this, one bucket a call).
 _CYCLE = 32
 _MAX_BITS: Final = 16
 
@@ -71,7 +72,8 @@ class HashLookup:
         return len(self._base)
 
     def nbytes(self) -> int:
-        """The bytes the entries take."""
+        """The bytes the entries take (a bucket split off another may keep the whole
+        array it was cut from until its next maintenance)."""
         return sum(int(h.nbytes) + int(n.nbytes) for h, n in (*self._base, *self._recent))
 
     def _cuts(self, hashes: np.ndarray[Any, Any]) -> np.ndarray[Any, Any]:

@@ -18,9 +18,7 @@ from __future__ import annotations
 import dataclasses
 import os
 from pathlib import Path
-from typing import Any, Final
-
-import numpy as np
+from typing import Final
 
 #: Relocations kept per table until the index of a later batch takes them (upkeep
 #: rewrites at most once per batch; a table without a merge-on-read writer in this
@@ -30,27 +28,26 @@ _KEPT: Final = 4
 
 @dataclasses.dataclass(frozen=True)
 class MovedFile:
-    """An old file whose live rows a rewrite moved: its path, the unique id of the
-    deletion vector the rewrite read (None: none) and the positions of the rows it moved
-    (the live ones, ascending)."""
+    """An old file whose live rows a rewrite moved, in their order: its path, the unique
+    id of the deletion vector the rewrite read (None: none) and how many rows it moved
+    (the index knows which: those its vector leaves alive)."""
 
     path: str
     dv_id: str | None
-    positions: np.ndarray[Any, np.dtype[np.int64]]
+    rows: int
 
 
 @dataclasses.dataclass(frozen=True)
 class Relocation:
-    """One rewrite: the rows of *sources* (their positions, file after file) are the
-    rows of *outputs* (path, row count), file after file."""
+    """One rewrite: the live rows of *sources*, file after file, are the rows of
+    *outputs* (path, row count), file after file."""
 
     sources: tuple[MovedFile, ...]
     outputs: tuple[tuple[str, int], ...]
 
     def consistent(self) -> bool:
         """Whether the outputs hold exactly as many rows as the sources moved."""
-        return sum(len(s.positions) for s in self.sources) == \
-            sum(rows for _, rows in self.outputs)
+        return sum(s.rows for s in self.sources) == sum(rows for _, rows in self.outputs)
 
 
 class Relocations:

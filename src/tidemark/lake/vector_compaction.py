@@ -10,7 +10,8 @@ stays so), through a scratch table as merge-on-read writes its files
 (:mod:`tidemark.lake.merge_on_read`). One commit removes each (file, vector) and adds its
 rewrite, ``dataChange: false``: readers and the app transactions are unaffected. The
 writer's key index picks the change up at its next batch, told which rows went where
-(:mod:`tidemark.lake.relocations`): it reads none of the new files.
+(:mod:`tidemark.lake.relocations`): it checks the new files' key columns but hashes
+none of their rows again.
 
 delta-rs's vacuum keeps the vector files live files reference but never deletes the
 others; :func:`delete_unreferenced_vectors` does, once no version newer than the vacuum
@@ -161,12 +162,12 @@ def _rewrite(root: Path, state: delta_log.LogState, chosen: list[dict[str, Any]]
     try:
         live, moved = [], []
         for add in chosen:
-            rows, positions, deleted = _live_rows(root, add, schema, partitions)
+            rows, deleted = _live_rows(root, add, schema, partitions)
             dropped += deleted
             live.append(rows)
             dv = add.get("deletionVector")
             moved.append(MovedFile(add["path"], DeletionVector.from_json(dv).unique_id
-                                   if dv else None, positions))
+                                   if dv else None, len(rows)))
         # One chunk: delta-rs writes a table of several chunks in no fixed order.
         written = _write_pieces(scratch, pa.concat_tables(live).combine_chunks(), partitions,
                                 chosen, state)
@@ -213,11 +214,13 @@ def _write_pieces(scratch: Path, rows: pa.Table, partitions: list[str],
     if partitions:
         pieces = [rows]
     else:
-        records = sum(delta_log.num_records(add) or 0 for add in chosen)
-        estimate = sum(int(add["size"]) for add in chosen) * len(rows) / max(records, 1)
+        records = [delta_log.num_records(add) for add in chosen]
+        estimate = float(sum(int(add["size"]) for add in chosen))
+        if all(records):  # the live rows' share of the bytes
+            estimate *= len(rows) / sum(r or 0 for r in records)
         # Rounded: a rewrite of a file a little over the size stays one file (two
         # halves would double the files every uniform batch touches).
-        count = max(1, round(estimate / (size or _DEFAULT_FILE_SIZE)))
+        count = min(len(rows), max(1, round(estimate / (size or _DEFAULT_FILE_SIZE))))
         bounds = [len(rows) * i // count for i in range(count + 1)]
         pieces = [rows.slice(a, b - a) for a, b in itertools.pairwise(bounds)]
         size = 2 * (size or _DEFAULT_FILE_SIZE)  # one file a piece
@@ -235,10 +238,9 @@ def _table_schema(state: delta_log.LogState) -> pa.Schema:
 
 
 def _live_rows(root: Path, add: dict[str, Any], schema: pa.Schema, partitions: list[str]
-               ) -> tuple[pa.Table, np.ndarray[Any, np.dtype[np.int64]], int]:
+               ) -> tuple[pa.Table, int]:
     """The live rows of the data file *add*, in its order and in *schema* (its
-    partition values as columns); their positions in the file; and how many deleted
-    rows were dropped."""
+    partition values as columns), and how many deleted rows were dropped."""
     rows = pq.read_table(root / unquote(add["path"]))
     rows = rows.cast(plain_schema(rows.schema))
     keep = np.ones(len(rows), dtype=bool)
@@ -255,8 +257,7 @@ def _live_rows(root: Path, add: dict[str, Any], schema: pa.Schema, partitions: l
             pa.array([value] * len(rows), pa.string()).cast(field.type)
         rows = rows.append_column(name, column) if name not in rows.column_names else rows
     nullable = pa.schema([f.with_nullable(True) for f in schema])
-    kept = np.flatnonzero(keep).astype(np.int64)
-    return conform_columns(rows, nullable), kept, len(keep) - len(kept)
+    return conform_columns(rows, nullable), len(keep) - int(keep.sum())
 
 
 # -- vacuum ------------------------------------------------------------------------------

@@ -90,6 +90,7 @@ class BatchApply:
             # a trigger interval, the wait for the next trigger too.
             log.debug("batch %d started %.2f s after the last one ended", batch_id,
                       started - self._last_batch_end)
+            self._last_batch_end = None  # a batch that fails sets none
         raw_offset = batch_offset(self.config.checkpoint, batch_id)
         offset = self._source.offset(raw_offset)
         loads = self._source.loads(raw_offset, offset)
