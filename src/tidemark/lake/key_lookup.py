@@ -144,24 +144,16 @@ class HashLookup:
         order = np.argsort(old, kind="stable")
         old, new = old[order], new[order]
         low, high = int(old[0]), int(old[-1])
-        # Rows a rewrite moved are mostly runs of numbers: a table over their range
-        # beats a search per entry unless they are scattered.
-        dense = None
-        if high - low < 4 * len(old):
-            dense = np.full(high - low + 1, -1, dtype=np.int64)
-            dense[old - low] = new
+        # A byte per number in the range marks the moved ones: one pass over the entries
+        # whatever the range holds besides (a search per entry in it would cost up to
+        # the whole lookup when the moved files' numbers are far apart).
+        moved = np.zeros(high - low + 1, dtype=bool)
+        moved[old - low] = True
         for _, numbers in (*self._base, *self._recent):
             near = np.flatnonzero((numbers >= low) & (numbers <= high))
-            if not len(near):
-                continue
-            if dense is not None:
-                moved = dense[numbers[near] - low]
-                hit = moved >= 0
-                numbers[near[hit]] = moved[hit]
-            else:
-                at = np.minimum(np.searchsorted(old, numbers[near]), len(old) - 1)
-                hit = old[at] == numbers[near]
-                numbers[near[hit]] = new[at[hit]]
+            near = near[moved[numbers[near] - low]]
+            if len(near):
+                numbers[near] = new[np.searchsorted(old, numbers[near])]
 
     # -- reading --------------------------------------------------------------------------
     def find(self, hashes: np.ndarray[Any, Any]) -> tuple[np.ndarray[Any, Any],
