@@ -14,14 +14,7 @@ from deltalake import DeltaTable
 
 from delta_readers import check_readers_agree
 from lake_helpers import change, read, rows
-from tidemark.lake import (
-    ApplySpec,
-    apply_changes,
-    key_index,
-    key_lookup,
-    merge_on_read,
-    relocations,
-)
+from tidemark.lake import ApplySpec, apply_changes, key_index, merge_on_read, relocations
 from tidemark.lake.delta_log import read_log
 from tidemark.lake.key_index import KeyIndex
 from tidemark.lake.upkeep import UpkeepSettings, UpkeepState, upkeep
@@ -29,20 +22,12 @@ from tidemark.lake.upkeep import UpkeepSettings, UpkeepState, upkeep
 _TEXT = pa.schema([pa.field("name", pa.string())])
 
 
-#: (entries per bucket, calls per maintenance cycle, slack, dead minimum): one bucket,
-#: maintained every batch; many buckets, each maintained every third batch; every batch
-#: renumbers; buckets rarely maintained (dead entries stay in the lookup), never
-#: renumbered.
-_TUNINGS = {"merges": (1 << 40, 1, 2.0, 1 << 40), "buckets": (4, 3, 2.0, 1 << 40),
-            "rebuilds": (4, 1, 0.0, 0), "neither": (8, 1000, 1e9, 1 << 40)}
-
-
-def _tune(monkeypatch: pytest.MonkeyPatch, tuning: str) -> None:
-    bucket_max, cycle, slack, dead_min = _TUNINGS[tuning]
-    monkeypatch.setattr(key_lookup, "_BUCKET_MAX", bucket_max)
-    monkeypatch.setattr(key_lookup, "_CYCLE", cycle)
-    monkeypatch.setattr(key_index, "_SLACK", slack)
-    monkeypatch.setattr(key_index, "_DEAD_MIN", dead_min)
+#: (fresh maximum, recent fraction, dead fraction, dead minimum): every batch merges the
+#: levels; every batch rebuilds; every batch merges the fresh level into the recent one,
+#: never into the base; nothing is ever merged or rebuilt (dead entries stay in the
+#: lookup).
+_TUNINGS = {"merges": (0, 0.01, 0.2, 1 << 40), "rebuilds": (0, 0.01, 0.05, 0),
+            "recent": (0, 1e9, 0.2, 1 << 40), "neither": (1 << 40, 1e9, 0.2, 1 << 40)}
 
 
 @pytest.mark.parametrize("tuning", sorted(_TUNINGS))
@@ -50,7 +35,11 @@ def _tune(monkeypatch: pytest.MonkeyPatch, tuning: str) -> None:
 def test_the_index_finds_exactly_the_live_rows_of_each_key(
         tmp_path: Path, keys: tuple[str, ...], tuning: str,
         monkeypatch: pytest.MonkeyPatch) -> None:
-    _tune(monkeypatch, tuning)
+    fresh, recent, dead, dead_min = _TUNINGS[tuning]
+    monkeypatch.setattr(key_index, "_FRESH_MAX", fresh)
+    monkeypatch.setattr(key_index, "_RECENT_FRACTION", recent)
+    monkeypatch.setattr(key_index, "_DEAD_FRACTION", dead)
+    monkeypatch.setattr(key_index, "_DEAD_MIN", dead_min)
     spec = ApplySpec(keys=keys, merge="merge_on_read")
     path = tmp_path / "t"
     merge_on_read.TARGETS._held.clear()
@@ -125,7 +114,7 @@ _REWRITES = {"deleted rows": (None, "deleted"), "small files": (None, "small"),
 
 
 @pytest.mark.parametrize("rewrite", sorted(_REWRITES))
-@pytest.mark.parametrize("tuning", ["buckets", "rebuilds", "neither"])
+@pytest.mark.parametrize("tuning", ["rebuilds", "neither"])
 @pytest.mark.parametrize("keys", [("id",), ("name",), ("id", "name")])
 def test_rows_an_upkeep_rewrite_moved_are_found_in_their_new_files(
         tmp_path: Path, keys: tuple[str, ...], tuning: str, rewrite: str,
@@ -133,7 +122,11 @@ def test_rows_an_upkeep_rewrite_moved_are_found_in_their_new_files(
     """Upkeep rewrites files between batches; the writer's index takes the rows where
     the rewrite says they went (reading none of the new files) and still finds exactly
     the live row of each key, through rebuilds too, as an index built afresh does."""
-    _tune(monkeypatch, tuning)
+    fresh, recent, dead, dead_min = _TUNINGS[tuning]
+    monkeypatch.setattr(key_index, "_FRESH_MAX", fresh)
+    monkeypatch.setattr(key_index, "_RECENT_FRACTION", recent)
+    monkeypatch.setattr(key_index, "_DEAD_FRACTION", dead)
+    monkeypatch.setattr(key_index, "_DEAD_MIN", dead_min)
     file_size, kind = _REWRITES[rewrite]
     spec = ApplySpec(keys=keys, merge="merge_on_read")
     path = tmp_path / "t"

@@ -1,5 +1,6 @@
-"""Hashing the keys of merge-on-read targets (:func:`key_hashes`), and
-:func:`plain_schema`, the Arrow types the key index and the rewrites hold."""
+"""Hashing the keys of merge-on-read targets (:func:`key_hashes`) and merging the key
+index's sorted lookup levels (:func:`merged_levels`); :func:`plain_schema`, the Arrow
+types the key index and the rewrites hold."""
 
 from __future__ import annotations
 
@@ -10,8 +11,6 @@ import numpy as np
 import pyarrow as pa
 
 _U64 = np.dtype(np.uint64)
-#: An odd 64-bit constant (2**64 over the golden ratio, Knuth's multiplicative hashing).
-_SPREAD = np.uint64(0x9E3779B97F4A7C15)
 
 
 def plain_schema(schema: pa.Schema) -> pa.Schema:
@@ -31,17 +30,14 @@ def _plain(kind: pa.DataType) -> pa.DataType:
 
 
 def key_hashes(keys: pa.Table) -> tuple[np.ndarray[Any, np.dtype[np.uint64]], bool]:
-    """A 64-bit hash of each row of *keys*, and whether it is exact (one to one with the
-    key: one integer column). Inexact hashes are checked against the key values on lookup. Types
+    """A 64-bit hash of each row of *keys*, and whether it is exact (the key itself: one
+    integer column). Inexact hashes are checked against the key values on lookup. Types
     are widened first (every integer to int64, strings and binaries to their plain
     types), so a key hashes the same in a batch and in a file written before a widening."""
     keys = keys.cast(pa.schema([f.with_type(_hash_type(f.type)) for f in keys.schema]))
     if keys.num_columns == 1 and pa.types.is_integer(keys.schema.field(0).type):
-        values = np.ascontiguousarray(keys.column(0).to_numpy()).view(_U64)
-        # Multiplying by an odd number is one to one modulo 2**64 (exact still) and
-        # spreads keys 1..n over the top bits, which place an entry in the lookup's
-        # buckets: the keys themselves would all go to the first.
-        return values * _SPREAD, True
+        values = keys.column(0).to_numpy()
+        return np.ascontiguousarray(values).view(_U64), True
     con = duckdb.connect()
     try:
         con.register("k", keys)
@@ -62,3 +58,13 @@ def _hash_type(kind: pa.DataType) -> pa.DataType:
             or pa.types.is_binary_view(kind):
         return pa.binary()
     return kind
+
+
+def merged_levels(first: tuple[np.ndarray[Any, Any], np.ndarray[Any, Any]],
+            second: tuple[np.ndarray[Any, Any], np.ndarray[Any, Any]]
+            ) -> tuple[np.ndarray[Any, Any], np.ndarray[Any, Any]]:
+    """Two lookup levels (hashes sorted, with their row numbers) as one, sorted."""
+    if not len(first[0]):
+        return second
+    at = np.searchsorted(first[0], second[0], side="right")
+    return np.insert(first[0], at, second[0]), np.insert(first[1], at, second[1])

@@ -13,11 +13,9 @@ not hashed: the lookup entries of those rows are pointed at it. Nothing is persi
 nothing but the table is trusted.
 
 Memory, per million live rows: the key and sequence columns (8 bytes per integer
-column) and 17 bytes of lookup (hash, row number, alive flag); besides, the key columns
-of the deleted rows of live files (until upkeep rewrites them), the lookup entries of
-rows deleted since their bucket was last maintained (:mod:`tidemark.lake.key_lookup`),
-and a byte for each number a row no longer alive left (the rows are renumbered when
-those are twice the live rows).
+column), 17 bytes of lookup (hash, row number, alive flag), and the same again for rows
+deleted or replaced since the last rebuild (done when they are a third of the rows); one
+byte for each number a moved row left (rebuilt when they are half the numbers).
 """
 
 from __future__ import annotations
@@ -38,17 +36,27 @@ from pyroaring import BitMap64
 from tidemark.lake import delta_log
 from tidemark.lake.deletion_vector import DeletionVector, read_vector
 from tidemark.lake.delta_log import LogState
-from tidemark.lake.key_hashes import key_hashes, plain_schema
-from tidemark.lake.key_lookup import HashLookup
+from tidemark.lake.key_hashes import key_hashes, merged_levels, plain_schema
 from tidemark.lake.relocations import RELOCATIONS, Relocation
 
 log = logging.getLogger(__name__)
 
-#: Renumber the rows once the numbers of rows no longer alive (in dropped files, or
-#: moved by a rewrite) are this many times the live rows (and at least _DEAD_MIN of
-#: them): each costs a byte until then, and renumbering is a pass over every entry.
-_SLACK = 2.0
+#: Rebuild the lookup once this fraction of its entries point at dead rows (and at least
+#: _DEAD_MIN of them: small tables are not worth it).
+_DEAD_FRACTION = 0.35
 _DEAD_MIN = 1 << 16
+#: Merge the recent lookup level into the base once it holds this fraction of the base
+#: (each batch merges its entries into the recent level, so a bigger one costs a little
+#: every batch; a base merge is a pass over every entry, which a rebuild also makes).
+_RECENT_FRACTION = 0.5
+#: The newest level takes a batch's entries; it is merged into the recent level past this
+#: many entries, so that a batch copies little (at most 4 MB).
+_FRESH_MAX = 1 << 18
+#: Rebuild once this fraction of the row numbers were left by rows a rewrite moved (no
+#: lookup entry points at them; they cost one byte each).
+_STALE_FRACTION = 0.5
+
+_U64 = np.dtype(np.uint64)
 
 
 @dataclasses.dataclass
@@ -97,9 +105,12 @@ class KeyIndex:
         self._order: list[_File | None] = []
         self._alive = np.zeros(0, dtype=bool)
         self._exact = True
-        self._lookup = HashLookup()
+        self._base = (np.zeros(0, _U64), np.zeros(0, np.int64))
+        self._recent = (np.zeros(0, _U64), np.zeros(0, np.int64))
+        self._fresh = (np.zeros(0, _U64), np.zeros(0, np.int64))
         self._vectors: dict[str, BitMap64] = {}
-        self._dead = 0  # rows no longer alive since the last renumbering
+        self._dead = 0
+        self._stale = 0  # numbers rows had before a rewrite moved them
 
     # -- building ------------------------------------------------------------------------
     def sync(self, state: LogState) -> None:
@@ -126,14 +137,14 @@ class KeyIndex:
                 self._apply_vector(known, dv)
         if added:
             self._add_lookup(added, added_starts, added_rows)
-        self._lookup.maintain(self._alive)
         self.version = state.version
         if self._rebuild_due():
             self._rebuild()
 
     def _rebuild_due(self) -> bool:
-        return self._dead > _SLACK * max(len(self._alive) - self._dead, 1) and \
-            self._dead > _DEAD_MIN
+        return (self._dead > _DEAD_FRACTION * max(len(self._alive), 1)
+                or self._stale > _STALE_FRACTION * len(self._alive)) and \
+            self._dead + self._stale > _DEAD_MIN
 
     def _load_file(self, path: str, dv: DeletionVector | None
                    ) -> tuple[_File, np.ndarray[Any, Any]]:
@@ -252,13 +263,26 @@ class KeyIndex:
             self._vectors.pop(source.path, None)
             self._order[entry.at] = None
         self._alive[slots] = False
-        self._dead += len(slots)
+        self._stale += len(slots)
         moved_to = []
         for (output, _), columns in zip(relocation.outputs, found, strict=True):
             entry = self._add_file(output, columns, np.ones(len(columns), dtype=bool), None)
             moved_to.append(np.arange(entry.start, entry.start + len(columns)))
-        self._lookup.repoint(slots, np.concatenate(moved_to))
+        self._repoint(slots, np.concatenate(moved_to))
         self.files_relocated += len(relocation.outputs)
+
+    def _repoint(self, old: np.ndarray[Any, Any], new: np.ndarray[Any, Any]) -> None:
+        """Change the row number of the lookup entries pointing at *old* to *new* (in
+        place: the hashes, and so each level's order, do not change)."""
+        if not len(old):
+            return
+        order = np.argsort(old, kind="stable")
+        old, new = old[order], new[order]
+        for _, numbers in (self._base, self._recent, self._fresh):
+            near = np.flatnonzero((numbers >= old[0]) & (numbers <= old[-1]))
+            at = np.minimum(np.searchsorted(old, numbers[near]), len(old) - 1)
+            hit = old[at] == numbers[near]
+            numbers[near[hit]] = new[at[hit]]
 
     def _apply_vector(self, entry: _File, dv: DeletionVector | None) -> None:
         # A vector only grows while the file lives (a rewrite makes a new file), so only
@@ -273,49 +297,100 @@ class KeyIndex:
     def _add_lookup(self, tables: list[pa.Table], starts: list[int],
                     rows: list[np.ndarray[Any, Any]]) -> None:
         """Add the alive *rows* (global numbers) of files whose key columns are *tables*
-        and whose rows start at *starts* to the lookup."""
+        and whose rows start at *starts* to the recent lookup level."""
         taken = [t.select(list(self.keys)).take(pa.array(r - s))
                  for t, s, r in zip(tables, starts, rows, strict=True) if len(r)]
         if not taken:
             return
         hashes, exact = key_hashes(pa.concat_tables(taken))
         self._exact = self._exact and exact
-        self._lookup.add(hashes, np.concatenate([r for r in rows if len(r)]))
+        numbers = np.concatenate([r for r in rows if len(r)])
+        order = np.argsort(hashes, kind="stable")
+        # Three levels, each merged into the next when it outgrows its share, so that a
+        # batch's few entries are merged into a small level (a merge copies the level).
+        self._fresh = merged_levels(self._fresh, (hashes[order], numbers[order]))
+        if len(self._fresh[0]) > _FRESH_MAX:
+            self._recent = merged_levels(self._recent, self._without_dead(self._fresh))
+            self._fresh = (np.zeros(0, _U64), np.zeros(0, np.int64))
+        if len(self._recent[0]) > _RECENT_FRACTION * len(self._base[0]) and \
+                not self._rebuild_due():  # a rebuild merges the levels anyway
+            self._merge_levels()
+
+    def _without_dead(self, level: tuple[np.ndarray[Any, Any], np.ndarray[Any, Any]]
+                      ) -> tuple[np.ndarray[Any, Any], np.ndarray[Any, Any]]:
+        keep = self._alive[level[1]]
+        return level[0][keep], level[1][keep]
+
+    def _merge_levels(self) -> None:
+        """Merge the recent levels (without their dead entries) into the base: a linear
+        merge of sorted arrays. The base's dead entries stay until a rebuild: the
+        lookups skip them, and filtering 10M entries here would stall a batch."""
+        recent = merged_levels(self._without_dead(self._recent), self._without_dead(self._fresh))
+        self._base = merged_levels(self._base, recent)
+        self._recent = (np.zeros(0, _U64), np.zeros(0, np.int64))
+        self._fresh = (np.zeros(0, _U64), np.zeros(0, np.int64))
 
     def _rebuild(self) -> None:
-        """Renumber the live files' rows without the numbers of rows no longer alive
-        (dropped files', moved ones') and drop the dead entries of the lookup: linear in
-        the entries, no hashing or sorting (the hashes do not change)."""
+        """Renumber the live files' rows without the dropped files' (their rows were
+        the dead weight) and drop the dead entries of the lookup: linear in the entries,
+        no hashing or sorting (filtering keeps the order)."""
         files = [f for f in self._order if f is not None]
         old = np.asarray([f.start for f in files], dtype=np.int64)
         sizes = np.asarray([len(f.rows) for f in files], dtype=np.int64)
         new = np.concatenate([[0], np.cumsum(sizes)[:-1]]).astype(np.int64) if files \
             else np.zeros(0, np.int64)
-
-        def renumbered(numbers: np.ndarray[Any, Any]) -> np.ndarray[Any, Any]:
-            at = np.searchsorted(old, numbers, side="right") - 1
-            moved: np.ndarray[Any, Any] = numbers - old[at] + new[at]
-            return moved
-
-        self._lookup.renumber(self._alive, renumbered)
         alive = [self._alive[f.start:f.start + len(f.rows)] for f in files]
+
+        def renumbered(level: tuple[np.ndarray[Any, Any], np.ndarray[Any, Any]]
+                       ) -> tuple[np.ndarray[Any, Any], np.ndarray[Any, Any]]:
+            hashes, numbers = level
+            keep = self._alive[numbers]
+            hashes, numbers = hashes[keep], numbers[keep]
+            at = np.searchsorted(old, numbers, side="right") - 1
+            return hashes, numbers - old[at] + new[at]
+
+        # The pass over every entry merges the levels too.
+        self._base = merged_levels(renumbered(self._base),
+                             merged_levels(renumbered(self._recent), renumbered(self._fresh)))
+        self._recent = (np.zeros(0, _U64), np.zeros(0, np.int64))
+        self._fresh = (np.zeros(0, _U64), np.zeros(0, np.int64))
         self._alive = np.concatenate(alive) if alive else np.zeros(0, bool)
         for at, (entry, start) in enumerate(zip(files, new.tolist(), strict=True)):
             entry.start, entry.at = start, at
         self._order = list(files)
         self._starts = [f.start for f in files]
-        # Deleted rows of live files keep their numbers: counting them again would
-        # renumber every batch where most rows of the live files are deleted.
         self._dead = 0
+        self._stale = 0
         log.debug("%s: key index rebuilt (%d rows)", self.root, int(self._alive.sum()))
 
     # -- reading ------------------------------------------------------------------------
     def lookup(self, keys: pa.Table) -> Matches:
         """The live rows holding each key of *keys* (columns: the index's keys)."""
         hashes, _ = key_hashes(keys.select(list(self.keys)))
-        probe, found = self._lookup.find(hashes)
-        live = self._alive[found]
-        matches = Matches(probe[live], found[live])
+        # Probing in hash order: the searches walk the level forward (half the time of
+        # probing in key order into 10M rows, measured); matches come in hash order.
+        order = np.argsort(hashes, kind="stable").astype(np.int64)
+        hashes = hashes[order]
+        probes, rows = [], []
+        for level_h, level_r in (self._base, self._recent, self._fresh):
+            if not len(level_h):
+                continue
+            left = np.searchsorted(level_h, hashes, side="left")
+            right = np.searchsorted(level_h, hashes, side="right")
+            counts = right - left
+            if not counts.any():
+                continue
+            probe = np.repeat(order, counts)
+            first = np.repeat(left - np.cumsum(counts) + counts, counts)
+            at = first + np.arange(len(probe), dtype=np.int64)
+            found = level_r[at]
+            live = self._alive[found]
+            probes.append(probe[live])
+            rows.append(found[live])
+        if not probes:
+            empty = np.zeros(0, np.int64)
+            return Matches(empty, empty)
+        matches = Matches(np.concatenate(probes), np.concatenate(rows))
         if not self._exact and len(matches.row):
             matches = self._exact_matches(keys, matches)
         return matches
@@ -395,4 +470,5 @@ class KeyIndex:
     def memory_bytes(self) -> int:
         """What the index holds in memory, in bytes."""
         held = sum(int(f.rows.nbytes) for f in self._files.values())
-        return held + int(self._alive.nbytes) + self._lookup.nbytes()
+        lookup = sum(int(a.nbytes) for a in (*self._base, *self._recent, *self._fresh))
+        return held + int(self._alive.nbytes) + lookup
