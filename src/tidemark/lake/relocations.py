@@ -20,9 +20,9 @@ import os
 from pathlib import Path
 from typing import Final
 
-#: Relocations kept per table until the index of a later batch takes them (upkeep
+#: The latest relocations kept per table, for the index of a later batch (upkeep
 #: rewrites at most once per batch; a table without a merge-on-read writer in this
-#: process never takes them).
+#: process never takes them, and each holds a few numbers per file only).
 _KEPT: Final = 4
 
 
@@ -68,10 +68,6 @@ class Relocations:
             if any(output == path for output, _ in relocation.outputs):
                 return relocation
         return None
-
-    def forget(self, root: Path) -> None:
-        """Drop what is noted for the table at *root*."""
-        self._tables.pop(os.fspath(root), None)
 
 
 RELOCATIONS = Relocations()
