@@ -35,11 +35,7 @@ _TUNINGS = {"merges": (0, 0.01, 0.2, 1 << 40), "rebuilds": (0, 0.01, 0.05, 0),
 def test_the_index_finds_exactly_the_live_rows_of_each_key(
         tmp_path: Path, keys: tuple[str, ...], tuning: str,
         monkeypatch: pytest.MonkeyPatch) -> None:
-    fresh, recent, dead, dead_min = _TUNINGS[tuning]
-    monkeypatch.setattr(key_index, "_FRESH_MAX", fresh)
-    monkeypatch.setattr(key_index, "_RECENT_FRACTION", recent)
-    monkeypatch.setattr(key_index, "_DEAD_FRACTION", dead)
-    monkeypatch.setattr(key_index, "_DEAD_MIN", dead_min)
+    _tune(monkeypatch, tuning)
     spec = ApplySpec(keys=keys, merge="merge_on_read")
     path = tmp_path / "t"
     merge_on_read.TARGETS._held.clear()
@@ -47,24 +43,7 @@ def test_the_index_finds_exactly_the_live_rows_of_each_key(
     model: dict[tuple[object, ...], str] = {}
     lsn = 10
     for batch in range(12):
-        changes = []
-        for _ in range(40):
-            lsn += 1
-            ident = rng.randrange(60)
-            key = (ident, f"k{ident % 7}-é") if len(keys) == 2 else \
-                (ident,) if keys == ("id",) else (f"k{ident}-é",)
-            fields = dict(zip(keys, key, strict=True))
-            if "id" not in fields:
-                fields["id"] = ident
-            if "name" not in fields:
-                fields["name"] = f"n{ident}"
-            if key in model and rng.random() < 0.3:
-                changes.append(change("d", lsn, **fields))
-                del model[key]
-            else:
-                body = f"b{batch}-{lsn}"
-                changes.append(change("u" if key in model else "c", lsn, **fields, body=body))
-                model[key] = body
+        changes, lsn = _random_batch(rng, keys, model, batch, lsn, size=40, deletes=0.3)
         apply_changes(path, rows(*changes), spec, app_id="q", version=batch)
         table = read(path, *dict.fromkeys((*keys, "id", "body")), sort=keys)
         found = {tuple(r[k] for k in keys): r["body"] for r in table}
@@ -81,6 +60,37 @@ def test_the_index_finds_exactly_the_live_rows_of_each_key(
     index.sync(read_log(path))
     _check_lookup(index, path, keys, model, gone=[])
     assert index.live_rows() == len(model)
+
+
+def _tune(monkeypatch: pytest.MonkeyPatch, tuning: str) -> None:
+    fresh, recent, dead, dead_min = _TUNINGS[tuning]
+    monkeypatch.setattr(key_index, "_FRESH_MAX", fresh)
+    monkeypatch.setattr(key_index, "_RECENT_FRACTION", recent)
+    monkeypatch.setattr(key_index, "_DEAD_FRACTION", dead)
+    monkeypatch.setattr(key_index, "_DEAD_MIN", dead_min)
+
+
+def _random_batch(rng: random.Random, keys: tuple[str, ...],
+                  model: dict[tuple[object, ...], str], batch: int, lsn: int, *,
+                  size: int, deletes: float) -> tuple[list[dict[str, object]], int]:
+    """*size* changes of keys among 60 (a share *deletes* of those present deleted, the
+    rest inserted or updated), *model* brought along; and the last LSN used."""
+    changes = []
+    for _ in range(size):
+        lsn += 1
+        ident = rng.randrange(60)
+        key = _all_keys(keys)[ident]
+        fields: dict[str, object] = dict(zip(keys, key, strict=True))
+        fields.setdefault("id", ident)
+        fields.setdefault("name", f"n{ident}")
+        if key in model and rng.random() < deletes:
+            changes.append(change("d", lsn, **fields))
+            del model[key]
+        else:
+            body = f"b{batch}-{lsn}"
+            changes.append(change("u" if key in model else "c", lsn, **fields, body=body))
+            model[key] = body
+    return changes, lsn
 
 
 def _all_keys(keys: tuple[str, ...]) -> list[tuple[object, ...]]:
@@ -122,11 +132,7 @@ def test_rows_an_upkeep_rewrite_moved_are_found_in_their_new_files(
     """Upkeep rewrites files between batches; the writer's index takes the rows where
     the rewrite says they went (reading none of the new files) and still finds exactly
     the live row of each key, through rebuilds too, as an index built afresh does."""
-    fresh, recent, dead, dead_min = _TUNINGS[tuning]
-    monkeypatch.setattr(key_index, "_FRESH_MAX", fresh)
-    monkeypatch.setattr(key_index, "_RECENT_FRACTION", recent)
-    monkeypatch.setattr(key_index, "_DEAD_FRACTION", dead)
-    monkeypatch.setattr(key_index, "_DEAD_MIN", dead_min)
+    _tune(monkeypatch, tuning)
     file_size, kind = _REWRITES[rewrite]
     spec = ApplySpec(keys=keys, merge="merge_on_read")
     path = tmp_path / "t"
@@ -140,21 +146,7 @@ def test_rows_an_upkeep_rewrite_moved_are_found_in_their_new_files(
     model: dict[tuple[object, ...], str] = {}
     lsn, rewrites = 10, 0
     for batch in range(14):
-        changes = []
-        for _ in range(50):
-            lsn += 1
-            ident = rng.randrange(60)
-            key = _all_keys(keys)[ident] if keys != ("id",) else (ident,)
-            fields = dict(zip(keys, key, strict=True))
-            fields.setdefault("id", ident)
-            fields.setdefault("name", f"n{ident}")
-            if key in model and rng.random() < 0.25:
-                changes.append(change("d", lsn, **fields))
-                del model[key]
-            else:
-                body = f"b{batch}-{lsn}"
-                changes.append(change("u" if key in model else "c", lsn, **fields, body=body))
-                model[key] = body
+        changes, lsn = _random_batch(rng, keys, model, batch, lsn, size=50, deletes=0.25)
         apply_changes(path, rows(*changes), spec, app_id="q", version=batch)
         if batch == 0 and file_size is not None:
             DeltaTable(str(path)).alter.set_table_properties(

@@ -71,6 +71,11 @@ class _File:
     at: int
     """Its place in ``KeyIndex._order`` (a file of no rows shares its start)."""
 
+    @property
+    def span(self) -> slice:
+        """Its rows' global numbers."""
+        return slice(self.start, self.start + len(self.rows))
+
 
 @dataclasses.dataclass(frozen=True)
 class Matches:
@@ -180,9 +185,8 @@ class KeyIndex:
     def _drop_file(self, path: str) -> None:
         entry = self._files.pop(path)
         self._vectors.pop(path, None)
-        span = slice(entry.start, entry.start + len(entry.rows))
-        self._dead += int(self._alive[span].sum())
-        self._alive[span] = False
+        self._dead += int(self._alive[entry.span].sum())
+        self._alive[entry.span] = False
         self._order[entry.at] = None
 
     # -- rows a rewrite moved -----------------------------------------------------------
@@ -214,8 +218,7 @@ class KeyIndex:
             taken.update(output for output, _ in relocation.outputs)
 
     def _alive_slots(self, entry: _File) -> np.ndarray[Any, np.dtype[np.int64]]:
-        return np.flatnonzero(self._alive[entry.start:entry.start + len(entry.rows)]) \
-            .astype(np.int64) + entry.start
+        return np.flatnonzero(self._alive[entry.span]).astype(np.int64) + entry.start
 
     def _holds(self, relocation: Relocation, state: LogState) -> bool:
         """Whether the index holds exactly the rows *relocation* moved, as live rows of
@@ -231,8 +234,7 @@ class KeyIndex:
             entry = self._files.get(source.path)
             if entry is None or source.path in state.files or entry.dv_id != source.dv_id:
                 return False
-            alive = self._alive[entry.start:entry.start + len(entry.rows)]
-            if int(alive.sum()) != source.rows:
+            if int(self._alive[entry.span].sum()) != source.rows:
                 return False
         return True
 
@@ -339,7 +341,7 @@ class KeyIndex:
         sizes = np.asarray([len(f.rows) for f in files], dtype=np.int64)
         new = np.concatenate([[0], np.cumsum(sizes)[:-1]]).astype(np.int64) if files \
             else np.zeros(0, np.int64)
-        alive = [self._alive[f.start:f.start + len(f.rows)] for f in files]
+        alive = [self._alive[f.span] for f in files]
 
         def renumbered(level: tuple[np.ndarray[Any, Any], np.ndarray[Any, Any]]
                        ) -> tuple[np.ndarray[Any, Any], np.ndarray[Any, Any]]:
@@ -350,8 +352,8 @@ class KeyIndex:
             return hashes, numbers - old[at] + new[at]
 
         # The pass over every entry merges the levels too.
-        self._base = merged_levels(renumbered(self._base),
-                             merged_levels(renumbered(self._recent), renumbered(self._fresh)))
+        self._base = merged_levels(renumbered(self._base), merged_levels(
+            renumbered(self._recent), renumbered(self._fresh)))
         self._recent = (np.zeros(0, _U64), np.zeros(0, np.int64))
         self._fresh = (np.zeros(0, _U64), np.zeros(0, np.int64))
         self._alive = np.concatenate(alive) if alive else np.zeros(0, bool)

@@ -193,7 +193,7 @@ def _rewrite(root: Path, state: delta_log.LogState, chosen: list[dict[str, Any]]
             for a in added:  # unreferenced: not worth waiting for vacuum
                 (root / unquote(a["path"])).unlink(missing_ok=True)
             raise
-        if relocation is not None and relocation.consistent():
+        if relocation is not None:  # the index checks it before taking it
             RELOCATIONS.note(root, relocation)
     finally:
         shutil.rmtree(scratch, ignore_errors=True)
