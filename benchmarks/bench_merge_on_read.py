@@ -58,6 +58,7 @@ from tidemark.lake import ApplySpec, apply_changes
 from tidemark.lake.change_rows import change_rows_schema
 from tidemark.lake.delta_read import live_rows
 from tidemark.lake.delta_writer import load_in_steps
+from tidemark.lake.held_tables import HELD
 from tidemark.lake.merge_on_read import TARGETS
 from tidemark.lake.upkeep import UpkeepSettings, UpkeepState, upkeep
 
@@ -181,8 +182,10 @@ class Run:
         self.picked.append(result.merge)
         if self.upkeep is not None:
             started = time.perf_counter()
-            done = upkeep(DeltaTable(str(self.path)), UpkeepSettings(), self.upkeep,
-                          keys=self.spec.keys)
+            # As tidemark run does: upkeep takes the table the batch left open.
+            table = HELD.take(str(self.path), None) or DeltaTable(str(self.path))
+            done = upkeep(table, UpkeepSettings(), self.upkeep, keys=self.spec.keys)
+            HELD.give_back(str(self.path), None, table)
             self.upkeep_wall.append(time.perf_counter() - started)
             self.tasks += [task.name for task in done]
             for task in done:

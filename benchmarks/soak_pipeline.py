@@ -21,7 +21,7 @@ check: the last window's p99 within 1.3x of the first's.
 
 Usage: ``uv run python benchmarks/soak_pipeline.py [--minutes 30] [--window 5]
 [--rows 1000000] [--rate 10000] [--keys tail|uniform]
-[--merge copy_on_write|merge_on_read|auto] [--log FILE]``; at the end ``tidemark verify``
+[--merge copy_on_write|merge_on_read|auto] [--file-mb N] [--log FILE]``; at the end ``tidemark verify``
 compares both targets with the source.
 """
 
@@ -145,6 +145,8 @@ def main() -> None:
     parser.add_argument("--keys", choices=("tail", "uniform"), default="tail")
     parser.add_argument("--merge", choices=("copy_on_write", "merge_on_read", "auto"),
                         default="copy_on_write", help="the t10 target's merge setting")
+    parser.add_argument("--file-mb", type=int, default=None,
+                        help="the t10 target's upkeep target_file_mb (default: upkeep's)")
     parser.add_argument("--log", type=Path, help="keep tidemark run's output (its batch "
                         "lines) in this file instead of the temporary directory")
     args = parser.parse_args()
@@ -161,6 +163,7 @@ def main() -> None:
             'conf = { "spark.ui.enabled" = "false" }\n'
             f'[targets."public.t10"]\npath = "lake/t10"\nkeys = ["id"]\n'
             f'merge = "{args.merge}"\n'
+            + (f"upkeep = {{ target_file_mb = {args.file_mb} }}\n" if args.file_mb else "") +
             '[targets."public.probe"]\npath = "lake/probe"\nkeys = ["id"]\n')
         log = args.log or work / "run.log"
         env = {**os.environ, "PYSPARK_PYTHON": sys.executable}

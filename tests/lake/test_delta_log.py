@@ -5,6 +5,7 @@ through a delta-rs checkpoint), and commits are exclusive."""
 from __future__ import annotations
 
 import json
+import shutil
 import uuid
 from pathlib import Path
 from typing import Any
@@ -218,3 +219,19 @@ def test_advance_falls_back_to_the_checkpoint_after_log_cleanup(tmp_path: Path) 
     write_deltalake(str(path), _batch(500, 5), mode="append")
     assert advance(path, start) == read_log(path)
     assert _ours(advance(path, start)) == _delta_rs_files(path)
+
+
+@pytest.mark.parametrize("again", [1, 2, 4], ids=["fewer", "as-many", "more"])
+def test_advance_replays_a_table_made_again_at_the_same_path(tmp_path: Path,
+                                                            again: int) -> None:
+    path = tmp_path / "t"
+    write_deltalake(str(path), _batch(0, 50), configuration=_DV_CONFIG)
+    write_deltalake(str(path), _batch(50, 50), mode="append")
+    old = read_log(path)
+    assert old.version == 1
+    shutil.rmtree(path)
+    write_deltalake(str(path), _batch(1000, 5), configuration=_DV_CONFIG)
+    for k in range(1, again + 1):
+        write_deltalake(str(path), _batch(1000 + 10 * k, 5), mode="append")
+    assert advance(path, old) == read_log(path)
+    assert _ours(advance(path, old)) == _delta_rs_files(path)

@@ -31,10 +31,12 @@ from tidemark.lake.deletion_vector import DeletionVector
 
 __all__ = [
     "CommitConflictError",
+    "CommitFile",
     "LogState",
     "UnsupportedLogError",
     "advance",
     "commit",
+    "commit_file",
     "now_ms",
     "num_records",
     "read_log",
@@ -74,6 +76,28 @@ class LogState:
     files: dict[str, dict[str, Any]]
     protocol: dict[str, Any]
     metadata: dict[str, Any]
+    commit: CommitFile | None = None
+    """The commit file of ``version`` as it was read (None: not read from one)."""
+
+
+@dataclasses.dataclass(frozen=True)
+class CommitFile:
+    """Which file a version's commit is: a table deleted and made again at the same
+    path, or a log rewritten under a reader, has other files at the same names."""
+
+    version: int
+    inode: int
+    size: int
+    mtime_ns: int
+
+
+def commit_file(root: Path, version: int) -> CommitFile | None:
+    """The commit file of *version* in the local table *root* (None: there is none)."""
+    try:
+        stat = os.stat(_commit_path(root, version))
+    except OSError:
+        return None
+    return CommitFile(version, stat.st_ino, stat.st_size, stat.st_mtime_ns)
 
 
 def now_ms() -> int:
@@ -227,6 +251,7 @@ def read_log(root: Path, version: int | None = None) -> LogState:
             )
         _apply(state, _read_commit(_commit_path(root, v)))
         state.version = v
+    state.commit = commit_file(root, state.version)
     return state
 
 
@@ -242,9 +267,15 @@ def advance(root: Path, state: LogState) -> LogState:
     """*state* brought to the latest version from the JSON commits after it.
 
     Returns a new state (*state* is left as it was). When the next commit is gone but a
-    newer checkpoint exists (log cleanup), it replays from that checkpoint instead.
+    newer checkpoint exists (log cleanup), it replays from that checkpoint instead; when
+    *state*'s own commit is no longer the file it was read from (the table was made
+    again at the same path), it replays the table afresh: the newer commits would not
+    follow it.
     """
-    new = LogState(state.version, dict(state.files), state.protocol, state.metadata)
+    if state.commit is not None and commit_file(root, state.version) != state.commit:
+        return read_log(root)
+    new = LogState(state.version, dict(state.files), state.protocol, state.metadata,
+                   state.commit)
     while True:
         try:
             actions = _read_commit(_commit_path(root, new.version + 1))
@@ -254,6 +285,7 @@ def advance(root: Path, state: LogState) -> LogState:
             return new
         _apply(new, actions)
         new.version += 1
+        new.commit = commit_file(root, new.version)
 
 
 # --- commits ------------------------------------------------------------------------

@@ -24,6 +24,7 @@ from deltalake.exceptions import DeltaError, TableNotFoundError
 from tidemark.errors import ConfigError
 from tidemark.lake import change_rows as cr
 from tidemark.lake import sql
+from tidemark.lake.held_tables import HELD
 from tidemark.lake.spec import ApplySpec, ResolvedColumns
 from tidemark.lake.widening import widen_target
 
@@ -64,7 +65,11 @@ def check_target(uri: str) -> None:
 
 
 def open_target(uri: str, storage_options: dict[str, str] | None) -> DeltaTable | None:
-    """The Delta table at *uri*, or None where there is none yet."""
+    """The Delta table at *uri* at its latest version (the one held since the last batch,
+    if any: :mod:`tidemark.lake.held_tables`), or None where there is none yet."""
+    held = HELD.take(uri, storage_options)
+    if held is not None:
+        return held
     try:
         return DeltaTable(uri, storage_options=storage_options)
     except DeltaError as err:

@@ -42,6 +42,7 @@ from tidemark.lake.delta_target import (
     open_target,
     target_fields,
 )
+from tidemark.lake.held_tables import HELD
 from tidemark.lake.high_water import (
     HIGH_WATER_KEY,
     batch_high_water,
@@ -132,21 +133,28 @@ def apply_changes(target: str | os.PathLike[str], changes: pa.Table, spec: Apply
     _check_arguments(changes, app_id, version)
     changes = utc_timestamps(changes)
     uri = os.fspath(target)
-    return despite_other_writers(
-        lambda: _apply_once(uri, changes, spec, app_id, version, storage_options,
-                            new_column_values, snapshot_load), uri, app_id, version)
+
+    def attempt() -> ApplyResult:
+        result, table = _apply_once(uri, changes, spec, app_id, version, storage_options,
+                                    new_column_values, snapshot_load)
+        if table is not None:
+            HELD.give_back(uri, storage_options, table)
+        return result
+
+    return despite_other_writers(attempt, uri, app_id, version)
 
 
 def _apply_once(uri: str, changes: pa.Table, spec: ApplySpec, app_id: str, version: int,
                 storage_options: dict[str, str] | None,
                 new_column_values: NewColumnValues | None,
-                snapshot_load: SnapshotLoad | None) -> ApplyResult:
-    """One attempt of :func:`apply_changes`, on the table's latest version."""
+                snapshot_load: SnapshotLoad | None) -> tuple[ApplyResult, DeltaTable | None]:
+    """One attempt of :func:`apply_changes`, on the table's latest version; with the
+    table, to be held for the next batch."""
     columns = spec.resolve(changes.schema)
     table = open_target(uri, storage_options)
     if table is not None and holds(table, app_id, version, uri):
         return ApplyResult(skipped=len(changes), delta_version=table.version(),
-                           already_applied=True)
+                           already_applied=True), table
     batch = prepare_batch(changes, spec, columns)
     skipped = 0
     previous_high_water = None
@@ -158,7 +166,7 @@ def _apply_once(uri: str, changes: pa.Table, spec: ApplySpec, app_id: str, versi
     # An empty table's first chunk still replaces (and creates) the target.
     if len(batch.rows) == 0 and not batch.truncates and not (loads and snapshot_load ==
                                                              "replace"):
-        return ApplyResult(skipped=skipped)
+        return ApplyResult(skipped=skipped), table
     if table is None:
         table = create_target(uri, changes.schema, columns, spec, storage_options)
     else:
@@ -170,7 +178,7 @@ def _apply_once(uri: str, changes: pa.Table, spec: ApplySpec, app_id: str, versi
                               custom_metadata=high_water)
     if loads:
         assert snapshot_load is not None
-        return _load(table, batch, spec, columns, commit, snapshot_load, skipped)
+        return _load(table, batch, spec, columns, commit, snapshot_load, skipped), table
     merge = merge_scd1 if spec.stored_as_scd_type == 1 else merge_scd2
     if merges_on_read(table, batch, spec, uri):
         done = merge_on_read(table, batch, spec, columns, app_id=app_id, version=version,
@@ -181,7 +189,7 @@ def _apply_once(uri: str, changes: pa.Table, spec: ApplySpec, app_id: str, versi
         return ApplyResult(inserted=done.inserted, updated=done.updated,
                            deleted=done.deleted, skipped=skipped + done.skipped,
                            superseded=done.superseded, delta_version=done.version,
-                           merge="merge_on_read")
+                           merge="merge_on_read"), table
     metrics, not_applied, superseded = merge(table, batch, spec, columns, commit, uri)
     table.update_incremental()
     inserted = int(metrics.get("num_target_rows_inserted", 0))
@@ -191,7 +199,7 @@ def _apply_once(uri: str, changes: pa.Table, spec: ApplySpec, app_id: str, versi
               uri, inserted, updated, deleted)
     return ApplyResult(inserted=inserted, updated=updated, deleted=deleted,
                        skipped=skipped + not_applied, superseded=superseded,
-                       delta_version=table.version(), merge="copy_on_write")
+                       delta_version=table.version(), merge="copy_on_write"), table
 
 
 def apply_changes_in_steps(target: str | os.PathLike[str], pieces: Iterable[pa.Table],

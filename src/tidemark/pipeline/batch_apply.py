@@ -25,6 +25,7 @@ from tidemark import faults
 from tidemark.errors import ConfigError
 from tidemark.lake import ApplyResult, apply_changes
 from tidemark.lake.delta_writer import SnapshotLoad, apply_changes_in_steps, load_in_steps
+from tidemark.lake.held_tables import HELD
 from tidemark.lake.split_apply import plan_target
 from tidemark.lake.upkeep import HEAVY_TASKS, UpkeepState, upkeep
 from tidemark.lake.widening import TypeChangeError
@@ -255,9 +256,12 @@ class BatchApply:
         for target in targets:
             state = self._upkeep_state.setdefault(target.table, UpkeepState())
             try:
-                table = DeltaTable(target.path, storage_options=target.storage_options)
+                # The table the batch was applied with (held_tables), not a new open.
+                table = HELD.take(target.path, target.storage_options) or \
+                    DeltaTable(target.path, storage_options=target.storage_options)
                 tasks = upkeep(table, target.upkeep, state,
                                keys=target.spec.keys, heavy=heavy)
+                HELD.give_back(target.path, target.storage_options, table)
             except Exception as err:
                 log.warning("upkeep of %s failed (the batch is committed; the next batch "
                             "tries again): %s", target.path, err)
