@@ -4,9 +4,12 @@ level, its merges and its rebuilds."""
 
 from __future__ import annotations
 
+import concurrent.futures
 import dataclasses
 import random
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import pyarrow as pa
 import pytest
@@ -14,7 +17,14 @@ from deltalake import DeltaTable
 
 from delta_readers import check_readers_agree
 from lake_helpers import change, read, rows
-from tidemark.lake import ApplySpec, apply_changes, key_index, merge_on_read, relocations
+from tidemark.lake import (
+    ApplySpec,
+    apply_changes,
+    key_index,
+    key_lookup,
+    merge_on_read,
+    relocations,
+)
 from tidemark.lake.delta_log import read_log
 from tidemark.lake.key_index import KeyIndex
 from tidemark.lake.upkeep import UpkeepSettings, UpkeepState, upkeep
@@ -22,12 +32,16 @@ from tidemark.lake.upkeep import UpkeepSettings, UpkeepState, upkeep
 _TEXT = pa.schema([pa.field("name", pa.string())])
 
 
-#: (fresh maximum, recent fraction, dead fraction, dead minimum): every batch merges the
-#: levels; every batch rebuilds; every batch merges the fresh level into the recent one,
-#: never into the base; nothing is ever merged or rebuilt (dead entries stay in the
-#: lookup).
-_TUNINGS = {"merges": (0, 0.01, 0.2, 1 << 40), "rebuilds": (0, 0.01, 0.05, 0),
-            "recent": (0, 1e9, 0.2, 1 << 40), "neither": (1 << 40, 1e9, 0.2, 1 << 40)}
+#: (fresh maximum, recent fraction, dead fraction, dead minimum, folds in the background):
+#: every batch merges the levels; every batch rebuilds; the same with the merges and
+#: rebuilds in the background (taken two syncs later); every batch merges the fresh level
+#: into the recent one, never into the base; nothing is ever merged or rebuilt (dead
+#: entries stay in the lookup).
+_TUNINGS = {"merges": (0, 0.01, 0.2, 1 << 40, False), "rebuilds": (0, 0.01, 0.05, 0, False),
+            "merges, later": (0, 0.01, 0.2, 1 << 40, True),
+            "rebuilds, later": (0, 0.01, 0.05, 0, True),
+            "recent": (0, 1e9, 0.2, 1 << 40, False),
+            "neither": (1 << 40, 1e9, 0.2, 1 << 40, False)}
 
 
 @pytest.mark.parametrize("tuning", sorted(_TUNINGS))
@@ -55,6 +69,7 @@ def test_the_index_finds_exactly_the_live_rows_of_each_key(
         ((index, _),) = merge_on_read.TARGETS._held.values()
         _check_lookup(index, path, keys, model, gone=[k for k in _all_keys(keys)
                                                        if k not in model])
+        _check_layout(index)
     # A fresh index built from the table finds every key once, and a missing one never.
     index = KeyIndex(path, keys, ())
     index.sync(read_log(path))
@@ -63,11 +78,40 @@ def test_the_index_finds_exactly_the_live_rows_of_each_key(
 
 
 def _tune(monkeypatch: pytest.MonkeyPatch, tuning: str) -> None:
-    fresh, recent, dead, dead_min = _TUNINGS[tuning]
-    monkeypatch.setattr(key_index, "_FRESH_MAX", fresh)
+    fresh, recent, dead, dead_min, later = _TUNINGS[tuning]
+    monkeypatch.setattr(key_lookup, "_FRESH_MAX", fresh)
     monkeypatch.setattr(key_index, "_RECENT_FRACTION", recent)
     monkeypatch.setattr(key_index, "_DEAD_FRACTION", dead)
     monkeypatch.setattr(key_index, "_DEAD_MIN", dead_min)
+    if later:
+        monkeypatch.setattr(key_index, "_BACKGROUND_MIN", 0)
+        monkeypatch.setattr(key_index, "FOLDER", _LateFolder())
+
+
+class _LateFolder:
+    """The background thread, deterministic: a fold runs when its result is wanted, or
+    when asked the third time whether it is done, so it stays pending across a batch
+    (lookups, new files, deletion vectors, dropped files meanwhile)."""
+
+    def submit(self, work: Callable[[], Any]) -> concurrent.futures.Future[Any]:
+        return _LateFold(work)
+
+
+class _LateFold(concurrent.futures.Future[Any]):
+    def __init__(self, work: Callable[[], Any]) -> None:
+        super().__init__()
+        self._work, self._polls = work, 0
+
+    def done(self) -> bool:
+        self._polls += 1
+        if self._polls >= 3 and not super().done():
+            self.set_result(self._work())
+        return super().done()
+
+    def result(self, timeout: float | None = None) -> Any:
+        if not super().done():
+            self.set_result(self._work())
+        return super().result(timeout)
 
 
 def _random_batch(rng: random.Random, keys: tuple[str, ...],
@@ -112,6 +156,15 @@ def _check_lookup(index: KeyIndex, path: Path, keys: tuple[str, ...],
         assert len(index.lookup(absent).row) == 0
 
 
+def _check_layout(index: KeyIndex) -> None:
+    """The index's files in order: each live file once, in its place, no dropped one."""
+    placed = [f for f in index._order if f is not None]
+    assert {f.path for f in placed} == set(index._files)
+    assert all(index._files[f.path] is f and index._order[f.at] is f for f in placed)
+    assert [index._starts[f.at] for f in placed] == [f.start for f in placed]
+    assert len(index._starts) == len(index._order)
+
+
 def index_field(path: Path, name: str) -> pa.Field:
     from deltalake import DeltaTable  # noqa: PLC0415
     field = pa.schema(DeltaTable(str(path)).schema().to_arrow()).field(name)
@@ -124,7 +177,7 @@ _REWRITES = {"deleted rows": (None, "deleted"), "small files": (None, "small"),
 
 
 @pytest.mark.parametrize("rewrite", sorted(_REWRITES))
-@pytest.mark.parametrize("tuning", ["rebuilds", "neither"])
+@pytest.mark.parametrize("tuning", ["rebuilds", "rebuilds, later", "neither"])
 @pytest.mark.parametrize("keys", [("id",), ("name",), ("id", "name")])
 def test_rows_an_upkeep_rewrite_moved_are_found_in_their_new_files(
         tmp_path: Path, keys: tuple[str, ...], tuning: str, rewrite: str,
@@ -157,6 +210,7 @@ def test_rows_an_upkeep_rewrite_moved_are_found_in_their_new_files(
             table = read(path, *dict.fromkeys((*keys, "id", "body")), sort=keys)
             assert {tuple(r[k] for k in keys): r["body"] for r in table} == model
             assert len(table) == len(model), "a key is held by two rows"
+            _check_layout(next(iter(merge_on_read.TARGETS._held.values()))[0])
     # The last rewrite taken by a sync as the next batch's would: no file read.
     ((index, _),) = merge_on_read.TARGETS._held.values()
     read_before = index.files_read

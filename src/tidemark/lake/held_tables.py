@@ -86,11 +86,5 @@ class HeldTables:
             while len(self._held) > _HELD_MAX:
                 self._held.popitem(last=False)
 
-    def forget(self, uri: str) -> None:
-        """Hold nothing for *uri* any more (whatever its storage options)."""
-        with self._lock:
-            for key in [k for k in self._held if k[0] == uri]:
-                del self._held[key]
-
 
 HELD = HeldTables()

@@ -20,9 +20,10 @@ byte for each number a moved row left (rebuilt when they are half the numbers).
 
 from __future__ import annotations
 
+import concurrent.futures
 import dataclasses
 import logging
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import Any
 from urllib.parse import unquote
@@ -36,7 +37,8 @@ from pyroaring import BitMap64
 from tidemark.lake import delta_log
 from tidemark.lake.deletion_vector import DeletionVector, read_vector
 from tidemark.lake.delta_log import LogState
-from tidemark.lake.key_hashes import key_hashes, merged_levels, plain_schema
+from tidemark.lake.key_hashes import key_hashes, plain_schema
+from tidemark.lake.key_lookup import FOLDER, Level, Levels, Renumbering, folded
 from tidemark.lake.relocations import RELOCATIONS, Relocation
 
 log = logging.getLogger(__name__)
@@ -49,9 +51,9 @@ _DEAD_MIN = 1 << 16
 #: (each batch merges its entries into the recent level, so a bigger one costs a little
 #: every batch; a base merge is a pass over every entry, which a rebuild also makes).
 _RECENT_FRACTION = 0.5
-#: The newest level takes a batch's entries; it is merged into the recent level past this
-#: many entries, so that a batch copies little (at most 4 MB).
-_FRESH_MAX = 1 << 18
+#: Folds (base merges and rebuilds) of at least this many entries run on the background
+#: thread (key_lookup.FOLDER); smaller ones take a few milliseconds in the batch.
+_BACKGROUND_MIN = 1 << 20
 #: Rebuild once this fraction of the row numbers were left by rows a rewrite moved (no
 #: lookup entry points at them; they cost one byte each).
 _STALE_FRACTION = 0.5
@@ -110,9 +112,9 @@ class KeyIndex:
         self._order: list[_File | None] = []
         self._alive = np.zeros(0, dtype=bool)
         self._exact = True
-        self._base = (np.zeros(0, _U64), np.zeros(0, np.int64))
-        self._recent = (np.zeros(0, _U64), np.zeros(0, np.int64))
-        self._fresh = (np.zeros(0, _U64), np.zeros(0, np.int64))
+        self._levels = Levels()
+        self._fold: concurrent.futures.Future[Level] | None = None
+        self._take_fold: Callable[[Level], None] | None = None
         self._vectors: dict[str, BitMap64] = {}
         self._dead = 0
         self._stale = 0  # numbers rows had before a rewrite moved them
@@ -122,6 +124,7 @@ class KeyIndex:
         """Bring the index to *state* (the live files of a later version)."""
         if state.version == self.version:
             return
+        self._settle(wait=False)
         added: list[pa.Table] = []
         added_starts: list[int] = []
         added_rows: list[np.ndarray[Any, Any]] = []
@@ -143,8 +146,11 @@ class KeyIndex:
         if added:
             self._add_lookup(added, added_starts, added_rows)
         self.version = state.version
-        if self._rebuild_due():
-            self._rebuild()
+        if self._fold is None:
+            if self._rebuild_due():
+                self._rebuild()
+            elif len(self._levels.recent[0]) > _RECENT_FRACTION * len(self._levels.base[0]):
+                self._merge_levels()
 
     def _rebuild_due(self) -> bool:
         return (self._dead > _DEAD_FRACTION * max(len(self._alive), 1)
@@ -207,6 +213,7 @@ class KeyIndex:
             tried.append(relocation)
             if not self._holds(relocation, state):
                 continue
+            self._settle(wait=True)  # the moved rows' entries are re-pointed in place
             slots = np.concatenate([self._alive_slots(self._files[s.path])
                                     for s in relocation.sources])
             found = self._found_rows(relocation, slots)
@@ -274,17 +281,8 @@ class KeyIndex:
         self.files_relocated += len(relocation.outputs)
 
     def _repoint(self, old: np.ndarray[Any, Any], new: np.ndarray[Any, Any]) -> None:
-        """Change the row number of the lookup entries pointing at *old* to *new* (in
-        place: the hashes, and so each level's order, do not change)."""
-        if not len(old):
-            return
-        order = np.argsort(old, kind="stable")
-        old, new = old[order], new[order]
-        for _, numbers in (self._base, self._recent, self._fresh):
-            near = np.flatnonzero((numbers >= old[0]) & (numbers <= old[-1]))
-            at = np.minimum(np.searchsorted(old, numbers[near]), len(old) - 1)
-            hit = old[at] == numbers[near]
-            numbers[near[hit]] = new[at[hit]]
+        """Change the row number of the lookup entries pointing at *old* to *new*."""
+        self._levels.repoint(old, new)
 
     def _apply_vector(self, entry: _File, dv: DeletionVector | None) -> None:
         # A vector only grows while the file lives (a rewrite makes a new file), so only
@@ -299,71 +297,85 @@ class KeyIndex:
     def _add_lookup(self, tables: list[pa.Table], starts: list[int],
                     rows: list[np.ndarray[Any, Any]]) -> None:
         """Add the alive *rows* (global numbers) of files whose key columns are *tables*
-        and whose rows start at *starts* to the recent lookup level."""
+        and whose rows start at *starts* to the lookup."""
         taken = [t.select(list(self.keys)).take(pa.array(r - s))
                  for t, s, r in zip(tables, starts, rows, strict=True) if len(r)]
         if not taken:
             return
         hashes, exact = key_hashes(pa.concat_tables(taken))
         self._exact = self._exact and exact
-        numbers = np.concatenate([r for r in rows if len(r)])
-        order = np.argsort(hashes, kind="stable")
-        # Three levels, each merged into the next when it outgrows its share, so that a
-        # batch's few entries are merged into a small level (a merge copies the level).
-        self._fresh = merged_levels(self._fresh, (hashes[order], numbers[order]))
-        if len(self._fresh[0]) > _FRESH_MAX:
-            self._recent = merged_levels(self._recent, self._without_dead(self._fresh))
-            self._fresh = (np.zeros(0, _U64), np.zeros(0, np.int64))
-        if len(self._recent[0]) > _RECENT_FRACTION * len(self._base[0]) and \
-                not self._rebuild_due():  # a rebuild merges the levels anyway
-            self._merge_levels()
+        self._levels.add(hashes, np.concatenate([r for r in rows if len(r)]), self._alive)
 
-    def _without_dead(self, level: tuple[np.ndarray[Any, Any], np.ndarray[Any, Any]]
-                      ) -> tuple[np.ndarray[Any, Any], np.ndarray[Any, Any]]:
-        keep = self._alive[level[1]]
-        return level[0][keep], level[1][keep]
+    # -- folds: base merges and rebuilds -----------------------------------------------
+    def _start_fold(self, keep_dead_in_first: bool, renumbering: Renumbering | None,
+                    take: Callable[[Level], None]) -> None:
+        """Fold every level into a new base, which *take* installs: on the background
+        thread if the index is big (taken by a later :meth:`sync`), here if not."""
+        levels = self._levels.freeze()
+        alive = self._alive
+        entries = sum(len(level[0]) for level in levels)
+
+        def work() -> Level:
+            return folded(levels, alive, keep_dead_in_first=keep_dead_in_first,
+                          renumbering=renumbering)
+
+        self._take_fold = take
+        if entries >= _BACKGROUND_MIN:
+            self._fold = FOLDER.submit(work)
+            log.debug("%s: key index folding %d entries in the background", self.root,
+                      entries)
+        else:
+            self._fold = concurrent.futures.Future()
+            self._fold.set_result(work())
+            self._settle(wait=True)
+
+    def _settle(self, wait: bool) -> None:
+        """Install a finished fold (with *wait*, wait for a running one first)."""
+        if self._fold is None or not (wait or self._fold.done()):
+            return
+        fold, take = self._fold, self._take_fold
+        self._fold = self._take_fold = None
+        assert take is not None
+        take(fold.result())  # a fold that failed fails the sync: the index is dropped
 
     def _merge_levels(self) -> None:
         """Merge the recent levels (without their dead entries) into the base: a linear
         merge of sorted arrays. The base's dead entries stay until a rebuild: the
         lookups skip them, and filtering 10M entries here would stall a batch."""
-        recent = merged_levels(self._without_dead(self._recent), self._without_dead(self._fresh))
-        self._base = merged_levels(self._base, recent)
-        self._recent = (np.zeros(0, _U64), np.zeros(0, np.int64))
-        self._fresh = (np.zeros(0, _U64), np.zeros(0, np.int64))
+        self._start_fold(True, None, self._levels.take)
 
     def _rebuild(self) -> None:
         """Renumber the live files' rows without the dropped files' (their rows were
         the dead weight) and drop the dead entries of the lookup: linear in the entries,
-        no hashing or sorting (filtering keeps the order)."""
+        no hashing or sorting (filtering keeps the order). The files added while it
+        runs in the background keep their rows' order after the renumbered ones."""
         files = [f for f in self._order if f is not None]
         old = np.asarray([f.start for f in files], dtype=np.int64)
         sizes = np.asarray([len(f.rows) for f in files], dtype=np.int64)
         new = np.concatenate([[0], np.cumsum(sizes)[:-1]]).astype(np.int64) if files \
             else np.zeros(0, np.int64)
-        alive = [self._alive[f.span] for f in files]
+        numbered, slots, dead = len(self._alive), len(self._order), self._dead
 
-        def renumbered(level: tuple[np.ndarray[Any, Any], np.ndarray[Any, Any]]
-                       ) -> tuple[np.ndarray[Any, Any], np.ndarray[Any, Any]]:
-            hashes, numbers = level
-            keep = self._alive[numbers]
-            hashes, numbers = hashes[keep], numbers[keep]
-            at = np.searchsorted(old, numbers, side="right") - 1
-            return hashes, numbers - old[at] + new[at]
+        def take(base: Level) -> None:
+            later = self._order[slots:]  # files added since the rebuild began
+            shift = int(sizes.sum()) - numbered
+            self._alive = np.concatenate(
+                [self._alive[f.start:f.start + len(f.rows)] for f in files]
+                + [self._alive[numbered:]])
+            # A file dropped meanwhile keeps its place (its rows are dead): a slot of None.
+            order = [f if self._files.get(f.path) is f else None for f in files]
+            starts = new.tolist() + [s + shift for s in self._starts[slots:]]
+            self._order = order + later
+            for at, entry in enumerate(self._order):
+                if entry is not None:
+                    entry.start, entry.at = starts[at], at
+            self._starts = starts
+            self._dead -= dead
+            self._stale = 0
+            self._levels.take(base, shift)
+            log.debug("%s: key index rebuilt (%d rows)", self.root, int(self._alive.sum()))
 
-        # The pass over every entry merges the levels too.
-        self._base = merged_levels(renumbered(self._base), merged_levels(
-            renumbered(self._recent), renumbered(self._fresh)))
-        self._recent = (np.zeros(0, _U64), np.zeros(0, np.int64))
-        self._fresh = (np.zeros(0, _U64), np.zeros(0, np.int64))
-        self._alive = np.concatenate(alive) if alive else np.zeros(0, bool)
-        for at, (entry, start) in enumerate(zip(files, new.tolist(), strict=True)):
-            entry.start, entry.at = start, at
-        self._order = list(files)
-        self._starts = [f.start for f in files]
-        self._dead = 0
-        self._stale = 0
-        log.debug("%s: key index rebuilt (%d rows)", self.root, int(self._alive.sum()))
+        self._start_fold(False, Renumbering(old, new), take)
 
     # -- reading ------------------------------------------------------------------------
     def lookup(self, keys: pa.Table) -> Matches:
@@ -372,27 +384,11 @@ class KeyIndex:
         # Probing in hash order: the searches walk the level forward (half the time of
         # probing in key order into 10M rows, measured); matches come in hash order.
         order = np.argsort(hashes, kind="stable").astype(np.int64)
-        hashes = hashes[order]
-        probes, rows = [], []
-        for level_h, level_r in (self._base, self._recent, self._fresh):
-            if not len(level_h):
-                continue
-            left = np.searchsorted(level_h, hashes, side="left")
-            right = np.searchsorted(level_h, hashes, side="right")
-            counts = right - left
-            if not counts.any():
-                continue
-            probe = np.repeat(order, counts)
-            first = np.repeat(left - np.cumsum(counts) + counts, counts)
-            at = first + np.arange(len(probe), dtype=np.int64)
-            found = level_r[at]
-            live = self._alive[found]
-            probes.append(probe[live])
-            rows.append(found[live])
+        probes, rows = self._levels.find(hashes[order], self._alive)
         if not probes:
             empty = np.zeros(0, np.int64)
             return Matches(empty, empty)
-        matches = Matches(np.concatenate(probes), np.concatenate(rows))
+        matches = Matches(order[np.concatenate(probes)], np.concatenate(rows))
         if not self._exact and len(matches.row):
             matches = self._exact_matches(keys, matches)
         return matches
@@ -472,5 +468,4 @@ class KeyIndex:
     def memory_bytes(self) -> int:
         """What the index holds in memory, in bytes."""
         held = sum(int(f.rows.nbytes) for f in self._files.values())
-        lookup = sum(int(a.nbytes) for a in (*self._base, *self._recent, *self._fresh))
-        return held + int(self._alive.nbytes) + lookup
+        return held + int(self._alive.nbytes) + self._levels.nbytes()

@@ -103,7 +103,11 @@ class _Targets:
         else:
             index, state = held
             state = delta_log.advance(root, state)
-        index.sync(state)
+        try:
+            index.sync(state)
+        except BaseException:
+            self._held.pop(key, None)  # half brought up: built afresh next time
+            raise
         self._held[key] = (index, state)
         return index, state
 
