@@ -21,8 +21,8 @@ check: the last window's p99 within 1.3x of the first's.
 
 Usage: ``uv run python benchmarks/soak_pipeline.py [--minutes 30] [--window 5]
 [--rows 1000000] [--rate 10000] [--keys tail|uniform]
-[--merge copy_on_write|merge_on_read|auto] [--file-mb N] [--log FILE]``; at the end ``tidemark verify``
-compares both targets with the source.
+[--merge copy_on_write|merge_on_read|auto] [--file-mb N] [--log FILE]``; at the end
+``tidemark verify`` compares both targets with the source.
 """
 
 from __future__ import annotations
