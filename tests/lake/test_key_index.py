@@ -32,16 +32,17 @@ from tidemark.lake.upkeep import UpkeepSettings, UpkeepState, upkeep
 _TEXT = pa.schema([pa.field("name", pa.string())])
 
 
-#: (fresh maximum, recent fraction, dead fraction, dead minimum, folds in the background):
+#: (fresh maximum, recent fraction, dead fraction, dead minimum, where folds run):
 #: every batch merges the levels; every batch rebuilds; the same with the merges and
-#: rebuilds in the background (taken two syncs later); every batch merges the fresh level
-#: into the recent one, never into the base; nothing is ever merged or rebuilt (dead
-#: entries stay in the lookup).
-_TUNINGS = {"merges": (0, 0.01, 0.2, 1 << 40, False), "rebuilds": (0, 0.01, 0.05, 0, False),
-            "merges, later": (0, 0.01, 0.2, 1 << 40, True),
-            "rebuilds, later": (0, 0.01, 0.05, 0, True),
-            "recent": (0, 1e9, 0.2, 1 << 40, False),
-            "neither": (1 << 40, 1e9, 0.2, 1 << 40, False)}
+#: rebuilds in the background, taken a batch later ("late") or when the real thread is
+#: done; every batch merges the fresh level into the recent one, never into the base;
+#: nothing is ever merged or rebuilt (dead entries stay in the lookup).
+_TUNINGS = {"merges": (0, 0.01, 0.2, 1 << 40, None), "rebuilds": (0, 0.01, 0.05, 0, None),
+            "merges, later": (0, 0.01, 0.2, 1 << 40, "late"),
+            "rebuilds, later": (0, 0.01, 0.05, 0, "late"),
+            "rebuilds, thread": (0, 0.01, 0.05, 0, "thread"),
+            "recent": (0, 1e9, 0.2, 1 << 40, None),
+            "neither": (1 << 40, 1e9, 0.2, 1 << 40, None)}
 
 
 @pytest.mark.parametrize("tuning", sorted(_TUNINGS))
@@ -83,34 +84,35 @@ def _tune(monkeypatch: pytest.MonkeyPatch, tuning: str) -> None:
     monkeypatch.setattr(key_index, "_RECENT_FRACTION", recent)
     monkeypatch.setattr(key_index, "_DEAD_FRACTION", dead)
     monkeypatch.setattr(key_index, "_DEAD_MIN", dead_min)
-    if later:
+    if later is not None:
         monkeypatch.setattr(key_index, "_BACKGROUND_MIN", 0)
+    if later == "late":
         monkeypatch.setattr(key_index, "FOLDER", _LateFolder())
 
 
 class _LateFolder:
-    """The background thread, deterministic: a fold runs when its result is wanted, or
-    when asked the third time whether it is done, so it stays pending across a batch
-    (lookups, new files, deletion vectors, dropped files meanwhile)."""
+    """The background thread, deterministic: a fold is computed when it starts (from the
+    rows alive then, as the thread does) and done when asked the third time, so it is
+    taken a batch later (lookups, new files, deletion vectors, dropped files meanwhile)."""
 
     def submit(self, work: Callable[[], Any]) -> concurrent.futures.Future[Any]:
-        return _LateFold(work)
+        return _LateFold(work())
 
 
 class _LateFold(concurrent.futures.Future[Any]):
-    def __init__(self, work: Callable[[], Any]) -> None:
+    def __init__(self, result: Any) -> None:
         super().__init__()
-        self._work, self._polls = work, 0
+        self._late, self._polls = result, 0
 
     def done(self) -> bool:
         self._polls += 1
         if self._polls >= 3 and not super().done():
-            self.set_result(self._work())
+            self.set_result(self._late)
         return super().done()
 
     def result(self, timeout: float | None = None) -> Any:
         if not super().done():
-            self.set_result(self._work())
+            self.set_result(self._late)
         return super().result(timeout)
 
 
@@ -163,6 +165,7 @@ def _check_layout(index: KeyIndex) -> None:
     assert all(index._files[f.path] is f and index._order[f.at] is f for f in placed)
     assert [index._starts[f.at] for f in placed] == [f.start for f in placed]
     assert len(index._starts) == len(index._order)
+    assert max((f.start + len(f.rows) for f in placed), default=0) <= len(index._alive)
 
 
 def index_field(path: Path, name: str) -> pa.Field:

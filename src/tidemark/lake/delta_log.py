@@ -86,6 +86,7 @@ class CommitFile:
     path, or a log rewritten under a reader, has other files at the same names."""
 
     version: int
+    device: int
     inode: int
     size: int
     mtime_ns: int
@@ -97,7 +98,7 @@ def commit_file(root: Path, version: int) -> CommitFile | None:
         stat = os.stat(_commit_path(root, version))
     except OSError:
         return None
-    return CommitFile(version, stat.st_ino, stat.st_size, stat.st_mtime_ns)
+    return CommitFile(version, stat.st_dev, stat.st_ino, stat.st_size, stat.st_mtime_ns)
 
 
 def now_ms() -> int:

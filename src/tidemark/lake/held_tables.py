@@ -22,7 +22,6 @@ import logging
 import threading
 
 from deltalake import DeltaTable
-from deltalake.exceptions import DeltaError
 
 from tidemark.lake.branch import local_directory
 from tidemark.lake.delta_log import CommitFile, commit_file
@@ -67,7 +66,7 @@ class HeldTables:
             return None
         try:
             table.update_incremental()
-        except (DeltaError, OSError) as err:
+        except Exception as err:  # whatever the cause, a fresh open decides
             log.debug("%s: the held table could not be brought up to date (%s): opened "
                       "afresh", uri, err)
             return None

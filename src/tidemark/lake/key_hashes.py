@@ -66,5 +66,7 @@ def merged_levels(first: tuple[np.ndarray[Any, Any], np.ndarray[Any, Any]],
     """Two lookup levels (hashes sorted, with their row numbers) as one, sorted."""
     if not len(first[0]):
         return second
+    if not len(second[0]):
+        return first
     at = np.searchsorted(first[0], second[0], side="right")
     return np.insert(first[0], at, second[0]), np.insert(first[1], at, second[1])

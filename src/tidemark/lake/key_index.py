@@ -325,8 +325,9 @@ class KeyIndex:
             log.debug("%s: key index folding %d entries in the background", self.root,
                       entries)
         else:
+            base = work()  # a failure leaves no fold pending (the caller drops the index)
             self._fold = concurrent.futures.Future()
-            self._fold.set_result(work())
+            self._fold.set_result(base)
             self._settle(wait=True)
 
     def _settle(self, wait: bool) -> None:

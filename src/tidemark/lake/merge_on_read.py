@@ -94,15 +94,14 @@ class _Targets:
         sequence = spec.sequence_by if spec.stored_as_scd_type == 1 else ()
         key = (os.fspath(root), spec.keys, sequence)
         held = self._held.get(key)
-        if held is not None and held[1].commit is not None and \
-                delta_log.commit_file(root, held[1].version) != held[1].commit:
-            held = None  # the table was made again at this path: nothing held holds
+        if held is not None:
+            index, state = held
+            state = delta_log.advance(root, state)
+            if state.metadata.get("id") != held[1].metadata.get("id"):
+                held = None  # the table was made again at this path: nothing held holds
         if held is None:
             state = delta_log.read_log(root)
             index = KeyIndex(root, spec.keys, sequence)
-        else:
-            index, state = held
-            state = delta_log.advance(root, state)
         try:
             index.sync(state)
         except BaseException:
