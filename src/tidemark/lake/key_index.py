@@ -58,8 +58,6 @@ _BACKGROUND_MIN = 1 << 20
 #: lookup entry points at them; they cost one byte each).
 _STALE_FRACTION = 0.5
 
-_U64 = np.dtype(np.uint64)
-
 
 @dataclasses.dataclass
 class _File:
