@@ -11,8 +11,9 @@ A table is held by one user at a time: :meth:`HeldTables.take` hands it out and 
 it, :meth:`HeldTables.give_back` takes it back after a batch that succeeded (a failed
 batch's table is dropped, and the next one opens the table afresh). A held table is
 trusted only while the commit of its version is the very file it was given back with
-(same inode, size and modification time): a table deleted and made again at the same
-path, or a log rewritten under it, is opened afresh. Only local tables are held.
+(same device, inode, size and modification time): a table deleted and made again at
+the same path, or a log rewritten under it, is opened afresh. Only local tables are
+held.
 """
 
 from __future__ import annotations
