@@ -317,16 +317,12 @@ class KeyIndex:
             return folded(levels, alive, keep_dead_in_first=keep_dead_in_first,
                           renumbering=renumbering)
 
+        if entries < _BACKGROUND_MIN:
+            take(work())  # a failure leaves no fold pending (the caller drops the index)
+            return
         self._take_fold = take
-        if entries >= _BACKGROUND_MIN:
-            self._fold = FOLDER.submit(work)
-            log.debug("%s: key index folding %d entries in the background", self.root,
-                      entries)
-        else:
-            base = work()  # a failure leaves no fold pending (the caller drops the index)
-            self._fold = concurrent.futures.Future()
-            self._fold.set_result(base)
-            self._settle(wait=True)
+        self._fold = FOLDER.submit(work)
+        log.debug("%s: key index folding %d entries in the background", self.root, entries)
 
     def _settle(self, wait: bool) -> None:
         """Install a finished fold (with *wait*, wait for a running one first)."""
