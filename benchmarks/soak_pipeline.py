@@ -127,13 +127,23 @@ class Probe(threading.Thread):
 
 
 def _disk(path: Path) -> int:
-    """Bytes under *path* (data files no version references stay until vacuum)."""
-    return sum(f.stat().st_size for f in path.rglob("*") if f.is_file())
+    """Bytes under *path* (data files no version references stay until vacuum); files
+    and folders the writer deletes meanwhile (its scratch folders) are left out."""
+    total = 0
+    for folder, _, names in os.walk(path):
+        for name in names:
+            with contextlib.suppress(FileNotFoundError):
+                total += os.stat(os.path.join(folder, name)).st_size
+    return total
 
 
 def _log_size(lake: Path) -> tuple[int, int]:
-    files = list((lake / "_delta_log").iterdir())
-    return len(files), sum(f.stat().st_size for f in files if f.is_file())
+    files, total = 0, 0
+    for entry in (lake / "_delta_log").iterdir():  # log cleanup may delete some meanwhile
+        with contextlib.suppress(FileNotFoundError):
+            total += entry.stat().st_size
+            files += 1
+    return files, total
 
 
 def main() -> None:

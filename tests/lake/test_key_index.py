@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import concurrent.futures
 import dataclasses
+import json
 import random
 from collections.abc import Callable
 from pathlib import Path
@@ -14,12 +15,14 @@ from typing import Any
 import pyarrow as pa
 import pytest
 from deltalake import DeltaTable
+from pyroaring import BitMap64
 
 from delta_readers import check_readers_agree
 from lake_helpers import change, read, rows
 from tidemark.lake import (
     ApplySpec,
     apply_changes,
+    background_rewrite,
     key_index,
     key_lookup,
     merge_on_read,
@@ -179,16 +182,32 @@ _REWRITES = {"deleted rows": (None, "deleted"), "small files": (None, "small"),
              "deleted rows, in pieces": (600, "deleted")}
 
 
+class _AtOnce:
+    """The rewrite thread, deterministic: a rewrite's files are written when it starts
+    (from the vectors of then, as the thread reads them) and committed by the next
+    upkeep call, after the next batch deleted more of its rows."""
+
+    def submit(self, work: Callable[..., Any], *args: Any) -> concurrent.futures.Future[Any]:
+        future: concurrent.futures.Future[Any] = concurrent.futures.Future()
+        future.set_result(work(*args))
+        return future
+
+
+@pytest.mark.parametrize("where", ["between batches", "beside batches"])
 @pytest.mark.parametrize("rewrite", sorted(_REWRITES))
 @pytest.mark.parametrize("tuning", ["rebuilds", "rebuilds, later", "neither"])
 @pytest.mark.parametrize("keys", [("id",), ("name",), ("id", "name")])
 def test_rows_an_upkeep_rewrite_moved_are_found_in_their_new_files(
-        tmp_path: Path, keys: tuple[str, ...], tuning: str, rewrite: str,
+        tmp_path: Path, keys: tuple[str, ...], tuning: str, rewrite: str, where: str,
         monkeypatch: pytest.MonkeyPatch) -> None:
-    """Upkeep rewrites files between batches; the writer's index takes the rows where
-    the rewrite says they went (reading none of the new files) and still finds exactly
-    the live row of each key, through rebuilds too, as an index built afresh does."""
+    """Upkeep rewrites files between batches, or beside them (committed after the next
+    batch deleted more of their rows); the writer's index takes the rows where the
+    rewrite says they went (reading none of the new files) and still finds exactly the
+    live row of each key, through rebuilds too, as an index built afresh does."""
     _tune(monkeypatch, tuning)
+    beside = where == "beside batches"
+    if beside:
+        monkeypatch.setattr(background_rewrite, "REWRITER", _AtOnce())
     file_size, kind = _REWRITES[rewrite]
     spec = ApplySpec(keys=keys, merge="merge_on_read")
     path = tmp_path / "t"
@@ -207,8 +226,9 @@ def test_rows_an_upkeep_rewrite_moved_are_found_in_their_new_files(
         if batch == 0 and file_size is not None:
             DeltaTable(str(path)).alter.set_table_properties(
                 {"delta.targetFileSize": str(file_size)})
-        done = upkeep(DeltaTable(str(path)), settings, state, keys=keys)
-        rewrites += sum(task.name in {"compact_deleted", "compact"} for task in done)
+        done = upkeep(DeltaTable(str(path)), settings, state, keys=keys, background=beside)
+        rewrites += sum(task.name in {"compact_deleted", "compact"} and
+                        "started" not in task.detail for task in done)
         if batch:  # the next batch takes the rewrite (the last one: a check of its own)
             table = read(path, *dict.fromkeys((*keys, "id", "body")), sort=keys)
             assert {tuple(r[k] for k in keys): r["body"] for r in table} == model
@@ -223,6 +243,8 @@ def test_rows_an_upkeep_rewrite_moved_are_found_in_their_new_files(
         assert max(len(r.outputs) for r in relocations.RELOCATIONS._tables[str(path)]) > 1
     assert index.files_relocated >= rewrites
     assert index.files_read == read_before, "the index read a file a rewrite made"
+    if beside:
+        assert _rewrites_marking_rows(path), "no batch deleted rows of a file being rewritten"
     check_readers_agree(path)
     _check_lookup(index, path, keys, model,
                   gone=[k for k in _all_keys(keys) if k not in model])
@@ -236,9 +258,21 @@ def test_rows_an_upkeep_rewrite_moved_are_found_in_their_new_files(
     _check_lookup(fresh_index, path, keys, model, gone=[])
 
 
+def _rewrites_marking_rows(path: Path) -> int:
+    """Upkeep rewrites whose commit gave a new file a deletion vector (rows the batches
+    deleted while it was written)."""
+    found = 0
+    for commit in sorted((path / "_delta_log").glob("*.json")):
+        actions = [json.loads(line) for line in commit.read_text().splitlines() if line]
+        if any(a.get("commitInfo", {}).get("operation") == "OPTIMIZE" for a in actions):
+            found += any("add" in a and a["add"].get("deletionVector") for a in actions)
+    return found
+
+
 def test_a_relocation_that_does_not_match_the_index_is_not_taken(tmp_path: Path) -> None:
-    """A rewrite's note naming a deletion vector the index does not hold (another writer
-    changed the file first) is ignored: the index reads the new file instead."""
+    """A rewrite's note naming a deletion vector the index does not hold, and not one
+    the index's grew from (another writer changed the file first), is ignored: the index
+    reads the new file instead."""
     spec = ApplySpec(keys=("id",), merge="merge_on_read")
     path = tmp_path / "t"
     merge_on_read.TARGETS._held.clear()
@@ -254,7 +288,8 @@ def test_a_relocation_that_does_not_match_the_index_is_not_taken(tmp_path: Path)
     noted = relocations.RELOCATIONS._tables[str(path)][-1]
     source = noted.sources[0]
     relocations.RELOCATIONS._tables[str(path)][-1] = dataclasses.replace(
-        noted, sources=(dataclasses.replace(source, dv_id="u-not-this-one"),
+        noted, sources=(dataclasses.replace(source, dv_id="u-not-this-one",
+                                            vector=BitMap64([19])),
                         *noted.sources[1:]))
     read_before = index.files_read
     index.sync(read_log(path))

@@ -14,7 +14,8 @@ from delta_readers import check_readers_agree
 from lake_helpers import change, read, rows
 from tidemark.lake import ApplySpec, apply_changes, delta_log
 from tidemark.lake.upkeep import UpkeepSettings, UpkeepState, upkeep
-from tidemark.lake.vector_compaction import delete_unreferenced_vectors, small_files_due
+from tidemark.lake.vector_compaction import small_files_due
+from tidemark.lake.vector_vacuum import delete_unreferenced_vectors
 
 SPEC = ApplySpec(keys=("id",), merge="merge_on_read")
 #: Only the rewrite of files with deleted rows (and vacuum where a test asks for it).

@@ -39,7 +39,7 @@ from tidemark.lake.deletion_vector import DeletionVector, read_vector
 from tidemark.lake.delta_log import LogState
 from tidemark.lake.key_hashes import key_hashes, plain_schema
 from tidemark.lake.key_lookup import FOLDER, Level, Levels, Renumbering, folded
-from tidemark.lake.relocations import RELOCATIONS, Relocation
+from tidemark.lake.relocations import RELOCATIONS, MovedFile, Relocation
 
 log = logging.getLogger(__name__)
 
@@ -212,8 +212,8 @@ class KeyIndex:
             if not self._holds(relocation, state):
                 continue
             self._settle(wait=True)  # the moved rows' entries are re-pointed in place
-            slots = np.concatenate([self._alive_slots(self._files[s.path])
-                                    for s in relocation.sources])
+            moved = [self._moved_slots(s) for s in relocation.sources]
+            slots = np.concatenate([m for m in moved if m is not None])
             found = self._found_rows(relocation, slots)
             if found is None:
                 log.warning("%s: the rows of %s are not where its rewrite said: its keys "
@@ -225,9 +225,28 @@ class KeyIndex:
     def _alive_slots(self, entry: _File) -> np.ndarray[Any, np.dtype[np.int64]]:
         return np.flatnonzero(self._alive[entry.span]).astype(np.int64) + entry.start
 
+    def _moved_slots(self, source: MovedFile) -> np.ndarray[Any, np.dtype[np.int64]] | None:
+        """The numbers of the rows *source* says a rewrite moved (those the vector it
+        read leaves alive), if the index holds that file with that vector or a later
+        one (the batches that ran beside the rewrite deleted more); else None."""
+        entry = self._files.get(source.path)
+        if entry is None:
+            return None
+        if entry.dv_id == source.dv_id:
+            slots = self._alive_slots(entry)
+        elif source.vector is not None and \
+                source.vector.issubset(self._vectors.get(source.path, BitMap64())):
+            alive = np.ones(len(entry.rows), dtype=bool)
+            gone = _positions(source.vector)
+            alive[gone[gone < len(alive)]] = False
+            slots = np.flatnonzero(alive).astype(np.int64) + entry.start
+        else:
+            return None
+        return slots if len(slots) == source.rows else None
+
     def _holds(self, relocation: Relocation, state: LogState) -> bool:
-        """Whether the index holds exactly the rows *relocation* moved, as live rows of
-        files *state* removed, and *state* has its new files with their row counts."""
+        """Whether the index holds exactly the rows *relocation* moved, as rows of files
+        *state* removed, and *state* has its new files with their row counts."""
         if not relocation.consistent() or not relocation.sources:
             return False
         for output, rows in relocation.outputs:
@@ -235,13 +254,8 @@ class KeyIndex:
             if output in self._files or action is None or \
                     delta_log.num_records(action) != rows:
                 return False
-        for source in relocation.sources:
-            entry = self._files.get(source.path)
-            if entry is None or source.path in state.files or entry.dv_id != source.dv_id:
-                return False
-            if int(self._alive[entry.span].sum()) != source.rows:
-                return False
-        return True
+        return all(source.path not in state.files and self._moved_slots(source) is not None
+                   for source in relocation.sources)
 
     def _found_rows(self, relocation: Relocation, slots: np.ndarray[Any, Any]
                     ) -> list[pa.Table] | None:
@@ -265,10 +279,13 @@ class KeyIndex:
               found: list[pa.Table]) -> None:
         """Number the new files' rows and point the lookup entries of *slots* (the
         moved rows' numbers, in the new files' order) at them."""
-        for source in relocation.sources:  # every live row moves: none turns dead
+        for source in relocation.sources:
             entry = self._files.pop(source.path)
             self._vectors.pop(source.path, None)
             self._order[entry.at] = None
+        # Rows deleted since the rewrite read them moved too: the new files' vectors
+        # mark them dead again (their old numbers, like all the others, are stale).
+        self._dead -= int(len(slots) - self._alive[slots].sum())
         self._alive[slots] = False
         self._stale += len(slots)
         moved_to = []

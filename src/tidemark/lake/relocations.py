@@ -20,6 +20,8 @@ import os
 from pathlib import Path
 from typing import Final
 
+from pyroaring import BitMap64
+
 #: The latest relocations kept per table, for the index of a later batch (upkeep
 #: rewrites at most once per batch; a table without a merge-on-read writer in this
 #: process never takes them, and each holds a few numbers per file only).
@@ -29,12 +31,15 @@ _KEPT: Final = 4
 @dataclasses.dataclass(frozen=True)
 class MovedFile:
     """An old file whose live rows a rewrite moved, in their order: its path, the unique
-    id of the deletion vector the rewrite read (None: none) and how many rows it moved
-    (the index knows which: those its vector leaves alive)."""
+    id of the deletion vector the rewrite read (None: none), how many rows it moved
+    (those that vector leaves alive) and the vector itself. A rewrite that ran beside
+    the batches commits after they deleted more of its rows: the index holds a later
+    vector then, and finds the moved rows by this one."""
 
     path: str
     dv_id: str | None
     rows: int
+    vector: BitMap64 | None = dataclasses.field(default=None, compare=False)
 
 
 @dataclasses.dataclass(frozen=True)

@@ -33,7 +33,7 @@ conflicts with a merge; each task runs only when due:
   longer than any reader or time travel should need), and deletion vector files no
   version in that time references (delta-rs's full vacuum deletes the live ones too once
   they are older than the retention, so on a table with deletion vectors it only lists:
-  :func:`tidemark.lake.vector_compaction.vacuum_keeping_vectors`).
+  :func:`tidemark.lake.vector_vacuum.vacuum_keeping_vectors`).
 """
 
 from __future__ import annotations
@@ -41,6 +41,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import logging
+import shutil
 import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
@@ -51,16 +52,19 @@ import pyarrow as pa
 import pyarrow.compute as pc
 from deltalake import DeltaTable
 
-from tidemark.lake import delta_log
+from tidemark.lake import background_rewrite, delta_log
+from tidemark.lake.background_rewrite import PendingRewrite
 from tidemark.lake.branch import local_directory
 from tidemark.lake.clustering import cluster
 from tidemark.lake.delta_read import has_deletion_vectors_feature
 from tidemark.lake.vector_compaction import (
-    VectorCompaction,
-    compact_deleted,
-    compact_small,
-    vacuum_keeping_vectors,
+    REWRITE_SCRATCH_DIR,
+    RewritePlan,
+    deleted_rows_plan,
+    rewrite,
+    small_files_plan,
 )
+from tidemark.lake.vector_vacuum import vacuum_keeping_vectors
 
 log = logging.getLogger(__name__)
 
@@ -147,6 +151,10 @@ class UpkeepState:
     log: delta_log.LogState | None = None
     """The live files with their deletion vectors, brought up to date from the newer
     commits at each call (merge-on-read targets only)."""
+    rewrite: PendingRewrite | None = None
+    """A rewrite of files running beside the batches (``upkeep(background=True)``)."""
+    scratch_cleared: bool = False
+    """Whether what an earlier process's rewrites left in the scratch folder is gone."""
 
 
 def compaction_target(table: DeltaTable, settings: UpkeepSettings) -> int:
@@ -184,13 +192,16 @@ def table_properties(settings: UpkeepSettings) -> dict[str, str]:
 
 def upkeep(table: DeltaTable, settings: UpkeepSettings, state: UpkeepState,
            *, keys: Sequence[str] = (), now: float | None = None,
-           heavy: bool = True) -> list[UpkeepTask]:
+           heavy: bool = True, background: bool = False) -> list[UpkeepTask]:
     """Run the upkeep tasks that are due on the local *table* (whose rows are keyed by
     *keys*, if any); returns those that ran.
 
     With *heavy* false, compaction, clustering and vacuum (which read or list files)
     wait for a later call even when due: a pipeline runs at most one of them per batch,
-    so a batch is never late by more than one."""
+    so a batch is never late by more than one. With *background*, a merge-on-read
+    table's rewrites write their files beside the caller's next batches and are
+    committed by the first call after they are written
+    (:mod:`tidemark.lake.background_rewrite`); no other heavy task runs meanwhile."""
     if not settings.enabled:
         return []
     now = time.time() if now is None else now
@@ -199,15 +210,27 @@ def upkeep(table: DeltaTable, settings: UpkeepSettings, state: UpkeepState,
     local = local_directory(table.table_uri)
     root = local if local is not None else Path(table.table_uri)
     tasks: list[UpkeepTask] = []
+    if local is not None and not state.scratch_cleared:
+        # A target has one writer: what an earlier process left there is not in use.
+        shutil.rmtree(root / REWRITE_SCRATCH_DIR, ignore_errors=True)
+        state.scratch_cleared = True
+    if state.rewrite is not None:
+        if state.rewrite.done():
+            task = _finish_rewrite(table, root, state)
+            if task is not None:
+                tasks.append(task)
+        # One rewrite at a time; clustering could pick its files and vacuum delete its
+        # new ones, in no version yet.
+        heavy = False
     if heavy and settings.compact_deleted_fraction and local is not None and \
             has_deletion_vectors_feature(table):
-        task = _compact_deleted(table, root, settings, state)
+        task = _compact_deleted(table, root, settings, state, background)
         if task is not None:
             tasks.append(task)
     if heavy and not tasks and settings.compact_min_files and small_files(table, settings) >= \
             settings.compact_min_files:
         if local is not None and has_deletion_vectors_feature(table):
-            task = _compact_small(table, root, settings, state)
+            task = _compact_small(table, root, settings, state, background)
             if task is not None:
                 tasks.append(task)
         else:
@@ -271,44 +294,67 @@ def upkeep(table: DeltaTable, settings: UpkeepSettings, state: UpkeepState,
 
 
 def _compact_deleted(table: DeltaTable, root: Path, settings: UpkeepSettings,
-                     state: UpkeepState) -> UpkeepTask | None:
+                     state: UpkeepState, background: bool) -> UpkeepTask | None:
     """Rewrite the files with the most deleted rows, if any passes the threshold."""
     return _rewrite(table, root, state, "compact_deleted", "rewrite of files with deleted rows",
-                    lambda log_state: compact_deleted(
-                        root, log_state, settings.compact_deleted_fraction,
-                        _DELETED_MAX_FILES * (settings.target_file_mb << 20)))
+                    lambda log_state: deleted_rows_plan(
+                        log_state, settings.compact_deleted_fraction,
+                        _DELETED_MAX_FILES * (settings.target_file_mb << 20)), background)
 
 
 def _compact_small(table: DeltaTable, root: Path, settings: UpkeepSettings,
-                   state: UpkeepState) -> UpkeepTask | None:
+                   state: UpkeepState, background: bool) -> UpkeepTask | None:
     """Merge the oldest small files of a merge-on-read table (under half the compaction
     target) into one file of up to ``target_file_mb``
-    (:func:`tidemark.lake.vector_compaction.compact_small`): every uniform batch touches
-    every file, so the fewer the better (half as many as with outputs of half the
-    size)."""
+    (:func:`tidemark.lake.vector_compaction.small_files_plan`): every uniform batch
+    touches every file, so the fewer the better (half as many as with outputs of half
+    the size)."""
     small = compaction_target(table, settings) // 2
     return _rewrite(table, root, state, "compact", "compaction of small files",
-                    lambda log_state: compact_small(root, log_state, small,
-                                                    settings.target_file_mb << 20))
+                    lambda log_state: small_files_plan(log_state, small,
+                                                       settings.target_file_mb << 20),
+                    background)
 
 
 def _rewrite(table: DeltaTable, root: Path, state: UpkeepState, name: str, what: str,
-             rewrite: Callable[[delta_log.LogState], VectorCompaction | None]
-             ) -> UpkeepTask | None:
-    """Run one of :mod:`tidemark.lake.vector_compaction`'s rewrites on the table's log
-    brought up to date; a commit by another writer meanwhile skips this round."""
+             plan_of: Callable[[delta_log.LogState], RewritePlan | None],
+             background: bool) -> UpkeepTask | None:
+    """Run (or with *background*, start) one of :mod:`tidemark.lake.vector_compaction`'s
+    rewrites, planned on the table's log brought up to date; a commit by another writer
+    meanwhile skips this round."""
     started = time.monotonic()
     state.log = delta_log.read_log(root) if state.log is None else \
         delta_log.advance(root, state.log)
+    plan = plan_of(state.log)
+    if plan is None:
+        return None
+    if background:
+        state.rewrite = background_rewrite.start(root, plan, name, what)
+        return UpkeepTask(name, f"{what} started beside the batches ({len(plan.chosen)} "
+                                "files)", time.monotonic() - started)
     try:
-        done = rewrite(state.log)
+        done = rewrite(root, state.log, plan)
     except delta_log.CommitConflictError as err:
         log.info("%s: %s skipped: %s", table.table_uri, what, err)
         return None
+    table.update_incremental()
+    return UpkeepTask(name, str(done), time.monotonic() - started)
+
+
+def _finish_rewrite(table: DeltaTable, root: Path, state: UpkeepState) -> UpkeepTask | None:
+    """Commit the rewrite that ran beside the batches (its files are written)."""
+    pending, state.rewrite = state.rewrite, None
+    assert pending is not None
+    started = time.monotonic()
+    state.log = delta_log.read_log(root) if state.log is None else \
+        delta_log.advance(root, state.log)
+    done = background_rewrite.finish(root, pending, state.log)
     if done is None:
         return None
     table.update_incremental()
-    return UpkeepTask(name, str(done), time.monotonic() - started)
+    return UpkeepTask(pending.name, f"{done}, written beside the batches in "
+                                    f"{started - pending.started:.1f} s",
+                      time.monotonic() - started)
 
 
 def _log_files(root: Path) -> int:

@@ -1,5 +1,5 @@
-"""Upkeep of a merge-on-read target's deletion vectors: :func:`compact_deleted` and
-:func:`delete_unreferenced_vectors`.
+"""Rewrites of a merge-on-read target's files: :func:`compact_deleted` and
+:func:`compact_small`.
 
 Every merge-on-read batch marks the rows it replaces in deletion vectors, so the files of
 a target updated everywhere hold more and more dead rows that every reader still reads
@@ -13,9 +13,10 @@ writer's key index picks the change up at its next batch, told which rows went w
 (:mod:`tidemark.lake.relocations`): it checks the new files' key columns but hashes
 none of their rows again.
 
-delta-rs's vacuum keeps the vector files live files reference but never deletes the
-others; :func:`delete_unreferenced_vectors` does, once no version newer than the vacuum
-retention can need them.
+A rewrite is two steps: :func:`prepare_rewrite` reads and writes the files (the slow
+part, which upkeep runs beside the batches, :mod:`tidemark.lake.background_rewrite`) and
+:func:`commit_rewrite` commits them, marking in the new files' vectors the rows the
+batches deleted meanwhile.
 """
 
 from __future__ import annotations
@@ -25,7 +26,6 @@ import itertools
 import json
 import os
 import shutil
-import time
 import uuid
 from pathlib import Path
 from typing import Any, Final
@@ -34,18 +34,21 @@ from urllib.parse import unquote
 import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
-from deltalake import DeltaTable, Schema, write_deltalake
+from deltalake import Schema, write_deltalake
+from pyroaring import BitMap64
 
 from tidemark.lake import delta_log
-from tidemark.lake.deletion_vector import DeletionVector, read_vector
+from tidemark.lake.deletion_vector import DeletionVector, read_vector, write_vectors
 from tidemark.lake.key_hashes import plain_schema
-from tidemark.lake.mor_rows import SCRATCH_DIR, conform_columns, move_files, target_file_size
+from tidemark.lake.mor_rows import conform_columns, move_files, target_file_size
 from tidemark.lake.relocations import RELOCATIONS, MovedFile, Relocation
 
 #: delta-rs's file size where the table sets none (``delta.targetFileSize``).
 _DEFAULT_FILE_SIZE: Final = 100 << 20
-#: How a file holding deletion vectors is named (Delta protocol).
-_VECTOR_FILE_GLOB: Final = "deletion_vector_*.bin"
+#: Where a rewrite writes its files before moving them into the table (apart from the
+#: batches' scratch folder, which each merge-on-read batch empties: a rewrite may run
+#: beside the batches).
+REWRITE_SCRATCH_DIR: Final = "_tidemark_rewrite"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -121,88 +124,229 @@ def _age(add: dict[str, Any]) -> int:
     return int(add.get("modificationTime") or 0)
 
 
+def small_files_plan(state: delta_log.LogState, small_bytes: int,
+                     max_bytes: int) -> RewritePlan | None:
+    """The rewrite of the oldest files of the table at *state* under *small_bytes* (up
+    to *max_bytes* of them) into one file's worth, without their deleted rows; None when
+    fewer than two are that small. delta-rs's compaction would also rewrite every file
+    under its target size, so the file it made last time (nearly full) again and again,
+    and the writer's key index would load all its keys again at each; here a file past
+    *small_bytes* is left to :func:`deleted_rows_plan`."""
+    chosen = small_files_due(state, small_bytes, max_bytes)
+    return RewritePlan.of(state, chosen, {"reason": "small files"}, small=True) \
+        if chosen else None
+
+
+def deleted_rows_plan(state: delta_log.LogState, threshold: float,
+                      max_bytes: int) -> RewritePlan | None:
+    """The rewrite of the files of the table at *state* whose deleted fraction is at
+    least *threshold* (up to *max_bytes* of them) without their deleted rows; None when
+    no file is due."""
+    chosen = due_files(state, threshold, max_bytes)
+    return RewritePlan.of(state, chosen, {"reason": "deleted rows",
+                                          "deletedFraction": str(threshold)}) \
+        if chosen else None
+
+
 def compact_small(root: Path, state: delta_log.LogState, small_bytes: int,
                   max_bytes: int) -> VectorCompaction | None:
-    """Rewrite the oldest files of the local table *root* under *small_bytes* (up to
-    *max_bytes* of them) into one file's worth, without their deleted rows, as one
-    commit; None when fewer than two are that small. delta-rs's compaction would also
-    rewrite every file under its target size, so the file it made last time (nearly
-    full) again and again, and the writer's key index would load all its keys again at
-    each; here a file past *small_bytes* is left to :func:`compact_deleted`. Raises
+    """:func:`small_files_plan` of the local table *root* at *state* (its latest
+    version), done as one commit. Raises
     :class:`tidemark.lake.delta_log.CommitConflictError` as :func:`compact_deleted`."""
-    chosen = small_files_due(state, small_bytes, max_bytes)
-    return _rewrite(root, state, chosen, {"reason": "small files"}, small=True) \
-        if chosen else None
+    plan = small_files_plan(state, small_bytes, max_bytes)
+    return None if plan is None else rewrite(root, state, plan)
 
 
 def compact_deleted(root: Path, state: delta_log.LogState, threshold: float,
                     max_bytes: int) -> VectorCompaction | None:
-    """Rewrite the files of the local table *root* (at *state*, its latest version)
-    whose deleted fraction is at least *threshold* (up to *max_bytes* of them) without
-    their deleted rows, as one commit. None when no file is due. Raises
+    """:func:`deleted_rows_plan` of the local table *root* at *state* (its latest
+    version), done as one commit. None when no file is due. Raises
     :class:`tidemark.lake.delta_log.CommitConflictError` when another writer committed
     first (nothing is changed then)."""
-    chosen = due_files(state, threshold, max_bytes)
-    if not chosen:
-        return None
-    return _rewrite(root, state, chosen, {"reason": "deleted rows",
-                                          "deletedFraction": str(threshold)})
+    plan = deleted_rows_plan(state, threshold, max_bytes)
+    return None if plan is None else rewrite(root, state, plan)
 
 
-def _rewrite(root: Path, state: delta_log.LogState, chosen: list[dict[str, Any]],
-             parameters: dict[str, str], *, small: bool = False) -> VectorCompaction:
-    """Rewrite the *chosen* live files (their live rows, in order) as one commit of
-    removes and adds, ``dataChange: false``; note where the rows went
+def rewrite(root: Path, state: delta_log.LogState, plan: RewritePlan) -> VectorCompaction:
+    """Rewrite the plan's live files of *state* (their live rows, in order) as one
+    commit of removes and adds, ``dataChange: false``; note where the rows went
     (:data:`tidemark.lake.relocations.RELOCATIONS`) for the writer's key index."""
-    schema = _table_schema(state)
-    partitions = list(state.metadata.get("partitionColumns") or [])
-    scratch = root / SCRATCH_DIR / uuid.uuid4().hex
+    prepared = prepare_rewrite(root, plan)
+    done = commit_rewrite(root, prepared, state)
+    assert done is not None, "nothing changed between writing and committing"
+    return done
+
+
+@dataclasses.dataclass(frozen=True)
+class RewritePlan:
+    """What a rewrite reads (chosen at the table's *version*) and how it writes: plain
+    values, so that :func:`prepare_rewrite` can run beside the batches."""
+
+    version: int
+    chosen: tuple[dict[str, Any], ...]
+    schema: pa.Schema
+    partitions: tuple[str, ...]
+    file_size: int | None
+    parameters: dict[str, str]
+    small: bool
+
+    @classmethod
+    def of(cls, state: delta_log.LogState, chosen: list[dict[str, Any]],
+           parameters: dict[str, str], *, small: bool = False) -> RewritePlan:
+        """The plan of rewriting *chosen*, live files of *state*."""
+        return cls(state.version, tuple(dict(add) for add in chosen), _table_schema(state),
+                   tuple(state.metadata.get("partitionColumns") or ()),
+                   target_file_size(state), parameters, small)
+
+    def compaction(self, files_added: int, rows_dropped: int,
+                   version: int) -> VectorCompaction:
+        """What the rewrite did, once committed as *version*."""
+        return VectorCompaction(files_removed=len(self.chosen), files_added=files_added,
+                                rows_dropped=rows_dropped, version=version, small=self.small)
+
+
+@dataclasses.dataclass(frozen=True)
+class PreparedRewrite:
+    """A rewrite's new files, in the table's folder but in no version yet: the live rows
+    of ``plan.chosen`` (as their vectors were when read: ``read_vectors``; each file's
+    physical row count in ``physical``), file after file, are the rows of ``added``,
+    file after file (``output_rows`` each)."""
+
+    plan: RewritePlan
+    read_vectors: tuple[BitMap64, ...]
+    physical: tuple[int, ...]
+    added: tuple[dict[str, Any], ...]
+    output_rows: tuple[int, ...]
+    rows_dropped: int
+    one_file_a_piece: bool
+
+    def discard(self, root: Path) -> None:
+        """Delete the new files (unreferenced: not worth waiting for vacuum)."""
+        for add in self.added:
+            (root / unquote(add["path"])).unlink(missing_ok=True)
+
+
+def prepare_rewrite(root: Path, plan: RewritePlan) -> PreparedRewrite:
+    """Read the live rows of the plan's files and write them as new files in the table's
+    folder, committing nothing: the slow part of a rewrite, which may run while batches
+    commit (each file's vector at the time is what it reads)."""
+    scratch = root / REWRITE_SCRATCH_DIR / uuid.uuid4().hex
     added: list[dict[str, Any]] = []
-    dropped = 0
     try:
-        live, moved = [], []
-        for add in chosen:
-            rows, deleted = _live_rows(root, add, schema, partitions)
-            dropped += deleted
+        live, vectors, physical = [], [], []
+        for add in plan.chosen:
+            rows, vector, count = _live_rows(root, add, plan.schema, list(plan.partitions))
             live.append(rows)
-            dv = add.get("deletionVector")
-            moved.append(MovedFile(add["path"], DeletionVector.from_json(dv).unique_id
-                                   if dv else None, len(rows)))
+            vectors.append(vector)
+            physical.append(count)
         # One chunk: delta-rs writes a table of several chunks in no fixed order.
-        written = _write_pieces(scratch, pa.concat_tables(live).combine_chunks(), partitions,
-                                chosen, state)
-        outputs: list[tuple[str, int]] = []
+        written = _write_pieces(scratch, pa.concat_tables(live).combine_chunks(),
+                                list(plan.partitions), list(plan.chosen), plan.file_size)
+        outputs: list[int] = []
         for piece, adds in written:
             added += [{**a, "dataChange": False} for a in move_files(piece, root, adds)]
-            if len(adds) == 1:
-                outputs.append((adds[0]["path"], delta_log.num_records(adds[0]) or -1))
-        relocation = Relocation(tuple(moved), tuple(outputs)) \
-            if len(outputs) == len(written) else None
-        now = delta_log.now_ms()
-        actions: list[dict[str, Any]] = [{"commitInfo": {
-            "timestamp": now, "operation": "OPTIMIZE", "operationParameters": parameters,
-            "clientVersion": "tidemark"}}]
-        for add in chosen:
-            removal, _ = delta_log.replace_file_actions(add, None, now)
-            removal["remove"]["dataChange"] = False
-            actions.append(removal)
-        actions += [{"add": a} for a in added]
-        try:
-            delta_log.commit(root, state.version + 1, actions)
-        except delta_log.CommitConflictError:
-            for a in added:  # unreferenced: not worth waiting for vacuum
-                (root / unquote(a["path"])).unlink(missing_ok=True)
-            raise
-        if relocation is not None:  # the index checks it before taking it
-            RELOCATIONS.note(root, relocation)
+            outputs += [delta_log.num_records(a) or -1 for a in adds]
+    except BaseException:
+        for add in added:
+            (root / unquote(add["path"])).unlink(missing_ok=True)
+        raise
     finally:
         shutil.rmtree(scratch, ignore_errors=True)
-    return VectorCompaction(files_removed=len(chosen), files_added=len(added),
-                            rows_dropped=dropped, version=state.version + 1, small=small)
+    return PreparedRewrite(
+        plan=plan, read_vectors=tuple(vectors), physical=tuple(physical), added=tuple(added),
+        output_rows=tuple(outputs),
+        rows_dropped=sum(p - len(r) for p, r in zip(physical, live, strict=True)),
+        one_file_a_piece=len(added) == len(written))
+
+
+def commit_rewrite(root: Path, prepared: PreparedRewrite,
+                   state: delta_log.LogState) -> VectorCompaction | None:
+    """Commit *prepared* as the version after *state* (the table's latest): each old
+    file removed with the vector it has now, the new files added. Rows deleted from the
+    old files since they were read are marked in the new files' vectors (the rows keep
+    their order, so their new positions follow). None, the new files deleted, when an
+    old file is no longer live or a new file would have no live row left. Raises
+    :class:`tidemark.lake.delta_log.CommitConflictError` (the new files deleted)."""
+    plan = prepared.plan
+    later = _deleted_since(root, prepared, state)
+    if later is None:
+        prepared.discard(root)
+        return None
+    now = delta_log.now_ms()
+    adds = list(prepared.added)
+    marked = [(i, bitmap) for i, bitmap in enumerate(later) if len(bitmap)]
+    for (i, _), vector in zip(marked, write_vectors(root, [b for _, b in marked]),
+                                   strict=True):
+        _, addition = delta_log.replace_file_actions(adds[i], vector, now)
+        adds[i] = {**addition["add"], "dataChange": False}
+    actions: list[dict[str, Any]] = [{"commitInfo": {
+        "timestamp": now, "operation": "OPTIMIZE", "operationParameters": plan.parameters,
+        "clientVersion": "tidemark"}}]
+    for add in plan.chosen:
+        removal, _ = delta_log.replace_file_actions(state.files[add["path"]], None, now)
+        removal["remove"]["dataChange"] = False
+        actions.append(removal)
+    actions += [{"add": a} for a in adds]
+    try:
+        delta_log.commit(root, state.version + 1, actions)
+    except delta_log.CommitConflictError:
+        prepared.discard(root)
+        raise
+    if prepared.one_file_a_piece:  # the index checks it before taking it
+        RELOCATIONS.note(root, Relocation(
+            tuple(MovedFile(add["path"], _dv_id(add), p - len(v), v)
+                  for add, v, p in zip(plan.chosen, prepared.read_vectors,
+                                       prepared.physical, strict=True)),
+            tuple((a["path"], rows) for a, rows in
+                  zip(prepared.added, prepared.output_rows, strict=True))))
+    return plan.compaction(len(adds), prepared.rows_dropped, state.version + 1)
+
+
+def _dv_id(add: dict[str, Any]) -> str | None:
+    dv = add.get("deletionVector")
+    return DeletionVector.from_json(dv).unique_id if dv else None
+
+
+def _deleted_since(root: Path, prepared: PreparedRewrite,
+                   state: delta_log.LogState) -> list[BitMap64] | None:
+    """For each new file, its rows deleted from the old files after they were read (as
+    positions in the new file); None when an old file is gone or a new file would keep
+    no live row."""
+    bounds = np.cumsum([0, *prepared.output_rows])
+    later = [BitMap64() for _ in prepared.added]
+    offset = 0
+    ordered = prepared.one_file_a_piece  # else a partition's rows are in no known order
+    for add, before, physical in zip(prepared.plan.chosen, prepared.read_vectors,
+                                     prepared.physical, strict=True):
+        current = state.files.get(add["path"])
+        if current is None:
+            return None
+        moved = physical - len(before)
+        if _dv_id(current) != _dv_id(add):
+            dv = current.get("deletionVector")
+            now = read_vector(root, DeletionVector.from_json(dv)) if dv else BitMap64()
+            if not before.issubset(now):  # a vector only grows while its file lives
+                return None
+            new = np.frombuffer((now - before).to_array(), dtype=np.uint64).astype(np.int64)
+            new = new[new < physical]
+            if len(new) and not ordered:
+                return None
+            if len(new):
+                gone = np.frombuffer(before.to_array(), dtype=np.uint64).astype(np.int64)
+                # A row's place among the rows read: its position less the deleted before it.
+                at = offset + new - np.searchsorted(gone, new)
+                output = np.searchsorted(bounds, at, side="right") - 1
+                for o in np.unique(output):
+                    later[o] |= BitMap64((at[output == o] - bounds[o]).astype(np.uint64))
+        offset += moved
+    if any(len(bitmap) >= rows for bitmap, rows in zip(later, prepared.output_rows,
+                                                        strict=True)):
+        return None
+    return later
 
 
 def _write_pieces(scratch: Path, rows: pa.Table, partitions: list[str],
-                  chosen: list[dict[str, Any]], state: delta_log.LogState
+                  chosen: list[dict[str, Any]], size: int | None
                   ) -> list[tuple[Path, list[dict[str, Any]]]]:
     """Write *rows* as files of about the target's file size: each piece of them into a
     scratch table of its own, so that which rows each new file holds is known (a
@@ -210,7 +354,6 @@ def _write_pieces(scratch: Path, rows: pa.Table, partitions: list[str],
     each scratch table with its add actions."""
     if not len(rows):
         return []
-    size = target_file_size(state)
     if partitions:
         pieces = [rows]
     else:
@@ -238,15 +381,18 @@ def _table_schema(state: delta_log.LogState) -> pa.Schema:
 
 
 def _live_rows(root: Path, add: dict[str, Any], schema: pa.Schema, partitions: list[str]
-               ) -> tuple[pa.Table, int]:
+               ) -> tuple[pa.Table, BitMap64, int]:
     """The live rows of the data file *add*, in its order and in *schema* (its
-    partition values as columns), and how many deleted rows were dropped."""
+    partition values as columns), the vector that marked the others and the file's row
+    count."""
     rows = pq.read_table(root / unquote(add["path"]))
     rows = rows.cast(plain_schema(rows.schema))
-    keep = np.ones(len(rows), dtype=bool)
+    physical = len(rows)
+    deleted = BitMap64()
     if add.get("deletionVector"):  # a small file may have none
         deleted = read_vector(root, DeletionVector.from_json(add["deletionVector"]))
         positions = np.frombuffer(deleted.to_array(), dtype=np.uint64).astype(np.int64)
+        keep = np.ones(len(rows), dtype=bool)
         keep[positions[positions < len(rows)]] = False
         rows = rows.filter(pa.array(keep))
     values = add.get("partitionValues") or {}
@@ -257,97 +403,4 @@ def _live_rows(root: Path, add: dict[str, Any], schema: pa.Schema, partitions: l
             pa.array([value] * len(rows), pa.string()).cast(field.type)
         rows = rows.append_column(name, column) if name not in rows.column_names else rows
     nullable = pa.schema([f.with_nullable(True) for f in schema])
-    return conform_columns(rows, nullable), len(keep) - int(keep.sum())
-
-
-# -- vacuum ------------------------------------------------------------------------------
-def vacuum_keeping_vectors(table: DeltaTable, root: Path,
-                           retention_hours: int) -> tuple[int, int]:
-    """Vacuum of a local table with deletion vectors: the data files delta-rs's full
-    vacuum would delete, then the vector files :func:`delete_unreferenced_vectors`
-    finds. Returns how many of each were deleted.
-
-    delta-rs's full vacuum (deltalake 1.6.6) deletes every vector file older than the
-    retention, the live ones too (measured: the table is then unreadable), so it only
-    lists here, and its vector files are left out."""
-    listed = table.vacuum(retention_hours=retention_hours, dry_run=True,
-                          enforce_retention_duration=False, full=True)
-    data = {name for name in listed if not _is_vector_file(Path(name).name)}
-    for name in data:
-        path = root / name
-        (path if path.exists() else root / unquote(name)).unlink(missing_ok=True)
-    return len(data), delete_unreferenced_vectors(root, retention_hours)
-
-
-def _is_vector_file(name: str) -> bool:
-    return name.startswith("deletion_vector_") and name.endswith(".bin")
-
-
-def delete_unreferenced_vectors(root: Path, retention_hours: float,
-                                now: float | None = None) -> int:
-    """Delete the deletion vector files in the local table *root* that no version newer
-    than *retention_hours* can reference: referenced by no live file, named by no commit
-    or checkpoint written since, and older than that themselves. Returns how many."""
-    now = time.time() if now is None else now
-    cutoff = now - retention_hours * 3600
-    candidates = [p for p in root.glob(_VECTOR_FILE_GLOB) if _mtime(p) < cutoff]
-    if not candidates:
-        return 0
-    state = delta_log.read_log(root)
-    needed = {path for add in state.files.values()
-              if (path := _vector_file(root, add.get("deletionVector"))) is not None}
-    for entry in (root / "_delta_log").iterdir():
-        if _mtime(entry) < cutoff:
-            continue
-        if entry.name.endswith(".json"):
-            for action in _read_actions(entry):
-                for kind in ("add", "remove"):
-                    if kind in action and (path := _vector_file(
-                            root, action[kind].get("deletionVector"))) is not None:
-                        needed.add(path)
-        elif entry.name.endswith(".parquet"):
-            needed |= _checkpoint_vectors(root, entry)
-    deleted = 0
-    for path in candidates:
-        if path not in needed:
-            path.unlink(missing_ok=True)
-            deleted += 1
-    return deleted
-
-
-def _mtime(path: Path) -> float:
-    try:
-        return path.stat().st_mtime
-    except FileNotFoundError:
-        return float("inf")  # gone meanwhile: neither a candidate nor a reference
-
-
-def _read_actions(path: Path) -> list[dict[str, Any]]:
-    try:
-        with open(path, encoding="utf-8") as source:
-            return [json.loads(line) for line in source if line.strip()]
-    except FileNotFoundError:
-        return []
-
-
-def _vector_file(root: Path, dv: dict[str, Any] | None) -> Path | None:
-    if not dv or dv.get("storageType") == "i":
-        return None
-    try:
-        return DeletionVector.from_json(dv).absolute_path(root)
-    except ValueError:
-        return None
-
-
-def _checkpoint_vectors(root: Path, path: Path) -> set[Path]:
-    """The vector files a checkpoint's adds and removes reference."""
-    found: set[Path] = set()
-    names = pq.read_schema(path).names
-    for kind in ("add", "remove"):
-        if kind not in names:
-            continue
-        for value in pq.read_table(path, columns=[kind]).column(kind).to_pylist():
-            if value is not None and (file := _vector_file(
-                    root, value.get("deletionVector"))) is not None:
-                found.add(file)
-    return found
+    return conform_columns(rows, nullable), deleted, physical

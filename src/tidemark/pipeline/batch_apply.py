@@ -259,8 +259,9 @@ class BatchApply:
                 # The table the batch was applied with (held_tables), not a new open.
                 table = HELD.take(target.path, target.storage_options) or \
                     DeltaTable(target.path, storage_options=target.storage_options)
+                # Rewrites of a merge-on-read target's files run beside the next batches.
                 tasks = upkeep(table, target.upkeep, state,
-                               keys=target.spec.keys, heavy=heavy)
+                               keys=target.spec.keys, heavy=heavy, background=True)
                 HELD.give_back(target.path, target.storage_options, table)
             except Exception as err:
                 log.warning("upkeep of %s failed (the batch is committed; the next batch "

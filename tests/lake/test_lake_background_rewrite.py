@@ -1,0 +1,169 @@
+"""Upkeep's rewrites of a merge-on-read target beside the batches
+(``upkeep(background=True)``, :mod:`tidemark.lake.background_rewrite`): the rows the
+batches delete meanwhile stay deleted, a rewrite whose file went is abandoned without a
+trace, and nothing else heavy runs while one is written."""
+
+from __future__ import annotations
+
+import concurrent.futures
+import json
+import time
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any
+
+import pytest
+from deltalake import DeltaTable
+
+from delta_readers import check_readers_agree
+from lake_helpers import change, read, rows
+from tidemark.lake import ApplySpec, apply_changes, background_rewrite
+from tidemark.lake.upkeep import UpkeepSettings, UpkeepState, upkeep
+
+SPEC = ApplySpec(keys=("id",), merge="merge_on_read")
+ONLY_DELETED = UpkeepSettings(compact_min_files=0, cluster_min_files=0, checkpoint_every=0,
+                              vacuum_every_minutes=0, compact_deleted_fraction=0.3)
+
+
+def _apply(path: Path, model: dict[int, str], version: int, updates: Sequence[int] = (),
+           deletes: Sequence[int] = (), inserts: Sequence[int] = ()) -> None:
+    lsn = 10 * (version + 1)
+    changes = [change("c", lsn, s + 1, id=i, name=f"v{version}", body="x")
+               for s, i in enumerate(inserts)]
+    changes += [change("u", lsn, 100 + s, id=i, name=f"v{version}", body="x")
+                for s, i in enumerate(updates)]
+    changes += [change("d", lsn, 200 + s, id=i) for s, i in enumerate(deletes)]
+    result = apply_changes(path, rows(*changes), SPEC, app_id="q", version=version)
+    assert result.merge == "merge_on_read"
+    for i in (*inserts, *updates):
+        model[i] = f"v{version}"
+    for i in deletes:
+        model.pop(i, None)
+
+
+def _check(path: Path, model: dict[int, str]) -> None:
+    check_readers_agree(path)
+    assert read(path, "id", "name") == [{"id": i, "name": model[i]} for i in sorted(model)]
+
+
+def _wait(state: UpkeepState) -> None:
+    deadline = time.monotonic() + 60
+    while state.rewrite is not None and not state.rewrite.done():
+        assert time.monotonic() < deadline, "the rewrite did not finish"
+        time.sleep(0.01)
+
+
+def _unreferenced(path: Path) -> set[str]:
+    """Data files in the table's folder no commit names."""
+    named = set()
+    for commit in (path / "_delta_log").glob("*.json"):
+        for line in commit.read_text().splitlines():
+            action = json.loads(line)
+            if "add" in action:
+                named.add(action["add"]["path"])
+    return {p.name for p in path.glob("*.parquet")} - named
+
+
+class _Held:
+    """The rewrite thread, held: a rewrite's files are written when it starts and it is
+    done only once the test says so."""
+
+    def __init__(self) -> None:
+        self.futures: list[concurrent.futures.Future[Any]] = []
+
+    def submit(self, work: Callable[..., Any], *args: Any) -> concurrent.futures.Future[Any]:
+        self.futures.append(concurrent.futures.Future())
+        self._result = work(*args)
+        return self.futures[-1]
+
+    def release(self) -> None:
+        self.futures[-1].set_result(self._result)
+
+
+def test_rows_deleted_while_a_file_is_rewritten_stay_deleted(tmp_path: Path) -> None:
+    path = tmp_path / "t"
+    model: dict[int, str] = {}
+    _apply(path, model, 0, inserts=list(range(1000)))
+    _apply(path, model, 1, updates=list(range(0, 1000, 3)), deletes=list(range(1, 1000, 9)))
+    state = UpkeepState()
+    started = upkeep(DeltaTable(str(path)), ONLY_DELETED, state, background=True)
+    assert [t.name for t in started] == ["compact_deleted"]
+    assert "started beside the batches" in started[0].detail
+    _wait(state)  # the real thread, done: its files are written, not committed
+    assert len(_unreferenced(path)) == 1
+    version = DeltaTable(str(path)).version()
+    # Batches meanwhile: rows of the file being rewritten updated and deleted.
+    _apply(path, model, 2, updates=[2, 5, 998], deletes=[8, 11, 500, 999], inserts=[1000])
+    _apply(path, model, 3, updates=[5, 14], deletes=[2, 20])
+    done = upkeep(DeltaTable(str(path)), ONLY_DELETED, state, background=True)
+    assert [t.name for t in done] == ["compact_deleted"]
+    assert "written beside the batches" in done[0].detail
+    assert DeltaTable(str(path)).version() == version + 3
+    commit = path / "_delta_log" / f"{version + 3:020d}.json"
+    (added,) = [a["add"] for a in map(json.loads, commit.read_text().splitlines())
+                if "add" in a]
+    # The file held 555 live rows when read; the two batches then replaced or deleted 8
+    # of them (2, 5, 8, 11, 14, 20, 500, 998).
+    assert json.loads(added["stats"])["numRecords"] == 555
+    assert added["deletionVector"]["cardinality"] == 8
+    assert not _unreferenced(path)
+    _check(path, model)
+    # The writer's key index took the rows over: later batches hit them, once.
+    _apply(path, model, 4, updates=[3, 5, 997], deletes=[4, 14, 998])
+    _check(path, model)
+    assert DeltaTable(str(path)).transaction_version("q") == 4
+    assert apply_changes(path, rows(change("u", 99, 1, id=3, name="x", body="x")), SPEC,
+                         app_id="q", version=4).already_applied
+
+
+def test_a_rewrite_whose_file_went_is_abandoned_without_a_trace(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    held = _Held()
+    monkeypatch.setattr(background_rewrite, "REWRITER", held)
+    path = tmp_path / "t"
+    model: dict[int, str] = {}
+    _apply(path, model, 0, inserts=list(range(100)))
+    _apply(path, model, 1, inserts=list(range(100, 200)))  # a second file
+    _apply(path, model, 2, deletes=list(range(50)))
+    state = UpkeepState()
+    assert upkeep(DeltaTable(str(path)), ONLY_DELETED, state, background=True)
+    assert len(_unreferenced(path)) == 1
+    _apply(path, model, 3, deletes=list(range(50, 100)))  # the rest of the first file
+    held.release()
+    version = DeltaTable(str(path)).version()
+    assert upkeep(DeltaTable(str(path)), ONLY_DELETED, state, background=True) == []
+    assert DeltaTable(str(path)).version() == version
+    assert not _unreferenced(path), "the abandoned rewrite's file is left behind"
+    assert state.rewrite is None
+    _check(path, model)
+
+
+def test_nothing_else_heavy_runs_while_a_rewrite_is_written(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    held = _Held()
+    monkeypatch.setattr(background_rewrite, "REWRITER", held)
+    path = tmp_path / "t"
+    model: dict[int, str] = {}
+    _apply(path, model, 0, inserts=list(range(200)))
+    _apply(path, model, 1, inserts=list(range(200, 400)))
+    _apply(path, model, 2, deletes=list(range(0, 400, 2)))  # both files half deleted
+    settings = UpkeepSettings(compact_min_files=0, cluster_min_files=0, checkpoint_every=0,
+                              vacuum_every_minutes=1, vacuum_retention_hours=0,
+                              compact_deleted_fraction=0.3, target_file_mb=1)
+    state = UpkeepState()
+    clock = time.time()
+    assert [t.name for t in upkeep(DeltaTable(str(path)), settings, state, now=clock,
+                                   background=True)] == ["compact_deleted"]
+    # Vacuum is due: it waits (with no retention it would delete the new file, in no
+    # version yet), and no second rewrite starts.
+    assert upkeep(DeltaTable(str(path)), settings, state, now=clock + 120,
+                  background=True) == []
+    assert len(held.futures) == 1 and len(_unreferenced(path)) == 1
+    held.release()
+    done = upkeep(DeltaTable(str(path)), settings, state, now=clock + 121, background=True)
+    assert [t.name for t in done] == ["compact_deleted"]
+    assert "written beside" in done[0].detail
+    assert [t.name for t in upkeep(DeltaTable(str(path)), settings, state, now=clock + 122,
+                                   background=True)] == ["vacuum"]
+    assert len(held.futures) == 1
+    _check(path, model)
