@@ -21,8 +21,8 @@ check: the last window's p99 within 1.3x of the first's.
 
 Usage: ``uv run python benchmarks/soak_pipeline.py [--minutes 30] [--window 5]
 [--rows 1000000] [--rate 10000] [--keys tail|uniform]
-[--merge copy_on_write|merge_on_read|auto] [--file-mb N] [--log FILE]``; at the end
-``tidemark verify`` compares both targets with the source.
+[--merge copy_on_write|merge_on_read|auto] [--file-mb N] [--log FILE] [--probes FILE]``;
+at the end ``tidemark verify`` compares both targets with the source.
 """
 
 from __future__ import annotations
@@ -159,6 +159,9 @@ def main() -> None:
                         help="the t10 target's upkeep target_file_mb (default: upkeep's)")
     parser.add_argument("--log", type=Path, help="keep tidemark run's output (its batch "
                         "lines) in this file instead of the temporary directory")
+    parser.add_argument("--probes", type=Path, help="write each probe row's commit time, "
+                        "when it was seen and its lag (CSV) to this file at the end, to "
+                        "line the slow ones up with the batch lines of --log")
     args = parser.parse_args()
     with PostgresCluster(durable=True) as cluster, tempfile.TemporaryDirectory() as tmp:
         print(f"server: PostgreSQL, {cluster.durability}")
@@ -230,6 +233,11 @@ def main() -> None:
                       f"{log_bytes / 2**20:.1f} MiB, on disk {_disk(lake) / 2**30:.1f} GiB")
             writer.stop.set()
             probe.stop.set()
+            if args.probes:
+                args.probes.write_text("committed,seen,lag_s\n" + "".join(
+                    f"{dt.datetime.fromtimestamp(at - lag).isoformat()},"
+                    f"{dt.datetime.fromtimestamp(at).isoformat()},{lag:.3f}\n"
+                    for at, lag in probe.lags))
             if len(windows) >= 2:
                 ratio = windows[-1] / windows[0]
                 print(f"last window's p99 / first window's: {ratio:.2f}x (target <= 1.3x)")

@@ -45,8 +45,11 @@ def _files(path: Path) -> int:
     return len(DeltaTable(str(path)).file_uris())
 
 
+@pytest.mark.parametrize("background", [False, True])
 def test_many_small_batches_stay_few_files_with_a_checkpoint_and_the_same_rows(
-        tmp_path: Path) -> None:
+        tmp_path: Path, background: bool) -> None:
+    """With *background* (as ``tidemark run`` calls it), checkpoints are written on
+    upkeep's thread and reported by the call after."""
     path = tmp_path / "t"
     settings = UpkeepSettings(target_file_mb=1, compact_min_files=8, checkpoint_every=10,
                               vacuum_every_minutes=0)
@@ -55,7 +58,10 @@ def test_many_small_batches_stay_few_files_with_a_checkpoint_and_the_same_rows(
     most = 0
     for n in range(40):
         apply_changes(path, rows(*_batch(n)), SPEC, app_id="q", version=n)
-        ran += [task.name for task in upkeep(DeltaTable(str(path)), settings, state)]
+        tasks = upkeep(DeltaTable(str(path)), settings, state, background=background)
+        ran += [task.name for task in tasks]
+        assert all(("beside the batches" in t.detail) == background
+                   for t in tasks if t.name == "checkpoint")
         most = max(most, _files(path))
     assert "compact" in ran and "checkpoint" in ran
     # Compaction starts at 8 small files; a merge adds at most one file per batch.

@@ -50,7 +50,10 @@ def encode_high_water(spec: ApplySpec, values: tuple[Any, ...]) -> str:
 def read_high_water(table: DeltaTable, spec: ApplySpec,
                     schema: pa.Schema) -> tuple[Any, ...] | None:
     """The highest sequence applied to *table* by tidemark, from its latest commits."""
-    for limit in (1, 50):
+    # Upkeep commits at most once between two batches: the mark is almost always in the
+    # last three. history() reads each commit it returns, and a merge-on-read commit
+    # lists every file it touched (150 KB at 120 files): fifty of them are megabytes.
+    for limit in (1, 3, 50):
         commits = sorted(table.history(limit), key=lambda c: c.get("version", -1),
                          reverse=True)
         for commit in commits:

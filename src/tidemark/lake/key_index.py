@@ -108,7 +108,11 @@ class KeyIndex:
         self._files: dict[str, _File] = {}
         self._starts: list[int] = []  # ordered by start, with _order's paths
         self._order: list[_File | None] = []
-        self._alive = np.zeros(0, dtype=bool)
+        # The rows' liveness, a view of a buffer with room to grow: a batch's new file
+        # appends its rows without copying those of the 10M before (a concatenation
+        # was 6% of a soak's batch time).
+        self._alive_buffer = np.zeros(0, dtype=bool)
+        self._alive = self._alive_buffer
         self._exact = True
         self._levels = Levels()
         self._fold: concurrent.futures.Future[Level] | None = None
@@ -183,7 +187,14 @@ class KeyIndex:
         self._files[path] = entry
         self._starts.append(entry.start)
         self._order.append(entry)
-        self._alive = np.concatenate([self._alive, alive])
+        numbered, end = len(self._alive), len(self._alive) + len(alive)
+        if end > len(self._alive_buffer):
+            # A fold running on the other thread keeps the view it was given.
+            buffer = np.zeros(max(end, len(self._alive_buffer) * 3 // 2), dtype=bool)
+            buffer[:numbered] = self._alive
+            self._alive_buffer = buffer
+        self._alive_buffer[numbered:end] = alive
+        self._alive = self._alive_buffer[:end]
         return entry
 
     def _drop_file(self, path: str) -> None:
@@ -371,7 +382,7 @@ class KeyIndex:
         def take(base: Level) -> None:
             later = self._order[slots:]  # files added since the rebuild began
             shift = int(sizes.sum()) - numbered
-            self._alive = np.concatenate(
+            self._alive = self._alive_buffer = np.concatenate(
                 [self._alive[f.start:f.start + len(f.rows)] for f in files]
                 + [self._alive[numbered:]])
             # A file dropped meanwhile keeps its place (its rows are dead): a slot of None.
@@ -480,4 +491,4 @@ class KeyIndex:
     def memory_bytes(self) -> int:
         """What the index holds in memory, in bytes."""
         held = sum(int(f.rows.nbytes) for f in self._files.values())
-        return held + int(self._alive.nbytes) + self._levels.nbytes()
+        return held + int(self._alive_buffer.nbytes) + self._levels.nbytes()

@@ -209,12 +209,13 @@ class RewritePlan:
 class PreparedRewrite:
     """A rewrite's new files, in the table's folder but in no version yet: the live rows
     of ``plan.chosen`` (as their vectors were when read: ``read_vectors``; each file's
-    physical row count in ``physical``), file after file, are the rows of ``added``,
-    file after file (``output_rows`` each)."""
+    physical row count in ``physical``, its live rows in ``moved``), file after file,
+    are the rows of ``added``, file after file (``output_rows`` each)."""
 
     plan: RewritePlan
     read_vectors: tuple[BitMap64, ...]
     physical: tuple[int, ...]
+    moved: tuple[int, ...]
     added: tuple[dict[str, Any], ...]
     output_rows: tuple[int, ...]
     rows_dropped: int
@@ -253,8 +254,8 @@ def prepare_rewrite(root: Path, plan: RewritePlan) -> PreparedRewrite:
     finally:
         shutil.rmtree(scratch, ignore_errors=True)
     return PreparedRewrite(
-        plan=plan, read_vectors=tuple(vectors), physical=tuple(physical), added=tuple(added),
-        output_rows=tuple(outputs),
+        plan=plan, read_vectors=tuple(vectors), physical=tuple(physical),
+        moved=tuple(len(r) for r in live), added=tuple(added), output_rows=tuple(outputs),
         rows_dropped=sum(p - len(r) for p, r in zip(physical, live, strict=True)),
         one_file_a_piece=len(added) == len(written))
 
@@ -276,7 +277,7 @@ def commit_rewrite(root: Path, prepared: PreparedRewrite,
     adds = list(prepared.added)
     marked = [(i, bitmap) for i, bitmap in enumerate(later) if len(bitmap)]
     for (i, _), vector in zip(marked, write_vectors(root, [b for _, b in marked]),
-                                   strict=True):
+                              strict=True):
         _, addition = delta_log.replace_file_actions(adds[i], vector, now)
         adds[i] = {**addition["add"], "dataChange": False}
     actions: list[dict[str, Any]] = [{"commitInfo": {
@@ -294,9 +295,9 @@ def commit_rewrite(root: Path, prepared: PreparedRewrite,
         raise
     if prepared.one_file_a_piece:  # the index checks it before taking it
         RELOCATIONS.note(root, Relocation(
-            tuple(MovedFile(add["path"], _dv_id(add), p - len(v), v)
-                  for add, v, p in zip(plan.chosen, prepared.read_vectors,
-                                       prepared.physical, strict=True)),
+            tuple(MovedFile(add["path"], _dv_id(add), moved, vector)
+                  for add, vector, moved in zip(plan.chosen, prepared.read_vectors,
+                                                prepared.moved, strict=True)),
             tuple((a["path"], rows) for a, rows in
                   zip(prepared.added, prepared.output_rows, strict=True))))
     return plan.compaction(len(adds), prepared.rows_dropped, state.version + 1)
@@ -315,13 +316,13 @@ def _deleted_since(root: Path, prepared: PreparedRewrite,
     bounds = np.cumsum([0, *prepared.output_rows])
     later = [BitMap64() for _ in prepared.added]
     offset = 0
-    ordered = prepared.one_file_a_piece  # else a partition's rows are in no known order
-    for add, before, physical in zip(prepared.plan.chosen, prepared.read_vectors,
-                                     prepared.physical, strict=True):
+    # Else a partition's rows, or a file of no row count, are in no known place.
+    ordered = prepared.one_file_a_piece and min(prepared.output_rows, default=0) >= 0
+    for add, before, physical, moved in zip(prepared.plan.chosen, prepared.read_vectors,
+                                            prepared.physical, prepared.moved, strict=True):
         current = state.files.get(add["path"])
         if current is None:
             return None
-        moved = physical - len(before)
         if _dv_id(current) != _dv_id(add):
             dv = current.get("deletionVector")
             now = read_vector(root, DeletionVector.from_json(dv)) if dv else BitMap64()
@@ -339,8 +340,8 @@ def _deleted_since(root: Path, prepared: PreparedRewrite,
                 for o in np.unique(output):
                     later[o] |= BitMap64((at[output == o] - bounds[o]).astype(np.uint64))
         offset += moved
-    if any(len(bitmap) >= rows for bitmap, rows in zip(later, prepared.output_rows,
-                                                        strict=True)):
+    if any(len(bitmap) and len(bitmap) >= rows
+           for bitmap, rows in zip(later, prepared.output_rows, strict=True)):
         return None
     return later
 
