@@ -167,3 +167,39 @@ def test_nothing_else_heavy_runs_while_a_rewrite_is_written(
                                    background=True)] == ["vacuum"]
     assert len(held.futures) == 1
     _check(path, model)
+
+
+def test_after_an_abandoned_rewrite_the_next_runs_between_batches(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    held = _Held()
+    monkeypatch.setattr(background_rewrite, "REWRITER", held)
+    path = tmp_path / "t"
+    model: dict[int, str] = {}
+    _apply(path, model, 0, inserts=list(range(100)))
+    _apply(path, model, 1, inserts=list(range(100, 200)))
+    _apply(path, model, 2, deletes=list(range(50)))
+    state = UpkeepState()
+    assert upkeep(DeltaTable(str(path)), ONLY_DELETED, state, background=True)
+    _apply(path, model, 3, deletes=list(range(50, 100)))  # the file being rewritten goes
+    held.release()
+    assert upkeep(DeltaTable(str(path)), ONLY_DELETED, state, background=True) == []
+    _apply(path, model, 4, deletes=list(range(100, 160)))
+    done = upkeep(DeltaTable(str(path)), ONLY_DELETED, state, background=True)
+    assert [t.name for t in done] == ["compact_deleted"]
+    assert "rewrote 1 files" in done[0].detail and "beside" not in done[0].detail
+    assert len(held.futures) == 1 and state.beside
+    _check(path, model)
+
+
+def test_a_partitioned_table_s_rewrite_runs_between_batches(tmp_path: Path) -> None:
+    spec = ApplySpec(keys=("id",), merge="merge_on_read", partition_by=("body",))
+    path = tmp_path / "t"
+    apply_changes(path, rows(*[change("c", 10, i + 1, id=i, name="a", body="x")
+                               for i in range(100)]), spec, app_id="q", version=0)
+    apply_changes(path, rows(*[change("d", 20, i + 1, id=i) for i in range(50)]), spec,
+                  app_id="q", version=1)
+    done = upkeep(DeltaTable(str(path)), ONLY_DELETED, UpkeepState(), background=True)
+    assert [t.name for t in done] == ["compact_deleted"]
+    assert "beside" not in done[0].detail
+    check_readers_agree(path)
+    assert [r["id"] for r in read(path, "id")] == list(range(50, 100))

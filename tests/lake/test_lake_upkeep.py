@@ -78,6 +78,35 @@ def test_many_small_batches_stay_few_files_with_a_checkpoint_and_the_same_rows(
     assert result.already_applied
 
 
+def test_a_checkpoint_beside_the_batches_leaves_the_log_cleanup_to_the_next_call(
+        tmp_path: Path) -> None:
+    """Readers list the log, then open what they listed: only the writer's thread
+    deletes from it, when it reports the checkpoint written beside the batches."""
+    path = tmp_path / "t"
+    settings = UpkeepSettings(compact_min_files=0, checkpoint_every=3, log_retention_hours=0,
+                              vacuum_every_minutes=0)
+    state = UpkeepState()
+    ran: list[str] = []
+    for n in range(12):
+        apply_changes(path, rows(*_batch(n)), SPEC, app_id="q", version=n)
+        if state.checkpoint is not None:
+            deadline = time.monotonic() + 60
+            while not state.checkpoint.done():  # the thread's checkpoint, then the call
+                assert time.monotonic() < deadline
+                time.sleep(0.01)
+            logs = set((path / "_delta_log").glob("*.json"))
+            tasks = upkeep(DeltaTable(str(path)), settings, state, background=True)
+            assert [t.name for t in tasks][:1] == ["checkpoint"]
+            if "cleanup" in [t.name for t in tasks]:
+                assert set((path / "_delta_log").glob("*.json")) < logs
+        else:
+            tasks = upkeep(DeltaTable(str(path)), settings, state, background=True)
+            assert "cleanup" not in [t.name for t in tasks], "cleaned up beside the batches"
+        ran += [t.name for t in tasks]
+    assert "cleanup" in ran
+    assert read(path, "id", "name", "body") == _model(12)
+
+
 def test_without_upkeep_the_files_pile_up(tmp_path: Path) -> None:
     """The control: the same batches leave a file per batch (so the bound above is
     upkeep's doing)."""

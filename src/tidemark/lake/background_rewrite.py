@@ -15,7 +15,9 @@ them in the new files' deletion vectors (the rows keep their order, so their new
 positions follow from the vectors the rewrite read), and the writer's key index takes
 the rows over as it does for a rewrite between batches (:mod:`tidemark.lake.relocations`).
 A file a batch dropped whole, or any error, abandons the rewrite; its files, in no
-version, are deleted.
+version, are deleted (a pipeline that stops with one running leaves its files to
+vacuum), and upkeep's next rewrite runs between two batches. A partitioned table's
+rewrites always do: its rows are written in no known order.
 """
 
 from __future__ import annotations
@@ -81,7 +83,13 @@ def finish(root: Path, pending: PendingRewrite,
     except delta_log.CommitConflictError as err:
         log.info("%s: %s skipped: %s", root, pending.what, err)
         return None
+    except Exception as err:
+        log.warning("%s: %s failed (the table is unchanged; upkeep tries again later): %s",
+                    root, pending.what, err)
+        return None
     if done is None:
-        log.info("%s: %s abandoned: a file it rewrote is no longer live", root, pending.what)
+        log.info("%s: %s abandoned: a file it rewrote is no longer live, or the rows "
+                 "deleted from it meanwhile could not be placed; the next runs between "
+                 "two batches", root, pending.what)
     return done
 

@@ -17,29 +17,14 @@ def taken(pieces: list[pa.Table]) -> Iterator[pa.Table]:
         yield pieces.pop(0)
 
 
-def _marking_last(pieces: Iterable[pa.Table]) -> Iterator[tuple[pa.Table, bool]]:
-    """Each of *pieces* with whether it is the last one (one piece read ahead)."""
-    it = iter(pieces)
-    current = next(it, None)
-    while current is not None:
-        following = next(it, None)
-        yield current, following is None
-        current = following
-
-
 def whole_versions(pieces: Iterable[pa.Table], column: str) -> Iterable[pa.Table]:
     """*pieces* cut again so that no value of *column* (in commit order, so its rows are
-    contiguous) spans two pieces: each piece's last value moves on to the next. The last
-    piece is not cut (nothing follows it): a batch in one piece stays one."""
+    contiguous) spans two pieces: each piece's last value moves on to the next."""
     carry: pa.Table | None = None
-    for piece, last in _marking_last(pieces):
+    for piece in pieces:
         rows = piece if carry is None else pa.concat_tables([carry, piece])
-        carry = None
         if not len(rows):
             continue
-        if last:
-            yield rows
-            break
         values = rows.column(column)
         tail = pc.index(values, values[-1]).as_py()
         if tail > 0:
@@ -52,15 +37,12 @@ def whole_versions(pieces: Iterable[pa.Table], column: str) -> Iterable[pa.Table
 def whole_key_changes(pieces: Iterable[pa.Table]) -> Iterable[pa.Table]:
     """*pieces* cut again so that a primary-key change (a delete, then an insert at the
     same position) is never split: a piece's last row, when a delete, moves on to the
-    next piece, whose insert may need the values of the key it deleted. The last piece
-    is not cut: a batch whose last change is a delete stays one piece (before, every
-    such batch was applied in two steps, the second a single delete)."""
+    next piece, whose insert may need the values of the key it deleted."""
     carry: pa.Table | None = None
-    for piece, last in _marking_last(pieces):
+    for piece in pieces:
         rows = piece if carry is None else pa.concat_tables([carry, piece])
         carry = None
-        if not last and len(rows) and cr.OP in rows.column_names and \
-                rows.column(cr.OP)[-1].as_py() == "d":
+        if len(rows) and cr.OP in rows.column_names and rows.column(cr.OP)[-1].as_py() == "d":
             rows, carry = rows.slice(0, len(rows) - 1), rows.slice(len(rows) - 1)
         if len(rows):
             yield rows

@@ -221,7 +221,15 @@ def apply_changes_in_steps(target: str | os.PathLike[str], pieces: Iterable[pa.T
     transaction), which must be planned from all of its changes at once: its pieces are
     cut again at such boundaries, so one transaction is held whole.
     """
-    chunks: Iterator[pa.Table] = map(utc_timestamps, pieces)
+    raw: Iterator[pa.Table] = map(utc_timestamps, pieces)
+    head = [piece for piece in (next(raw, None), next(raw, None)) if piece is not None]
+    if len(head) < 2:
+        # A batch in one piece has no boundary to keep whole: cutting it would apply its
+        # last transaction (SCD2) or its closing delete apart, in a second step.
+        return ApplyResult() if not head else apply_changes(
+            target, head[0], spec, app_id=app_id, version=version,
+            storage_options=storage_options, new_column_values=new_column_values)
+    chunks: Iterator[pa.Table] = itertools.chain(taken(head), raw)
     if spec.stored_as_scd_type == 2:
         chunks = iter(whole_versions(chunks, spec.version_column))
     else:

@@ -106,11 +106,8 @@ class UpkeepSettings(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     """How a target is kept healthy (``[upkeep]`` in ``pipeline.toml``, or per target)."""
 
     enabled: bool = True
-    target_file_mb: Annotated[int, msgspec.Meta(ge=1)] | None = None
-    """Compaction writes files of about this size; smaller merges then rewrite less.
-    Unset: 16 (MB), or 64 on a table with deletion vectors (merge-on-read), whose
-    batches give every file they touch a new vector, so the fewer files the better
-    (see :func:`target_file_bytes`)."""
+    target_file_mb: Annotated[int, msgspec.Meta(ge=1)] = 16
+    """Compaction writes files of about this size; smaller merges then rewrite less."""
     compact_min_files: Count = 16
     """Compact once this many files are smaller than half of ``target_file_mb``
     (0: never compact)."""
@@ -166,23 +163,10 @@ class UpkeepState:
     """A checkpoint being written beside the batches (``upkeep(background=True)``)."""
     scratch_cleared: bool = False
     """Whether what an earlier process's rewrites left in the scratch folder is gone."""
-
-
-#: ``target_file_mb`` where the settings give none, by whether the table has deletion
-#: vectors. A uniform merge-on-read batch writes a vector for every file: in a 10M-row
-#: soak at 10,000 changes/s its files went from 53 to 125 in 15 minutes (16 MB target),
-#: and the batch's time and commit size with them. A rewrite holds one target file's
-#: rows in memory, which bounds this.
-_DEFAULT_FILE_MB: Final = 16
-_DEFAULT_FILE_MB_WITH_VECTORS: Final = 64
-
-
-def target_file_bytes(table: DeltaTable, settings: UpkeepSettings) -> int:
-    """The file size upkeep aims at on *table*, in bytes (``target_file_mb``)."""
-    if settings.target_file_mb is not None:
-        return settings.target_file_mb << 20
-    return (_DEFAULT_FILE_MB_WITH_VECTORS if has_deletion_vectors_feature(table)
-            else _DEFAULT_FILE_MB) << 20
+    beside: bool = True
+    """Whether the next rewrite may run beside the batches: after one was abandoned (it
+    could not place the rows deleted meanwhile, or a file of it went), the next runs
+    between two batches, so that the same files are not written again and again."""
 
 
 def compaction_target(table: DeltaTable, settings: UpkeepSettings) -> int:
@@ -190,8 +174,7 @@ def compaction_target(table: DeltaTable, settings: UpkeepSettings) -> int:
     table with deletion vectors. delta-rs rewrites every file under this size: a
     merge-on-read table's batches add small files beside full ones, and the full ones
     would be copied again at every compaction (a 1M-row file every 16 batches)."""
-    return target_file_bytes(table, settings) >> (1 if has_deletion_vectors_feature(table)
-                                                  else 0)
+    return settings.target_file_mb << (19 if has_deletion_vectors_feature(table) else 20)
 
 
 def small_files(table: DeltaTable, settings: UpkeepSettings) -> int:
@@ -211,12 +194,15 @@ def last_checkpoint(root: Path) -> int | None:
         return None
 
 
-def table_properties(table: DeltaTable, settings: UpkeepSettings) -> dict[str, str]:
+def table_properties(settings: UpkeepSettings) -> dict[str, str]:
     """The table properties that carry *settings* into delta-rs."""
+    # delta-rs's checkpoint would also delete the expired log files, and a checkpoint is
+    # written beside the batches: only the writer's thread deletes (cleanup_metadata).
     return {_LOG_RETENTION: f"interval {settings.log_retention_hours} hours",
+            "delta.enableExpiredLogCleanup": "false",
             "delta.deletedFileRetentionDuration":
                 f"interval {settings.vacuum_retention_hours} hours",
-            "delta.targetFileSize": str(target_file_bytes(table, settings))}
+            "delta.targetFileSize": str(settings.target_file_mb << 20)}
 
 
 def upkeep(table: DeltaTable, settings: UpkeepSettings, state: UpkeepState,
@@ -275,7 +261,7 @@ def upkeep(table: DeltaTable, settings: UpkeepSettings, state: UpkeepState,
     if heavy and not tasks and settings.cluster_min_files and \
             state.batches_since_cluster >= state.cluster_every:
         started = time.monotonic()
-        target = target_file_bytes(table, settings)
+        target = settings.target_file_mb << 20
         done = cluster(table, keys, min_files=settings.cluster_min_files,
                        min_bytes=target * 3 // 2, max_bytes=_CLUSTER_MAX_FILES * target,
                        target_file_size=target)
@@ -331,7 +317,7 @@ def _compact_deleted(table: DeltaTable, root: Path, settings: UpkeepSettings,
     return _rewrite(table, root, state, "compact_deleted", "rewrite of files with deleted rows",
                     lambda log_state: deleted_rows_plan(
                         log_state, settings.compact_deleted_fraction,
-                        _DELETED_MAX_FILES * target_file_bytes(table, settings)), background)
+                        _DELETED_MAX_FILES * (settings.target_file_mb << 20)), background)
 
 
 def _compact_small(table: DeltaTable, root: Path, settings: UpkeepSettings,
@@ -344,7 +330,7 @@ def _compact_small(table: DeltaTable, root: Path, settings: UpkeepSettings,
     small = compaction_target(table, settings) // 2
     return _rewrite(table, root, state, "compact", "compaction of small files",
                     lambda log_state: small_files_plan(log_state, small,
-                                                       target_file_bytes(table, settings)),
+                                                       settings.target_file_mb << 20),
                     background)
 
 
@@ -360,7 +346,9 @@ def _rewrite(table: DeltaTable, root: Path, state: UpkeepState, name: str, what:
     plan = plan_of(state.log)
     if plan is None:
         return None
-    if background:
+    # A partitioned table's rewrite writes its rows in no known order: the rows deleted
+    # meanwhile could not be placed.
+    if background and state.beside and not plan.partitions:
         state.rewrite = background_rewrite.start(root, plan, name, what)
         return UpkeepTask(name, f"{what} started beside the batches ({len(plan.chosen)} "
                                 "files)", time.monotonic() - started)
@@ -369,6 +357,7 @@ def _rewrite(table: DeltaTable, root: Path, state: UpkeepState, name: str, what:
     except delta_log.CommitConflictError as err:
         log.info("%s: %s skipped: %s", table.table_uri, what, err)
         return None
+    state.beside = True
     table.update_incremental()
     return UpkeepTask(name, str(done), time.monotonic() - started)
 
@@ -382,6 +371,7 @@ def _finish_rewrite(table: DeltaTable, root: Path, state: UpkeepState) -> Upkeep
         delta_log.advance(root, state.log)
     done = background_rewrite.finish(root, pending, state.log)
     if done is None:
+        state.beside = False
         return None
     table.update_incremental()
     return UpkeepTask(pending.name, f"{done}, written beside the batches in "
@@ -390,25 +380,30 @@ def _finish_rewrite(table: DeltaTable, root: Path, state: UpkeepState) -> Upkeep
 
 
 def _checkpoint(table: DeltaTable | Path, version: int) -> list[UpkeepTask]:
-    """A checkpoint of *table* (or of the local table at that path, at *version*), then
-    the cleanup of the log files older than its retention."""
+    """A checkpoint of *table*, then the cleanup of the log files older than its
+    retention; of the local table at that path at *version* (beside the batches), the
+    checkpoint only: readers list the log and then open what they listed, and only
+    the writer's own thread may delete from it (:func:`_checkpoint_done` cleans up)."""
     started = time.monotonic()
-    beside = isinstance(table, Path)
     if isinstance(table, Path):
-        table = DeltaTable(str(table), version=version)
+        DeltaTable(str(table), version=version).create_checkpoint()
+        return [UpkeepTask("checkpoint", f"checkpoint at version {version} beside the "
+                                         "batches", time.monotonic() - started)]
     table.create_checkpoint()
-    tasks = [UpkeepTask("checkpoint", f"checkpoint at version {version}"
-                                      + (" beside the batches" if beside else ""),
+    tasks = [UpkeepTask("checkpoint", f"checkpoint at version {version}",
                         time.monotonic() - started)]
+    return tasks + _cleanup(table)
+
+
+def _cleanup(table: DeltaTable) -> list[UpkeepTask]:
+    """Delete the log files older than the table's log retention (after a checkpoint)."""
     root = local_directory(table.table_uri)
     before = _log_files(root) if root is not None else 0
     started = time.monotonic()
     table.cleanup_metadata()
     removed = before - _log_files(root) if root is not None else 0
-    if removed > 0:
-        tasks.append(UpkeepTask("cleanup", f"deleted {removed} old log files",
-                                time.monotonic() - started))
-    return tasks
+    return [UpkeepTask("cleanup", f"deleted {removed} old log files",
+                       time.monotonic() - started)] if removed > 0 else []
 
 
 def _checkpoint_done(table: DeltaTable, state: UpkeepState) -> list[UpkeepTask]:
@@ -417,11 +412,12 @@ def _checkpoint_done(table: DeltaTable, state: UpkeepState) -> list[UpkeepTask]:
     future, state.checkpoint = state.checkpoint, None
     assert future is not None
     try:
-        return future.result()
+        tasks = future.result()
     except Exception as err:
         log.warning("%s: a checkpoint failed (the next batch tries again): %s",
                     table.table_uri, err)
         return []
+    return tasks + _cleanup(table)
 
 
 def _log_files(root: Path) -> int:
@@ -433,7 +429,7 @@ def _ensure_properties(table: DeltaTable, settings: UpkeepSettings) -> None:
     checkpoint): delta-rs reads them when it writes files (``delta.targetFileSize``) and
     cleans up the log (``delta.logRetentionDuration``). Checkpoints are taken here, not
     by delta-rs' own interval (every 100 commits), so that each shows in the batch line."""
-    wanted = table_properties(table, settings)
+    wanted = table_properties(settings)
     current = table.metadata().configuration
     if any(current.get(key) != value for key, value in wanted.items()):
         table.alter.set_table_properties(wanted)

@@ -266,8 +266,19 @@ def commit_rewrite(root: Path, prepared: PreparedRewrite,
     file removed with the vector it has now, the new files added. Rows deleted from the
     old files since they were read are marked in the new files' vectors (the rows keep
     their order, so their new positions follow). None, the new files deleted, when an
-    old file is no longer live or a new file would have no live row left. Raises
-    :class:`tidemark.lake.delta_log.CommitConflictError` (the new files deleted)."""
+    old file is no longer live, a new file would have no live row left, or the rows
+    deleted meanwhile cannot be placed (a partitioned table's). Raises
+    :class:`tidemark.lake.delta_log.CommitConflictError`, or what failed before the
+    commit was written (the new files deleted either way)."""
+    try:
+        return _commit_rewrite(root, prepared, state)
+    except BaseException:
+        prepared.discard(root)  # in no version: not worth waiting for vacuum
+        raise
+
+
+def _commit_rewrite(root: Path, prepared: PreparedRewrite,
+                    state: delta_log.LogState) -> VectorCompaction | None:
     plan = prepared.plan
     later = _deleted_since(root, prepared, state)
     if later is None:
@@ -288,11 +299,7 @@ def commit_rewrite(root: Path, prepared: PreparedRewrite,
         removal["remove"]["dataChange"] = False
         actions.append(removal)
     actions += [{"add": a} for a in adds]
-    try:
-        delta_log.commit(root, state.version + 1, actions)
-    except delta_log.CommitConflictError:
-        prepared.discard(root)
-        raise
+    delta_log.commit(root, state.version + 1, actions)
     if prepared.one_file_a_piece:  # the index checks it before taking it
         RELOCATIONS.note(root, Relocation(
             tuple(MovedFile(add["path"], _dv_id(add), moved, vector)
