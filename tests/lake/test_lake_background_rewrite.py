@@ -17,7 +17,7 @@ from deltalake import DeltaTable
 
 from delta_readers import check_readers_agree
 from lake_helpers import change, read, rows
-from tidemark.lake import ApplySpec, apply_changes, background_rewrite
+from tidemark.lake import ApplySpec, apply_changes, background_rewrite, merge_on_read
 from tidemark.lake.upkeep import UpkeepSettings, UpkeepState, upkeep
 
 SPEC = ApplySpec(keys=("id",), merge="merge_on_read")
@@ -108,8 +108,14 @@ def test_rows_deleted_while_a_file_is_rewritten_stay_deleted(tmp_path: Path) -> 
     assert added["deletionVector"]["cardinality"] == 8
     assert not _unreferenced(path)
     _check(path, model)
-    # The writer's key index took the rows over: later batches hit them, once.
+    # The writer's key index takes the rows over (reading no file, though its vector
+    # grew after the rewrite read it): later batches hit them, once.
+    (index, _), = [held for key, held in merge_on_read.TARGETS._held.items()
+                   if key[0] == str(path)]
+    read_before, relocated_before = index.files_read, index.files_relocated
     _apply(path, model, 4, updates=[3, 5, 997], deletes=[4, 14, 998])
+    assert index.files_relocated == relocated_before + 1
+    assert index.files_read == read_before + 1  # the batch's own new file only
     _check(path, model)
     assert DeltaTable(str(path)).transaction_version("q") == 4
     assert apply_changes(path, rows(change("u", 99, 1, id=3, name="x", body="x")), SPEC,
