@@ -4,7 +4,7 @@ Rewriting a merge-on-read target's files without their deleted rows
 (:mod:`tidemark.lake.vector_compaction`) reads and writes whole files: a 16 MB file
 took 0.2-0.4 s, a bigger one longer, and when upkeep ran it between two batches the
 next batch waited that long (in a 10M-row soak at 10,000 uniform changes/s, upkeep's p99
-was 0.39 s of a batch cycle whose p50 was 0.45 s). Here the reading and writing run on
+was 0.42 s of a batch cycle whose p50 was 0.44 s). Here the reading and writing run on
 a thread of their own (:data:`REWRITER`) while the pipeline applies its next batches;
 the commit, which takes milliseconds, is made by upkeep between two batches once they
 are done. The target's one writer stays the only committer: a batch and a rewrite

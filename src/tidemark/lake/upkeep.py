@@ -36,8 +36,8 @@ conflicts with a merge; each task runs only when due:
   :func:`tidemark.lake.vector_vacuum.vacuum_keeping_vectors`).
 
 ``tidemark run`` calls it with ``background=True``: a merge-on-read table's rewrites
-and a local table's checkpoints (with the log cleanup) are written on a thread of their
-own while the next batches are applied, and reported (the rewrites committed) by the
+and a local table's checkpoints are written on a thread of their own while the next
+batches are applied, and reported (the rewrites committed, the log cleaned up) by the
 first call after they are done.
 """
 
@@ -288,7 +288,7 @@ def upkeep(table: DeltaTable, settings: UpkeepSettings, state: UpkeepState,
         else:
             tasks += _checkpoint(table, version)
             _ensure_properties(table, settings)
-    # Vacuum reads the checkpoints that log cleanup may be deleting meanwhile.
+    # Vacuum reads the log's checkpoints: not while one is being written.
     heavy = heavy and state.checkpoint is None and \
         not any(task.name in HEAVY_TASKS for task in tasks)
     if heavy and settings.vacuum_every_minutes and \
