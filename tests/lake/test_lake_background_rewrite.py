@@ -122,11 +122,12 @@ def test_rows_deleted_while_a_file_is_rewritten_stay_deleted(tmp_path: Path) -> 
                          app_id="q", version=4).already_applied
 
 
-def test_a_rewrite_whose_file_went_is_abandoned_without_a_trace(
-        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+def _abandoned_rewrite(path: Path, monkeypatch: pytest.MonkeyPatch
+                      ) -> tuple[dict[int, str], UpkeepState, _Held]:
+    """A rewrite of the first of two files, started beside the batches, whose file a
+    batch then deletes whole: the call after it finds nothing to commit."""
     held = _Held()
     monkeypatch.setattr(background_rewrite, "REWRITER", held)
-    path = tmp_path / "t"
     model: dict[int, str] = {}
     _apply(path, model, 0, inserts=list(range(100)))
     _apply(path, model, 1, inserts=list(range(100, 200)))  # a second file
@@ -139,6 +140,13 @@ def test_a_rewrite_whose_file_went_is_abandoned_without_a_trace(
     version = DeltaTable(str(path)).version()
     assert upkeep(DeltaTable(str(path)), ONLY_DELETED, state, background=True) == []
     assert DeltaTable(str(path)).version() == version
+    return model, state, held
+
+
+def test_a_rewrite_whose_file_went_is_abandoned_without_a_trace(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    path = tmp_path / "t"
+    model, state, _ = _abandoned_rewrite(path, monkeypatch)
     assert not _unreferenced(path), "the abandoned rewrite's file is left behind"
     assert state.rewrite is None
     _check(path, model)
@@ -177,18 +185,8 @@ def test_nothing_else_heavy_runs_while_a_rewrite_is_written(
 
 def test_after_an_abandoned_rewrite_the_next_runs_between_batches(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    held = _Held()
-    monkeypatch.setattr(background_rewrite, "REWRITER", held)
     path = tmp_path / "t"
-    model: dict[int, str] = {}
-    _apply(path, model, 0, inserts=list(range(100)))
-    _apply(path, model, 1, inserts=list(range(100, 200)))
-    _apply(path, model, 2, deletes=list(range(50)))
-    state = UpkeepState()
-    assert upkeep(DeltaTable(str(path)), ONLY_DELETED, state, background=True)
-    _apply(path, model, 3, deletes=list(range(50, 100)))  # the file being rewritten goes
-    held.release()
-    assert upkeep(DeltaTable(str(path)), ONLY_DELETED, state, background=True) == []
+    model, state, held = _abandoned_rewrite(path, monkeypatch)
     _apply(path, model, 4, deletes=list(range(100, 160)))
     done = upkeep(DeltaTable(str(path)), ONLY_DELETED, state, background=True)
     assert [t.name for t in done] == ["compact_deleted"]
