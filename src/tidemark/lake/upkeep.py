@@ -341,8 +341,7 @@ def _rewrite(table: DeltaTable, root: Path, state: UpkeepState, name: str, what:
     rewrites, planned on the table's log brought up to date; a commit by another writer
     meanwhile skips this round."""
     started = time.monotonic()
-    state.log = delta_log.read_log(root) if state.log is None else \
-        delta_log.advance(root, state.log)
+    state.log = _latest_log(root, state)
     plan = plan_of(state.log)
     if plan is None:
         return None
@@ -362,13 +361,18 @@ def _rewrite(table: DeltaTable, root: Path, state: UpkeepState, name: str, what:
     return UpkeepTask(name, str(done), time.monotonic() - started)
 
 
+def _latest_log(root: Path, state: UpkeepState) -> delta_log.LogState:
+    """The table's live files at its latest version, from what *state* last read."""
+    return delta_log.read_log(root) if state.log is None else \
+        delta_log.advance(root, state.log)
+
+
 def _finish_rewrite(table: DeltaTable, root: Path, state: UpkeepState) -> UpkeepTask | None:
     """Commit the rewrite that ran beside the batches (its files are written)."""
     pending, state.rewrite = state.rewrite, None
     assert pending is not None
     started = time.monotonic()
-    state.log = delta_log.read_log(root) if state.log is None else \
-        delta_log.advance(root, state.log)
+    state.log = _latest_log(root, state)
     done = background_rewrite.finish(root, pending, state.log)
     if done is None:
         state.beside = False
