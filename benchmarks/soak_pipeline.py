@@ -16,7 +16,9 @@ table every 0.1 s; a probe row's lag is the moment it is first seen minus its co
 (``clock_timestamp()`` at the end of its transaction, same machine clock). Per window of
 ``--window`` minutes it prints the p50/p99 probe lag, the changes the writer made, and the
 ``t10`` target's file count, ``_delta_log`` size and bytes on disk at the window's end
-(replaced files stay until vacuum deletes them, ``vacuum_retention_hours`` later). The freshness
+(replaced files stay until vacuum deletes them, ``vacuum_retention_hours`` later), and the
+source's WAL rate, full-page images and checkpoints in the window (what the capture
+decodes: several times more WAL a change once checkpoints start). The freshness
 check: the last window's p99 within 1.3x of the first's.
 
 Usage: ``uv run python benchmarks/soak_pipeline.py [--minutes 30] [--window 5]
@@ -40,6 +42,7 @@ import time
 from pathlib import Path
 
 import numpy as np
+import psycopg
 from deltalake import DeltaTable
 
 sys.path.insert(0, str(Path(__file__).parent))
@@ -126,6 +129,22 @@ class Probe(threading.Thread):
                             self.lags.append((at, at - self.committed[probe_id]))
 
 
+def _source_wal(dsn: str) -> tuple[int, int, int]:
+    """The source server's WAL bytes, full-page images and checkpoints so far: uniform
+    updates of a table bigger than ``shared_buffers`` write a full page image for the
+    first change of each page after every checkpoint, and the capture decodes all of it."""
+    with contextlib.closing(sql_connection(dsn)) as conn, conn.cursor() as cur:
+        cur.execute("SELECT wal_bytes, wal_fpi FROM pg_stat_wal")
+        wal_bytes, fpi = cur.fetchone()
+        try:  # PostgreSQL 17 on; before, pg_stat_bgwriter counted them
+            cur.execute("SELECT num_timed + num_requested FROM pg_stat_checkpointer")
+        except psycopg.errors.UndefinedTable:
+            conn.rollback()
+            cur.execute("SELECT checkpoints_timed + checkpoints_req FROM pg_stat_bgwriter")
+        (checkpoints,) = cur.fetchone()
+    return int(wal_bytes), int(fpi), int(checkpoints)
+
+
 def _disk(path: Path) -> int:
     """Bytes under *path* (data files no version references stay until vacuum); files
     and folders the writer deletes meanwhile (its scratch folders) are left out."""
@@ -205,6 +224,7 @@ def main() -> None:
             start = time.time()
             windows: list[float] = []
             done_changes = 0
+            wal_before = _source_wal(dsn)
             for w in range(int(args.minutes / args.window)):
                 end = start + (w + 1) * args.window * 60
                 while time.time() < end:
@@ -218,8 +238,15 @@ def main() -> None:
                 log_files, log_bytes = _log_size(lake)
                 changes = writer.changes - done_changes
                 done_changes = writer.changes
+                wal_now = _source_wal(dsn)
+                wal_bytes, fpi, checkpoints = (a - b for a, b in zip(wal_now, wal_before,
+                                                                     strict=True))
+                wal_before = wal_now
+                source = (f"source WAL {wal_bytes / 2**20 / (args.window * 60):.1f} MiB/s, "
+                          f"{fpi / (args.window * 60):,.0f} full-page images/s, "
+                          f"{checkpoints} checkpoints")
                 if not lags:
-                    print(f"window {w + 1}: no probe row became visible")
+                    print(f"window {w + 1}: no probe row became visible | {source}")
                     windows.append(float("inf"))
                     continue
                 p50 = statistics.median(lags)
@@ -230,7 +257,8 @@ def main() -> None:
                       f"commit->visible p50 {p50:.2f} s, p99 {p99:.2f} s ({len(lags)} "
                       f"probes) | t10: {len(table.file_uris())} files, version "
                       f"{table.version()}, _delta_log {log_files} files "
-                      f"{log_bytes / 2**20:.1f} MiB, on disk {_disk(lake) / 2**30:.1f} GiB")
+                      f"{log_bytes / 2**20:.1f} MiB, on disk {_disk(lake) / 2**30:.1f} GiB | "
+                      f"{source}")
             writer.stop.set()
             probe.stop.set()
             if args.probes:

@@ -12,12 +12,19 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
+import pyarrow.parquet as pq
 import pytest
 from deltalake import DeltaTable
 
 from delta_readers import check_readers_agree
 from lake_helpers import change, read, rows
-from tidemark.lake import ApplySpec, apply_changes, background_rewrite, merge_on_read
+from tidemark.lake import (
+    ApplySpec,
+    apply_changes,
+    background_rewrite,
+    merge_on_read,
+    rewrite_files,
+)
 from tidemark.lake.upkeep import UpkeepSettings, UpkeepState, upkeep
 
 SPEC = ApplySpec(keys=("id",), merge="merge_on_read")
@@ -80,7 +87,19 @@ class _Held:
         self.futures[-1].set_result(self._result)
 
 
-def test_rows_deleted_while_a_file_is_rewritten_stay_deleted(tmp_path: Path) -> None:
+@pytest.fixture(params=["whole row groups", "small read batches and row groups"])
+def group_rows(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> int:
+    """How many rows a rewrite's row groups hold at most: delta-rs's, or 50 with the old
+    file read 7 rows at a time (the rows must keep their order across both)."""
+    if request.param == "whole row groups":
+        return 1 << 20
+    monkeypatch.setattr(rewrite_files, "_READ_ROWS", 7)
+    monkeypatch.setattr(rewrite_files, "_GROUP_ROWS", 50)
+    return 50
+
+
+def test_rows_deleted_while_a_file_is_rewritten_stay_deleted(tmp_path: Path,
+                                                             group_rows: int) -> None:
     path = tmp_path / "t"
     model: dict[int, str] = {}
     _apply(path, model, 0, inserts=list(range(1000)))
@@ -105,6 +124,8 @@ def test_rows_deleted_while_a_file_is_rewritten_stay_deleted(tmp_path: Path) -> 
     # The file held 555 live rows when read; the two batches then replaced or deleted 8
     # of them (2, 5, 8, 11, 14, 20, 500, 998).
     assert json.loads(added["stats"])["numRecords"] == 555
+    assert pq.ParquetFile(path / added["path"]).metadata.num_row_groups == \
+        -(-555 // group_rows)
     assert added["deletionVector"]["cardinality"] == 8
     assert not _unreferenced(path)
     _check(path, model)

@@ -6,8 +6,8 @@ a target updated everywhere hold more and more dead rows that every reader still
 and drops. A file whose deleted fraction (its vector's cardinality over its
 ``numRecords``) reaches ``compact_deleted_fraction`` is rewritten without its deleted
 rows, in its own row order (a file's key range only shrinks, so a table clustered by key
-stays so), through a scratch table as merge-on-read writes its files
-(:mod:`tidemark.lake.merge_on_read`). One commit removes each (file, vector) and adds its
+stays so), a row group at a time through a scratch table
+(:mod:`tidemark.lake.rewrite_files`). One commit removes each (file, vector) and adds its
 rewrite, ``dataChange: false``: readers and the app transactions are unaffected. The
 writer's key index picks the change up at its next batch, told which rows went where
 (:mod:`tidemark.lake.relocations`): it checks the new files' key columns but hashes
@@ -24,24 +24,30 @@ from __future__ import annotations
 import dataclasses
 import itertools
 import json
-import os
 import shutil
 import uuid
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any, Final
 from urllib.parse import unquote
 
 import numpy as np
 import pyarrow as pa
-import pyarrow.parquet as pq
-from deltalake import Schema, write_deltalake
+from deltalake import Schema
 from pyroaring import BitMap64
 
 from tidemark.lake import delta_log
 from tidemark.lake.deletion_vector import DeletionVector, read_vector, write_vectors
 from tidemark.lake.key_hashes import plain_schema
-from tidemark.lake.mor_rows import conform_columns, move_files, target_file_size
+from tidemark.lake.mor_rows import move_files, target_file_size
 from tidemark.lake.relocations import RELOCATIONS, MovedFile, Relocation
+from tidemark.lake.rewrite_files import (
+    OldFile,
+    RowStream,
+    live_batches,
+    write_in_order,
+    write_partitioned,
+)
 
 #: delta-rs's file size where the table sets none (``delta.targetFileSize``).
 _DEFAULT_FILE_SIZE: Final = 100 << 20
@@ -230,19 +236,16 @@ class PreparedRewrite:
 def prepare_rewrite(root: Path, plan: RewritePlan) -> PreparedRewrite:
     """Read the live rows of the plan's files and write them as new files in the table's
     folder, committing nothing: the slow part of a rewrite, which may run while batches
-    commit (each file's vector at the time is what it reads)."""
+    commit (each file's vector at the time is what it reads). Rows are read and written
+    a row group at a time (:mod:`tidemark.lake.rewrite_files`)."""
     scratch = root / REWRITE_SCRATCH_DIR / uuid.uuid4().hex
     added: list[dict[str, Any]] = []
     try:
-        live, vectors, physical = [], [], []
-        for add in plan.chosen:
-            rows, vector, count = _live_rows(root, add, plan.schema, list(plan.partitions))
-            live.append(rows)
-            vectors.append(vector)
-            physical.append(count)
-        # One chunk: delta-rs writes a table of several chunks in no fixed order.
-        written = _write_pieces(scratch, pa.concat_tables(live).combine_chunks(),
-                                list(plan.partitions), list(plan.chosen), plan.file_size)
+        old = [OldFile.read(root, add) for add in plan.chosen]
+        partitions = list(plan.partitions)
+        rows = itertools.chain.from_iterable(
+            live_batches(root, o, plan.schema, partitions) for o in old)
+        written = _write_pieces(scratch, rows, old, plan.schema, partitions, plan.file_size)
         outputs: list[int] = []
         for piece, adds in written:
             added += [{**a, "dataChange": False} for a in move_files(piece, root, adds)]
@@ -254,9 +257,10 @@ def prepare_rewrite(root: Path, plan: RewritePlan) -> PreparedRewrite:
     finally:
         shutil.rmtree(scratch, ignore_errors=True)
     return PreparedRewrite(
-        plan=plan, read_vectors=tuple(vectors), physical=tuple(physical),
-        moved=tuple(len(r) for r in live), added=tuple(added), output_rows=tuple(outputs),
-        rows_dropped=sum(p - len(r) for p, r in zip(physical, live, strict=True)),
+        plan=plan, read_vectors=tuple(o.vector for o in old),
+        physical=tuple(o.physical for o in old), moved=tuple(o.live for o in old),
+        added=tuple(added), output_rows=tuple(outputs),
+        rows_dropped=sum(o.physical - o.live for o in old),
         one_file_a_piece=len(added) == len(written))
 
 
@@ -353,62 +357,36 @@ def _deleted_since(root: Path, prepared: PreparedRewrite,
     return later
 
 
-def _write_pieces(scratch: Path, rows: pa.Table, partitions: list[str],
-                  chosen: list[dict[str, Any]], size: int | None
+def _write_pieces(scratch: Path, rows: Iterator[pa.RecordBatch], old: list[OldFile],
+                  schema: pa.Schema, partitions: list[str], size: int | None
                   ) -> list[tuple[Path, list[dict[str, Any]]]]:
-    """Write *rows* as files of about the target's file size: each piece of them into a
-    scratch table of its own, so that which rows each new file holds is known (a
-    partitioned table's rows go in one write: its files split by partition). Returns
-    each scratch table with its add actions."""
-    if not len(rows):
+    """Write *rows* (the live rows of *old*) as files of about the target's file size:
+    each piece of them, in order, into a scratch table of its own, so that which rows
+    each new file holds is known (a partitioned table's rows go in one write: its files
+    split by partition). Returns each scratch table with its add actions."""
+    total = sum(o.live for o in old)
+    if not total:
         return []
+    nullable = pa.schema([f.with_nullable(True) for f in schema])
     if partitions:
-        pieces = [rows]
-    else:
-        records = [delta_log.num_records(add) for add in chosen]
-        estimate = float(sum(int(add["size"]) for add in chosen))
-        if all(records):  # the live rows' share of the bytes
-            estimate *= len(rows) / sum(r or 0 for r in records)
-        # Rounded: a rewrite of a file a little over the size stays one file (two
-        # halves would double the files every uniform batch touches).
-        count = min(len(rows), max(1, round(estimate / (size or _DEFAULT_FILE_SIZE))))
-        bounds = [len(rows) * i // count for i in range(count + 1)]
-        pieces = [rows.slice(a, b - a) for a, b in itertools.pairwise(bounds)]
-        size = 2 * (size or _DEFAULT_FILE_SIZE)  # one file a piece
+        target = scratch / "0"
+        return [(target, write_partitioned(target, rows, nullable, partitions, size))]
+    records = [delta_log.num_records(o.add) for o in old]
+    estimate = float(sum(int(o.add["size"]) for o in old))
+    if all(records):  # the live rows' share of the bytes
+        estimate *= total / sum(r or 0 for r in records)
+    # Rounded: a rewrite of a file a little over the size stays one file (two halves
+    # would double the files every uniform batch touches).
+    count = min(total, max(1, round(estimate / (size or _DEFAULT_FILE_SIZE))))
+    bounds = [total * i // count for i in range(count + 1)]
+    stream = RowStream(rows)
     written = []
-    for number, piece in enumerate(pieces):
+    for number, (a, b) in enumerate(itertools.pairwise(bounds)):
         target = scratch / str(number)
-        write_deltalake(os.fspath(target), piece, mode="error",
-                        partition_by=partitions or None, target_file_size=size)
-        written.append((target, list(delta_log.read_log(target).files.values())))
+        written.append((target, write_in_order(target, stream.take(b - a), nullable)))
+    stream.finish()
     return written
 
 
 def _table_schema(state: delta_log.LogState) -> pa.Schema:
     return plain_schema(pa.schema(Schema.from_json(state.metadata["schemaString"]).to_arrow()))
-
-
-def _live_rows(root: Path, add: dict[str, Any], schema: pa.Schema, partitions: list[str]
-               ) -> tuple[pa.Table, BitMap64, int]:
-    """The live rows of the data file *add*, in its order and in *schema* (its
-    partition values as columns), the vector that marked the others and the file's row
-    count."""
-    rows = pq.read_table(root / unquote(add["path"]))
-    rows = rows.cast(plain_schema(rows.schema))
-    physical = len(rows)
-    deleted = BitMap64()
-    if add.get("deletionVector"):  # a small file may have none
-        deleted = read_vector(root, DeletionVector.from_json(add["deletionVector"]))
-        positions = np.frombuffer(deleted.to_array(), dtype=np.uint64).astype(np.int64)
-        keep = np.ones(len(rows), dtype=bool)
-        keep[positions[positions < len(rows)]] = False
-        rows = rows.filter(pa.array(keep))
-    values = add.get("partitionValues") or {}
-    for name in partitions:
-        field = schema.field(name)
-        value = values.get(name)
-        column = pa.nulls(len(rows), field.type) if value is None else \
-            pa.array([value] * len(rows), pa.string()).cast(field.type)
-        rows = rows.append_column(name, column) if name not in rows.column_names else rows
-    nullable = pa.schema([f.with_nullable(True) for f in schema])
-    return conform_columns(rows, nullable), deleted, physical
