@@ -47,6 +47,7 @@ from tidemark.source.postgres.pgoutput_walk import TransactionWalker
 from tidemark.source.postgres.read_checks import table_columns
 from tidemark.source.postgres.repair_hold import ExportedRepairRead, RepairHold
 from tidemark.source.postgres.repair_read import key_problem, read_repair
+from tidemark.source.postgres.restart_point import RestartPoints
 from tidemark.source.postgres.snapshot_plan import ChunkRange, SnapshotPlan
 from tidemark.source.postgres.stream_offsets import (
     SourceOffset,
@@ -111,6 +112,7 @@ class PostgresReadPlan:
         #: ServerTimeoutError, a network cut) the server may keep it, and its claim on
         #: the slot, for a while; it is this driver's, so a new claim ends it.
         self._own_backends: dict[int, str] = {}
+        self._restart_points = RestartPoints()
 
     def __getstate__(self) -> dict[str, Any]:
         # The driver's connections must not travel (nor fail pickling).
@@ -163,7 +165,7 @@ class PostgresReadPlan:
         planned = self._snapshot_step(state)
         start_lsn = state.lsn
         end_lsn = start_lsn
-        available = self._available()
+        available = self._available(restart_point=True)
         held = planned.held
         if held is not None and self._target is not None and self._target < held.at:
             # AvailableNow: a repair taken during the run is read in it, past its target.
@@ -378,8 +380,11 @@ class PostgresReadPlan:
     def report_latest(self) -> dict[str, Any] | None:
         return to_offset(self._available())
 
-    def _available(self) -> int:
-        flushed = wal.readable_end(self._connection(), self.options.slot)
+    def _available(self, *, restart_point: bool = False) -> int:
+        conn = self._connection()
+        flushed = wal.readable_end(conn, self.options.slot)
+        if restart_point and self._restart_points.due(flushed):
+            self._restart_points.log_record(conn)
         return flushed if self._target is None else min(flushed, self._target)
 
     def _end_for_limit(self, start: int, available: int, max_changes: int) -> int:

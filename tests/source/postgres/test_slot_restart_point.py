@@ -1,0 +1,144 @@
+"""The Spark source keeps its slot's restart point about a batch behind
+(:mod:`tidemark.source.postgres.restart_point`): on PostgreSQL 16 and later a committed
+batch moves ``restart_lsn`` past its own changes; an idle server gets one record, not one
+per trigger; where the server refuses the record (PostgreSQL 15, a user without the
+grant) the source says so once and reads as before."""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+from collections.abc import Iterator
+
+import pytest
+
+from conftest import Database
+from tidemark.source.postgres.read_plan import PostgresReadPlan, make_read_plan
+from tidemark.spark.options import SourceOptions
+from waiting import wait_for
+
+pytestmark = [pytest.mark.integration, pytest.mark.every_pg_version]
+
+_PASSWORD = "restart-point-pw"
+
+
+def _plan(db: Database, dsn: str | None = None) -> PostgresReadPlan:
+    return make_read_plan(SourceOptions.parse(
+        {"dsn": dsn or db.dsn, "table": "public.t", "slot": f"s_{db.name}",
+         "publication": f"p_{db.name}"}))
+
+
+def _setup(db: Database) -> None:
+    db.execute("CREATE TABLE t (id int PRIMARY KEY, v text)",
+               f"CREATE PUBLICATION p_{db.name} FOR TABLE t")
+
+
+def _slot(db: Database) -> tuple[int, int]:
+    """The slot's (restart_lsn, confirmed_flush_lsn)."""
+    ((restart, confirmed),) = db.query(
+        "SELECT (restart_lsn - '0/0')::bigint, (confirmed_flush_lsn - '0/0')::bigint "
+        "FROM pg_replication_slots WHERE slot_name = %s", (f"s_{db.name}",))
+    return int(restart), int(confirmed)
+
+
+def _batches(db: Database, plan: PostgresReadPlan, rounds: int) -> list[int]:
+    """*rounds* batches of a transaction each, read and committed; returns the WAL
+    position before each one's transaction."""
+    start = plan.latest(plan.initial_offset(), None)
+    plan.commit(start)
+    before = []
+    for number in range(rounds):
+        before.append(int(db.scalar("SELECT (pg_current_wal_lsn() - '0/0')::bigint")))
+        # Committed durably: the WAL before it (the last batch's record) is flushed too.
+        db.execute("SET LOCAL synchronous_commit = on",
+                   f"INSERT INTO t SELECT g, 'r{number}' FROM "
+                   f"generate_series({number * 100}, {number * 100 + 99}) g")
+        end = wait_for(lambda s=start: (e := plan.latest(s, None)) != s and e, 30,
+                       "the batch of the transaction")
+        plan.commit(end)
+        start = end
+    return before
+
+
+def test_a_committed_batch_moves_the_restart_point_past_its_changes(
+        db: Database, caplog: pytest.LogCaptureFixture) -> None:
+    _setup(db)
+    plan = _plan(db)
+    caplog.set_level(logging.INFO, logger="tidemark.source.postgres.restart_point")
+    try:
+        before = _batches(db, plan, 4)
+        restart, confirmed = _slot(db)
+        if int(db.scalar("SHOW server_version_num")) >= 160000:
+            # The record logged as the third batch was planned was flushed with the
+            # fourth's transaction and read in its batch: decoding restarts after the
+            # changes of the first two (without it, where the server's own last record
+            # was: it logs one every 15 s).
+            assert restart >= before[2], (restart, before, confirmed)
+            assert plan._restart_points.enabled
+            assert not caplog.records
+        else:
+            assert not plan._restart_points.enabled
+            (record,) = caplog.records  # once, for every batch
+            assert "PostgreSQL before 16" in record.getMessage()
+    finally:
+        plan.stop()
+
+
+def test_an_idle_server_gets_one_record_not_one_per_trigger(db: Database) -> None:
+    _setup(db)
+    plan = _plan(db)
+    start = plan.latest(plan.initial_offset(), None)
+    ends = [start]
+
+    def trigger() -> tuple[str, bool]:
+        """A trigger's batch, read and committed; the WAL position after it, and
+        whether it is flushed (a flush past our last record makes another due)."""
+        ends.append(plan.latest(ends[-1], None))
+        plan.commit(ends[-1])
+        ((written, flushed),) = db.query(
+            "SELECT pg_current_wal_insert_lsn()::text, pg_current_wal_flush_lsn()::text")
+        return written, flushed == written
+
+    try:
+        plan.commit(start)
+        # Our record, and the server's own after the setup's statements (which may
+        # make one more of ours), make a batch of nothing or two; then nothing writes
+        # WAL, and neither does a trigger.
+        last = [trigger()]
+        wait_for(lambda: last.append(trigger()) or (last[-1] == last[-2] and last[-1][1]),
+                 30, "two triggers in a row that wrote no WAL, all of it flushed")
+        settled = len(ends)
+        more = [trigger() for _ in range(10)]
+        assert set(more) == {last[-1]}, (last, more)
+        assert all(end == ends[settled - 1] for end in ends[settled:])  # no batch
+    finally:
+        plan.stop()
+
+
+@contextlib.contextmanager
+def _replication_role(db: Database) -> Iterator[str]:
+    role = f"{db.name}_rp"
+    db.execute(f"CREATE ROLE {role} LOGIN REPLICATION PASSWORD '{_PASSWORD}'",
+               f"GRANT CONNECT ON DATABASE {db.name} TO {role}",
+               f"GRANT SELECT ON t TO {role}")
+    try:
+        yield db.cluster.dsn(db.name, user=role, password=_PASSWORD)
+    finally:
+        db.execute(f"DROP OWNED BY {role}", f"DROP ROLE {role}")
+
+
+def test_a_user_without_the_grant_is_told_once_and_reads_as_before(
+        db: Database, caplog: pytest.LogCaptureFixture) -> None:
+    _setup(db)
+    caplog.set_level(logging.INFO, logger="tidemark.source.postgres.restart_point")
+    with _replication_role(db) as dsn:
+        plan = _plan(db, dsn)
+        try:
+            _batches(db, plan, 3)
+        finally:
+            plan.stop()
+    assert not plan._restart_points.enabled
+    (record,) = caplog.records  # once, for every batch
+    if int(db.scalar("SHOW server_version_num")) >= 160000:
+        assert "GRANT EXECUTE ON FUNCTION pg_log_standby_snapshot()" in record.getMessage()
+        assert f"{db.name}_rp" in record.getMessage()
