@@ -261,7 +261,8 @@ def prepare_rewrite(root: Path, plan: RewritePlan) -> PreparedRewrite:
         physical=tuple(o.physical for o in old), moved=tuple(o.live for o in old),
         added=tuple(added), output_rows=tuple(outputs),
         rows_dropped=sum(o.physical - o.live for o in old),
-        one_file_a_piece=len(added) == len(written))
+        # delta-rs writes a partitioned table's rows in no known order.
+        one_file_a_piece=not plan.partitions and len(added) == len(written))
 
 
 def commit_rewrite(root: Path, prepared: PreparedRewrite,

@@ -22,10 +22,18 @@ pytestmark = [pytest.mark.integration, pytest.mark.every_pg_version]
 _PASSWORD = "restart-point-pw"
 
 
-def _plan(db: Database, dsn: str | None = None) -> PostgresReadPlan:
+def _plan(db: Database, dsn: str | None = None, slot: str = "") -> PostgresReadPlan:
     return make_read_plan(SourceOptions.parse(
-        {"dsn": dsn or db.dsn, "table": "public.t", "slot": f"s_{db.name}",
+        {"dsn": dsn or db.dsn, "table": "public.t", "slot": f"s_{db.name}{slot}",
          "publication": f"p_{db.name}"}))
+
+
+def _insert(db: Database, number: int) -> None:
+    """A transaction of 2,000 rows, over a MiB of WAL (MIN_WAL_BYTES), committed durably:
+    the WAL before it (the last batch's record) is flushed too."""
+    db.execute("SET LOCAL synchronous_commit = on",
+               f"INSERT INTO t SELECT g, repeat('r{number}', 300) FROM "
+               f"generate_series({number * 2000}, {number * 2000 + 1999}) g")
 
 
 def _setup(db: Database) -> None:
@@ -49,10 +57,7 @@ def _batches(db: Database, plan: PostgresReadPlan, rounds: int) -> list[int]:
     before = []
     for number in range(rounds):
         before.append(int(db.scalar("SELECT (pg_current_wal_lsn() - '0/0')::bigint")))
-        # Committed durably: the WAL before it (the last batch's record) is flushed too.
-        db.execute("SET LOCAL synchronous_commit = on",
-                   f"INSERT INTO t SELECT g, 'r{number}' FROM "
-                   f"generate_series({number * 100}, {number * 100 + 99}) g")
+        _insert(db, number)
         end = wait_for(lambda s=start: (e := plan.latest(s, None)) != s and e, 30,
                        "the batch of the transaction")
         plan.commit(end)
@@ -84,35 +89,39 @@ def test_a_committed_batch_moves_the_restart_point_past_its_changes(
         plan.stop()
 
 
-def test_an_idle_server_gets_one_record_not_one_per_trigger(db: Database) -> None:
+@pytest.mark.parametrize("sources", [1, 2])
+def test_an_idle_server_gets_no_record_per_trigger(db: Database, sources: int) -> None:
+    """After a busy batch, triggers on an idle server write no WAL: neither for our own
+    last record nor, with two sources on one server, for each other's."""
     _setup(db)
-    plan = _plan(db)
-    start = plan.latest(plan.initial_offset(), None)
-    ends = [start]
+    plans = [_plan(db, slot=f"_{n}") for n in range(sources)]
+    ends = [plan.latest(plan.initial_offset(), None) for plan in plans]
 
     def trigger() -> tuple[str, bool]:
-        """A trigger's batch, read and committed; the WAL position after it, and
-        whether it is flushed (a flush past our last record makes another due)."""
-        ends.append(plan.latest(ends[-1], None))
-        plan.commit(ends[-1])
+        """Each source's trigger, its batch read and committed; the WAL position after
+        them, and whether it is flushed (a flush past a record may make another due)."""
+        for n, plan in enumerate(plans):
+            ends[n] = plan.latest(ends[n], None)
+            plan.commit(ends[n])
         ((written, flushed),) = db.query(
             "SELECT pg_current_wal_insert_lsn()::text, pg_current_wal_flush_lsn()::text")
         return written, flushed == written
 
     try:
-        plan.commit(start)
-        # Our record, and the server's own after the setup's statements (which may
-        # make one more of ours), make a batch of nothing or two; then nothing writes
-        # WAL, and neither does a trigger.
+        for plan, end in zip(plans, ends, strict=True):
+            plan.commit(end)
+        _insert(db, 0)  # a record is due after this one
         last = [trigger()]
         wait_for(lambda: last.append(trigger()) or (last[-1] == last[-2] and last[-1][1]),
                  30, "two triggers in a row that wrote no WAL, all of it flushed")
-        settled = len(ends)
-        more = [trigger() for _ in range(10)]
-        assert set(more) == {last[-1]}, (last, more)
-        assert all(end == ends[settled - 1] for end in ends[settled:])  # no batch
+        settled = list(ends)
+        assert {trigger() for _ in range(10)} == {last[-1]}
+        assert ends == settled  # and no batch
+        if int(db.scalar("SHOW server_version_num")) >= 160000:
+            assert all(plan._restart_points._after is not None for plan in plans)
     finally:
-        plan.stop()
+        for plan in plans:
+            plan.stop()
 
 
 @contextlib.contextmanager

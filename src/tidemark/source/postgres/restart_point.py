@@ -7,26 +7,34 @@ after it. PostgreSQL moves ``restart_lsn`` only past a record of the running tra
 each read decoded up to 15 seconds of changes it then dropped: 100 MB of WAL per read in
 a 30-minute soak at 10,000 changes/s once full-page images filled the WAL. Logging that
 record (``pg_log_standby_snapshot()``, PostgreSQL 16 on) as each batch's end is chosen
-puts one in every batch or the next (once it is flushed), so once that batch is committed
-its slot restarts a batch or two behind.
+puts one in every batch or the next (once it is flushed) that follows at least
+:data:`MIN_WAL_BYTES` of WAL, so once that batch is committed its slot restarts a batch
+or two behind.
 
 The function needs superuser or ``GRANT EXECUTE ON FUNCTION pg_log_standby_snapshot()``
-and cannot run on a standby (recovery): where it cannot run, this says so once and the
-source reads as before, only slower.
+and cannot run on a standby (recovery): where the server refuses it, for any reason, this
+says so once and the source reads as before, only slower.
 """
 
 from __future__ import annotations
 
 import logging
-from typing import Any
+from typing import Any, Final
 
 import psycopg
+from psycopg import sql
 
 log = logging.getLogger(__name__)
 
 
+#: WAL past the last record that makes the next one worth logging: less is cheap to
+#: decode again, and another source's record (a few dozen bytes) must not make one, or
+#: two sources on an idle server would answer each other's records for ever.
+MIN_WAL_BYTES: Final = 1 << 20
+
+
 class RestartPoints:
-    """Logs a running-transactions record when WAL came after the last one."""
+    """Logs a running-transactions record when enough WAL came after the last one."""
 
     def __init__(self) -> None:
         self._after: int | None = None
@@ -38,9 +46,10 @@ class RestartPoints:
         return self._enabled
 
     def due(self, flushed: int) -> bool:
-        """Whether WAL was flushed past the end of the last record (an idle server gets
-        one record, not one per trigger)."""
-        return self._enabled and (self._after is None or flushed > self._after)
+        """Whether at least :data:`MIN_WAL_BYTES` of WAL were flushed past the end of
+        the last record (an idle server gets none)."""
+        return self._enabled and (self._after is None or
+                                  flushed - self._after >= MIN_WAL_BYTES)
 
     def log_record(self, conn: psycopg.Connection[Any]) -> None:
         """Log the record on *conn* (autocommit), or say once why the server cannot."""
@@ -50,17 +59,18 @@ class RestartPoints:
         try:
             row = conn.execute(
                 "SELECT (pg_log_standby_snapshot() - '0/0')::bigint").fetchone()
+        except psycopg.OperationalError:
+            raise  # the connection, not the function: the read fails as any would
         except psycopg.errors.InsufficientPrivilege:
+            user = sql.Identifier(conn.info.user).as_string(conn)
             self._disable("the source's user may not run pg_log_standby_snapshot() (GRANT "
-                          "EXECUTE ON FUNCTION pg_log_standby_snapshot() TO "
-                          f"{conn.info.user})")
+                          f"EXECUTE ON FUNCTION pg_log_standby_snapshot() TO {user})")
             return
-        except psycopg.errors.ObjectNotInPrerequisiteState:
-            self._disable("the source is a standby, which cannot log its running "
-                          "transactions")
+        except psycopg.DatabaseError as err:  # a standby (recovery), or a server without it
+            self._disable(f"the server refused pg_log_standby_snapshot(): {err}".strip())
             return
         assert row is not None
-        self._after = int(row[0])  # the record's end: the next is due after more WAL
+        self._after = int(row[0])  # the record's end
 
     def _disable(self, reason: str) -> None:
         self._enabled = False
