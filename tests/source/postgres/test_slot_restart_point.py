@@ -10,6 +10,7 @@ import contextlib
 import logging
 from collections.abc import Iterator
 
+import psycopg
 import pytest
 
 from conftest import Database
@@ -151,3 +152,24 @@ def test_a_user_without_the_grant_is_told_once_and_reads_as_before(
     if int(db.scalar("SHOW server_version_num")) >= 160000:
         assert "GRANT EXECUTE ON FUNCTION pg_log_standby_snapshot()" in record.getMessage()
         assert f"{db.name}_rp" in record.getMessage()
+
+
+def test_what_disables_the_record_and_what_fails_the_read(db: Database) -> None:
+    """A standby's refusal (recovery in progress) or a missing function disables the
+    record; a timeout, a cancel, a shutdown or a broken connection fail the read as any
+    other query's would."""
+    from tidemark.postgres_bounded import ServerTimeoutError  # noqa: PLC0415
+    from tidemark.source.postgres import wal_reads as wal  # noqa: PLC0415
+    from tidemark.source.postgres.restart_point import _not_the_function  # noqa: PLC0415
+
+    with contextlib.closing(wal.connect(db.dsn, purpose="test")) as conn:
+        for refusal in (psycopg.errors.ObjectNotInPrerequisiteState("recovery is in "
+                                                                     "progress"),
+                        psycopg.errors.UndefinedFunction("no such function"),
+                        psycopg.errors.FeatureNotSupported("not here")):
+            assert not _not_the_function(conn, refusal), refusal
+        for failure in (ServerTimeoutError.after(300), psycopg.errors.QueryCanceled(),
+                        psycopg.errors.AdminShutdown(), psycopg.errors.ConnectionFailure()):
+            assert _not_the_function(conn, failure), failure
+        conn.close()
+        assert _not_the_function(conn, psycopg.errors.UndefinedFunction("x"))

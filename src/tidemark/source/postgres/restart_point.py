@@ -59,14 +59,15 @@ class RestartPoints:
         try:
             row = conn.execute(
                 "SELECT (pg_log_standby_snapshot() - '0/0')::bigint").fetchone()
-        except psycopg.OperationalError:
-            raise  # the connection, not the function: the read fails as any would
         except psycopg.errors.InsufficientPrivilege:
             user = sql.Identifier(conn.info.user).as_string(conn)
             self._disable("the source's user may not run pg_log_standby_snapshot() (GRANT "
                           f"EXECUTE ON FUNCTION pg_log_standby_snapshot() TO {user})")
             return
-        except psycopg.DatabaseError as err:  # a standby (recovery), or a server without it
+        except psycopg.DatabaseError as err:
+            if _not_the_function(conn, err):
+                raise  # the read fails as any other would
+            # A standby (recovery is in progress), or a server without the function.
             self._disable(f"the server refused pg_log_standby_snapshot(): {err}".strip())
             return
         assert row is not None
@@ -77,3 +78,9 @@ class RestartPoints:
         log.info("each read of a batch decodes the WAL from up to 15 s before it (the "
                  "slot's restart point moves only with the server's own records of its "
                  "running transactions): %s", reason)
+
+
+def _not_the_function(conn: psycopg.Connection[Any], err: psycopg.DatabaseError) -> bool:
+    """Whether *err* is about the connection or the server (a timeout, a cut, a
+    shutdown, a cancel), not about the function."""
+    return conn.closed or err.sqlstate is None or err.sqlstate[:2] in {"08", "57"}
