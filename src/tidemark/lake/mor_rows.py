@@ -135,18 +135,26 @@ def read_rows(root: Path, index: KeyIndex, state: delta_log.LogState,
     parts = []
     for path, positions in index.locate(rows).items():
         found = rows_of_file(root / unquote(path), positions)
-        values = state.files[path].get("partitionValues") or {}
-        for name in partitions:
-            if name in found.column_names:
-                continue
-            value = values.get(name)
-            kind = schema.field(name).type
-            found = found.append_column(name, pa.nulls(len(found), kind) if value is None
-                                        else pa.array([value] * len(found)).cast(kind))
+        found = with_partition_values(found, state.files[path], partitions, schema)
         parts.append(conform_columns(found, schema))
     if not parts:
         return schema.empty_table()
     return pa.concat_tables(parts)
+
+
+def with_partition_values(rows: pa.Table, add: dict[str, Any], partitions: list[str],
+                          schema: pa.Schema) -> pa.Table:
+    """*rows* of the data file *add* with its partition values as columns of *schema*'s
+    types (the files do not hold them; a null value is a null)."""
+    values = add.get("partitionValues") or {}
+    for name in partitions:
+        if name in rows.column_names:
+            continue
+        value = values.get(name)
+        kind = schema.field(name).type
+        rows = rows.append_column(name, pa.nulls(len(rows), kind) if value is None
+                                  else pa.array([value] * len(rows), pa.string()).cast(kind))
+    return rows
 
 
 def rows_of_file(path: Path, positions: np.ndarray[Any, Any]) -> pa.Table:

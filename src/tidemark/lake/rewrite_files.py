@@ -34,7 +34,7 @@ from pyroaring import BitMap64
 from tidemark.lake import delta_log
 from tidemark.lake.deletion_vector import DeletionVector, read_vector
 from tidemark.lake.key_hashes import plain_schema
-from tidemark.lake.mor_rows import conform_columns
+from tidemark.lake.mor_rows import conform_columns, with_partition_values
 
 #: Rows read from an old file at a time, at most, and their bytes (Parquet's
 #: uncompressed size), about.
@@ -73,7 +73,6 @@ def live_batches(root: Path, old: OldFile, schema: pa.Schema,
     """The live rows of *old*, in its order and in *schema* (nullable; its partition
     values as columns), a batch at a time."""
     deleted = np.frombuffer(old.vector.to_array(), dtype=np.uint64).astype(np.int64)
-    values = old.add.get("partitionValues") or {}
     nullable = pa.schema([f.with_nullable(True) for f in schema])
     start = 0
     for batch in _batches(pq.ParquetFile(root / unquote(old.add["path"]))):
@@ -86,14 +85,7 @@ def live_batches(root: Path, old: OldFile, schema: pa.Schema,
             keep[gone - start] = False
             rows = rows.filter(pa.array(keep))
         start = end
-        for name in partitions:
-            if name in rows.column_names:
-                continue
-            field = schema.field(name)
-            value = values.get(name)
-            column = pa.nulls(len(rows), field.type) if value is None else \
-                pa.array([value] * len(rows), pa.string()).cast(field.type)
-            rows = rows.append_column(name, column)
+        rows = with_partition_values(rows, old.add, partitions, schema)
         if len(rows):
             yield from conform_columns(rows, nullable).to_batches()
 
