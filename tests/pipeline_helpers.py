@@ -230,13 +230,19 @@ def scrape(port: int) -> str:
         return str(response.read().decode())
 
 
-def value(text: str, name: str, **labels: str) -> float:
-    """The sample of *name* whose labels include *labels* (exactly one must match)."""
+def samples(text: str, name: str, **labels: str) -> list[float]:
+    """Every sample of *name* whose labels include *labels*."""
     found = []
     for line in text.splitlines():
         match = re.fullmatch(rf"{re.escape(name)}\{{(.*)\}} (\S+)", line)
         if match and all(f'{k}="{v}"' in match.group(1) for k, v in labels.items()):
             found.append(float(match.group(2)))
+    return found
+
+
+def value(text: str, name: str, **labels: str) -> float:
+    """The sample of *name* whose labels include *labels* (exactly one must match)."""
+    found = samples(text, name, **labels)
     assert len(found) == 1, f"{name} {labels}: {found}\n{text}"
     return found[0]
 

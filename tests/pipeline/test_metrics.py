@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 from conftest import Database
-from pipeline_helpers import scrape, value
+from pipeline_helpers import samples, scrape, value
 from tidemark.engine.engine import Engine
 from tidemark.source.postgres.task import PostgresConnector
 from tidemark.testing.local_server import free_port
@@ -77,10 +77,15 @@ def test_capture_serves_metrics_while_it_runs(db: Database, tmp_path: Path) -> N
     try:
         def events_seen() -> float:
             try:
-                return value(scrape(port), "debezium_metrics_TotalNumberOfEventsSeen",
-                             context="streaming")
+                text = scrape(port)
             except OSError:
-                return -1
+                return -1  # not listening yet
+            # The endpoint listens before the source's task starts, and has no samples
+            # until it does.
+            found = samples(text, "debezium_metrics_TotalNumberOfEventsSeen",
+                            context="streaming")
+            assert len(found) <= 1, text
+            return found[0] if found else -1
         wait_until(lambda: events_seen() == 2, "the snapshot's 2 rows")
         db.execute("INSERT INTO t VALUES (3)")
         wait_until(lambda: events_seen() == 3, "the streamed insert")
