@@ -216,6 +216,46 @@ def test_after_an_abandoned_rewrite_the_next_runs_between_batches(
     _check(path, model)
 
 
+def test_the_next_rewrite_waits_as_long_as_the_last_one_took(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    took = 2.0
+    real = background_rewrite.prepare_rewrite
+
+    def slow(root: Path, plan: Any) -> Any:
+        time.sleep(took)
+        return real(root, plan)
+
+    monkeypatch.setattr(background_rewrite, "prepare_rewrite", slow)
+    path = tmp_path / "t"
+    model: dict[int, str] = {}
+    _apply(path, model, 0, inserts=list(range(100)))
+    _apply(path, model, 1, inserts=list(range(100, 200)))
+    _apply(path, model, 2, deletes=list(range(50)))  # the first file half deleted
+    state = UpkeepState()
+    assert [t.name for t in upkeep(DeltaTable(str(path)), ONLY_DELETED, state,
+                                   background=True)] == ["compact_deleted"]
+    _wait(state)
+    done = upkeep(DeltaTable(str(path)), ONLY_DELETED, state, background=True)
+    assert [t.name for t in done] == ["compact_deleted"] and "beside" in done[0].detail
+    committed = time.monotonic()
+    assert state.rewrite_after >= committed + took - 0.5
+    _apply(path, model, 3, deletes=list(range(100, 150)))  # the second file is due
+    assert time.monotonic() < state.rewrite_after, "the batch took longer than the pause"
+    assert upkeep(DeltaTable(str(path)), ONLY_DELETED, state, background=True) == []
+    assert state.rewrite is None
+    deadline = time.monotonic() + 60
+    while not (started := upkeep(DeltaTable(str(path)), ONLY_DELETED, state,
+                                 background=True)):
+        assert time.monotonic() < deadline, "the second rewrite never started"
+        time.sleep(0.05)
+    assert time.monotonic() >= state.rewrite_after
+    assert [t.name for t in started] == ["compact_deleted"]
+    assert "started beside" in started[0].detail
+    _wait(state)
+    assert upkeep(DeltaTable(str(path)), ONLY_DELETED, state, background=True)
+    _check(path, model)
+
+
 def test_a_partitioned_table_s_rewrite_runs_between_batches(tmp_path: Path) -> None:
     spec = ApplySpec(keys=("id",), merge="merge_on_read", partition_by=("body",))
     path = tmp_path / "t"

@@ -49,12 +49,14 @@ REWRITER: Final = concurrent.futures.ThreadPoolExecutor(
 @dataclasses.dataclass
 class PendingRewrite:
     """A rewrite whose files are being written: the upkeep task it is (``name``, and
-    ``what`` it does for the log), when it started and its future."""
+    ``what`` it does for the log), when it was started, its future, and how long the
+    thread took to write its files (once it has)."""
 
     name: str
     what: str
     started: float
-    future: concurrent.futures.Future[PreparedRewrite]
+    future: concurrent.futures.Future[PreparedRewrite] = dataclasses.field(init=False)
+    seconds: float | None = None
 
     def done(self) -> bool:
         """Whether its files are written (or it failed): :func:`finish` will not wait."""
@@ -63,8 +65,18 @@ class PendingRewrite:
 
 def start(root: Path, plan: RewritePlan, name: str, what: str) -> PendingRewrite:
     """Start writing the files of *plan* for the local table *root* beside the batches."""
-    return PendingRewrite(name, what, time.monotonic(),
-                          REWRITER.submit(prepare_rewrite, root, plan))
+    pending = PendingRewrite(name, what, time.monotonic())
+
+    def write() -> PreparedRewrite:
+        # Timed here, not from the submit: the thread may first finish a checkpoint.
+        began = time.monotonic()
+        try:
+            return prepare_rewrite(root, plan)
+        finally:
+            pending.seconds = time.monotonic() - began
+
+    pending.future = REWRITER.submit(write)
+    return pending
 
 
 def finish(root: Path, pending: PendingRewrite,

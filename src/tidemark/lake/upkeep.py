@@ -38,7 +38,8 @@ conflicts with a merge; each task runs only when due:
 ``tidemark run`` calls it with ``background=True``: a merge-on-read table's rewrites
 and a local table's checkpoints are written on a thread of their own while the next
 batches are applied, and reported (the rewrites committed, the log cleaned up) by the
-first call after they are done.
+first call after they are done. After a rewrite beside the batches the next one waits
+as long as it took (``_REWRITE_PAUSE``).
 """
 
 from __future__ import annotations
@@ -94,6 +95,14 @@ _CLUSTER_EVERY_MAX: Final = 1280
 #: and the rewrite is spread over the following batches instead of stalling one (at 4,
 #: a 10M-row soak's commit->visible p99 went from 1.6 to 2.2 s while they ran).
 _DELETED_MAX_FILES: Final = 1
+#: After a rewrite beside the batches, the next one waits this many times as long as
+#: the last took to write its files, so that the rewrite thread has at most half of a
+#: core: a rewrite's CPU comes out of the batches (on two cores the driver, Spark and
+#: the source share them). Uniform deletes bring every file of a snapshot past
+#: ``compact_deleted_fraction`` within a minute; back to back, six 2M-row rewrites of
+#: 3-5 s each took a 10M-row soak's commit->visible p99 from 1.5 to 2.8 s for that
+#: window.
+_REWRITE_PAUSE: Final = 1.0
 #: The tasks that read or list the table's files: at most one of them runs per batch.
 HEAVY_TASKS: Final = frozenset({"compact_deleted", "compact", "cluster", "vacuum"})
 
@@ -163,6 +172,8 @@ class UpkeepState:
     """A checkpoint being written beside the batches (``upkeep(background=True)``)."""
     scratch_cleared: bool = False
     """Whether what an earlier process's rewrites left in the scratch folder is gone."""
+    rewrite_after: float = 0.0
+    """When (``time.monotonic()``) the next rewrite may start: see ``_REWRITE_PAUSE``."""
     beside: bool = True
     """Whether the next rewrite may run beside the batches: after one was abandoned (it
     could not place the rows deleted meanwhile, or a file of it went), the next runs
@@ -341,6 +352,8 @@ def _rewrite(table: DeltaTable, root: Path, state: UpkeepState, name: str, what:
     rewrites, planned on the table's log brought up to date; a commit by another writer
     meanwhile skips this round."""
     started = time.monotonic()
+    if background and started < state.rewrite_after:
+        return None
     state.log = _latest_log(root, state)
     plan = plan_of(state.log)
     if plan is None:
@@ -374,6 +387,8 @@ def _finish_rewrite(table: DeltaTable, root: Path, state: UpkeepState) -> Upkeep
     started = time.monotonic()
     state.log = _latest_log(root, state)
     done = background_rewrite.finish(root, pending, state.log)
+    if pending.seconds is not None:
+        state.rewrite_after = time.monotonic() + _REWRITE_PAUSE * pending.seconds
     if done is None:
         state.beside = False
         return None
