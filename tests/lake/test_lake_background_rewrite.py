@@ -209,7 +209,13 @@ def test_after_an_abandoned_rewrite_the_next_runs_between_batches(
     path = tmp_path / "t"
     model, state, held = _abandoned_rewrite(path, monkeypatch)
     _apply(path, model, 4, deletes=list(range(100, 160)))
-    done = upkeep(DeltaTable(str(path)), ONLY_DELETED, state, background=True)
+    # After the pause as long as the abandoned rewrite took (a loaded machine may not
+    # have applied the batch by then).
+    deadline = time.monotonic() + 60
+    while not (done := upkeep(DeltaTable(str(path)), ONLY_DELETED, state, background=True)):
+        assert time.monotonic() < deadline, "the next rewrite never ran"
+        assert time.monotonic() < state.rewrite_after + 5, "no rewrite after the pause"
+        time.sleep(0.01)
     assert [t.name for t in done] == ["compact_deleted"]
     assert "rewrote 1 files" in done[0].detail and "beside" not in done[0].detail
     assert len(held.futures) == 1 and state.beside
