@@ -115,6 +115,10 @@ def test_the_snapshot_and_the_changes_after_it(logdb: LogDb) -> None:
             try:
                 seen = _seen(logdb, snapshot)
                 upto = int(seen[_COUNTER])
+                # The writer notes a transaction after its COMMIT returns: the snapshot
+                # may have seen it first.
+                wait_for(lambda: len(writer.done) >= upto, 30,
+                         "the writer to note the commits the snapshot saw")
                 assert seen == _state(writer.done, upto)
                 # An offset taken before commits the snapshot holds has not reached it.
                 assert KIND.log_position(before) < snapshot.position
