@@ -209,8 +209,8 @@ def test_after_an_abandoned_rewrite_the_next_runs_between_batches(
     path = tmp_path / "t"
     model, state, held = _abandoned_rewrite(path, monkeypatch)
     _apply(path, model, 4, deletes=list(range(100, 160)))
-    # After the pause as long as the abandoned rewrite took (a loaded machine may not
-    # have applied the batch by then).
+    # The next rewrite waits as long as the abandoned one took, and on a loaded machine
+    # the batch above can take less.
     deadline = time.monotonic() + 60
     while not (done := upkeep(DeltaTable(str(path)), ONLY_DELETED, state, background=True)):
         assert time.monotonic() < deadline, "the next rewrite never ran"
