@@ -50,13 +50,13 @@ REWRITER: Final = concurrent.futures.ThreadPoolExecutor(
 class PendingRewrite:
     """A rewrite whose files are being written: the upkeep task it is (``name``, and
     ``what`` it does for the log), when it was started, its future, and how long the
-    thread took to write its files (once it has)."""
+    thread took to write its files (0 until it has)."""
 
     name: str
     what: str
     started: float
     future: concurrent.futures.Future[PreparedRewrite] = dataclasses.field(init=False)
-    seconds: float | None = None
+    seconds: float = 0.0
 
     def done(self) -> bool:
         """Whether its files are written (or it failed): :func:`finish` will not wait."""

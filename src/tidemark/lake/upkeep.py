@@ -249,13 +249,16 @@ def upkeep(table: DeltaTable, settings: UpkeepSettings, state: UpkeepState,
         # One rewrite at a time; clustering could pick its files and vacuum delete its
         # new ones, in no version yet.
         heavy = False
-    if heavy and settings.compact_deleted_fraction and local is not None and \
+    # Paused after a rewrite beside the batches (_REWRITE_PAUSE): neither rewrite is
+    # planned, nor the table's files counted for one.
+    rewrites = heavy and not (background and time.monotonic() < state.rewrite_after)
+    if rewrites and settings.compact_deleted_fraction and local is not None and \
             has_deletion_vectors_feature(table):
         task = _compact_deleted(table, root, settings, state, background)
         if task is not None:
             tasks.append(task)
-    if heavy and not tasks and settings.compact_min_files and small_files(table, settings) >= \
-            settings.compact_min_files:
+    if rewrites and not tasks and settings.compact_min_files and \
+            small_files(table, settings) >= settings.compact_min_files:
         if local is not None and has_deletion_vectors_feature(table):
             task = _compact_small(table, root, settings, state, background)
             if task is not None:
@@ -352,8 +355,6 @@ def _rewrite(table: DeltaTable, root: Path, state: UpkeepState, name: str, what:
     rewrites, planned on the table's log brought up to date; a commit by another writer
     meanwhile skips this round."""
     started = time.monotonic()
-    if background and started < state.rewrite_after:
-        return None
     state.log = _latest_log(root, state)
     plan = plan_of(state.log)
     if plan is None:
@@ -387,8 +388,7 @@ def _finish_rewrite(table: DeltaTable, root: Path, state: UpkeepState) -> Upkeep
     started = time.monotonic()
     state.log = _latest_log(root, state)
     done = background_rewrite.finish(root, pending, state.log)
-    if pending.seconds is not None:
-        state.rewrite_after = time.monotonic() + _REWRITE_PAUSE * pending.seconds
+    state.rewrite_after = time.monotonic() + _REWRITE_PAUSE * pending.seconds
     if done is None:
         state.beside = False
         return None
