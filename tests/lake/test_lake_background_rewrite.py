@@ -26,6 +26,7 @@ from tidemark.lake import (
     rewrite_files,
 )
 from tidemark.lake.upkeep import UpkeepSettings, UpkeepState, upkeep
+from waiting import wait_for
 
 SPEC = ApplySpec(keys=("id",), merge="merge_on_read")
 ONLY_DELETED = UpkeepSettings(compact_min_files=0, cluster_min_files=0, checkpoint_every=0,
@@ -211,11 +212,11 @@ def test_after_an_abandoned_rewrite_the_next_runs_between_batches(
     _apply(path, model, 4, deletes=list(range(100, 160)))
     # The next rewrite waits as long as the abandoned one took, and on a loaded machine
     # the batch above can take less.
-    deadline = time.monotonic() + 60
-    while not (done := upkeep(DeltaTable(str(path)), ONLY_DELETED, state, background=True)):
-        assert time.monotonic() < deadline, "the next rewrite never ran"
+    def next_rewrite() -> list[Any]:
         assert time.monotonic() < state.rewrite_after + 5, "no rewrite after the pause"
-        time.sleep(0.01)
+        return upkeep(DeltaTable(str(path)), ONLY_DELETED, state, background=True)
+
+    done = wait_for(next_rewrite, 60, "the next rewrite", interval_s=0.01)
     assert [t.name for t in done] == ["compact_deleted"]
     assert "rewrote 1 files" in done[0].detail and "beside" not in done[0].detail
     assert len(held.futures) == 1 and state.beside
@@ -249,11 +250,8 @@ def test_the_next_rewrite_waits_as_long_as_the_last_one_took(
     assert time.monotonic() < state.rewrite_after, "the batch took longer than the pause"
     assert upkeep(DeltaTable(str(path)), ONLY_DELETED, state, background=True) == []
     assert state.rewrite is None
-    deadline = time.monotonic() + 60
-    while not (started := upkeep(DeltaTable(str(path)), ONLY_DELETED, state,
-                                 background=True)):
-        assert time.monotonic() < deadline, "the second rewrite never started"
-        time.sleep(0.05)
+    started = wait_for(lambda: upkeep(DeltaTable(str(path)), ONLY_DELETED, state,
+                                      background=True), 60, "the second rewrite to start")
     assert time.monotonic() >= state.rewrite_after
     assert [t.name for t in started] == ["compact_deleted"]
     assert "started beside" in started[0].detail
